@@ -1,0 +1,39 @@
+# ncclwatch: `make demo` shows the product, `make test` proves it.
+# Both create .venv and install everything they need on a fresh machine.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed
+TORCH  := torch==2.13.0
+PROTOS := $(wildcard proto/ncclwatch/v1/*.proto)
+
+.PHONY: all venv proto test test-fast demo bench clean
+
+all: test
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "$(TORCH)" -e '.[test,workload]'
+	touch $@
+
+venv: $(STAMP)
+
+# Generated code lives in ncclwatch/v1 (committed); tests fail when it is stale.
+proto: $(STAMP)
+	$(PY) -m ncclwatch.protogen
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+# Unit tests only (no torch jobs): seconds, for the edit loop.
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not e2e"
+
+demo: $(STAMP)
+	$(PY) -m ncclwatch.demo
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

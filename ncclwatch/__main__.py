@@ -1,0 +1,5 @@
+import sys
+
+from ncclwatch.cli import main
+
+sys.exit(main())

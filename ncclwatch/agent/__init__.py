@@ -1,0 +1,1 @@
+"""The per-node agent: discover ranks, sample them, classify stacks, stream reports."""

@@ -1,0 +1,213 @@
+"""The agent's round: discover, sample, dump stacks where due, report.
+
+Everything that touches the training processes is read-only: psutil reads
+/proc, py-spy runs ``--nonblocking``. Blocking reads run in a worker thread
+so the agent can share an event loop with the daemon (``ncclwatch run``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import psutil
+
+from ncclwatch import __version__
+from ncclwatch.agent.discover import Discovery, RankProcess
+from ncclwatch.agent.gpu import EMPTY, GpuReader, GpuReading, NvmlGpuReader
+from ncclwatch.agent.policy import StackPolicy
+from ncclwatch.agent.pyspy import PySpy, PySpyError
+from ncclwatch.agent.report import AgentHealthCounts, build_report, sample_pb, stack_pb
+from ncclwatch.agent.sample import ProcessSampler
+from ncclwatch.agent.tracker import RankTracker
+from ncclwatch.agent.uplink import Uplink
+from ncclwatch.signatures import DEFAULT_CLASSIFIER, Classifier
+from ncclwatch.stacks import main_thread
+from ncclwatch.v1 import collector_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+#: Resend each rank's job info (env) every this many rounds.
+JOB_INFO_EVERY = 30
+#: Stacks kept for resending after a reconnect, beyond those in use.
+STACK_CACHE = 1024
+
+
+@dataclass
+class AgentConfig:
+    collector: str = "127.0.0.1:7470"
+    interval: float = 1.0
+    node: str = field(default_factory=socket.gethostname)
+    policy: StackPolicy = field(default_factory=StackPolicy)
+    pyspy_timeout: float = 3.0
+    pyspy_concurrency: int = 2
+    max_queue: int = 32
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, *, gpu: GpuReader | None = None,
+                 pyspy: PySpy | None = None, classifier: Classifier = DEFAULT_CLASSIFIER,
+                 discovery: Discovery | None = None) -> None:
+        self.config = config
+        self.agent_id = uuid.uuid4().hex
+        self.discovery = discovery or Discovery(config.node)
+        self.sampler = ProcessSampler()
+        self.gpu = gpu if gpu is not None else NvmlGpuReader()
+        self.pyspy = pyspy or PySpy(timeout=config.pyspy_timeout)
+        self.classifier = classifier
+        self.trackers: dict[int, RankTracker] = {}
+        self.stacks: dict[str, pb.Stack] = {}
+        self.uplink = Uplink(config.collector, self.stacks, max_queue=config.max_queue,
+                             on_command=self._on_command, on_connect=self._on_connect)
+        self.seq = 0
+        self.rounds = 0
+        self._exited: list[RankProcess] = []
+        self._wake = asyncio.Event()
+        self._stopped = asyncio.Event()
+        self._sem = asyncio.Semaphore(max(1, config.pyspy_concurrency))
+        self._self = psutil.Process()
+
+    # -- control -----------------------------------------------------------
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._wake.set()
+        self.uplink.stop()
+
+    async def run(self) -> None:
+        uplink = asyncio.create_task(self.uplink.run(), name="ncclwatch-uplink")
+        try:
+            await self.run_rounds()
+        finally:
+            self.uplink.stop()
+            await uplink
+
+    async def run_rounds(self) -> None:
+        next_at = time.monotonic()
+        while not self._stopped.is_set():
+            try:
+                await self.round()
+            except Exception:  # a bad round must not end the agent
+                log.exception("agent round failed")
+            next_at += self.config.interval
+            delay = next_at - time.monotonic()
+            if delay < 0:  # overran: skip ahead instead of bursting
+                next_at, delay = time.monotonic(), 0.0
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), delay)
+            except asyncio.TimeoutError:
+                pass
+
+    def _on_command(self, cmd: pb.Command) -> None:
+        if cmd.HasField("dump_stacks"):
+            job = cmd.dump_stacks.job_id
+            hit = 0
+            for t in self.trackers.values():
+                if t.proc.identity.job_id == job:
+                    t.forced = True
+                    hit += 1
+            if hit:
+                log.debug("daemon asked for stacks of %s (%s)", job, cmd.dump_stacks.reason)
+                self._wake.set()
+
+    def _on_connect(self) -> None:
+        # A new stream may be a new daemon: send every rank's job info again.
+        for t in self.trackers.values():
+            t.env_sent = False
+
+    # -- one round -----------------------------------------------------------
+
+    async def round(self) -> pb.NodeReport:
+        gpu_reading = await asyncio.to_thread(self._scan_and_sample)
+        now = time.monotonic()
+        due = self.config.policy.due(self.trackers.values(), now)
+        if due and self.pyspy.available:
+            await asyncio.gather(*(self._dump(t) for t in due))
+        report = self._build(gpu_reading)
+        self.uplink.submit(report)
+        self.rounds += 1
+        return report
+
+    def _scan_and_sample(self) -> GpuReading:
+        procs = self.discovery.scan()
+        now = time.monotonic()
+        alive = {p.pid: p for p in procs}
+        for pid in list(self.trackers):
+            t = self.trackers[pid]
+            if pid not in alive or alive[pid].create_time != t.proc.create_time:
+                self._exited.append(t.proc)
+                self.sampler.forget(pid)
+                del self.trackers[pid]
+        for pid, proc in alive.items():
+            if pid not in self.trackers:
+                self.trackers[pid] = RankTracker(proc, now)
+                log.info("watching rank %d of job %s (pid %d)", proc.identity.rank,
+                         proc.identity.job_id, pid)
+        for pid, t in list(self.trackers.items()):
+            sample = self.sampler.sample(pid)
+            if sample is None:  # exited between scan and sample
+                self._exited.append(t.proc)
+                del self.trackers[pid]
+                continue
+            t.observe_process(sample, time.monotonic())
+        return self.gpu.read() if self.gpu.up else EMPTY
+
+    async def _dump(self, t: RankTracker) -> None:
+        async with self._sem:
+            if self._stopped.is_set() or t.pid not in self.trackers:
+                return
+            try:
+                threads = await self.pyspy.dump(t.pid)
+            except PySpyError as e:
+                log.debug("%s", e)
+                return
+        main = main_thread(threads, t.pid)
+        if main is None:
+            return
+        stack = main.stack
+        sid = stack.id
+        if sid not in self.stacks:
+            self.stacks[sid] = stack_pb(stack)
+        t.observe_stack(self.classifier.classify(stack.frames), sid, time.monotonic())
+
+    def _build(self, gpu_reading: GpuReading) -> pb.NodeReport:
+        now = time.monotonic()
+        by_pid = gpu_reading.by_pid()
+        devices = {d.index: d for d in gpu_reading.devices}
+        samples = []
+        refresh = self.rounds % JOB_INFO_EVERY == 0
+        for t in self.trackers.values():
+            with_job = refresh or not t.env_sent
+            samples.append(sample_pb(t, now, by_pid.get(t.pid, ()), devices, with_job))
+            t.env_sent = True
+        self._trim_stacks()
+        self.seq += 1
+        cpu = self._self.cpu_times()
+        health = AgentHealthCounts(
+            version=__version__, nvml_up=self.gpu.up,
+            pyspy_runs_total=self.pyspy.runs_total,
+            pyspy_failures_total=self.pyspy.failures_total,
+            pyspy_seconds_total=self.pyspy.seconds_total,
+            reports_dropped_total=self.uplink.dropped_total,
+            queue_length=self.uplink.queue_length,
+            # py-spy runs as our child: its CPU is our cost too.
+            cpu_seconds_total=cpu.user + cpu.system + cpu.children_user + cpu.children_system,
+        )
+        exited, self._exited = self._exited, []
+        return build_report(node=self.config.node, agent_id=self.agent_id, seq=self.seq,
+                            now=now, wall=time.time(), interval=self.config.interval,
+                            samples=samples, exited=exited, health=health,
+                            ranks_watched=len(self.trackers))
+
+    def _trim_stacks(self) -> None:
+        if len(self.stacks) <= STACK_CACHE:
+            return
+        in_use = {t.stack_id for t in self.trackers.values()}
+        for sid in list(self.stacks)[: len(self.stacks) - STACK_CACHE]:
+            if sid not in in_use:
+                del self.stacks[sid]

@@ -1,0 +1,90 @@
+"""Find the training ranks on this node with a psutil process scan.
+
+Environments never change after exec, so each pid is read once and the
+verdict cached by (pid, create time); a round only looks at new pids.
+Forked children of a rank (DataLoader workers, compile workers) inherit its
+environment and are skipped: a rank is the oldest process of its (job, rank).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import psutil
+
+from ncclwatch.envpolicy import filter_env
+from ncclwatch.jobid import RankIdentity, identify
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RankProcess:
+    pid: int
+    create_time: float
+    identity: RankIdentity
+    env: dict[str, str]  # allowlisted and redacted; nothing else is kept
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.identity.job_id, self.identity.rank)
+
+
+class Discovery:
+    """Incremental scan: ``scan()`` returns the rank processes alive now."""
+
+    def __init__(self, host: str, own_pid: int | None = None) -> None:
+        self._host = host
+        self._own = own_pid if own_pid is not None else psutil.Process().pid
+        # pid -> (create_time, RankProcess | None); None caches "not a rank".
+        self._seen: dict[int, tuple[float, RankProcess | None]] = {}
+        self.errors_total = 0
+
+    def scan(self) -> list[RankProcess]:
+        pids = set(psutil.pids())
+        for gone in self._seen.keys() - pids:
+            del self._seen[gone]
+        for pid in pids:
+            if pid == self._own:
+                continue
+            cached = self._seen.get(pid)
+            # Re-check pid reuse only for ranks (cheap: few); a reused pid of a
+            # non-rank is caught when it vanishes between two rounds.
+            if cached is not None and (cached[1] is None or not self._reused(pid, cached[0])):
+                continue
+            self._seen[pid] = self._inspect(pid)
+        candidates = [rp for _, rp in self._seen.values() if rp is not None]
+        return _one_per_rank(candidates)
+
+    def _reused(self, pid: int, create_time: float) -> bool:
+        try:
+            return psutil.Process(pid).create_time() != create_time
+        except psutil.Error:
+            return True
+
+    def _inspect(self, pid: int) -> tuple[float, RankProcess | None]:
+        try:
+            proc = psutil.Process(pid)
+            create_time = proc.create_time()
+            env = proc.environ()
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            return (0.0, None)
+        except (psutil.AccessDenied, OSError) as e:
+            self.errors_total += 1
+            log.debug("cannot read environment of pid %d: %s", pid, e)
+            return (0.0, None)
+        identity = identify(env, self._host)
+        if identity is None:
+            return (create_time, None)
+        return (create_time, RankProcess(pid, create_time, identity, filter_env(env)))
+
+
+def _one_per_rank(candidates: list[RankProcess]) -> list[RankProcess]:
+    """Keep the oldest process per (job, rank); the others are its forks."""
+    best: dict[tuple[str, int], RankProcess] = {}
+    for rp in candidates:
+        cur = best.get(rp.key)
+        if cur is None or (rp.create_time, rp.pid) < (cur.create_time, cur.pid):
+            best[rp.key] = rp
+    return sorted(best.values(), key=lambda rp: rp.key)

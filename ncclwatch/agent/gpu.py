@@ -1,0 +1,121 @@
+"""GPU memory per process, behind a small interface.
+
+NVML is the one part with no counterpart on a CPU-only machine: the real
+reader (nvidia-ml-py) fails soft and says why once; tests feed the same
+logic with recorded readings (``RecordedGpuReader``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuDevice:
+    index: int
+    uuid: str
+    name: str
+    total_bytes: int
+    used_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcessMemory:
+    pid: int
+    device_index: int
+    used_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    devices: tuple[GpuDevice, ...]
+    processes: tuple[GpuProcessMemory, ...]
+
+    def by_pid(self) -> dict[int, list[GpuProcessMemory]]:
+        out: dict[int, list[GpuProcessMemory]] = {}
+        for p in self.processes:
+            out.setdefault(p.pid, []).append(p)
+        return out
+
+
+EMPTY = GpuReading((), ())
+
+
+class GpuReader(Protocol):
+    @property
+    def up(self) -> bool: ...
+
+    def read(self) -> GpuReading: ...
+
+
+class NvmlGpuReader:
+    """nvidia-ml-py; ``up`` is False (and stays quiet) without driver or GPU."""
+
+    def __init__(self) -> None:
+        self.up = False
+        self.reason = ""
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+            self.up = True
+        except Exception as e:  # ImportError, NVMLError_LibraryNotFound, DriverNotLoaded...
+            self.reason = f"{type(e).__name__}: {e}"
+            log.warning("NVML unavailable, GPU memory not sampled (%s)", self.reason)
+
+    def read(self) -> GpuReading:
+        if not self.up:
+            return EMPTY
+        nv = self._nvml
+        devices, procs = [], []
+        try:
+            for i in range(nv.nvmlDeviceGetCount()):
+                h = nv.nvmlDeviceGetHandleByIndex(i)
+                mem = nv.nvmlDeviceGetMemoryInfo(h)
+                devices.append(GpuDevice(i, _str(nv.nvmlDeviceGetUUID(h)),
+                                         _str(nv.nvmlDeviceGetName(h)), mem.total, mem.used))
+                for p in nv.nvmlDeviceGetComputeRunningProcesses(h):
+                    procs.append(GpuProcessMemory(p.pid, i, p.usedGpuMemory or 0))
+        except Exception as e:
+            log.warning("NVML read failed: %s", e)
+            return EMPTY
+        return GpuReading(tuple(devices), tuple(procs))
+
+
+class RecordedGpuReader:
+    """Replays readings recorded as JSON (tests, and offline demos)."""
+
+    def __init__(self, readings: list[GpuReading]) -> None:
+        self.up = True
+        self._readings = readings
+        self._i = 0
+
+    @classmethod
+    def from_file(cls, path: Path) -> "RecordedGpuReader":
+        data = json.loads(Path(path).read_text())
+        readings = [
+            GpuReading(
+                tuple(GpuDevice(**d) for d in r["devices"]),
+                tuple(GpuProcessMemory(**p) for p in r["processes"]),
+            )
+            for r in data["readings"]
+        ]
+        return cls(readings)
+
+    def read(self) -> GpuReading:
+        if not self._readings:
+            return EMPTY
+        r = self._readings[min(self._i, len(self._readings) - 1)]
+        self._i += 1
+        return r
+
+
+def _str(v: str | bytes) -> str:
+    return v.decode() if isinstance(v, bytes) else v

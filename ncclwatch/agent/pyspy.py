@@ -1,0 +1,126 @@
+"""Python stacks of a rank through ``py-spy dump --json --nonblocking``.
+
+``--nonblocking`` is not optional: py-spy otherwise ptrace-stops the target
+while it reads, and the agent must never pause a training process. Each dump
+runs under a timeout (the child is killed, the rank untouched), and at most
+one dump per pid runs at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from ncclwatch.stacks import DumpFormatError, ThreadDump, parse_pyspy_json
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_SECONDS = 3.0
+
+
+def find_pyspy() -> str | None:
+    """py-spy next to this interpreter (the venv), else on PATH."""
+    here = Path(sys.executable).with_name("py-spy")
+    if here.exists():
+        return str(here)
+    return shutil.which("py-spy")
+
+
+def dump_argv(binary: str, pid: int) -> list[str]:
+    """The one place py-spy's command line is built (tests assert on it)."""
+    return [binary, "dump", "--json", "--nonblocking", "--pid", str(pid)]
+
+
+class PySpyError(RuntimeError):
+    pass
+
+
+class PySpy:
+    """Async py-spy runner with a timeout, a per-pid lock and counters."""
+
+    def __init__(self, binary: str | None = None,
+                 timeout: float = DEFAULT_TIMEOUT_SECONDS) -> None:
+        self.binary = binary or find_pyspy()
+        self.timeout = timeout
+        self.runs_total = 0
+        self.failures_total = 0
+        self.seconds_total = 0.0
+        self._busy: set[int] = set()
+        if self.binary is None:
+            log.warning("py-spy not found: no stacks, ranks stay 'unknown'")
+
+    @property
+    def available(self) -> bool:
+        return self.binary is not None
+
+    def busy(self, pid: int) -> bool:
+        return pid in self._busy
+
+    async def dump(self, pid: int) -> list[ThreadDump]:
+        if self.binary is None:
+            raise PySpyError("py-spy not installed")
+        if pid in self._busy:
+            raise PySpyError(f"a dump of pid {pid} is already running")
+        self._busy.add(pid)
+        start = time.monotonic()
+        self.runs_total += 1
+        try:
+            return await self._run(pid)
+        except PySpyError:
+            self.failures_total += 1
+            raise
+        finally:
+            self.seconds_total += time.monotonic() - start
+            self._busy.discard(pid)
+
+    async def _run(self, pid: int) -> list[ThreadDump]:
+        proc = await asyncio.create_subprocess_exec(
+            *dump_argv(self.binary, pid),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            # Never let py-spy inherit a terminal's signals (Ctrl-C to the agent).
+            start_new_session=True,
+        )
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), self.timeout)
+        except asyncio.TimeoutError:
+            _kill(proc)
+            await proc.wait()
+            raise PySpyError(f"py-spy timed out after {self.timeout:.1f}s on pid {pid}") from None
+        except asyncio.CancelledError:
+            _kill(proc)
+            raise
+        if proc.returncode != 0:
+            msg = err.decode(errors="replace").strip().splitlines()
+            raise PySpyError(f"py-spy exit {proc.returncode} on pid {pid}: "
+                             f"{msg[-1] if msg else 'no message'}")
+        try:
+            return parse_pyspy_json(out.decode(errors="replace"))
+        except DumpFormatError as e:
+            raise PySpyError(str(e)) from None
+
+
+def _kill(proc: asyncio.subprocess.Process) -> None:
+    try:
+        proc.kill()  # the py-spy child, never the rank
+    except ProcessLookupError:
+        pass
+
+
+def can_trace() -> str | None:
+    """Why py-spy will fail here, or None: ptrace needs root or CAP_SYS_PTRACE."""
+    try:
+        scope = int(Path("/proc/sys/kernel/yama/ptrace_scope").read_text())
+    except (OSError, ValueError):
+        scope = 0
+    if scope >= 3:
+        return "kernel.yama.ptrace_scope=3 forbids ptrace"
+    if os.geteuid() != 0 and scope >= 1:
+        return "not root and kernel.yama.ptrace_scope>=1: grant CAP_SYS_PTRACE"
+    return None

@@ -1,0 +1,109 @@
+"""Translate the agent's view of its ranks into a NodeReport (pure).
+
+Separate from transport, as in OpenTelemetry's exporters: this builds the
+message; ``uplink`` decides when and how it travels, and attaches the stack
+frames a stream has not seen yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from ncclwatch.agent.discover import RankProcess
+from ncclwatch.agent.gpu import GpuDevice, GpuProcessMemory
+from ncclwatch.agent.tracker import RankTracker
+from ncclwatch.stacks import Stack
+from ncclwatch.v1 import collector_pb2 as pb
+
+PROTOCOL_VERSION = 1
+
+
+@dataclass
+class AgentHealthCounts:
+    version: str = ""
+    nvml_up: bool = False
+    pyspy_runs_total: int = 0
+    pyspy_failures_total: int = 0
+    pyspy_seconds_total: float = 0.0
+    reports_dropped_total: int = 0
+    queue_length: int = 0
+    cpu_seconds_total: float = 0.0
+
+
+def identity_pb(proc: RankProcess) -> pb.RankIdentity:
+    i = proc.identity
+    return pb.RankIdentity(job_id=i.job_id, rank=i.rank, local_rank=i.local_rank,
+                           world_size=i.world_size, pid=proc.pid)
+
+
+def stack_pb(stack: Stack) -> pb.Stack:
+    return pb.Stack(
+        id=stack.id,
+        thread_name=stack.thread_name,
+        frames=[pb.Frame(name=f.name, filename=f.filename, line=f.line) for f in stack.frames],
+    )
+
+
+def sample_pb(t: RankTracker, now: float, gpu: Sequence[GpuProcessMemory],
+              devices: dict[int, GpuDevice], with_job: bool) -> pb.RankSample:
+    s = pb.RankSample(
+        identity=identity_pb(t.proc),
+        state=t.state.to_proto(),
+        op=t.op.to_proto(),
+        state_seconds=max(0.0, now - t.state_since),
+        stack_age_seconds=max(0.0, now - t.stack_at) if t.stack_at is not None else 0.0,
+        stack_id=t.stack_id,
+    )
+    if t.sample is not None:
+        p = t.sample
+        s.process.CopyFrom(pb.ProcessStats(
+            cpu_seconds=p.cpu_seconds, cpu_utilization=t.cpu_util, rss_bytes=p.rss_bytes,
+            io_read_bytes=p.io_read_bytes, io_write_bytes=p.io_write_bytes,
+            num_threads=p.num_threads,
+            files_writing=[pb.OpenFile(path=f.path, size_bytes=f.size_bytes)
+                           for f in p.files_writing],
+        ))
+    for g in gpu:
+        d = devices.get(g.device_index)
+        s.gpu.append(pb.GpuMemory(
+            device_index=g.device_index, used_bytes=g.used_bytes,
+            device_uuid=d.uuid if d else "", device_total_bytes=d.total_bytes if d else 0,
+            device_used_bytes=d.used_bytes if d else 0))
+    if with_job:
+        s.job.CopyFrom(pb.JobInfo(
+            source=t.proc.identity.job_source,
+            env=t.proc.env,
+            watchdog_timeout_seconds=_float(t.proc.env.get("NCCLWATCH_WATCHDOG_TIMEOUT_SECONDS")),
+        ))
+    return s
+
+
+def build_report(*, node: str, agent_id: str, seq: int, now: float, wall: float,
+                 interval: float, samples: Iterable[pb.RankSample],
+                 exited: Iterable[RankProcess], health: AgentHealthCounts,
+                 ranks_watched: int) -> pb.NodeReport:
+    return pb.NodeReport(
+        node=node, agent_id=agent_id, seq=seq,
+        agent_monotonic_seconds=now, agent_wall_seconds=wall,
+        interval_seconds=interval, full_round=True,
+        samples=list(samples),
+        exited=[identity_pb(p) for p in exited],
+        health=pb.AgentHealth(
+            version=health.version, ranks_watched=ranks_watched, nvml_up=health.nvml_up,
+            pyspy_runs_total=health.pyspy_runs_total,
+            pyspy_failures_total=health.pyspy_failures_total,
+            pyspy_seconds_total=health.pyspy_seconds_total,
+            reports_dropped_total=health.reports_dropped_total,
+            queue_length=health.queue_length,
+            cpu_seconds_total=health.cpu_seconds_total,
+        ),
+    )
+
+
+def _float(v: str | None) -> float:
+    try:
+        x = float(v) if v else 0.0
+    except ValueError:
+        return 0.0
+    return x if 0 < x < 1e7 else 0.0

@@ -1,0 +1,235 @@
+"""The ``ncclwatch`` command: run, agent, daemon, status."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import socket
+import sys
+from typing import Any, Sequence
+
+from ncclwatch import __version__
+from ncclwatch.config import (ConfigError, Option, add_options, hostport, load_file,
+                              positive_float, resolve)
+
+log = logging.getLogger("ncclwatch")
+
+_LOG = Option("log_level", str, "info", "log level: debug, info, warning, error")
+_INTERVAL = Option("interval", positive_float, 1.0, "seconds between sampling rounds",
+                   "SECONDS")
+_WATCHDOG = Option("watchdog_timeout", positive_float, 600.0,
+                   "process-group timeout assumed for jobs that declare none "
+                   "(NCCL's default is 600)", "SECONDS")
+_THRESHOLD = Option("stall_threshold", positive_float, 5.0,
+                    "seconds in a collective before a rank counts as blocked", "SECONDS")
+_STALENESS = Option("staleness", positive_float, 10.0,
+                    "seconds without a report before an agent's ranks are unknown", "SECONDS")
+_SUSPECT = Option("suspect_stack_interval", positive_float, 2.0,
+                  "re-dump a possibly stuck rank this often", "SECONDS")
+_SLOW = Option("slow_stack_interval", positive_float, 20.0,
+               "re-dump every rank at least this often", "SECONDS")
+_PYSPY_TIMEOUT = Option("pyspy_timeout", positive_float, 3.0, "timeout of one py-spy dump",
+                        "SECONDS")
+
+DAEMON_OPTIONS = (
+    Option("grpc", hostport, "0.0.0.0:7470", "listen address for agents", "HOST:PORT"),
+    Option("http", hostport, "0.0.0.0:7471", "listen address for /metrics, API, page",
+           "HOST:PORT"),
+    _WATCHDOG, _THRESHOLD, _STALENESS, _LOG,
+)
+AGENT_OPTIONS = (
+    Option("collector", hostport, "127.0.0.1:7470", "the daemon's gRPC address", "HOST:PORT"),
+    _INTERVAL,
+    Option("node", str, socket.gethostname(), "node name to report as", "NAME"),
+    _SUSPECT, _SLOW, _PYSPY_TIMEOUT, _LOG,
+)
+RUN_OPTIONS = (
+    Option("grpc", hostport, "127.0.0.1:7470", "listen address for agents", "HOST:PORT"),
+    Option("http", hostport, "127.0.0.1:7471", "listen address for /metrics, API, page",
+           "HOST:PORT"),
+    _INTERVAL, _WATCHDOG, _THRESHOLD, _STALENESS, _SUSPECT, _SLOW, _PYSPY_TIMEOUT, _LOG,
+)
+
+DEFAULT_FILES = {"daemon": "/etc/ncclwatch/daemon.toml", "agent": "/etc/ncclwatch/agent.toml",
+                 "run": None}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ncclwatch",
+        description="Watch PyTorch distributed jobs; name the rank that will trip the "
+                    "NCCL watchdog before it fires.")
+    p.add_argument("--version", action="version", version=f"ncclwatch {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, options, text in (
+        ("run", RUN_OPTIONS, "daemon and agent in one process on this node, on 127.0.0.1 "
+                             "(the embedded default: no configuration)"),
+        ("daemon", DAEMON_OPTIONS, "the collector: gRPC ingest, stall detection, /metrics"),
+        ("agent", AGENT_OPTIONS, "the per-node sampler: finds ranks, streams reports"),
+    ):
+        sp = sub.add_parser(name, help=text, description=text)
+        add_options(sp, options)
+        sp.add_argument("--config", metavar="FILE",
+                        help="TOML config file" + (f" (default: {DEFAULT_FILES[name]} if it "
+                                                   "exists)" if DEFAULT_FILES[name] else ""))
+        if name in ("daemon", "run"):
+            sp.add_argument("--job-timeout", action="append", default=[], metavar="GLOB=SECONDS",
+                            help="watchdog timeout for jobs whose id matches GLOB (repeatable; "
+                                 "config file: [job_timeouts] table)")
+    st = sub.add_parser("status", help="show live jobs and stalls from a daemon",
+                        description="show live jobs and stalls from a daemon")
+    st.add_argument("--daemon", default=None, metavar="URL",
+                    help="daemon HTTP address (default: http://127.0.0.1:7471; "
+                         "env NCCLWATCH_DAEMON)")
+    st.add_argument("--json", action="store_true", help="print the raw /api/v1/jobs JSON")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "status":
+            return _status(args)
+        options = {"run": RUN_OPTIONS, "daemon": DAEMON_OPTIONS, "agent": AGENT_OPTIONS}
+        file = load_file(args.config, DEFAULT_FILES[args.command])
+        cfg = resolve(options[args.command], args, file)
+        if args.command != "agent":
+            cfg["job_timeouts"] = _job_timeouts(file.get("job_timeouts", {}), args.job_timeout)
+    except ConfigError as e:
+        print(f"ncclwatch: {e}", file=sys.stderr)
+        return 2
+    _setup_logging(cfg["log_level"])
+    runner = {"run": _run, "daemon": _daemon, "agent": _agent}[args.command]
+    try:
+        return asyncio.run(runner(cfg))
+    except KeyboardInterrupt:
+        return 130
+    except OSError as e:
+        log.error("%s", e)
+        return 1
+
+
+def _status(args: argparse.Namespace) -> int:
+    import os
+
+    from ncclwatch import status
+
+    url = args.daemon or os.environ.get("NCCLWATCH_DAEMON") or status.DEFAULT_DAEMON
+    try:
+        return status.main(url, args.json)
+    except status.StatusError as e:
+        print(f"ncclwatch status: {e}", file=sys.stderr)
+        return 1
+
+
+def _job_timeouts(from_file: Any, flags: list[str]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    if not isinstance(from_file, dict):
+        raise ConfigError("job_timeouts in the config file must be a table of GLOB = SECONDS")
+    items = list(from_file.items())
+    for f in flags:
+        glob, sep, secs = f.rpartition("=")
+        if not sep or not glob:
+            raise ConfigError(f"--job-timeout {f!r}: expected GLOB=SECONDS")
+        items.append((glob, secs))
+    for glob, secs in items:
+        try:
+            out[glob] = positive_float(secs)
+        except (TypeError, ValueError):
+            raise ConfigError(f"job timeout for {glob!r}: {secs!r} is not a positive number")
+    return out
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+
+
+def _daemon_config(cfg: dict[str, Any]):
+    from ncclwatch.daemon.core import DaemonConfig
+
+    return DaemonConfig(grpc=cfg["grpc"], http=cfg["http"],
+                        watchdog_timeout=cfg["watchdog_timeout"],
+                        job_timeouts=cfg.get("job_timeouts", {}),
+                        stall_threshold=cfg["stall_threshold"], staleness=cfg["staleness"])
+
+
+def _agent_config(cfg: dict[str, Any], collector: str | None = None):
+    from ncclwatch.agent.agent import AgentConfig
+    from ncclwatch.agent.policy import StackPolicy
+
+    return AgentConfig(
+        collector=collector or cfg["collector"], interval=cfg["interval"],
+        node=cfg.get("node") or socket.gethostname(),
+        policy=StackPolicy(suspect_interval=cfg["suspect_stack_interval"],
+                           slow_interval=cfg["slow_stack_interval"]),
+        pyspy_timeout=cfg["pyspy_timeout"])
+
+
+def _stop_on_signals(stop) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop)
+
+
+async def _daemon(cfg: dict[str, Any]) -> int:
+    from ncclwatch.daemon.core import Daemon
+    from ncclwatch.daemon.server import DaemonServer
+
+    server = DaemonServer(Daemon(_daemon_config(cfg)))
+    done = asyncio.Event()
+    _stop_on_signals(done.set)
+    await server.start()
+    await done.wait()
+    log.info("shutting down")
+    await server.stop()
+    return 0
+
+
+async def _agent(cfg: dict[str, Any]) -> int:
+    from ncclwatch.agent.agent import Agent
+
+    agent = Agent(_agent_config(cfg))
+    _stop_on_signals(agent.stop)
+    _warn_ptrace()
+    log.info("ncclwatch agent on %s: reporting to %s every %.1fs", agent.config.node,
+             agent.config.collector, agent.config.interval)
+    await agent.run()
+    return 0
+
+
+async def _run(cfg: dict[str, Any]) -> int:
+    from ncclwatch.agent.agent import Agent
+    from ncclwatch.daemon.core import Daemon
+    from ncclwatch.daemon.server import DaemonServer
+
+    server = DaemonServer(Daemon(_daemon_config(cfg)))
+    await server.start()
+    host = cfg["grpc"].rpartition(":")[0] or "127.0.0.1"
+    agent = Agent(_agent_config(cfg, collector=f"{host}:{server.grpc_port}"))
+    _stop_on_signals(agent.stop)
+    _warn_ptrace()
+    print(f"ncclwatch {__version__}: watching this node; open http://{cfg['http'].rpartition(':')[0]}:"
+          f"{server.http_port}/ or run `ncclwatch status`", file=sys.stderr, flush=True)
+    try:
+        await agent.run()
+    finally:
+        await server.stop()
+    return 0
+
+
+def _warn_ptrace() -> None:
+    from ncclwatch.agent.pyspy import can_trace, find_pyspy
+
+    why = can_trace()
+    if why:
+        log.warning("py-spy will fail (%s): ranks will show as 'unknown'", why)
+    if find_pyspy() is None:
+        log.warning("py-spy is not installed: ranks will show as 'unknown'")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The collector: ingest node reports, keep rank tables, detect stalls, export."""

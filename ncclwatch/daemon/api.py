@@ -1,0 +1,125 @@
+"""``/api/v1/jobs``: the jobs, their ranks, active stalls with culprit stacks.
+
+Plain dicts built on the event loop, serialised by the HTTP thread. Times
+are given as ages ("for_seconds") and as wall-clock timestamps of this
+daemon; never as another node's clock.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ncclwatch.daemon.core import Daemon
+from ncclwatch.daemon.incidents import Incident
+from ncclwatch.stacks import short_path
+
+API_VERSION = "v1"
+MAX_STACK_FRAMES = 64
+
+
+def jobs_view(d: Daemon, *, with_ranks: bool = True) -> dict[str, Any]:
+    now, wall = time.monotonic(), time.time()
+    jobs = []
+    for job_id, job in sorted(d.table.jobs.items()):
+        b = d.budget_of(job_id, now)
+        ranks = []
+        if with_ranks:
+            for r in sorted(job.ranks):
+                rec = job.ranks[r]
+                fresh = d.table.fresh(rec, now)
+                ranks.append({
+                    "rank": r, "local_rank": rec.local_rank, "host": rec.node, "pid": rec.pid,
+                    "state": rec.state.value if fresh else "unknown",
+                    "op": rec.op.value if rec.op.value != "none" else None,
+                    "for_seconds": round(now - rec.since, 1),
+                    "since": round(wall - (now - rec.since), 3),
+                    "fresh": fresh, "gone": rec.gone_at is not None,
+                    "last_seen_seconds": round(now - rec.seen, 1),
+                    "stack_id": rec.stack_id or None,
+                    "cpu_utilization": round(rec.cpu_util, 3), "rss_bytes": rec.rss_bytes,
+                    "io_write_bytes": rec.io_write_bytes,
+                    "write_bytes_per_second": round(rec.write_rate, 1),
+                    "files_writing": [{"path": p, "size_bytes": s} for p, s in rec.files],
+                    "gpu": [{"device": i, "used_bytes": u, "total_bytes": t}
+                            for i, u, t in rec.gpu],
+                })
+        jobs.append({
+            "job": job_id, "source": job.source, "world_size": job.world_size,
+            "ranks_reporting": job.live_ranks, "nodes": sorted(job.nodes),
+            "watchdog": {"timeout_seconds": b.timeout, "timeout_source": b.source,
+                         "remaining_seconds": round(b.remaining, 1),
+                         "longest_blocked_rank": b.blocked_rank,
+                         "longest_blocked_seconds": round(b.blocked_seconds, 1)},
+            "env": job.env,
+            "stalls": [incident_view(d, i, now) for i in d.incidents.for_job(job_id)],
+            "ranks": ranks,
+        })
+    return {"api": API_VERSION, "generated_at": wall, "jobs": jobs,
+            "agents": agents_view(d, now)}
+
+
+def incident_view(d: Daemon, inc: Incident, now: float | None = None) -> dict[str, Any]:
+    now = time.monotonic() if now is None else now
+    f = inc.finding
+    job = d.table.jobs.get(inc.job_id)
+    groups: dict[str, list[int]] = {}
+    for r in f.waiting:
+        rec = job.ranks.get(r) if job else None
+        groups.setdefault(rec.stack_id if rec else "", []).append(r)
+    return {
+        "id": inc.id, "kind": inc.kind.value, "active": inc.active, "summary": f.summary,
+        "started_at": round(inc.started_wall, 3), "detected_at": round(inc.detected_wall, 3),
+        "ended_at": round(inc.ended_wall, 3) if inc.ended_wall else None,
+        "duration_seconds": round((inc.ended_at or now) - inc.started_at, 1),
+        "detection_delay_seconds": round(inc.detected_at - inc.started_at, 1),
+        "watchdog": {"timeout_seconds": inc.budget.timeout,
+                     "remaining_seconds": round(inc.budget.remaining, 1),
+                     "remaining_at_detection_seconds": round(inc.budget_at_detection.remaining, 1),
+                     "min_remaining_seconds": round(inc.min_remaining, 1)},
+        "culprits": [dict(rank=c.rank, host=c.node, pid=c.pid, state=c.state.value,
+                          op=c.op.value if c.op.value != "none" else None,
+                          for_seconds=round(c.for_seconds, 1),
+                          **_culprit_progress(job, c.rank),
+                          stack=stack_view(d, c.stack_id)) for c in f.culprits],
+        "waiting": {"ranks": list(f.waiting), "ops": [o.value for o in f.waiting_ops],
+                    "stacks": [{"ranks": ranks, "stack": stack_view(d, sid)}
+                               for sid, ranks in sorted(groups.items(), key=lambda x: x[1])]},
+        "cause": inc.remedy.cause, "fix": inc.remedy.fix,
+        "trace": [list(p) for p in inc.trace],
+    }
+
+
+def _culprit_progress(job, rank: int) -> dict[str, Any]:
+    rec = job.ranks.get(rank) if job else None
+    if rec is None:
+        return {}
+    return {"rss_bytes": rec.rss_bytes, "write_bytes_per_second": round(rec.write_rate, 1),
+            "files_writing": [{"path": p, "size_bytes": s} for p, s in rec.files]}
+
+
+def stack_view(d: Daemon, stack_id: str) -> dict[str, Any] | None:
+    s = d.table.stacks.get(stack_id) if stack_id else None
+    if s is None:
+        return None
+    return {"id": stack_id, "thread": s.thread_name,
+            "frames": [{"name": f.name, "file": short_path(f.filename), "line": f.line}
+                       for f in s.frames[:MAX_STACK_FRAMES]]}
+
+
+def agents_view(d: Daemon, now: float) -> list[dict[str, Any]]:
+    out = []
+    for a in sorted(d.table.agents.values(), key=lambda a: (a.node, a.agent_id)):
+        out.append({"node": a.node, "agent_id": a.agent_id, "connected": a.connected,
+                    "stale": a.stale(now, d.table.staleness),
+                    "last_report_seconds": round(now - a.last_recv, 1),
+                    "ranks_watched": a.health.ranks_watched, "nvml_up": a.health.nvml_up,
+                    "version": a.health.version, "report_gaps": a.gaps_total})
+    return out
+
+
+def incidents_view(d: Daemon) -> dict[str, Any]:
+    now = time.monotonic()
+    return {"api": API_VERSION,
+            "active": [incident_view(d, i, now) for i in d.incidents.active.values()],
+            "ended": [incident_view(d, i, now) for i in reversed(d.incidents.ended)]}

@@ -1,0 +1,51 @@
+"""The watchdog budget: how long until the process-group timeout fires.
+
+remaining = timeout - time the longest-blocked rank has been blocked. The
+timeout comes from the most specific source: what the job declares
+(NCCLWATCH_WATCHDOG_TIMEOUT_SECONDS in its environment), a per-job override
+in the daemon's config, then the daemon default (600 s, NCCL's default).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+
+from ncclwatch.daemon.table import Job, JobTable
+
+NCCL_DEFAULT_TIMEOUT = 600.0
+
+
+@dataclass(frozen=True)
+class BudgetConfig:
+    default_timeout: float = NCCL_DEFAULT_TIMEOUT
+    #: job id glob -> timeout seconds, from the daemon config file.
+    job_timeouts: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Budget:
+    timeout: float
+    source: str                 # job | config | default
+    blocked_rank: int | None    # the longest-blocked rank
+    blocked_seconds: float
+    remaining: float
+
+
+def timeout_for(job: Job, cfg: BudgetConfig) -> tuple[float, str]:
+    if job.declared_timeout > 0:
+        return job.declared_timeout, "job"
+    for pattern, seconds in cfg.job_timeouts.items():
+        if fnmatchcase(job.job_id, pattern):
+            return seconds, "config"
+    return cfg.default_timeout, "default"
+
+
+def budget(job: Job, table: JobTable, now: float, cfg: BudgetConfig) -> Budget:
+    timeout, source = timeout_for(job, cfg)
+    worst, worst_for = None, 0.0
+    for r in job.in_collective:
+        rec = job.ranks[r]
+        if rec.gone_at is None and now - rec.since > worst_for:
+            worst, worst_for = r, now - rec.since
+    return Budget(timeout, source, worst, worst_for, timeout - worst_for)

@@ -1,0 +1,151 @@
+"""The daemon's state machine: ingest reports, tick the detectors.
+
+Pure of I/O: gRPC (service.py) and HTTP (http.py) call into it on the event
+loop; tests drive ``ingest`` and ``tick`` directly with a ``now`` they pick.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from dataclasses import dataclass, field
+
+import grpc
+
+from ncclwatch.daemon.budget import Budget, BudgetConfig, budget
+from ncclwatch.daemon.detect import DetectConfig, detect_job
+from ncclwatch.daemon.incidents import Incidents
+from ncclwatch.daemon.table import JobTable
+from ncclwatch.daemon.validate import ReportError, validate_request
+from ncclwatch.v1 import collector_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+#: Ask a suspicious job's agents for fresh stacks at most this often.
+ESCALATE_EVERY = 3.0
+#: While an incident is open, refresh its stacks this often.
+REFRESH_EVERY = 10.0
+
+
+@dataclass
+class DaemonConfig:
+    grpc: str = "0.0.0.0:7470"
+    http: str = "0.0.0.0:7471"
+    watchdog_timeout: float = 600.0
+    job_timeouts: dict[str, float] = field(default_factory=dict)
+    stall_threshold: float = 5.0
+    staleness: float = 10.0
+    tick: float = 0.5
+
+
+class Daemon:
+    def __init__(self, config: DaemonConfig | None = None) -> None:
+        self.config = config or DaemonConfig()
+        self.table = JobTable(staleness=self.config.staleness)
+        self.incidents = Incidents()
+        self.detect_cfg = DetectConfig(stall_threshold=self.config.stall_threshold)
+        self.budget_cfg = BudgetConfig(default_timeout=self.config.watchdog_timeout,
+                                       job_timeouts=dict(self.config.job_timeouts))
+        self.budgets: dict[str, Budget] = {}
+        self.rejected_total: collections.Counter[str] = collections.Counter()
+        self.detect_seconds_total = 0.0
+        self.ticks_total = 0
+        self._escalated: dict[str, float] = {}
+        self.started_at = time.monotonic()
+
+    # -- ingest --------------------------------------------------------------
+
+    def ingest(self, req: pb.ReportRequest, now: float | None = None) -> pb.ReportResponse:
+        """Validate and apply one report; raise ReportError to reject it whole."""
+        now = time.monotonic() if now is None else now
+        try:
+            validate_request(req, self.table.world_size)
+            self._check_ownership(req.report, now)
+        except ReportError as e:
+            self.rejected_total[e.code.name] += 1
+            raise
+        missing = self.table.apply(req.report, now)
+        agent = self.table.agents[req.report.agent_id]
+        agent.connected = True
+        resp = pb.ReportResponse(ack_seq=req.report.seq, missing_stack_ids=missing)
+        while agent.commands:
+            resp.commands.append(agent.commands.popleft())
+        return resp
+
+    def _check_ownership(self, report: pb.NodeReport, now: float) -> None:
+        """A rank that a live agent on another node reports is not yours."""
+        for s in report.samples:
+            job = self.table.jobs.get(s.identity.job_id)
+            rec = job.ranks.get(s.identity.rank) if job else None
+            if (rec is not None and rec.node and rec.node != report.node
+                    and self.table.fresh(rec, now)):
+                raise ReportError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"rank {s.identity.rank} of job {s.identity.job_id!r} is already "
+                    f"reported by node {rec.node!r}; node {report.node!r} cannot claim it")
+
+    def disconnected(self, agent_id: str) -> None:
+        agent = self.table.agents.get(agent_id)
+        if agent is not None:
+            agent.connected = False
+
+    # -- commands --------------------------------------------------------------
+
+    def request_stacks(self, job_id: str, reason: str) -> int:
+        """Queue a DumpStacks command for every agent with ranks of the job."""
+        job = self.table.jobs.get(job_id)
+        if job is None:
+            raise KeyError(job_id)
+        agent_ids = {r.agent_id for r in job.ranks.values() if r.gone_at is None}
+        cmd = pb.Command(dump_stacks=pb.DumpStacksCommand(job_id=job_id, reason=reason))
+        n = 0
+        for aid in agent_ids:
+            agent = self.table.agents.get(aid)
+            if agent is not None:
+                agent.commands.append(cmd)
+                n += 1
+        return n
+
+    # -- detection -------------------------------------------------------------
+
+    def tick(self, now: float | None = None, wall: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        wall = time.time() if wall is None else wall
+        t0 = time.perf_counter()
+        table = self.table
+        for job_id in table.expire(now):
+            self.incidents.end_job(job_id, now, wall)
+            self.budgets.pop(job_id, None)
+            self._escalated.pop(job_id, None)
+        for job_id, job in table.jobs.items():
+            # Jobs with nobody in a collective need no work beyond their budget.
+            if job_id not in table.dirty and not job.in_collective \
+                    and not self.incidents.for_job(job_id):
+                continue
+            b = budget(job, table, now, self.budget_cfg)
+            self.budgets[job_id] = b
+            findings = detect_job(job, table, now, self.detect_cfg)
+            for inc in self.incidents.update(job, findings, b, now, wall):
+                log.warning("stall %s in job %s: %s; watchdog budget %.0fs of %.0fs left",
+                            inc.kind.value, job_id, inc.finding.summary, b.remaining, b.timeout)
+            self._escalate(job_id, bool(findings), now)
+        table.dirty.clear()
+        self.ticks_total += 1
+        self.detect_seconds_total += time.perf_counter() - t0
+
+    def _escalate(self, job_id: str, stalled: bool, now: float) -> None:
+        job = self.table.jobs[job_id]
+        if not job.in_collective:
+            return
+        every = REFRESH_EVERY if stalled else ESCALATE_EVERY
+        if now - self._escalated.get(job_id, -1e9) >= every:
+            self._escalated[job_id] = now
+            self.request_stacks(job_id, "stall suspected" if not stalled else "stall refresh")
+
+    def budget_of(self, job_id: str, now: float) -> Budget:
+        b = self.budgets.get(job_id)
+        if b is None:
+            b = self.budgets[job_id] = budget(self.table.jobs[job_id], self.table, now,
+                                              self.budget_cfg)
+        return b

@@ -1,0 +1,97 @@
+"""The landing page at ``/``: what an operator needs in the first minute.
+
+Server-rendered from the same view as /api/v1/jobs, refreshing itself; no
+JavaScript, so it works through any proxy and in a terminal browser.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+from ncclwatch import __version__
+
+_CSS = """
+body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
+h1{font-size:1.3em}h2{font-size:1.1em;margin-top:1.5em}
+table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 8px;text-align:left}
+.stall{border:2px solid #c00;padding:.5em 1em;margin:.8em 0;background:#fff5f5}
+.ok{color:#070}.bad{color:#c00;font-weight:bold}pre{background:#f6f6f6;padding:.5em;overflow:auto}
+small{color:#666}
+"""
+
+
+def render(view: dict[str, Any]) -> str:
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        "<meta http-equiv='refresh' content='2'><title>ncclwatch</title>",
+        f"<style>{_CSS}</style></head><body>",
+        f"<h1>ncclwatch <small>{escape(__version__)}</small></h1>",
+        "<p><a href='/metrics'>/metrics</a> · <a href='/api/v1/jobs'>/api/v1/jobs</a> · "
+        "<a href='/api/v1/incidents'>/api/v1/incidents</a></p>",
+    ]
+    if not view["jobs"]:
+        parts.append("<p>No training jobs seen yet. Agents connected: "
+                     f"{sum(1 for a in view['agents'] if a['connected'])}.</p>")
+    for job in view["jobs"]:
+        parts.append(_job(job))
+    parts.append(_agents(view["agents"]))
+    parts.append("</body></html>")
+    return "".join(parts)
+
+
+def _job(job: dict[str, Any]) -> str:
+    w = job["watchdog"]
+    stalled = bool(job["stalls"])
+    head = (f"<h2>job {escape(job['job'])} — "
+            f"<span class='{'bad' if stalled else 'ok'}'>{'STALLED' if stalled else 'ok'}</span></h2>"
+            f"<p>{job['ranks_reporting']}/{job['world_size']} ranks on "
+            f"{escape(', '.join(job['nodes']))}; watchdog timeout {w['timeout_seconds']:.0f}s "
+            f"({escape(w['timeout_source'])}), <b>{w['remaining_seconds']:.0f}s left</b></p>")
+    out = [head]
+    for s in job["stalls"]:
+        out.append(_stall(s))
+    rows = "".join(
+        f"<tr><td>{r['rank']}</td><td>{escape(r['host'])}</td><td>{r['pid']}</td>"
+        f"<td>{escape(r['state'])}{' / ' + escape(r['op']) if r['op'] else ''}</td>"
+        f"<td>{r['for_seconds']:.0f}s</td><td>{r['cpu_utilization']:.2f}</td>"
+        f"<td>{r['rss_bytes'] / 2**20:.0f} MiB</td></tr>" for r in job["ranks"])
+    out.append("<table><tr><th>rank</th><th>host</th><th>pid</th><th>state</th>"
+               f"<th>for</th><th>cpu</th><th>rss</th></tr>{rows}</table>")
+    return "".join(out)
+
+
+def _stall(s: dict[str, Any]) -> str:
+    w = s["watchdog"]
+    out = [f"<div class='stall'><b>{escape(s['kind'])}</b>: {escape(s['summary'])}<br>",
+           f"watchdog budget: <b>{w['remaining_seconds']:.0f}s</b> of "
+           f"{w['timeout_seconds']:.0f}s left (stalled {s['duration_seconds']:.0f}s)"]
+    for c in s["culprits"]:
+        files = ", ".join(f"{escape(f['path'])} ({f['size_bytes'] / 2**20:.1f} MiB)"
+                          for f in c.get("files_writing", []))
+        out.append(f"<p>culprit: <b>rank {c['rank']}</b> on {escape(c['host'])} "
+                   f"(pid {c['pid']}), {escape(c['state'])} for {c['for_seconds']:.0f}s"
+                   f"{'; writing ' + files if files else ''}</p>")
+        out.append(_stack(c.get("stack")))
+    for g in s["waiting"]["stacks"]:
+        ranks = ", ".join(str(r) for r in g["ranks"])
+        out.append(f"<p>waiting: ranks {escape(ranks)}</p>{_stack(g['stack'])}")
+    out.append(f"<p><b>Why:</b> {escape(s['cause'])}<br><b>Fix:</b> {escape(s['fix'])}</p></div>")
+    return "".join(out)
+
+
+def _stack(stack: dict[str, Any] | None) -> str:
+    if not stack:
+        return "<pre>(stack not yet received)</pre>"
+    lines = "\n".join(f"{escape(f['name'])} ({escape(f['file'])}:{f['line']})"
+                      for f in stack["frames"])
+    return f"<pre>{lines}</pre>"
+
+
+def _agents(agents: list[dict[str, Any]]) -> str:
+    rows = "".join(
+        f"<tr><td>{escape(a['node'])}</td><td>{'yes' if a['connected'] else 'no'}</td>"
+        f"<td>{a['last_report_seconds']:.0f}s ago</td><td>{a['ranks_watched']}</td>"
+        f"<td>{'yes' if a['nvml_up'] else 'no'}</td></tr>" for a in agents)
+    return ("<h2>agents</h2><table><tr><th>node</th><th>connected</th><th>last report</th>"
+            f"<th>ranks</th><th>NVML</th></tr>{rows}</table>")

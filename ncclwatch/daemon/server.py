@@ -1,0 +1,107 @@
+"""Run the daemon: gRPC server, HTTP thread and the detection tick."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from typing import Any, Callable
+
+import grpc
+
+from ncclwatch.daemon.core import Daemon
+from ncclwatch.daemon.http import HttpServer
+from ncclwatch.daemon.service import SERVER_OPTIONS, CollectorService
+
+log = logging.getLogger(__name__)
+
+
+def split_hostport(addr: str, default_port: int) -> tuple[str, int]:
+    """``HOST:PORT``, ``[v6]:PORT``, ``:PORT`` or ``HOST``."""
+    if addr.startswith("["):
+        host, _, rest = addr[1:].partition("]")
+        return host, int(rest.lstrip(":") or default_port)
+    host, sep, port = addr.rpartition(":")
+    if not sep:
+        return addr, default_port
+    return host or "0.0.0.0", int(port)
+
+
+def loop_caller(loop: asyncio.AbstractEventLoop, timeout: float = 10.0) -> Callable:
+    """Run ``fn()`` on ``loop`` from another thread and return its result.
+
+    Must be created on the loop's own thread (calls from it run inline).
+    """
+    owner = threading.get_ident()
+
+    def call(fn: Callable[[], Any]) -> Any:
+        if threading.get_ident() == owner:
+            return fn()
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                fut.set_result(fn())
+            except BaseException as e:  # hand any error to the caller's thread
+                fut.set_exception(e)
+
+        loop.call_soon_threadsafe(run)
+        return fut.result(timeout)
+
+    return call
+
+
+class DaemonServer:
+    """The daemon's network side; ``await start()``, then ``await stop()``."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self.grpc_port = 0
+        self.http_port = 0
+        self._server: grpc.aio.Server | None = None
+        self._http: HttpServer | None = None
+        self._tick_task: asyncio.Task | None = None
+        self._stopping = asyncio.Event()
+
+    async def start(self) -> None:
+        cfg = self.daemon.config
+        loop = asyncio.get_running_loop()
+        self._server = grpc.aio.server(options=SERVER_OPTIONS)
+        self._server.add_generic_rpc_handlers((CollectorService(self.daemon).handler(),))
+        self.grpc_port = self._server.add_insecure_port(_grpc_addr(cfg.grpc))
+        if not self.grpc_port:
+            raise OSError(f"cannot listen for gRPC on {cfg.grpc}")
+        await self._server.start()
+        host, port = split_hostport(cfg.http, 7471)
+        self._http = HttpServer(self.daemon, host, port, loop_caller(loop))
+        self.http_port = self._http.port
+        self._http.start()
+        self._tick_task = asyncio.create_task(self._ticks(), name="ncclwatch-detect")
+        log.info("ncclwatch daemon: gRPC on %s:%d, HTTP on http://%s:%d/",
+                 split_hostport(cfg.grpc, 7470)[0], self.grpc_port, host, self.http_port)
+
+    async def _ticks(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                self.daemon.tick()
+            except Exception:
+                log.exception("detection tick failed")
+            try:
+                await asyncio.wait_for(self._stopping.wait(), self.daemon.config.tick)
+            except asyncio.TimeoutError:
+                pass
+
+    async def stop(self, grace: float = 2.0) -> None:
+        self._stopping.set()
+        if self._tick_task:
+            await self._tick_task
+        if self._server:
+            await self._server.stop(grace)
+        if self._http:
+            await asyncio.to_thread(self._http.stop)
+
+
+def _grpc_addr(addr: str) -> str:
+    host, port = split_hostport(addr, 7470)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

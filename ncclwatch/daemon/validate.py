@@ -1,0 +1,131 @@
+"""Check a report whole before any of it is applied.
+
+A report either passes and is applied, or fails with a gRPC status code and
+a message that says what is wrong; nothing of a rejected report reaches the
+job tables, so a bad agent cannot corrupt the state of other jobs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import grpc
+
+from ncclwatch.stacks import Frame, stack_id
+from ncclwatch.v1 import collector_pb2 as pb
+
+PROTOCOL_VERSIONS = frozenset({1})
+MAX_SAMPLES = 4096
+MAX_STACKS = 4096
+MAX_FRAMES = 1024
+MAX_STRING = 4096
+MAX_JOB_ID = 128
+MAX_WORLD_SIZE = 1 << 20
+MAX_ENV = 256
+MAX_FILES = 64
+_STATES = frozenset(pb.RankState.values())
+_OPS = frozenset(pb.CollectiveOp.values())
+
+
+class ReportError(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _bad(msg: str) -> ReportError:
+    return ReportError(grpc.StatusCode.INVALID_ARGUMENT, msg)
+
+
+def _too_big(msg: str) -> ReportError:
+    return ReportError(grpc.StatusCode.RESOURCE_EXHAUSTED, msg)
+
+
+def validate_request(req: pb.ReportRequest,
+                     world_size_of: Callable[[str], int | None] = lambda job: None) -> None:
+    """Raise ReportError unless ``req`` may be applied.
+
+    ``world_size_of`` gives the world size of a job the daemon already
+    tracks (or None): a report may not change it.
+    """
+    if req.protocol_version not in PROTOCOL_VERSIONS:
+        raise ReportError(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"unsupported protocol_version {req.protocol_version}; "
+                          f"this daemon speaks {sorted(PROTOCOL_VERSIONS)}")
+    if not req.HasField("report"):
+        raise _bad("request has no report")
+    r = req.report
+    if not r.node or len(r.node) > 255:
+        raise _bad("report.node must be a host name of 1-255 characters")
+    if not r.agent_id or len(r.agent_id) > 64:
+        raise _bad("report.agent_id must be 1-64 characters")
+    for name in ("agent_monotonic_seconds", "agent_wall_seconds", "interval_seconds"):
+        v = getattr(r, name)
+        if not math.isfinite(v) or v < 0:
+            raise _bad(f"report.{name} must be finite and >= 0, got {v}")
+    if len(r.samples) > MAX_SAMPLES:
+        raise _too_big(f"{len(r.samples)} samples in one report (max {MAX_SAMPLES})")
+    if len(r.stacks) > MAX_STACKS:
+        raise _too_big(f"{len(r.stacks)} stacks in one report (max {MAX_STACKS})")
+    for s in r.stacks:
+        _check_stack(s)
+    seen: set[tuple[str, int]] = set()
+    new_jobs: dict[str, int] = {}  # jobs first seen in this very report
+    for i, s in enumerate(r.samples):
+        key = _check_sample(i, s, world_size_of, new_jobs)
+        if key in seen:
+            raise _bad(f"samples[{i}]: rank {key[1]} of job {key[0]!r} appears twice")
+        seen.add(key)
+    for i, e in enumerate(r.exited):
+        if not e.job_id or len(e.job_id) > MAX_JOB_ID or e.rank < 0:
+            raise _bad(f"exited[{i}]: needs a job_id and a rank >= 0")
+
+
+def _check_stack(s: pb.Stack) -> None:
+    if len(s.frames) > MAX_FRAMES:
+        raise _too_big(f"stack {s.id[:16]!r} has {len(s.frames)} frames (max {MAX_FRAMES})")
+    for f in s.frames:
+        if len(f.name) > MAX_STRING or len(f.filename) > MAX_STRING:
+            raise _too_big(f"stack {s.id[:16]!r}: frame name/filename over {MAX_STRING} chars")
+    expect = stack_id(Frame(f.name, f.filename, f.line) for f in s.frames)
+    if s.id != expect:
+        raise _bad(f"stack id {s.id[:32]!r} does not match its frames (expected {expect})")
+
+
+def _check_sample(i: int, s: pb.RankSample, world_size_of: Callable[[str], int | None],
+                  new_jobs: dict[str, int]) -> tuple[str, int]:
+    ident = s.identity
+    where = f"samples[{i}]"
+    if not ident.job_id or len(ident.job_id) > MAX_JOB_ID:
+        raise _bad(f"{where}: job_id must be 1-{MAX_JOB_ID} characters")
+    if not 1 <= ident.world_size <= MAX_WORLD_SIZE:
+        raise _bad(f"{where}: world_size {ident.world_size} out of range 1..{MAX_WORLD_SIZE}")
+    if not 0 <= ident.rank < ident.world_size:
+        raise _bad(f"{where}: rank {ident.rank} out of range for world size {ident.world_size}")
+    known = world_size_of(ident.job_id)
+    if known is None:
+        known = new_jobs.setdefault(ident.job_id, ident.world_size)
+    if known is not None and known != ident.world_size:
+        raise ReportError(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"{where}: job {ident.job_id!r} has world size {known}, "
+                          f"report says {ident.world_size}")
+    if ident.pid <= 0:
+        raise _bad(f"{where}: pid must be > 0")
+    if s.state not in _STATES or s.op not in _OPS:
+        raise _bad(f"{where}: unknown state {s.state} or op {s.op}")
+    for name in ("state_seconds", "stack_age_seconds"):
+        v = getattr(s, name)
+        if not math.isfinite(v) or not 0 <= v < 1e9:
+            raise _bad(f"{where}: {name} must be finite and in [0, 1e9), got {v}")
+    if len(s.stack_id) > 64:
+        raise _bad(f"{where}: stack_id too long")
+    if not math.isfinite(s.process.cpu_utilization) or s.process.cpu_utilization < 0:
+        raise _bad(f"{where}: cpu_utilization must be finite and >= 0")
+    if len(s.process.files_writing) > MAX_FILES or len(s.job.env) > MAX_ENV:
+        raise _too_big(f"{where}: too many files ({len(s.process.files_writing)}) "
+                       f"or env entries ({len(s.job.env)})")
+    if not math.isfinite(s.job.watchdog_timeout_seconds) or s.job.watchdog_timeout_seconds < 0:
+        raise _bad(f"{where}: job.watchdog_timeout_seconds must be finite and >= 0")
+    return (ident.job_id, ident.rank)

@@ -1,0 +1,84 @@
+"""Domain vocabulary shared by agent and daemon (names from DESIGN.md).
+
+Python enums mirror the protobuf enums one to one, so pure code never
+handles wire integers; ``to_proto``/``from_proto`` are the only bridges.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from ncclwatch.v1 import collector_pb2 as pb
+
+
+class RankState(str, enum.Enum):
+    """What a rank is doing, from its main thread's stack."""
+
+    UNKNOWN = "unknown"
+    SAVING = "saving"
+    GATHERING_STATE_DICT = "gathering_state_dict"
+    LOADING = "loading"
+    COLLECTIVE = "collective"
+    DEVICE_WAIT = "device_wait"
+    COMPUTE = "compute"
+    DATALOADER = "dataloader"
+    IDLE = "idle"
+
+    def to_proto(self) -> int:
+        return pb.RankState.Value("RANK_STATE_" + self.name)
+
+    @classmethod
+    def from_proto(cls, value: int) -> "RankState":
+        if value == pb.RANK_STATE_UNSPECIFIED:
+            return cls.UNKNOWN
+        return cls[pb.RankState.Name(value).removeprefix("RANK_STATE_")]
+
+
+class CollectiveOp(str, enum.Enum):
+    """The collective a rank is inside; NONE when it is in none."""
+
+    NONE = "none"
+    BARRIER = "barrier"
+    BROADCAST = "broadcast"
+    ALL_REDUCE = "all_reduce"
+    ALL_GATHER = "all_gather"
+    GATHER = "gather"
+    SCATTER = "scatter"
+    REDUCE = "reduce"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_TO_ALL = "all_to_all"
+    SEND = "send"
+    RECV = "recv"
+    ALL_GATHER_OBJECT = "all_gather_object"
+    GATHER_OBJECT = "gather_object"
+    BROADCAST_OBJECT_LIST = "broadcast_object_list"
+    SCATTER_OBJECT_LIST = "scatter_object_list"
+    MONITORED_BARRIER = "monitored_barrier"
+    WAIT = "wait"
+
+    def to_proto(self) -> int:
+        if self is CollectiveOp.NONE:
+            return pb.COLLECTIVE_OP_UNSPECIFIED
+        return pb.CollectiveOp.Value("COLLECTIVE_OP_" + self.name)
+
+    @classmethod
+    def from_proto(cls, value: int) -> "CollectiveOp":
+        if value == pb.COLLECTIVE_OP_UNSPECIFIED:
+            return cls.NONE
+        return cls[pb.CollectiveOp.Name(value).removeprefix("COLLECTIVE_OP_")]
+
+
+#: States in which a rank works on a checkpoint (the usual culprits).
+CHECKPOINT_STATES = frozenset(
+    {RankState.SAVING, RankState.GATHERING_STATE_DICT, RankState.LOADING}
+)
+
+
+class StallKind(str, enum.Enum):
+    """Conditions over a job's ranks (DESIGN.md: stall)."""
+
+    CHECKPOINT_GATHER = "checkpoint_gather"
+    CHECKPOINT_RESTORE = "checkpoint_restore"
+    COLLECTIVE_HANG = "collective_hang"
+    DESYNC = "desync"
+    RANK_LOST = "rank_lost"

@@ -1,0 +1,92 @@
+"""``ncclwatch status``: the live jobs and stalls as a terminal table."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+DEFAULT_DAEMON = "http://127.0.0.1:7471"
+
+
+class StatusError(RuntimeError):
+    pass
+
+
+def fetch(daemon: str, timeout: float = 5.0) -> dict[str, Any]:
+    url = daemon.rstrip("/") + "/api/v1/jobs"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return json.load(r)
+    except urllib.error.URLError as e:
+        raise StatusError(f"cannot reach the ncclwatch daemon at {daemon}: {e.reason}") from None
+    except (OSError, ValueError) as e:
+        raise StatusError(f"bad answer from {url}: {e}") from None
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    lines = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
+    lines += [fmt.format(*map(str, r)) for r in rows]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def render(view: dict[str, Any]) -> str:
+    jobs = view.get("jobs", [])
+    if not jobs:
+        n = sum(1 for a in view.get("agents", []) if a.get("connected"))
+        return f"no training jobs seen ({n} agent(s) connected)"
+    out = []
+    rows = []
+    for j in jobs:
+        stalls = ", ".join(s["kind"] for s in j["stalls"]) or "-"
+        w = j["watchdog"]
+        rows.append([j["job"], f"{j['ranks_reporting']}/{j['world_size']}",
+                     ",".join(j["nodes"]), stalls,
+                     f"{w['remaining_seconds']:.0f}s/{w['timeout_seconds']:.0f}s"])
+    out.append(_table(rows, ["JOB", "RANKS", "NODES", "STALL", "WATCHDOG LEFT"]))
+    for j in jobs:
+        for s in j["stalls"]:
+            out.append("")
+            out.append(f"STALL {s['kind']} in {j['job']}: {s['summary']}")
+            w = s["watchdog"]
+            out.append(f"  watchdog: {w['remaining_seconds']:.0f}s of {w['timeout_seconds']:.0f}s "
+                       f"left; stalled {s['duration_seconds']:.0f}s")
+            for c in s["culprits"]:
+                out.append(f"  culprit: rank {c['rank']} on {c['host']} (pid {c['pid']}) "
+                           f"{c['state']} for {c['for_seconds']:.0f}s")
+                for f in (c.get("stack") or {}).get("frames", [])[:8]:
+                    out.append(f"      {f['name']} ({f['file']}:{f['line']})")
+            out.append(f"  waiting: ranks {_ranges(s['waiting']['ranks'])} in "
+                       f"{'/'.join(s['waiting']['ops'])}")
+            out.append(f"  fix: {s['fix']}")
+        states: dict[str, list[int]] = {}
+        for r in j["ranks"]:
+            key = r["state"] + (f"/{r['op']}" if r["op"] else "")
+            states.setdefault(key, []).append(r["rank"])
+        if states:
+            out.append("")
+            out.append(f"{j['job']} ranks: " + "; ".join(
+                f"{k}: {_ranges(v)}" for k, v in sorted(states.items())))
+    return "\n".join(out)
+
+
+def _ranges(ranks: list[int]) -> str:
+    """[0,1,2,5] -> '0-2,5'"""
+    ranks = sorted(ranks)
+    out, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        out.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def main(daemon: str, as_json: bool) -> int:
+    view = fetch(daemon)
+    print(json.dumps(view, indent=1) if as_json else render(view))
+    return 0

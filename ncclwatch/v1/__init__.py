@@ -1,0 +1,1 @@
+"""Generated protocol code for ``ncclwatch.v1`` (``make proto``; do not edit)."""

@@ -1,0 +1,277 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RankState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RANK_STATE_UNSPECIFIED: _ClassVar[RankState]
+    RANK_STATE_UNKNOWN: _ClassVar[RankState]
+    RANK_STATE_SAVING: _ClassVar[RankState]
+    RANK_STATE_GATHERING_STATE_DICT: _ClassVar[RankState]
+    RANK_STATE_LOADING: _ClassVar[RankState]
+    RANK_STATE_COLLECTIVE: _ClassVar[RankState]
+    RANK_STATE_DEVICE_WAIT: _ClassVar[RankState]
+    RANK_STATE_COMPUTE: _ClassVar[RankState]
+    RANK_STATE_DATALOADER: _ClassVar[RankState]
+    RANK_STATE_IDLE: _ClassVar[RankState]
+
+class CollectiveOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    COLLECTIVE_OP_UNSPECIFIED: _ClassVar[CollectiveOp]
+    COLLECTIVE_OP_BARRIER: _ClassVar[CollectiveOp]
+    COLLECTIVE_OP_BROADCAST: _ClassVar[CollectiveOp]
+    COLLECTIVE_OP_ALL_REDUCE: _ClassVar[CollectiveOp]
+    COLLECTIVE_OP_ALL_GATHER: _ClassVar[CollectiveOp]
+    COLLECTIVE_OP_GATHER: _ClassVar[CollectiveOp]
+    COLLECTIVE_OP_SCATTER: _ClassVar[CollectiveOp]
+    COLLECTIVE_OP_REDUCE: _ClassVar[CollectiveOp]
+    COLLECTIVE_OP_REDUCE_SCATTER: _ClassVar[CollectiveOp]
+    COLLECTIVE_OP_ALL_TO_ALL: _ClassVar[CollectiveOp]
+    COLLECTIVE_OP_SEND: _ClassVar[CollectiveOp]
+    COLLECTIVE_OP_RECV: _ClassVar[CollectiveOp]
+    COLLECTIVE_OP_ALL_GATHER_OBJECT: _ClassVar[CollectiveOp]
+    COLLECTIVE_OP_GATHER_OBJECT: _ClassVar[CollectiveOp]
+    COLLECTIVE_OP_BROADCAST_OBJECT_LIST: _ClassVar[CollectiveOp]
+    COLLECTIVE_OP_SCATTER_OBJECT_LIST: _ClassVar[CollectiveOp]
+    COLLECTIVE_OP_MONITORED_BARRIER: _ClassVar[CollectiveOp]
+    COLLECTIVE_OP_WAIT: _ClassVar[CollectiveOp]
+RANK_STATE_UNSPECIFIED: RankState
+RANK_STATE_UNKNOWN: RankState
+RANK_STATE_SAVING: RankState
+RANK_STATE_GATHERING_STATE_DICT: RankState
+RANK_STATE_LOADING: RankState
+RANK_STATE_COLLECTIVE: RankState
+RANK_STATE_DEVICE_WAIT: RankState
+RANK_STATE_COMPUTE: RankState
+RANK_STATE_DATALOADER: RankState
+RANK_STATE_IDLE: RankState
+COLLECTIVE_OP_UNSPECIFIED: CollectiveOp
+COLLECTIVE_OP_BARRIER: CollectiveOp
+COLLECTIVE_OP_BROADCAST: CollectiveOp
+COLLECTIVE_OP_ALL_REDUCE: CollectiveOp
+COLLECTIVE_OP_ALL_GATHER: CollectiveOp
+COLLECTIVE_OP_GATHER: CollectiveOp
+COLLECTIVE_OP_SCATTER: CollectiveOp
+COLLECTIVE_OP_REDUCE: CollectiveOp
+COLLECTIVE_OP_REDUCE_SCATTER: CollectiveOp
+COLLECTIVE_OP_ALL_TO_ALL: CollectiveOp
+COLLECTIVE_OP_SEND: CollectiveOp
+COLLECTIVE_OP_RECV: CollectiveOp
+COLLECTIVE_OP_ALL_GATHER_OBJECT: CollectiveOp
+COLLECTIVE_OP_GATHER_OBJECT: CollectiveOp
+COLLECTIVE_OP_BROADCAST_OBJECT_LIST: CollectiveOp
+COLLECTIVE_OP_SCATTER_OBJECT_LIST: CollectiveOp
+COLLECTIVE_OP_MONITORED_BARRIER: CollectiveOp
+COLLECTIVE_OP_WAIT: CollectiveOp
+
+class ReportRequest(_message.Message):
+    __slots__ = ("protocol_version", "report")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    report: NodeReport
+    def __init__(self, protocol_version: _Optional[int] = ..., report: _Optional[_Union[NodeReport, _Mapping]] = ...) -> None: ...
+
+class NodeReport(_message.Message):
+    __slots__ = ("node", "agent_id", "seq", "agent_monotonic_seconds", "agent_wall_seconds", "full_round", "stacks", "samples", "exited", "health", "interval_seconds")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    AGENT_MONOTONIC_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    AGENT_WALL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    FULL_ROUND_FIELD_NUMBER: _ClassVar[int]
+    STACKS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    EXITED_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    agent_id: str
+    seq: int
+    agent_monotonic_seconds: float
+    agent_wall_seconds: float
+    full_round: bool
+    stacks: _containers.RepeatedCompositeFieldContainer[Stack]
+    samples: _containers.RepeatedCompositeFieldContainer[RankSample]
+    exited: _containers.RepeatedCompositeFieldContainer[RankIdentity]
+    health: AgentHealth
+    interval_seconds: float
+    def __init__(self, node: _Optional[str] = ..., agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., agent_monotonic_seconds: _Optional[float] = ..., agent_wall_seconds: _Optional[float] = ..., full_round: _Optional[bool] = ..., stacks: _Optional[_Iterable[_Union[Stack, _Mapping]]] = ..., samples: _Optional[_Iterable[_Union[RankSample, _Mapping]]] = ..., exited: _Optional[_Iterable[_Union[RankIdentity, _Mapping]]] = ..., health: _Optional[_Union[AgentHealth, _Mapping]] = ..., interval_seconds: _Optional[float] = ...) -> None: ...
+
+class RankIdentity(_message.Message):
+    __slots__ = ("job_id", "rank", "local_rank", "world_size", "pid")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    rank: int
+    local_rank: int
+    world_size: int
+    pid: int
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., world_size: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
+
+class RankSample(_message.Message):
+    __slots__ = ("identity", "state", "op", "state_seconds", "stack_age_seconds", "stack_id", "process", "gpu", "job")
+    IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    STATE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STACK_AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STACK_ID_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    identity: RankIdentity
+    state: RankState
+    op: CollectiveOp
+    state_seconds: float
+    stack_age_seconds: float
+    stack_id: str
+    process: ProcessStats
+    gpu: _containers.RepeatedCompositeFieldContainer[GpuMemory]
+    job: JobInfo
+    def __init__(self, identity: _Optional[_Union[RankIdentity, _Mapping]] = ..., state: _Optional[_Union[RankState, str]] = ..., op: _Optional[_Union[CollectiveOp, str]] = ..., state_seconds: _Optional[float] = ..., stack_age_seconds: _Optional[float] = ..., stack_id: _Optional[str] = ..., process: _Optional[_Union[ProcessStats, _Mapping]] = ..., gpu: _Optional[_Iterable[_Union[GpuMemory, _Mapping]]] = ..., job: _Optional[_Union[JobInfo, _Mapping]] = ...) -> None: ...
+
+class ProcessStats(_message.Message):
+    __slots__ = ("cpu_seconds", "cpu_utilization", "rss_bytes", "io_read_bytes", "io_write_bytes", "num_threads", "files_writing")
+    CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CPU_UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    IO_READ_BYTES_FIELD_NUMBER: _ClassVar[int]
+    IO_WRITE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NUM_THREADS_FIELD_NUMBER: _ClassVar[int]
+    FILES_WRITING_FIELD_NUMBER: _ClassVar[int]
+    cpu_seconds: float
+    cpu_utilization: float
+    rss_bytes: int
+    io_read_bytes: int
+    io_write_bytes: int
+    num_threads: int
+    files_writing: _containers.RepeatedCompositeFieldContainer[OpenFile]
+    def __init__(self, cpu_seconds: _Optional[float] = ..., cpu_utilization: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., io_read_bytes: _Optional[int] = ..., io_write_bytes: _Optional[int] = ..., num_threads: _Optional[int] = ..., files_writing: _Optional[_Iterable[_Union[OpenFile, _Mapping]]] = ...) -> None: ...
+
+class OpenFile(_message.Message):
+    __slots__ = ("path", "size_bytes")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    size_bytes: int
+    def __init__(self, path: _Optional[str] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+
+class GpuMemory(_message.Message):
+    __slots__ = ("device_index", "device_uuid", "used_bytes", "device_total_bytes", "device_used_bytes")
+    DEVICE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
+    USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    device_index: int
+    device_uuid: str
+    used_bytes: int
+    device_total_bytes: int
+    device_used_bytes: int
+    def __init__(self, device_index: _Optional[int] = ..., device_uuid: _Optional[str] = ..., used_bytes: _Optional[int] = ..., device_total_bytes: _Optional[int] = ..., device_used_bytes: _Optional[int] = ...) -> None: ...
+
+class JobInfo(_message.Message):
+    __slots__ = ("source", "env", "watchdog_timeout_seconds")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    WATCHDOG_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    env: _containers.ScalarMap[str, str]
+    watchdog_timeout_seconds: float
+    def __init__(self, source: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., watchdog_timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class Stack(_message.Message):
+    __slots__ = ("id", "frames", "thread_name")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    THREAD_NAME_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    frames: _containers.RepeatedCompositeFieldContainer[Frame]
+    thread_name: str
+    def __init__(self, id: _Optional[str] = ..., frames: _Optional[_Iterable[_Union[Frame, _Mapping]]] = ..., thread_name: _Optional[str] = ...) -> None: ...
+
+class Frame(_message.Message):
+    __slots__ = ("name", "filename", "line")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    FILENAME_FIELD_NUMBER: _ClassVar[int]
+    LINE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    filename: str
+    line: int
+    def __init__(self, name: _Optional[str] = ..., filename: _Optional[str] = ..., line: _Optional[int] = ...) -> None: ...
+
+class AgentHealth(_message.Message):
+    __slots__ = ("version", "ranks_watched", "nvml_up", "pyspy_runs_total", "pyspy_failures_total", "pyspy_seconds_total", "reports_dropped_total", "queue_length", "cpu_seconds_total")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    RANKS_WATCHED_FIELD_NUMBER: _ClassVar[int]
+    NVML_UP_FIELD_NUMBER: _ClassVar[int]
+    PYSPY_RUNS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    PYSPY_FAILURES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    PYSPY_SECONDS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_DROPPED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    CPU_SECONDS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    ranks_watched: int
+    nvml_up: bool
+    pyspy_runs_total: int
+    pyspy_failures_total: int
+    pyspy_seconds_total: float
+    reports_dropped_total: int
+    queue_length: int
+    cpu_seconds_total: float
+    def __init__(self, version: _Optional[str] = ..., ranks_watched: _Optional[int] = ..., nvml_up: _Optional[bool] = ..., pyspy_runs_total: _Optional[int] = ..., pyspy_failures_total: _Optional[int] = ..., pyspy_seconds_total: _Optional[float] = ..., reports_dropped_total: _Optional[int] = ..., queue_length: _Optional[int] = ..., cpu_seconds_total: _Optional[float] = ...) -> None: ...
+
+class ReportResponse(_message.Message):
+    __slots__ = ("ack_seq", "missing_stack_ids", "commands")
+    ACK_SEQ_FIELD_NUMBER: _ClassVar[int]
+    MISSING_STACK_IDS_FIELD_NUMBER: _ClassVar[int]
+    COMMANDS_FIELD_NUMBER: _ClassVar[int]
+    ack_seq: int
+    missing_stack_ids: _containers.RepeatedScalarFieldContainer[str]
+    commands: _containers.RepeatedCompositeFieldContainer[Command]
+    def __init__(self, ack_seq: _Optional[int] = ..., missing_stack_ids: _Optional[_Iterable[str]] = ..., commands: _Optional[_Iterable[_Union[Command, _Mapping]]] = ...) -> None: ...
+
+class Command(_message.Message):
+    __slots__ = ("dump_stacks",)
+    DUMP_STACKS_FIELD_NUMBER: _ClassVar[int]
+    dump_stacks: DumpStacksCommand
+    def __init__(self, dump_stacks: _Optional[_Union[DumpStacksCommand, _Mapping]] = ...) -> None: ...
+
+class DumpStacksCommand(_message.Message):
+    __slots__ = ("job_id", "reason")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    reason: str
+    def __init__(self, job_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class DumpStacksRequest(_message.Message):
+    __slots__ = ("job_id", "reason")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    reason: str
+    def __init__(self, job_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class DumpStacksResponse(_message.Message):
+    __slots__ = ("agents",)
+    AGENTS_FIELD_NUMBER: _ClassVar[int]
+    agents: int
+    def __init__(self, agents: _Optional[int] = ...) -> None: ...

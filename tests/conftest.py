@@ -1,0 +1,240 @@
+"""Shared fixtures: real ncclwatch processes and real torchrun jobs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+ARTIFACTS = ROOT / "artifacts"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def need(binary: str) -> str:
+    path = BIN / binary
+    if not path.exists():
+        pytest.fail(f"{binary} is missing from {BIN}: run `make test` (it installs it)")
+    return str(path)
+
+
+class Proc:
+    """A child process in its own session, its output collected by a thread."""
+
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None, name: str = "") -> None:
+        self.name = name or Path(argv[0]).name
+        self.lines: list[tuple[float, str]] = []
+        self.popen = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            text=True, env={**os.environ, **(env or {})}, start_new_session=True, cwd=ROOT)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.popen.stdout:
+            self.lines.append((time.time(), line.rstrip("\n")))
+
+    def output(self) -> str:
+        return "\n".join(line for _, line in self.lines)
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int | None:
+        if self.alive():
+            try:
+                os.killpg(self.popen.pid, sig)
+            except ProcessLookupError:
+                pass
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(5)
+        self._reader.join(5)
+        return self.popen.returncode
+
+
+MARKER = re.compile(r"NCCLWATCH_DEMO phase=(\S+) rank=(\d+) pid=(\d+) t=([\d.]+)(.*)")
+
+
+@dataclass
+class Job:
+    proc: Proc
+    world: int
+
+    def markers(self, phase: str) -> list[dict]:
+        out = []
+        for _, line in self.proc.lines:
+            m = MARKER.search(line)
+            if m and m.group(1) == phase:
+                extra = dict(kv.split("=", 1) for kv in m.group(5).split() if "=" in kv)
+                out.append({"rank": int(m.group(2)), "pid": int(m.group(3)),
+                            "t": float(m.group(4)), **extra})
+        return out
+
+    def wait_marker(self, phase: str, timeout: float, count: int = 1) -> list[dict]:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            found = self.markers(phase)
+            if len(found) >= count:
+                return found
+            if not self.proc.alive():
+                break
+            time.sleep(0.1)
+        pytest.fail(f"job never reached phase {phase!r} (x{count}) within {timeout}s; "
+                    f"output:\n{self.proc.output()[-4000:]}")
+
+    def pids(self) -> set[int]:
+        return {m["pid"] for m in self.markers("ready")}
+
+
+@dataclass
+class Monitor:
+    """A running ncclwatch (run, or daemon + agent) and its HTTP side."""
+
+    procs: list[Proc]
+    http: str
+    samples: list = field(default_factory=list)
+
+    def get(self, path: str) -> str:
+        with urllib.request.urlopen(self.http + path, timeout=10) as r:
+            return r.read().decode()
+
+    def metrics(self) -> dict[tuple[str, tuple], float]:
+        text = self.get("/metrics")
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+    def jobs(self) -> dict:
+        return json.loads(self.get("/api/v1/jobs"))
+
+    def job_of(self, pids: set[int]) -> dict | None:
+        for job in self.jobs()["jobs"]:
+            if pids & {r["pid"] for r in job["ranks"]}:
+                return job
+        return None
+
+    def alive(self) -> bool:
+        return all(p.alive() for p in self.procs)
+
+    def output(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.output()}" for p in self.procs)
+
+
+def _wait_http(mon: Monitor, timeout: float = 30.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            mon.get("/healthz")
+            return
+        except OSError:
+            if not mon.alive():
+                break
+            time.sleep(0.2)
+    pytest.fail(f"ncclwatch did not come up:\n{mon.output()}")
+
+
+@pytest.fixture
+def ncclwatch_run():
+    """``ncclwatch run`` on free loopback ports, as a user starts it."""
+    started: list[Monitor] = []
+
+    def start(*extra: str) -> Monitor:
+        grpc_port, http_port = free_port(), free_port()
+        proc = Proc([need("ncclwatch"), "run", "--grpc", f"127.0.0.1:{grpc_port}",
+                     "--http", f"127.0.0.1:{http_port}", *extra], name="ncclwatch-run")
+        mon = Monitor([proc], f"http://127.0.0.1:{http_port}")
+        started.append(mon)
+        _wait_http(mon)
+        return mon
+
+    yield start
+    for mon in started:
+        for p in mon.procs:
+            p.stop()
+        _save_log(mon)
+
+
+@pytest.fixture
+def ncclwatch_split():
+    """``ncclwatch daemon`` and ``ncclwatch agent`` as two processes."""
+    started: list[Monitor] = []
+
+    def start() -> Monitor:
+        grpc_port, http_port = free_port(), free_port()
+        daemon = Proc([need("ncclwatch"), "daemon", "--grpc", f"127.0.0.1:{grpc_port}",
+                       "--http", f"127.0.0.1:{http_port}"], name="ncclwatch-daemon")
+        mon = Monitor([daemon], f"http://127.0.0.1:{http_port}")
+        started.append(mon)
+        _wait_http(mon)
+        mon.procs.append(Proc([need("ncclwatch"), "agent", "--collector",
+                               f"127.0.0.1:{grpc_port}"], name="ncclwatch-agent"))
+        return mon
+
+    yield start
+    for mon in started:
+        for p in reversed(mon.procs):
+            p.stop()
+        _save_log(mon)
+
+
+def _save_log(mon: Monitor) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / "ncclwatch-last.log").write_text(mon.output())
+
+
+@pytest.fixture
+def torch_job():
+    """Launch ``ncclwatch.demo.job`` under real torchrun; killed at teardown."""
+    jobs: list[Job] = []
+
+    def start(scenario: str, world: int = 4, env: dict[str, str] | None = None,
+              *args: str) -> Job:
+        torchrun = need("torchrun")
+        argv = [torchrun, "--standalone", f"--nproc-per-node={world}", "--max-restarts=0",
+                "-m", "ncclwatch.demo.job", "--scenario", scenario, *args]
+        job = Job(Proc(argv, env={"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+                                  **(env or {})}, name=f"torchrun-{scenario}"), world)
+        jobs.append(job)
+        return job
+
+    yield start
+    for job in jobs:
+        job.proc.stop(signal.SIGTERM)
+        ARTIFACTS.mkdir(exist_ok=True)
+        (ARTIFACTS / f"{job.proc.name}.log").write_text(job.proc.output())
+
+
+def record(name: str, data: dict) -> None:
+    """Keep a measurement of an e2e run under artifacts/ (for notes and CI logs)."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / "e2e-measurements.json"
+    current = json.loads(path.read_text()) if path.exists() else {}
+    current[name] = data
+    path.write_text(json.dumps(current, indent=1))
+    print(f"\n[measurement] {name}: {json.dumps(data)}")
+
+
+def py_spy_available() -> None:
+    if shutil.which("py-spy", path=str(BIN)) is None:
+        pytest.fail("py-spy is missing from the venv: run `make test`")

@@ -1,0 +1,205 @@
+"""End to end: ncclwatch against real torchrun jobs, real py-spy, real gRPC.
+
+Rank 0 of a 4-rank gloo job gathers the model state and sits in torch.save
+writing to slow storage while ranks 1-3 wait in barrier; the process-group
+timeout is 90 s. ncclwatch must name rank 0 (saving) within 15 s, with a
+watchdog budget that counts down, long before the watchdog would fire.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests.conftest import Monitor, need, record
+
+pytestmark = pytest.mark.e2e
+
+PG_TIMEOUT = 90
+DETECT_WITHIN = 15.0
+
+
+def _value(m: dict, name: str, **labels) -> float | None:
+    want = tuple(sorted(labels.items()))
+    for (n, lab), v in m.items():
+        if n == name and all(item in lab for item in want):
+            return v
+    return None
+
+
+def _series(m: dict, name: str, **labels) -> list[tuple[dict, float]]:
+    out = []
+    for (n, lab), v in m.items():
+        d = dict(lab)
+        if n == name and all(d.get(k) == val for k, val in labels.items()):
+            out.append((d, v))
+    return out
+
+
+def _job_id(mon: Monitor, pids: set[int], timeout: float = 30.0) -> str:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        job = mon.job_of(pids)
+        if job is not None and job["ranks_reporting"] == len(pids):
+            return job["job"]
+        time.sleep(0.3)
+    pytest.fail(f"ncclwatch never saw ranks {sorted(pids)}:\n{mon.output()[-3000:]}")
+
+
+def _wait_stall(mon: Monitor, job: str, kind: str, deadline: float) -> dict:
+    while time.time() < deadline:
+        m = mon.metrics()
+        if _value(m, "ncclwatch_stall_active", job=job, kind=kind) == 1:
+            return m
+        time.sleep(0.25)
+    return {}
+
+
+def test_slow_save_culprit_named_before_the_watchdog(ncclwatch_run, torch_job) -> None:
+    mon = ncclwatch_run()  # default watchdog 600 s: the job declares its own 90 s
+    job = torch_job("slow-save", 4, {"NCCLWATCH_WATCHDOG_TIMEOUT_SECONDS": str(PG_TIMEOUT)},
+                    "--model-mb", "16", "--save-seconds", "60", "--pg-timeout", str(PG_TIMEOUT))
+    job.wait_marker("ready", timeout=120, count=4)
+    job_id = _job_id(mon, job.pids())
+    save = job.wait_marker("save_start", timeout=120)[0]
+    waits = job.wait_marker("wait_start", timeout=30, count=3)
+    m = _wait_stall(mon, job_id, "checkpoint_gather", save["t"] + DETECT_WITHIN + 5)
+    detected = time.time()
+    assert m, (f"no checkpoint_gather stall within {DETECT_WITHIN + 5:.0f}s of torch.save:\n"
+               f"{mon.get('/api/v1/jobs')[:3000]}\n{mon.output()[-3000:]}")
+    delay = detected - save["t"]
+    culprits = _series(m, "ncclwatch_stall_culprit_info", job=job_id, kind="checkpoint_gather")
+    assert [(c["rank"], c["state"]) for c, _ in culprits] == [("0", "saving")], culprits
+    assert _value(m, "ncclwatch_watchdog_timeout_seconds", job=job_id) == PG_TIMEOUT
+    assert _value(m, "ncclwatch_ranks", job=job_id, state="collective") == 3
+    first_wait = min(w["t"] for w in waits)
+    lead = (first_wait + PG_TIMEOUT) - detected
+    r1 = _value(m, "ncclwatch_watchdog_remaining_seconds", job=job_id)
+    time.sleep(3)
+    m2 = mon.metrics()
+    r2 = _value(m2, "ncclwatch_watchdog_remaining_seconds", job=job_id)
+    assert r1 is not None and r2 is not None and 0 < r2 < r1 < PG_TIMEOUT, (r1, r2)
+    assert r1 - r2 == pytest.approx(3, abs=1.5)
+    # The budget never claims more time than the job really has left.
+    true_left = (first_wait + PG_TIMEOUT) - time.time()
+    assert r2 <= true_left + 1.0, (r2, true_left)
+
+    # The API and the status command tell the same story, with rank 0's stack.
+    view = mon.job_of(job.pids())
+    stall = view["stalls"][0]
+    frames = [f["name"] for f in stall["culprits"][0]["stack"]["frames"]]
+    assert any(f.endswith("_save") or f == "save" for f in frames), frames
+    assert stall["waiting"]["ranks"] == [1, 2, 3]
+    assert stall["culprits"][0]["files_writing"], "checkpoint file not seen open for writing"
+    status = subprocess.run([need("ncclwatch"), "status", "--daemon", mon.http],
+                            capture_output=True, text=True, timeout=30)
+    assert status.returncode == 0, status.stderr
+    assert "culprit: rank 0" in status.stdout and "checkpoint_gather" in status.stdout
+    record("slow_save", {"detection_delay_s": round(delay, 2), "lead_time_s": round(lead, 1),
+                         "pg_timeout_s": PG_TIMEOUT, "remaining_at_detection_s": r1})
+    assert delay <= DETECT_WITHIN, f"detected {delay:.1f}s after torch.save started"
+
+
+def test_fast_save_reports_no_stall(ncclwatch_run, torch_job) -> None:
+    mon = ncclwatch_run()
+    job = torch_job("fast-save", 4, None, "--model-mb", "16", "--steps", "3")
+    job.wait_marker("ready", timeout=120, count=4)
+    job_id = _job_id(mon, job.pids())
+    seen_collective = False
+    while job.proc.alive():
+        m = mon.metrics()
+        for kind in ("checkpoint_gather", "checkpoint_restore"):
+            assert _value(m, "ncclwatch_stall_active", job=job_id, kind=kind) in (0, None), \
+                mon.get("/api/v1/jobs")
+        seen_collective |= bool(_value(m, "ncclwatch_ranks", job=job_id, state="collective"))
+        time.sleep(0.25)
+    assert job.proc.popen.returncode == 0, job.proc.output()[-3000:]
+    assert len(job.markers("save_end")) == 1
+    m = mon.metrics()
+    assert _value(m, "ncclwatch_incidents_opened_total", kind="checkpoint_gather") == 0
+    assert _value(m, "ncclwatch_agent_pyspy_runs_total") > 0
+
+
+def test_fsdp_full_state_dict_gather_culprit(ncclwatch_run, torch_job) -> None:
+    mon = ncclwatch_run("--watchdog-timeout", str(PG_TIMEOUT))
+    job = torch_job("fsdp-gather-slow", 4, None, "--model-mb", "8", "--save-seconds", "45",
+                    "--slow-copies", "1", "--pg-timeout", str(PG_TIMEOUT))
+    job.wait_marker("ready", timeout=120, count=4)
+    job_id = _job_id(mon, job.pids())
+    start = job.wait_marker("gather_start", timeout=120, count=4)
+    m = _wait_stall(mon, job_id, "checkpoint_gather", max(s["t"] for s in start) + 25)
+    assert m, f"no stall seen:\n{mon.get('/api/v1/jobs')[:3000]}"
+    culprits = _series(m, "ncclwatch_stall_culprit_info", job=job_id, kind="checkpoint_gather")
+    assert [(c["rank"], c["state"]) for c, _ in culprits] == [("0", "gathering_state_dict")]
+    view = mon.job_of(job.pids())
+    waiting = {r["rank"]: r for r in view["ranks"] if r["rank"] != 0}
+    assert all(r["state"] == "gathering_state_dict" and r["op"] for r in waiting.values()), \
+        waiting
+    assert _value(m, "ncclwatch_watchdog_timeout_seconds", job=job_id) == PG_TIMEOUT
+    record("fsdp_gather", {"detection_delay_s":
+                           round(time.time() - max(s["t"] for s in start), 2)})
+
+
+def test_killing_ranks_mid_sampling_gives_no_crash_and_no_stall(ncclwatch_run, torch_job) -> None:
+    mon = ncclwatch_run("--suspect-stack-interval", "0.5")
+    job = torch_job("compute", 4, None, "--save-seconds", "60")
+    job.wait_marker("compute_start", timeout=120, count=4)
+    job_id = _job_id(mon, job.pids())
+    time.sleep(2)
+    victim = next(m["pid"] for m in job.markers("ready") if m["rank"] == 2)
+    import os
+    os.kill(victim, signal.SIGKILL)  # torchrun then tears the other ranks down
+    deadline = time.time() + 30
+    gone = False
+    while time.time() < deadline:
+        m = mon.metrics()
+        assert _value(m, "ncclwatch_stall_active", job=job_id, kind="checkpoint_gather") in (0, None)
+        view = mon.job_of(job.pids())
+        if view is None or all(r["gone"] for r in view["ranks"]):
+            gone = True
+            break
+        time.sleep(0.3)
+    assert gone, mon.get("/api/v1/jobs")[:3000]
+    assert mon.alive(), mon.output()[-3000:]
+    assert "Traceback" not in mon.output(), mon.output()[-3000:]
+
+
+def _rank_processes() -> list[int]:
+    """Pids whose environment declares a rank, read independently of ncclwatch."""
+    import psutil
+
+    pids = []
+    for p in psutil.process_iter():
+        try:
+            env = p.environ()
+        except psutil.Error:
+            continue
+        if "RANK" in env and "WORLD_SIZE" in env and p.parent() and "RANK" not in p.parent().environ():
+            pids.append(p.pid)
+    return pids
+
+
+def test_agent_with_no_training_processes(ncclwatch_split) -> None:
+    mon = ncclwatch_split()
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        m = mon.metrics()
+        if (_value(m, "ncclwatch_daemon_reports_total") or 0) >= 3:
+            break
+        time.sleep(0.3)
+    else:
+        pytest.fail(f"agent never reported:\n{mon.output()}")
+    assert mon.alive(), mon.output()
+    m = mon.metrics()
+    assert _value(m, "ncclwatch_agent_up") == 1
+    assert _value(m, "ncclwatch_agent_nvml_up") == 0  # no GPU here: says so, keeps working
+    # Nothing of ours runs; whatever else this machine runs is counted, not invented.
+    assert _value(m, "ncclwatch_agent_ranks_watched") == len(_rank_processes())
+    assert all(v == 0 for _, v in _series(m, "ncclwatch_stall_active"))
+    out = subprocess.run([need("ncclwatch"), "status", "--daemon", mon.http],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert not [line for line in out.stdout.splitlines() if line.startswith("STALL ")], out.stdout

@@ -1,0 +1,156 @@
+"""Verdicts of the daemon over built reports: a table of scenarios."""
+
+from __future__ import annotations
+
+import pytest
+
+from ncclwatch.daemon.core import Daemon, DaemonConfig
+from ncclwatch.model import CollectiveOp, RankState, StallKind
+from tests.factories import BARRIER, checkpoint_job, report, sample, stack_pb
+
+S, Op = RankState, CollectiveOp
+
+
+def _daemon(**kw) -> Daemon:
+    return Daemon(DaemonConfig(**kw))
+
+
+def _stalls(d: Daemon, job: str = "job-1") -> dict[StallKind, list[int]]:
+    return {k: [c.rank for c in inc.finding.culprits]
+            for (j, k), inc in d.incidents.active.items() if j == job}
+
+
+def _job(samples_spec, job="job-1", world=4):
+    return report([sample(job, r, world, st, op, seconds=secs) for r, st, op, secs in samples_spec])
+
+
+CASES = [
+    # (name, [(rank, state, op, seconds in state)], expected {kind: culprits})
+    ("rank 0 saving, others in barrier", [
+        (0, S.SAVING, Op.NONE, 30), (1, S.COLLECTIVE, Op.BARRIER, 30),
+        (2, S.COLLECTIVE, Op.BARRIER, 30), (3, S.COLLECTIVE, Op.BARRIER, 30)],
+     {StallKind.CHECKPOINT_GATHER: [0]}),
+    ("rank 0 gathering (no collective), others in the gather's all_gather", [
+        (0, S.GATHERING_STATE_DICT, Op.NONE, 30), (1, S.GATHERING_STATE_DICT, Op.ALL_GATHER, 30),
+        (2, S.GATHERING_STATE_DICT, Op.ALL_GATHER, 30), (3, S.GATHERING_STATE_DICT, Op.WAIT, 30)],
+     {StallKind.CHECKPOINT_GATHER: [0]}),
+    ("all ranks gathering inside all_gather: nobody is the culprit", [
+        (r, S.GATHERING_STATE_DICT, Op.ALL_GATHER, 30) for r in range(4)], {}),
+    ("rank 0 loading, others in broadcast", [
+        (0, S.LOADING, Op.NONE, 30), (1, S.COLLECTIVE, Op.BROADCAST, 30),
+        (2, S.COLLECTIVE, Op.BROADCAST, 30), (3, S.COLLECTIVE, Op.BROADCAST, 30)],
+     {StallKind.CHECKPOINT_RESTORE: [0]}),
+    ("fast save: others in barrier under the threshold", [
+        (0, S.SAVING, Op.NONE, 2), (1, S.COLLECTIVE, Op.BARRIER, 2),
+        (2, S.COLLECTIVE, Op.BARRIER, 2), (3, S.COLLECTIVE, Op.BARRIER, 2)], {}),
+    ("healthy training", [(r, S.COMPUTE, Op.NONE, 100) for r in range(4)], {}),
+    ("saving while nobody waits", [
+        (0, S.SAVING, Op.NONE, 100), (1, S.COMPUTE, Op.NONE, 100),
+        (2, S.COMPUTE, Op.NONE, 100), (3, S.COMPUTE, Op.NONE, 100)], {}),
+    ("two ranks save, two wait", [
+        (0, S.SAVING, Op.NONE, 30), (1, S.SAVING, Op.NONE, 30),
+        (2, S.COLLECTIVE, Op.BARRIER, 30), (3, S.COLLECTIVE, Op.BARRIER, 30)],
+     {StallKind.CHECKPOINT_GATHER: [0, 1]}),
+]
+
+
+@pytest.mark.parametrize("name,spec,expected", CASES, ids=[c[0] for c in CASES])
+def test_verdicts(name, spec, expected) -> None:
+    d = _daemon()
+    d.ingest(_job(spec), now=1000.0)
+    d.tick(now=1000.0)
+    assert _stalls(d) == expected
+
+
+def test_budget_counts_down_and_uses_the_job_timeout() -> None:
+    d = _daemon(watchdog_timeout=600)
+    d.ingest(checkpoint_job(wait_for=10, timeout=90), now=1000.0)
+    d.tick(now=1000.0)
+    b0 = d.budgets["job-1"]
+    assert (b0.timeout, b0.source) == (90, "job")
+    assert b0.remaining == pytest.approx(80, abs=0.01)
+    # 15 s later the agent reports the same states, 15 s older.
+    d.ingest(checkpoint_job(wait_for=25, save_for=35, timeout=90, seq=2), now=1015.0)
+    d.tick(now=1015.0)
+    assert d.budgets["job-1"].remaining == pytest.approx(65, abs=0.01)
+    inc = d.incidents.active[("job-1", StallKind.CHECKPOINT_GATHER)]
+    assert inc.min_remaining == pytest.approx(65, abs=0.01)
+    assert inc.budget_at_detection.remaining == pytest.approx(80, abs=0.01)
+
+
+def test_config_timeout_by_job_glob_and_default() -> None:
+    d = _daemon(watchdog_timeout=600, job_timeouts={"job-*": 120})
+    d.ingest(checkpoint_job(job="job-7"), now=10.0)
+    d.ingest(checkpoint_job(job="other", agent="agent-b", node="node-b"), now=10.0)
+    d.tick(now=10.0)
+    assert (d.budgets["job-7"].timeout, d.budgets["job-7"].source) == (120, "config")
+    assert (d.budgets["other"].timeout, d.budgets["other"].source) == (600, "default")
+
+
+def test_stall_ends_when_the_save_ends() -> None:
+    d = _daemon()
+    d.ingest(checkpoint_job(), now=100.0)
+    d.tick(now=100.0)
+    assert _stalls(d) == {StallKind.CHECKPOINT_GATHER: [0]}
+    d.ingest(_job([(r, S.COMPUTE, Op.NONE, 0.5) for r in range(4)]), now=102.0)
+    d.tick(now=102.0)
+    assert _stalls(d) == {}
+    assert [i.kind for i in d.incidents.ended] == [StallKind.CHECKPOINT_GATHER]
+
+
+def test_stale_agent_gives_no_verdict() -> None:
+    """Never name a culprit from data the daemon can no longer trust."""
+    d = _daemon(staleness=10)
+    d.ingest(checkpoint_job(), now=100.0)
+    d.tick(now=100.0)
+    assert _stalls(d)
+    d.tick(now=130.0)  # the agent went silent 30 s ago
+    assert _stalls(d) == {}
+
+
+def test_ranks_split_over_two_agents_give_the_same_verdict() -> None:
+    d = _daemon()
+    full = checkpoint_job().report
+    a = report(list(full.samples[:2]), node="node-a", agent="agent-a", stacks=list(full.stacks))
+    b = report(list(full.samples[2:]), node="node-b", agent="agent-b", stacks=list(full.stacks))
+    d.ingest(a, now=50.0)
+    d.ingest(b, now=50.0)
+    d.tick(now=50.0)
+    assert _stalls(d) == {StallKind.CHECKPOINT_GATHER: [0]}
+    assert d.table.jobs["job-1"].nodes == {"node-a", "node-b"}
+
+
+def test_missing_rank_in_a_full_round_is_gone() -> None:
+    d = _daemon()
+    d.ingest(checkpoint_job(), now=10.0)
+    d.ingest(report(list(checkpoint_job().report.samples[1:]), seq=2), now=11.0)
+    rec = d.table.jobs["job-1"].ranks[0]
+    assert rec.gone_at == 11.0 and rec.state is S.UNKNOWN
+    d.tick(now=11.0)
+    assert _stalls(d) == {}
+
+
+def test_unknown_stack_is_requested_back() -> None:
+    d = _daemon()
+    req = report([sample("j", 0, 1, S.COLLECTIVE, Op.BARRIER, stack="feedfacecafebeef")])
+    assert list(d.ingest(req, now=1.0).missing_stack_ids) == ["feedfacecafebeef"]
+    req2 = report([sample("j", 0, 1, S.COLLECTIVE, Op.BARRIER, stack=stack_pb(BARRIER).id)],
+                  stacks=[stack_pb(BARRIER)], seq=2)
+    assert list(d.ingest(req2, now=2.0).missing_stack_ids) == []
+
+
+def test_seq_gaps_are_counted() -> None:
+    d = _daemon()
+    d.ingest(checkpoint_job(seq=1), now=1.0)
+    d.ingest(checkpoint_job(seq=5), now=2.0)
+    assert d.table.agents["agent-a"].gaps_total == 3
+
+
+def test_suspicious_job_gets_a_stack_request() -> None:
+    d = _daemon()
+    d.ingest(_job([(0, S.COMPUTE, Op.NONE, 1), (1, S.COLLECTIVE, Op.BARRIER, 1),
+                   (2, S.COMPUTE, Op.NONE, 1), (3, S.COMPUTE, Op.NONE, 1)]), now=1.0)
+    d.tick(now=1.0)
+    resp = d.ingest(_job([(0, S.COMPUTE, Op.NONE, 2), (1, S.COLLECTIVE, Op.BARRIER, 2),
+                          (2, S.COMPUTE, Op.NONE, 2), (3, S.COMPUTE, Op.NONE, 2)]), now=2.0)
+    assert [c.dump_stacks.job_id for c in resp.commands] == ["job-1"]

@@ -1,0 +1,207 @@
+"""The daemon's gRPC entry points, over real gRPC on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+
+import grpc
+import pytest
+
+from ncclwatch.agent.uplink import Uplink
+from ncclwatch.daemon.core import Daemon, DaemonConfig
+from ncclwatch.daemon.server import DaemonServer
+from ncclwatch.model import CollectiveOp, RankState, StallKind
+from ncclwatch.v1 import collector_pb2 as pb
+from ncclwatch.v1 import collector_pb2_grpc as pb_grpc
+from tests.factories import BARRIER, checkpoint_job, report, sample, stack_pb
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+class Harness:
+    def __init__(self) -> None:
+        self.daemon = Daemon(DaemonConfig(grpc="127.0.0.1:0", http="127.0.0.1:0"))
+        self.server = DaemonServer(self.daemon)
+
+    async def __aenter__(self) -> "Harness":
+        await self.server.start()
+        self.target = f"127.0.0.1:{self.server.grpc_port}"
+        self.channel = grpc.aio.insecure_channel(self.target)
+        self.stub = pb_grpc.CollectorServiceStub(self.channel)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.channel.close()
+        await self.server.stop(grace=0.1)
+
+    async def send(self, *reqs: pb.ReportRequest) -> list[pb.ReportResponse]:
+        call = self.stub.Report(iter(reqs))
+        return [r async for r in call]
+
+    async def send_raw(self, payload: bytes) -> None:
+        call = self.channel.stream_stream("/ncclwatch.v1.CollectorService/Report",
+                                          request_serializer=None, response_deserializer=None)
+        async for _ in call(iter([payload])):
+            pass
+
+
+def _err(excinfo) -> grpc.StatusCode:
+    return excinfo.value.code()
+
+
+def test_report_is_applied_and_acked() -> None:
+    async def go():
+        async with Harness() as h:
+            resps = await h.send(checkpoint_job(seq=7))
+            assert [r.ack_seq for r in resps] == [7]
+            job = h.daemon.table.jobs["job-1"]
+            assert job.ranks[0].state is RankState.SAVING
+            assert job.ranks[2].op is CollectiveOp.BARRIER
+    _run(go())
+
+
+BAD = [
+    ("bad protobuf", None, grpc.StatusCode.INVALID_ARGUMENT),
+    ("rank out of range", report([sample("job-x", 9, 4, RankState.COMPUTE)]),
+     grpc.StatusCode.INVALID_ARGUMENT),
+    ("negative rank", report([sample("job-x", -1, 4, RankState.COMPUTE)]),
+     grpc.StatusCode.INVALID_ARGUMENT),
+    ("world size changes", report([sample("job-1", 1, 8, RankState.COMPUTE)]),
+     grpc.StatusCode.FAILED_PRECONDITION),
+    ("duplicate rank", report([sample("job-x", 1, 4, RankState.COMPUTE)] * 2),
+     grpc.StatusCode.INVALID_ARGUMENT),
+    ("unknown protocol", pb.ReportRequest(protocol_version=99, report=pb.NodeReport(
+        node="n", agent_id="a")), grpc.StatusCode.FAILED_PRECONDITION),
+    ("stack id not its frames", report([], stacks=[pb.Stack(id="0000", frames=[
+        pb.Frame(name="x", filename="y", line=1)])]), grpc.StatusCode.INVALID_ARGUMENT),
+    ("huge stack", report([], stacks=[pb.Stack(id="x", frames=[pb.Frame(name="f")] * 5000)]),
+     grpc.StatusCode.RESOURCE_EXHAUSTED),
+    ("rank claimed by another node", checkpoint_job(node="node-evil", agent="agent-evil"),
+     grpc.StatusCode.FAILED_PRECONDITION),
+    ("NaN duration", report([sample("job-x", 0, 1, RankState.COMPUTE, seconds=float("nan"))]),
+     grpc.StatusCode.INVALID_ARGUMENT),
+    ("unknown state", report([pb.RankSample(identity=pb.RankIdentity(
+        job_id="job-x", rank=0, world_size=1, pid=5), state=77)]),
+     grpc.StatusCode.INVALID_ARGUMENT),
+]
+
+
+@pytest.mark.parametrize("name,req,code", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_is_rejected_and_other_jobs_untouched(name, req, code) -> None:
+    async def go():
+        async with Harness() as h:
+            await h.send(checkpoint_job())
+            h.daemon.tick()
+            before = {r: (rec.state, rec.op, rec.since) for r, rec in
+                      h.daemon.table.jobs["job-1"].ranks.items()}
+            with pytest.raises(grpc.aio.AioRpcError) as ei:
+                if req is None:
+                    await h.send_raw(b"\xff\xff\xff\x00garbage")
+                else:
+                    await h.send(req)
+            assert _err(ei) == code, ei.value.details()
+            assert ei.value.details()  # says what is wrong
+            after = {r: (rec.state, rec.op, rec.since) for r, rec in
+                     h.daemon.table.jobs["job-1"].ranks.items()}
+            assert after == before
+            assert "job-x" not in h.daemon.table.jobs
+            assert h.daemon.rejected_total[code.name] == 1
+            # The daemon keeps serving: the healthy job's next report applies.
+            await h.send(checkpoint_job(seq=2))
+            h.daemon.tick()
+            assert ("job-1", StallKind.CHECKPOINT_GATHER) in h.daemon.incidents.active
+    _run(go())
+
+
+def test_dump_stacks_for_unknown_job_is_not_found() -> None:
+    async def go():
+        async with Harness() as h:
+            with pytest.raises(grpc.aio.AioRpcError) as ei:
+                await h.stub.DumpStacks(pb.DumpStacksRequest(job_id="nope"))
+            assert _err(ei) == grpc.StatusCode.NOT_FOUND
+            with pytest.raises(grpc.aio.AioRpcError) as ei:
+                await h.stub.DumpStacks(pb.DumpStacksRequest())
+            assert _err(ei) == grpc.StatusCode.INVALID_ARGUMENT
+            await h.send(checkpoint_job())
+            resp = await h.stub.DumpStacks(pb.DumpStacksRequest(job_id="job-1"))
+            assert resp.agents == 1
+    _run(go())
+
+
+def test_oversized_message_is_resource_exhausted() -> None:
+    async def go():
+        async with Harness() as h:
+            with pytest.raises(grpc.aio.AioRpcError) as ei:
+                await h.send_raw(b"\x0a" + b"\xff" * (17 * 1024 * 1024))
+            assert _err(ei) == grpc.StatusCode.RESOURCE_EXHAUSTED
+    _run(go())
+
+
+def test_http_endpoints_serve_the_stall() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async def go():
+        async with Harness() as h:
+            await h.send(checkpoint_job(timeout=90))
+            h.daemon.tick()
+            base = f"http://127.0.0.1:{h.server.http_port}"
+
+            def get(path):
+                with urllib.request.urlopen(base + path, timeout=5) as r:
+                    return r.read().decode()
+
+            metrics, jobs, page = await asyncio.gather(
+                asyncio.to_thread(get, "/metrics"), asyncio.to_thread(get, "/api/v1/jobs"),
+                asyncio.to_thread(get, "/"))
+            samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                       for fam in text_string_to_metric_families(metrics) for s in fam.samples}
+            assert samples[("ncclwatch_stall_active",
+                            (("job", "job-1"), ("kind", "checkpoint_gather")))] == 1
+            assert samples[("ncclwatch_stall_culprit_info",
+                            (("host", "node-a"), ("job", "job-1"), ("kind", "checkpoint_gather"),
+                             ("rank", "0"), ("state", "saving")))] == 1
+            assert samples[("ncclwatch_watchdog_timeout_seconds", (("job", "job-1"),))] == 90
+            assert samples[("ncclwatch_ranks", (("job", "job-1"), ("state", "collective")))] == 3
+            view = json.loads(jobs)
+            stall = view["jobs"][0]["stalls"][0]
+            assert stall["culprits"][0]["rank"] == 0
+            assert stall["culprits"][0]["stack"]["frames"][0]["name"] == "write"
+            assert stall["waiting"]["stacks"][0]["ranks"] == [1, 2, 3]
+            assert "rank 0" in page and "checkpoint_gather" in page
+    _run(go())
+
+
+def test_uplink_resends_stacks_to_a_restarted_daemon() -> None:
+    """After a daemon restart the agent's new stream carries every stack again."""
+    async def go():
+        stacks = {stack_pb(BARRIER).id: stack_pb(BARRIER)}
+        h1 = Harness()
+        async with h1:
+            port = h1.server.grpc_port
+            up = Uplink(f"127.0.0.1:{port}", stacks)
+            task = asyncio.create_task(up.run())
+            up.submit(report([sample("j", 0, 1, RankState.COLLECTIVE, CollectiveOp.BARRIER,
+                                     stack=stack_pb(BARRIER).id)]).report)
+            for _ in range(100):
+                if "j" in h1.daemon.table.jobs:
+                    break
+                await asyncio.sleep(0.05)
+            assert len(h1.daemon.table.stacks) == 1
+        h2 = Harness()
+        h2.daemon.config.grpc = f"127.0.0.1:{port}"
+        async with h2:
+            # The agent goes on submitting a report per round, as it would.
+            for seq in range(2, 200):
+                if len(h2.daemon.table.stacks) == 1:
+                    break
+                up.submit(report([sample("j", 0, 1, RankState.COLLECTIVE, CollectiveOp.BARRIER,
+                                         stack=stack_pb(BARRIER).id)], seq=seq).report)
+                await asyncio.sleep(0.1)
+            assert stack_pb(BARRIER).id in h2.daemon.table.stacks
+            up.stop()
+            await task
+    _run(go())
