@@ -20,8 +20,9 @@ def _stalls(d: Daemon, job: str = "job-1") -> dict[StallKind, list[int]]:
             for (j, k), inc in d.incidents.active.items() if j == job}
 
 
-def _job(samples_spec, job="job-1", world=4):
-    return report([sample(job, r, world, st, op, seconds=secs) for r, st, op, secs in samples_spec])
+def _job(samples_spec, job="job-1", world=4, seq=1):
+    return report([sample(job, r, world, st, op, seconds=secs)
+                   for r, st, op, secs in samples_spec], seq=seq)
 
 
 CASES = [
@@ -92,7 +93,7 @@ def test_stall_ends_when_the_save_ends() -> None:
     d.ingest(checkpoint_job(), now=100.0)
     d.tick(now=100.0)
     assert _stalls(d) == {StallKind.CHECKPOINT_GATHER: [0]}
-    d.ingest(_job([(r, S.COMPUTE, Op.NONE, 0.5) for r in range(4)]), now=102.0)
+    d.ingest(_job([(r, S.COMPUTE, Op.NONE, 0.5) for r in range(4)], seq=2), now=102.0)
     d.tick(now=102.0)
     assert _stalls(d) == {}
     assert [i.kind for i in d.incidents.ended] == [StallKind.CHECKPOINT_GATHER]
@@ -139,6 +140,14 @@ def test_unknown_stack_is_requested_back() -> None:
     assert list(d.ingest(req2, now=2.0).missing_stack_ids) == []
 
 
+def test_resent_report_is_not_applied_twice() -> None:
+    d = _daemon()
+    d.ingest(checkpoint_job(seq=3, wait_for=20), now=10.0)
+    resp = d.ingest(checkpoint_job(seq=3, wait_for=1), now=11.0)
+    assert resp.ack_seq == 3 and d.table.duplicates_total == 1
+    assert d.table.jobs["job-1"].ranks[1].since == 10.0 - 20
+
+
 def test_seq_gaps_are_counted() -> None:
     d = _daemon()
     d.ingest(checkpoint_job(seq=1), now=1.0)
@@ -152,5 +161,6 @@ def test_suspicious_job_gets_a_stack_request() -> None:
                    (2, S.COMPUTE, Op.NONE, 1), (3, S.COMPUTE, Op.NONE, 1)]), now=1.0)
     d.tick(now=1.0)
     resp = d.ingest(_job([(0, S.COMPUTE, Op.NONE, 2), (1, S.COLLECTIVE, Op.BARRIER, 2),
-                          (2, S.COMPUTE, Op.NONE, 2), (3, S.COMPUTE, Op.NONE, 2)]), now=2.0)
+                          (2, S.COMPUTE, Op.NONE, 2), (3, S.COMPUTE, Op.NONE, 2)], seq=2),
+                     now=2.0)
     assert [c.dump_stacks.job_id for c in resp.commands] == ["job-1"]

@@ -1,7 +1,9 @@
 """The agent's one long-lived gRPC stream to the daemon.
 
 Reports wait in a bounded queue that drops the oldest (a report is a full
-snapshot, so the newest is worth most) and counts drops. Stack frames are
+snapshot, so the newest is worth most) and counts drops. A report leaves
+the queue only when the daemon acknowledges it: reports a broken stream
+took but never got acked go back to the front, so nothing is lost silently. Stack frames are
 attached at send time, once per stream: after a reconnect the daemon may be
 a fresh process, so every stack is sent again. Reconnects back off with full
 jitter; ``stop()`` interrupts a backoff at once.
@@ -110,30 +112,51 @@ class Uplink:
 
     async def _session(self) -> bool:
         sent: set[str] = set()
+        inflight: collections.deque[pb.NodeReport] = collections.deque()
         got_reply = False
-        async with grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS) as ch:
-            stub = pb_grpc.CollectorServiceStub(ch)
-            call = stub.Report(self._requests(sent))
-            async for resp in call:
-                if not got_reply:
-                    got_reply = True
-                    self.connected = True
-                    if self.last_error:
-                        log.info("collector %s: connected", self.target)
-                    self.last_error = ""
-                sent.difference_update(resp.missing_stack_ids)
-                for cmd in resp.commands:
-                    self._on_command(cmd)
+        live = [True]  # gRPC may pull from the generator after the call ended
+        try:
+            async with grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS) as ch:
+                stub = pb_grpc.CollectorServiceStub(ch)
+                call = stub.Report(self._requests(sent, inflight, live))
+                async for resp in call:
+                    while inflight and inflight[0].seq <= resp.ack_seq:
+                        inflight.popleft()
+                    got_reply = self._on_reply(resp, sent, got_reply)
+        finally:
+            live[0] = False
+            self._requeue(inflight)
         return got_reply
 
-    async def _requests(self, sent: set[str]):
+    def _requeue(self, inflight: "collections.deque[pb.NodeReport]") -> None:
+        """Put unacknowledged reports back in front, within the queue bound."""
+        while inflight:
+            self._queue.appendleft(inflight.pop())
+        while len(self._queue) > self._max_queue:
+            self._queue.popleft()
+            self.dropped_total += 1
+
+    def _on_reply(self, resp: pb.ReportResponse, sent: set[str], got_reply: bool) -> bool:
+        if not got_reply:
+            self.connected = True
+            if self.last_error:
+                log.info("collector %s: connected", self.target)
+            self.last_error = ""
+        sent.difference_update(resp.missing_stack_ids)
+        for cmd in resp.commands:
+            self._on_command(cmd)
+        return True
+
+    async def _requests(self, sent: set[str], inflight: "collections.deque[pb.NodeReport]",
+                        live: list[bool]):
         self._on_connect()
-        while not self._stopped.is_set():
+        while not self._stopped.is_set() and live[0]:
             if not self._queue:
                 self._ready.clear()
                 await self._ready.wait()
                 continue
             report = self._queue.popleft()
+            inflight.append(report)
             out = pb.NodeReport()
             out.CopyFrom(report)
             for s in report.samples:

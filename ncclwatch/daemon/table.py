@@ -150,12 +150,17 @@ class JobTable:
         self.dirty: set[str] = set()
         self.samples_total = 0
         self.reports_total = 0
+        self.duplicates_total = 0
 
     def apply(self, report: pb.NodeReport, recv: float, recv_wall: float | None = None) -> list[str]:
         """Apply a validated report; return stack ids the daemon lacks."""
         agent = self.agents.get(report.agent_id)
         if agent is None:
             agent = self.agents[report.agent_id] = AgentRecord(report.agent_id, report.node)
+        elif report.seq <= agent.last_seq:
+            # Resent after a lost acknowledgement: already applied (or older).
+            self.duplicates_total += 1
+            return []
         elif report.seq > agent.last_seq + 1:
             agent.gaps_total += report.seq - agent.last_seq - 1
         agent.last_seq = report.seq

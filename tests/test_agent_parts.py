@@ -1,0 +1,194 @@
+"""Agent parts against real processes: discovery, /proc samples, py-spy."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ncclwatch.agent.discover import Discovery
+from ncclwatch.agent.gpu import NvmlGpuReader, RecordedGpuReader
+from ncclwatch.agent.policy import StackPolicy
+from ncclwatch.agent.pyspy import PySpy, PySpyError, dump_argv, find_pyspy
+from ncclwatch.agent.report import sample_pb
+from ncclwatch.agent.sample import ProcessSampler
+from ncclwatch.agent.tracker import RankTracker
+from ncclwatch.agent.uplink import Uplink
+from ncclwatch.model import CollectiveOp, RankState
+from ncclwatch.signatures import Classification
+from ncclwatch.v1 import collector_pb2 as pb
+
+DATA = Path(__file__).parent / "data"
+
+RANK_ENV = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "10.9.9.9",
+            "MASTER_PORT": "29555", "NCCL_DEBUG": "WARN", "HF_TOKEN": "hf_" + "x" * 30}
+
+CHILD = """
+import os, sys, time
+if os.fork() == 0:   # a DataLoader-like fork: same environment
+    time.sleep(60); os._exit(0)
+f = open(sys.argv[1], 'wb'); f.write(b'x' * 65536); f.flush()
+print('ready', flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.fixture
+def fake_rank(tmp_path):
+    """A real process that declares itself rank 1 of a job, and a forked child."""
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path / "ckpt.pt")],
+                            env={**os.environ, **RANK_ENV}, stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    assert proc.stdout.readline().strip() == "ready"
+    yield proc
+    os.killpg(proc.pid, 9)
+    proc.wait()
+
+
+def test_discovery_finds_the_rank_once_and_keeps_only_allowlisted_env(fake_rank) -> None:
+    d = Discovery("nodeA")
+    ranks = [r for r in d.scan() if r.identity.job_id == "master:10.9.9.9:29555/2"]
+    assert [r.pid for r in ranks] == [fake_rank.pid]  # the fork is not a second rank 1
+    r = ranks[0]
+    assert (r.identity.rank, r.identity.local_rank, r.identity.world_size) == (1, 1, 2)
+    assert r.env["NCCL_DEBUG"] == "WARN"
+    assert "HF_TOKEN" not in r.env and "PATH" not in r.env
+    # Second scan: cached, same answer.
+    assert [x.pid for x in d.scan() if x.identity.job_id == r.identity.job_id] == [fake_rank.pid]
+
+
+def test_discovery_forgets_exited_ranks(fake_rank) -> None:
+    d = Discovery("nodeA")
+    assert any(r.pid == fake_rank.pid for r in d.scan())
+    os.killpg(fake_rank.pid, 9)
+    fake_rank.wait()
+    assert not any(r.pid == fake_rank.pid for r in d.scan())
+
+
+def test_sampler_reads_a_real_process_and_survives_its_exit(fake_rank, tmp_path) -> None:
+    s = ProcessSampler()
+    sample = s.sample(fake_rank.pid)
+    assert sample is not None and sample.rss_bytes > 0 and sample.io_write_bytes >= 65536
+    assert [(f.path, f.size_bytes) for f in sample.files_writing] == [
+        (str(tmp_path / "ckpt.pt"), 65536)]
+    os.killpg(fake_rank.pid, 9)
+    fake_rank.wait()
+    assert s.sample(fake_rank.pid) is None
+    assert s.sample(2**22 + 12345) is None  # never existed
+
+
+def test_pyspy_dumps_a_real_process_nonblocking(fake_rank) -> None:
+    binary = find_pyspy()
+    assert binary, "py-spy missing from the venv: run `make test`"
+    argv = dump_argv(binary, 42)
+    assert "--nonblocking" in argv and "--native" not in argv
+    spy = PySpy(binary)
+    threads = asyncio.run(spy.dump(fake_rank.pid))
+    assert any(t.os_thread_id == fake_rank.pid for t in threads)
+    assert spy.runs_total == 1 and spy.failures_total == 0
+
+
+def test_pyspy_failures_are_counted_not_raised_into_the_agent(tmp_path) -> None:
+    spy = PySpy(find_pyspy())
+    with pytest.raises(PySpyError):
+        asyncio.run(spy.dump(2**22 + 12345))
+    assert spy.failures_total == 1
+
+
+def test_pyspy_timeout_kills_only_the_dumper(tmp_path) -> None:
+    # A stand-in binary that hangs: the runner must give up at its timeout.
+    hang = tmp_path / "py-spy"
+    hang.write_text("#!/bin/sh\nexec sleep 30\n")
+    hang.chmod(0o755)
+    spy = PySpy(str(hang), timeout=0.5)
+    t0 = time.monotonic()
+    with pytest.raises(PySpyError, match="timed out"):
+        asyncio.run(spy.dump(os.getpid()))
+    assert time.monotonic() - t0 < 5
+    assert spy.failures_total == 1
+
+
+def test_tracker_estimates_state_start_from_quiet_cpu() -> None:
+    from ncclwatch.agent.discover import RankProcess
+    from ncclwatch.agent.sample import ProcessSample
+    from ncclwatch.jobid import RankIdentity
+
+    proc = RankProcess(1, 0.0, RankIdentity("j", "t", 0, 0, 2), {})
+
+    def ps(cpu):
+        return ProcessSample(1, cpu, 1, 0, 0, 1, ())
+
+    t = RankTracker(proc, now=0.0)
+    t.observe_process(ps(0.0), 0.0)
+    t.observe_stack(Classification(RankState.COMPUTE), "a", 0.5)
+    for now, cpu in ((1.0, 1.0), (2.0, 2.0), (3.0, 2.0), (4.0, 2.0)):  # goes quiet after 2.0
+        t.observe_process(ps(cpu), now)
+    assert t.quiet and t.quiet_since == 2.0
+    t.observe_stack(Classification(RankState.COLLECTIVE, CollectiveOp.BARRIER), "b", 4.5)
+    assert t.state_since == 2.0  # not 4.5 (when seen), not 0.5 (last other dump)
+    s = sample_pb(t, now=10.0, gpu=(), devices={}, with_job=False)
+    assert s.state_seconds == pytest.approx(8.0)
+    assert s.op == pb.COLLECTIVE_OP_BARRIER
+
+
+def test_policy_dumps_suspects_often_and_healthy_ranks_rarely() -> None:
+    from ncclwatch.agent.discover import RankProcess
+    from ncclwatch.jobid import RankIdentity
+
+    def tracker(pid, state, quiet, last):
+        t = RankTracker(RankProcess(pid, 0.0, RankIdentity("j", "t", pid, 0, 9), {}), 0.0)
+        t.state, t.stack_at, t.quiet_at_last_dump = state, last, quiet
+        t.quiet_since = 0.0 if quiet else None
+        return t
+
+    p = StackPolicy(suspect_interval=2, slow_interval=20, max_per_round=8)
+    busy_recent = tracker(1, RankState.COMPUTE, False, 95.0)
+    busy_old = tracker(2, RankState.COMPUTE, False, 70.0)
+    waiting = tracker(3, RankState.COLLECTIVE, True, 97.0)
+    fresh_wait = tracker(4, RankState.COLLECTIVE, True, 99.5)
+    new = RankTracker(RankProcess(5, 0.0, RankIdentity("j", "t", 5, 0, 9), {}), 0.0)
+    forced = tracker(6, RankState.COMPUTE, False, 99.9)
+    forced.forced = True
+    due = p.due([busy_recent, busy_old, waiting, fresh_wait, new, forced], now=100.0)
+    assert [t.pid for t in due] == [6, 5, 3, 2]
+    assert [t.pid for t in StackPolicy(max_per_round=2).due(
+        [busy_old, waiting, new, forced], now=100.0)] == [6, 5]
+
+
+def test_recorded_gpu_readings_reach_the_sample() -> None:
+    from ncclwatch.agent.discover import RankProcess
+    from ncclwatch.jobid import RankIdentity
+
+    reader = RecordedGpuReader.from_file(DATA / "nvml" / "h100_gather.json")
+    first = reader.read()
+    pid = first.processes[0].pid
+    t = RankTracker(RankProcess(pid, 0.0, RankIdentity("j", "t", 0, 0, 8), {}), 0.0)
+    s = sample_pb(t, 1.0, first.by_pid()[pid], {d.index: d for d in first.devices}, False)
+    assert s.gpu[0].used_bytes == first.processes[0].used_bytes
+    assert s.gpu[0].device_total_bytes == first.devices[0].total_bytes
+    later = [reader.read() for _ in range(5)][-1]
+    assert later.by_pid()[pid][0].used_bytes > first.by_pid()[pid][0].used_bytes
+
+
+def test_real_nvml_fails_soft_without_a_gpu() -> None:
+    reader = NvmlGpuReader()
+    if reader.up:
+        pytest.skip("this machine has a GPU and NVML: the soft failure path is not reachable")
+    assert reader.reason  # says why, once
+    assert reader.read().processes == ()
+
+
+def test_uplink_queue_drops_the_oldest_and_counts() -> None:
+    async def go():
+        up = Uplink("127.0.0.1:1", {}, max_queue=3)
+        for seq in range(1, 6):
+            up.submit(pb.NodeReport(seq=seq))
+        assert up.dropped_total == 2 and up.queue_length == 3
+        assert [r.seq for r in up._queue] == [3, 4, 5]
+    asyncio.run(go())
