@@ -138,7 +138,7 @@ def _job_timeouts(from_file: Any, flags: list[str]) -> dict[str, float]:
         try:
             out[glob] = positive_float(secs)
         except (TypeError, ValueError):
-            raise ConfigError(f"job timeout for {glob!r}: {secs!r} is not a positive number")
+            raise ConfigError(f"job timeout for {glob!r}: {secs!r} is not a positive number") from None
     return out
 
 

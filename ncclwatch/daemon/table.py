@@ -9,7 +9,6 @@ so detection reads a few sets instead of rescanning the table.
 from __future__ import annotations
 
 import collections
-import math
 import time
 from dataclasses import dataclass, field
 
@@ -265,7 +264,3 @@ class JobTable:
                          if not rec.connected and now - rec.last_recv > GONE_JOB_TTL]:
             del self.agents[agent_id]
         return dead
-
-
-def finite(x: float) -> bool:
-    return math.isfinite(x)
