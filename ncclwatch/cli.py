@@ -24,6 +24,9 @@ _WATCHDOG = Option("watchdog_timeout", positive_float, 600.0,
                    "(NCCL's default is 600)", "SECONDS")
 _THRESHOLD = Option("stall_threshold", positive_float, 5.0,
                     "seconds in a collective before a rank counts as blocked", "SECONDS")
+_HANG = Option("hang_threshold", positive_float, 30.0,
+               "seconds in a collective, with no checkpoint to explain it, before "
+               "collective_hang/desync/rank_lost", "SECONDS")
 _STALENESS = Option("staleness", positive_float, 10.0,
                     "seconds without a report before an agent's ranks are unknown", "SECONDS")
 _SUSPECT = Option("suspect_stack_interval", positive_float, 2.0,
@@ -37,7 +40,7 @@ DAEMON_OPTIONS = (
     Option("grpc", hostport, "0.0.0.0:7470", "listen address for agents", "HOST:PORT"),
     Option("http", hostport, "0.0.0.0:7471", "listen address for /metrics, API, page",
            "HOST:PORT"),
-    _WATCHDOG, _THRESHOLD, _STALENESS, _LOG,
+    _WATCHDOG, _THRESHOLD, _HANG, _STALENESS, _LOG,
 )
 AGENT_OPTIONS = (
     Option("collector", hostport, "127.0.0.1:7470", "the daemon's gRPC address", "HOST:PORT"),
@@ -49,7 +52,7 @@ RUN_OPTIONS = (
     Option("grpc", hostport, "127.0.0.1:7470", "listen address for agents", "HOST:PORT"),
     Option("http", hostport, "127.0.0.1:7471", "listen address for /metrics, API, page",
            "HOST:PORT"),
-    _INTERVAL, _WATCHDOG, _THRESHOLD, _STALENESS, _SUSPECT, _SLOW, _PYSPY_TIMEOUT, _LOG,
+    _INTERVAL, _WATCHDOG, _THRESHOLD, _HANG, _STALENESS, _SUSPECT, _SLOW, _PYSPY_TIMEOUT, _LOG,
 )
 
 DEFAULT_FILES = {"daemon": "/etc/ncclwatch/daemon.toml", "agent": "/etc/ncclwatch/agent.toml",
@@ -154,7 +157,8 @@ def _daemon_config(cfg: dict[str, Any]):
     return DaemonConfig(grpc=cfg["grpc"], http=cfg["http"],
                         watchdog_timeout=cfg["watchdog_timeout"],
                         job_timeouts=cfg.get("job_timeouts", {}),
-                        stall_threshold=cfg["stall_threshold"], staleness=cfg["staleness"])
+                        stall_threshold=cfg["stall_threshold"],
+                        hang_threshold=cfg["hang_threshold"], staleness=cfg["staleness"])
 
 
 def _agent_config(cfg: dict[str, Any], collector: str | None = None):

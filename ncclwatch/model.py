@@ -82,3 +82,16 @@ class StallKind(str, enum.Enum):
     COLLECTIVE_HANG = "collective_hang"
     DESYNC = "desync"
     RANK_LOST = "rank_lost"
+
+
+def rank_ranges(ranks) -> str:
+    """[0, 1, 2, 5] -> '0-2,5': how rank lists read in messages."""
+    ranks = sorted(ranks)
+    out, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        out.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ",".join(out)

@@ -7,6 +7,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from ncclwatch.model import rank_ranges
+
 DEFAULT_DAEMON = "http://127.0.0.1:7471"
 
 
@@ -59,7 +61,7 @@ def render(view: dict[str, Any]) -> str:
                            f"{c['state']} for {c['for_seconds']:.0f}s")
                 for f in (c.get("stack") or {}).get("frames", [])[:8]:
                     out.append(f"      {f['name']} ({f['file']}:{f['line']})")
-            out.append(f"  waiting: ranks {_ranges(s['waiting']['ranks'])} in "
+            out.append(f"  waiting: ranks {rank_ranges(s['waiting']['ranks'])} in "
                        f"{'/'.join(s['waiting']['ops'])}")
             out.append(f"  fix: {s['fix']}")
         states: dict[str, list[int]] = {}
@@ -69,21 +71,8 @@ def render(view: dict[str, Any]) -> str:
         if states:
             out.append("")
             out.append(f"{j['job']} ranks: " + "; ".join(
-                f"{k}: {_ranges(v)}" for k, v in sorted(states.items())))
+                f"{k}: {rank_ranges(v)}" for k, v in sorted(states.items())))
     return "\n".join(out)
-
-
-def _ranges(ranks: list[int]) -> str:
-    """[0,1,2,5] -> '0-2,5'"""
-    ranks = sorted(ranks)
-    out, i = [], 0
-    while i < len(ranks):
-        j = i
-        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
-            j += 1
-        out.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
-        i = j + 1
-    return ",".join(out)
 
 
 def main(daemon: str, as_json: bool) -> int:

@@ -55,6 +55,28 @@ CASES = [
 ]
 
 
+CASES += [
+    ("one rank in a long compute loop: collective_hang", [
+        (0, S.COLLECTIVE, Op.ALL_REDUCE, 40), (1, S.COLLECTIVE, Op.ALL_REDUCE, 40),
+        (2, S.COMPUTE, Op.NONE, 40), (3, S.COLLECTIVE, Op.ALL_REDUCE, 40)],
+     {StallKind.COLLECTIVE_HANG: [2]}),
+    ("short wait at start-up is no hang", [
+        (0, S.COLLECTIVE, Op.ALL_REDUCE, 10), (1, S.COMPUTE, Op.NONE, 10),
+        (2, S.COLLECTIVE, Op.ALL_REDUCE, 10), (3, S.COLLECTIVE, Op.ALL_REDUCE, 10)], {}),
+    ("ranks in different collectives: desync, minority named", [
+        (0, S.COLLECTIVE, Op.BARRIER, 40), (1, S.COLLECTIVE, Op.ALL_REDUCE, 40),
+        (2, S.COLLECTIVE, Op.ALL_REDUCE, 40), (3, S.COLLECTIVE, Op.ALL_REDUCE, 40)],
+     {StallKind.DESYNC: [0]}),
+    ("a rank never reported while others wait: rank_lost, no culprit", [
+        (0, S.COLLECTIVE, Op.BARRIER, 40), (1, S.COLLECTIVE, Op.BARRIER, 40),
+        (2, S.COLLECTIVE, Op.BARRIER, 40)], {StallKind.RANK_LOST: []}),
+    ("save with a rank elsewhere too: the checkpoint explains, no hang guessed", [
+        (0, S.SAVING, Op.NONE, 40), (1, S.COLLECTIVE, Op.BARRIER, 40),
+        (2, S.COLLECTIVE, Op.BARRIER, 40), (3, S.COLLECTIVE, Op.BARRIER, 40)],
+     {StallKind.CHECKPOINT_GATHER: [0]}),
+]
+
+
 @pytest.mark.parametrize("name,spec,expected", CASES, ids=[c[0] for c in CASES])
 def test_verdicts(name, spec, expected) -> None:
     d = _daemon()
@@ -121,14 +143,17 @@ def test_ranks_split_over_two_agents_give_the_same_verdict() -> None:
     assert d.table.jobs["job-1"].nodes == {"node-a", "node-b"}
 
 
-def test_missing_rank_in_a_full_round_is_gone() -> None:
+def test_missing_rank_in_a_full_round_is_gone_and_lost() -> None:
     d = _daemon()
-    d.ingest(checkpoint_job(), now=10.0)
-    d.ingest(report(list(checkpoint_job().report.samples[1:]), seq=2), now=11.0)
+    d.ingest(checkpoint_job(wait_for=40), now=10.0)
+    d.ingest(report(list(checkpoint_job(wait_for=41).report.samples[1:]), seq=2), now=11.0)
     rec = d.table.jobs["job-1"].ranks[0]
     assert rec.gone_at == 11.0 and rec.state is S.UNKNOWN
     d.tick(now=11.0)
-    assert _stalls(d) == {}
+    # The saver vanished: the others' wait is rank_lost, with rank 0 unknown, not a culprit.
+    assert _stalls(d) == {StallKind.RANK_LOST: []}
+    inc = d.incidents.active[("job-1", StallKind.RANK_LOST)]
+    assert inc.finding.unknown == (0,)
 
 
 def test_unknown_stack_is_requested_back() -> None:

@@ -82,6 +82,7 @@ def incident_view(d: Daemon, inc: Incident, now: float | None = None) -> dict[st
                           for_seconds=round(c.for_seconds, 1),
                           **_culprit_progress(job, c.rank),
                           stack=stack_view(d, c.stack_id)) for c in f.culprits],
+        "unknown_ranks": list(f.unknown),
         "waiting": {"ranks": list(f.waiting), "ops": [o.value for o in f.waiting_ops],
                     "stacks": [{"ranks": ranks, "stack": stack_view(d, sid)}
                                for sid, ranks in sorted(groups.items(), key=lambda x: x[1])]},

@@ -35,6 +35,7 @@ class DaemonConfig:
     watchdog_timeout: float = 600.0
     job_timeouts: dict[str, float] = field(default_factory=dict)
     stall_threshold: float = 5.0
+    hang_threshold: float = 30.0
     staleness: float = 10.0
     tick: float = 0.5
 
@@ -44,7 +45,8 @@ class Daemon:
         self.config = config or DaemonConfig()
         self.table = JobTable(staleness=self.config.staleness)
         self.incidents = Incidents()
-        self.detect_cfg = DetectConfig(stall_threshold=self.config.stall_threshold)
+        self.detect_cfg = DetectConfig(stall_threshold=self.config.stall_threshold,
+                                       hang_threshold=self.config.hang_threshold)
         self.budget_cfg = BudgetConfig(default_timeout=self.config.watchdog_timeout,
                                        job_timeouts=dict(self.config.job_timeouts))
         self.budgets: dict[str, Budget] = {}

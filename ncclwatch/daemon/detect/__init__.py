@@ -19,6 +19,8 @@ from ncclwatch.model import CollectiveOp, RankState, StallKind
 class DetectConfig:
     #: A rank counts as blocked after this long in a collective.
     stall_threshold: float = 5.0
+    #: Waits with no checkpoint to explain them count after this long.
+    hang_threshold: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -41,20 +43,21 @@ class Finding:
     waiting_ops: tuple[CollectiveOp, ...]
     started_at: float               # when the first waiting rank blocked (daemon clock)
     summary: str
+    unknown: tuple[int, ...] = ()   # ranks gone or silent: never culprits by guess
 
 
 Detector = Callable[[Job, JobTable, float, DetectConfig], list[Finding]]
 
 
 def _registry() -> tuple[Detector, ...]:
-    from ncclwatch.daemon.detect import checkpoint
+    from ncclwatch.daemon.detect import checkpoint, hang
 
-    return (checkpoint.detect,)
+    return (checkpoint.detect, hang.detect)
 
 
 DETECTORS: tuple[Detector, ...] = _registry()
 #: The kinds the registry can report; exported as 0 when inactive.
-DETECTED_KINDS: tuple[StallKind, ...] = (StallKind.CHECKPOINT_GATHER, StallKind.CHECKPOINT_RESTORE)
+DETECTED_KINDS: tuple[StallKind, ...] = tuple(StallKind)
 
 
 def detect_job(job: Job, table: JobTable, now: float, cfg: DetectConfig) -> list[Finding]:

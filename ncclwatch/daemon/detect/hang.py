@@ -1,0 +1,75 @@
+"""collective_hang, desync, rank_lost: the waits nobody is checkpointing for.
+
+- collective_hang: ranks block in a collective while other live ranks are
+  elsewhere (compute, dataloader, ...): those absent ranks are the culprits.
+- desync: every live rank is in a collective, but not the same one; the
+  culprits are the ranks outside the largest group.
+- rank_lost: ranks block while some rank exited or stopped reporting. No
+  culprit is guessed from missing data; the finding lists the unknown ranks.
+
+Absent ranks in checkpoint work are left to the checkpoint detector. These
+kinds wait longer before speaking (``hang_threshold``): a job's start-up and
+uneven steps make short waits in a collective normal.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from ncclwatch.daemon.detect import Culprit, DetectConfig, Finding
+from ncclwatch.daemon.table import Job, JobTable
+from ncclwatch.model import CHECKPOINT_STATES, StallKind, rank_ranges
+
+
+def detect(job: Job, table: JobTable, now: float, cfg: DetectConfig) -> list[Finding]:
+    if not job.in_collective:
+        return []
+    waiting, started = [], now
+    for r in job.in_collective:
+        rec = job.ranks[r]
+        if table.fresh(rec, now) and now - rec.since >= cfg.hang_threshold:
+            waiting.append(r)
+            started = min(started, rec.since)
+    if not waiting:
+        return []
+    waiting.sort()
+    ops = tuple(sorted({job.ranks[r].op for r in waiting}, key=lambda o: o.value))
+    live = [r for r, rec in job.ranks.items() if table.fresh(rec, now)]
+    absent = [r for r in live if r not in job.in_collective]
+    unknown = sorted(set(range(job.world_size)) - set(live))
+
+    def culprit(r: int) -> Culprit:
+        rec = job.ranks[r]
+        return Culprit(rank=r, node=rec.node, pid=rec.pid, state=rec.state, op=rec.op,
+                       stack_id=rec.stack_id, for_seconds=now - rec.since)
+
+    def finding(kind: StallKind, culprits: list[int], summary: str, **extra) -> Finding:
+        return Finding(kind=kind, job_id=job.job_id,
+                       culprits=tuple(culprit(r) for r in sorted(culprits)),
+                       waiting=tuple(waiting), waiting_ops=ops, started_at=started,
+                       summary=summary, **extra)
+
+    out: list[Finding] = []
+    if unknown:
+        out.append(finding(
+            StallKind.RANK_LOST, [],
+            f"{len(waiting)} rank(s) wait in {'/'.join(o.value for o in ops)} while "
+            f"rank(s) {rank_ranges(unknown)} are gone or not reporting", unknown=tuple(unknown)))
+    elsewhere = [r for r in absent if job.ranks[r].state not in CHECKPOINT_STATES]
+    if elsewhere and len(elsewhere) == len(absent):
+        states = Counter(job.ranks[r].state.value for r in elsewhere)
+        out.append(finding(
+            StallKind.COLLECTIVE_HANG, elsewhere,
+            f"{len(waiting)} rank(s) wait in {'/'.join(o.value for o in ops)} that rank(s) "
+            f"{rank_ranges(elsewhere)} never joined ({', '.join(sorted(states))})"))
+    if not absent and len(ops) > 1:
+        groups = Counter(job.ranks[r].op for r in waiting)
+        major = max(groups.items(), key=lambda kv: (kv[1], kv[0].value))[0]
+        minority = [r for r in waiting if job.ranks[r].op is not major]
+        out.append(finding(
+            StallKind.DESYNC, minority,
+            "ranks wait in different collectives: " + "; ".join(
+                f"{o.value}: {rank_ranges([r for r in waiting if job.ranks[r].op is o])}"
+                for o in ops)))
+    return out
+
