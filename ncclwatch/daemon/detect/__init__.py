@@ -49,6 +49,34 @@ class Finding:
 Detector = Callable[[Job, JobTable, float, DetectConfig], list[Finding]]
 
 
+@dataclass(frozen=True)
+class Blocked:
+    """Fresh ranks of a job blocked in a collective for at least a threshold."""
+
+    ranks: tuple[int, ...]
+    ops: tuple[CollectiveOp, ...]
+    started_at: float  # when the first of them blocked (daemon clock)
+
+
+def blocked(job: Job, table: JobTable, now: float, threshold: float) -> Blocked | None:
+    ranks, ops, started = [], set(), now
+    for r in job.in_collective:
+        rec = job.ranks[r]
+        if table.fresh(rec, now) and now - rec.since >= threshold:
+            ranks.append(r)
+            ops.add(rec.op)
+            started = min(started, rec.since)
+    if not ranks:
+        return None
+    return Blocked(tuple(sorted(ranks)), tuple(sorted(ops, key=lambda o: o.value)), started)
+
+
+def culprit_of(job: Job, rank: int, now: float) -> Culprit:
+    rec = job.ranks[rank]
+    return Culprit(rank=rank, node=rec.node, pid=rec.pid, state=rec.state, op=rec.op,
+                   stack_id=rec.stack_id, for_seconds=now - rec.since)
+
+
 def _registry() -> tuple[Detector, ...]:
     from ncclwatch.daemon.detect import checkpoint, hang
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ncclwatch.daemon.detect import Culprit, DetectConfig, Finding
+from ncclwatch.daemon.detect import DetectConfig, Finding, blocked, culprit_of
 from ncclwatch.daemon.table import Job, JobTable
 from ncclwatch.model import CHECKPOINT_STATES, StallKind, rank_ranges
 
@@ -24,29 +24,18 @@ from ncclwatch.model import CHECKPOINT_STATES, StallKind, rank_ranges
 def detect(job: Job, table: JobTable, now: float, cfg: DetectConfig) -> list[Finding]:
     if not job.in_collective:
         return []
-    waiting, started = [], now
-    for r in job.in_collective:
-        rec = job.ranks[r]
-        if table.fresh(rec, now) and now - rec.since >= cfg.hang_threshold:
-            waiting.append(r)
-            started = min(started, rec.since)
-    if not waiting:
+    b = blocked(job, table, now, cfg.hang_threshold)
+    if b is None:
         return []
-    waiting.sort()
-    ops = tuple(sorted({job.ranks[r].op for r in waiting}, key=lambda o: o.value))
+    waiting, ops = b.ranks, b.ops
     live = [r for r, rec in job.ranks.items() if table.fresh(rec, now)]
     absent = [r for r in live if r not in job.in_collective]
     unknown = sorted(set(range(job.world_size)) - set(live))
 
-    def culprit(r: int) -> Culprit:
-        rec = job.ranks[r]
-        return Culprit(rank=r, node=rec.node, pid=rec.pid, state=rec.state, op=rec.op,
-                       stack_id=rec.stack_id, for_seconds=now - rec.since)
-
     def finding(kind: StallKind, culprits: list[int], summary: str, **extra) -> Finding:
         return Finding(kind=kind, job_id=job.job_id,
-                       culprits=tuple(culprit(r) for r in sorted(culprits)),
-                       waiting=tuple(waiting), waiting_ops=ops, started_at=started,
+                       culprits=tuple(culprit_of(job, r, now) for r in sorted(culprits)),
+                       waiting=waiting, waiting_ops=ops, started_at=b.started_at,
                        summary=summary, **extra)
 
     out: list[Finding] = []
