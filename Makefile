@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 TORCH  := torch==2.13.0
 PROTOS := $(wildcard proto/ncclwatch/v1/*.proto)
 
-.PHONY: all venv proto test test-fast demo bench clean
+.PHONY: all venv proto runbooks test test-fast scenarios demo bench clean
 
 all: test
 
@@ -25,12 +25,20 @@ venv: $(STAMP)
 proto: $(STAMP)
 	$(PY) -m ncclwatch.protogen
 
+# docs/runbooks/*.md are rendered from ncclwatch/remediation.py (tests check).
+runbooks: $(STAMP)
+	$(PY) -m ncclwatch.runbooks
+
 test: $(STAMP)
 	$(PY) -m pytest
 
 # Unit tests only (no torch jobs): seconds, for the edit loop.
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not e2e"
+
+# The scenario matrix alone: real torch jobs, one verdict each, printed as a table.
+scenarios: $(STAMP)
+	$(PY) -m pytest tests/scenarios -s
 
 demo: $(STAMP)
 	$(PY) -m ncclwatch.demo

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 from ncclwatch import __version__
 from ncclwatch.config import (ConfigError, Option, add_options, hostport, load_file,
-                              positive_float, resolve)
+                              positive_float, rank_set, resolve)
 
 log = logging.getLogger("ncclwatch")
 
@@ -46,6 +46,8 @@ AGENT_OPTIONS = (
     Option("collector", hostport, "127.0.0.1:7470", "the daemon's gRPC address", "HOST:PORT"),
     _INTERVAL,
     Option("node", str, socket.gethostname(), "node name to report as", "NAME"),
+    Option("ranks", rank_set, None, "watch only these global ranks, e.g. 0-3 (default: all; "
+           "for splitting one host's ranks between agents)", "RANGES"),
     _SUSPECT, _SLOW, _PYSPY_TIMEOUT, _LOG,
 )
 RUN_OPTIONS = (
@@ -196,7 +198,10 @@ async def _daemon(cfg: dict[str, Any]) -> int:
 async def _agent(cfg: dict[str, Any]) -> int:
     from ncclwatch.agent.agent import Agent
 
-    agent = Agent(_agent_config(cfg))
+    from ncclwatch.agent.discover import Discovery
+
+    config = _agent_config(cfg)
+    agent = Agent(config, discovery=Discovery(config.node, ranks=cfg["ranks"]))
     _stop_on_signals(agent.stop)
     _warn_ptrace()
     log.info("ncclwatch agent on %s: reporting to %s every %.1fs", agent.config.node,

@@ -85,6 +85,12 @@ def resolve(options: Sequence[Option], args: argparse.Namespace,
     return out
 
 
+def rank_set(v: Any) -> frozenset[int] | None:
+    from ncclwatch.agent.discover import parse_ranks
+
+    return parse_ranks(str(v))
+
+
 def positive_float(v: Any) -> float:
     x = float(v)
     if not x > 0:

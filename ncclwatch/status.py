@@ -52,10 +52,22 @@ def render(view: dict[str, Any]) -> str:
     for j in jobs:
         for s in j["stalls"]:
             out.append("")
-            out.append(f"STALL {s['kind']} in {j['job']}: {s['summary']}")
+            dx = s.get("diagnosis") or {}
+            risk = "AT RISK" if s.get("at_risk") else "within budget"
+            out.append(f"STALL {s['kind']} in {j['job']} ({risk}): {s['summary']}")
+            if dx:
+                out.append(f"  root cause ({dx['root_cause']}): {dx['cause']}")
             w = s["watchdog"]
             out.append(f"  watchdog: {w['remaining_seconds']:.0f}s of {w['timeout_seconds']:.0f}s "
                        f"left; stalled {s['duration_seconds']:.0f}s")
+            ck = (s.get("forecast") or {}).get("checkpoint")
+            if ck and ck.get("eta_seconds") is not None:
+                out.append(f"  forecast: save ends in {ck['eta_seconds']:.0f}s "
+                           f"(overrun {ck['overrun_seconds']:+.0f}s vs the watchdog)")
+            for m in (s.get("forecast") or {}).get("memory", []):
+                if m.get("eta_seconds") is not None:
+                    out.append(f"  forecast: rank {m['rank']} reaches its {m['device']} memory "
+                               f"limit in {m['eta_seconds']:.0f}s")
             for c in s["culprits"]:
                 out.append(f"  culprit: rank {c['rank']} on {c['host']} (pid {c['pid']}) "
                            f"{c['state']} for {c['for_seconds']:.0f}s")
@@ -64,6 +76,11 @@ def render(view: dict[str, Any]) -> str:
             out.append(f"  waiting: ranks {rank_ranges(s['waiting']['ranks'])} in "
                        f"{'/'.join(s['waiting']['ops'])}")
             out.append(f"  fix: {s['fix']}")
+            if dx.get("runbook"):
+                out.append(f"  runbook: {dx['runbook']}")
+        for w in j.get("config_warnings", []):
+            out.append("")
+            out.append(f"{w['severity'].upper()} {j['job']} ({w['code']}): {w['message']}")
         states: dict[str, list[int]] = {}
         for r in j["ranks"]:
             key = r["state"] + (f"/{r['op']}" if r["op"] else "")

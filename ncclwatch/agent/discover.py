@@ -34,8 +34,12 @@ class RankProcess:
 class Discovery:
     """Incremental scan: ``scan()`` returns the rank processes alive now."""
 
-    def __init__(self, host: str, own_pid: int | None = None) -> None:
+    def __init__(self, host: str, own_pid: int | None = None,
+                 ranks: frozenset[int] | None = None) -> None:
         self._host = host
+        # Only these global ranks (None: all): lets two agents split one job's
+        # ranks, as two nodes would.
+        self._ranks = ranks
         self._own = own_pid if own_pid is not None else psutil.Process().pid
         # pid -> (create_time, RankProcess | None); None caches "not a rank".
         self._seen: dict[int, tuple[float, RankProcess | None]] = {}
@@ -54,7 +58,8 @@ class Discovery:
             if cached is not None and (cached[1] is None or not self._reused(pid, cached[0])):
                 continue
             self._seen[pid] = self._inspect(pid)
-        candidates = [rp for _, rp in self._seen.values() if rp is not None]
+        candidates = [rp for _, rp in self._seen.values() if rp is not None
+                      and (self._ranks is None or rp.identity.rank in self._ranks)]
         return _one_per_rank(candidates)
 
     def _reused(self, pid: int, create_time: float) -> bool:
@@ -88,3 +93,20 @@ def _one_per_rank(candidates: list[RankProcess]) -> list[RankProcess]:
         if cur is None or (rp.create_time, rp.pid) < (cur.create_time, cur.pid):
             best[rp.key] = rp
     return sorted(best.values(), key=lambda rp: rp.key)
+
+
+def parse_ranks(text: str) -> frozenset[int] | None:
+    """'0-3,7' -> {0, 1, 2, 3, 7}; '' -> None (every rank)."""
+    text = text.strip()
+    if not text:
+        return None
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ValueError(f"bad rank range {part!r} (expected e.g. 0-3,7)")
+        a, b = int(lo), int(hi) if sep else int(lo)
+        if b < a:
+            raise ValueError(f"bad rank range {part!r}: end before start")
+        out.update(range(a, b + 1))
+    return frozenset(out)

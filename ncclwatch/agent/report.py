@@ -18,6 +18,23 @@ from ncclwatch.v1 import collector_pb2 as pb
 
 PROTOCOL_VERSION = 1
 
+LIMIT_KINDS = {
+    "host": pb.MEMORY_LIMIT_KIND_HOST,
+    "cgroup": pb.MEMORY_LIMIT_KIND_CGROUP,
+    "address_space": pb.MEMORY_LIMIT_KIND_ADDRESS_SPACE,
+}
+
+#: Job-side ways to tell ncclwatch the process-group timeout, first wins.
+TIMEOUT_ENV = ("NCCLWATCH_PG_TIMEOUT_S", "NCCLWATCH_WATCHDOG_TIMEOUT_SECONDS")
+
+
+def declared_timeout(env: dict[str, str]) -> float:
+    for name in TIMEOUT_ENV:
+        value = _float(env.get(name))
+        if value:
+            return value
+    return 0.0
+
 
 @dataclass
 class AgentHealthCounts:
@@ -61,8 +78,14 @@ def sample_pb(t: RankTracker, now: float, gpu: Sequence[GpuProcessMemory],
             cpu_seconds=p.cpu_seconds, cpu_utilization=t.cpu_util, rss_bytes=p.rss_bytes,
             io_read_bytes=p.io_read_bytes, io_write_bytes=p.io_write_bytes,
             num_threads=p.num_threads,
-            files_writing=[pb.OpenFile(path=f.path, size_bytes=f.size_bytes)
+            files_writing=[pb.OpenFile(path=f.path, size_bytes=f.size_bytes,
+                                       previous_path=f.previous_path,
+                                       previous_size_bytes=f.previous_size_bytes)
                            for f in p.files_writing],
+            vms_bytes=p.vms_bytes,
+            memory_limits=[pb.MemoryLimit(kind=LIMIT_KINDS[m.kind], used_bytes=m.used_bytes,
+                                          limit_bytes=m.limit_bytes)
+                           for m in p.memory_limits],
         ))
     for g in gpu:
         d = devices.get(g.device_index)
@@ -74,7 +97,7 @@ def sample_pb(t: RankTracker, now: float, gpu: Sequence[GpuProcessMemory],
         s.job.CopyFrom(pb.JobInfo(
             source=t.proc.identity.job_source,
             env=t.proc.env,
-            watchdog_timeout_seconds=_float(t.proc.env.get("NCCLWATCH_WATCHDOG_TIMEOUT_SECONDS")),
+            watchdog_timeout_seconds=declared_timeout(t.proc.env),
         ))
     return s
 

@@ -1,14 +1,19 @@
 """Cheap per-rank samples from /proc through psutil.
 
-One ``oneshot()`` per rank per round: CPU time, RSS, I/O, threads, and the
+One ``oneshot()`` per rank per round: CPU time, RSS, I/O, threads, the
 regular files open for writing (a checkpoint being written shows here, with
-its size). A process that exits mid-sample yields None, never an exception.
+its size and the size of the previous checkpoint beside it), and every memory
+bound the process lives under (host, cgroup, RLIMIT_AS), so the daemon can
+forecast an OOM. A process that exits mid-sample yields None, never an
+exception.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import resource
+import time
 from dataclasses import dataclass
 
 import psutil
@@ -18,12 +23,24 @@ log = logging.getLogger(__name__)
 MAX_FILES = 8
 _WRITE_MODES = frozenset({"w", "a", "r+", "w+", "a+"})
 _SKIP_PREFIXES = ("/dev/", "/proc/", "/sys/")
+#: Directory listings for "the previous checkpoint" are reused this long.
+PREVIOUS_TTL = 30.0
+CGROUP_ROOT = "/sys/fs/cgroup"
 
 
 @dataclass(frozen=True, slots=True)
 class OpenFile:
     path: str
     size_bytes: int
+    previous_path: str = ""
+    previous_size_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryLimit:
+    kind: str  # host | cgroup | address_space (MemoryLimitKind in the proto)
+    used_bytes: int
+    limit_bytes: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,14 +52,29 @@ class ProcessSample:
     io_write_bytes: int
     num_threads: int
     files_writing: tuple[OpenFile, ...]
+    vms_bytes: int = 0
+    memory_limits: tuple[MemoryLimit, ...] = ()
 
 
 class ProcessSampler:
     """Reads one ProcessSample per pid; counts what it could not read."""
 
-    def __init__(self) -> None:
+    def __init__(self, cgroup_root: str = CGROUP_ROOT) -> None:
         self._procs: dict[int, psutil.Process] = {}
+        self._cgroups: dict[int, str | None] = {}
+        self._previous: dict[tuple[str, str], tuple[float, str, int]] = {}
+        self._cgroup_root = cgroup_root
+        self._host_available: tuple[float, int] = (-1e9, 0)
         self.errors_total = 0
+
+    def host_available(self) -> int:
+        """MemAvailable of the node, read at most once a second."""
+        at, value = self._host_available
+        now = time.monotonic()
+        if now - at >= 1.0:
+            value = psutil.virtual_memory().available
+            self._host_available = (now, value)
+        return value
 
     def sample(self, pid: int, *, with_files: bool = True) -> ProcessSample | None:
         proc = self._procs.get(pid)
@@ -63,7 +95,8 @@ class ProcessSampler:
                     rd, wr = io.read_chars, io.write_chars
                 except (psutil.AccessDenied, AttributeError):
                     rd = wr = 0
-                files = _files_writing(proc) if with_files else ()
+                files = self._with_previous(_files_writing(proc)) if with_files else ()
+                limits = self._limits(proc, mem)
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             self.forget(pid)
             return None
@@ -79,10 +112,70 @@ class ProcessSampler:
             io_write_bytes=wr,
             num_threads=threads,
             files_writing=files,
+            vms_bytes=mem.vms,
+            memory_limits=limits,
         )
 
     def forget(self, pid: int) -> None:
         self._procs.pop(pid, None)
+        self._cgroups.pop(pid, None)
+
+    # -- memory bounds ---------------------------------------------------------
+
+    def _limits(self, proc: psutil.Process, mem) -> tuple[MemoryLimit, ...]:
+        out = [MemoryLimit("host", mem.rss, mem.rss + self.host_available())]
+        cg = self._cgroup_limit(proc.pid)
+        if cg is not None:
+            out.append(cg)
+        try:
+            soft, _ = proc.rlimit(psutil.RLIMIT_AS)
+        except (psutil.AccessDenied, OSError, AttributeError):
+            soft = resource.RLIM_INFINITY
+        if soft not in (resource.RLIM_INFINITY, -1) and soft > 0:
+            out.append(MemoryLimit("address_space", mem.vms, soft))
+        return tuple(out)
+
+    def _cgroup_limit(self, pid: int) -> MemoryLimit | None:
+        """cgroup v2 memory.max / memory.current of the process's cgroup."""
+        if pid not in self._cgroups:
+            self._cgroups[pid] = _cgroup_dir(pid, self._cgroup_root)
+        d = self._cgroups[pid]
+        if d is None:
+            return None
+        try:
+            with open(os.path.join(d, "memory.max")) as f:
+                raw = f.read().strip()
+            if raw == "max":
+                return None
+            with open(os.path.join(d, "memory.current")) as f:
+                current = int(f.read())
+            return MemoryLimit("cgroup", current, int(raw))
+        except (OSError, ValueError):
+            self._cgroups[pid] = None  # no memory controller here: stop asking
+            return None
+
+    # -- previous checkpoint -----------------------------------------------------
+
+    def _with_previous(self, files: tuple[OpenFile, ...]) -> tuple[OpenFile, ...]:
+        return tuple(self._previous_of(f) for f in files)
+
+    def _previous_of(self, f: OpenFile) -> OpenFile:
+        directory, name = os.path.split(f.path)
+        suffix = os.path.splitext(name)[1]
+        if not suffix:
+            return f
+        key = (directory, suffix)
+        now = time.monotonic()
+        cached = self._previous.get(key)
+        if cached is None or now - cached[0] > PREVIOUS_TTL or cached[1] == f.path:
+            path, size = _newest_sibling(directory, suffix, exclude=f.path)
+            cached = self._previous[key] = (now, path, size)
+            if len(self._previous) > 256:
+                self._previous.pop(next(iter(self._previous)))
+        _, path, size = cached
+        if not path or path == f.path:
+            return f
+        return OpenFile(f.path, f.size_bytes, path, size)
 
 
 def _files_writing(proc: psutil.Process) -> tuple[OpenFile, ...]:
@@ -101,3 +194,37 @@ def _files_writing(proc: psutil.Process) -> tuple[OpenFile, ...]:
         out.append(OpenFile(f.path, size))
     out.sort(key=lambda f: -f.size_bytes)
     return tuple(out[:MAX_FILES])
+
+
+def _cgroup_dir(pid: int, root: str) -> str | None:
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            for line in f:
+                hier, _, path = line.rstrip("\n").split(":", 2)
+                if hier == "0":  # the v2 unified hierarchy
+                    d = os.path.join(root, path.lstrip("/"))
+                    return d if os.path.exists(os.path.join(d, "memory.max")) else None
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _newest_sibling(directory: str, suffix: str, exclude: str) -> tuple[str, int]:
+    """The most recently modified other ``*suffix`` file in ``directory``."""
+    best: tuple[float, str, int] | None = None
+    try:
+        with os.scandir(directory) as it:
+            for e in it:
+                if not e.name.endswith(suffix) or e.path == exclude:
+                    continue
+                try:
+                    st = e.stat()
+                except OSError:
+                    continue
+                if not e.is_file() or st.st_size == 0:
+                    continue
+                if best is None or st.st_mtime > best[0]:
+                    best = (st.st_mtime, e.path, st.st_size)
+    except OSError:
+        return "", 0
+    return (best[1], best[2]) if best else ("", 0)

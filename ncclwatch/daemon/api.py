@@ -11,7 +11,8 @@ import time
 from typing import Any
 
 from ncclwatch.daemon.core import Daemon
-from ncclwatch.daemon.incidents import Incident
+from ncclwatch.daemon.incidents import TRACE_FIELDS, Incident
+from ncclwatch.model import rank_ranges
 from ncclwatch.stacks import short_path
 
 API_VERSION = "v1"
@@ -40,7 +41,9 @@ def jobs_view(d: Daemon, *, with_ranks: bool = True) -> dict[str, Any]:
                     "cpu_utilization": round(rec.cpu_util, 3), "rss_bytes": rec.rss_bytes,
                     "io_write_bytes": rec.io_write_bytes,
                     "write_bytes_per_second": round(rec.write_rate, 1),
-                    "files_writing": [{"path": p, "size_bytes": s} for p, s in rec.files],
+                    "files_writing": _files(rec),
+                    "memory_limits": [{"device": d, "used_bytes": u, "limit_bytes": lim}
+                                      for d, u, lim in rec.limits],
                     "gpu": [{"device": i, "used_bytes": u, "total_bytes": t}
                             for i, u, t in rec.gpu],
                 })
@@ -52,6 +55,8 @@ def jobs_view(d: Daemon, *, with_ranks: bool = True) -> dict[str, Any]:
                          "longest_blocked_rank": b.blocked_rank,
                          "longest_blocked_seconds": round(b.blocked_seconds, 1)},
             "env": job.env,
+            "config_warnings": [{"code": w.code, "severity": w.severity, "message": w.message}
+                                for w in job.warnings],
             "stalls": [incident_view(d, i, now) for i in d.incidents.for_job(job_id)],
             "ranks": ranks,
         })
@@ -67,6 +72,8 @@ def incident_view(d: Daemon, inc: Incident, now: float | None = None) -> dict[st
     for r in f.waiting:
         rec = job.ranks.get(r) if job else None
         groups.setdefault(rec.stack_id if rec else "", []).append(r)
+    dx = inc.diagnosis
+    rc = dx.root_cause
     return {
         "id": inc.id, "kind": inc.kind.value, "active": inc.active, "summary": f.summary,
         "started_at": round(inc.started_wall, 3), "detected_at": round(inc.detected_wall, 3),
@@ -86,9 +93,67 @@ def incident_view(d: Daemon, inc: Incident, now: float | None = None) -> dict[st
         "waiting": {"ranks": list(f.waiting), "ops": [o.value for o in f.waiting_ops],
                     "stacks": [{"ranks": ranks, "stack": stack_view(d, sid)}
                                for sid, ranks in sorted(groups.items(), key=lambda x: x[1])]},
-        "cause": inc.remedy.cause, "fix": inc.remedy.fix,
+        "at_risk": inc.at_risk,
+        "at_risk_since": (round(inc.started_wall + (inc.at_risk_since - inc.started_at), 3)
+                          if inc.at_risk_since is not None else None),
+        "diagnosis": {"root_cause": rc.id, "title": rc.title, "cause": dx.sentence,
+                      "fix": rc.fix, "example": rc.example,
+                      "runbook": f"docs/runbooks/{inc.kind.value}.md#{rc.id}",
+                      "history": list(inc.root_causes)},
+        "forecast": forecast_view(dx),
+        "rank_groups": rank_groups(d, job, now) if job else [],
+        "env": {k: v for k, v in (job.env if job else {}).items() if k.startswith(RELEVANT_ENV)},
+        "cause": dx.sentence, "fix": rc.fix,
+        "trace_fields": list(TRACE_FIELDS),
         "trace": [list(p) for p in inc.trace],
     }
+
+
+#: Env variables shown with an incident (the job view has all allowlisted ones).
+RELEVANT_ENV = ("TORCH_NCCL_", "NCCL_", "TORCH_FR_", "TORCH_DISTRIBUTED_", "NCCLWATCH_")
+
+
+def forecast_view(dx) -> dict[str, Any]:
+    ev = dx.evidence
+    w = ev.write
+    return {
+        "checkpoint": None if w is None else {
+            "rank": w.rank, "path": w.path, "written_bytes": w.written_bytes,
+            "expected_bytes": w.expected_bytes, "expected_source": w.expected_source or None,
+            "previous_checkpoint": w.previous_path or None,
+            "write_bytes_per_second": round(w.rate_bytes_per_second, 1),
+            "eta_seconds": None if w.eta_seconds is None else round(w.eta_seconds, 1),
+            "overrun_seconds": None if ev.overrun is None else round(ev.overrun, 1)},
+        "memory": [{"rank": m.rank, "device": m.device, "used_bytes": m.used_bytes,
+                    "limit_bytes": m.limit_bytes,
+                    "growth_bytes_per_second": round(m.rate_bytes_per_second, 1),
+                    "eta_seconds": None if m.eta_seconds is None else round(m.eta_seconds, 1)}
+                   for m in ev.memory],
+    }
+
+
+def rank_groups(d: Daemon, job, now: float) -> list[dict[str, Any]]:
+    """All ranks grouped by identical stack, smallest (the outliers) first."""
+    groups: dict[tuple[str, str, str], list[int]] = {}
+    for r, rec in job.ranks.items():
+        fresh = d.table.fresh(rec, now)
+        key = (rec.stack_id if fresh else "", rec.state.value if fresh else "unknown",
+               rec.op.value if fresh else "none")
+        groups.setdefault(key, []).append(r)
+    missing = set(range(job.world_size)) - set(job.ranks)
+    if missing:
+        groups.setdefault(("", "unknown", "none"), []).extend(missing)
+    out = []
+    for (sid, state, op), ranks in sorted(groups.items(), key=lambda kv: (len(kv[1]),
+                                                                         min(kv[1]))):
+        out.append({"count": len(ranks), "ranks": rank_ranges(ranks), "state": state,
+                    "op": None if op == "none" else op, "stack": stack_view(d, sid)})
+    return out
+
+
+def _files(rec) -> list[dict[str, Any]]:
+    return [{"path": p, "size_bytes": s, "previous_path": pp or None,
+             "previous_size_bytes": ps or None} for p, s, pp, ps in rec.files]
 
 
 def _culprit_progress(job, rank: int) -> dict[str, Any]:
@@ -96,7 +161,7 @@ def _culprit_progress(job, rank: int) -> dict[str, Any]:
     if rec is None:
         return {}
     return {"rss_bytes": rec.rss_bytes, "write_bytes_per_second": round(rec.write_rate, 1),
-            "files_writing": [{"path": p, "size_bytes": s} for p, s in rec.files]}
+            "files_writing": _files(rec)}
 
 
 def stack_view(d: Daemon, stack_id: str) -> dict[str, Any] | None:

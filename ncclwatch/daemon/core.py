@@ -15,6 +15,7 @@ import grpc
 
 from ncclwatch.daemon.budget import Budget, BudgetConfig, budget
 from ncclwatch.daemon.detect import DetectConfig, detect_job
+from ncclwatch.daemon.diagnosis import diagnose
 from ncclwatch.daemon.incidents import Incidents
 from ncclwatch.daemon.table import JobTable
 from ncclwatch.daemon.validate import ReportError, validate_request
@@ -128,9 +129,15 @@ class Daemon:
             b = budget(job, table, now, self.budget_cfg)
             self.budgets[job_id] = b
             findings = detect_job(job, table, now, self.detect_cfg)
-            for inc in self.incidents.update(job, findings, b, now, wall):
+            judged = [(f, diagnose(job, table, f, b, now)) for f in findings]
+            for inc in self.incidents.update(job, judged, b, now, wall):
                 log.warning("stall %s in job %s: %s; watchdog budget %.0fs of %.0fs left",
-                            inc.kind.value, job_id, inc.finding.summary, b.remaining, b.timeout)
+                            inc.kind.value, job_id, inc.diagnosis.sentence, b.remaining,
+                            b.timeout)
+            for inc in self.incidents.for_job(job_id):
+                if inc.at_risk_since == now:
+                    log.warning("job %s at risk (%s): %s", job_id,
+                                inc.diagnosis.root_cause.id, inc.diagnosis.sentence)
             self._escalate(job_id, bool(findings), now)
         table.dirty.clear()
         self.ticks_total += 1

@@ -53,6 +53,23 @@ class DaemonCollector(Collector):
         ranks = g("ncclwatch_ranks", "Ranks of the job by state (unknown: not reporting)",
                   labels=["job", "state"])
         world = g("ncclwatch_job_world_size", "World size of the job", labels=["job"])
+        at_risk = g("ncclwatch_stall_at_risk",
+                    "1 while the stall is forecast to (or may) reach the watchdog",
+                    labels=["job", "kind"])
+        cause = g("ncclwatch_stall_root_cause_info", "The diagnosed root cause of the stall",
+                  labels=["job", "kind", "root_cause"])
+        eta = g("ncclwatch_checkpoint_eta_seconds",
+                "Forecast seconds until the culprit's checkpoint write ends",
+                labels=["job"], unit="seconds")
+        overrun = g("ncclwatch_watchdog_forecast_overrun_seconds",
+                    "Forecast save time minus the watchdog budget left (>0: the watchdog "
+                    "fires first)", labels=["job"], unit="seconds")
+        mem_eta = g("ncclwatch_memory_exhaustion_eta_seconds",
+                    "Forecast seconds until a culprit rank reaches a memory bound",
+                    labels=["job", "rank", "device"], unit="seconds")
+        warn = g("ncclwatch_job_config_warning",
+                 "1 per setting in the job's environment that defeats the watchdog or "
+                 "the evidence", labels=["job", "code", "severity"])
         for job_id, job in table.jobs.items():
             counts = {s: 0 for s in RankState}
             for rec in job.ranks.values():
@@ -69,11 +86,25 @@ class DaemonCollector(Collector):
                 active.add_metric([job_id, kind.value], 1 if inc else 0)
                 duration.add_metric([job_id, kind.value], now - inc.started_at if inc else 0)
                 waiting.add_metric([job_id, kind.value], len(inc.finding.waiting) if inc else 0)
+                at_risk.add_metric([job_id, kind.value], 1 if inc and inc.at_risk else 0)
                 if inc:
                     for c in inc.finding.culprits:
                         culprit.add_metric([job_id, kind.value, str(c.rank), c.node,
                                             c.state.value], 1)
-        out = [active, duration, waiting, culprit, timeout, remaining, ranks, world]
+                    dx = inc.diagnosis
+                    cause.add_metric([job_id, kind.value, dx.root_cause.id], 1)
+                    if dx.checkpoint_eta is not None:
+                        eta.add_metric([job_id], dx.checkpoint_eta)
+                        overrun.add_metric([job_id], dx.evidence.overrun)
+                    seen = set()
+                    for m in dx.evidence.memory:
+                        if m.eta_seconds is not None and (m.rank, m.device) not in seen:
+                            seen.add((m.rank, m.device))
+                            mem_eta.add_metric([job_id, str(m.rank), m.device], m.eta_seconds)
+            for w in job.warnings:
+                warn.add_metric([job_id, w.code, w.severity], 1)
+        out = [active, duration, waiting, culprit, timeout, remaining, ranks, world,
+               at_risk, cause, eta, overrun, mem_eta, warn]
         out += _agent_families(_latest_per_node(table.agents.values()), now, table.staleness)
         c = CounterMetricFamily
         opened = c("ncclwatch_incidents_opened", "Incidents opened, by stall kind",

@@ -13,12 +13,17 @@ from dataclasses import dataclass, field
 
 from ncclwatch.daemon.budget import Budget
 from ncclwatch.daemon.detect import Finding
+from ncclwatch.daemon.diagnosis import Diagnosis
 from ncclwatch.daemon.table import Job
 from ncclwatch.model import StallKind
-from ncclwatch.remediation import REMEDIES
+from ncclwatch.remediation import RootCause
 
 MAX_ENDED = 200
-MAX_TRACE = 120  # evidence points kept per incident (one per tick, downsampled)
+MAX_TRACE = 240  # evidence points kept per incident (one per tick)
+#: What each trace point holds, in order (the API names them).
+TRACE_FIELDS = ("t_seconds", "watchdog_remaining_seconds", "culprit_rss_bytes",
+                "culprit_written_bytes", "culprit_file_bytes", "checkpoint_eta_seconds",
+                "memory_eta_seconds")
 
 
 @dataclass
@@ -34,9 +39,14 @@ class Incident:
     budget_at_detection: Budget
     budget: Budget
     min_remaining: float
+    diagnosis: Diagnosis
     ended_at: float | None = None
     ended_wall: float | None = None
-    # (seconds since detection, remaining budget, culprit rss, culprit bytes written)
+    #: First time the incident was judged at risk (daemon monotonic), if ever.
+    at_risk_since: float | None = None
+    #: Root causes seen, in order (a save can turn from "in time" to "too late").
+    root_causes: list[str] = field(default_factory=list)
+    # TRACE_FIELDS per tick
     trace: collections.deque = field(default_factory=lambda: collections.deque(maxlen=MAX_TRACE))
 
     @property
@@ -44,8 +54,12 @@ class Incident:
         return self.ended_at is None
 
     @property
-    def remedy(self):
-        return REMEDIES[self.kind]
+    def remedy(self) -> RootCause:
+        return self.diagnosis.root_cause
+
+    @property
+    def at_risk(self) -> bool:
+        return self.active and self.diagnosis.at_risk
 
 
 class Incidents:
@@ -55,12 +69,12 @@ class Incidents:
         self.opened_total: collections.Counter[StallKind] = collections.Counter()
         self._ids = itertools.count(1)
 
-    def update(self, job: Job, findings: list[Finding], budget: Budget,
+    def update(self, job: Job, findings: list[tuple[Finding, Diagnosis]], budget: Budget,
                now: float, wall: float) -> list[Incident]:
         """Fold this tick's findings for ``job`` in; return newly opened incidents."""
         opened = []
-        current = {f.kind: f for f in findings}
-        for kind, f in current.items():
+        current = {f.kind: (f, dx) for f, dx in findings}
+        for kind, (f, dx) in current.items():
             inc = self.active.get((job.job_id, kind))
             if inc is None:
                 inc = Incident(
@@ -68,18 +82,27 @@ class Incidents:
                     started_at=f.started_at, detected_at=now,
                     started_wall=wall - (now - f.started_at), detected_wall=wall,
                     finding=f, budget_at_detection=budget, budget=budget,
-                    min_remaining=budget.remaining)
+                    min_remaining=budget.remaining, diagnosis=dx)
                 self.active[(job.job_id, kind)] = inc
                 self.opened_total[kind] += 1
                 opened.append(inc)
             inc.finding = f
             inc.budget = budget
+            inc.diagnosis = dx
+            if not inc.root_causes or inc.root_causes[-1] != dx.root_cause.id:
+                inc.root_causes.append(dx.root_cause.id)
+            if dx.at_risk and inc.at_risk_since is None:
+                inc.at_risk_since = now
             inc.started_at = min(inc.started_at, f.started_at)
             inc.min_remaining = min(inc.min_remaining, budget.remaining)
             lead = job.ranks.get(f.culprits[0].rank) if f.culprits else None
+            ev = dx.evidence
+            mem = ev.memory[0].eta_seconds if ev.memory else None
             inc.trace.append((round(now - inc.detected_at, 1), round(budget.remaining, 1),
                               lead.rss_bytes if lead else 0,
-                              lead.io_write_bytes if lead else 0))
+                              lead.io_write_bytes if lead else 0,
+                              ev.write.written_bytes if ev.write else 0,
+                              _round(dx.checkpoint_eta), _round(mem)))
         for (job_id, kind), inc in list(self.active.items()):
             if job_id == job.job_id and kind not in current:
                 self._end(inc, now, wall)
@@ -97,3 +120,7 @@ class Incidents:
 
     def for_job(self, job_id: str) -> list[Incident]:
         return [i for (jid, _), i in self.active.items() if jid == job_id]
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 1)

@@ -12,6 +12,7 @@ import collections
 import time
 from dataclasses import dataclass, field
 
+from ncclwatch.envlint import EnvWarning, lint
 from ncclwatch.model import CollectiveOp, RankState
 from ncclwatch.stacks import Frame, Stack
 from ncclwatch.v1 import collector_pb2 as pb
@@ -20,13 +21,36 @@ from ncclwatch.v1 import collector_pb2 as pb
 MAX_STACKS = 200_000
 #: A job whose ranks are all gone is forgotten after this long.
 GONE_JOB_TTL = 120.0
+#: Evidence curve per rank: points at least this far apart, this many kept.
+CURVE_STEP = 0.9
+CURVE_POINTS = 90
+
+
+class Point:
+    """One point of a rank's evidence curve (memory, I/O, the file it writes)."""
+
+    __slots__ = ("t", "rss", "written", "file", "file_size", "limits", "gpu")
+
+    def __init__(self, t: float, rss: int, written: int, file: str, file_size: int,
+                 limits: tuple[tuple[str, int, int], ...],
+                 gpu: tuple[tuple[int, int, int], ...]) -> None:
+        self.t, self.rss, self.written = t, rss, written
+        self.file, self.file_size = file, file_size
+        self.limits, self.gpu = limits, gpu
+
+
+LIMIT_NAMES = {
+    pb.MEMORY_LIMIT_KIND_HOST: "host",
+    pb.MEMORY_LIMIT_KIND_CGROUP: "cgroup",
+    pb.MEMORY_LIMIT_KIND_ADDRESS_SPACE: "address_space",
+}
 
 
 class RankRecord:
     __slots__ = (
         "rank", "local_rank", "node", "agent_id", "pid", "state", "op", "since",
         "stack_id", "seen", "cpu_util", "rss_bytes", "io_write_bytes", "write_rate",
-        "files", "gpu", "gone_at",
+        "files", "gpu", "gone_at", "vms_bytes", "limits", "curve",
     )
 
     def __init__(self, rank: int) -> None:
@@ -44,9 +68,23 @@ class RankRecord:
         self.rss_bytes = 0
         self.io_write_bytes = 0
         self.write_rate = 0.0
-        self.files: tuple[tuple[str, int], ...] = ()
-        self.gpu: tuple[tuple[int, int, int], ...] = ()  # (device, used, total)
+        # (path, size, previous checkpoint path, its size)
+        self.files: tuple[tuple[str, int, str, int], ...] = ()
+        # (device, used by this process, total); device-wide use is in limits
+        self.gpu: tuple[tuple[int, int, int], ...] = ()
         self.gone_at: float | None = None
+        self.vms_bytes = 0
+        # (kind, used, limit): host, cgroup, address_space, gpu<i>
+        self.limits: tuple[tuple[str, int, int], ...] = ()
+        self.curve: collections.deque[Point] = collections.deque(maxlen=CURVE_POINTS)
+
+    def record(self, now: float) -> None:
+        """Append the current readings to the curve (downsampled)."""
+        if self.curve and now - self.curve[-1].t < CURVE_STEP:
+            return
+        path, size = (self.files[0][0], self.files[0][1]) if self.files else ("", 0)
+        self.curve.append(Point(now, self.rss_bytes, self.io_write_bytes, path, size,
+                                self.limits, self.gpu))
 
 
 @dataclass
@@ -62,6 +100,8 @@ class Job:
         default_factory=lambda: {s: set() for s in RankState})
     in_collective: set[int] = field(default_factory=set)
     last_update: float = 0.0
+    #: Settings in the job's environment that defeat the watchdog or evidence.
+    warnings: tuple[EnvWarning, ...] = ()
 
     def set_state(self, rec: RankRecord, state: RankState, op: CollectiveOp) -> None:
         self.by_state[rec.state].discard(rec.rank)
@@ -205,14 +245,24 @@ class JobTable:
             rec.seen = recv
             rec.cpu_util = p.cpu_utilization
             rec.rss_bytes = p.rss_bytes
-            rec.files = tuple((f.path, f.size_bytes) for f in p.files_writing)
+            rec.files = tuple((f.path, f.size_bytes, f.previous_path, f.previous_size_bytes)
+                              for f in p.files_writing)
             rec.gpu = tuple((g.device_index, g.used_bytes, g.device_total_bytes) for g in s.gpu)
+            rec.vms_bytes = p.vms_bytes
+            rec.limits = tuple(
+                (LIMIT_NAMES.get(m.kind, "host"), m.used_bytes, m.limit_bytes)
+                for m in p.memory_limits if m.limit_bytes > 0
+            ) + tuple((f"gpu{g.device_index}", g.device_used_bytes, g.device_total_bytes)
+                      for g in s.gpu if g.device_total_bytes > 0)
+            rec.record(recv)
             if s.stack_id and s.stack_id != rec.stack_id and not self.stacks.touch(s.stack_id):
                 missing.append(s.stack_id)
             rec.stack_id = s.stack_id
             if s.HasField("job"):
                 job.source = s.job.source
-                job.env = dict(s.job.env)
+                if dict(s.job.env) != job.env:
+                    job.env = dict(s.job.env)
+                    job.warnings = lint(job.env)
                 job.declared_timeout = s.job.watchdog_timeout_seconds
             job.last_update = recv
             reported.add((ident.job_id, ident.rank))

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cncclwatch/v1/collector.proto\x12\x0cncclwatch.v1\"S\n\rReportRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12(\n\x06report\x18\x02 \x01(\x0b\x32\x18.ncclwatch.v1.NodeReport\"\xcb\x02\n\nNodeReport\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x1f\n\x17\x61gent_monotonic_seconds\x18\x04 \x01(\x01\x12\x1a\n\x12\x61gent_wall_seconds\x18\x05 \x01(\x01\x12\x12\n\nfull_round\x18\x06 \x01(\x08\x12#\n\x06stacks\x18\x07 \x03(\x0b\x32\x13.ncclwatch.v1.Stack\x12)\n\x07samples\x18\x08 \x03(\x0b\x32\x18.ncclwatch.v1.RankSample\x12*\n\x06\x65xited\x18\t \x03(\x0b\x32\x1a.ncclwatch.v1.RankIdentity\x12)\n\x06health\x18\n \x01(\x0b\x32\x19.ncclwatch.v1.AgentHealth\x12\x18\n\x10interval_seconds\x18\x0b \x01(\x01\"a\n\x0cRankIdentity\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x12\n\nlocal_rank\x18\x03 \x01(\x05\x12\x12\n\nworld_size\x18\x04 \x01(\x05\x12\x0b\n\x03pid\x18\x05 \x01(\x05\"\xc5\x02\n\nRankSample\x12,\n\x08identity\x18\x01 \x01(\x0b\x32\x1a.ncclwatch.v1.RankIdentity\x12&\n\x05state\x18\x02 \x01(\x0e\x32\x17.ncclwatch.v1.RankState\x12&\n\x02op\x18\x03 \x01(\x0e\x32\x1a.ncclwatch.v1.CollectiveOp\x12\x15\n\rstate_seconds\x18\x04 \x01(\x01\x12\x19\n\x11stack_age_seconds\x18\x05 \x01(\x01\x12\x10\n\x08stack_id\x18\x06 \x01(\t\x12+\n\x07process\x18\x07 \x01(\x0b\x32\x1a.ncclwatch.v1.ProcessStats\x12$\n\x03gpu\x18\x08 \x03(\x0b\x32\x17.ncclwatch.v1.GpuMemory\x12\"\n\x03job\x18\t \x01(\x0b\x32\x15.ncclwatch.v1.JobInfo\"\xc2\x01\n\x0cProcessStats\x12\x13\n\x0b\x63pu_seconds\x18\x01 \x01(\x01\x12\x17\n\x0f\x63pu_utilization\x18\x02 \x01(\x01\x12\x11\n\trss_bytes\x18\x03 \x01(\x04\x12\x15\n\rio_read_bytes\x18\x04 \x01(\x04\x12\x16\n\x0eio_write_bytes\x18\x05 \x01(\x04\x12\x13\n\x0bnum_threads\x18\x06 \x01(\r\x12-\n\rfiles_writing\x18\x07 \x03(\x0b\x32\x16.ncclwatch.v1.OpenFile\",\n\x08OpenFile\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x12\n\nsize_bytes\x18\x02 \x01(\x04\"\x81\x01\n\tGpuMemory\x12\x14\n\x0c\x64\x65vice_index\x18\x01 \x01(\r\x12\x13\n\x0b\x64\x65vice_uuid\x18\x02 \x01(\t\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\x12\x1a\n\x12\x64\x65vice_total_bytes\x18\x04 \x01(\x04\x12\x19\n\x11\x64\x65vice_used_bytes\x18\x05 \x01(\x04\"\x94\x01\n\x07JobInfo\x12\x0e\n\x06source\x18\x01 \x01(\t\x12+\n\x03\x65nv\x18\x02 \x03(\x0b\x32\x1e.ncclwatch.v1.JobInfo.EnvEntry\x12 \n\x18watchdog_timeout_seconds\x18\x03 \x01(\x01\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"M\n\x05Stack\x12\n\n\x02id\x18\x01 \x01(\t\x12#\n\x06\x66rames\x18\x02 \x03(\x0b\x32\x13.ncclwatch.v1.Frame\x12\x13\n\x0bthread_name\x18\x03 \x01(\t\"5\n\x05\x46rame\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x66ilename\x18\x02 \x01(\t\x12\x0c\n\x04line\x18\x03 \x01(\x05\"\xeb\x01\n\x0b\x41gentHealth\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x15\n\rranks_watched\x18\x02 \x01(\r\x12\x0f\n\x07nvml_up\x18\x03 \x01(\x08\x12\x18\n\x10pyspy_runs_total\x18\x04 \x01(\x04\x12\x1c\n\x14pyspy_failures_total\x18\x05 \x01(\x04\x12\x1b\n\x13pyspy_seconds_total\x18\x06 \x01(\x01\x12\x1d\n\x15reports_dropped_total\x18\x07 \x01(\x04\x12\x14\n\x0cqueue_length\x18\x08 \x01(\r\x12\x19\n\x11\x63pu_seconds_total\x18\t \x01(\x01\"e\n\x0eReportResponse\x12\x0f\n\x07\x61\x63k_seq\x18\x01 \x01(\x04\x12\x19\n\x11missing_stack_ids\x18\x02 \x03(\t\x12\'\n\x08\x63ommands\x18\x03 \x03(\x0b\x32\x15.ncclwatch.v1.Command\"L\n\x07\x43ommand\x12\x36\n\x0b\x64ump_stacks\x18\x01 \x01(\x0b\x32\x1f.ncclwatch.v1.DumpStacksCommandH\x00\x42\t\n\x07\x63ommand\"3\n\x11\x44umpStacksCommand\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"3\n\x11\x44umpStacksRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"$\n\x12\x44umpStacksResponse\x12\x0e\n\x06\x61gents\x18\x01 \x01(\r*\x92\x02\n\tRankState\x12\x1a\n\x16RANK_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12RANK_STATE_UNKNOWN\x10\x01\x12\x15\n\x11RANK_STATE_SAVING\x10\x02\x12#\n\x1fRANK_STATE_GATHERING_STATE_DICT\x10\x03\x12\x16\n\x12RANK_STATE_LOADING\x10\x04\x12\x19\n\x15RANK_STATE_COLLECTIVE\x10\x05\x12\x1a\n\x16RANK_STATE_DEVICE_WAIT\x10\x06\x12\x16\n\x12RANK_STATE_COMPUTE\x10\x07\x12\x19\n\x15RANK_STATE_DATALOADER\x10\x08\x12\x13\n\x0fRANK_STATE_IDLE\x10\t*\xb3\x04\n\x0c\x43ollectiveOp\x12\x1d\n\x19\x43OLLECTIVE_OP_UNSPECIFIED\x10\x00\x12\x19\n\x15\x43OLLECTIVE_OP_BARRIER\x10\x01\x12\x1b\n\x17\x43OLLECTIVE_OP_BROADCAST\x10\x02\x12\x1c\n\x18\x43OLLECTIVE_OP_ALL_REDUCE\x10\x03\x12\x1c\n\x18\x43OLLECTIVE_OP_ALL_GATHER\x10\x04\x12\x18\n\x14\x43OLLECTIVE_OP_GATHER\x10\x05\x12\x19\n\x15\x43OLLECTIVE_OP_SCATTER\x10\x06\x12\x18\n\x14\x43OLLECTIVE_OP_REDUCE\x10\x07\x12 \n\x1c\x43OLLECTIVE_OP_REDUCE_SCATTER\x10\x08\x12\x1c\n\x18\x43OLLECTIVE_OP_ALL_TO_ALL\x10\t\x12\x16\n\x12\x43OLLECTIVE_OP_SEND\x10\n\x12\x16\n\x12\x43OLLECTIVE_OP_RECV\x10\x0b\x12#\n\x1f\x43OLLECTIVE_OP_ALL_GATHER_OBJECT\x10\x0c\x12\x1f\n\x1b\x43OLLECTIVE_OP_GATHER_OBJECT\x10\r\x12\'\n#COLLECTIVE_OP_BROADCAST_OBJECT_LIST\x10\x0e\x12%\n!COLLECTIVE_OP_SCATTER_OBJECT_LIST\x10\x0f\x12#\n\x1f\x43OLLECTIVE_OP_MONITORED_BARRIER\x10\x10\x12\x16\n\x12\x43OLLECTIVE_OP_WAIT\x10\x11\x32\xac\x01\n\x10\x43ollectorService\x12G\n\x06Report\x12\x1b.ncclwatch.v1.ReportRequest\x1a\x1c.ncclwatch.v1.ReportResponse(\x01\x30\x01\x12O\n\nDumpStacks\x12\x1f.ncclwatch.v1.DumpStacksRequest\x1a .ncclwatch.v1.DumpStacksResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cncclwatch/v1/collector.proto\x12\x0cncclwatch.v1\"S\n\rReportRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12(\n\x06report\x18\x02 \x01(\x0b\x32\x18.ncclwatch.v1.NodeReport\"\xcb\x02\n\nNodeReport\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x1f\n\x17\x61gent_monotonic_seconds\x18\x04 \x01(\x01\x12\x1a\n\x12\x61gent_wall_seconds\x18\x05 \x01(\x01\x12\x12\n\nfull_round\x18\x06 \x01(\x08\x12#\n\x06stacks\x18\x07 \x03(\x0b\x32\x13.ncclwatch.v1.Stack\x12)\n\x07samples\x18\x08 \x03(\x0b\x32\x18.ncclwatch.v1.RankSample\x12*\n\x06\x65xited\x18\t \x03(\x0b\x32\x1a.ncclwatch.v1.RankIdentity\x12)\n\x06health\x18\n \x01(\x0b\x32\x19.ncclwatch.v1.AgentHealth\x12\x18\n\x10interval_seconds\x18\x0b \x01(\x01\"a\n\x0cRankIdentity\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x12\n\nlocal_rank\x18\x03 \x01(\x05\x12\x12\n\nworld_size\x18\x04 \x01(\x05\x12\x0b\n\x03pid\x18\x05 \x01(\x05\"\xc5\x02\n\nRankSample\x12,\n\x08identity\x18\x01 \x01(\x0b\x32\x1a.ncclwatch.v1.RankIdentity\x12&\n\x05state\x18\x02 \x01(\x0e\x32\x17.ncclwatch.v1.RankState\x12&\n\x02op\x18\x03 \x01(\x0e\x32\x1a.ncclwatch.v1.CollectiveOp\x12\x15\n\rstate_seconds\x18\x04 \x01(\x01\x12\x19\n\x11stack_age_seconds\x18\x05 \x01(\x01\x12\x10\n\x08stack_id\x18\x06 \x01(\t\x12+\n\x07process\x18\x07 \x01(\x0b\x32\x1a.ncclwatch.v1.ProcessStats\x12$\n\x03gpu\x18\x08 \x03(\x0b\x32\x17.ncclwatch.v1.GpuMemory\x12\"\n\x03job\x18\t \x01(\x0b\x32\x15.ncclwatch.v1.JobInfo\"\x87\x02\n\x0cProcessStats\x12\x13\n\x0b\x63pu_seconds\x18\x01 \x01(\x01\x12\x17\n\x0f\x63pu_utilization\x18\x02 \x01(\x01\x12\x11\n\trss_bytes\x18\x03 \x01(\x04\x12\x15\n\rio_read_bytes\x18\x04 \x01(\x04\x12\x16\n\x0eio_write_bytes\x18\x05 \x01(\x04\x12\x13\n\x0bnum_threads\x18\x06 \x01(\r\x12-\n\rfiles_writing\x18\x07 \x03(\x0b\x32\x16.ncclwatch.v1.OpenFile\x12\x11\n\tvms_bytes\x18\x08 \x01(\x04\x12\x30\n\rmemory_limits\x18\t \x03(\x0b\x32\x19.ncclwatch.v1.MemoryLimit\"`\n\x08OpenFile\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x12\n\nsize_bytes\x18\x02 \x01(\x04\x12\x15\n\rprevious_path\x18\x03 \x01(\t\x12\x1b\n\x13previous_size_bytes\x18\x04 \x01(\x04\"c\n\x0bMemoryLimit\x12+\n\x04kind\x18\x01 \x01(\x0e\x32\x1d.ncclwatch.v1.MemoryLimitKind\x12\x12\n\nused_bytes\x18\x02 \x01(\x04\x12\x13\n\x0blimit_bytes\x18\x03 \x01(\x04\"\x81\x01\n\tGpuMemory\x12\x14\n\x0c\x64\x65vice_index\x18\x01 \x01(\r\x12\x13\n\x0b\x64\x65vice_uuid\x18\x02 \x01(\t\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\x12\x1a\n\x12\x64\x65vice_total_bytes\x18\x04 \x01(\x04\x12\x19\n\x11\x64\x65vice_used_bytes\x18\x05 \x01(\x04\"\x94\x01\n\x07JobInfo\x12\x0e\n\x06source\x18\x01 \x01(\t\x12+\n\x03\x65nv\x18\x02 \x03(\x0b\x32\x1e.ncclwatch.v1.JobInfo.EnvEntry\x12 \n\x18watchdog_timeout_seconds\x18\x03 \x01(\x01\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"M\n\x05Stack\x12\n\n\x02id\x18\x01 \x01(\t\x12#\n\x06\x66rames\x18\x02 \x03(\x0b\x32\x13.ncclwatch.v1.Frame\x12\x13\n\x0bthread_name\x18\x03 \x01(\t\"5\n\x05\x46rame\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x66ilename\x18\x02 \x01(\t\x12\x0c\n\x04line\x18\x03 \x01(\x05\"\xeb\x01\n\x0b\x41gentHealth\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x15\n\rranks_watched\x18\x02 \x01(\r\x12\x0f\n\x07nvml_up\x18\x03 \x01(\x08\x12\x18\n\x10pyspy_runs_total\x18\x04 \x01(\x04\x12\x1c\n\x14pyspy_failures_total\x18\x05 \x01(\x04\x12\x1b\n\x13pyspy_seconds_total\x18\x06 \x01(\x01\x12\x1d\n\x15reports_dropped_total\x18\x07 \x01(\x04\x12\x14\n\x0cqueue_length\x18\x08 \x01(\r\x12\x19\n\x11\x63pu_seconds_total\x18\t \x01(\x01\"e\n\x0eReportResponse\x12\x0f\n\x07\x61\x63k_seq\x18\x01 \x01(\x04\x12\x19\n\x11missing_stack_ids\x18\x02 \x03(\t\x12\'\n\x08\x63ommands\x18\x03 \x03(\x0b\x32\x15.ncclwatch.v1.Command\"L\n\x07\x43ommand\x12\x36\n\x0b\x64ump_stacks\x18\x01 \x01(\x0b\x32\x1f.ncclwatch.v1.DumpStacksCommandH\x00\x42\t\n\x07\x63ommand\"3\n\x11\x44umpStacksCommand\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"3\n\x11\x44umpStacksRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"$\n\x12\x44umpStacksResponse\x12\x0e\n\x06\x61gents\x18\x01 \x01(\r*\x92\x02\n\tRankState\x12\x1a\n\x16RANK_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12RANK_STATE_UNKNOWN\x10\x01\x12\x15\n\x11RANK_STATE_SAVING\x10\x02\x12#\n\x1fRANK_STATE_GATHERING_STATE_DICT\x10\x03\x12\x16\n\x12RANK_STATE_LOADING\x10\x04\x12\x19\n\x15RANK_STATE_COLLECTIVE\x10\x05\x12\x1a\n\x16RANK_STATE_DEVICE_WAIT\x10\x06\x12\x16\n\x12RANK_STATE_COMPUTE\x10\x07\x12\x19\n\x15RANK_STATE_DATALOADER\x10\x08\x12\x13\n\x0fRANK_STATE_IDLE\x10\t*\xb3\x04\n\x0c\x43ollectiveOp\x12\x1d\n\x19\x43OLLECTIVE_OP_UNSPECIFIED\x10\x00\x12\x19\n\x15\x43OLLECTIVE_OP_BARRIER\x10\x01\x12\x1b\n\x17\x43OLLECTIVE_OP_BROADCAST\x10\x02\x12\x1c\n\x18\x43OLLECTIVE_OP_ALL_REDUCE\x10\x03\x12\x1c\n\x18\x43OLLECTIVE_OP_ALL_GATHER\x10\x04\x12\x18\n\x14\x43OLLECTIVE_OP_GATHER\x10\x05\x12\x19\n\x15\x43OLLECTIVE_OP_SCATTER\x10\x06\x12\x18\n\x14\x43OLLECTIVE_OP_REDUCE\x10\x07\x12 \n\x1c\x43OLLECTIVE_OP_REDUCE_SCATTER\x10\x08\x12\x1c\n\x18\x43OLLECTIVE_OP_ALL_TO_ALL\x10\t\x12\x16\n\x12\x43OLLECTIVE_OP_SEND\x10\n\x12\x16\n\x12\x43OLLECTIVE_OP_RECV\x10\x0b\x12#\n\x1f\x43OLLECTIVE_OP_ALL_GATHER_OBJECT\x10\x0c\x12\x1f\n\x1b\x43OLLECTIVE_OP_GATHER_OBJECT\x10\r\x12\'\n#COLLECTIVE_OP_BROADCAST_OBJECT_LIST\x10\x0e\x12%\n!COLLECTIVE_OP_SCATTER_OBJECT_LIST\x10\x0f\x12#\n\x1f\x43OLLECTIVE_OP_MONITORED_BARRIER\x10\x10\x12\x16\n\x12\x43OLLECTIVE_OP_WAIT\x10\x11*\x93\x01\n\x0fMemoryLimitKind\x12!\n\x1dMEMORY_LIMIT_KIND_UNSPECIFIED\x10\x00\x12\x1a\n\x16MEMORY_LIMIT_KIND_HOST\x10\x01\x12\x1c\n\x18MEMORY_LIMIT_KIND_CGROUP\x10\x02\x12#\n\x1fMEMORY_LIMIT_KIND_ADDRESS_SPACE\x10\x03\x32\xac\x01\n\x10\x43ollectorService\x12G\n\x06Report\x12\x1b.ncclwatch.v1.ReportRequest\x1a\x1c.ncclwatch.v1.ReportResponse(\x01\x30\x01\x12O\n\nDumpStacks\x12\x1f.ncclwatch.v1.DumpStacksRequest\x1a .ncclwatch.v1.DumpStacksResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,10 +33,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_JOBINFO_ENVENTRY']._loaded_options = None
   _globals['_JOBINFO_ENVENTRY']._serialized_options = b'8\001'
-  _globals['_RANKSTATE']._serialized_start=2116
-  _globals['_RANKSTATE']._serialized_end=2390
-  _globals['_COLLECTIVEOP']._serialized_start=2393
-  _globals['_COLLECTIVEOP']._serialized_end=2956
+  _globals['_RANKSTATE']._serialized_start=2338
+  _globals['_RANKSTATE']._serialized_end=2612
+  _globals['_COLLECTIVEOP']._serialized_start=2615
+  _globals['_COLLECTIVEOP']._serialized_end=3178
+  _globals['_MEMORYLIMITKIND']._serialized_start=3181
+  _globals['_MEMORYLIMITKIND']._serialized_end=3328
   _globals['_REPORTREQUEST']._serialized_start=46
   _globals['_REPORTREQUEST']._serialized_end=129
   _globals['_NODEREPORT']._serialized_start=132
@@ -46,31 +48,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RANKSAMPLE']._serialized_start=565
   _globals['_RANKSAMPLE']._serialized_end=890
   _globals['_PROCESSSTATS']._serialized_start=893
-  _globals['_PROCESSSTATS']._serialized_end=1087
-  _globals['_OPENFILE']._serialized_start=1089
-  _globals['_OPENFILE']._serialized_end=1133
-  _globals['_GPUMEMORY']._serialized_start=1136
-  _globals['_GPUMEMORY']._serialized_end=1265
-  _globals['_JOBINFO']._serialized_start=1268
-  _globals['_JOBINFO']._serialized_end=1416
-  _globals['_JOBINFO_ENVENTRY']._serialized_start=1374
-  _globals['_JOBINFO_ENVENTRY']._serialized_end=1416
-  _globals['_STACK']._serialized_start=1418
-  _globals['_STACK']._serialized_end=1495
-  _globals['_FRAME']._serialized_start=1497
-  _globals['_FRAME']._serialized_end=1550
-  _globals['_AGENTHEALTH']._serialized_start=1553
-  _globals['_AGENTHEALTH']._serialized_end=1788
-  _globals['_REPORTRESPONSE']._serialized_start=1790
-  _globals['_REPORTRESPONSE']._serialized_end=1891
-  _globals['_COMMAND']._serialized_start=1893
-  _globals['_COMMAND']._serialized_end=1969
-  _globals['_DUMPSTACKSCOMMAND']._serialized_start=1971
-  _globals['_DUMPSTACKSCOMMAND']._serialized_end=2022
-  _globals['_DUMPSTACKSREQUEST']._serialized_start=2024
-  _globals['_DUMPSTACKSREQUEST']._serialized_end=2075
-  _globals['_DUMPSTACKSRESPONSE']._serialized_start=2077
-  _globals['_DUMPSTACKSRESPONSE']._serialized_end=2113
-  _globals['_COLLECTORSERVICE']._serialized_start=2959
-  _globals['_COLLECTORSERVICE']._serialized_end=3131
+  _globals['_PROCESSSTATS']._serialized_end=1156
+  _globals['_OPENFILE']._serialized_start=1158
+  _globals['_OPENFILE']._serialized_end=1254
+  _globals['_MEMORYLIMIT']._serialized_start=1256
+  _globals['_MEMORYLIMIT']._serialized_end=1355
+  _globals['_GPUMEMORY']._serialized_start=1358
+  _globals['_GPUMEMORY']._serialized_end=1487
+  _globals['_JOBINFO']._serialized_start=1490
+  _globals['_JOBINFO']._serialized_end=1638
+  _globals['_JOBINFO_ENVENTRY']._serialized_start=1596
+  _globals['_JOBINFO_ENVENTRY']._serialized_end=1638
+  _globals['_STACK']._serialized_start=1640
+  _globals['_STACK']._serialized_end=1717
+  _globals['_FRAME']._serialized_start=1719
+  _globals['_FRAME']._serialized_end=1772
+  _globals['_AGENTHEALTH']._serialized_start=1775
+  _globals['_AGENTHEALTH']._serialized_end=2010
+  _globals['_REPORTRESPONSE']._serialized_start=2012
+  _globals['_REPORTRESPONSE']._serialized_end=2113
+  _globals['_COMMAND']._serialized_start=2115
+  _globals['_COMMAND']._serialized_end=2191
+  _globals['_DUMPSTACKSCOMMAND']._serialized_start=2193
+  _globals['_DUMPSTACKSCOMMAND']._serialized_end=2244
+  _globals['_DUMPSTACKSREQUEST']._serialized_start=2246
+  _globals['_DUMPSTACKSREQUEST']._serialized_end=2297
+  _globals['_DUMPSTACKSRESPONSE']._serialized_start=2299
+  _globals['_DUMPSTACKSRESPONSE']._serialized_end=2335
+  _globals['_COLLECTORSERVICE']._serialized_start=3331
+  _globals['_COLLECTORSERVICE']._serialized_end=3503
 # @@protoc_insertion_point(module_scope)

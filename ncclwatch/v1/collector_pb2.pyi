@@ -40,6 +40,13 @@ class CollectiveOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     COLLECTIVE_OP_SCATTER_OBJECT_LIST: _ClassVar[CollectiveOp]
     COLLECTIVE_OP_MONITORED_BARRIER: _ClassVar[CollectiveOp]
     COLLECTIVE_OP_WAIT: _ClassVar[CollectiveOp]
+
+class MemoryLimitKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MEMORY_LIMIT_KIND_UNSPECIFIED: _ClassVar[MemoryLimitKind]
+    MEMORY_LIMIT_KIND_HOST: _ClassVar[MemoryLimitKind]
+    MEMORY_LIMIT_KIND_CGROUP: _ClassVar[MemoryLimitKind]
+    MEMORY_LIMIT_KIND_ADDRESS_SPACE: _ClassVar[MemoryLimitKind]
 RANK_STATE_UNSPECIFIED: RankState
 RANK_STATE_UNKNOWN: RankState
 RANK_STATE_SAVING: RankState
@@ -68,6 +75,10 @@ COLLECTIVE_OP_BROADCAST_OBJECT_LIST: CollectiveOp
 COLLECTIVE_OP_SCATTER_OBJECT_LIST: CollectiveOp
 COLLECTIVE_OP_MONITORED_BARRIER: CollectiveOp
 COLLECTIVE_OP_WAIT: CollectiveOp
+MEMORY_LIMIT_KIND_UNSPECIFIED: MemoryLimitKind
+MEMORY_LIMIT_KIND_HOST: MemoryLimitKind
+MEMORY_LIMIT_KIND_CGROUP: MemoryLimitKind
+MEMORY_LIMIT_KIND_ADDRESS_SPACE: MemoryLimitKind
 
 class ReportRequest(_message.Message):
     __slots__ = ("protocol_version", "report")
@@ -140,7 +151,7 @@ class RankSample(_message.Message):
     def __init__(self, identity: _Optional[_Union[RankIdentity, _Mapping]] = ..., state: _Optional[_Union[RankState, str]] = ..., op: _Optional[_Union[CollectiveOp, str]] = ..., state_seconds: _Optional[float] = ..., stack_age_seconds: _Optional[float] = ..., stack_id: _Optional[str] = ..., process: _Optional[_Union[ProcessStats, _Mapping]] = ..., gpu: _Optional[_Iterable[_Union[GpuMemory, _Mapping]]] = ..., job: _Optional[_Union[JobInfo, _Mapping]] = ...) -> None: ...
 
 class ProcessStats(_message.Message):
-    __slots__ = ("cpu_seconds", "cpu_utilization", "rss_bytes", "io_read_bytes", "io_write_bytes", "num_threads", "files_writing")
+    __slots__ = ("cpu_seconds", "cpu_utilization", "rss_bytes", "io_read_bytes", "io_write_bytes", "num_threads", "files_writing", "vms_bytes", "memory_limits")
     CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
     CPU_UTILIZATION_FIELD_NUMBER: _ClassVar[int]
     RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -148,6 +159,8 @@ class ProcessStats(_message.Message):
     IO_WRITE_BYTES_FIELD_NUMBER: _ClassVar[int]
     NUM_THREADS_FIELD_NUMBER: _ClassVar[int]
     FILES_WRITING_FIELD_NUMBER: _ClassVar[int]
+    VMS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_LIMITS_FIELD_NUMBER: _ClassVar[int]
     cpu_seconds: float
     cpu_utilization: float
     rss_bytes: int
@@ -155,15 +168,31 @@ class ProcessStats(_message.Message):
     io_write_bytes: int
     num_threads: int
     files_writing: _containers.RepeatedCompositeFieldContainer[OpenFile]
-    def __init__(self, cpu_seconds: _Optional[float] = ..., cpu_utilization: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., io_read_bytes: _Optional[int] = ..., io_write_bytes: _Optional[int] = ..., num_threads: _Optional[int] = ..., files_writing: _Optional[_Iterable[_Union[OpenFile, _Mapping]]] = ...) -> None: ...
+    vms_bytes: int
+    memory_limits: _containers.RepeatedCompositeFieldContainer[MemoryLimit]
+    def __init__(self, cpu_seconds: _Optional[float] = ..., cpu_utilization: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., io_read_bytes: _Optional[int] = ..., io_write_bytes: _Optional[int] = ..., num_threads: _Optional[int] = ..., files_writing: _Optional[_Iterable[_Union[OpenFile, _Mapping]]] = ..., vms_bytes: _Optional[int] = ..., memory_limits: _Optional[_Iterable[_Union[MemoryLimit, _Mapping]]] = ...) -> None: ...
 
 class OpenFile(_message.Message):
-    __slots__ = ("path", "size_bytes")
+    __slots__ = ("path", "size_bytes", "previous_path", "previous_size_bytes")
     PATH_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_PATH_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     path: str
     size_bytes: int
-    def __init__(self, path: _Optional[str] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+    previous_path: str
+    previous_size_bytes: int
+    def __init__(self, path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., previous_path: _Optional[str] = ..., previous_size_bytes: _Optional[int] = ...) -> None: ...
+
+class MemoryLimit(_message.Message):
+    __slots__ = ("kind", "used_bytes", "limit_bytes")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    kind: MemoryLimitKind
+    used_bytes: int
+    limit_bytes: int
+    def __init__(self, kind: _Optional[_Union[MemoryLimitKind, str]] = ..., used_bytes: _Optional[int] = ..., limit_bytes: _Optional[int] = ...) -> None: ...
 
 class GpuMemory(_message.Message):
     __slots__ = ("device_index", "device_uuid", "used_bytes", "device_total_bytes", "device_used_bytes")

@@ -1,0 +1,180 @@
+"""Root cause by evidence: pick the remediation entry a finding's facts support.
+
+A finding says *who* waits for *whom*; the diagnosis says *why*, from the
+culprit's curves: its write rate against the expected checkpoint size, its
+memory growth against the nearest limit, its CPU use. The rules are a table
+(first match per kind wins); the sentences and fixes live in remediation.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ncclwatch.daemon.budget import Budget
+from ncclwatch.daemon.detect import Finding
+from ncclwatch.daemon.forecast import MemoryForecast, WriteForecast, memory_forecasts, write_forecast
+from ncclwatch.daemon.table import Job, JobTable
+from ncclwatch.model import RankState, StallKind, rank_ranges
+from ncclwatch.remediation import BY_ID, RootCause
+
+#: Without a forecast that says otherwise, a stall is at risk once this
+#: share of the watchdog budget is used up.
+RISK_FRACTION = 0.5
+#: A rank using less than this share of a core is not computing, whatever
+#: its Python stack says (it sleeps or blocks in C code).
+IDLE_CPU = 0.05
+
+
+@dataclass(frozen=True)
+class Evidence:
+    finding: Finding
+    budget: Budget
+    write: WriteForecast | None
+    memory: tuple[MemoryForecast, ...]      # culprits' bounds, nearest first
+    culprit_states: tuple[str, ...]
+    waiter_states: frozenset[RankState]
+    exited: tuple[int, ...]                 # unknown ranks whose exit was seen
+    silent: tuple[int, ...]                 # unknown ranks nobody reports
+
+    @property
+    def overrun(self) -> float | None:
+        """Seconds the save is forecast to outlast the budget (>0: too late)."""
+        if self.write is None or self.write.eta_seconds is None:
+            return None
+        return self.write.eta_seconds - self.budget.remaining
+
+    @property
+    def memory_runs_out(self) -> MemoryForecast | None:
+        m = self.memory[0] if self.memory else None
+        if m and m.eta_seconds is not None and m.eta_seconds < max(self.budget.remaining, 0):
+            return m
+        return None
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    root_cause: RootCause
+    sentence: str
+    at_risk: bool
+    evidence: Evidence = field(repr=False)
+
+    @property
+    def checkpoint_eta(self) -> float | None:
+        w = self.evidence.write
+        return w.eta_seconds if w else None
+
+
+Rule = tuple[str, Callable[[Evidence], bool]]
+
+#: Per kind, (root cause id, predicate) in order; the last row always matches.
+RULES: dict[StallKind, tuple[Rule, ...]] = {
+    StallKind.CHECKPOINT_GATHER: (
+        ("gather_out_of_memory", lambda e: e.memory_runs_out is not None),
+        ("save_overruns_watchdog", lambda e: e.overrun is not None and e.overrun > 0),
+        ("save_within_budget", lambda e: e.overrun is not None),
+        ("slow_state_dict_gather", lambda e: "gathering_state_dict" in e.culprit_states),
+        ("slow_save", lambda e: True),
+    ),
+    StallKind.CHECKPOINT_RESTORE: (
+        ("restore_out_of_memory", lambda e: e.memory_runs_out is not None),
+        ("slow_restore", lambda e: True),
+    ),
+    StallKind.COLLECTIVE_HANG: (
+        ("late_for_state_dict_gather",
+         lambda e: RankState.GATHERING_STATE_DICT in e.waiter_states),
+        ("rank_in_dataloader", lambda e: "dataloader" in e.culprit_states),
+        ("rank_waiting_on_device", lambda e: "device_wait" in e.culprit_states),
+        ("rank_computing", lambda e: "compute" in e.culprit_states),
+        ("rank_idle", lambda e: True),
+    ),
+    StallKind.DESYNC: (
+        ("collective_order_mismatch", lambda e: True),
+    ),
+    StallKind.RANK_LOST: (
+        ("rank_exited", lambda e: bool(e.exited)),
+        ("agent_silent", lambda e: True),
+    ),
+}
+
+
+def evidence(job: Job, table: JobTable, f: Finding, b: Budget, now: float) -> Evidence:
+    write, memory, states = None, [], []
+    for c in f.culprits:
+        rec = job.ranks.get(c.rank)
+        if rec is None:
+            continue
+        if write is None and rec.state is RankState.SAVING:
+            write = write_forecast(rec, now)
+        memory += memory_forecasts(rec, now)
+        state = rec.state.value
+        if rec.state is RankState.COMPUTE and rec.cpu_util < IDLE_CPU:
+            state = "idle"  # a Python frame with no CPU behind it: sleeping
+        states.append(state)
+    memory.sort(key=lambda m: (m.eta_seconds is None, m.eta_seconds or 0.0))
+    waiters = frozenset(job.ranks[r].state for r in f.waiting if r in job.ranks)
+    exited = tuple(r for r in f.unknown
+                   if r in job.ranks and job.ranks[r].gone_at is not None)
+    silent = tuple(r for r in f.unknown if r not in exited)
+    return Evidence(f, b, write, tuple(memory), tuple(states), waiters, exited, silent)
+
+
+def diagnose(job: Job, table: JobTable, f: Finding, b: Budget, now: float) -> Diagnosis:
+    e = evidence(job, table, f, b, now)
+    rc = next(BY_ID[rid] for rid, applies in RULES[f.kind] if applies(e))
+    at_risk = (rc.always_at_risk
+               or (e.overrun is not None and e.overrun > 0)
+               or e.memory_runs_out is not None
+               or b.remaining < RISK_FRACTION * b.timeout)
+    return Diagnosis(rc, rc.cause.format_map(facts(e, now)), at_risk, e)
+
+
+def facts(e: Evidence, now: float) -> dict[str, str]:
+    """The words a root-cause template may use, already formatted."""
+    f, b = e.finding, e.budget
+    lead = f.culprits[0] if f.culprits else None
+    w, m = e.write, (e.memory_runs_out or (e.memory[0] if e.memory else None))
+    return {
+        "rank": str(lead.rank) if lead else "?",
+        "host": lead.node if lead else "?",
+        "activity": (lead.state.value.replace("_", " ") if lead else "?"),
+        "for_s": seconds(lead.for_seconds if lead else now - f.started_at),
+        "culprits": rank_ranges(c.rank for c in f.culprits) or "none",
+        "culprit_states": ", ".join(sorted(set(e.culprit_states))) or "unknown",
+        "waiting": rank_ranges(f.waiting),
+        "waiting_n": str(len(f.waiting)),
+        "ops": "/".join(o.value for o in f.waiting_ops) or "a collective",
+        "groups": f.summary.partition(": ")[2] or f.summary,
+        "unknown": rank_ranges(f.unknown) or "none",
+        "remaining": seconds(b.remaining),
+        "timeout": seconds(b.timeout),
+        "written": size(w.written_bytes) if w else "?",
+        "expected": size(w.expected_bytes) if w and w.expected_bytes else "an unknown size",
+        "expected_source": (w.expected_source.replace("_", " ") if w else "") or "unknown",
+        "rate": size(w.rate_bytes_per_second) if w else "?",
+        "eta": seconds(w.eta_seconds) if w and w.eta_seconds is not None else "?",
+        "overrun": seconds(e.overrun) if e.overrun is not None else "?",
+        "margin": seconds(-e.overrun) if e.overrun is not None else "?",
+        "device": m.device.replace("_", " ") if m else "?",
+        "mem_used": size(m.used_bytes) if m else "?",
+        "mem_limit": size(m.limit_bytes) if m else "?",
+        "mem_rate": size(m.rate_bytes_per_second) if m else "?",
+        "mem_eta": seconds(m.eta_seconds) if m and m.eta_seconds is not None else "?",
+    }
+
+
+def seconds(x: float) -> str:
+    x = max(0.0, x)
+    if x < 120:
+        return f"{x:.0f}s"
+    if x < 7200:
+        return f"{x / 60:.1f}min"
+    return f"{x / 3600:.1f}h"
+
+
+def size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1024
+    return f"{n:.1f}TiB"

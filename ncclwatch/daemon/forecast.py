@@ -1,0 +1,135 @@
+"""Forecasts from a rank's evidence curve: when the save ends, when memory runs out.
+
+"rank 0 is writing 140 GB at 300 MB/s, it needs 470 s more, you have 410 s"
+is the product: the watchdog budget alone says how long the others can wait,
+these say how long they will have to. Rates are least-squares slopes over
+the last ``WINDOW`` seconds of the curve (robust to one late report), so a
+forecast needs a few seconds of history before it speaks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from ncclwatch.daemon.table import Point, RankRecord
+
+#: Seconds of curve a rate is fitted over.
+WINDOW = 15.0
+#: A forecast needs at least this many points spanning this many seconds.
+MIN_POINTS = 3
+MIN_SPAN = 2.0
+#: Growth below this (bytes/s) is noise, not a trend toward a limit.
+MIN_GROWTH = 256 * 1024
+#: Gathered bytes count as the expected checkpoint size above this.
+MIN_GATHERED = 1 << 20
+
+
+@dataclass(frozen=True)
+class WriteForecast:
+    """How far the culprit's checkpoint write is and when it will end."""
+
+    rank: int
+    path: str
+    written_bytes: int
+    expected_bytes: int | None
+    expected_source: str          # previous_checkpoint | gathered_bytes | ""
+    previous_path: str
+    rate_bytes_per_second: float
+    eta_seconds: float | None     # None: size or rate unknown
+
+
+@dataclass(frozen=True)
+class MemoryForecast:
+    """When a growing rank reaches its nearest memory bound."""
+
+    rank: int
+    device: str                   # host | cgroup | address_space | gpu<i>
+    used_bytes: int
+    limit_bytes: int
+    rate_bytes_per_second: float
+    eta_seconds: float | None     # None: not growing
+
+    @property
+    def headroom_bytes(self) -> int:
+        return max(0, self.limit_bytes - self.used_bytes)
+
+
+def slope(points: Sequence[Point], value: Callable[[Point], float | None], now: float,
+          window: float = WINDOW) -> float | None:
+    """Least-squares rate of ``value`` over the recent points, or None.
+
+    Points where ``value`` is None (the reading did not exist yet) are left out.
+    """
+    pts = [(p.t, v) for p in points if now - p.t <= window and (v := value(p)) is not None]
+    if len(pts) < MIN_POINTS or pts[-1][0] - pts[0][0] < MIN_SPAN:
+        return None
+    n = len(pts)
+    mt = sum(t for t, _ in pts) / n
+    mv = sum(v for _, v in pts) / n
+    den = sum((t - mt) ** 2 for t, _ in pts)
+    if den <= 0:
+        return None
+    return sum((t - mt) * (v - mv) for t, v in pts) / den
+
+
+def write_forecast(rec: RankRecord, now: float) -> WriteForecast | None:
+    """Forecast of the checkpoint file the rank is writing (None: no file)."""
+    if not rec.files:
+        return None
+    path, size, prev_path, prev_size = rec.files[0]
+    same = [p for p in rec.curve if p.file == path]
+    rate = slope(same, lambda p: p.file_size, now)
+    if rate is None or rate <= 0:
+        # The file may not grow visibly (buffered writer): fall back to the
+        # bytes the process pushed through write().
+        rate = slope(rec.curve, lambda p: p.written, now)
+    rate = max(rate or 0.0, 0.0)
+    expected, source = None, ""
+    if prev_size > 0 and prev_size >= size:
+        expected, source = prev_size, "previous_checkpoint"
+    else:
+        gathered = gathered_bytes(rec)
+        if gathered >= MIN_GATHERED and gathered >= size:
+            expected, source = gathered, "gathered_bytes"
+    eta = None
+    if expected is not None and rate > 0:
+        eta = (expected - size) / rate
+    return WriteForecast(rank=rec.rank, path=path, written_bytes=size, expected_bytes=expected,
+                         expected_source=source, previous_path=prev_path if prev_size else "",
+                         rate_bytes_per_second=rate, eta_seconds=eta)
+
+
+def gathered_bytes(rec: RankRecord) -> int:
+    """Host memory the rank took on since it started checkpoint work.
+
+    The curve's lowest RSS before ``since`` is the rank's steady state; what
+    it holds above that now is, to first order, the state it gathered.
+    """
+    before = [p.rss for p in rec.curve if p.t <= rec.since]
+    base = min(before) if before else (rec.curve[0].rss if rec.curve else rec.rss_bytes)
+    return max(0, rec.rss_bytes - base)
+
+
+def memory_forecasts(rec: RankRecord, now: float) -> list[MemoryForecast]:
+    """One forecast per memory bound of the rank, nearest exhaustion first."""
+    out = []
+    for device, used, limit in rec.limits:
+        rate = slope(rec.curve, _used_of(device), now)
+        eta = None
+        if rate is not None and rate >= MIN_GROWTH:
+            eta = max(0.0, (limit - used) / rate)
+        out.append(MemoryForecast(rank=rec.rank, device=device, used_bytes=used,
+                                  limit_bytes=limit, rate_bytes_per_second=rate or 0.0,
+                                  eta_seconds=eta))
+    out.sort(key=lambda f: (f.eta_seconds is None, f.eta_seconds or 0.0, f.headroom_bytes))
+    return out
+
+
+def _used_of(device: str) -> Callable[[Point], float | None]:
+    def used(p: Point) -> float | None:
+        for d, u, _ in p.limits:
+            if d == device:
+                return u
+        return None
+    return used

@@ -1,0 +1,211 @@
+"""Forecasts and diagnoses over curves the daemon builds from reports.
+
+Reports are built as an agent would send them, one per simulated second,
+and fed through Daemon.ingest/tick; the expected numbers are computed here
+independently (numpy's least squares) from the same inputs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ncclwatch.agent.gpu import RecordedGpuReader
+from ncclwatch.daemon.core import Daemon, DaemonConfig
+from ncclwatch.daemon.export import make_registry
+from ncclwatch.model import CollectiveOp, RankState, StallKind
+from ncclwatch.v1 import collector_pb2 as pb
+from tests.factories import report, sample
+
+S, Op = RankState, CollectiveOp
+MB = 1 << 20
+DATA = Path(__file__).parent / "data"
+
+
+def _rank0(state: S, t: float, *, file_size: int = 0, prev: int = 0, rss: int = 1000 * MB,
+           limits=(), gpu=(), seconds: float = 0.0, timeout: float = 90.0) -> pb.RankSample:
+    s = sample("job-1", 0, 4, state, seconds=seconds, timeout=timeout)
+    s.process.rss_bytes = rss
+    s.process.io_write_bytes = file_size
+    s.process.cpu_utilization = 0.9
+    if file_size:
+        s.process.files_writing.append(pb.OpenFile(
+            path="/ckpt/run/ckpt-step200.pt", size_bytes=file_size,
+            previous_path="/ckpt/run/ckpt-step100.pt" if prev else "",
+            previous_size_bytes=prev))
+    for kind, used, limit in limits:
+        s.process.memory_limits.append(pb.MemoryLimit(kind=kind, used_bytes=used,
+                                                      limit_bytes=limit))
+    for g in gpu:
+        s.gpu.append(g)
+    return s
+
+
+def _drive(make_rank0, seconds: int, *, waiters_op: Op = Op.BARRIER, wait_state=S.COLLECTIVE,
+           start: float = 1000.0) -> tuple[Daemon, float]:
+    """One report per second for ``seconds``; ranks 1-3 blocked from t=0."""
+    d = Daemon(DaemonConfig(stall_threshold=5.0))
+    for i in range(seconds):
+        now = start + i
+        samples = [make_rank0(i)]
+        samples += [sample("job-1", r, 4, wait_state, waiters_op, seconds=i, timeout=90.0)
+                    for r in (1, 2, 3)]
+        d.ingest(report(samples, seq=i + 1), now=now)
+        d.tick(now=now, wall=now)
+    return d, start + seconds - 1
+
+
+def _metrics(d: Daemon) -> dict[tuple[str, tuple], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in make_registry(d).collect() for s in fam.samples}
+
+
+def _incident(d: Daemon, kind: StallKind = StallKind.CHECKPOINT_GATHER):
+    inc = d.incidents.active.get(("job-1", kind))
+    assert inc is not None, {k: i.diagnosis.sentence for k, i in d.incidents.active.items()}
+    return inc
+
+
+def _fit(ts, ys) -> float:
+    return float(np.polyfit(np.asarray(ts, float), np.asarray(ys, float), 1)[0])
+
+
+def test_slow_save_forecast_to_overrun_the_watchdog() -> None:
+    rate, prev = 1 * MB, 200 * MB  # 200 MB at 1 MB/s: 200 s against a 90 s budget
+    d, now = _drive(lambda i: _rank0(S.SAVING, i, file_size=(i + 1) * rate, prev=prev,
+                                     seconds=i), 12)
+    inc = _incident(d)
+    dx = inc.diagnosis
+    assert dx.root_cause.id == "save_overruns_watchdog"
+    assert dx.at_risk and inc.at_risk
+    w = dx.evidence.write
+    assert w.expected_bytes == prev and w.expected_source == "previous_checkpoint"
+    assert w.rate_bytes_per_second == pytest.approx(rate, rel=1e-6)
+    assert dx.checkpoint_eta == pytest.approx((prev - 12 * rate) / rate, rel=1e-6)
+    overrun = dx.checkpoint_eta - inc.budget.remaining
+    assert overrun > 0
+    m = _metrics(d)
+    assert m[("ncclwatch_watchdog_forecast_overrun_seconds", (("job", "job-1"),))] == \
+        pytest.approx(overrun)
+    assert m[("ncclwatch_checkpoint_eta_seconds", (("job", "job-1"),))] == \
+        pytest.approx(dx.checkpoint_eta)
+    assert m[("ncclwatch_stall_at_risk", (("job", "job-1"), ("kind", "checkpoint_gather")))] == 1
+    assert m[("ncclwatch_stall_root_cause_info", (("job", "job-1"), ("kind", "checkpoint_gather"),
+                                                  ("root_cause", "save_overruns_watchdog")))] == 1
+    assert "200.0MiB at 1.0MiB/s" in dx.sentence and "too late" in dx.sentence
+    assert "{" not in dx.sentence
+
+
+def test_fast_enough_save_is_within_budget_and_not_at_risk() -> None:
+    rate, prev = 10 * MB, 150 * MB  # 15 s of writing against 90 s
+    d, _ = _drive(lambda i: _rank0(S.SAVING, i, file_size=(i + 1) * rate, prev=prev,
+                                   seconds=i), 10)
+    inc = _incident(d)
+    assert inc.diagnosis.root_cause.id == "save_within_budget"
+    assert not inc.at_risk and inc.at_risk_since is None
+    assert inc.diagnosis.evidence.overrun < -60
+    m = _metrics(d)
+    assert m[("ncclwatch_stall_at_risk", (("job", "job-1"), ("kind", "checkpoint_gather")))] == 0
+
+
+def test_unknown_size_is_not_forecast_and_turns_risky_with_the_budget() -> None:
+    d, _ = _drive(lambda i: _rank0(S.SAVING, i, file_size=(i + 1) * MB, seconds=i), 30)
+    inc = _incident(d)
+    assert inc.diagnosis.root_cause.id == "slow_save"
+    assert inc.diagnosis.checkpoint_eta is None
+    assert not inc.at_risk  # 61 s of 90 s left: no evidence yet that it will not finish
+    m = _metrics(d)
+    assert ("ncclwatch_checkpoint_eta_seconds", (("job", "job-1"),)) not in m
+    d2, _ = _drive(lambda i: _rank0(S.SAVING, i, file_size=(i + 1) * MB, seconds=i), 50)
+    assert _incident(d2).at_risk  # under half the budget left
+
+
+def test_expected_size_from_gathered_host_memory() -> None:
+    """No previous checkpoint: the RSS taken on during the gather is the size."""
+    base, gathered = 1000 * MB, 300 * MB
+
+    def rank0(i: int) -> pb.RankSample:
+        if i < 3:  # steady training before the checkpoint
+            return _rank0(S.COMPUTE, i, rss=base)
+        if i < 8:  # gathering: RSS grows to base + gathered
+            return _rank0(S.GATHERING_STATE_DICT, i, rss=base + gathered * (i - 2) // 5,
+                          seconds=i - 3)
+        return _rank0(S.SAVING, i, rss=base + gathered, file_size=(i - 7) * 5 * MB,
+                      seconds=i - 8)
+
+    d, _ = _drive(rank0, 16)
+    w = _incident(d).diagnosis.evidence.write
+    assert w.expected_source == "gathered_bytes"
+    assert w.expected_bytes == gathered
+    assert w.eta_seconds == pytest.approx((gathered - 8 * 5 * MB) / (5 * MB), rel=1e-6)
+
+
+def test_address_space_limit_forecast_names_memory_as_root_cause() -> None:
+    """RLIMIT_AS set just before the gather: only points that know it count."""
+    limit, growth, start_vms = 3000 * MB, 40 * MB, 2000 * MB
+    ts, used = [], []
+
+    def rank0(i: int) -> pb.RankSample:
+        vms = start_vms + growth * i
+        limits = [(pb.MEMORY_LIMIT_KIND_HOST, 900 * MB + growth * i, 20_000 * MB)]
+        if i >= 4:
+            limits.append((pb.MEMORY_LIMIT_KIND_ADDRESS_SPACE, vms, limit))
+            ts.append(i)
+            used.append(vms)
+        return _rank0(S.GATHERING_STATE_DICT, i, limits=limits, seconds=i)
+
+    d, now = _drive(rank0, 14)
+    inc = _incident(d)
+    dx = inc.diagnosis
+    assert dx.root_cause.id == "gather_out_of_memory", dx.sentence
+    m0 = dx.evidence.memory[0]
+    assert m0.device == "address_space"
+    assert m0.rate_bytes_per_second == pytest.approx(_fit(ts, used), rel=1e-6)
+    assert m0.eta_seconds == pytest.approx((limit - used[-1]) / growth, rel=1e-6)
+    assert dx.at_risk
+    m = _metrics(d)
+    key = ("ncclwatch_memory_exhaustion_eta_seconds",
+           (("device", "address_space"), ("job", "job-1"), ("rank", "0")))
+    assert m[key] == pytest.approx(m0.eta_seconds)
+    assert "address space memory" in dx.sentence
+
+
+def test_gpu_memory_forecast_from_recorded_nvml_readings() -> None:
+    reader = RecordedGpuReader.from_file(DATA / "nvml" / "h100_gather.json")
+    readings = [reader.read() for _ in range(5)]
+    ts = list(range(len(readings)))
+    dev_used = [r.devices[0].used_bytes for r in readings]
+    total = readings[0].devices[0].total_bytes
+
+    def rank0(i: int) -> pb.RankSample:
+        r = readings[min(i, len(readings) - 1)]
+        g = pb.GpuMemory(device_index=0, used_bytes=r.processes[0].used_bytes,
+                         device_total_bytes=r.devices[0].total_bytes,
+                         device_used_bytes=r.devices[0].used_bytes)
+        return _rank0(S.GATHERING_STATE_DICT, i, gpu=[g], seconds=i)
+
+    d = Daemon(DaemonConfig())
+    for i in range(len(readings)):
+        samples = [rank0(i)] + [sample("job-1", r, 4, S.COLLECTIVE, Op.ALL_GATHER, seconds=i + 5,
+                                       timeout=600.0) for r in (1, 2, 3)]
+        d.ingest(report(samples, seq=i + 1), now=100.0 + i)
+        d.tick(now=100.0 + i, wall=100.0 + i)
+    # Ranks 1-3 wait in all_gather outside a state-dict frame: rank 0 is the culprit.
+    dx = _incident(d).diagnosis
+    gpu = [m for m in dx.evidence.memory if m.device == "gpu0"][0]
+    rate = _fit(ts, dev_used)
+    assert gpu.rate_bytes_per_second == pytest.approx(rate, rel=1e-6)
+    assert gpu.eta_seconds == pytest.approx((total - dev_used[-1]) / rate, rel=1e-6)
+    assert dx.root_cause.id == "gather_out_of_memory"
+    assert "gpu0 memory" in dx.sentence
+
+
+def test_flat_memory_gives_no_exhaustion_forecast() -> None:
+    d, _ = _drive(lambda i: _rank0(S.GATHERING_STATE_DICT, i, seconds=i, limits=[
+        (pb.MEMORY_LIMIT_KIND_CGROUP, 4000 * MB, 4100 * MB)]), 12)
+    dx = _incident(d).diagnosis
+    assert dx.root_cause.id == "slow_state_dict_gather"
+    assert all(m.eta_seconds is None for m in dx.evidence.memory)
+    assert not any(k[0] == "ncclwatch_memory_exhaustion_eta_seconds" for k in _metrics(d))
