@@ -191,3 +191,61 @@ def test_uplink_queue_drops_the_oldest_and_counts() -> None:
         assert up.dropped_total == 2 and up.queue_length == 3
         assert [r.seq for r in up._queue] == [3, 4, 5]
     asyncio.run(go())
+
+
+def test_discovery_drops_a_rank_that_died_unreaped() -> None:
+    """A killed rank whose launcher has not reaped it is a zombie: gone, not watched."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from ncclwatch.agent.discover import Discovery
+
+    env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": "29999", "NCCLWATCH_JOB_ID": "zombie-test"}
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    try:
+        d = Discovery("host")
+        deadline = time.time() + 10
+        while time.time() < deadline and not [r for r in d.scan() if r.pid == child.pid]:
+            time.sleep(0.1)
+        assert [r.identity.rank for r in d.scan() if r.pid == child.pid] == [1]
+        os.kill(child.pid, signal.SIGKILL)
+        time.sleep(0.3)  # not reaped: a zombie now
+        with open(f"/proc/{child.pid}/stat") as f:
+            assert f.read().split(")")[1].split()[0] == "Z"
+        assert not [r for r in d.scan() if r.pid == child.pid]
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_discovery_sees_a_rank_caught_before_its_exec() -> None:
+    """A launcher's child scanned between fork and exec has no RANK yet."""
+    import subprocess
+    import sys
+    import time
+
+    from ncclwatch.agent.discover import Discovery
+
+    # The child starts without RANK and then execs itself with it, as a
+    # launcher's fork-then-exec looks to a scan that lands in between.
+    code = ("import os, sys, time; time.sleep(0.8); "
+            "os.execve(sys.executable, [sys.executable, '-c', 'import time; time.sleep(30)'], "
+            "{**os.environ, 'RANK': '0', 'WORLD_SIZE': '1', 'NCCLWATCH_JOB_ID': 'exec-test'})")
+    child = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        d = Discovery("host")
+        d.scan()  # sees the child before exec: not a rank (yet)
+        assert not [r for r in d.scan() if r.pid == child.pid]
+        deadline = time.time() + 10
+        found = []
+        while time.time() < deadline and not found:
+            found = [r for r in d.scan() if r.pid == child.pid]
+            time.sleep(0.2)
+        assert [r.identity.job_id for r in found] == ["exec-test"]
+    finally:
+        child.kill()
+        child.wait()

@@ -62,3 +62,14 @@ def test_status_without_a_daemon_is_a_clear_error(capsys) -> None:
 
     assert main(["status", "--daemon", f"http://127.0.0.1:{free_port()}"]) == 1
     assert "cannot reach the ncclwatch daemon" in capsys.readouterr().err
+
+
+def test_rank_ranges_for_the_agent_filter() -> None:
+    from ncclwatch.agent.discover import parse_ranks
+
+    assert parse_ranks("") is None
+    assert parse_ranks("0-3,7") == frozenset({0, 1, 2, 3, 7})
+    assert parse_ranks(" 5 ") == frozenset({5})
+    for bad in ("3-1", "a", "1-", "-2", "1,,2"):
+        with pytest.raises(ValueError):
+            parse_ranks(bad)

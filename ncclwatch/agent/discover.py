@@ -9,6 +9,7 @@ environment and are skipped: a rank is the oldest process of its (job, rank).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import psutil
@@ -17,6 +18,9 @@ from ncclwatch.envpolicy import filter_env
 from ncclwatch.jobid import RankIdentity, identify
 
 log = logging.getLogger(__name__)
+
+#: A non-rank younger than this (seconds) is looked at again each round.
+YOUNG = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +47,9 @@ class Discovery:
         self._own = own_pid if own_pid is not None else psutil.Process().pid
         # pid -> (create_time, RankProcess | None); None caches "not a rank".
         self._seen: dict[int, tuple[float, RankProcess | None]] = {}
+        # Young non-ranks, looked at again: a launcher's child is caught
+        # between fork and exec with the launcher's environment (no RANK).
+        self._young: set[int] = set()
         self.errors_total = 0
 
     def scan(self) -> list[RankProcess]:
@@ -55,16 +62,24 @@ class Discovery:
             cached = self._seen.get(pid)
             # Re-check pid reuse only for ranks (cheap: few); a reused pid of a
             # non-rank is caught when it vanishes between two rounds.
-            if cached is not None and (cached[1] is None or not self._reused(pid, cached[0])):
+            if cached is not None and pid not in self._young and (
+                    cached[1] is None or not self._reused(pid, cached[0])):
                 continue
-            self._seen[pid] = self._inspect(pid)
+            self._seen[pid] = verdict = self._inspect(pid)
+            if verdict[1] is None and verdict[0] and time.time() - verdict[0] < YOUNG:
+                self._young.add(pid)
+            else:
+                self._young.discard(pid)
+        self._young &= pids
         candidates = [rp for _, rp in self._seen.values() if rp is not None
                       and (self._ranks is None or rp.identity.rank in self._ranks)]
         return _one_per_rank(candidates)
 
     def _reused(self, pid: int, create_time: float) -> bool:
+        """Pid reused, or the rank died and is a zombie its parent has not reaped."""
         try:
-            return psutil.Process(pid).create_time() != create_time
+            p = psutil.Process(pid)
+            return p.create_time() != create_time or p.status() == psutil.STATUS_ZOMBIE
         except psutil.Error:
             return True
 
@@ -72,6 +87,8 @@ class Discovery:
         try:
             proc = psutil.Process(pid)
             create_time = proc.create_time()
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return (create_time, None)  # dead, not yet reaped by its parent
             env = proc.environ()
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             return (0.0, None)

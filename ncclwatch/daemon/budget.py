@@ -44,7 +44,7 @@ def timeout_for(job: Job, cfg: BudgetConfig) -> tuple[float, str]:
 def budget(job: Job, table: JobTable, now: float, cfg: BudgetConfig) -> Budget:
     timeout, source = timeout_for(job, cfg)
     worst, worst_for = None, 0.0
-    for r in job.in_collective:
+    for r in job.waiting:
         rec = job.ranks[r]
         if rec.gone_at is None and now - rec.since > worst_for:
             worst, worst_for = r, now - rec.since

@@ -123,7 +123,7 @@ class Daemon:
             self._escalated.pop(job_id, None)
         for job_id, job in table.jobs.items():
             # Jobs with nobody in a collective need no work beyond their budget.
-            if job_id not in table.dirty and not job.in_collective \
+            if job_id not in table.dirty and not job.waiting \
                     and not self.incidents.for_job(job_id):
                 continue
             b = budget(job, table, now, self.budget_cfg)
@@ -145,7 +145,7 @@ class Daemon:
 
     def _escalate(self, job_id: str, stalled: bool, now: float) -> None:
         job = self.table.jobs[job_id]
-        if not job.in_collective:
+        if not job.waiting:
             return
         every = REFRESH_EVERY if stalled else ESCALATE_EVERY
         if now - self._escalated.get(job_id, -1e9) >= every:

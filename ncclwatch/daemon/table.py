@@ -117,6 +117,12 @@ class Job:
         self.in_collective.discard(rec.rank)
 
     @property
+    def waiting(self) -> set[int]:
+        """Ranks blocked on others: in a collective, or (NCCL) at a device sync."""
+        dw = self.by_state[RankState.DEVICE_WAIT]
+        return self.in_collective | dw if dw else self.in_collective
+
+    @property
     def nodes(self) -> set[str]:
         return {r.node for r in self.ranks.values()}
 

@@ -6,14 +6,24 @@ Run under torchrun, e.g.:
         --scenario slow-save --model-mb 64 --save-seconds 20
 
 Scenarios (one function each, below):
-  slow-save         train, then rank 0 torch.saves the full state to slow
-                    storage while the other ranks wait in dist.barrier()
+  slow-save         train, then rank --saver (0) torch.saves the full state to
+                    slow storage while the other ranks wait in --wait-op
+                    (barrier); an earlier, fast checkpoint sits beside it
   fast-save         the same with an unthrottled save (no stall)
   fsdp-gather-slow  FSDP2 model; rank 0 is slow inside get_model_state_dict
                     (full_state_dict) while the others wait in its all_gathers
   slow-load         rank 0 torch.loads from slow storage, the others wait in
                     the broadcast of the restored weights
-  park              ranks 1..N-1 enter collective --op while rank 0 sleeps
+  fsdp1-late        FSDP1 full state_dict(): rank --late-rank (last) is busy in
+                    --late-activity while the others wait in its all_gather
+  fsdp2-late        the same with FSDP2 and get_model_state_dict
+  park              all ranks but --late-rank (0) enter collective --op while
+                    it is busy in --late-activity (sleep, compute, dataloader)
+  desync            ranks 0..N-2 call --op, the last rank --other-op: a hang in
+                    two different collectives
+  gather-oom        FSDP2 full state dict gathered into rank 0's host memory
+                    under an address-space limit it runs into, slowly
+  train             healthy DDP training for --save-seconds
   compute           all ranks do matmuls; dataloader: all ranks wait on a slow
                     DataLoader (--num-workers)
 
@@ -26,6 +36,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -58,20 +69,20 @@ def marker(phase: str, **kv) -> None:
           f"t={time.time():.6f}{extra}")
 
 
-def make_model(model_mb: float) -> nn.Module:
-    """Four square Linear layers holding about model_mb MiB of fp32 weights."""
-    dim = max(16, int((model_mb * 2**20 / 16) ** 0.5))
+def make_model(model_mb: float, layers: int = 4) -> nn.Module:
+    """Square Linear layers holding about model_mb MiB of fp32 weights."""
+    dim = max(16, int((model_mb * 2**20 / (4 * layers)) ** 0.5))
     torch.manual_seed(0)  # same init on every rank
-    return nn.Sequential(*[nn.Linear(dim, dim) for _ in range(4)])
+    return nn.Sequential(*[nn.Linear(dim, dim) for _ in range(layers)])
 
 
 def nbytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def train(model: nn.Module, opt, steps: int, tag: str) -> None:
+def train(model: nn.Module, opt, steps: int, tag: str, dim: int | None = None) -> None:
     """A few SGD steps; DDP all_reduces / FSDP reduce-scatters the grads."""
-    dim = next(model.parameters()).shape[-1]
+    dim = dim or next(model.parameters()).shape[-1]
     for i in range(steps):
         loss = model(torch.randn(8, dim)).pow(2).mean()
         loss.backward()
@@ -82,6 +93,14 @@ def train(model: nn.Module, opt, steps: int, tag: str) -> None:
 
 def ckpt_path(args) -> str:
     return os.path.join(args.ckpt_dir, f"ncclwatch-demo-{args.scenario}.pt")
+
+
+def ckpt_dir(args) -> str:
+    """One directory per run, as training scripts keep ``ckpt-step{N}.pt`` files."""
+    run = os.environ.get("MASTER_PORT") or str(os.getppid())
+    path = os.path.join(args.ckpt_dir, f"ncclwatch-demo-{args.scenario}-{run}")
+    os.makedirs(path, exist_ok=True)
+    return path
 
 
 def storage_rate(args, size: int) -> float:
@@ -96,11 +115,33 @@ def full_state_dict(model: nn.Module) -> dict:
         full_state_dict=True, cpu_offload=True))
 
 
-def save_rank0(args, state: dict, throttled: bool) -> None:
-    """Rank 0 writes, the others wait in barrier (the common bad pattern)."""
-    if RANK == 0:
-        path = ckpt_path(args)
+def _wait_op(args, saver: int):
+    """The collective the non-saving ranks wait in after the save."""
+    t, obj = torch.zeros(1024), [None]
+    return {
+        "barrier": lambda: dist.barrier(),
+        "broadcast": lambda: dist.broadcast(t, src=saver),
+        "broadcast_object_list": lambda: dist.broadcast_object_list(obj, src=saver),
+    }[args.wait_op]
+
+
+def save_rank0(args, state: dict, throttled: bool, step: int = 200) -> None:
+    """One rank writes, the others wait in a collective (the common bad pattern).
+
+    Unless --no-previous-checkpoint, an earlier checkpoint of the same state
+    is written first, fast, into the same directory: training scripts keep
+    ``ckpt-step{N}.pt`` files, and the previous one says how big the next is.
+    """
+    saver = args.saver
+    wait = _wait_op(args, saver)
+    if RANK == saver:
         size = sum(t.numel() * t.element_size() for t in state.values())
+        directory = ckpt_dir(args)
+        if args.previous_checkpoint:
+            prev = os.path.join(directory, f"ckpt-step{step // 2}.pt")
+            torch.save(state, prev)
+            marker("previous_saved", path=prev, bytes=os.path.getsize(prev))
+        path = os.path.join(directory, f"ckpt-step{step}.pt")
         rate = storage_rate(args, size)
         log(f"checkpoint: torch.save start path={path} bytes={size}"
             + (f" rate={rate:.0f}B/s" if throttled else " (unthrottled)"))
@@ -114,10 +155,10 @@ def save_rank0(args, state: dict, throttled: bool) -> None:
         marker("save_end", seconds=f"{time.time() - t0:.3f}")
         log(f"checkpoint: torch.save done in {time.time() - t0:.3f}s")
     else:
-        log("checkpoint: waiting for rank 0 in dist.barrier()")
-        marker("wait_start", op="barrier")
-    dist.barrier()
-    log("checkpoint: barrier passed")
+        log(f"checkpoint: waiting for rank {saver} in {args.wait_op}")
+        marker("wait_start", op=args.wait_op)
+    wait()
+    log(f"checkpoint: {args.wait_op} passed")
 
 
 def scenario_save(args, throttled: bool) -> None:
@@ -126,7 +167,10 @@ def scenario_save(args, throttled: bool) -> None:
     log(f"model: {nbytes(model) / 2**20:.1f} MiB (DDP)")
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     train(model, opt, args.steps, "train")
-    save_rank0(args, full_state_dict(model), throttled)
+    # cpu_offload keeps the gathered state on rank 0 only; another saver
+    # writes its own (DDP: identical) replica.
+    state = full_state_dict(model) if args.saver == 0 else model.module.state_dict()
+    save_rank0(args, state, throttled)
     train(model, opt, args.steps, "train after checkpoint")
 
 
@@ -163,14 +207,19 @@ class SlowHostCopy(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def scenario_fsdp_gather_slow(args) -> None:
+def _fsdp2_model(args, layers: int = 4) -> nn.Module:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    model = make_model(args.model_mb)
+    model = make_model(args.model_mb, layers)
     for layer in model:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
+    return model
+
+
+def scenario_fsdp_gather_slow(args) -> None:
+    model = _fsdp2_model(args)
     log(f"model: {nbytes(model) / 2**20:.1f} MiB (FSDP2, sharded)")
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     train(model, opt, args.steps, "train")
@@ -218,6 +267,63 @@ def _busy_elsewhere(seconds: float) -> None:
     time.sleep(seconds)  # plain Python, no torch frame: "rank 0 is late"
 
 
+def _busy_computing(seconds: float) -> None:
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    end = time.time() + seconds
+    while time.time() < end:
+        a = torch.tanh(a @ b)
+
+
+def _busy_loading(seconds: float) -> None:
+    loader = torch.utils.data.DataLoader(SlowDataset(), batch_size=2, num_workers=0)
+    end = time.time() + seconds
+    for _ in loader:
+        if time.time() > end:
+            break
+
+
+#: --late-activity: what the late rank does instead of joining the collective.
+LATE_ACTIVITIES = {
+    "sleep": _busy_elsewhere,
+    "compute": _busy_computing,
+    "dataloader": _busy_loading,
+}
+
+
+def keep_sockets(seconds: float) -> None:
+    """Hand this rank's sockets to a process that only holds them open.
+
+    When a node dies its TCP connections do not close; the peers wait in
+    their collective until the watchdog fires. Killing a process closes its
+    sockets and gloo peers fail fast instead, so for --keep-sockets a
+    helper (exec'd with an empty environment: not a rank) keeps them open
+    after this rank is killed, as a dead node would.
+    """
+    import subprocess
+    fds = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                fds.append(int(name))
+        except OSError:
+            continue
+    subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"],
+                     pass_fds=fds, env={}, stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def be_late(args, what: str) -> None:
+    if args.keep_sockets:
+        keep_sockets(args.pg_timeout + 30)
+    log(f"late: {args.late_activity} for {args.save_seconds}s before {what}")
+    marker("busy_start", op=what, activity=args.late_activity)
+    LATE_ACTIVITIES[args.late_activity](args.save_seconds)
+
+
+def late_rank(args, default: int) -> int:
+    return default if args.late_rank is None else args.late_rank
+
+
 def _park_op(args, world: int):
     """A callable that runs collective ``args.op`` here (rank 0 is root)."""
     t, r0 = torch.ones(1024), RANK == 0
@@ -248,15 +354,125 @@ def _park_op(args, world: int):
 
 def scenario_park(args) -> None:
     run = _park_op(args, dist.get_world_size())
-    if RANK == 0:
-        log(f"park: busy elsewhere for {args.save_seconds}s before {args.op}")
-        marker("busy_start", op=args.op)
-        _busy_elsewhere(args.save_seconds)
+    if RANK == late_rank(args, 0):
+        be_late(args, args.op)
     else:
         log(f"park: entering {args.op}")
         marker("wait_start", op=args.op)
     run()
     log(f"park: {args.op} done")
+
+
+def scenario_fsdp1_late(args) -> None:
+    """FSDP1 FULL_STATE_DICT: the punctual ranks block in its all_gather."""
+    from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    # device_id=cpu: without it FSDP1 refuses to start on a host with no GPU.
+    plain = make_model(args.model_mb)
+    dim = plain[0].in_features  # FSDP1 flattens the parameters it shards
+    model = FSDP(plain, use_orig_params=True, device_id=torch.device("cpu"))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    train(model, opt, args.steps, "train", dim)
+    cfg = FullStateDictConfig(offload_to_cpu=True, rank0_only=True)
+    if RANK == late_rank(args, dist.get_world_size() - 1):
+        be_late(args, "state_dict")
+    else:
+        marker("gather_start")
+    with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, cfg):
+        state = model.state_dict()
+    marker("gather_end", tensors=len(state))
+    dist.barrier()
+
+
+def scenario_fsdp2_late(args) -> None:
+    """fully_shard + get_model_state_dict: the punctual ranks wait in all_gather."""
+    model = _fsdp2_model(args)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    train(model, opt, args.steps, "train")
+    if RANK == late_rank(args, dist.get_world_size() - 1):
+        be_late(args, "get_model_state_dict")
+    else:
+        marker("gather_start")
+    state = full_state_dict(model)
+    marker("gather_end", tensors=len(state))
+    dist.barrier()
+
+
+def scenario_desync(args) -> None:
+    """The last rank issues a different collective, on a subgroup, than the rest.
+
+    Ranks 0..N-2 enter --op on the world group; rank N-1 enters --other-op on
+    a group {N-2, N-1}: each side waits for a rank that sits in the other
+    collective (the cross-group deadlock of a rank-dependent code path).
+    """
+    world = dist.get_world_size()
+    pair = dist.new_group([world - 2, world - 1])
+    if RANK == world - 1:
+        op, group = args.other_op, pair
+    else:
+        op, group = args.op, None
+    log(f"desync: entering {op}")
+    marker("wait_start", op=op)
+    t = torch.ones(1024)
+    {"all_reduce": lambda: dist.all_reduce(t, group=group),
+     "broadcast": lambda: dist.broadcast(t, src=world - 2, group=group),
+     "barrier": lambda: dist.barrier(group=group),
+     "all_gather": lambda: dist.all_gather(
+         [torch.empty_like(t) for _ in range(dist.get_world_size(group))], t, group=group),
+     }[op]()
+
+
+def scenario_gather_oom(args) -> None:
+    """Rank 0 gathers the full state into host memory under a low RLIMIT_AS.
+
+    Each gathered tensor is copied to the host slowly (SlowHostCopy), so
+    rank 0's memory grows step by step while the others wait in the
+    all_gather of the next tensor, until an allocation fails.
+    """
+    model = _fsdp2_model(args, layers=16)
+    n = len(model.state_dict())
+    if RANK == 0:
+        vm = _vm_size()
+        limit = vm + int(args.mem_limit_mb * 2**20)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        log(f"gather-oom: RLIMIT_AS={limit} (VmSize {vm} + {args.mem_limit_mb} MiB), "
+            f"{n} tensors of {args.model_mb / 16:.1f} MiB")
+        marker("gather_start", tensors=n, limit_bytes=limit)
+        with SlowHostCopy(args.save_seconds, n - 1):
+            state = full_state_dict(model)
+    else:
+        marker("gather_start", tensors=n)
+        state = full_state_dict(model)
+    marker("gather_end", tensors=len(state))
+    dist.barrier()
+
+
+def _vm_size() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmSize in /proc/self/status")
+
+
+def scenario_train(args) -> None:
+    """Healthy training: DDP steps (compute + all_reduce) for --save-seconds."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    model = DDP(make_model(args.model_mb))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    dim = next(model.parameters()).shape[-1]
+    marker("train_start")
+    end, i = time.time() + args.save_seconds, 0
+    while time.time() < end:
+        loss = model(torch.randn(8, dim)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if i % 20 == 0:
+            log(f"train step {i} loss={loss.item():.4f}")
+        i += 1
+        time.sleep(0.02)
+    dist.barrier()
 
 
 def scenario_compute(args) -> None:
@@ -300,6 +516,11 @@ SCENARIOS = {
     "park": scenario_park,
     "compute": scenario_compute,
     "dataloader": scenario_dataloader,
+    "fsdp1-late": scenario_fsdp1_late,
+    "fsdp2-late": scenario_fsdp2_late,
+    "desync": scenario_desync,
+    "gather-oom": scenario_gather_oom,
+    "train": scenario_train,
 }
 PARK_OPS = ["barrier", "broadcast", "all_reduce", "all_gather", "gather",
             "scatter", "reduce_scatter", "gather_object", "all_gather_object",
@@ -310,7 +531,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--scenario", required=True, choices=sorted(SCENARIOS))
     p.add_argument("--op", default="barrier", choices=PARK_OPS,
-                   help="collective for --scenario park")
+                   help="collective for --scenario park / desync")
     p.add_argument("--model-mb", type=float, default=64.0)
     p.add_argument("--save-seconds", type=float, default=20.0,
                    help="how long rank 0 is slow (save, gather, load, park)")
@@ -326,7 +547,30 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--num-workers", type=int, default=0,
                    help="DataLoader workers for --scenario dataloader")
     p.add_argument("--ckpt-dir", default=tempfile.gettempdir())
-    return p.parse_args(argv)
+    p.add_argument("--saver", type=int, default=0, help="the rank that writes the checkpoint")
+    p.add_argument("--wait-op", default="barrier",
+                   choices=["barrier", "broadcast", "broadcast_object_list"],
+                   help="where the other ranks wait during the save")
+    p.add_argument("--no-previous-checkpoint", dest="previous_checkpoint",
+                   action="store_false",
+                   help="skip the earlier, fast checkpoint in the same directory")
+    p.add_argument("--late-rank", type=int, default=None,
+                   help="park/fsdp*-late: the rank that is late (default 0 / the last)")
+    p.add_argument("--late-activity", default="sleep", choices=sorted(LATE_ACTIVITIES),
+                   help="what the late rank does meanwhile")
+    p.add_argument("--keep-sockets", action="store_true",
+                   help="late rank: keep its connections open if it is killed (a dead "
+                        "node, not a clean exit)")
+    p.add_argument("--other-op", default="barrier",
+                   choices=["all_reduce", "broadcast", "barrier", "all_gather"],
+                   help="desync: the last rank's collective (--op: the others')")
+    p.add_argument("--mem-limit-mb", type=float, default=None,
+                   help="gather-oom: address-space headroom of rank 0 (default: "
+                        "two thirds of --model-mb)")
+    args = p.parse_args(argv)
+    if args.mem_limit_mb is None:
+        args.mem_limit_mb = args.model_mb * 2 / 3
+    return args
 
 
 def _die_with_parent() -> None:

@@ -60,11 +60,12 @@ class Blocked:
 
 def blocked(job: Job, table: JobTable, now: float, threshold: float) -> Blocked | None:
     ranks, ops, started = [], set(), now
-    for r in job.in_collective:
+    for r in job.waiting:
         rec = job.ranks[r]
         if table.fresh(rec, now) and now - rec.since >= threshold:
             ranks.append(r)
-            ops.add(rec.op)
+            # A device_wait rank's op is unknown (no c10d frame): WAIT.
+            ops.add(rec.op if rec.op is not CollectiveOp.NONE else CollectiveOp.WAIT)
             started = min(started, rec.since)
     if not ranks:
         return None

@@ -21,7 +21,7 @@ KIND_BY_STATE: dict[RankState, StallKind] = {
 
 
 def detect(job: Job, table: JobTable, now: float, cfg: DetectConfig) -> list[Finding]:
-    if not job.in_collective:
+    if not job.waiting:
         return []
     b = blocked(job, table, now, cfg.stall_threshold)
     if b is None:
@@ -29,7 +29,7 @@ def detect(job: Job, table: JobTable, now: float, cfg: DetectConfig) -> list[Fin
     by_kind: dict[StallKind, list[Culprit]] = {}
     for state, kind in KIND_BY_STATE.items():
         for r in sorted(job.by_state[state]):
-            if r in job.in_collective or not table.fresh(job.ranks[r], now):
+            if r in job.waiting or not table.fresh(job.ranks[r], now):
                 continue
             by_kind.setdefault(kind, []).append(culprit_of(job, r, now))
     findings = []

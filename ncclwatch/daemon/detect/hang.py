@@ -22,14 +22,15 @@ from ncclwatch.model import CHECKPOINT_STATES, StallKind, rank_ranges
 
 
 def detect(job: Job, table: JobTable, now: float, cfg: DetectConfig) -> list[Finding]:
-    if not job.in_collective:
+    if not job.waiting:
         return []
     b = blocked(job, table, now, cfg.hang_threshold)
     if b is None:
         return []
     waiting, ops = b.ranks, b.ops
     live = [r for r, rec in job.ranks.items() if table.fresh(rec, now)]
-    absent = [r for r in live if r not in job.in_collective]
+    waiting_now = job.waiting
+    absent = [r for r in live if r not in waiting_now]
     unknown = sorted(set(range(job.world_size)) - set(live))
 
     def finding(kind: StallKind, culprits: list[int], summary: str, **extra) -> Finding:
@@ -51,10 +52,11 @@ def detect(job: Job, table: JobTable, now: float, cfg: DetectConfig) -> list[Fin
             StallKind.COLLECTIVE_HANG, elsewhere,
             f"{len(waiting)} rank(s) wait in {'/'.join(o.value for o in ops)} that rank(s) "
             f"{rank_ranges(elsewhere)} never joined ({', '.join(sorted(states))})"))
-    if not absent and len(ops) > 1:
-        groups = Counter(job.ranks[r].op for r in waiting)
+    if not absent and len({job.ranks[r].op for r in waiting if r in job.in_collective}) > 1:
+        # device_wait ranks (op unknown) never make a desync on their own.
+        groups = Counter(job.ranks[r].op for r in waiting if r in job.in_collective)
         major = max(groups.items(), key=lambda kv: (kv[1], kv[0].value))[0]
-        minority = [r for r in waiting if job.ranks[r].op is not major]
+        minority = [r for r in waiting if r in job.in_collective and job.ranks[r].op is not major]
         out.append(finding(
             StallKind.DESYNC, minority,
             "ranks wait in different collectives: " + "; ".join(
