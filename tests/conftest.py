@@ -180,15 +180,18 @@ def ncclwatch_split():
     """``ncclwatch daemon`` and ``ncclwatch agent`` as two processes."""
     started: list[Monitor] = []
 
-    def start() -> Monitor:
+    def start(*agents: tuple[str, ...]) -> Monitor:
+        """Each agent is a tuple of extra flags (default: one plain agent)."""
         grpc_port, http_port = free_port(), free_port()
         daemon = Proc([need("ncclwatch"), "daemon", "--grpc", f"127.0.0.1:{grpc_port}",
                        "--http", f"127.0.0.1:{http_port}"], name="ncclwatch-daemon")
         mon = Monitor([daemon], f"http://127.0.0.1:{http_port}")
         started.append(mon)
         _wait_http(mon)
-        mon.procs.append(Proc([need("ncclwatch"), "agent", "--collector",
-                               f"127.0.0.1:{grpc_port}"], name="ncclwatch-agent"))
+        for i, extra in enumerate(agents or ((),)):
+            mon.procs.append(Proc([need("ncclwatch"), "agent", "--collector",
+                                   f"127.0.0.1:{grpc_port}", *extra],
+                                  name=f"ncclwatch-agent-{i}"))
         return mon
 
     yield start

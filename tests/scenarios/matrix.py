@@ -1,0 +1,106 @@
+"""The scenario matrix: real torch jobs and the verdict ncclwatch must reach.
+
+Data, one row per scenario: how to launch the job (ncclwatch.demo.job
+arguments), what to do to it, and the expected verdict: the first stall kind,
+its culprit ranks, the diagnosed root cause, and whether it is at risk of
+the watchdog. Healthy rows expect no alarm at all. Times are short (gloo on
+CPU, 2-4 ranks, process-group timeouts of 90 s) so the matrix fits in CI.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PG_TIMEOUT = 90
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    args: tuple[str, ...]                # ncclwatch.demo.job arguments
+    world: int = 4
+    #: torchrun, or "launch": ncclwatch.demo.launch, which (like ranks on other
+    #: nodes) leaves the other ranks waiting when one dies.
+    launcher: str = "torchrun"
+    #: Expected first stall kind; None for a healthy run.
+    kind: str | None = None
+    culprits: tuple[int, ...] = ()
+    root_cause: str | None = None
+    #: Expected at_risk of the stall (healthy runs: never at risk; None: not judged).
+    at_risk: bool | None = False
+    unknown: tuple[int, ...] = ()        # rank_lost: the ranks that must be listed
+    #: Kinds that may follow the first one (e.g. rank_lost after an OOM).
+    then: tuple[str, ...] = ()
+    #: The marker phase that starts the clock for the detection delay.
+    start: str = "ready"
+    #: SIGKILL this rank once ``start`` is seen (rank_lost).
+    kill_rank: int | None = None
+    #: The save must be flagged as overrunning within 30 s of ``start``,
+    #: with at least half the budget left.
+    forecast_overrun: bool = False
+    #: Give up on the verdict after this long (from the first ready marker).
+    limit: float = 100.0
+
+    @property
+    def healthy(self) -> bool:
+        """No alarm expected: nothing at risk (a stall within budget may show)."""
+        return self.kind is None or self.at_risk is False
+
+
+def _job(scenario: str, *extra: str, seconds: float = 45) -> tuple[str, ...]:
+    return ("--scenario", scenario, "--save-seconds", str(seconds),
+            "--pg-timeout", str(PG_TIMEOUT), *extra)
+
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("save-rank0-barrier", _job("slow-save", "--model-mb", "16", seconds=150),
+             kind="checkpoint_gather", culprits=(0,), root_cause="save_overruns_watchdog",
+             at_risk=True, start="save_start", forecast_overrun=True),
+    Scenario("save-rank0-broadcast", _job("slow-save", "--model-mb", "8", "--wait-op",
+                                          "broadcast_object_list", seconds=150),
+             kind="checkpoint_gather", culprits=(0,), root_cause="save_overruns_watchdog",
+             at_risk=True, start="save_start", world=3),
+    Scenario("save-rank2-broadcast", _job("slow-save", "--model-mb", "8", "--saver", "2",
+                                          "--wait-op", "broadcast", seconds=150),
+             kind="checkpoint_gather", culprits=(2,), root_cause="save_overruns_watchdog",
+             at_risk=True, start="save_start", world=3),
+    Scenario("restore-rank0", _job("slow-load", "--model-mb", "8", seconds=40),
+             kind="checkpoint_restore", culprits=(0,), root_cause="slow_restore",
+             at_risk=None, start="load_start", world=3),
+    Scenario("fsdp1-late-rank", _job("fsdp1-late", "--model-mb", "4", "--late-rank", "2",
+                                     "--late-activity", "sleep", seconds=50),
+             kind="collective_hang", culprits=(2,), root_cause="late_for_state_dict_gather",
+             at_risk=True, start="busy_start", world=3),
+    Scenario("fsdp2-late-rank", _job("fsdp2-late", "--model-mb", "4", "--late-rank", "1",
+                                     "--late-activity", "compute", seconds=50),
+             kind="collective_hang", culprits=(1,), root_cause="late_for_state_dict_gather",
+             at_risk=True, start="busy_start", world=3),
+    Scenario("hang-compute", _job("park", "--op", "all_reduce", "--late-rank", "1",
+                                  "--late-activity", "compute", seconds=50),
+             kind="collective_hang", culprits=(1,), root_cause="rank_computing",
+             at_risk=True, start="busy_start", world=3),
+    Scenario("hang-sleep", _job("park", "--op", "barrier", "--late-activity", "sleep",
+                                seconds=50),
+             kind="collective_hang", culprits=(0,), root_cause="rank_idle",
+             at_risk=True, start="busy_start", world=2),
+    Scenario("desync", _job("desync", "--op", "all_reduce", "--other-op", "broadcast",
+                            seconds=60),
+             kind="desync", culprits=(2,), root_cause="collective_order_mismatch",
+             at_risk=True, start="wait_start", world=3),
+    # SIGKILL with the rank's sockets kept open, as when its node dies: on gloo
+    # a clean kill closes them and the peers fail fast instead of hanging.
+    Scenario("rank-killed", _job("park", "--op", "barrier", "--late-rank", "1",
+                                 "--late-activity", "sleep", "--keep-sockets", seconds=60),
+             kind="rank_lost", culprits=(), root_cause="rank_exited", at_risk=True,
+             unknown=(1,), start="busy_start", kill_rank=1, launcher="launch", world=3),
+    Scenario("gather-oom", _job("gather-oom", "--model-mb", "32", seconds=60),
+             kind="checkpoint_gather", culprits=(0,), root_cause="gather_out_of_memory",
+             at_risk=True, then=("rank_lost",), start="gather_start", launcher="launch",
+             world=2),
+    # -- healthy: no alarm --------------------------------------------------------
+    Scenario("healthy-training", _job("train", seconds=25), world=3),
+    Scenario("healthy-save-in-budget", _job("slow-save", "--model-mb", "16", seconds=15),
+             kind="checkpoint_gather", culprits=(0,), root_cause="save_within_budget",
+             at_risk=False, start="save_start", world=3),
+    Scenario("healthy-dataloader-pause", _job("dataloader", seconds=20), world=2),
+)

@@ -1,0 +1,249 @@
+"""Run the scenario matrix against one real ``ncclwatch run`` (``make scenarios``).
+
+Every scenario is a real multi-process gloo job; a few run at once under the
+same agent and daemon, as jobs share a node. For each, the API is polled and
+the verdict recorded: first stall kind, culprits, root cause, at-risk, the
+detection delay (from the scenario's start marker) and the lead time (the
+watchdog deadline of the first waiting rank minus the detection time). The
+table is printed and saved under artifacts/; the test fails on any wrong
+kind, wrong culprit, wrong root cause or false alarm.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import pytest
+
+from tests.conftest import ARTIFACTS, Job, Monitor, Proc, need, record
+from tests.scenarios.matrix import PG_TIMEOUT, SCENARIOS, Scenario
+
+pytestmark = pytest.mark.e2e
+
+CONCURRENCY = 3
+#: A forecast overrun must be flagged this soon after the save starts.
+FLAG_WITHIN = 30.0
+POLL = 0.5
+
+
+@dataclass
+class Outcome:
+    scenario: Scenario
+    job_id: str = ""
+    first_kind: str | None = None
+    kinds_seen: list[str] = field(default_factory=list)
+    culprits: tuple[int, ...] = ()
+    root_cause: str | None = None
+    unknown: tuple[int, ...] = ()
+    at_risk_at: float | None = None
+    overrun_at_flag: float | None = None
+    remaining_at_flag: float | None = None
+    detected_at: float | None = None
+    start_t: float | None = None
+    wait_t: float | None = None
+    returncode: int | None = None
+    error: str = ""
+
+    @property
+    def delay(self) -> float | None:
+        if self.detected_at is None or self.start_t is None:
+            return None
+        return self.detected_at - self.start_t
+
+    @property
+    def lead(self) -> float | None:
+        if self.detected_at is None:
+            return None
+        base = self.wait_t if self.wait_t is not None else self.start_t
+        return None if base is None else base + PG_TIMEOUT - self.detected_at
+
+    @property
+    def flag_delay(self) -> float | None:
+        if self.at_risk_at is None or self.start_t is None:
+            return None
+        return self.at_risk_at - self.start_t
+
+    def problems(self) -> list[str]:
+        s, out = self.scenario, []
+        if self.error:
+            return [self.error]
+        if s.kind is None:
+            if self.kinds_seen:
+                out.append(f"false alarm: {self.kinds_seen}")
+            if self.returncode not in (0, None):
+                out.append(f"healthy job exited {self.returncode}")
+        else:
+            if self.first_kind != s.kind:
+                out.append(f"kind {self.first_kind} != {s.kind}")
+            extra = set(self.kinds_seen) - {s.kind, *s.then}
+            if extra:
+                out.append(f"unexpected kinds {sorted(extra)}")
+            if self.first_kind == s.kind and self.culprits != s.culprits:
+                out.append(f"culprits {list(self.culprits)} != {list(s.culprits)}")
+            if self.first_kind == s.kind and self.root_cause != s.root_cause:
+                out.append(f"root cause {self.root_cause} != {s.root_cause}")
+            if not set(s.unknown) <= set(self.unknown):
+                out.append(f"unknown ranks {list(self.unknown)} lack {list(s.unknown)}")
+        if s.at_risk is True and self.at_risk_at is None:
+            out.append("never flagged at risk")
+        if s.at_risk is False and self.at_risk_at is not None:
+            out.append("false alarm: flagged at risk")
+        if s.forecast_overrun:
+            if self.flag_delay is None or self.flag_delay > FLAG_WITHIN:
+                out.append(f"overrun flagged after {self.flag_delay}s (> {FLAG_WITHIN}s)")
+            if not (self.overrun_at_flag or 0) > 0:
+                out.append(f"forecast overrun at flag {self.overrun_at_flag} not > 0")
+            if (self.remaining_at_flag or 0) < PG_TIMEOUT / 2:
+                out.append(f"only {self.remaining_at_flag}s of budget left when flagged")
+        return out
+
+
+def _launch(s: Scenario, ckpt_dir: str) -> Job:
+    module = ("-m", "ncclwatch.demo.job", *s.args, "--ckpt-dir", ckpt_dir)
+    if s.launcher == "torchrun":
+        argv = [need("torchrun"), "--standalone", f"--nproc-per-node={s.world}",
+                "--max-restarts=0", *module]
+    else:
+        argv = [sys.executable, "-m", "ncclwatch.demo.launch", "--nproc", str(s.world), "--",
+                *module[2:]]
+    env = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+           "NCCLWATCH_PG_TIMEOUT_S": str(PG_TIMEOUT)}
+    return Job(Proc(argv, env=env, name=f"scenario-{s.name}"), s.world)
+
+
+def _first(job: Job, phases: tuple[str, ...]) -> float | None:
+    ts = [m["t"] for p in phases for m in job.markers(p)]
+    return min(ts) if ts else None
+
+
+def run_scenario(mon: Monitor, s: Scenario) -> Outcome:
+    out = Outcome(s)
+    with tempfile.TemporaryDirectory(prefix=f"ncclwatch-{s.name}-") as ckpt:
+        job = _launch(s, ckpt)
+        try:
+            _observe(mon, s, job, out)
+        except Exception as e:  # noqa: BLE001 - one broken scenario must not hide the rest
+            out.error = f"{type(e).__name__}: {e}"
+        finally:
+            out.returncode = job.proc.popen.poll()
+            job.proc.stop(signal.SIGTERM)
+            ARTIFACTS.mkdir(exist_ok=True)
+            (ARTIFACTS / f"{job.proc.name}.log").write_text(job.proc.output())
+    return out
+
+
+def _observe(mon: Monitor, s: Scenario, job: Job, out: Outcome) -> None:
+    deadline = time.time() + 150
+    while len(job.markers("ready")) < s.world:
+        if time.time() > deadline or not job.proc.alive():
+            out.error = f"job did not start: {job.proc.output()[-1500:]}"
+            return
+        time.sleep(0.2)
+    pids = job.pids()
+    by_rank = {m["rank"]: m["pid"] for m in job.markers("ready")}
+    end = time.time() + s.limit
+    settle_until = None
+    while time.time() < end:
+        if out.start_t is None and job.markers(s.start):
+            if s.kill_rank is not None:
+                os.kill(by_rank[s.kill_rank], signal.SIGKILL)
+                out.start_t = time.time()
+            else:
+                out.start_t = _first(job, (s.start,))
+        if out.wait_t is None:
+            out.wait_t = _first(job, ("wait_start", "gather_start"))
+        view = mon.job_of(pids)
+        now = time.time()
+        if view is not None:
+            out.job_id = view["job"]
+            _fold(view, out, now)
+        if not job.proc.alive():
+            break
+        if settle_until is None and _settled(s, out):
+            settle_until = now + 2.0
+        if settle_until is not None and now >= settle_until:
+            break
+        time.sleep(POLL)
+    if out.job_id == "":
+        out.error = "ncclwatch never saw the job"
+
+
+def _fold(view: dict, out: Outcome, now: float) -> None:
+    for st in view["stalls"]:
+        kind = st["kind"]
+        if kind not in out.kinds_seen:
+            out.kinds_seen.append(kind)
+        if out.first_kind is None:
+            out.first_kind, out.detected_at = kind, now
+        if kind == out.first_kind:
+            out.culprits = tuple(c["rank"] for c in st["culprits"])
+            out.root_cause = st["diagnosis"]["root_cause"]
+            out.unknown = tuple(st["unknown_ranks"])
+        if st["at_risk"] and out.at_risk_at is None:
+            out.at_risk_at = now
+            ck = (st.get("forecast") or {}).get("checkpoint") or {}
+            out.overrun_at_flag = ck.get("overrun_seconds")
+            out.remaining_at_flag = st["watchdog"]["remaining_seconds"]
+
+
+def _settled(s: Scenario, out: Outcome) -> bool:
+    """The verdict cannot change any more in a way the expectation cares about."""
+    if s.kind is None or s.at_risk is False:
+        return False  # healthy: watch until the job ends
+    if out.first_kind is None:
+        return False
+    if s.at_risk and out.at_risk_at is None:
+        return False
+    return out.root_cause == s.root_cause or time.time() - out.detected_at > 20
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def table(outcomes: list[Outcome]) -> str:
+    head = ["scenario", "ranks", "expected", "detected", "culprits", "root cause", "at risk",
+            "delay s", "lead s", "result"]
+    rows = []
+    for o in outcomes:
+        s = o.scenario
+        expected = (s.kind or "none") + (f" [{','.join(map(str, s.culprits))}]"
+                                          if s.culprits else "")
+        problems = o.problems()
+        rows.append([s.name, str(s.world), expected, o.first_kind or "none",
+                     ",".join(map(str, o.culprits)) or "-", o.root_cause or "-",
+                     "yes" if o.at_risk_at else "no", _fmt(o.delay), _fmt(o.lead),
+                     "ok" if not problems else "FAIL: " + "; ".join(problems)])
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
+    return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def test_scenario_matrix(ncclwatch_run) -> None:
+    need("torchrun")
+    mon = ncclwatch_run()
+    order = sorted(SCENARIOS, key=lambda s: -s.limit)
+    with ThreadPoolExecutor(CONCURRENCY) as pool:
+        outcomes = list(pool.map(lambda s: run_scenario(mon, s), order))
+    outcomes.sort(key=lambda o: SCENARIOS.index(o.scenario))
+    text = table(outcomes)
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / "scenarios.md").write_text(text + "\n")
+    (ARTIFACTS / "scenarios.json").write_text(json.dumps([{
+        "scenario": o.scenario.name, "expected": o.scenario.kind, "detected": o.first_kind,
+        "kinds_seen": o.kinds_seen, "culprits": list(o.culprits), "root_cause": o.root_cause,
+        "at_risk_after_s": o.flag_delay, "overrun_at_flag_s": o.overrun_at_flag,
+        "detection_delay_s": o.delay, "lead_time_s": o.lead, "problems": o.problems(),
+    } for o in outcomes], indent=1))
+    record("scenario_matrix", {o.scenario.name: {"delay_s": o.delay, "lead_s": o.lead}
+                               for o in outcomes})
+    print("\n" + text, file=sys.__stdout__, flush=True)
+    failed = {o.scenario.name: o.problems() for o in outcomes if o.problems()}
+    assert not failed, f"{len(failed)} scenario(s) wrong:\n{text}\n{mon.output()[-3000:]}"
