@@ -86,8 +86,11 @@ def resolve(options: Sequence[Option], args: argparse.Namespace,
 
 
 def rank_set(v: Any) -> frozenset[int] | None:
+    """Ranks from a flag, env or config: "0-3,7", a list of ints, or an already parsed set."""
     from ncclwatch.agent.discover import parse_ranks
 
+    if isinstance(v, (set, frozenset, list, tuple)):
+        return frozenset(int(r) for r in v)
     return parse_ranks(str(v))
 
 

@@ -73,3 +73,14 @@ def test_rank_ranges_for_the_agent_filter() -> None:
     for bad in ("3-1", "a", "1-", "-2", "1,,2"):
         with pytest.raises(ValueError):
             parse_ranks(bad)
+
+
+def test_ranks_flag_survives_the_real_parser_and_resolve() -> None:
+    """argparse already applies the option type; resolve() must accept its result."""
+    from ncclwatch.cli import AGENT_OPTIONS, build_parser
+    from ncclwatch.config import resolve
+
+    args = build_parser().parse_args(["agent", "--ranks", "0-1,4"])
+    assert resolve(AGENT_OPTIONS, args, {}, env={})["ranks"] == frozenset({0, 1, 4})
+    args = build_parser().parse_args(["agent"])
+    assert resolve(AGENT_OPTIONS, args, {"ranks": "2-3"}, env={})["ranks"] == frozenset({2, 3})

@@ -110,6 +110,18 @@ def test_fast_enough_save_is_within_budget_and_not_at_risk() -> None:
     assert m[("ncclwatch_stall_at_risk", (("job", "job-1"), ("kind", "checkpoint_gather")))] == 0
 
 
+def test_write_past_the_previous_size_is_at_its_end_not_unknown() -> None:
+    """A non-seekable writer's zip records make the file a little larger than
+    the previous checkpoint: in its last second the save is done, not unknown."""
+    rate, prev = 2 * MB, 16 * MB
+    size = lambda i: min((i + 1) * rate, prev + 4096)  # noqa: E731 - grows, then stops
+    d, _ = _drive(lambda i: _rank0(S.SAVING, i, file_size=size(i), prev=prev, seconds=i), 12)
+    inc = _incident(d)
+    assert inc.diagnosis.root_cause.id == "save_within_budget"
+    assert inc.diagnosis.checkpoint_eta == 0.0
+    assert not inc.at_risk
+
+
 def test_unknown_size_is_not_forecast_and_turns_risky_with_the_budget() -> None:
     d, _ = _drive(lambda i: _rank0(S.SAVING, i, file_size=(i + 1) * MB, seconds=i), 30)
     inc = _incident(d)

@@ -86,14 +86,19 @@ def write_forecast(rec: RankRecord, now: float) -> WriteForecast | None:
         rate = slope(rec.curve, lambda p: p.written, now)
     rate = max(rate or 0.0, 0.0)
     expected, source = None, ""
+    gathered = gathered_bytes(rec)
     if prev_size > 0 and prev_size >= size:
         expected, source = prev_size, "previous_checkpoint"
-    else:
-        gathered = gathered_bytes(rec)
-        if gathered >= MIN_GATHERED and gathered >= size:
-            expected, source = gathered, "gathered_bytes"
+    elif gathered >= MIN_GATHERED and gathered >= size:
+        expected, source = gathered, "gathered_bytes"
+    elif prev_size > 0:
+        # Past the previous checkpoint's size (zip records, a few new keys):
+        # the write is at its end, not of unknown length.
+        expected, source = size, "previous_checkpoint"
     eta = None
-    if expected is not None and rate > 0:
+    if expected is not None and expected <= size:
+        eta = 0.0
+    elif expected is not None and rate > 0:
         eta = (expected - size) / rate
     return WriteForecast(rank=rec.rank, path=path, written_bytes=size, expected_bytes=expected,
                          expected_source=source, previous_path=prev_path if prev_size else "",
