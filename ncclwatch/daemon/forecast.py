@@ -33,7 +33,7 @@ class WriteForecast:
     path: str
     written_bytes: int
     expected_bytes: int | None
-    expected_source: str          # previous_checkpoint | gathered_bytes | ""
+    expected_source: str          # previous_checkpoint | gathered_bytes | file_closed | ""
     previous_path: str
     rate_bytes_per_second: float
     eta_seconds: float | None     # None: size or rate unknown
@@ -76,7 +76,7 @@ def slope(points: Sequence[Point], value: Callable[[Point], float | None], now: 
 def write_forecast(rec: RankRecord, now: float) -> WriteForecast | None:
     """Forecast of the checkpoint file the rank is writing (None: no file)."""
     if not rec.files:
-        return None
+        return _closed_write(rec, now)
     path, size, prev_path, prev_size = rec.files[0]
     same = [p for p in rec.curve if p.file == path]
     rate = slope(same, lambda p: p.file_size, now)
@@ -103,6 +103,20 @@ def write_forecast(rec: RankRecord, now: float) -> WriteForecast | None:
     return WriteForecast(rank=rec.rank, path=path, written_bytes=size, expected_bytes=expected,
                          expected_source=source, previous_path=prev_path if prev_size else "",
                          rate_bytes_per_second=rate, eta_seconds=eta)
+
+
+def _closed_write(rec: RankRecord, now: float) -> WriteForecast | None:
+    """The file the rank just closed: its write is over (eta 0), not unknown.
+
+    /proc is read every round but stacks less often, so a rank can still
+    look "saving" for a round or two after torch.save closed its file.
+    """
+    last = next((p for p in reversed(rec.curve) if p.file), None)
+    if last is None or now - last.t > WINDOW:
+        return None
+    return WriteForecast(rank=rec.rank, path=last.file, written_bytes=last.file_size,
+                         expected_bytes=last.file_size, expected_source="file_closed",
+                         previous_path="", rate_bytes_per_second=0.0, eta_seconds=0.0)
 
 
 def gathered_bytes(rec: RankRecord) -> int:

@@ -462,8 +462,15 @@ def scenario_train(args) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     dim = next(model.parameters()).shape[-1]
     marker("train_start")
-    end, i = time.time() + args.save_seconds, 0
-    while time.time() < end:
+    # Ranks must agree on the last step: a rank that leaves a time-bound loop
+    # on its own clock goes to the barrier while a peer's next backward waits
+    # in DDP's all_reduce, a real hang (ncclwatch flagged it).
+    end, i, stop = time.time() + args.save_seconds, 0, torch.zeros(1)
+    while True:
+        stop.fill_(float(time.time() >= end))
+        dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+        if stop.item():
+            break
         loss = model(torch.randn(8, dim)).pow(2).mean()
         loss.backward()
         opt.step()

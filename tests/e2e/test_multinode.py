@@ -38,10 +38,15 @@ def test_two_agents_merge_one_job_and_losing_one_is_rank_lost(ncclwatch_split, t
     assert {r["rank"]: r["host"] for r in view["ranks"]} == {
         0: "node-a", 1: "node-a", 2: "node-b", 3: "node-b"}
     job.wait_marker("save_start", timeout=120)
-    deadline = time.time() + 30
-    while time.time() < deadline and "checkpoint_gather" not in _stalls(mon, pids):
+    # The stall can open before the last waiter's next stack is taken (stacks
+    # lag /proc): wait for the full picture, as an operator would refresh.
+    deadline = time.time() + 40
+    stall = None
+    while time.time() < deadline:
+        stall = _stalls(mon, pids).get("checkpoint_gather")
+        if stall and stall["waiting"]["ranks"] == [0, 1, 3]:
+            break
         time.sleep(0.5)
-    stall = _stalls(mon, pids).get("checkpoint_gather")
     assert stall, mon.get("/api/v1/jobs")[:3000]
     assert [(c["rank"], c["host"], c["state"]) for c in stall["culprits"]] == [
         (2, "node-b", "saving")]
