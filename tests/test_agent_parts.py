@@ -249,3 +249,13 @@ def test_discovery_sees_a_rank_caught_before_its_exec() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_expected_gpus_counts_device_nodes_not_control_files(tmp_path) -> None:
+    """NVML down where /dev/nvidiaN exist is a broken node, not a CPU node."""
+    from ncclwatch.agent.gpu import expected_gpus
+    assert expected_gpus(tmp_path) == 0
+    for name in ("nvidia0", "nvidia1", "nvidia7", "nvidiactl", "nvidia-uvm", "nvidia-modeset"):
+        (tmp_path / name).touch()
+    assert expected_gpus(tmp_path) == 3
+    assert expected_gpus(tmp_path / "missing") == 0

@@ -94,6 +94,16 @@ def test_slow_save_forecast_to_overrun_the_watchdog() -> None:
     assert m[("ncclwatch_stall_at_risk", (("job", "job-1"), ("kind", "checkpoint_gather")))] == 1
     assert m[("ncclwatch_stall_root_cause_info", (("job", "job-1"), ("kind", "checkpoint_gather"),
                                                   ("root_cause", "save_overruns_watchdog")))] == 1
+    job = (("job", "job-1"),)
+    assert m[("ncclwatch_checkpoint_written_bytes", job)] == 12 * rate
+    assert m[("ncclwatch_checkpoint_expected_bytes", job)] == prev
+    assert m[("ncclwatch_checkpoint_write_rate_bytes_per_second", job)] == \
+        pytest.approx(rate, rel=1e-6)
+    assert m[("ncclwatch_culprit_memory_bytes", (("device", "host"),) + job + (("rank", "0"),))] \
+        == 1000 * MB
+    assert ("ncclwatch_culprit_memory_bytes", (("device", "host"),) + job + (("rank", "1"),)) \
+        not in m  # waiting ranks: counts only, no per-rank series
+    assert m[("ncclwatch_job_rank_memory_max_bytes", (("device", "host"),) + job)] >= 1000 * MB
     assert "200.0MiB at 1.0MiB/s" in dx.sentence and "too late" in dx.sentence
     assert "{" not in dx.sentence
 
@@ -120,6 +130,21 @@ def test_write_past_the_previous_size_is_at_its_end_not_unknown() -> None:
     assert inc.diagnosis.root_cause.id == "save_within_budget"
     assert inc.diagnosis.checkpoint_eta == 0.0
     assert not inc.at_risk
+
+
+def test_a_closed_file_means_the_write_is_over_while_the_stack_still_says_saving() -> None:
+    """Stacks lag /proc: for a round or two after torch.save closed the file
+    the rank still looks "saving"; the save is done, not of unknown length."""
+    rate = 2 * MB
+    d, _ = _drive(lambda i: _rank0(S.SAVING, i, file_size=(i + 1) * rate if i < 10 else 0,
+                                   prev=20 * MB if i < 10 else 0, seconds=i), 12)
+    inc = _incident(d)
+    assert inc.diagnosis.root_cause.id == "save_within_budget"
+    assert inc.diagnosis.checkpoint_eta == 0.0
+    assert inc.diagnosis.evidence.write.expected_source == "file_closed"
+    d2, _ = _drive(lambda i: _rank0(S.SAVING, i, file_size=(i + 1) * rate if i < 10 else 0,
+                                    seconds=i), 40)
+    assert _incident(d2).diagnosis.root_cause.id == "slow_save"  # closed 30 s ago: no evidence
 
 
 def test_unknown_size_is_not_forecast_and_turns_risky_with_the_budget() -> None:

@@ -18,13 +18,14 @@ import psutil
 
 from ncclwatch import __version__
 from ncclwatch.agent.discover import Discovery, RankProcess
-from ncclwatch.agent.gpu import EMPTY, GpuReader, GpuReading, NvmlGpuReader
+from ncclwatch.agent.gpu import EMPTY, GpuReader, GpuReading, NvmlGpuReader, expected_gpus
 from ncclwatch.agent.policy import StackPolicy
 from ncclwatch.agent.pyspy import PySpy, PySpyError
 from ncclwatch.agent.report import AgentHealthCounts, build_report, sample_pb, stack_pb
 from ncclwatch.agent.sample import ProcessSampler
 from ncclwatch.agent.tracker import RankTracker
 from ncclwatch.agent.uplink import Uplink
+from ncclwatch.sdnotify import Notifier
 from ncclwatch.signatures import DEFAULT_CLASSIFIER, Classifier
 from ncclwatch.stacks import main_thread
 from ncclwatch.v1 import collector_pb2 as pb
@@ -51,12 +52,14 @@ class AgentConfig:
 class Agent:
     def __init__(self, config: AgentConfig, *, gpu: GpuReader | None = None,
                  pyspy: PySpy | None = None, classifier: Classifier = DEFAULT_CLASSIFIER,
-                 discovery: Discovery | None = None) -> None:
+                 discovery: Discovery | None = None, notifier: Notifier | None = None) -> None:
         self.config = config
+        self.notifier = notifier
         self.agent_id = uuid.uuid4().hex
         self.discovery = discovery or Discovery(config.node)
         self.sampler = ProcessSampler()
         self.gpu = gpu if gpu is not None else NvmlGpuReader()
+        self.gpus_expected = expected_gpus()
         self.pyspy = pyspy or PySpy(timeout=config.pyspy_timeout)
         self.classifier = classifier
         self.trackers: dict[int, RankTracker] = {}
@@ -93,6 +96,12 @@ class Agent:
                 await self.round()
             except Exception:  # a bad round must not end the agent
                 log.exception("agent round failed")
+            else:
+                # READY after the first round, watchdog pings after each: a
+                # wedged loop stops them. The collector's state does not
+                # matter here: reports queue while it is away.
+                if self.notifier:
+                    self.notifier.alive(self.status_line)
             next_at += self.config.interval
             delay = next_at - time.monotonic()
             if delay < 0:  # overran: skip ahead instead of bursting
@@ -119,6 +128,18 @@ class Agent:
         # A new stream may be a new daemon: send every rank's job info again.
         for t in self.trackers.values():
             t.env_sent = False
+
+    def status_line(self) -> str:
+        """One line for ``systemctl status``: what is watched, where it goes."""
+        ranks = len(self.trackers)
+        jobs = len({t.proc.identity.job_id for t in self.trackers.values()})
+        watching = (f"watching {ranks} rank{'' if ranks == 1 else 's'} of {jobs} "
+                    f"job{'' if jobs == 1 else 's'}" if ranks else "no ranks found")
+        up = self.uplink
+        state = ("connected" if up.connected else
+                 "unreachable" if up.last_error else "connecting")
+        queue = f" (queue {up.queue_length})" if up.queue_length else ""
+        return f"{watching}, collector {up.target} {state}{queue}"
 
     # -- one round -----------------------------------------------------------
 
@@ -189,7 +210,7 @@ class Agent:
         self.seq += 1
         cpu = self._self.cpu_times()
         health = AgentHealthCounts(
-            version=__version__, nvml_up=self.gpu.up,
+            version=__version__, nvml_up=self.gpu.up, gpus_expected=self.gpus_expected,
             pyspy_runs_total=self.pyspy.runs_total,
             pyspy_failures_total=self.pyspy.failures_total,
             pyspy_seconds_total=self.pyspy.seconds_total,

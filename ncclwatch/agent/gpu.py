@@ -117,5 +117,13 @@ class RecordedGpuReader:
         return r
 
 
+def expected_gpus(dev: Path = Path("/dev")) -> int:
+    """GPU device nodes present: where NVML is down but these exist, it is broken."""
+    try:
+        return sum(1 for p in dev.glob("nvidia[0-9]*") if p.name[6:].isdigit())
+    except OSError:
+        return 0
+
+
 def _str(v: str | bytes) -> str:
     return v.decode() if isinstance(v, bytes) else v

@@ -40,6 +40,7 @@ def declared_timeout(env: dict[str, str]) -> float:
 class AgentHealthCounts:
     version: str = ""
     nvml_up: bool = False
+    gpus_expected: int = 0
     pyspy_runs_total: int = 0
     pyspy_failures_total: int = 0
     pyspy_seconds_total: float = 0.0
@@ -114,6 +115,7 @@ def build_report(*, node: str, agent_id: str, seq: int, now: float, wall: float,
         exited=[identity_pb(p) for p in exited],
         health=pb.AgentHealth(
             version=health.version, ranks_watched=ranks_watched, nvml_up=health.nvml_up,
+            gpus_expected=health.gpus_expected,
             pyspy_runs_total=health.pyspy_runs_total,
             pyspy_failures_total=health.pyspy_failures_total,
             pyspy_seconds_total=health.pyspy_seconds_total,

@@ -67,9 +67,25 @@ class DaemonCollector(Collector):
         mem_eta = g("ncclwatch_memory_exhaustion_eta_seconds",
                     "Forecast seconds until a culprit rank reaches a memory bound",
                     labels=["job", "rank", "device"], unit="seconds")
+        written = g("ncclwatch_checkpoint_written_bytes",
+                    "Size of the checkpoint file the culprit is writing", labels=["job"],
+                    unit="bytes")
+        expected = g("ncclwatch_checkpoint_expected_bytes",
+                     "Expected size of that checkpoint (previous checkpoint, gathered bytes)",
+                     labels=["job"], unit="bytes")
+        write_rate = g("ncclwatch_checkpoint_write_rate_bytes_per_second",
+                       "The culprit's recent checkpoint write rate", labels=["job"])
+        rank_mem = g("ncclwatch_culprit_memory_bytes",
+                     "Memory a culprit rank holds (host RSS, or its use of one GPU)",
+                     labels=["job", "rank", "device"], unit="bytes")
+        max_mem = g("ncclwatch_job_rank_memory_max_bytes",
+                    "The largest memory any rank of the job holds, per device kind",
+                    labels=["job", "device"], unit="bytes")
         warn = g("ncclwatch_job_config_warning",
                  "1 per setting in the job's environment that defeats the watchdog or "
                  "the evidence", labels=["job", "code", "severity"])
+        shown: set[tuple[str, int]] = set()
+        shown_write: set[str] = set()
         for job_id, job in table.jobs.items():
             counts = {s: 0 for s in RankState}
             for rec in job.ranks.values():
@@ -78,6 +94,11 @@ class DaemonCollector(Collector):
             for s, n in counts.items():
                 ranks.add_metric([job_id, s.value], n)
             world.add_metric([job_id], job.world_size)
+            host_max = max((r.rss_bytes for r in job.ranks.values()), default=0)
+            gpu_max = max((u for r in job.ranks.values() for _, u, _ in r.gpu), default=None)
+            max_mem.add_metric([job_id, "host"], host_max)
+            if gpu_max is not None:
+                max_mem.add_metric([job_id, "gpu"], gpu_max)
             b = d.budget_of(job_id, now)
             timeout.add_metric([job_id], b.timeout)
             remaining.add_metric([job_id], b.remaining)
@@ -91,11 +112,19 @@ class DaemonCollector(Collector):
                     for c in inc.finding.culprits:
                         culprit.add_metric([job_id, kind.value, str(c.rank), c.node,
                                             c.state.value], 1)
+                        _culprit_memory(rank_mem, job_id, job.ranks.get(c.rank), shown)
                     dx = inc.diagnosis
                     cause.add_metric([job_id, kind.value, dx.root_cause.id], 1)
                     if dx.checkpoint_eta is not None:
                         eta.add_metric([job_id], dx.checkpoint_eta)
                         overrun.add_metric([job_id], dx.evidence.overrun)
+                    w = dx.evidence.write
+                    if w is not None and job_id not in shown_write:
+                        shown_write.add(job_id)
+                        written.add_metric([job_id], w.written_bytes)
+                        write_rate.add_metric([job_id], w.rate_bytes_per_second)
+                        if w.expected_bytes is not None:
+                            expected.add_metric([job_id], w.expected_bytes)
                     seen = set()
                     for m in dx.evidence.memory:
                         if m.eta_seconds is not None and (m.rank, m.device) not in seen:
@@ -104,7 +133,8 @@ class DaemonCollector(Collector):
             for w in job.warnings:
                 warn.add_metric([job_id, w.code, w.severity], 1)
         out = [active, duration, waiting, culprit, timeout, remaining, ranks, world,
-               at_risk, cause, eta, overrun, mem_eta, warn]
+               at_risk, cause, eta, overrun, mem_eta, written, expected, write_rate,
+               rank_mem, max_mem, warn]
         out += _agent_families(_latest_per_node(table.agents.values()), now, table.staleness)
         c = CounterMetricFamily
         opened = c("ncclwatch_incidents_opened", "Incidents opened, by stall kind",
@@ -131,6 +161,16 @@ class DaemonCollector(Collector):
         return out
 
 
+def _culprit_memory(fam: GaugeMetricFamily, job_id: str, rec, shown: set) -> None:
+    """A culprit's host RSS and per-GPU use, once per rank across stall kinds."""
+    if rec is None or (job_id, rec.rank) in shown:
+        return
+    shown.add((job_id, rec.rank))
+    fam.add_metric([job_id, str(rec.rank), "host"], rec.rss_bytes)
+    for index, used, _total in rec.gpu:
+        fam.add_metric([job_id, str(rec.rank), f"gpu{index}"], used)
+
+
 def _latest_per_node(agents: Iterable[AgentRecord]) -> list[AgentRecord]:
     """One agent per node: after an agent restart the newest speaks for the node."""
     best: dict[str, AgentRecord] = {}
@@ -150,6 +190,8 @@ def _agent_families(agents: list[AgentRecord], now: float, staleness: float) -> 
                 labels=["node"]),
         "nvml": g("ncclwatch_agent_nvml_up", "1 when the agent can read GPUs through NVML",
                   labels=["node"]),
+        "gpus": g("ncclwatch_agent_gpus_expected",
+                  "GPU device nodes (/dev/nvidiaN) on the node", labels=["node"]),
         "ranks": g("ncclwatch_agent_ranks_watched", "Training ranks the agent watches",
                    labels=["node"]),
         "queue": g("ncclwatch_agent_queue_length", "Reports waiting in the agent's queue",
@@ -171,6 +213,7 @@ def _agent_families(agents: list[AgentRecord], now: float, staleness: float) -> 
         fams["last"].add_metric(n, a.last_recv_wall)
         fams["up"].add_metric(n, 0 if a.stale(now, staleness) else 1)
         fams["nvml"].add_metric(n, 1 if h.nvml_up else 0)
+        fams["gpus"].add_metric(n, h.gpus_expected)
         fams["ranks"].add_metric(n, h.ranks_watched)
         fams["queue"].add_metric(n, h.queue_length)
         fams["runs"].add_metric(n, h.pyspy_runs_total)
