@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 TORCH  := torch==2.13.0
 PROTOS := $(wildcard proto/ncclwatch/v1/*.proto)
 
-.PHONY: all venv proto runbooks test test-fast scenarios demo bench clean
+.PHONY: all venv system-deps proto runbooks test test-fast scenarios demo bench clean
 
 all: test
 
@@ -21,6 +21,20 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# Real tools the tests run (command:Debian package); installed when missing.
+SYSTEM_DEPS := promtool:prometheus prometheus:prometheus \
+	prometheus-alertmanager:prometheus-alertmanager chromium:chromium systemd-analyze:systemd
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+system-deps:
+	@missing=""; for dep in $(SYSTEM_DEPS); do \
+	  command -v $${dep%%:*} >/dev/null 2>&1 || missing="$$missing $${dep#*:}"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  $(SUDO) apt-get update && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y $$missing; \
+	fi
+
 # Generated code lives in ncclwatch/v1 (committed); tests fail when it is stale.
 proto: $(STAMP)
 	$(PY) -m ncclwatch.protogen
@@ -29,7 +43,7 @@ proto: $(STAMP)
 runbooks: $(STAMP)
 	$(PY) -m ncclwatch.runbooks
 
-test: $(STAMP)
+test: $(STAMP) system-deps
 	$(PY) -m pytest
 
 # Unit tests only (no torch jobs): seconds, for the edit loop.

@@ -1,0 +1,98 @@
+"""The Prometheus rules: valid for promtool, unit-tested, and complete.
+
+promtool comes from Debian's ``prometheus`` package (``make test`` installs
+it). Every alert must have a firing and a not-firing unit test, the mixin
+annotations, and a runbook that exists.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+RULES = ROOT / "dashboards" / "prometheus"
+ALERTS = RULES / "alerts.yaml"
+RUNBOOK_BASE = "https://github.com/ncclwatch/ncclwatch/blob/main/"
+KINDS = ("checkpoint_gather", "checkpoint_restore", "collective_hang", "desync", "rank_lost")
+
+
+def promtool() -> str:
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.fail("promtool not found: install Debian's `prometheus` package "
+                    "(make test does: apt-get install -y prometheus)")
+    return path
+
+
+def _alerts() -> list[dict]:
+    groups = yaml.safe_load(ALERTS.read_text())["groups"]
+    return [r for g in groups for r in g["rules"] if "alert" in r]
+
+
+def test_promtool_check_rules() -> None:
+    out = subprocess.run([promtool(), "check", "rules", str(ALERTS), str(RULES / "rules.yaml")],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "SUCCESS" in out.stdout
+
+
+def test_promtool_unit_tests_pass() -> None:
+    out = subprocess.run([promtool(), "test", "rules", "tests.yaml"], cwd=RULES,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "SUCCESS" in out.stdout
+
+
+def test_every_alert_is_tested_firing_and_not_firing() -> None:
+    tests = yaml.safe_load((RULES / "tests.yaml").read_text())["tests"]
+    cases = [c for t in tests for c in t.get("alert_rule_test", [])]
+    for rule in _alerts():
+        name = rule["alert"]
+        mine = [c for c in cases if c["alertname"] == name]
+        assert any(c.get("exp_alerts") for c in mine), f"{name}: no test where it fires"
+        assert any(not c.get("exp_alerts") for c in mine), f"{name}: no test where it stays quiet"
+
+
+def test_alerts_follow_the_mixin_conventions() -> None:
+    names = [r["alert"] for r in _alerts()]
+    assert len(names) == len(set(names))
+    for rule in _alerts():
+        name = rule["alert"]
+        assert re.fullmatch(r"NCCLWatch(?:[A-Z][a-z0-9]*|NVML|PySpy)+", name), name
+        assert rule["labels"]["severity"] in {"critical", "warning", "info"}, name
+        ann = rule["annotations"]
+        assert set(ann) >= {"summary", "description", "runbook_url"}, name
+        assert "{{" in ann["description"], f"{name}: description is not templated"
+
+
+def test_stall_alerts_name_job_culprit_host_and_budget() -> None:
+    by_kind = {}
+    for rule in _alerts():
+        m = re.search(r'kind="(\w+)"', rule["expr"])
+        if m and m.group(1) in KINDS:
+            by_kind[m.group(1)] = rule
+    assert set(by_kind) == set(KINDS), "one alert per stall kind"
+    for kind, rule in by_kind.items():
+        text = rule["annotations"]["summary"] + rule["annotations"]["description"]
+        assert "$labels.job" in text, kind
+        assert "humanizeDuration" in text, f"{kind}: remaining seconds missing"
+        if kind != "rank_lost":  # no culprit from missing data
+            assert "$labels.rank" in text and "$labels.host" in text, kind
+        assert rule["annotations"]["runbook_url"].endswith(f"docs/runbooks/{kind}.md"), kind
+
+
+def test_runbook_links_resolve_to_files_and_anchors() -> None:
+    for rule in _alerts():
+        url = rule["annotations"]["runbook_url"]
+        assert url.startswith(RUNBOOK_BASE), url
+        path, _, anchor = url[len(RUNBOOK_BASE):].partition("#")
+        page = ROOT / path
+        assert page.exists(), f"{rule['alert']}: {path} missing"
+        if anchor:
+            assert f'<a id="{anchor}"></a>' in page.read_text(), f"{url}: no such anchor"
