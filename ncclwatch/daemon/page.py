@@ -62,21 +62,62 @@ def _job(job: dict[str, Any]) -> str:
 
 
 def _stall(s: dict[str, Any]) -> str:
-    w = s["watchdog"]
-    out = [f"<div class='stall'><b>{escape(s['kind'])}</b>: {escape(s['summary'])}<br>",
-           f"watchdog budget: <b>{w['remaining_seconds']:.0f}s</b> of "
-           f"{w['timeout_seconds']:.0f}s left (stalled {s['duration_seconds']:.0f}s)"]
+    w, dx = s["watchdog"], s["diagnosis"]
+    used = 1 - max(w["remaining_seconds"], 0) / w["timeout_seconds"] if w["timeout_seconds"] else 0
+    risk = "<span class='bad'>AT RISK</span> " if s["at_risk"] else ""
+    out = [f"<div class='stall' data-kind='{escape(s['kind'])}'>{risk}"
+           f"<b>{escape(s['kind'])}</b>: {escape(s['summary'])}<br>",
+           f"watchdog budget: <meter min='0' max='1' low='0.5' high='0.75' optimum='0' "
+           f"value='{used:.3f}'></meter> <b class='remaining'>{w['remaining_seconds']:.0f}s</b> "
+           f"of {w['timeout_seconds']:.0f}s left (stalled {s['duration_seconds']:.0f}s)"]
+    out.append(_forecast(s["forecast"], w["remaining_seconds"]))
     for c in s["culprits"]:
         files = ", ".join(f"{escape(f['path'])} ({f['size_bytes'] / 2**20:.1f} MiB)"
                           for f in c.get("files_writing", []))
-        out.append(f"<p>culprit: <b>rank {c['rank']}</b> on {escape(c['host'])} "
-                   f"(pid {c['pid']}), {escape(c['state'])} for {c['for_seconds']:.0f}s"
-                   f"{'; writing ' + files if files else ''}</p>")
+        out.append(f"<p class='culprit' data-rank='{c['rank']}'>culprit: <b>rank {c['rank']}</b> "
+                   f"on <b>{escape(c['host'])}</b> (pid {c['pid']}), {escape(c['state'])} for "
+                   f"{c['for_seconds']:.0f}s{'; writing ' + files if files else ''}</p>")
         out.append(_stack(c.get("stack")))
-    for g in s["waiting"]["stacks"]:
-        ranks = ", ".join(str(r) for r in g["ranks"])
-        out.append(f"<p>waiting: ranks {escape(ranks)}</p>{_stack(g['stack'])}")
-    out.append(f"<p><b>Why:</b> {escape(s['cause'])}<br><b>Fix:</b> {escape(s['fix'])}</p></div>")
+    if s["unknown_ranks"]:
+        out.append(f"<p class='bad'>unknown ranks (exited or not reporting, never guessed as "
+                   f"culprits): {escape(', '.join(map(str, s['unknown_ranks'])))}</p>")
+    out.append("<details open><summary>ranks grouped by stack (outliers first)</summary>")
+    for g in s["rank_groups"]:
+        op = f" / {escape(g['op'])}" if g["op"] else ""
+        out.append(f"<p class='group'>{g['count']} rank(s) {escape(g['ranks'])}: "
+                   f"{escape(g['state'])}{op}</p>{_stack(g['stack'])}")
+    out.append("</details>")
+    out.append(f"<p><b>Why:</b> {escape(dx['cause'])}<br><b>Fix:</b> {escape(dx['fix'])}"
+               f"<br><small>runbook: {escape(dx['runbook'])}</small></p>")
+    if dx.get("example"):
+        out.append(f"<pre>{escape(dx['example'])}</pre>")
+    if s["env"]:
+        env = " ".join(f"{escape(k)}={escape(v)}" for k, v in sorted(s["env"].items()))
+        out.append(f"<p><small>env: {env}</small></p>")
+    out.append("</div>")
+    return "".join(out)
+
+
+def _forecast(f: dict[str, Any], remaining: float) -> str:
+    out = []
+    ck = f.get("checkpoint")
+    if ck:
+        size = (f"{ck['expected_bytes'] / 2**20:.1f} MiB" if ck["expected_bytes"] is not None
+                else "unknown size")
+        eta = f"{ck['eta_seconds']:.0f}s more" if ck["eta_seconds"] is not None else "ETA unknown"
+        over = ""
+        if ck["overrun_seconds"] is not None:
+            over = (f", <span class='bad'>{ck['overrun_seconds']:.0f}s past the watchdog</span>"
+                    if ck["overrun_seconds"] > 0 else
+                    f", {-ck['overrun_seconds']:.0f}s to spare")
+        out.append(f"<p class='forecast'>save: {ck['written_bytes'] / 2**20:.1f} MiB of {size} at "
+                   f"{ck['write_bytes_per_second'] / 2**20:.2f} MiB/s: {eta}{over}</p>")
+    for m in f.get("memory", []):
+        if m["eta_seconds"] is not None:
+            bad = " bad" if m["eta_seconds"] < remaining else ""
+            out.append(f"<p class='forecast{bad}'>rank {m['rank']} {escape(m['device'])} memory: "
+                       f"{m['used_bytes'] / 2**30:.2f} of {m['limit_bytes'] / 2**30:.2f} GiB, "
+                       f"full in about {m['eta_seconds']:.0f}s</p>")
     return "".join(out)
 
 
