@@ -96,3 +96,36 @@ def test_runbook_links_resolve_to_files_and_anchors() -> None:
         assert page.exists(), f"{rule['alert']}: {path} missing"
         if anchor:
             assert f'<a id="{anchor}"></a>' in page.read_text(), f"{url}: no such anchor"
+
+
+def amtool() -> str:
+    path = shutil.which("amtool")
+    if path is None:
+        pytest.fail("amtool not found: install Debian's `prometheus-alertmanager` package "
+                    "(make test does)")
+    return path
+
+
+AM_EXAMPLE = RULES / "alertmanager.example.yml"
+
+
+def test_alertmanager_example_config_is_valid() -> None:
+    out = subprocess.run([amtool(), "check-config", str(AM_EXAMPLE)], capture_output=True,
+                         text=True)
+    assert out.returncode == 0 and "SUCCESS" in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("labels,receiver", [
+    ({"alertname": "NCCLWatchWatchdogForecastOverrun", "severity": "critical"}, "ncclwatch-pager"),
+    ({"alertname": "NCCLWatchRankLost", "severity": "critical"}, "ncclwatch-pager"),
+    ({"alertname": "NCCLWatchCheckpointGatherStall", "severity": "warning"}, "ncclwatch-chat"),
+    ({"alertname": "NCCLWatchJobConfigDefeatsWatchdog", "severity": "info"}, "ncclwatch-ticket"),
+])
+def test_alertmanager_example_routes_by_severity(labels: dict, receiver: str) -> None:
+    severities = {r["alert"]: r["labels"]["severity"] for r in _alerts()}
+    assert severities[labels["alertname"]] == labels["severity"], "routing test is stale"
+    out = subprocess.run([amtool(), "config", "routes", "test", f"--config.file={AM_EXAMPLE}",
+                          *(f"{k}={v}" for k, v in labels.items()), "job=j1"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.strip() == receiver
