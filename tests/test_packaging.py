@@ -9,6 +9,7 @@ PYTHONPATH does not load, so the import must resolve to the installed wheel.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -26,8 +27,12 @@ def _run(*argv, **kw) -> subprocess.CompletedProcess:
 
 
 def test_pip_install_gives_a_working_ncclwatch(tmp_path) -> None:
+    # Build from a copy: setuptools leaves build/ and *.egg-info in the source tree.
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".venv", ".git", "artifacts", "build", "*.egg-info", "__pycache__", ".pytest_cache"))
     _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(tmp_path / "dist"), str(ROOT))
+         "-w", str(tmp_path / "dist"), str(src))
     wheel = next((tmp_path / "dist").glob("ncclwatch-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in ("ncclwatch/v1/collector_pb2.py", "ncclwatch/v1/collector_pb2_grpc.py",
