@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 TORCH  := torch==2.13.0
 PROTOS := $(wildcard proto/ncclwatch/v1/*.proto)
 
-.PHONY: all venv system-deps proto runbooks dashboards test test-fast scenarios demo bench clean
+.PHONY: all venv system-deps proto runbooks dashboards test test-fast scenarios fuzz demo bench clean
 
 all: test
 
@@ -57,6 +57,10 @@ test-fast: $(STAMP)
 # The scenario matrix alone: real torch jobs, one verdict each, printed as a table.
 scenarios: $(STAMP)
 	$(PY) -m pytest tests/scenarios -s
+
+# The gRPC fuzz test at 100k examples (make test runs 10k); about 20 minutes.
+fuzz: $(STAMP)
+	NCCLWATCH_FUZZ_EXAMPLES=100000 $(PY) -m pytest tests/test_fuzz.py -q
 
 demo: $(STAMP)
 	$(PY) -m ncclwatch.demo
