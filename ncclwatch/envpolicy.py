@@ -43,14 +43,17 @@ REDACTED = "<redacted>"
 SECRET_VALUE_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     # scheme://user:password@host -> scheme://<redacted>@host
     (re.compile(r"(?<=://)[^/@\s]+(?=@)"), REDACTED),
+    # user:password@host without a scheme (MASTER_ADDR, host lists)
+    (re.compile(r"(?:^|(?<=[\s,;=]))[^\s/@:,;=<>]+:[^\s/@<>]+(?=@[\w.\[-])"), REDACTED),
     # key=value pairs whose key says secret (query strings, option lists)
     (re.compile(r"(?i)\b(password|passwd|pwd|token|secret|api_?key|key)=[^&;,\s]+"),
      r"\1=" + REDACTED),
-    (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), REDACTED),          # AWS access key id
-    (re.compile(r"\bhf_[A-Za-z0-9]{20,}\b"), REDACTED),                # Hugging Face token
-    (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{20,}\b"), REDACTED),         # GitHub token
-    (re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}\b"), REDACTED),      # Slack token
-    (re.compile(r"\bsk-[A-Za-z0-9_-]{20,}\b"), REDACTED),              # sk- API keys
+    # Token formats, wherever they sit (a token inside a path: /tmp/fr_ghp_...).
+    (re.compile(r"(?:AKIA|ASIA)[0-9A-Z]{16}"), REDACTED),              # AWS access key id
+    (re.compile(r"hf_[A-Za-z0-9]{20,}"), REDACTED),                    # Hugging Face token
+    (re.compile(r"gh[pousr]_[A-Za-z0-9]{20,}"), REDACTED),             # GitHub token
+    (re.compile(r"xox[abposr]-[A-Za-z0-9-]{10,}"), REDACTED),          # Slack token
+    (re.compile(r"(?<![A-Za-z])sk-[A-Za-z0-9_-]{20,}"), REDACTED),     # sk- API keys
     (re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*"), REDACTED),  # JWT
 )
 
@@ -64,10 +67,20 @@ def is_allowed(name: str) -> bool:
     return name in ALLOWED_NAMES or name.startswith(ALLOWED_PREFIXES)
 
 
-def redact_value(value: str) -> str:
-    """Replace credential-looking parts of a value; keep the rest readable."""
+def redact_patterns(value: str) -> str:
+    """Replace the parts of a value that match a credential pattern.
+
+    For identifiers built from the environment (job ids): a run id that only
+    looks random must stay distinct, so the whole-value heuristic is not applied.
+    """
     for pattern, replacement in SECRET_VALUE_PATTERNS:
         value = pattern.sub(replacement, value)
+    return value
+
+
+def redact_value(value: str) -> str:
+    """Replace credential-looking parts of a value; keep the rest readable."""
+    value = redact_patterns(value)
     if _looks_random(value):
         return REDACTED
     return value

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+from ncclwatch.envpolicy import redact_patterns
+
 _LOOPBACK = ("127.", "localhost", "::1", "0.0.0.0")
 
 
@@ -78,6 +80,9 @@ def identify(env: Mapping[str, str], host: str) -> RankIdentity | None:
     for source, extract in JOB_ID_SOURCES:
         job = extract(env, host)
         if job:
+            # Built from raw env (MASTER_ADDR may be user:password@host): the id
+            # travels everywhere, so it is redacted like any value.
+            job = redact_patterns(job)
             return RankIdentity(
                 job_id=(job if source == "explicit" else f"{source}:{job}")[:MAX_JOB_ID_LEN],
                 job_source=source,

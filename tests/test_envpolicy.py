@@ -31,6 +31,11 @@ def test_non_allowlisted_and_secret_names_are_dropped() -> None:
     ("hf_abcdefghijklmnopqrstuvwxyz0123", "hf_abcdefghijklmnopqrstuvwxyz"),
     ("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.sig", "eyJzdWIiOiIxMjM0In0"),
     ("Zm9vYmFyQmF6UXV4MTIzNDU2Nzg5MGFiY2RlZg==", "Zm9vYmFyQmF6UXV4"),
+    ("trainer:MasterPw9876@10.0.0.7", "MasterPw9876"),      # no scheme
+    ("a=1,svc:pw0rd@store:2379", "pw0rd"),
+    # a token inside a path: no word boundary before it
+    ("/tmp/fr_ghp_abcdefghijklmnopqrstuvwxyz0123", "ghp_abcdefghijklmnop"),
+    ("s3://bucket/x_hf_abcdefghijklmnopqrstuvwxyz0123/y", "hf_abcdefghijklmnop"),
 ])
 def test_credential_looking_values_are_redacted(value, secret) -> None:
     out = redact_value(value)
@@ -69,6 +74,21 @@ def test_job_id_is_shared_by_ranks_and_differs_between_jobs() -> None:
 def test_job_id_sources(env, job_id) -> None:
     ident = identify({"RANK": "1", "WORLD_SIZE": "2", **env}, "nodeA")
     assert ident is not None and ident.job_id == job_id
+
+
+def test_job_id_from_a_credentialed_rendezvous_is_redacted_and_still_shared() -> None:
+    """MASTER_ADDR=user:password@host must not put the password in the job id."""
+    env = {"WORLD_SIZE": "2", "MASTER_ADDR": "trainer:MasterPw9876@10.0.0.7",
+           "MASTER_PORT": "29500"}
+    a, b = identify({**env, "RANK": "0"}, "n1"), identify({**env, "RANK": "1"}, "n2")
+    assert "MasterPw9876" not in a.job_id and "10.0.0.7:29500" in a.job_id
+    assert a.job_id == b.job_id
+    # A run id that merely looks random stays distinct (no whole-value redaction).
+    r1 = identify({"RANK": "0", "WORLD_SIZE": "1", "TORCHELASTIC_RUN_ID": "Xk3jQ9vLm2Np8Rt5"
+                   "Wz7Yb4Hc6Df1Gs0A"}, "n")
+    r2 = identify({"RANK": "0", "WORLD_SIZE": "1", "TORCHELASTIC_RUN_ID": "Ab3jQ9vLm2Np8Rt5"
+                   "Wz7Yb4Hc6Df1Gs0A"}, "n")
+    assert r1.job_id != r2.job_id
 
 
 @pytest.mark.parametrize("env", [

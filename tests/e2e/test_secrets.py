@@ -1,0 +1,119 @@
+"""No secret of a training process leaves its node: not on the wire, not in
+/metrics, /api/v1/jobs, the page or the logs.
+
+A process that looks like a rank to the agent (launcher variables set) also
+carries AWS keys, HF/W&B tokens, credentials inside URLs of allowlisted
+NCCL/TORCH variables and a password in a MASTER_ADDR-like URL. Everything
+the agent sends goes through a recording TCP proxy in this test.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+import time
+
+import pytest
+
+from tests.conftest import Monitor, Proc, _wait_http, free_port, need
+
+pytestmark = pytest.mark.e2e
+
+SECRETS = {
+    "AWS_ACCESS_KEY_ID": "AKIAIOSFODNN7EXAMPLE",
+    "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+    "HF_TOKEN": "hf_abcdefghijklmnopqrstuvwxyz012345",
+    "WANDB_API_KEY": "0123456789abcdef0123456789abcdef01234567",
+    "NCCL_TOKEN_FILE_CONTENTS": "plain-secret-under-an-allowed-prefix",
+    "TORCH_DISTRIBUTED_STORE_URL": "https://svc:S3cr3tPassw0rd@store.internal:2379/x",
+    "NCCL_IB_QUERY": "hca=mlx5_0&password=Hunter2Hunter2&x=1",
+    "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/tmp/fr_ghp_abcdefghijklmnopqrstuvwxyz0123",
+    "MASTER_ADDR": "trainer:MasterPw9876@10.0.0.7",
+}
+#: The parts that must never appear anywhere (a value may keep its harmless rest).
+NEEDLES = ["AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI", "hf_abcdefghijklmnop",
+           "0123456789abcdef0123456789abcdef01234567", "plain-secret-under-an-allowed-prefix",
+           "S3cr3tPassw0rd", "Hunter2Hunter2", "ghp_abcdefghijklmnop", "MasterPw9876"]
+
+
+class RecordingProxy:
+    """TCP proxy agent -> daemon that keeps every byte in both directions."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target = ("127.0.0.1", target_port)
+        self.data = bytearray()
+        self.lock = threading.Lock()
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while chunk := src.recv(65536):
+                with self.lock:
+                    self.data += chunk
+                dst.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+def test_no_secret_leaves_the_node(tmp_path) -> None:
+    grpc_port, http_port = free_port(), free_port()
+    daemon = Proc([need("ncclwatch"), "daemon", "--grpc", f"127.0.0.1:{grpc_port}",
+                   "--http", f"127.0.0.1:{http_port}"], name="ncclwatch-daemon")
+    mon = Monitor([daemon], f"http://127.0.0.1:{http_port}")
+    rank = None
+    try:
+        _wait_http(mon)
+        proxy = RecordingProxy(grpc_port)
+        mon.procs.append(Proc([need("ncclwatch"), "agent", "--collector",
+                               f"127.0.0.1:{proxy.port}", "--interval", "0.5",
+                               "--log-level", "debug"], name="ncclwatch-agent"))
+        rank = Proc([sys.executable, "-c", "import time\nwhile True: time.sleep(0.2)"],
+                    env={"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+                         "MASTER_PORT": "29777", **SECRETS}, name="fake-rank")
+        deadline, job = time.time() + 30, None
+        while time.time() < deadline:
+            job = mon.job_of({rank.popen.pid})
+            if job and job["ranks"][0]["state"] != "unknown" and job["env"]:
+                break
+            time.sleep(0.3)
+        assert job, f"the agent never reported the rank:\n{mon.output()[-3000:]}"
+        time.sleep(2)  # a few more rounds on the wire, job info refreshes included
+        surfaces = {
+            "wire": proxy.data.decode("latin-1"),
+            "/metrics": mon.get("/metrics"),
+            "/api/v1/jobs": mon.get("/api/v1/jobs"),
+            "/api/v1/incidents": mon.get("/api/v1/incidents"),
+            "/": mon.get("/"),
+        }
+        assert len(proxy.data) > 1000, "nothing recorded on the wire"
+        # The harmless parts do arrive: the test would notice a broken pipe.
+        assert "store.internal:2379" in surfaces["/api/v1/jobs"]
+        assert "mlx5_0" in surfaces["/api/v1/jobs"]
+    finally:
+        for p in reversed(mon.procs):
+            p.stop()
+        if rank is not None:
+            rank.stop()
+    surfaces["logs"] = mon.output()
+    leaks = [(needle, where) for needle in NEEDLES for where, text in surfaces.items()
+             if needle in text]
+    assert not leaks, f"secrets leaked: {leaks}"
