@@ -175,19 +175,27 @@ def _agent_config(cfg: dict[str, Any], collector: str | None = None):
         pyspy_timeout=cfg["pyspy_timeout"])
 
 
-def _stop_on_signals(stop) -> None:
+def _stop_on_signals(stop, notifier=None) -> None:
+    """SIGINT/SIGTERM call ``stop``; systemd hears STOPPING=1 first."""
+    def on_signal() -> None:
+        if notifier is not None:
+            notifier.stopping()
+        stop()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop)
+        loop.add_signal_handler(sig, on_signal)
 
 
 async def _daemon(cfg: dict[str, Any]) -> int:
     from ncclwatch.daemon.core import Daemon
     from ncclwatch.daemon.server import DaemonServer
+    from ncclwatch.sdnotify import Notifier
 
-    server = DaemonServer(Daemon(_daemon_config(cfg)))
+    notifier = Notifier()
+    server = DaemonServer(Daemon(_daemon_config(cfg)), notifier)
     done = asyncio.Event()
-    _stop_on_signals(done.set)
+    _stop_on_signals(done.set, notifier)
     await server.start()
     await done.wait()
     log.info("shutting down")
@@ -199,10 +207,13 @@ async def _agent(cfg: dict[str, Any]) -> int:
     from ncclwatch.agent.agent import Agent
 
     from ncclwatch.agent.discover import Discovery
+    from ncclwatch.sdnotify import Notifier
 
     config = _agent_config(cfg)
-    agent = Agent(config, discovery=Discovery(config.node, ranks=cfg["ranks"]))
-    _stop_on_signals(agent.stop)
+    notifier = Notifier()
+    agent = Agent(config, discovery=Discovery(config.node, ranks=cfg["ranks"]),
+                  notifier=notifier)
+    _stop_on_signals(agent.stop, notifier)
     _warn_ptrace()
     log.info("ncclwatch agent on %s: reporting to %s every %.1fs", agent.config.node,
              agent.config.collector, agent.config.interval)
@@ -214,12 +225,15 @@ async def _run(cfg: dict[str, Any]) -> int:
     from ncclwatch.agent.agent import Agent
     from ncclwatch.daemon.core import Daemon
     from ncclwatch.daemon.server import DaemonServer
+    from ncclwatch.sdnotify import Notifier
 
-    server = DaemonServer(Daemon(_daemon_config(cfg)))
+    # One process, one voice to systemd: the daemon side's (ports, ticks).
+    notifier = Notifier()
+    server = DaemonServer(Daemon(_daemon_config(cfg)), notifier)
     await server.start()
     host = cfg["grpc"].rpartition(":")[0] or "127.0.0.1"
     agent = Agent(_agent_config(cfg, collector=f"{host}:{server.grpc_port}"))
-    _stop_on_signals(agent.stop)
+    _stop_on_signals(agent.stop, notifier)
     _warn_ptrace()
     print(f"ncclwatch {__version__}: watching this node; open http://{cfg['http'].rpartition(':')[0]}:"
           f"{server.http_port}/ or run `ncclwatch status`", file=sys.stderr, flush=True)

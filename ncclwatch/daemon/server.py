@@ -13,6 +13,7 @@ import grpc
 from ncclwatch.daemon.core import Daemon
 from ncclwatch.daemon.http import HttpServer
 from ncclwatch.daemon.service import SERVER_OPTIONS, CollectorService
+from ncclwatch.sdnotify import Notifier
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +56,9 @@ def loop_caller(loop: asyncio.AbstractEventLoop, timeout: float = 10.0) -> Calla
 class DaemonServer:
     """The daemon's network side; ``await start()``, then ``await stop()``."""
 
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(self, daemon: Daemon, notifier: Notifier | None = None) -> None:
         self.daemon = daemon
+        self.notifier = notifier
         self.grpc_port = 0
         self.http_port = 0
         self._server: grpc.aio.Server | None = None
@@ -80,6 +82,8 @@ class DaemonServer:
         self._tick_task = asyncio.create_task(self._ticks(), name="ncclwatch-detect")
         log.info("ncclwatch daemon: gRPC on %s:%d, HTTP on http://%s:%d/",
                  split_hostport(cfg.grpc, 7470)[0], self.grpc_port, host, self.http_port)
+        if self.notifier:  # both ports listen now
+            self.notifier.ready(status_line(self.daemon))
 
     async def _ticks(self) -> None:
         while not self._stopping.is_set():
@@ -87,6 +91,10 @@ class DaemonServer:
                 self.daemon.tick()
             except Exception:
                 log.exception("detection tick failed")
+            else:
+                # Only a loop that still ticks feeds systemd's watchdog.
+                if self.notifier:
+                    self.notifier.alive(lambda: status_line(self.daemon))
             try:
                 await asyncio.wait_for(self._stopping.wait(), self.daemon.config.tick)
             except asyncio.TimeoutError:
@@ -100,6 +108,24 @@ class DaemonServer:
             await self._server.stop(grace)
         if self._http:
             await asyncio.to_thread(self._http.stop)
+
+
+def status_line(daemon: Daemon) -> str:
+    """One line for ``systemctl status``: jobs, open stalls, connected agents."""
+    jobs = len(daemon.table.jobs)
+    stalls = sorted(daemon.incidents.active)
+    agents = sum(1 for a in daemon.table.agents.values() if a.connected)
+    if stalls:
+        shown = ", ".join(f"{kind.value} in job {job}" for job, kind in stalls[:2])
+        more = f", +{len(stalls) - 2} more" if len(stalls) > 2 else ""
+        stall_text = f"{_n(len(stalls), 'stall')} ({shown}{more})"
+    else:
+        stall_text = "no stalls"
+    return f"{_n(jobs, 'job')}, {stall_text}, {_n(agents, 'agent')} connected"
+
+
+def _n(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
 
 
 def _grpc_addr(addr: str) -> str:
