@@ -8,9 +8,9 @@ from tests.test_forecast import MB, _drive, _rank0
 
 
 def test_page_shows_culprit_budget_forecast_groups_and_fix() -> None:
-    d, _ = _drive(lambda i: _rank0(S.SAVING, i, file_size=(i + 1) * MB, prev=200 * MB,
-                                   seconds=i), 12)
-    html = page.render(api.jobs_view(d))
+    d, now = _drive(lambda i: _rank0(S.SAVING, i, file_size=(i + 1) * MB, prev=200 * MB,
+                                     seconds=i), 12)
+    html = page.render(api.jobs_view(d, now=now))
     assert "<p class='culprit' data-rank='0'>culprit: <b>rank 0</b>" in html
     assert "checkpoint_gather" in html and "AT RISK" in html
     assert "<meter" in html and "of 90s left" in html
@@ -21,8 +21,8 @@ def test_page_shows_culprit_budget_forecast_groups_and_fix() -> None:
 
 
 def test_page_escapes_what_jobs_report() -> None:
-    d, _ = _drive(lambda i: _rank0(S.SAVING, i, file_size=(i + 1) * MB, seconds=i), 8)
-    view = api.jobs_view(d)
+    d, now = _drive(lambda i: _rank0(S.SAVING, i, file_size=(i + 1) * MB, seconds=i), 8)
+    view = api.jobs_view(d, now=now)
     view["jobs"][0]["job"] = "<script>alert(1)</script>"
     html = page.render(view)
     assert "<script>" not in html and "&lt;script&gt;" in html

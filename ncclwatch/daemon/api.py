@@ -19,8 +19,10 @@ API_VERSION = "v1"
 MAX_STACK_FRAMES = 64
 
 
-def jobs_view(d: Daemon, *, with_ranks: bool = True) -> dict[str, Any]:
-    now, wall = time.monotonic(), time.time()
+def jobs_view(d: Daemon, *, with_ranks: bool = True, now: float | None = None) -> dict[str, Any]:
+    """``now``: the daemon's monotonic time (tests that drive a clock pass theirs)."""
+    now = time.monotonic() if now is None else now
+    wall = time.time()
     jobs = []
     for job_id, job in sorted(d.table.jobs.items()):
         b = d.budget_of(job_id, now)
