@@ -79,9 +79,17 @@ CASES += [
 
 @pytest.mark.parametrize("name,spec,expected", CASES, ids=[c[0] for c in CASES])
 def test_verdicts(name, spec, expected) -> None:
-    d = _daemon()
+    d = _daemon(staleness=10)
     d.ingest(_job(spec), now=1000.0)
     d.tick(now=1000.0)
+    # A rank missing from the job is judged only after a staleness period
+    # (the daemon may have just restarted); complete jobs are judged at once.
+    complete = len({r for r, *_ in spec}) == 4
+    assert _stalls(d) == (expected if complete else {})
+    if complete:
+        return
+    d.ingest(_job(spec, seq=2), now=1010.0)
+    d.tick(now=1010.0)
     assert _stalls(d) == expected
 
 
@@ -189,3 +197,43 @@ def test_suspicious_job_gets_a_stack_request() -> None:
                           (2, S.COMPUTE, Op.NONE, 2), (3, S.COMPUTE, Op.NONE, 2)], seq=2),
                      now=2.0)
     assert [c.dump_stacks.job_id for c in resp.commands] == ["job-1"]
+
+
+def test_after_a_restart_no_verdict_from_a_partial_picture() -> None:
+    """A fresh daemon hears node-a (4 ranks waiting for 40 s) before node-b.
+
+    It must not call the missing half lost, nor the waiters hung; once node-b
+    reports (its rank 4 saving), the stall is named at once, with the full
+    40 s already waited (durations come from the agents' clocks).
+    """
+    d = _daemon(staleness=10)
+    full = checkpoint_job(world=8, wait_for=40, save_for=40).report
+    by_rank = {s.identity.rank: s for s in full.samples}
+    a = report([by_rank[r] for r in (1, 2, 3, 5)], node="node-a", agent="a",
+               stacks=list(full.stacks))
+    b = report([by_rank[r] for r in (0, 4, 6, 7)], node="node-b", agent="b",
+               stacks=list(full.stacks))
+    d.ingest(a, now=1000.0)
+    d.tick(now=1000.0)
+    d.ingest(a.__class__.FromString(a.SerializeToString()), now=1001.0)
+    assert _stalls(d) == {}
+    d.ingest(b, now=1001.5)
+    d.tick(now=1001.5)
+    assert _stalls(d) == {StallKind.CHECKPOINT_GATHER: [0]}
+    inc = d.incidents.active[("job-1", StallKind.CHECKPOINT_GATHER)]
+    assert inc.budget.remaining <= d.config.watchdog_timeout - 39
+
+
+def test_ranks_that_never_report_become_unknown_after_the_staleness() -> None:
+    d = _daemon(staleness=10)
+    full = checkpoint_job(world=8, wait_for=40).report
+    a = report([s for s in full.samples if s.identity.rank in (1, 2, 3)], stacks=list(full.stacks))
+    d.ingest(a, now=1000.0)
+    d.tick(now=1000.0)
+    assert _stalls(d) == {}
+    for i in range(1, 12):
+        a.report.seq = i + 1
+        d.ingest(a, now=1000.0 + i)
+        d.tick(now=1000.0 + i)
+    assert StallKind.RANK_LOST in _stalls(d)
+    assert d.incidents.active[("job-1", StallKind.RANK_LOST)].finding.unknown == (0, 4, 5, 6, 7)

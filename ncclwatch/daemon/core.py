@@ -126,6 +126,8 @@ class Daemon:
             if job_id not in table.dirty and not job.waiting \
                     and not self.incidents.for_job(job_id):
                 continue
+            if self._partial(job, now):
+                continue
             b = budget(job, table, now, self.budget_cfg)
             self.budgets[job_id] = b
             findings = detect_job(job, table, now, self.detect_cfg)
@@ -142,6 +144,16 @@ class Daemon:
         table.dirty.clear()
         self.ticks_total += 1
         self.detect_seconds_total += time.perf_counter() - t0
+
+    def _partial(self, job, now: float) -> bool:
+        """Too early to judge: not every rank has reported since the job was first seen.
+
+        After a daemon restart (or a job start) the agents' first reports come
+        in one by one; a job assembled from half of them would show waiting
+        ranks and "missing" ones, a false rank_lost. Ranks that stay missing
+        for a staleness period are judged as unknown, as usual.
+        """
+        return len(job.ranks) < job.world_size and now - job.first_seen < self.config.staleness
 
     def _escalate(self, job_id: str, stalled: bool, now: float) -> None:
         job = self.table.jobs[job_id]
