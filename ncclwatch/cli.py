@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 from ncclwatch import __version__
 from ncclwatch.config import (ConfigError, Option, add_options, hostport, load_file,
-                              positive_float, rank_set, resolve)
+                              positive_float, positive_int, rank_set, resolve)
 
 log = logging.getLogger("ncclwatch")
 
@@ -35,6 +35,9 @@ _SLOW = Option("slow_stack_interval", positive_float, 20.0,
                "re-dump every rank at least this often", "SECONDS")
 _PYSPY_TIMEOUT = Option("pyspy_timeout", positive_float, 3.0, "timeout of one py-spy dump",
                         "SECONDS")
+_MAX_QUEUE = Option("max_queue", positive_int, 32,
+                    "reports kept while the collector is unreachable (the oldest are "
+                    "dropped and counted)", "N")
 
 DAEMON_OPTIONS = (
     Option("grpc", hostport, "0.0.0.0:7470", "listen address for agents", "HOST:PORT"),
@@ -48,7 +51,7 @@ AGENT_OPTIONS = (
     Option("node", str, socket.gethostname(), "node name to report as", "NAME"),
     Option("ranks", rank_set, None, "watch only these global ranks, e.g. 0-3 (default: all; "
            "for splitting one host's ranks between agents)", "RANGES"),
-    _SUSPECT, _SLOW, _PYSPY_TIMEOUT, _LOG,
+    _SUSPECT, _SLOW, _PYSPY_TIMEOUT, _MAX_QUEUE, _LOG,
 )
 RUN_OPTIONS = (
     Option("grpc", hostport, "127.0.0.1:7470", "listen address for agents", "HOST:PORT"),
@@ -172,7 +175,7 @@ def _agent_config(cfg: dict[str, Any], collector: str | None = None):
         node=cfg.get("node") or socket.gethostname(),
         policy=StackPolicy(suspect_interval=cfg["suspect_stack_interval"],
                            slow_interval=cfg["slow_stack_interval"]),
-        pyspy_timeout=cfg["pyspy_timeout"])
+        pyspy_timeout=cfg["pyspy_timeout"], max_queue=cfg.get("max_queue", 32))
 
 
 def _stop_on_signals(stop, notifier=None) -> None:

@@ -101,6 +101,15 @@ def positive_float(v: Any) -> float:
     return x
 
 
+def positive_int(v: Any) -> int:
+    if isinstance(v, bool) or float(v) != int(float(v)):
+        raise ValueError("must be a whole number")
+    x = int(float(v))
+    if x < 1:
+        raise ValueError("must be >= 1")
+    return x
+
+
 def hostport(v: Any) -> str:
     s = str(v)
     if ":" not in s:
