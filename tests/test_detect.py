@@ -237,3 +237,26 @@ def test_ranks_that_never_report_become_unknown_after_the_staleness() -> None:
         d.tick(now=1000.0 + i)
     assert StallKind.RANK_LOST in _stalls(d)
     assert d.incidents.active[("job-1", StallKind.RANK_LOST)].finding.unknown == (0, 4, 5, 6, 7)
+
+
+def test_a_culprit_seen_only_when_the_wait_began_is_not_named() -> None:
+    """Rank 0's last stack (torch.save) was taken as the others entered the
+    barrier 8 s ago; py-spy has not dumped it since. That is no evidence it
+    still saves (a 70 ms save looks like this on an overloaded node)."""
+    d = _daemon()
+    req = checkpoint_job(save_for=8, wait_for=8)
+    req.report.samples[0].stack_age_seconds = 8.0
+    d.ingest(req, now=100.0)
+    d.tick(now=100.0)
+    assert _stalls(d) == {}
+    fresh = checkpoint_job(save_for=9, wait_for=9, seq=2)
+    fresh.report.samples[0].stack_age_seconds = 0.5  # dumped again: still in torch.save
+    d.ingest(fresh, now=101.0)
+    d.tick(now=101.0)
+    assert _stalls(d) == {StallKind.CHECKPOINT_GATHER: [0]}
+    # Once open, an incident does not flap while the next dump is on its way.
+    later = checkpoint_job(save_for=12, wait_for=12, seq=3)
+    later.report.samples[0].stack_age_seconds = 3.5
+    d.ingest(later, now=104.0)
+    d.tick(now=104.0)
+    assert _stalls(d) == {StallKind.CHECKPOINT_GATHER: [0]}

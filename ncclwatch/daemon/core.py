@@ -130,7 +130,8 @@ class Daemon:
                 continue
             b = budget(job, table, now, self.budget_cfg)
             self.budgets[job_id] = b
-            findings = detect_job(job, table, now, self.detect_cfg)
+            findings = [f for f in detect_job(job, table, now, self.detect_cfg)
+                        if (job_id, f.kind) in self.incidents.active or self._confirmed(job, f)]
             judged = [(f, diagnose(job, table, f, b, now)) for f in findings]
             for inc in self.incidents.update(job, judged, b, now, wall):
                 log.warning("stall %s in job %s: %s; watchdog budget %.0fs of %.0fs left",
@@ -144,6 +145,22 @@ class Daemon:
         table.dirty.clear()
         self.ticks_total += 1
         self.detect_seconds_total += time.perf_counter() - t0
+
+    def _confirmed(self, job, f) -> bool:
+        """A culprit's state must come from a stack taken after the others waited a while.
+
+        Stacks lag /proc; a stack that showed rank 0 in torch.save when the
+        others entered the barrier says nothing about the five seconds after
+        (an overloaded node may take that long to dump again). A new incident
+        needs each culprit seen in its state at least ``stall_threshold``
+        after the wait began; rank_lost names no culprit and needs none.
+        """
+        confirm_at = f.started_at + self.config.stall_threshold
+        for c in f.culprits:
+            rec = job.ranks.get(c.rank)
+            if rec is None or rec.stack_at is None or rec.stack_at < confirm_at:
+                return False
+        return True
 
     def _partial(self, job, now: float) -> bool:
         """Too early to judge: not every rank has reported since the job was first seen.

@@ -50,7 +50,7 @@ class RankRecord:
     __slots__ = (
         "rank", "local_rank", "node", "agent_id", "pid", "state", "op", "since",
         "stack_id", "seen", "cpu_util", "rss_bytes", "io_write_bytes", "write_rate",
-        "files", "gpu", "gone_at", "vms_bytes", "limits", "curve",
+        "files", "gpu", "gone_at", "vms_bytes", "limits", "curve", "stack_at",
     )
 
     def __init__(self, rank: int) -> None:
@@ -77,6 +77,8 @@ class RankRecord:
         # (kind, used, limit): host, cgroup, address_space, gpu<i>
         self.limits: tuple[tuple[str, int, int], ...] = ()
         self.curve: collections.deque[Point] = collections.deque(maxlen=CURVE_POINTS)
+        # When the stack that gave ``state`` was taken (daemon clock), None: never.
+        self.stack_at: float | None = None
 
     def record(self, now: float) -> None:
         """Append the current readings to the curve (downsampled)."""
@@ -264,6 +266,8 @@ class JobTable:
             if s.stack_id and s.stack_id != rec.stack_id and not self.stacks.touch(s.stack_id):
                 missing.append(s.stack_id)
             rec.stack_id = s.stack_id
+            # The state is what the stack of stack_age_seconds ago showed.
+            rec.stack_at = recv - s.stack_age_seconds if state is not RankState.UNKNOWN else None
             if s.HasField("job"):
                 job.source = s.job.source
                 if dict(s.job.env) != job.env:
