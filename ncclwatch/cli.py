@@ -1,13 +1,16 @@
-"""The ``ncclwatch`` command: run, agent, daemon, status."""
+"""The ``ncclwatch`` command: run, agent, daemon, status, certs."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
+import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 from typing import Any, Sequence
 
 from ncclwatch import __version__
@@ -39,11 +42,31 @@ _MAX_QUEUE = Option("max_queue", positive_int, 32,
                     "reports kept while the collector is unreachable (the oldest are "
                     "dropped and counted)", "N")
 
+#: mTLS for the agents' gRPC (ncclwatch/tls.py says which go together).
+_TLS_SERVER = (
+    Option("tls_cert", str, None, "the daemon's TLS certificate (PEM); turns on mTLS for "
+           "agents", "FILE"),
+    Option("tls_key", str, None, "the private key of --tls-cert (PEM)", "FILE"),
+    Option("tls_client_ca", str, None, "CA that signs the agents' client certificates "
+           "(required with --tls-cert: every agent must present one)", "FILE"),
+)
+_TLS_AGENT = (
+    Option("tls_ca", str, None, "CA that signed the daemon's certificate; turns on mTLS",
+           "FILE"),
+    Option("tls_cert", str, None, "this node's client certificate (PEM); its CN or a DNS "
+           "name must be --node", "FILE"),
+    Option("tls_key", str, None, "the private key of --tls-cert (PEM)", "FILE"),
+    Option("tls_server_name", str, None, "name to check the daemon's certificate against "
+           "(default: the --collector host)", "NAME"),
+)
+_WEB_CONFIG = Option("web_config", str, None, "web config (YAML, Prometheus exporter-toolkit "
+                     "format) for HTTPS and basic auth on /metrics, API and page", "FILE")
+
 DAEMON_OPTIONS = (
     Option("grpc", hostport, "0.0.0.0:7470", "listen address for agents", "HOST:PORT"),
     Option("http", hostport, "0.0.0.0:7471", "listen address for /metrics, API, page",
            "HOST:PORT"),
-    _WATCHDOG, _THRESHOLD, _HANG, _STALENESS, _LOG,
+    _WATCHDOG, _THRESHOLD, _HANG, _STALENESS, *_TLS_SERVER, _WEB_CONFIG, _LOG,
 )
 AGENT_OPTIONS = (
     Option("collector", hostport, "127.0.0.1:7470", "the daemon's gRPC address", "HOST:PORT"),
@@ -51,13 +74,14 @@ AGENT_OPTIONS = (
     Option("node", str, socket.gethostname(), "node name to report as", "NAME"),
     Option("ranks", rank_set, None, "watch only these global ranks, e.g. 0-3 (default: all; "
            "for splitting one host's ranks between agents)", "RANGES"),
-    _SUSPECT, _SLOW, _PYSPY_TIMEOUT, _MAX_QUEUE, _LOG,
+    _SUSPECT, _SLOW, _PYSPY_TIMEOUT, _MAX_QUEUE, *_TLS_AGENT, _LOG,
 )
 RUN_OPTIONS = (
     Option("grpc", hostport, "127.0.0.1:7470", "listen address for agents", "HOST:PORT"),
     Option("http", hostport, "127.0.0.1:7471", "listen address for /metrics, API, page",
            "HOST:PORT"),
-    _INTERVAL, _WATCHDOG, _THRESHOLD, _HANG, _STALENESS, _SUSPECT, _SLOW, _PYSPY_TIMEOUT, _LOG,
+    _INTERVAL, _WATCHDOG, _THRESHOLD, _HANG, _STALENESS, _SUSPECT, _SLOW, _PYSPY_TIMEOUT,
+    *_TLS_SERVER, _LOG,
 )
 
 DEFAULT_FILES = {"daemon": "/etc/ncclwatch/daemon.toml", "agent": "/etc/ncclwatch/agent.toml",
@@ -92,7 +116,24 @@ def build_parser() -> argparse.ArgumentParser:
                     help="daemon HTTP address (default: http://127.0.0.1:7471; "
                          "env NCCLWATCH_DAEMON)")
     st.add_argument("--json", action="store_true", help="print the raw /api/v1/jobs JSON")
+    st.add_argument("--ca", default=None, metavar="FILE",
+                    help="CA to verify an https daemon with (basic auth: "
+                         "https://user:pass@host:7471 or env NCCLWATCH_DAEMON_AUTH=user:pass)")
+    text = "make a test CA, a daemon certificate and node certificates for mTLS"
+    ce = sub.add_parser("certs", help=text, description=text + " (ECDSA P-256, one year; an "
+                        "existing CA in --out is reused, so nodes can be added later)")
+    ce.add_argument("--out", required=True, metavar="DIR", help="folder for the PEM files")
+    ce.add_argument("--daemon-host", type=_names, default=[], metavar="NAME[,NAME]",
+                    help="names (or IPs) agents use to reach the daemon; localhost and "
+                         "127.0.0.1 are always added")
+    ce.add_argument("--node", action="append", default=[], metavar="NAME",
+                    help="a node to make a client certificate for (repeatable); its agent "
+                         "must report as this name")
     return p
+
+
+def _names(v: str) -> list[str]:
+    return [h.strip() for h in v.split(",") if h.strip()]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -100,11 +141,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "status":
             return _status(args)
+        if args.command == "certs":
+            from ncclwatch import certs
+
+            return certs.main(args)
         options = {"run": RUN_OPTIONS, "daemon": DAEMON_OPTIONS, "agent": AGENT_OPTIONS}
         file = load_file(args.config, DEFAULT_FILES[args.command])
         cfg = resolve(options[args.command], args, file)
         if args.command != "agent":
             cfg["job_timeouts"] = _job_timeouts(file.get("job_timeouts", {}), args.job_timeout)
+        _security(args.command, cfg)
     except ConfigError as e:
         print(f"ncclwatch: {e}", file=sys.stderr)
         return 2
@@ -119,14 +165,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
-def _status(args: argparse.Namespace) -> int:
-    import os
+def _security(command: str, cfg: dict[str, Any]) -> None:
+    """Read and check the TLS files and web config now: errors exit 2, named."""
+    from ncclwatch import tls
 
+    if command == "agent":
+        cfg["client_tls"] = tls.client_tls(cfg, node=cfg.get("node") or socket.gethostname())
+        return
+    cfg["server_tls"] = tls.server_tls(cfg)
+    cfg["web"] = None
+    if cfg.get("web_config"):
+        from ncclwatch.daemon import webconfig
+
+        cfg["web"] = webconfig.load(cfg["web_config"])
+
+
+def _status(args: argparse.Namespace) -> int:
     from ncclwatch import status
 
     url = args.daemon or os.environ.get("NCCLWATCH_DAEMON") or status.DEFAULT_DAEMON
     try:
-        return status.main(url, args.json)
+        return status.main(url, args.json, ca=args.ca,
+                           auth=os.environ.get("NCCLWATCH_DAEMON_AUTH"))
     except status.StatusError as e:
         print(f"ncclwatch status: {e}", file=sys.stderr)
         return 1
@@ -163,7 +223,8 @@ def _daemon_config(cfg: dict[str, Any]):
                         watchdog_timeout=cfg["watchdog_timeout"],
                         job_timeouts=cfg.get("job_timeouts", {}),
                         stall_threshold=cfg["stall_threshold"],
-                        hang_threshold=cfg["hang_threshold"], staleness=cfg["staleness"])
+                        hang_threshold=cfg["hang_threshold"], staleness=cfg["staleness"],
+                        tls=cfg.get("server_tls"), web=cfg.get("web"))
 
 
 def _agent_config(cfg: dict[str, Any], collector: str | None = None):
@@ -175,7 +236,8 @@ def _agent_config(cfg: dict[str, Any], collector: str | None = None):
         node=cfg.get("node") or socket.gethostname(),
         policy=StackPolicy(suspect_interval=cfg["suspect_stack_interval"],
                            slow_interval=cfg["slow_stack_interval"]),
-        pyspy_timeout=cfg["pyspy_timeout"], max_queue=cfg.get("max_queue", 32))
+        pyspy_timeout=cfg["pyspy_timeout"], max_queue=cfg.get("max_queue", 32),
+        tls=None if collector else cfg.get("client_tls"))
 
 
 def _stop_on_signals(stop, notifier=None) -> None:
@@ -230,20 +292,30 @@ async def _run(cfg: dict[str, Any]) -> int:
     from ncclwatch.daemon.server import DaemonServer
     from ncclwatch.sdnotify import Notifier
 
+    # With mTLS on the TCP port, the own agent (which has no client certificate)
+    # reports over a unix socket in a folder only this user can open.
+    private = tempfile.mkdtemp(prefix="ncclwatch-") if cfg.get("server_tls") else None
+    local = os.path.join(private, "grpc.sock") if private else None
     # One process, one voice to systemd: the daemon side's (ports, ticks).
     notifier = Notifier()
-    server = DaemonServer(Daemon(_daemon_config(cfg)), notifier)
-    await server.start()
-    host = cfg["grpc"].rpartition(":")[0] or "127.0.0.1"
-    agent = Agent(_agent_config(cfg, collector=f"{host}:{server.grpc_port}"))
-    _stop_on_signals(agent.stop, notifier)
-    _warn_ptrace()
-    print(f"ncclwatch {__version__}: watching this node; open http://{cfg['http'].rpartition(':')[0]}:"
-          f"{server.http_port}/ or run `ncclwatch status`", file=sys.stderr, flush=True)
+    server = DaemonServer(Daemon(_daemon_config(cfg)), notifier, local_socket=local)
     try:
-        await agent.run()
+        await server.start()
+        host = cfg["grpc"].rpartition(":")[0] or "127.0.0.1"
+        agent = Agent(_agent_config(cfg, collector=f"unix:{local}" if local
+                                    else f"{host}:{server.grpc_port}"))
+        _stop_on_signals(agent.stop, notifier)
+        _warn_ptrace()
+        print(f"ncclwatch {__version__}: watching this node; open http://"
+              f"{cfg['http'].rpartition(':')[0]}:{server.http_port}/ or run `ncclwatch status`",
+              file=sys.stderr, flush=True)
+        try:
+            await agent.run()
+        finally:
+            await server.stop()
     finally:
-        await server.stop()
+        if private:
+            shutil.rmtree(private, ignore_errors=True)
     return 0
 
 

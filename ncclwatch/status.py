@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import ssl
 import urllib.error
 import urllib.request
 from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from ncclwatch.model import rank_ranges
 
@@ -16,13 +19,46 @@ class StatusError(RuntimeError):
     pass
 
 
-def fetch(daemon: str, timeout: float = 5.0) -> dict[str, Any]:
+def split_credentials(daemon: str, auth: str | None = None) -> tuple[str, str | None]:
+    """The URL without user info (safe to print), and ``user:pass`` from the URL
+    or else from ``auth`` (NCCLWATCH_DAEMON_AUTH)."""
+    parts = urlsplit(daemon)
+    if parts.username is None:
+        return daemon, auth or None
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = host + (f":{parts.port}" if parts.port else "")
+    clean = urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    return clean, f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+
+
+def fetch(daemon: str, timeout: float = 5.0, *, ca: str | None = None,
+          auth: str | None = None) -> dict[str, Any]:
+    daemon, auth = split_credentials(daemon, auth)
     url = daemon.rstrip("/") + "/api/v1/jobs"
+    req = urllib.request.Request(url)
+    if auth:
+        req.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        ctx = ssl.create_default_context(cafile=ca) if url.startswith("https:") else None
+    except (OSError, ssl.SSLError) as e:
+        raise StatusError(f"cannot load --ca {ca}: {e}") from None
+    try:
+        with urllib.request.urlopen(req, timeout=timeout, context=ctx) as r:
             return json.load(r)
+    except urllib.error.HTTPError as e:
+        if e.code == 401:
+            who = (f"rejected the credentials of user {auth.partition(':')[0]!r}" if auth else
+                   "needs basic auth: https://user:pass@host:7471 or "
+                   "NCCLWATCH_DAEMON_AUTH=user:pass")
+            raise StatusError(f"the ncclwatch daemon at {daemon} {who}") from None
+        raise StatusError(f"bad answer from {url}: HTTP {e.code} {e.reason}") from None
     except urllib.error.URLError as e:
-        raise StatusError(f"cannot reach the ncclwatch daemon at {daemon}: {e.reason}") from None
+        hint = " (give the daemon's CA with --ca)" if isinstance(
+            e.reason, ssl.SSLCertVerificationError) and not ca else ""
+        raise StatusError(f"cannot reach the ncclwatch daemon at {daemon}: "
+                          f"{e.reason}{hint}") from None
     except (OSError, ValueError) as e:
         raise StatusError(f"bad answer from {url}: {e}") from None
 
@@ -92,7 +128,7 @@ def render(view: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def main(daemon: str, as_json: bool) -> int:
-    view = fetch(daemon)
+def main(daemon: str, as_json: bool, *, ca: str | None = None, auth: str | None = None) -> int:
+    view = fetch(daemon, ca=ca, auth=auth)
     print(json.dumps(view, indent=1) if as_json else render(view))
     return 0

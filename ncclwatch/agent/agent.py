@@ -28,6 +28,7 @@ from ncclwatch.agent.uplink import Uplink
 from ncclwatch.sdnotify import Notifier
 from ncclwatch.signatures import DEFAULT_CLASSIFIER, Classifier
 from ncclwatch.stacks import main_thread
+from ncclwatch.tls import ClientTLS
 from ncclwatch.v1 import collector_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,7 @@ class AgentConfig:
     pyspy_timeout: float = 3.0
     pyspy_concurrency: int = 2
     max_queue: int = 32
+    tls: ClientTLS | None = None  # mTLS to the daemon (None: insecure)
 
 
 class Agent:
@@ -65,7 +67,8 @@ class Agent:
         self.trackers: dict[int, RankTracker] = {}
         self.stacks: dict[str, pb.Stack] = {}
         self.uplink = Uplink(config.collector, self.stacks, max_queue=config.max_queue,
-                             on_command=self._on_command, on_connect=self._on_connect)
+                             on_command=self._on_command, on_connect=self._on_connect,
+                             tls=config.tls)
         self.seq = 0
         self.rounds = 0
         self._exited: list[RankProcess] = []

@@ -6,7 +6,9 @@ the queue only when the daemon acknowledges it: reports a broken stream
 took but never got acked go back to the front, so nothing is lost silently. Stack frames are
 attached at send time, once per stream: after a reconnect the daemon may be
 a fresh process, so every stack is sent again. Reconnects back off with full
-jitter; ``stop()`` interrupts a backoff at once.
+jitter; ``stop()`` interrupts a backoff at once. With a ``ClientTLS`` the
+stream is mTLS: the daemon is checked against the CA, and the node's own
+certificate proves which node it reports for.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Callable
 import grpc
 
 from ncclwatch.agent.report import PROTOCOL_VERSION
+from ncclwatch.tls import ClientTLS
 from ncclwatch.v1 import collector_pb2 as pb
 from ncclwatch.v1 import collector_pb2_grpc as pb_grpc
 
@@ -56,8 +59,10 @@ class Uplink:
     def __init__(self, target: str, stacks: dict[str, pb.Stack], *,
                  max_queue: int = 32,
                  on_command: Callable[[pb.Command], None] = lambda c: None,
-                 on_connect: Callable[[], None] = lambda: None) -> None:
+                 on_connect: Callable[[], None] = lambda: None,
+                 tls: ClientTLS | None = None) -> None:
         self.target = target
+        self.tls = tls
         self._stacks = stacks  # id -> Stack, owned by the agent
         self._queue: collections.deque[pb.NodeReport] = collections.deque()
         self._max_queue = max_queue
@@ -116,7 +121,7 @@ class Uplink:
         got_reply = False
         live = [True]  # gRPC may pull from the generator after the call ended
         try:
-            async with grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS) as ch:
+            async with self._channel() as ch:
                 stub = pb_grpc.CollectorServiceStub(ch)
                 call = stub.Report(self._requests(sent, inflight, live))
                 async for resp in call:
@@ -127,6 +132,12 @@ class Uplink:
             live[0] = False
             self._requeue(inflight)
         return got_reply
+
+    def _channel(self) -> grpc.aio.Channel:
+        if self.tls is None:
+            return grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS)
+        return grpc.aio.secure_channel(self.target, self.tls.credentials(),
+                                       options=CHANNEL_OPTIONS + self.tls.options())
 
     def _requeue(self, inflight: "collections.deque[pb.NodeReport]") -> None:
         """Put unacknowledged reports back in front, within the queue bound."""

@@ -10,6 +10,7 @@ import collections
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -20,6 +21,10 @@ from ncclwatch.daemon.incidents import Incidents
 from ncclwatch.daemon.table import JobTable
 from ncclwatch.daemon.validate import ReportError, validate_request
 from ncclwatch.v1 import collector_pb2 as pb
+
+if TYPE_CHECKING:
+    from ncclwatch.daemon.webconfig import WebConfig
+    from ncclwatch.tls import ServerTLS
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +44,8 @@ class DaemonConfig:
     hang_threshold: float = 30.0
     staleness: float = 10.0
     tick: float = 0.5
+    tls: ServerTLS | None = None  # mTLS for the agents' gRPC (None: insecure)
+    web: WebConfig | None = None  # HTTPS and basic auth for HTTP (None: plain)
 
 
 class Daemon:
@@ -59,10 +66,17 @@ class Daemon:
 
     # -- ingest --------------------------------------------------------------
 
-    def ingest(self, req: pb.ReportRequest, now: float | None = None) -> pb.ReportResponse:
-        """Validate and apply one report; raise ReportError to reject it whole."""
+    def ingest(self, req: pb.ReportRequest, now: float | None = None, *,
+               cert_names: frozenset[str] | None = None) -> pb.ReportResponse:
+        """Validate and apply one report; raise ReportError to reject it whole.
+
+        ``cert_names``: the names the sender's client certificate proves (mTLS),
+        or None on a connection without TLS.
+        """
         now = time.monotonic() if now is None else now
         try:
+            if cert_names is not None:
+                self._check_identity(req.report, cert_names)
             validate_request(req, self.table.world_size)
             self._check_ownership(req.report, now)
         except ReportError as e:
@@ -75,6 +89,18 @@ class Daemon:
         while agent.commands:
             resp.commands.append(agent.commands.popleft())
         return resp
+
+    def _check_identity(self, report: pb.NodeReport, names: frozenset[str]) -> None:
+        """Under mTLS a node is who its certificate says, and so is its agent."""
+        shown = ", ".join(repr(n) for n in sorted(names)) or "no name"
+        if report.node not in names:
+            raise ReportError(grpc.StatusCode.PERMISSION_DENIED,
+                              f"certificate for {shown} cannot report for node {report.node!r}")
+        agent = self.table.agents.get(report.agent_id)
+        if agent is not None and agent.node != report.node:
+            raise ReportError(grpc.StatusCode.PERMISSION_DENIED,
+                              f"agent {report.agent_id[:8]} reports for node {agent.node!r}; "
+                              f"certificate for {shown} cannot use it")
 
     def _check_ownership(self, report: pb.NodeReport, now: float) -> None:
         """A rank that a live agent on another node reports is not yours."""

@@ -2,12 +2,18 @@
 
 A stdlib threading server; every handler reads the daemon's state on the
 event loop (``call``), so the tables are never touched from two threads.
+With a web config (webconfig.py) it speaks HTTPS, the TLS handshake done in
+the connection's own thread (a slow or plain-HTTP client cannot stall the
+accept loop), and asks for basic auth on everything but /healthz, which
+liveness probes must reach without credentials.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import socket
+import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
@@ -18,21 +24,54 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from ncclwatch.daemon import api, page
 from ncclwatch.daemon.core import Daemon
 from ncclwatch.daemon.export import make_registry
+from ncclwatch.daemon.webconfig import WebConfig
 
 log = logging.getLogger(__name__)
 
 Call = Callable[[Callable[[], Any]], Any]
+#: Paths served without basic auth.
+OPEN_PATHS = frozenset({"/healthz"})
+#: Seconds a client gets for the TLS handshake and each request.
+CLIENT_TIMEOUT = 10.0
+
+
+class _TLSServer(ThreadingHTTPServer):
+    """Wraps each accepted connection in TLS inside its request thread."""
+
+    def __init__(self, address: tuple[str, int], handler: type, ctx: ssl.SSLContext) -> None:
+        super().__init__(address, handler)
+        self.ssl_context = ctx
+
+    def finish_request(self, request: socket.socket, client_address: Any) -> None:
+        request.settimeout(CLIENT_TIMEOUT)
+        try:
+            conn = self.ssl_context.wrap_socket(request, server_side=True)
+        except (ssl.SSLError, OSError) as e:
+            log.debug("https %s: handshake failed: %s", client_address[0], e)
+            return
+        try:
+            super().finish_request(conn, client_address)
+        finally:
+            conn.close()
 
 
 class HttpServer:
-    def __init__(self, daemon: Daemon, host: str, port: int, call: Call) -> None:
+    def __init__(self, daemon: Daemon, host: str, port: int, call: Call,
+                 web: WebConfig | None = None) -> None:
         registry = make_registry(daemon, call)
+        auth = web.auth if web else None
 
         class Handler(BaseHTTPRequestHandler):
             server_version = "ncclwatch"
+            timeout = CLIENT_TIMEOUT
 
             def do_GET(self) -> None:  # noqa: N802 (stdlib name)
                 path = urlsplit(self.path).path.rstrip("/") or "/"
+                if auth and path not in OPEN_PATHS \
+                        and not auth.check(self.headers.get("Authorization")):
+                    self._send(401, "text/plain", b"Unauthorized\n",
+                               {"WWW-Authenticate": 'Basic realm="ncclwatch", charset="UTF-8"'})
+                    return
                 try:
                     if path == "/metrics":
                         self._send(200, CONTENT_TYPE_LATEST, generate_latest(registry))
@@ -54,8 +93,11 @@ class HttpServer:
             def _json(self, obj: Any) -> None:
                 self._send(200, "application/json", json.dumps(obj, indent=1).encode())
 
-            def _send(self, code: int, ctype: str, body: bytes) -> None:
+            def _send(self, code: int, ctype: str, body: bytes,
+                      headers: dict[str, str] | None = None) -> None:
                 self.send_response(code)
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
                 self.send_header("Cache-Control", "no-store")
@@ -65,7 +107,11 @@ class HttpServer:
             def log_message(self, fmt: str, *args: Any) -> None:
                 log.debug("http %s " + fmt, self.address_string(), *args)
 
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        if web and web.ssl_context:
+            self.httpd: ThreadingHTTPServer = _TLSServer((host, port), Handler, web.ssl_context)
+        else:
+            self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.scheme = web.scheme if web else "http"
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self._thread = threading.Thread(target=self.httpd.serve_forever,

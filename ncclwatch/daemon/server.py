@@ -56,9 +56,13 @@ def loop_caller(loop: asyncio.AbstractEventLoop, timeout: float = 10.0) -> Calla
 class DaemonServer:
     """The daemon's network side; ``await start()``, then ``await stop()``."""
 
-    def __init__(self, daemon: Daemon, notifier: Notifier | None = None) -> None:
+    def __init__(self, daemon: Daemon, notifier: Notifier | None = None, *,
+                 local_socket: str | None = None) -> None:
+        """``local_socket``: also listen, without TLS, on this unix socket path
+        (``run``'s own agent, in a folder only this user can open)."""
         self.daemon = daemon
         self.notifier = notifier
+        self.local_socket = local_socket
         self.grpc_port = 0
         self.http_port = 0
         self._server: grpc.aio.Server | None = None
@@ -71,17 +75,28 @@ class DaemonServer:
         loop = asyncio.get_running_loop()
         self._server = grpc.aio.server(options=SERVER_OPTIONS)
         self._server.add_generic_rpc_handlers((CollectorService(self.daemon).handler(),))
-        self.grpc_port = self._server.add_insecure_port(_grpc_addr(cfg.grpc))
+        try:
+            if cfg.tls:
+                self.grpc_port = self._server.add_secure_port(_grpc_addr(cfg.grpc),
+                                                              cfg.tls.credentials())
+            else:
+                self.grpc_port = self._server.add_insecure_port(_grpc_addr(cfg.grpc))
+        except RuntimeError:  # grpc's way of saying "cannot bind"
+            self.grpc_port = 0
         if not self.grpc_port:
             raise OSError(f"cannot listen for gRPC on {cfg.grpc}")
+        if self.local_socket and not self._server.add_insecure_port(f"unix:{self.local_socket}"):
+            raise OSError(f"cannot listen for gRPC on unix:{self.local_socket}")
         await self._server.start()
         host, port = split_hostport(cfg.http, 7471)
-        self._http = HttpServer(self.daemon, host, port, loop_caller(loop))
+        self._http = HttpServer(self.daemon, host, port, loop_caller(loop), cfg.web)
         self.http_port = self._http.port
         self._http.start()
         self._tick_task = asyncio.create_task(self._ticks(), name="ncclwatch-detect")
-        log.info("ncclwatch daemon: gRPC on %s:%d, HTTP on http://%s:%d/",
-                 split_hostport(cfg.grpc, 7470)[0], self.grpc_port, host, self.http_port)
+        auth = " (basic auth)" if cfg.web and cfg.web.auth else ""
+        log.info("ncclwatch daemon: gRPC%s on %s:%d, HTTP on %s://%s:%d/%s",
+                 " (mTLS)" if cfg.tls else "", split_hostport(cfg.grpc, 7470)[0],
+                 self.grpc_port, self._http.scheme, host, self.http_port, auth)
         if self.notifier:  # both ports listen now
             self.notifier.ready(status_line(self.daemon))
 

@@ -15,6 +15,7 @@ from google.protobuf.message import DecodeError
 
 from ncclwatch.daemon.core import Daemon
 from ncclwatch.daemon.validate import ReportError
+from ncclwatch.tls import peer_names
 from ncclwatch.v1 import collector_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class CollectorService:
                      context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         agent_id = ""
         peer = context.peer()
+        names = peer_names(context)  # fixed for the connection: read it once
         try:
             async for raw in requests:
                 try:
@@ -57,7 +59,7 @@ class CollectorService:
                     except ReportError as e:
                         self.daemon.rejected_total[e.code.name] += 1
                         raise
-                    resp = self.daemon.ingest(req)  # counts its own rejections
+                    resp = self.daemon.ingest(req, cert_names=names)  # counts its rejections
                 except ReportError as e:
                     log.warning("rejected report from %s: %s: %s", peer, e.code.name, e.message)
                     await context.abort(e.code, e.message)
