@@ -38,6 +38,9 @@ _SLOW = Option("slow_stack_interval", positive_float, 20.0,
                "re-dump every rank at least this often", "SECONDS")
 _PYSPY_TIMEOUT = Option("pyspy_timeout", positive_float, 3.0, "timeout of one py-spy dump",
                         "SECONDS")
+_CPU_BUDGET = Option("cpu_budget", positive_float, 0.25,
+                     "the agent's own CPU (py-spy included) in cores; above it only the "
+                     "stacks the daemon asks for are taken", "CORES")
 _MAX_QUEUE = Option("max_queue", positive_int, 32,
                     "reports kept while the collector is unreachable (the oldest are "
                     "dropped and counted)", "N")
@@ -81,7 +84,7 @@ RUN_OPTIONS = (
     Option("http", hostport, "127.0.0.1:7471", "listen address for /metrics, API, page",
            "HOST:PORT"),
     _INTERVAL, _WATCHDOG, _THRESHOLD, _HANG, _STALENESS, _SUSPECT, _SLOW, _PYSPY_TIMEOUT,
-    *_TLS_SERVER, _LOG,
+    _CPU_BUDGET, *_TLS_SERVER, _LOG,
 )
 
 DEFAULT_FILES = {"daemon": "/etc/ncclwatch/daemon.toml", "agent": "/etc/ncclwatch/agent.toml",
@@ -235,7 +238,8 @@ def _agent_config(cfg: dict[str, Any], collector: str | None = None):
         collector=collector or cfg["collector"], interval=cfg["interval"],
         node=cfg.get("node") or socket.gethostname(),
         policy=StackPolicy(suspect_interval=cfg["suspect_stack_interval"],
-                           slow_interval=cfg["slow_stack_interval"]),
+                           slow_interval=cfg["slow_stack_interval"],
+                           cpu_budget=cfg.get("cpu_budget", 0.25)),
         pyspy_timeout=cfg["pyspy_timeout"], max_queue=cfg.get("max_queue", 32),
         tls=None if collector else cfg.get("client_tls"))
 

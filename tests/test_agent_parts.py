@@ -158,6 +158,23 @@ def test_policy_dumps_suspects_often_and_healthy_ranks_rarely() -> None:
     assert [t.pid for t in due] == [6, 5, 3, 2]
     assert [t.pid for t in StackPolicy(max_per_round=2).due(
         [busy_old, waiting, new, forced], now=100.0)] == [6, 5]
+    # Over its CPU budget the agent takes only what the daemon asked for (and
+    # first looks), one per round: suspects and slow rounds wait.
+    assert [t.pid for t in p.due([busy_old, waiting, new, forced], now=100.0,
+                                 over_budget=True)] == [6]
+    assert [t.pid for t in p.due([busy_old, waiting], now=100.0, over_budget=True)] == []
+
+
+def test_cpu_meter_measures_cores_over_its_window() -> None:
+    from ncclwatch.agent.policy import CpuMeter
+    m = CpuMeter(window=10.0)
+    assert m.add(0.0, 5.0) == 0.0
+    for t in range(1, 21):  # half a core for 20 s
+        use = m.add(float(t), 5.0 + 0.5 * t)
+    assert use == pytest.approx(0.5)
+    for t in range(21, 41):  # then idle: the window forgets the busy part
+        use = m.add(float(t), 15.0)
+    assert use == pytest.approx(0.0, abs=0.06)
 
 
 def test_recorded_gpu_readings_reach_the_sample() -> None:

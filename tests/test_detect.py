@@ -260,3 +260,25 @@ def test_a_culprit_seen_only_when_the_wait_began_is_not_named() -> None:
     d.ingest(later, now=104.0)
     d.tick(now=104.0)
     assert _stalls(d) == {StallKind.CHECKPOINT_GATHER: [0]}
+
+
+def test_clock_skew_between_nodes_does_not_change_the_verdict() -> None:
+    """Durations come from each agent's own clock (state_seconds) and the
+    daemon's receive time: nodes whose wall and monotonic clocks disagree by
+    hours give the verdict and budget of nodes in perfect agreement."""
+    def run(skew: bool) -> tuple[dict, float]:
+        d = _daemon()
+        full = checkpoint_job(wait_for=20, save_for=20, timeout=90).report
+        a = report(list(full.samples[:2]), node="node-a", agent="a", stacks=list(full.stacks))
+        b = report(list(full.samples[2:]), node="node-b", agent="b", stacks=list(full.stacks))
+        if skew:
+            a.report.agent_wall_seconds, a.report.agent_monotonic_seconds = 2e9, 5.0
+            b.report.agent_wall_seconds, b.report.agent_monotonic_seconds = 1e6, 9e6
+        d.ingest(a, now=500.0)
+        d.ingest(b, now=500.2)
+        d.tick(now=500.2)
+        inc = d.incidents.active[("job-1", StallKind.CHECKPOINT_GATHER)]
+        return _stalls(d), inc.budget.remaining
+
+    assert run(skew=True) == run(skew=False)
+    assert run(skew=True)[0] == {StallKind.CHECKPOINT_GATHER: [0]}

@@ -19,7 +19,7 @@ import psutil
 from ncclwatch import __version__
 from ncclwatch.agent.discover import Discovery, RankProcess
 from ncclwatch.agent.gpu import EMPTY, GpuReader, GpuReading, NvmlGpuReader, expected_gpus
-from ncclwatch.agent.policy import StackPolicy
+from ncclwatch.agent.policy import CpuMeter, StackPolicy
 from ncclwatch.agent.pyspy import PySpy, PySpyError
 from ncclwatch.agent.report import AgentHealthCounts, build_report, sample_pb, stack_pb
 from ncclwatch.agent.sample import ProcessSampler
@@ -76,6 +76,8 @@ class Agent:
         self._stopped = asyncio.Event()
         self._sem = asyncio.Semaphore(max(1, config.pyspy_concurrency))
         self._self = psutil.Process()
+        self._cpu = CpuMeter(config.policy.cpu_window)
+        self.cpu_cores = 0.0
 
     # -- control -----------------------------------------------------------
 
@@ -149,7 +151,8 @@ class Agent:
     async def round(self) -> pb.NodeReport:
         gpu_reading = await asyncio.to_thread(self._scan_and_sample)
         now = time.monotonic()
-        due = self.config.policy.due(self.trackers.values(), now)
+        due = self.config.policy.due(self.trackers.values(), now,
+                                     over_budget=self.cpu_cores > self.config.policy.cpu_budget)
         if due and self.pyspy.available:
             await asyncio.gather(*(self._dump(t) for t in due))
         report = self._build(gpu_reading)
@@ -212,6 +215,8 @@ class Agent:
         self._trim_stacks()
         self.seq += 1
         cpu = self._self.cpu_times()
+        self.cpu_cores = self._cpu.add(now, cpu.user + cpu.system + cpu.children_user
+                                       + cpu.children_system)
         health = AgentHealthCounts(
             version=__version__, nvml_up=self.gpu.up, gpus_expected=self.gpus_expected,
             pyspy_runs_total=self.pyspy.runs_total,

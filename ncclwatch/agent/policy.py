@@ -20,15 +20,21 @@ class StackPolicy:
     suspect_interval: float = 2.0   # re-dump a rank that may be stuck
     slow_interval: float = 20.0     # re-dump every rank at least this often
     max_per_round: int = 8
+    #: The agent's own CPU (py-spy included), in cores, over ``cpu_window``
+    #: seconds; above it only what the daemon asked for and ranks never seen
+    #: are dumped, one per round, until use falls back under the budget.
+    cpu_budget: float = 0.25
+    cpu_window: float = 10.0
 
-    def due(self, trackers: Iterable[RankTracker], now: float) -> list[RankTracker]:
+    def due(self, trackers: Iterable[RankTracker], now: float,
+            over_budget: bool = False) -> list[RankTracker]:
         ranked: list[tuple[int, float, RankTracker]] = []
         for t in trackers:
             prio = self._priority(t, now)
-            if prio is not None:
+            if prio is not None and (not over_budget or prio <= 1):
                 ranked.append((prio, t.stack_at or 0.0, t))
         ranked.sort(key=lambda x: (x[0], x[1]))
-        return [t for _, _, t in ranked[: self.max_per_round]]
+        return [t for _, _, t in ranked[: 1 if over_budget else self.max_per_round]]
 
     def _priority(self, t: RankTracker, now: float) -> int | None:
         if t.forced:
@@ -43,3 +49,19 @@ class StackPolicy:
         if age >= self.slow_interval:
             return 3
         return None
+
+
+class CpuMeter:
+    """The agent's CPU use in cores over a sliding window of round readings."""
+
+    def __init__(self, window: float) -> None:
+        self.window = window
+        self._points: list[tuple[float, float]] = []
+
+    def add(self, now: float, cpu_seconds: float) -> float:
+        """Record a reading; return the use (cores) over the window so far."""
+        self._points.append((now, cpu_seconds))
+        while len(self._points) > 2 and now - self._points[1][0] >= self.window:
+            self._points.pop(0)
+        t0, c0 = self._points[0]
+        return (cpu_seconds - c0) / (now - t0) if now > t0 else 0.0
