@@ -205,3 +205,27 @@ def test_uplink_resends_stacks_to_a_restarted_daemon() -> None:
             up.stop()
             await task
     _run(go())
+
+
+def test_rejections_are_logged_sampled_but_all_counted(caplog) -> None:
+    """A flood of bad reports: every one counted, one log line per code per 10 s."""
+    from ncclwatch.daemon.service import RejectionLog
+    t = [0.0]
+    rl = RejectionLog(every=10.0, clock=lambda: t[0])
+    with caplog.at_level("WARNING", logger="ncclwatch.daemon.service"):
+        logged = [rl("peer", "INVALID_ARGUMENT", "bad") for _ in range(1000)]
+        logged.append(rl("peer", "RESOURCE_EXHAUSTED", "big"))
+        t[0] = 10.5
+        logged.append(rl("peer", "INVALID_ARGUMENT", "bad"))
+    assert logged.count(True) == 3
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3
+    assert "and 999 more INVALID_ARGUMENT" in lines[-1]
+
+    async def go():
+        async with Harness() as h:
+            for _ in range(50):
+                with pytest.raises(grpc.aio.AioRpcError):
+                    await h.send_raw(b"\xff\xff")
+            assert h.daemon.rejected_total["INVALID_ARGUMENT"] == 50
+    _run(go())

@@ -8,6 +8,7 @@ INTERNAL "Exception deserializing request!".
 from __future__ import annotations
 
 import logging
+import time
 from typing import AsyncIterator
 
 import grpc
@@ -42,9 +43,35 @@ def _parse(cls, data: bytes):
                           f"not a valid {cls.DESCRIPTOR.full_name}: {e}") from None
 
 
+class RejectionLog:
+    """At most one log line per status code every ``every`` seconds.
+
+    A broken or hostile agent can send thousands of bad reports a second;
+    the counter (ncclwatch_daemon_rejected_reports_total) sees all of them,
+    the log a sample with how many it left out.
+    """
+
+    def __init__(self, every: float = 10.0, clock=time.monotonic) -> None:
+        self.every, self.clock = every, clock
+        self._last: dict[str, float] = {}
+        self._quiet: dict[str, int] = {}
+
+    def __call__(self, peer: str, code: str, message: str) -> bool:
+        now = self.clock()
+        if now - self._last.get(code, -1e18) < self.every:
+            self._quiet[code] = self._quiet.get(code, 0) + 1
+            return False
+        more = self._quiet.pop(code, 0)
+        self._last[code] = now
+        log.warning("rejected report from %s: %s: %s%s", peer, code, message,
+                    f" (and {more} more {code} since the last line)" if more else "")
+        return True
+
+
 class CollectorService:
     def __init__(self, daemon: Daemon) -> None:
         self.daemon = daemon
+        self.log_rejection = RejectionLog()
 
     async def report(self, requests: AsyncIterator[bytes],
                      context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
@@ -61,7 +88,7 @@ class CollectorService:
                         raise
                     resp = self.daemon.ingest(req, cert_names=names)  # counts its rejections
                 except ReportError as e:
-                    log.warning("rejected report from %s: %s: %s", peer, e.code.name, e.message)
+                    self.log_rejection(peer, e.code.name, e.message)
                     await context.abort(e.code, e.message)
                     return
                 if not agent_id:
