@@ -86,3 +86,44 @@ def test_agent_keeps_sampling_while_the_daemon_is_away(two_ranks) -> None:
             up.dropped_total, up.queue_length, agent.rounds)
         assert not agent.uplink.connected
     asyncio.run(go())
+
+
+def test_every_pyspy_call_of_the_agent_is_nonblocking(two_ranks, tmp_path) -> None:
+    """A shim in front of the real py-spy logs each command line the agent
+    runs, through many rounds, forced dumps (the daemon's ask) included:
+    each one must carry --nonblocking and never --native (which pauses)."""
+    from ncclwatch.agent.pyspy import PySpy, find_pyspy
+    real = find_pyspy()
+    assert real, "py-spy missing from the venv: run make test"
+    log = tmp_path / "argv.log"
+    shim = tmp_path / "py-spy"
+    shim.write_text(f"#!/bin/sh\necho \"$*\" >> {log}\nexec {real} \"$@\"\n")
+    shim.chmod(0o755)
+
+    async def go():
+        daemon = Daemon(DaemonConfig(grpc="127.0.0.1:0", http="127.0.0.1:0"))
+        server = DaemonServer(daemon)
+        await server.start()
+        agent = Agent(AgentConfig(collector=f"127.0.0.1:{server.grpc_port}", interval=0.2,
+                                  node="shim-node"),
+                      gpu=NvmlGpuReader(), pyspy=PySpy(binary=str(shim)))
+        task = asyncio.create_task(agent.run())
+        try:
+            for _ in range(100):
+                if daemon.table.jobs.get(JOB) and len(daemon.table.jobs[JOB].ranks) == 2:
+                    break
+                await asyncio.sleep(0.1)
+            daemon.request_stacks(JOB, "test")       # forced dumps on the next rounds
+            await asyncio.sleep(2.0)
+        finally:
+            agent.stop()
+            await task
+            await server.stop(grace=0.1)
+        return agent.pyspy.runs_total
+
+    runs = asyncio.run(go())
+    calls = log.read_text().splitlines()
+    assert len(calls) == runs >= 4
+    for argv in calls:
+        assert argv.split()[:1] == ["dump"] and "--nonblocking" in argv.split(), argv
+        assert "--native" not in argv and "record" not in argv, argv

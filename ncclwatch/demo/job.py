@@ -479,6 +479,7 @@ def scenario_train(args) -> None:
             log(f"train step {i} loss={loss.item():.4f}")
         i += 1
         time.sleep(0.02)
+    marker("train_end", steps=i)
     dist.barrier()
 
 
