@@ -68,6 +68,10 @@ scenarios: $(STAMP)
 fuzz: $(STAMP)
 	NCCLWATCH_FUZZ_EXAMPLES=100000 $(PY) -m pytest tests/test_fuzz.py -q
 
+# Benchmarks: writes BENCHMARKS.md (tens of minutes; BENCH_ARGS=--quick for a short run).
+bench: $(STAMP)
+	$(PY) -m bench.run $(BENCH_ARGS)
+
 demo: $(STAMP)
 	$(PY) -m ncclwatch.demo
 

@@ -158,6 +158,14 @@ def test_policy_dumps_suspects_often_and_healthy_ranks_rarely() -> None:
     assert [t.pid for t in due] == [6, 5, 3, 2]
     assert [t.pid for t in StackPolicy(max_per_round=2).due(
         [busy_old, waiting, new, forced], now=100.0)] == [6, 5]
+    # A wait seen twice in a row with different stacks is moving: slow round.
+    moving = tracker(7, RankState.COLLECTIVE, False, 97.0)
+    moving.prev_state, moving.repeats = RankState.IDLE, 0
+    stuck = tracker(8, RankState.COLLECTIVE, False, 97.0)
+    stuck.prev_state, stuck.repeats = RankState.COLLECTIVE, 2
+    entered = tracker(9, RankState.SAVING, False, 97.0)
+    entered.prev_state = RankState.COMPUTE
+    assert [t.pid for t in p.due([moving, stuck, entered], now=100.0)] == [8, 9]
     # Over its CPU budget the agent takes only what the daemon asked for (and
     # first looks), one per round: suspects and slow rounds wait.
     assert [t.pid for t in p.due([busy_old, waiting, new, forced], now=100.0,

@@ -189,13 +189,24 @@ def test_seq_gaps_are_counted() -> None:
 
 
 def test_suspicious_job_gets_a_stack_request() -> None:
-    d = _daemon()
+    """A rank waiting past half the stall threshold: fresh stacks of every rank.
+    A brief wait (healthy training lives in collectives) is not worth a round."""
+    d = _daemon(stall_threshold=5)
     d.ingest(_job([(0, S.COMPUTE, Op.NONE, 1), (1, S.COLLECTIVE, Op.BARRIER, 1),
                    (2, S.COMPUTE, Op.NONE, 1), (3, S.COMPUTE, Op.NONE, 1)]), now=1.0)
     d.tick(now=1.0)
     resp = d.ingest(_job([(0, S.COMPUTE, Op.NONE, 2), (1, S.COLLECTIVE, Op.BARRIER, 2),
                           (2, S.COMPUTE, Op.NONE, 2), (3, S.COMPUTE, Op.NONE, 2)], seq=2),
-                     now=2.0)
+                    now=2.0)
+    assert list(resp.commands) == []            # waited 2 s: no round of dumps
+    d.tick(now=2.0)
+    resp = d.ingest(_job([(0, S.COMPUTE, Op.NONE, 3), (1, S.COLLECTIVE, Op.BARRIER, 3),
+                          (2, S.COMPUTE, Op.NONE, 3), (3, S.COMPUTE, Op.NONE, 3)], seq=3),
+                    now=3.0)
+    d.tick(now=3.0)
+    resp = d.ingest(_job([(0, S.COMPUTE, Op.NONE, 4), (1, S.COLLECTIVE, Op.BARRIER, 4),
+                          (2, S.COMPUTE, Op.NONE, 4), (3, S.COMPUTE, Op.NONE, 4)], seq=4),
+                    now=4.0)
     assert [c.dump_stacks.job_id for c in resp.commands] == ["job-1"]
 
 

@@ -42,13 +42,25 @@ class StackPolicy:
         if t.stack_at is None:
             return 1
         age = now - t.stack_at
-        suspect = (t.quiet or t.quiet != t.quiet_at_last_dump
-                   or t.state is not RankState.COMPUTE)
+        suspect = t.quiet or t.quiet != t.quiet_at_last_dump or _may_be_stuck(t)
         if suspect and age >= self.suspect_interval:
             return 2
         if age >= self.slow_interval:
             return 3
         return None
+
+
+def _may_be_stuck(t: RankTracker) -> bool:
+    """A wait worth a quick second look: just entered, or the same stack again.
+
+    Healthy training is in a collective much of the time; a rank whose last
+    two dumps showed different waits is moving and can wait for the slow
+    round (the daemon asks for stacks of a job whose ranks wait long).
+    """
+    if t.state is RankState.COMPUTE:
+        return False
+    entered = t.prev_state in (RankState.COMPUTE, RankState.UNKNOWN)
+    return entered or t.repeats >= 1
 
 
 class CpuMeter:

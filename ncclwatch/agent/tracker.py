@@ -14,14 +14,14 @@ from ncclwatch.model import CollectiveOp, RankState
 from ncclwatch.signatures import Classification
 
 #: Below this share of one core a rank counts as quiet (blocked or sleeping).
-QUIET_CPU = 0.25
+QUIET_CPU = 0.05
 
 
 class RankTracker:
     __slots__ = (
         "proc", "state", "op", "state_since", "stack_id", "stack_at", "sample",
         "cpu_util", "_cpu_at", "quiet_since", "quiet_at_last_dump", "forced",
-        "env_sent",
+        "env_sent", "repeats", "prev_state",
     )
 
     def __init__(self, proc: RankProcess, now: float) -> None:
@@ -38,6 +38,10 @@ class RankTracker:
         self.quiet_at_last_dump = False
         self.forced = False
         self.env_sent = False
+        #: Consecutive dumps that showed the same stack (0: the last one was new).
+        self.repeats = 0
+        #: The state the dump before the last one showed.
+        self.prev_state = RankState.UNKNOWN
 
     @property
     def pid(self) -> int:
@@ -60,6 +64,8 @@ class RankTracker:
             self.quiet_since = None
 
     def observe_stack(self, c: Classification, stack_id: str, now: float) -> None:
+        self.repeats = self.repeats + 1 if stack_id == self.stack_id else 0
+        self.prev_state = self.state
         if (c.state, c.op) != (self.state, self.op) or self.stack_at is None:
             self.state_since = self._start_estimate(now, c)
             self.state, self.op = c.state, c.op

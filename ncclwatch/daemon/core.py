@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 #: Ask a suspicious job's agents for fresh stacks at most this often.
 ESCALATE_EVERY = 3.0
+#: Below this share of one core a waiting rank is believed to be blocked.
+QUIET_CPU = 0.05
 #: While an incident is open, refresh its stacks this often.
 REFRESH_EVERY = 10.0
 
@@ -199,13 +201,35 @@ class Daemon:
         return len(job.ranks) < job.world_size and now - job.first_seen < self.config.staleness
 
     def _escalate(self, job_id: str, stalled: bool, now: float) -> None:
+        """Ask for fresh stacks of a job where ranks have waited a while.
+
+        Healthy training is in a collective much of the time: only waits past
+        half the stall threshold are worth a round of dumps on every rank.
+        """
         job = self.table.jobs[job_id]
         if not job.waiting:
+            return
+        half = self.config.stall_threshold / 2
+        if not stalled and not any(self._long_wait(job.ranks[r], now, half)
+                                   for r in job.waiting):
             return
         every = REFRESH_EVERY if stalled else ESCALATE_EVERY
         if now - self._escalated.get(job_id, -1e9) >= every:
             self._escalated[job_id] = now
             self.request_stacks(job_id, "stall suspected" if not stalled else "stall refresh")
+
+    @staticmethod
+    def _long_wait(rec, now: float, half: float) -> bool:
+        """A wait worth fresh stacks: long, and either quiet or seen by two dumps.
+
+        Between dumps a rank keeps the state its last stack showed; a busy
+        rank last seen in an all_reduce is most likely training on. Its wait
+        counts once its CPU went quiet or a later stack showed it still there.
+        """
+        if now - rec.since < half:
+            return False
+        confirmed = rec.stack_at is not None and rec.stack_at - rec.since >= half
+        return rec.cpu_util < QUIET_CPU or confirmed
 
     def budget_of(self, job_id: str, now: float) -> Budget:
         b = self.budgets.get(job_id)

@@ -1,0 +1,1 @@
+"""Benchmarks (``make bench``): numbers for BENCHMARKS.md, never timed unit tests."""

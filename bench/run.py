@@ -1,0 +1,64 @@
+"""``make bench``: run the benchmarks and write BENCHMARKS.md.
+
+Each section keeps the command that produced it and the machine it ran on;
+numbers are ratios within one run where the machine's noise matters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "BENCHMARKS.md"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="smaller runs (minutes, not tens)")
+    ap.add_argument("--only", choices=("agent", "daemon"), default=None)
+    a = ap.parse_args()
+    cmd = "make bench" + (" BENCH_ARGS=--quick" if a.quick else "")
+    head = [
+        "# Benchmarks", "",
+        f"Written by `{cmd}` (`python -m bench.run{' --quick' if a.quick else ''}`) on "
+        f"{datetime.date.today().isoformat()}: {os.cpu_count()} cores, "
+        f"{platform.machine()}, Python {platform.python_version()}, {platform.platform()}.",
+        "The machine is small and shared: compare the ratios, not the absolute numbers.", "",
+    ]
+    sections: list[str] = []
+    if a.only in (None, "agent"):
+        from bench import agent_overhead
+        r = agent_overhead.measure(seconds=20 if a.quick else 40, warmup=8 if a.quick else 10,
+                                   repeats=1 if a.quick else 2)
+        sections += ["## Agent overhead", "",
+                     "Command: `python -m bench.agent_overhead"
+                     + (" --seconds 20 --warmup 8 --repeats 1" if a.quick else "") + "`", "",
+                     agent_overhead.render(r), ""]
+    if a.only in (None, "daemon"):
+        try:
+            from bench import daemon_ingest
+        except ImportError as e:
+            sections += ["## Daemon ingest", "", f"not run: {e}", ""]
+        else:
+            flag = "--quick" if a.quick else "--full"
+            r = daemon_ingest.measure(quick=a.quick)
+            sections += ["## Daemon ingest and API at scale", "",
+                         f"Command: `python -m bench.daemon_ingest {flag}`", "",
+                         daemon_ingest.render(r), ""]
+    text = "\n".join(head + sections).rstrip() + "\n"
+    if a.only and OUT.exists():
+        print(text)
+        print(f"(--only: {OUT.name} left as it is)", file=sys.stderr)
+        return 0
+    OUT.write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
