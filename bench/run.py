@@ -46,7 +46,7 @@ def main() -> int:
             sections += ["## Daemon ingest", "", f"not run: {e}", ""]
         else:
             flag = "--quick" if a.quick else "--full"
-            r = daemon_ingest.measure(quick=a.quick)
+            r = daemon_ingest.measure(daemon_ingest.QUICK if a.quick else daemon_ingest.FULL)
             sections += ["## Daemon ingest and API at scale", "",
                          f"Command: `python -m bench.daemon_ingest {flag}`", "",
                          daemon_ingest.render(r), ""]

@@ -106,15 +106,17 @@ class Daemon:
 
     def _check_ownership(self, report: pb.NodeReport, now: float) -> None:
         """A rank that a live agent on another node reports is not yours."""
+        node, jobs = report.node, self.table.jobs
         for s in report.samples:
-            job = self.table.jobs.get(s.identity.job_id)
-            rec = job.ranks.get(s.identity.rank) if job else None
-            if (rec is not None and rec.node and rec.node != report.node
+            ident = s.identity
+            job = jobs.get(ident.job_id)
+            rec = job.ranks.get(ident.rank) if job else None
+            if (rec is not None and rec.node and rec.node != node
                     and self.table.fresh(rec, now)):
                 raise ReportError(
                     grpc.StatusCode.FAILED_PRECONDITION,
-                    f"rank {s.identity.rank} of job {s.identity.job_id!r} is already "
-                    f"reported by node {rec.node!r}; node {report.node!r} cannot claim it")
+                    f"rank {ident.rank} of job {ident.job_id!r} is already "
+                    f"reported by node {rec.node!r}; node {node!r} cannot claim it")
 
     def disconnected(self, agent_id: str) -> None:
         agent = self.table.agents.get(agent_id)

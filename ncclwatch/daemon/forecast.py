@@ -12,10 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from ncclwatch.daemon.table import Point, RankRecord
+from ncclwatch.daemon.table import CURVE_DETAIL, Point, RankRecord
 
-#: Seconds of curve a rate is fitted over.
+#: Seconds of curve a rate is fitted over (the curve keeps detail that long).
 WINDOW = 15.0
+assert WINDOW <= CURVE_DETAIL
 #: A forecast needs at least this many points spanning this many seconds.
 MIN_POINTS = 3
 MIN_SPAN = 2.0
@@ -78,12 +79,13 @@ def write_forecast(rec: RankRecord, now: float) -> WriteForecast | None:
     if not rec.files:
         return _closed_write(rec, now)
     path, size, prev_path, prev_size = rec.files[0]
-    same = [p for p in rec.curve if p.file == path]
+    recent = rec.curve.recent()
+    same = [p for p in recent if p.file == path]
     rate = slope(same, lambda p: p.file_size, now)
     if rate is None or rate <= 0:
         # The file may not grow visibly (buffered writer): fall back to the
         # bytes the process pushed through write().
-        rate = slope(rec.curve, lambda p: p.written, now)
+        rate = slope(recent, lambda p: p.written, now)
     rate = max(rate or 0.0, 0.0)
     expected, source = None, ""
     gathered = gathered_bytes(rec)
@@ -111,7 +113,7 @@ def _closed_write(rec: RankRecord, now: float) -> WriteForecast | None:
     /proc is read every round but stacks less often, so a rank can still
     look "saving" for a round or two after torch.save closed its file.
     """
-    last = next((p for p in reversed(rec.curve) if p.file), None)
+    last = next((p for p in reversed(rec.curve.recent()) if p.file), None)
     if last is None or now - last.t > WINDOW:
         return None
     return WriteForecast(rank=rec.rank, path=last.file, written_bytes=last.file_size,
@@ -125,16 +127,17 @@ def gathered_bytes(rec: RankRecord) -> int:
     The curve's lowest RSS before ``since`` is the rank's steady state; what
     it holds above that now is, to first order, the state it gathered.
     """
-    before = [p.rss for p in rec.curve if p.t <= rec.since]
-    base = min(before) if before else (rec.curve[0].rss if rec.curve else rec.rss_bytes)
+    before = [rss for t, rss in rec.curve.rss_points() if t <= rec.since]
+    base = min(before) if before else (rec.curve.rss[0] if rec.curve else rec.rss_bytes)
     return max(0, rec.rss_bytes - base)
 
 
 def memory_forecasts(rec: RankRecord, now: float) -> list[MemoryForecast]:
     """One forecast per memory bound of the rank, nearest exhaustion first."""
     out = []
+    recent = rec.curve.recent() if rec.limits else []
     for device, used, limit in rec.limits:
-        rate = slope(rec.curve, _used_of(device), now)
+        rate = slope(recent, _used_of(device), now)
         eta = None
         if rate is not None and rate >= MIN_GROWTH:
             eta = max(0.0, (limit - used) / rate)

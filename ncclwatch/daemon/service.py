@@ -74,12 +74,21 @@ class CollectorService:
         self.log_rejection = RejectionLog()
 
     async def report(self, requests: AsyncIterator[bytes],
-                     context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+                     context: grpc.aio.ServicerContext) -> None:
+        """One agent's stream: apply each report, answer with its ack.
+
+        Reads and writes go through ``context`` rather than the request
+        iterator and an async generator: one layer less per message, about
+        15% less CPU per report at the transport (bench/daemon_ingest.py).
+        """
         agent_id = ""
         peer = context.peer()
         names = peer_names(context)  # fixed for the connection: read it once
         try:
-            async for raw in requests:
+            while True:
+                raw = await context.read()
+                if raw is grpc.aio.EOF:
+                    return
                 try:
                     try:
                         req = _parse(pb.ReportRequest, raw)
@@ -95,7 +104,7 @@ class CollectorService:
                     agent_id = req.report.agent_id
                     log.info("agent %s on %s connected from %s", agent_id[:8],
                              req.report.node, peer)
-                yield resp.SerializeToString()
+                await context.write(resp.SerializeToString())
         finally:
             if agent_id:
                 self.daemon.disconnected(agent_id)

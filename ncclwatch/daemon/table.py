@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import time
+from array import array
 from dataclasses import dataclass, field
 
 from ncclwatch.envlint import EnvWarning, lint
@@ -29,14 +30,100 @@ CURVE_POINTS = 90
 class Point:
     """One point of a rank's evidence curve (memory, I/O, the file it writes)."""
 
-    __slots__ = ("t", "rss", "written", "file", "file_size", "limits", "gpu")
+    __slots__ = ("t", "rss", "written", "file", "file_size", "limits")
 
     def __init__(self, t: float, rss: int, written: int, file: str, file_size: int,
-                 limits: tuple[tuple[str, int, int], ...],
-                 gpu: tuple[tuple[int, int, int], ...]) -> None:
+                 limits: tuple[tuple[str, int, int], ...]) -> None:
         self.t, self.rss, self.written = t, rss, written
         self.file, self.file_size = file, file_size
-        self.limits, self.gpu = limits, gpu
+        self.limits = limits
+
+
+#: Detail (all but time and RSS) is kept for points this close to the newest:
+#: forecasts fit over the last forecast.WINDOW seconds before "now" (never
+#: earlier than the newest point), so older detail is never read.
+CURVE_DETAIL = 15.0
+#: Device-name tuples of memory bounds, shared between points (bounded).
+_SHAPES: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+
+class Curve:
+    """A rank's evidence curve, kept as machine numbers rather than objects.
+
+    Every rank has one (any rank can turn culprit, and its forecast then
+    needs the minute before), so at 16k ranks the curves are most of the
+    daemon's memory. A curve of ``Point`` objects with their tuples cost
+    ~80 KiB per rank; here it is two rings of ``array`` values:
+
+    - time and RSS of the last ``CURVE_POINTS`` points (``gathered_bytes``
+      looks for the RSS before the rank's state began);
+    - bytes written, the file being written and the memory bounds for the
+      points within ``CURVE_DETAIL`` seconds of the newest (rate fits).
+
+    ``recent()`` rebuilds those points as ``Point`` objects on demand:
+    forecasts run for culprits only.
+    """
+
+    __slots__ = ("t", "rss", "_written", "_file", "_shape", "_bounds", "_detail")
+
+    def __init__(self) -> None:
+        self.t = array("d")
+        self.rss = array("Q")
+        self._detail = 0                          # points with detail: the newest ones
+        self._written = array("Q")
+        self._file: list[tuple[str, int] | None] = []
+        self._shape: list[tuple[str, ...]] = []   # device names of each point's bounds
+        self._bounds = array("Q")                 # used, limit per device, point after point
+
+    def __len__(self) -> int:
+        return len(self.t)
+
+    def add(self, t: float, rss: int, written: int,
+            files: tuple[tuple[str, int, str, int], ...],
+            limits: tuple[tuple[str, int, int], ...]) -> None:
+        """Append a point unless the newest is less than ``CURVE_STEP`` old."""
+        ts = self.t
+        if ts and t - ts[-1] < CURVE_STEP:
+            return
+        ts.append(t)
+        self.rss.append(rss)
+        if len(ts) > CURVE_POINTS:
+            del ts[0]
+            del self.rss[0]
+        self._written.append(written)
+        self._file.append((files[0][0], files[0][1]) if files else None)
+        names = tuple([d for d, _, _ in limits])
+        self._shape.append(_SHAPES.setdefault(names, names) if len(_SHAPES) < 4096 else names)
+        for _, used, limit in limits:
+            self._bounds.append(used)
+            self._bounds.append(limit)
+        self._detail += 1
+        # Drop detail older than CURVE_DETAIL (and any the time ring has dropped).
+        first = len(ts) - self._detail
+        while self._detail > 1 and (first < 0 or t - ts[first] > CURVE_DETAIL):
+            del self._written[0]
+            del self._file[0]
+            del self._bounds[:2 * len(self._shape.pop(0))]
+            self._detail -= 1
+            first += 1
+
+    def recent(self) -> list[Point]:
+        """The points within ``CURVE_DETAIL`` of the newest, oldest first."""
+        out, j = [], 0
+        first = len(self.t) - self._detail
+        b = self._bounds
+        for i in range(self._detail):
+            names = self._shape[i]
+            limits = tuple([(d, b[j + 2 * k], b[j + 2 * k + 1]) for k, d in enumerate(names)])
+            j += 2 * len(names)
+            f = self._file[i]
+            out.append(Point(self.t[first + i], self.rss[first + i], self._written[i],
+                             f[0] if f else "", f[1] if f else 0, limits))
+        return out
+
+    def rss_points(self) -> zip:
+        """(time, RSS) of every point, oldest first."""
+        return zip(self.t, self.rss)
 
 
 LIMIT_NAMES = {
@@ -44,6 +131,15 @@ LIMIT_NAMES = {
     pb.MEMORY_LIMIT_KIND_CGROUP: "cgroup",
     pb.MEMORY_LIMIT_KIND_ADDRESS_SPACE: "address_space",
 }
+#: Wire values -> enums, looked up per sample (from_proto goes through names).
+_STATE_OF = {v: RankState.from_proto(v) for v in pb.RankState.values()}
+_OP_OF = {v: CollectiveOp.from_proto(v) for v in pb.CollectiveOp.values()}
+_GPU_NAMES = {i: f"gpu{i}" for i in range(64)}
+
+
+def _gpu_name(index: int) -> str:
+    """``gpu<index>``, one shared string per common index."""
+    return _GPU_NAMES.get(index) or f"gpu{index}"
 
 
 class RankRecord:
@@ -76,17 +172,9 @@ class RankRecord:
         self.vms_bytes = 0
         # (kind, used, limit): host, cgroup, address_space, gpu<i>
         self.limits: tuple[tuple[str, int, int], ...] = ()
-        self.curve: collections.deque[Point] = collections.deque(maxlen=CURVE_POINTS)
+        self.curve = Curve()
         # When the stack that gave ``state`` was taken (daemon clock), None: never.
         self.stack_at: float | None = None
-
-    def record(self, now: float) -> None:
-        """Append the current readings to the curve (downsampled)."""
-        if self.curve and now - self.curve[-1].t < CURVE_STEP:
-            return
-        path, size = (self.files[0][0], self.files[0][1]) if self.files else ("", 0)
-        self.curve.append(Point(now, self.rss_bytes, self.io_write_bytes, path, size,
-                                self.limits, self.gpu))
 
 
 @dataclass
@@ -222,61 +310,84 @@ class JobTable:
             self.stacks.add(s)
         missing: list[str] = []
         reported: set[tuple[str, int]] = set()
+        # The hot loop (bench/daemon_ingest.py): each protobuf field is read
+        # once, and strings every rank shares (node, agent, job id) are kept
+        # as one object each, not one per rank.
+        node = report.node
+        if node == agent.node:
+            node = agent.node
+        agent_id = agent.agent_id
+        jobs = self.jobs
+        job: Job | None = None
         for s in report.samples:
             ident = s.identity
-            job = self.jobs.get(ident.job_id)
-            if job is None:
-                job = self.jobs[ident.job_id] = Job(ident.job_id, ident.world_size, recv)
-            rec = job.ranks.get(ident.rank)
+            job_id = ident.job_id
+            if job is None or job_id != job.job_id:
+                job = jobs.get(job_id)
+                if job is None:
+                    job = jobs[job_id] = Job(job_id, ident.world_size, recv)
+                self.dirty.add(job.job_id)
+            rank, pid = ident.rank, ident.pid
+            rec = job.ranks.get(rank)
             if rec is None:
-                rec = job.ranks[ident.rank] = RankRecord(ident.rank)
+                rec = job.ranks[rank] = RankRecord(rank)
             elif rec.gone_at is not None:
                 rec.gone_at = None
-            state = RankState.from_proto(s.state)
-            op = CollectiveOp.from_proto(s.op)
+            state = _STATE_OF.get(s.state) or RankState.from_proto(s.state)
+            op = _OP_OF.get(s.op) or CollectiveOp.from_proto(s.op)
             since = recv - s.state_seconds
-            if state is not rec.state or op is not rec.op or rec.pid != ident.pid:
+            if state is not rec.state or op is not rec.op or rec.pid != pid:
                 job.set_state(rec, state, op)
                 rec.since = since
-            else:
+            elif since < rec.since:
                 # Same state: keep the earliest anchor, immune to network jitter.
-                rec.since = min(rec.since, since)
+                rec.since = since
             p = s.process
-            if rec.seen and p.io_write_bytes >= rec.io_write_bytes and recv > rec.seen:
-                rate = (p.io_write_bytes - rec.io_write_bytes) / (recv - rec.seen)
+            written = p.io_write_bytes
+            if rec.seen and written >= rec.io_write_bytes and recv > rec.seen:
+                rate = (written - rec.io_write_bytes) / (recv - rec.seen)
                 rec.write_rate = 0.5 * rec.write_rate + 0.5 * rate
-            rec.io_write_bytes = p.io_write_bytes
+            rec.io_write_bytes = written
             rec.local_rank = ident.local_rank
-            rec.node = report.node
-            rec.agent_id = report.agent_id
-            rec.pid = ident.pid
+            rec.node = node
+            rec.agent_id = agent_id
+            rec.pid = pid
             rec.seen = recv
             rec.cpu_util = p.cpu_utilization
             rec.rss_bytes = p.rss_bytes
-            rec.files = tuple((f.path, f.size_bytes, f.previous_path, f.previous_size_bytes)
-                              for f in p.files_writing)
-            rec.gpu = tuple((g.device_index, g.used_bytes, g.device_total_bytes) for g in s.gpu)
+            files = p.files_writing
+            rec.files = tuple([(f.path, f.size_bytes, f.previous_path, f.previous_size_bytes)
+                               for f in files]) if files else ()
             rec.vms_bytes = p.vms_bytes
-            rec.limits = tuple(
-                (LIMIT_NAMES.get(m.kind, "host"), m.used_bytes, m.limit_bytes)
-                for m in p.memory_limits if m.limit_bytes > 0
-            ) + tuple((f"gpu{g.device_index}", g.device_used_bytes, g.device_total_bytes)
-                      for g in s.gpu if g.device_total_bytes > 0)
-            rec.record(recv)
-            if s.stack_id and s.stack_id != rec.stack_id and not self.stacks.touch(s.stack_id):
-                missing.append(s.stack_id)
-            rec.stack_id = s.stack_id
+            limits = [(LIMIT_NAMES.get(m.kind, "host"), m.used_bytes, lim)
+                      for m in p.memory_limits if (lim := m.limit_bytes) > 0]
+            gpus = s.gpu
+            if gpus:
+                rec.gpu = tuple([(g.device_index, g.used_bytes, g.device_total_bytes)
+                                 for g in gpus])
+                limits += [(_gpu_name(g.device_index), g.device_used_bytes, total)
+                           for g in gpus if (total := g.device_total_bytes) > 0]
+            else:
+                rec.gpu = ()
+            rec.limits = tuple(limits)
+            rec.curve.add(recv, rec.rss_bytes, written, rec.files, rec.limits)  # downsampled
+            sid = s.stack_id
+            if sid != rec.stack_id:
+                if sid and not self.stacks.touch(sid):
+                    missing.append(sid)
+                rec.stack_id = sid
             # The state is what the stack of stack_age_seconds ago showed.
             rec.stack_at = recv - s.stack_age_seconds if state is not RankState.UNKNOWN else None
             if s.HasField("job"):
-                job.source = s.job.source
-                if dict(s.job.env) != job.env:
-                    job.env = dict(s.job.env)
+                info = s.job
+                job.source = info.source
+                env = dict(info.env)
+                if env != job.env:
+                    job.env = env
                     job.warnings = lint(job.env)
-                job.declared_timeout = s.job.watchdog_timeout_seconds
+                job.declared_timeout = info.watchdog_timeout_seconds
             job.last_update = recv
-            reported.add((ident.job_id, ident.rank))
-            self.dirty.add(ident.job_id)
+            reported.add((job.job_id, rank))
         self.samples_total += len(report.samples)
 
         for ident in report.exited:

@@ -25,6 +25,7 @@ MAX_WORLD_SIZE = 1 << 20
 MAX_ENV = 256
 MAX_FILES = 64
 _STATES = frozenset(pb.RankState.values())
+_isfinite = math.isfinite
 _OPS = frozenset(pb.CollectiveOp.values())
 
 
@@ -96,36 +97,44 @@ def _check_stack(s: pb.Stack) -> None:
 
 def _check_sample(i: int, s: pb.RankSample, world_size_of: Callable[[str], int | None],
                   new_jobs: dict[str, int]) -> tuple[str, int]:
+    # Runs for every sample: each field is read once, messages built only on error.
     ident = s.identity
-    where = f"samples[{i}]"
-    if not ident.job_id or len(ident.job_id) > MAX_JOB_ID:
-        raise _bad(f"{where}: job_id must be 1-{MAX_JOB_ID} characters")
-    if not 1 <= ident.world_size <= MAX_WORLD_SIZE:
-        raise _bad(f"{where}: world_size {ident.world_size} out of range 1..{MAX_WORLD_SIZE}")
-    if not 0 <= ident.rank < ident.world_size:
-        raise _bad(f"{where}: rank {ident.rank} out of range for world size {ident.world_size}")
-    known = world_size_of(ident.job_id)
+    job_id, world, rank = ident.job_id, ident.world_size, ident.rank
+    if not job_id or len(job_id) > MAX_JOB_ID:
+        raise _bad(f"samples[{i}]: job_id must be 1-{MAX_JOB_ID} characters")
+    if not 1 <= world <= MAX_WORLD_SIZE:
+        raise _bad(f"samples[{i}]: world_size {world} out of range 1..{MAX_WORLD_SIZE}")
+    if not 0 <= rank < world:
+        raise _bad(f"samples[{i}]: rank {rank} out of range for world size {world}")
+    known = world_size_of(job_id)
     if known is None:
-        known = new_jobs.setdefault(ident.job_id, ident.world_size)
-    if known is not None and known != ident.world_size:
+        known = new_jobs.setdefault(job_id, world)
+    if known != world:
         raise ReportError(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"{where}: job {ident.job_id!r} has world size {known}, "
-                          f"report says {ident.world_size}")
+                          f"samples[{i}]: job {job_id!r} has world size {known}, "
+                          f"report says {world}")
     if ident.pid <= 0:
-        raise _bad(f"{where}: pid must be > 0")
+        raise _bad(f"samples[{i}]: pid must be > 0")
     if s.state not in _STATES or s.op not in _OPS:
-        raise _bad(f"{where}: unknown state {s.state} or op {s.op}")
-    for name in ("state_seconds", "stack_age_seconds"):
-        v = getattr(s, name)
-        if not math.isfinite(v) or not 0 <= v < 1e9:
-            raise _bad(f"{where}: {name} must be finite and in [0, 1e9), got {v}")
+        raise _bad(f"samples[{i}]: unknown state {s.state} or op {s.op}")
+    v = s.state_seconds
+    if not _isfinite(v) or not 0 <= v < 1e9:
+        raise _bad(f"samples[{i}]: state_seconds must be finite and in [0, 1e9), got {v}")
+    v = s.stack_age_seconds
+    if not _isfinite(v) or not 0 <= v < 1e9:
+        raise _bad(f"samples[{i}]: stack_age_seconds must be finite and in [0, 1e9), got {v}")
     if len(s.stack_id) > 64:
-        raise _bad(f"{where}: stack_id too long")
-    if not math.isfinite(s.process.cpu_utilization) or s.process.cpu_utilization < 0:
-        raise _bad(f"{where}: cpu_utilization must be finite and >= 0")
-    if len(s.process.files_writing) > MAX_FILES or len(s.job.env) > MAX_ENV:
-        raise _too_big(f"{where}: too many files ({len(s.process.files_writing)}) "
-                       f"or env entries ({len(s.job.env)})")
-    if not math.isfinite(s.job.watchdog_timeout_seconds) or s.job.watchdog_timeout_seconds < 0:
-        raise _bad(f"{where}: job.watchdog_timeout_seconds must be finite and >= 0")
-    return (ident.job_id, ident.rank)
+        raise _bad(f"samples[{i}]: stack_id too long")
+    p = s.process
+    cpu = p.cpu_utilization
+    if not _isfinite(cpu) or cpu < 0:
+        raise _bad(f"samples[{i}]: cpu_utilization must be finite and >= 0")
+    has_job = s.HasField("job")  # without it: no env, no declared timeout
+    files, env = len(p.files_writing), len(s.job.env) if has_job else 0
+    if files > MAX_FILES or env > MAX_ENV:
+        raise _too_big(f"samples[{i}]: too many files ({files}) or env entries ({env})")
+    if has_job:
+        timeout = s.job.watchdog_timeout_seconds
+        if not _isfinite(timeout) or timeout < 0:
+            raise _bad(f"samples[{i}]: job.watchdog_timeout_seconds must be finite and >= 0")
+    return (job_id, rank)
