@@ -17,7 +17,10 @@ stats with two memory limits and one GPU, job info (environment) on the
 first round and every ``JOB_INFO_EVERY`` rounds, interned stacks (a stack's
 frames cross a stream once, then only its id). Each round every sample
 changes to another stack of its job's pool with probability
-``stack_change`` (1% by default).
+``stack_change`` (1% by default). A job can be put into checkpoint stalls
+(rank 0 saving, the others in barrier) for given time windows. Agents go to
+the daemon ``ncclwatch.shard.shard(job_id, n)`` names; a failed stream is
+reopened with the real agent's backoff.
 
 Reports are assembled from pre-serialised parts. Concatenating serialised
 messages of one type merges them (protobuf encoding spec), so a sample is
@@ -59,9 +62,9 @@ RANKS_PER_NODE = 8
 METHOD = "/ncclwatch.v1.CollectorService/Report"
 JOB_INFO_EVERY = 30  # as the real agent (ncclwatch/agent/agent.py)
 SITE = "/opt/venv/lib/python3.11/site-packages"
-#: Each channel its own TCP connection, as separate agent processes would have.
 #: A ReportResponse with nothing but ack_seq (tag + up to 10 varint bytes).
 ACK_ONLY_MAX = 11
+#: Each channel its own TCP connection, as separate agent processes would have.
 CHANNEL_OPTIONS = (("grpc.use_local_subchannel_pool", 1),
                    ("grpc.max_send_message_length", 16 * 1024 * 1024))
 
@@ -467,8 +470,6 @@ class Client:
     """Many agent streams in one process; commands on stdin, answers on stdout."""
 
     def __init__(self, plan: ClientPlan) -> None:
-        import grpc  # noqa: F401 (imported here: the caller never needs it)
-
         self.plan = plan
         self.mode = "interval"
         self.acked_reports = 0
@@ -490,12 +491,11 @@ class Client:
         self.connected: set[int] = set()  # agents acknowledged at least once
         self.failures = 0                  # streams that failed (and were reopened)
         self.all_acked = asyncio.Event()
-        self.wake = asyncio.Event()
 
     async def run(self, commands: asyncio.StreamReader) -> None:
         import grpc
 
-        channels: dict[tuple[str, int], grpc.aio.Channel] = {}
+        channels: dict[tuple[int, int], grpc.aio.Channel] = {}  # (daemon, group) -> channel
         tasks = []
         per = self.plan.streams_per_channel
         n = len(self.plan.targets)
@@ -548,12 +548,8 @@ class Client:
         acked = False
         try:
             while True:
-                if self.mode == "interval":
+                if self.mode == "interval":  # else "saturate": send as soon as acked
                     await self._sleep_to_slot(i)
-                elif self.mode == "pause":
-                    self.wake.clear()
-                    await self.wake.wait()
-                    continue
                 await call.write(a.report(time.monotonic()))
                 self.sent_reports += 1
                 resp = await call.read()
@@ -609,7 +605,6 @@ class Client:
                 self._reply(interval=self.plan.interval)
             elif op == "mode":
                 self.mode = cmd["mode"]
-                self.wake.set()
                 self._reply(mode=self.mode)
             elif op == "count":
                 self._reply(t=time.monotonic(), acked_reports=self.acked_reports,
