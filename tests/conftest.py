@@ -30,6 +30,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def need_system(binary: str, package: str) -> str:
+    """A tool from a Debian package (make test installs it); a clear failure if absent."""
+    path = shutil.which(binary)
+    if path is None:
+        pytest.fail(f"{binary} not found: install Debian's `{package}` package "
+                    f"(make test does: apt-get install -y {package})")
+    return path
+
+
 def need(binary: str) -> str:
     path = BIN / binary
     if not path.exists():

@@ -8,12 +8,13 @@ annotations, and a runbook that exists.
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.conftest import need_system
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "dashboards" / "prometheus"
@@ -23,11 +24,7 @@ KINDS = ("checkpoint_gather", "checkpoint_restore", "collective_hang", "desync",
 
 
 def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.fail("promtool not found: install Debian's `prometheus` package "
-                    "(make test does: apt-get install -y prometheus)")
-    return path
+    return need_system("promtool", "prometheus")
 
 
 def _alerts() -> list[dict]:
@@ -99,11 +96,7 @@ def test_runbook_links_resolve_to_files_and_anchors() -> None:
 
 
 def amtool() -> str:
-    path = shutil.which("amtool")
-    if path is None:
-        pytest.fail("amtool not found: install Debian's `prometheus-alertmanager` package "
-                    "(make test does)")
-    return path
+    return need_system("amtool", "prometheus-alertmanager")
 
 
 AM_EXAMPLE = RULES / "alertmanager.example.yml"

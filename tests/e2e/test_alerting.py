@@ -12,7 +12,6 @@ Prometheus.
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 import time
 import urllib.parse
@@ -21,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests.conftest import ARTIFACTS, ROOT, Proc, free_port, record
+from tests.conftest import ARTIFACTS, ROOT, Proc, free_port, need_system, record
 from tests.e2e.test_checkpoint_stall import _job_id
 
 pytestmark = pytest.mark.e2e
@@ -29,14 +28,6 @@ pytestmark = pytest.mark.e2e
 PG_TIMEOUT = 90
 RULES = ROOT / "dashboards" / "prometheus"
 DASHBOARDS = ROOT / "dashboards" / "grafana"
-
-
-def _system(binary: str, package: str) -> str:
-    path = shutil.which(binary)
-    if path is None:
-        pytest.fail(f"{binary} not found: install Debian's `{package}` package "
-                    f"(make test does it)")
-    return path
 
 
 class Webhook:
@@ -99,7 +90,7 @@ def alerting_stack(tmp_path):
         am_cfg.write_text((RULES / "alertmanager.example.yml").read_text()
                           .replace("http://127.0.0.1:9095", hook.url)
                           .replace("group_wait: 10s", "group_wait: 5s"))
-        am = Proc([_system("prometheus-alertmanager", "prometheus-alertmanager"),
+        am = Proc([need_system("prometheus-alertmanager", "prometheus-alertmanager"),
                    f"--config.file={am_cfg}", f"--storage.path={tmp_path / 'am'}",
                    f"--web.listen-address=127.0.0.1:{am_port}",
                    "--cluster.listen-address="], name="alertmanager")
@@ -114,7 +105,7 @@ def alerting_stack(tmp_path):
             "scrape_configs": [{"job_name": "ncclwatch", "honor_labels": True,
                                 "static_configs": [{"targets": [metrics_hostport]}]}],
         }))
-        prom = Proc([_system("prometheus", "prometheus"), f"--config.file={prom_cfg}",
+        prom = Proc([need_system("prometheus", "prometheus"), f"--config.file={prom_cfg}",
                      f"--storage.tsdb.path={tmp_path / 'tsdb'}",
                      f"--web.listen-address=127.0.0.1:{prom_port}"], name="prometheus")
         procs.append(prom)

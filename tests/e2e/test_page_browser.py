@@ -7,13 +7,12 @@ live stall. A screenshot is kept under artifacts/ for the humans.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import time
 
 import pytest
 
-from tests.conftest import ARTIFACTS
+from tests.conftest import ARTIFACTS, need_system
 from tests.e2e.test_checkpoint_stall import _job_id
 
 pytestmark = pytest.mark.e2e
@@ -27,10 +26,7 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
 
 
 def chromium() -> str:
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if path is None:
-        pytest.fail("chromium not found: install Debian's `chromium` package (make test does)")
-    return path
+    return need_system("chromium", "chromium")
 
 
 def _browser(tmp_path, *args: str) -> subprocess.CompletedProcess:
