@@ -95,3 +95,9 @@ def rank_ranges(ranks) -> str:
         out.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
         i = j + 1
     return ",".join(out)
+
+
+#: Below this share of one core a rank counts as quiet: blocked or sleeping.
+#: The agent (start estimates, sampling) and the daemon (which waits are
+#: believable) must agree on it.
+QUIET_CPU = 0.05

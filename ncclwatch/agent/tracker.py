@@ -10,11 +10,9 @@ from __future__ import annotations
 
 from ncclwatch.agent.discover import RankProcess
 from ncclwatch.agent.sample import ProcessSample
-from ncclwatch.model import CollectiveOp, RankState
+from ncclwatch.model import QUIET_CPU, CollectiveOp, RankState
 from ncclwatch.signatures import Classification
 
-#: Below this share of one core a rank counts as quiet (blocked or sleeping).
-QUIET_CPU = 0.05
 
 
 class RankTracker:

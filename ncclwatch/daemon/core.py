@@ -20,6 +20,7 @@ from ncclwatch.daemon.diagnosis import diagnose
 from ncclwatch.daemon.incidents import Incidents
 from ncclwatch.daemon.table import JobTable
 from ncclwatch.daemon.validate import ReportError, validate_request
+from ncclwatch.model import QUIET_CPU
 from ncclwatch.v1 import collector_pb2 as pb
 
 if TYPE_CHECKING:
@@ -30,8 +31,6 @@ log = logging.getLogger(__name__)
 
 #: Ask a suspicious job's agents for fresh stacks at most this often.
 ESCALATE_EVERY = 3.0
-#: Below this share of one core a waiting rank is believed to be blocked.
-QUIET_CPU = 0.05
 #: While an incident is open, refresh its stacks this often.
 REFRESH_EVERY = 10.0
 
