@@ -20,7 +20,7 @@ OUT = ROOT / "BENCHMARKS.md"
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="smaller runs (minutes, not tens)")
-    ap.add_argument("--only", choices=("agent", "daemon"), default=None)
+    ap.add_argument("--only", choices=("agent", "daemon", "diagnose"), default=None)
     a = ap.parse_args()
     cmd = "make bench" + (" BENCH_ARGS=--quick" if a.quick else "")
     head = [
@@ -50,6 +50,13 @@ def main() -> int:
             sections += ["## Daemon ingest and API at scale", "",
                          f"Command: `python -m bench.daemon_ingest {flag}`", "",
                          daemon_ingest.render(r), ""]
+    if a.only in (None, "diagnose"):
+        from bench import diagnose_log
+        size = 0.25 if a.quick else 1.0
+        r = diagnose_log.measure(int(size * 1e9))
+        sections += ["## ncclwatch diagnose on a big log", "",
+                     f"Command: `python -m bench.diagnose_log --size {size:g}`", "",
+                     diagnose_log.render(r), ""]
     text = "\n".join(head + sections).rstrip() + "\n"
     if a.only and OUT.exists():
         print(text)

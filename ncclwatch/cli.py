@@ -1,4 +1,4 @@
-"""The ``ncclwatch`` command: run, agent, daemon, status, certs."""
+"""The ``ncclwatch`` command: run, agent, daemon, status, diagnose, certs."""
 
 from __future__ import annotations
 
@@ -122,6 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--ca", default=None, metavar="FILE",
                     help="CA to verify an https daemon with (basic auth: "
                          "https://user:pass@host:7471 or env NCCLWATCH_DAEMON_AUTH=user:pass)")
+    text = ("say what killed a distributed job from its logs and Flight Recorder dumps: "
+            "failure class, initiating vs collateral ranks, timeline, evidence, fix")
+    dg = sub.add_parser("diagnose", help=text, description=text + ". PATH: log files "
+                        "(plain or .gz), directories of them (torchrun --log-dir, Slurm "
+                        "output), kernel logs (dmesg), Flight Recorder dumps.")
+    dg.add_argument("paths", nargs="+", metavar="PATH")
+    dg.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
     text = "make a test CA, a daemon certificate and node certificates for mTLS"
     ce = sub.add_parser("certs", help=text, description=text + " (ECDSA P-256, one year; an "
                         "existing CA in --out is reused, so nodes can be added later)")
@@ -144,6 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "status":
             return _status(args)
+        if args.command == "diagnose":
+            return _diagnose(args)
         if args.command == "certs":
             from ncclwatch import certs
 
@@ -166,6 +175,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as e:
         log.error("%s", e)
         return 1
+
+
+def _diagnose(args: argparse.Namespace) -> int:
+    """Exit 0 with a verdict (even "none"); 2 when an input cannot be read."""
+    import json
+
+    from ncclwatch.diagnose import LogInputError, diagnose
+    from ncclwatch.diagnose import render
+
+    try:
+        d = diagnose(args.paths)
+    except LogInputError as e:
+        print(f"ncclwatch diagnose: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(d.to_json(), indent=1))
+    else:
+        sys.stdout.write(render.text(d))
+    return 0
 
 
 def _security(command: str, cfg: dict[str, Any]) -> None:

@@ -30,6 +30,17 @@ def _on(env: Env, *names: str) -> bool:
     return False
 
 
+def _size_on(env: Env) -> bool:
+    """A non-zero Flight Recorder buffer (the default is 2000 only from torch 2.11)."""
+    for n in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        if n in env:
+            try:
+                return int(env[n]) > 0
+            except ValueError:
+                return False
+    return False
+
+
 @dataclass(frozen=True)
 class EnvRule:
     code: str
@@ -51,6 +62,14 @@ RULES: tuple[EnvRule, ...] = (
         lambda e: _off(e, "TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"),
         "The Flight Recorder is off (trace buffer size 0): after a timeout there is no "
         "record of which rank missed which collective. Set TORCH_FR_BUFFER_SIZE=2000."),
+    EnvRule(
+        "flight_recorder_no_pipe", "info",
+        lambda e: _size_on(e) and not e.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE"),
+        "The Flight Recorder is on but has no debug-info pipe: ncclwatch cannot ask the "
+        "job for a live dump during a stall (exact missing ranks, exact timeout). Set "
+        "TORCH_NCCL_DEBUG_INFO_PIPE_FILE=/tmp/nccl_pipe_ (each rank then reads "
+        "/tmp/nccl_pipe_<rank>.pipe) and keep TORCH_NCCL_DUMP_ON_TIMEOUT=1 so it is polled "
+        "every second."),
     EnvRule(
         "dump_on_timeout_disabled", "info",
         lambda e: _off(e, "TORCH_NCCL_DUMP_ON_TIMEOUT"),

@@ -221,6 +221,39 @@ ROOT_CAUSES: tuple[RootCause, ...] = (
 
 BY_ID: dict[str, RootCause] = {rc.id: rc for rc in ROOT_CAUSES}
 
+#: Root causes only a post-mortem names (``ncclwatch diagnose``): live, these
+#: failures look like the hang or the lost rank they cause, and the daemon's
+#: entries above apply. ``cause`` here is filled by diagnose's own facts.
+POSTMORTEM_CAUSES: tuple[RootCause, ...] = (
+    RootCause(
+        "nccl_network_error", StallKind.COLLECTIVE_HANG,
+        "The network or the NCCL transport failed",
+        "rank(s) {initiating} reported a transport error first ({evidence}); the other "
+        "ranks failed after them.",
+        "Look at the node of the first rank that reported it: NIC and link state "
+        "(`ibstat`, `ip -s link`, switch logs), `dmesg` for Xid/PCIe errors, and run the "
+        "job with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET to see which interface NCCL "
+        "chose (set NCCL_SOCKET_IFNAME / NCCL_IB_HCA if it is the wrong one). Exclude the "
+        "node and restart from the last checkpoint; nccl-tests all_reduce_perf across the "
+        "suspect nodes confirms it.",
+        "NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET torchrun ...   # which NIC, which error\n"
+        "all_reduce_perf -b 8 -e 1G -f 2 -g 1                   # nccl-tests on the nodes",
+        always_at_risk=True),
+    RootCause(
+        "rank_never_joined", StallKind.COLLECTIVE_HANG,
+        "A rank never joined the collective the others waited in",
+        "rank(s) {initiating} never started {op} while {waiting_n} rank(s) waited in it "
+        "until the {timeout} timeout.",
+        "Find what that rank did instead: a py-spy dump during the hang (ncclwatch shows "
+        "it live), its last log lines, the Flight Recorder (TORCH_FR_BUFFER_SIZE=2000) for "
+        "the last collective it started. Typical causes are a collective under a "
+        "rank-dependent condition, an uneven number of batches (use join() or drop_last), "
+        "or a long rank-local step (evaluation, logging, checkpointing) before it.",
+        _GATHER_ORDER_EXAMPLE),
+)
+
+ALL_BY_ID: dict[str, RootCause] = {**BY_ID, **{rc.id: rc for rc in POSTMORTEM_CAUSES}}
+
 
 def for_kind(kind: StallKind) -> list[RootCause]:
     return [rc for rc in ROOT_CAUSES if rc.kind is kind]

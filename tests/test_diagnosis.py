@@ -66,7 +66,9 @@ def test_runbooks_are_generated_from_the_table(tmp_path) -> None:
     ({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}, set()),
     ({"TORCH_FR_BUFFER_SIZE": "0"}, {"flight_recorder_disabled"}),
     ({"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"}, {"flight_recorder_disabled"}),
-    ({"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "0"}, set()),
+    ({"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "0"},
+     {"flight_recorder_no_pipe"}),
+    ({"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/tmp/pipe_"}, set()),
     ({"TORCH_NCCL_DUMP_ON_TIMEOUT": "false", "TORCH_NCCL_ENABLE_MONITORING": "0"},
      {"dump_on_timeout_disabled", "watchdog_monitoring_disabled"}),
 ])

@@ -1,0 +1,85 @@
+"""``ncclwatch diagnose``: what killed a distributed job, from its logs and dumps.
+
+After the fact an operator has logs (torchrun's console, per-rank files,
+Slurm output, the kernel log) and maybe Flight Recorder dumps. ``diagnose``
+streams them once (logscan.py, with the sign table of logsigns.py), reads
+the dumps (ncclwatch/flightrec.py), and decides (verdict.py) the failure
+class, the initiating ranks versus the collateral ones, a timeline, the
+evidence lines, and the fix from the remediation table the live daemon uses.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from ncclwatch.diagnose.logscan import LogInputError, ScanResult, scan
+from ncclwatch.diagnose.verdict import CLASS_BY_ID, decide, gather_facts, root_cause, timeline
+from ncclwatch.model import rank_ranges
+from ncclwatch.remediation import RootCause
+
+__all__ = ["Diagnosis", "LogInputError", "diagnose"]
+
+
+@dataclass
+class Diagnosis:
+    cls: str
+    title: str
+    summary: str
+    initiating: list[int]
+    collateral: list[int]
+    root_cause: RootCause | None
+    evidence: list[tuple[str, str]]
+    notes: list[str]
+    timeline: list[dict]
+    timeout_s: float | None
+    flight_recorder: dict | None
+    inputs: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        rc = self.root_cause
+        return {
+            "class": self.cls, "title": self.title, "summary": self.summary,
+            "initiating_ranks": self.initiating, "collateral_ranks": self.collateral,
+            "root_cause": None if rc is None else {
+                "id": rc.id, "title": rc.title, "fix": rc.fix, "example": rc.example},
+            "evidence": [{"where": w, "why": y} for w, y in self.evidence],
+            "notes": self.notes, "timeline": self.timeline, "timeout_seconds": self.timeout_s,
+            "flight_recorder": self.flight_recorder, "inputs": self.inputs,
+        }
+
+
+def _flight_recorder(result: ScanResult) -> tuple[Any, dict | None]:
+    if not result.fr_dumps:
+        return None, None
+    from ncclwatch import flightrec
+    dumps = []
+    for path in result.fr_dumps:
+        try:
+            dumps.append(flightrec.load_dump(path))
+        except flightrec.FlightRecorderError as e:
+            result.skipped.append((path, str(e)))
+    if not dumps:
+        return None, None
+    analysis = flightrec.analyze(dumps)
+    return analysis, analysis.to_json()
+
+
+def diagnose(paths: Iterable[str | os.PathLike]) -> Diagnosis:
+    t0 = time.perf_counter()
+    result = scan(paths)
+    fr, fr_json = _flight_recorder(result)
+    facts = gather_facts(result, fr)
+    finding = decide(facts)
+    from ncclwatch.diagnose.verdict import _timeout_s
+    inputs = {"files": result.files, "flight_recorder_dumps": result.fr_dumps,
+              "skipped": [{"path": p, "why": w} for p, w in result.skipped],
+              "bytes": result.bytes_read, "lines": result.lines_read,
+              "ranks_seen": rank_ranges(result.ranks_seen) if result.ranks_seen else "",
+              "seconds": round(time.perf_counter() - t0, 3)}
+    return Diagnosis(finding.cls, CLASS_BY_ID[finding.cls].title, finding.summary,
+                     finding.initiating, finding.collateral, root_cause(finding),
+                     finding.evidence, finding.notes, timeline(facts, finding),
+                     _timeout_s(facts), fr_json, inputs)

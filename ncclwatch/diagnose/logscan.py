@@ -1,0 +1,501 @@
+"""Stream job logs once and keep only the lines that are evidence.
+
+A failed job's logs are large (every rank's step lines, for days) and the
+evidence is a few dozen lines. The scanner reads each file in chunks of
+bytes, finds every trigger of the sign table (logsigns.py) in one
+Aho-Corasick pass (ahocorasick-rs, in Rust, about a GB/s), and decodes only
+the lines that hold one. Python tracebacks are the exception: after a
+``Traceback`` line the scanner reads line by line, per rank, until the
+exception line, so the frames say what the rank was doing when it died.
+
+Ranks come from where launchers put them: torchrun's ``[rank3]:`` and
+``[default3]:`` line prefixes, ``srun --label``'s ``3: ``, per-rank file
+names (``rank3.log``, torchrun's ``--log-dir .../attempt_0/3/stderr.log``),
+and the ``[Rank 3]`` inside torch's own messages. Inputs may be plain text,
+gzip, or directories of both; Flight Recorder dumps found among them are
+handed back by path (flightrec.py reads them).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import gzip
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO, Iterable, Iterator
+
+import ahocorasick_rs
+
+from ncclwatch.diagnose.logsigns import SIGNS, Event, LogSign
+from ncclwatch.stacks import Frame
+
+CHUNK = 8 << 20
+#: A traceback whose exception line has not come after this many lines is
+#: closed as truncated (a killed process prints half a traceback).
+TRACEBACK_MAX_LINES = 3000
+#: Longest line kept as evidence text.
+MAX_TEXT = 600
+#: Files larger than this inside a directory are still read (streaming);
+#: binary files other than Flight Recorder dumps are skipped.
+_SNIFF = 8192
+
+
+class LogInputError(ValueError):
+    """A path that cannot be read as a log (missing, unreadable, not text)."""
+
+
+@dataclass
+class Evidence:
+    """One matched line."""
+
+    sign: str
+    event: Event
+    file: str
+    line: int
+    rank: int | None
+    ts: float | None
+    text: str
+    fields: dict[str, str]
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+@dataclass
+class PyTraceback:
+    """A Python traceback of one rank: frames outermost first, as printed."""
+
+    file: str
+    line: int
+    rank: int | None
+    ts: float | None
+    frames: list[Frame] = field(default_factory=list)
+    exception: str = ""
+    #: Exceptions earlier in the chain ("During handling of ...").
+    causes: list[str] = field(default_factory=list)
+    end_line: int = 0
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line}"
+
+    def innermost_first(self) -> list[Frame]:
+        return self.frames[::-1]
+
+
+@dataclass
+class FailureEntry:
+    """One failure of torchrun's ChildFailedError summary."""
+
+    file: str
+    line: int
+    root: bool = False
+    host: str = ""
+    rank: int | None = None
+    local_rank: int | None = None
+    exitcode: int | None = None
+    pid: int | None = None
+    signame: str = ""
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+@dataclass
+class ScanResult:
+    evidence: list[Evidence] = field(default_factory=list)
+    tracebacks: list[PyTraceback] = field(default_factory=list)
+    failures: list[FailureEntry] = field(default_factory=list)
+    ranks_seen: set[int] = field(default_factory=set)
+    world_sizes: set[int] = field(default_factory=set)
+    fr_dumps: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    bytes_read: int = 0
+    lines_read: int = 0
+
+
+# -- sign matching ---------------------------------------------------------------------
+
+class _Matcher:
+    """All triggers of all signs in one automaton; patterns compiled once."""
+
+    def __init__(self, signs: Iterable[LogSign] = SIGNS) -> None:
+        self.signs = tuple(signs)
+        triggers: list[str] = []
+        self.by_trigger: list[list[int]] = []
+        index: dict[str, int] = {}
+        for i, sign in enumerate(self.signs):
+            for t in sign.triggers:
+                if t not in index:
+                    index[t] = len(triggers)
+                    triggers.append(t)
+                    self.by_trigger.append([])
+                self.by_trigger[index[t]].append(i)
+        self.triggers = [t.encode() for t in triggers]
+        self.ac = ahocorasick_rs.BytesAhoCorasick(self.triggers)
+        self.patterns = [s.compile() for s in self.signs]
+
+    def signs_in(self, line: bytes) -> list[int]:
+        """Indexes of the signs whose triggers occur in ``line``, in table order."""
+        hit: set[int] = set()
+        for t, _s, _e in self.ac.find_matches_as_indexes(line, overlapping=True):
+            hit.update(self.by_trigger[t])
+        return sorted(hit)
+
+
+_MATCHER: _Matcher | None = None
+
+
+def matcher() -> _Matcher:
+    global _MATCHER
+    if _MATCHER is None:
+        _MATCHER = _Matcher()
+    return _MATCHER
+
+
+# -- ranks and times from a line's prefix -----------------------------------------------
+
+#: `3: ` (srun --label, task id), then `[rank3]:` / `[default3]:` (torchrun), in that order.
+_PREFIX = re.compile(r"^(?:\s*(?P<task>\d+): )?(?:\[(?P<role>[A-Za-z_]*?)(?P<rank>\d+)\]:)?")
+_PREFIX_SAMPLE = re.compile(rb"^(?:\s*\d+: )?\[(?:rank|default)(\d+)\]:", re.M)
+_SRUN_SAMPLE = re.compile(rb"^\s*(\d+): ", re.M)
+_ISO = re.compile(r"(\d{4})-(\d{2})-(\d{2})[ T_](\d{2}):(\d{2}):(\d{2})(?:[.,](\d{1,6}))?")
+_GLOG = re.compile(r"\b[IWEF](\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2})\.(\d{1,6})")
+_FILE_RANK = (
+    re.compile(r"attempt_\d+/(\d+)/(?:stdout|stderr)\.log$"),  # torchrun --log-dir
+    re.compile(r"(?:^|[/_.\-])rank[_\-]?(\d+)(?:[/_.\-]|$)", re.I),
+    re.compile(r"(?:^|[/_.\-])(?:trace_rank_|node_?rank_?)(\d+)", re.I),
+)
+
+
+def rank_of_path(path: str) -> int | None:
+    """The rank a per-rank log file belongs to, from its path (None if shared)."""
+    p = path.replace("\\", "/")
+    name = p.rsplit("/", 2)
+    tail = "/".join(name[-2:]) if len(name) > 1 else p
+    for rx in _FILE_RANK:
+        m = rx.search(p if rx is _FILE_RANK[0] else tail)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def split_prefix(line: str) -> tuple[int | None, str]:
+    """(rank, rest) for one line: the innermost launcher prefix wins."""
+    m = _PREFIX.match(line)
+    if not m or m.end() == 0:
+        return None, line
+    if m.group("rank") is not None:
+        return int(m.group("rank")), line[m.end():]
+    return int(m.group("task")), line[m.end():]
+
+
+def parse_ts(text: str, year: int) -> float | None:
+    """Seconds since the epoch of the first timestamp on the line (UTC assumed)."""
+    m = _ISO.search(text)
+    if m:
+        y, mo, d, h, mi, s = (int(x) for x in m.groups()[:6])
+        frac = m.group(7) or "0"
+        try:
+            t = _dt.datetime(y, mo, d, h, mi, s, tzinfo=_dt.timezone.utc).timestamp()
+        except ValueError:
+            return None
+        return t + int(frac) / 10 ** len(frac)
+    m = _GLOG.search(text)
+    if m:
+        mo, d, h, mi, s = (int(x) for x in m.groups()[:5])
+        frac = m.group(6)
+        try:
+            t = _dt.datetime(year, mo, d, h, mi, s, tzinfo=_dt.timezone.utc).timestamp()
+        except ValueError:
+            return None
+        return t + int(frac) / 10 ** len(frac)
+    return None
+
+
+# -- inputs ----------------------------------------------------------------------------
+
+def _is_fr_dump(head: bytes, path: str) -> bool:
+    return len(head) > 2 and head[0] == 0x80 and 2 <= head[1] <= 5
+
+
+def expand(paths: Iterable[str | os.PathLike]) -> Iterator[Path]:
+    """Every file under the given paths, in a stable order; missing paths raise."""
+    for p in paths:
+        path = Path(p)
+        if path.is_dir():
+            for root, dirs, files in os.walk(path):
+                dirs.sort()
+                for name in sorted(files):
+                    yield Path(root) / name
+        elif path.exists():
+            yield path
+        else:
+            raise LogInputError(f"{p}: no such file or directory")
+
+
+def _open(path: Path) -> tuple[BinaryIO, bytes]:
+    f: BinaryIO = open(path, "rb")
+    head = f.read(2)
+    f.seek(0)
+    if head == b"\x1f\x8b":
+        f.close()
+        f = gzip.open(path, "rb")  # type: ignore[assignment]
+    try:
+        sniff = f.read(_SNIFF)
+    except (OSError, EOFError) as e:
+        f.close()
+        raise LogInputError(f"{path}: cannot read: {e}") from None
+    return f, sniff
+
+
+# -- the scan ---------------------------------------------------------------------------
+
+class _OpenTb:
+    __slots__ = ("tb", "since", "chained")
+
+    def __init__(self, tb: PyTraceback, since: int) -> None:
+        self.tb, self.since, self.chained = tb, since, False
+
+
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+), in (?P<func>.+?)\s*$')
+_CHAIN = ("During handling of the above exception", "The above exception was the direct cause")
+
+
+class Scanner:
+    """Scans files into one ScanResult (see the module docstring)."""
+
+    def __init__(self, result: ScanResult | None = None) -> None:
+        self.r = result if result is not None else ScanResult()
+        self.m = matcher()
+
+    def scan_paths(self, paths: Iterable[str | os.PathLike]) -> ScanResult:
+        for path in expand(paths):
+            self.scan_file(path)
+        return self.r
+
+    def scan_file(self, path: Path) -> None:
+        name = str(path)
+        try:
+            f, sniff = _open(path)
+        except OSError as e:
+            self.r.skipped.append((name, f"cannot read: {e.strerror or e}"))
+            return
+        except LogInputError as e:
+            self.r.skipped.append((name, str(e)))
+            return
+        with f:
+            if _is_fr_dump(sniff, name):
+                self.r.fr_dumps.append(name)
+                return
+            if b"\x00" in sniff:
+                self.r.skipped.append((name, "binary, not a log or a Flight Recorder dump"))
+                return
+            self.r.files.append(name)
+            try:
+                year = _dt.datetime.fromtimestamp(path.stat().st_mtime, _dt.timezone.utc).year
+            except OSError:
+                year = _dt.datetime.now(_dt.timezone.utc).year
+            _FileScan(self, name, rank_of_path(name), year).run(f, sniff)
+
+
+class _FileScan:
+    def __init__(self, scanner: Scanner, name: str, file_rank: int | None, year: int) -> None:
+        self.s, self.r, self.m = scanner, scanner.r, scanner.m
+        self.name, self.file_rank, self.year = name, file_rank, year
+        self.open: dict[int | None, _OpenTb] = {}
+        self.entry: FailureEntry | None = None
+        self.root_next = False
+        self.last_ts: float | None = None
+        if file_rank is not None:
+            self.r.ranks_seen.add(file_rank)
+
+    def run(self, f: BinaryIO, first: bytes) -> None:
+        carry = first
+        line_no = 1
+        while True:
+            block = f.read(CHUNK)
+            data = carry + block
+            if not block:
+                if data:
+                    line_no = self._chunk(data, line_no)
+                break
+            cut = data.rfind(b"\n")
+            if cut < 0:
+                carry = data
+                continue
+            line_no = self._chunk(data[: cut + 1], line_no)
+            carry = data[cut + 1:]
+        self._close_all(line_no)
+
+    # A chunk holds whole lines; returns the number of the line after it.
+    def _chunk(self, chunk: bytes, line_no: int) -> int:
+        self.r.bytes_read += len(chunk)
+        for m in _PREFIX_SAMPLE.finditer(chunk, 0, 65536):
+            self.r.ranks_seen.add(int(m.group(1)))
+        cur_pos, cur_line = 0, line_no
+        pos = 0
+        if self.open:
+            pos, cur_line = self._sequential(chunk, 0, line_no)
+            cur_pos = pos
+        for t, s, _e in self.m.ac.find_matches_as_indexes(chunk):
+            if s < pos:
+                continue
+            ls = chunk.rfind(b"\n", 0, s) + 1
+            le = chunk.find(b"\n", s)
+            if le < 0:
+                le = len(chunk)
+            cur_line += chunk.count(b"\n", cur_pos, ls)
+            cur_pos = ls
+            self._line(chunk[ls:le], cur_line)
+            pos = le + 1
+            if self.open:
+                cur_pos, cur_line = pos, cur_line + 1
+                pos, cur_line = self._sequential(chunk, pos, cur_line)
+                cur_pos = pos
+        total = line_no + chunk.count(b"\n")
+        self.r.lines_read += total - line_no
+        return total
+
+    def _sequential(self, chunk: bytes, pos: int, line_no: int) -> tuple[int, int]:
+        """Line by line from ``pos`` while a traceback is open; returns (pos, line_no)."""
+        n = len(chunk)
+        while self.open and pos < n:
+            le = chunk.find(b"\n", pos)
+            if le < 0:
+                le = n
+            raw = chunk[pos:le]
+            self._traceback_line(raw, line_no)
+            pos, line_no = le + 1, line_no + 1
+            for rank, ot in list(self.open.items()):
+                if line_no - ot.since > TRACEBACK_MAX_LINES:
+                    self._finish(rank, "(traceback truncated)", line_no)
+        return pos, line_no
+
+    def _decode(self, raw: bytes) -> str:
+        return raw.decode("utf-8", "replace").rstrip("\r")
+
+    def _traceback_line(self, raw: bytes, line_no: int) -> None:
+        text = self._decode(raw)
+        rank, rest = split_prefix(text)
+        if rank is None:
+            rank = self.file_rank
+        ot = self.open.get(rank)
+        if ot is not None:
+            # A prefix may be followed by one space ("[default0]: "); frames are
+            # indented two more, source lines four.
+            body = rest[1:] if rest.startswith(" ") and not rest.startswith("  ") else rest
+            stripped = body.strip()
+            fm = _FRAME.match(body)
+            if fm:
+                ot.tb.frames.append(Frame(fm.group("func"), fm.group("file"), int(fm.group("line"))))
+                ot.chained = False
+                return
+            if not stripped or body[:1].isspace():
+                return
+            if stripped.startswith(_CHAIN):
+                ot.chained = True
+                return
+            if stripped.startswith("Traceback (most recent call last)"):
+                if ot.chained or not ot.tb.frames:
+                    ot.tb.causes.append(ot.tb.exception or "?")
+                    ot.since = line_no
+                    return
+            elif ot.tb.frames and not ot.chained:
+                self._finish(rank, stripped, line_no)
+                # The exception line is evidence too (OOM, timeouts, NCCL errors).
+                if self.m.signs_in(raw):
+                    self._line(raw, line_no)
+                return
+        if self.m.signs_in(raw):
+            self._line(raw, line_no)
+
+    def _finish(self, rank: int | None, exception: str, line_no: int) -> None:
+        ot = self.open.pop(rank, None)
+        if ot is None:
+            return
+        tb = ot.tb
+        if tb.exception and exception:
+            tb.causes.append(tb.exception)
+        tb.exception = exception[:MAX_TEXT]
+        tb.end_line = line_no
+        self.r.tracebacks.append(tb)
+
+    def _close_all(self, line_no: int) -> None:
+        for rank in list(self.open):
+            self._finish(rank, "(traceback cut off at end of file)", line_no)
+
+    def _line(self, raw: bytes, line_no: int) -> None:
+        text = self._decode(raw)
+        rank, rest = split_prefix(text)
+        if rank is None:
+            rank = self.file_rank
+        rest = rest.strip()
+        ts = parse_ts(rest, self.year)
+        if ts is None:
+            ts = self.last_ts
+        else:
+            self.last_ts = ts
+        if rank is not None:
+            self.r.ranks_seen.add(rank)
+        for i in self.m.signs_in(raw):
+            sign = self.m.signs[i]
+            mt = self.m.patterns[i].search(rest)
+            if mt is None:
+                continue
+            fields = {k: v for k, v in mt.groupdict().items() if v is not None}
+            ev_rank = rank
+            if ev_rank is None and "rank" in fields:
+                ev_rank = int(fields["rank"])
+            self._event(sign, fields, ev_rank, ts, rest, line_no)
+
+    def _event(self, sign: LogSign, fields: dict[str, str], rank: int | None, ts: float | None,
+               text: str, line_no: int) -> None:
+        ev = sign.event
+        if ev is Event.TRACEBACK:
+            if rank in self.open:
+                ot = self.open[rank]
+                if ot.chained or not ot.tb.frames:
+                    ot.tb.causes.append(ot.tb.exception or "?")
+                    ot.chained = False
+                    return
+                self._finish(rank, "(traceback truncated)", line_no)
+            self.open[rank] = _OpenTb(PyTraceback(self.name, line_no, rank, ts), line_no)
+            return
+        if ev is Event.SUMMARY_ROOT:
+            self.root_next = True
+            return
+        if ev is Event.SUMMARY:
+            self._summary(sign.id, fields, line_no)
+            return
+        if ev is Event.WORLD:
+            self.r.world_sizes.add(int(fields["world"]))
+            return
+        self.r.evidence.append(Evidence(sign.id, ev, self.name, line_no, rank, ts,
+                                        text[:MAX_TEXT], fields))
+
+    def _summary(self, sid: str, fields: dict[str, str], line_no: int) -> None:
+        if sid == "summary_host" or self.entry is None:
+            self.entry = FailureEntry(self.name, line_no, root=self.root_next)
+            self.root_next = False
+            self.r.failures.append(self.entry)
+        e = self.entry
+        if sid == "summary_host":
+            e.host = fields.get("host", "")
+        elif sid == "summary_rank":
+            e.rank, e.local_rank = int(fields["rank"]), int(fields["local_rank"])
+            self.r.ranks_seen.add(e.rank)
+        elif sid == "summary_exitcode":
+            e.exitcode, e.pid = int(fields["exitcode"]), int(fields["pid"])
+        elif sid == "summary_signal":
+            e.signame = fields.get("signame", "")
+
+
+def scan(paths: Iterable[str | os.PathLike]) -> ScanResult:
+    """Scan log files and directories (plain or gzip) into evidence."""
+    return Scanner().scan_paths(paths)

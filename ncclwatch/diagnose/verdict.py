@@ -1,0 +1,644 @@
+"""From evidence to a verdict: what failed, which rank started it, which only waited.
+
+The NCCL watchdog makes every rank report a timeout, and torchrun names the
+first rank that exited as the "root cause": in a checkpoint stall both point
+at ranks that were only waiting. The rules here invert that: a rank that
+timed out waiting is collateral; the initiating rank is the one the waiting
+ranks waited for (the Flight Recorder's missing ranks, the watchdog's "last
+enqueued work" numbers, monitored_barrier's list, or simply the rank that did
+not time out), and what it was doing (its traceback's frames, classified
+with the same signature table as live stacks; its checkpoint log lines)
+names the failure class. The classes are a table, first match wins.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
+
+from ncclwatch.diagnose.logscan import Evidence, FailureEntry, PyTraceback, ScanResult
+from ncclwatch.diagnose.logsigns import (PEER_EXCEPTIONS, SIGNAL_MEANING, TEARDOWN_EXCEPTIONS,
+                                         TIMEOUT_EXCEPTIONS, Event)
+from ncclwatch.model import CHECKPOINT_STATES, CollectiveOp, RankState, rank_ranges
+from ncclwatch.remediation import ALL_BY_ID, RootCause
+from ncclwatch.signatures import classify
+
+
+@dataclass(frozen=True)
+class FailureClass:
+    id: str
+    title: str
+
+
+CLASSES: tuple[FailureClass, ...] = (
+    FailureClass("gather_oom", "Out of memory while gathering or saving the checkpoint"),
+    FailureClass("desync", "Ranks ran different collectives (desync)"),
+    FailureClass("network_error", "Network / NCCL transport error"),
+    FailureClass("rank_crash", "A rank crashed"),
+    FailureClass("checkpoint_gather_timeout",
+                 "Checkpoint gather/save outlasted the process-group timeout"),
+    FailureClass("collective_hang", "A rank never joined a collective (hang)"),
+    FailureClass("none", "No failure found"),
+    FailureClass("unknown", "Failure evidence without a recognised pattern"),
+)
+CLASS_BY_ID = {c.id: c for c in CLASSES}
+
+#: NCCL's OpType names -> the c10d op (a barrier is an all-reduce of one element).
+_OPTYPE = {"ALLREDUCE": "all_reduce", "BROADCAST": "broadcast", "ALLGATHER": "all_gather",
+           "_ALLGATHER_BASE": "all_gather", "REDUCE_SCATTER": "reduce_scatter",
+           "_REDUCE_SCATTER_BASE": "reduce_scatter", "GATHER": "gather", "SCATTER": "scatter",
+           "REDUCE": "reduce", "ALLTOALL": "all_to_all", "ALLTOALL_BASE": "all_to_all",
+           "SEND": "send", "RECV": "recv", "RECVANYSOURCE": "recv", "BARRIER": "barrier",
+           "COALESCED": "coalesced"}
+
+
+@dataclass
+class RankFacts:
+    """What the logs say about one rank."""
+
+    rank: int
+    timeouts: list[Evidence] = field(default_factory=list)
+    progress: list[Evidence] = field(default_factory=list)
+    tracebacks: list[PyTraceback] = field(default_factory=list)
+    oom: list[Evidence] = field(default_factory=list)
+    network: list[Evidence] = field(default_factory=list)
+    peer_closed: list[Evidence] = field(default_factory=list)
+    checkpoint: list[Evidence] = field(default_factory=list)
+    checkpoint_done: list[Evidence] = field(default_factory=list)
+    aborted: list[Evidence] = field(default_factory=list)
+    failure: FailureEntry | None = None
+
+    def timeout_tracebacks(self) -> list[PyTraceback]:
+        return [t for t in self.tracebacks if exception_kind(t) == "timeout"]
+
+    def error_tracebacks(self) -> list[PyTraceback]:
+        return [t for t in self.tracebacks if exception_kind(t) in ("error", "oom")]
+
+    @property
+    def waited(self) -> bool:
+        """Timed out waiting for others (collateral), by any evidence."""
+        return bool(self.timeouts or self.progress or self.aborted or self.timeout_tracebacks())
+
+    def activity(self) -> tuple[RankState, CollectiveOp]:
+        """What its last traceback's frames say it was doing."""
+        for tb in reversed(self.tracebacks):
+            if tb.frames:
+                c = classify(tb.innermost_first())
+                return c.state, c.op
+        return RankState.UNKNOWN, CollectiveOp.NONE
+
+    def checkpointing(self) -> Evidence | None:
+        """Its last checkpoint line, when no 'saved' line followed it."""
+        if not self.checkpoint:
+            return None
+        last = self.checkpoint[-1]
+        done = [d for d in self.checkpoint_done if (d.file, d.line) > (last.file, last.line)]
+        return None if done else last
+
+
+def exception_kind(tb: PyTraceback) -> str:
+    text = tb.exception
+    if any(s in text for s in ("OutOfMemoryError", "out of memory", "MemoryError",
+                               "can't allocate memory")):
+        return "oom"
+    if any(s in text for s in TEARDOWN_EXCEPTIONS):
+        return "teardown"
+    if any(s in text for s in PEER_EXCEPTIONS):
+        return "peer"
+    if any(s in text for s in TIMEOUT_EXCEPTIONS):
+        return "timeout"
+    if text.startswith("(traceback"):
+        return "truncated"
+    return "error"
+
+
+@dataclass
+class Facts:
+    scan: ScanResult
+    ranks: dict[int, RankFacts]
+    world: list[int]
+    #: Flight Recorder analysis (flightrec.FrAnalysis) when dumps were given.
+    fr: object | None = None
+    unattributed: list[Evidence] = field(default_factory=list)
+
+    def rank(self, r: int) -> RankFacts:
+        if r not in self.ranks:
+            self.ranks[r] = RankFacts(r)
+        return self.ranks[r]
+
+    @property
+    def waiting(self) -> list[int]:
+        return sorted(r for r, f in self.ranks.items() if f.waited)
+
+    def all_evidence(self, event: Event) -> list[Evidence]:
+        out = [e for e in self.scan.evidence if e.event is event]
+        return sorted(out, key=_order)
+
+
+def _order(e: Evidence) -> tuple:
+    return (e.ts is None, e.ts or 0.0, e.file, e.line)
+
+
+def gather_facts(scan: ScanResult, fr: object | None = None) -> Facts:
+    f = Facts(scan, {}, [], fr)
+    slots = {Event.TIMEOUT: "timeouts", Event.PROGRESS: "progress", Event.OOM: "oom",
+             Event.NETWORK: "network", Event.PEER_CLOSED: "peer_closed",
+             Event.CHECKPOINT: "checkpoint", Event.CHECKPOINT_DONE: "checkpoint_done",
+             Event.WATCHDOG_ABORT: "aborted"}
+    for e in scan.evidence:
+        slot = slots.get(e.event)
+        if slot is None:
+            continue
+        if e.rank is None:
+            f.unattributed.append(e)
+            continue
+        getattr(f.rank(e.rank), slot).append(e)
+    for tb in scan.tracebacks:
+        if tb.rank is not None:
+            f.rank(tb.rank).tracebacks.append(tb)
+    for fe in scan.failures:
+        if fe.rank is not None:
+            rf = f.rank(fe.rank)
+            if rf.failure is None or fe.root:
+                rf.failure = fe
+    world = set(scan.ranks_seen) | set(f.ranks)
+    if scan.world_sizes:
+        world |= set(range(max(scan.world_sizes)))
+    if fr is not None:
+        for r in getattr(fr, "progress", {}) or {}:
+            world.add(int(r))
+        for stuck in getattr(fr, "stuck", []) or []:
+            world |= set(stuck.waiting_ranks) | set(stuck.missing_ranks)
+    f.world = sorted(world)
+    return f
+
+
+@dataclass
+class Finding:
+    cls: str
+    initiating: list[int]
+    collateral: list[int]
+    root_cause: str
+    summary: str
+    evidence: list[tuple[str, str]] = field(default_factory=list)  # (where, why)
+    notes: list[str] = field(default_factory=list)
+
+
+Rule = Callable[[Facts], "Finding | None"]
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+def _op_of(e: Evidence) -> str:
+    op = e.fields.get("op")
+    if op:
+        if op == "ALLREDUCE" and e.fields.get("numel_in") == "1":
+            return "barrier or all_reduce of one element"
+        return _OPTYPE.get(op, op.lower())
+    return ""
+
+
+def _timeout_s(facts: Facts) -> float | None:
+    fr = facts.fr
+    if fr is not None and getattr(fr, "timeout_ms", None):
+        return fr.timeout_ms / 1000.0
+    for rf in facts.ranks.values():
+        for e in rf.timeouts:
+            if e.fields.get("timeout_ms"):
+                return int(e.fields["timeout_ms"]) / 1000.0
+    for e in facts.all_evidence(Event.MISSING_RANKS):
+        if e.fields.get("timeout_ms"):
+            return int(e.fields["timeout_ms"]) / 1000.0
+    return None
+
+
+def _waited_op(facts: Facts, ranks: Iterable[int]) -> str:
+    ops: Counter[str] = Counter()
+    for r in ranks:
+        rf = facts.ranks.get(r)
+        if rf is None:
+            continue
+        for e in rf.timeouts:
+            if _op_of(e):
+                ops[_op_of(e)] += 1
+        state, op = rf.activity()
+        if op is not CollectiveOp.NONE and rf.timeout_tracebacks():
+            ops[op.value] += 1
+    if not ops:
+        stuck = getattr(facts.fr, "stuck", None) or []
+        if stuck:
+            return stuck[0].op
+        return "a collective"
+    return ops.most_common(1)[0][0]
+
+
+def _first_where(rf: RankFacts) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    if rf.timeouts:
+        out.append((rf.timeouts[0].where, f"rank {rf.rank} timed out waiting: "
+                    + rf.timeouts[0].text[:200]))
+    elif rf.progress:
+        out.append((rf.progress[0].where, f"rank {rf.rank}: " + rf.progress[0].text[:200]))
+    elif rf.timeout_tracebacks():
+        tb = rf.timeout_tracebacks()[0]
+        out.append((tb.where, f"rank {rf.rank} timed out waiting: {tb.exception[:200]}"))
+    return out
+
+
+def _missing(facts: Facts) -> tuple[list[int], list[tuple[str, str]], str]:
+    """The ranks the waiting ranks waited for, the evidence, and how it was found."""
+    fr = facts.fr
+    if fr is not None:
+        try:
+            missing = list(fr.missing_ranks())
+        except Exception:  # noqa: BLE001 - an odd dump must not hide the logs' verdict
+            missing = []
+        if missing:
+            st = fr.stuck[0] if getattr(fr, "stuck", None) else None
+            why = (f"Flight Recorder: rank(s) {rank_ranges(missing)} never started "
+                   f"{st.op} #{st.seq} of process group {st.pg_name or st.pg_id}"
+                   if st else "Flight Recorder: missing ranks")
+            return missing, [("flight recorder dumps", why)], "flight_recorder"
+    named: set[int] = set()
+    ev: list[tuple[str, str]] = []
+    for e in facts.all_evidence(Event.MISSING_RANKS):
+        ranks = [int(x) for x in re.findall(r"\d+", e.fields.get("missing", ""))]
+        if ranks:
+            named.update(ranks)
+            ev.append((e.where, e.text[:240]))
+    if named:
+        return sorted(named), ev, "missing_ranks_message"
+    # The watchdog's numbers: the failing work's seq vs each rank's last enqueued.
+    seqs: dict[int, int] = {}
+    enq: dict[int, tuple[int, Evidence]] = {}
+    for r, rf in facts.ranks.items():
+        for e in rf.progress + rf.timeouts:
+            if e.fields.get("seq"):
+                seqs[r] = max(seqs.get(r, -1), int(e.fields["seq"]))
+            if e.fields.get("enqueued"):
+                enq[r] = (int(e.fields["enqueued"]), e)
+    if seqs and enq:
+        top = max(seqs.values())
+        lag = sorted(r for r, (n, _e) in enq.items() if n < top)
+        if lag:
+            ev = [(enq[r][1].where, f"rank {r} last enqueued work {enq[r][0]}, the others "
+                   f"timed out in work {top}") for r in lag]
+            return lag, ev, "watchdog_progress"
+    waiting = set(facts.waiting)
+    if waiting:
+        rest = [r for r in facts.world if r not in waiting]
+        if rest:
+            return rest, [], "did_not_time_out"
+    return [], [], ""
+
+
+def _sig_of(rf: RankFacts) -> str:
+    fe = rf.failure
+    if fe is None:
+        return ""
+    if fe.signame:
+        return fe.signame
+    if fe.exitcode is not None and fe.exitcode < 0:
+        import signal as _signal
+        try:
+            return _signal.Signals(-fe.exitcode).name
+        except ValueError:
+            return ""
+    return ""
+
+
+def _oom_killed(facts: Facts, rf: RankFacts) -> Evidence | None:
+    fe = rf.failure
+    if fe is None or fe.pid is None:
+        return None
+    for e in facts.unattributed + rf.oom:
+        if e.sign == "oom_killer" and e.fields.get("pid") == str(fe.pid):
+            return e
+    return None
+
+
+# -- rules (first match wins) -------------------------------------------------------------
+
+def rule_gather_oom(facts: Facts) -> Finding | None:
+    hits: list[int] = []
+    ev: list[tuple[str, str]] = []
+    crash_oom: list[int] = []
+    for r, rf in sorted(facts.ranks.items()):
+        oom = list(rf.oom)
+        killed = _oom_killed(facts, rf)
+        if killed is not None:
+            oom.append(killed)
+        oom_tbs = [t for t in rf.tracebacks if exception_kind(t) == "oom"]
+        if not oom and not oom_tbs:
+            continue
+        state, _op = rf.activity()
+        ckpt = rf.checkpointing()
+        during = state in CHECKPOINT_STATES or ckpt is not None
+        for t in oom_tbs:
+            during = during or classify(t.innermost_first()).state in CHECKPOINT_STATES
+        (hits if during else crash_oom).append(r)
+        if during:
+            where = (oom_tbs[0].where if oom_tbs else oom[0].where)
+            text = (oom_tbs[0].exception if oom_tbs else oom[0].text)
+            ev.append((where, f"rank {r} out of memory: {text[:200]}"))
+            if ckpt is not None:
+                ev.append((ckpt.where, f"rank {r} was checkpointing: {ckpt.text[:160]}"))
+            elif oom_tbs:
+                ev.append((oom_tbs[0].where, f"rank {r}'s traceback is in "
+                           f"{classify(oom_tbs[0].innermost_first()).state.value}"))
+    if not hits:
+        return None
+    collateral = [r for r in facts.world if r not in hits]
+    return Finding("gather_oom", hits, collateral, "gather_out_of_memory",
+                   f"rank(s) {rank_ranges(hits)} ran out of memory while gathering or saving "
+                   f"the checkpoint; the other ranks only waited for them.", ev)
+
+
+def _mismatch_ops(facts: Facts) -> dict[int, str]:
+    ops: dict[int, str] = {}
+    for e in facts.all_evidence(Event.MISMATCH):
+        for rk, fp in (("rank", "mine"), ("other", "theirs")):
+            if e.fields.get(rk) and e.fields.get(fp):
+                m = re.search(r"OpType=(\w+)", e.fields[fp])
+                ops[int(e.fields[rk])] = m.group(1) if m else e.fields[fp]
+    return ops
+
+
+def rule_desync(facts: Facts) -> Finding | None:
+    ev: list[tuple[str, str]] = []
+    ops = _mismatch_ops(facts)
+    for e in facts.all_evidence(Event.MISMATCH)[:3]:
+        ev.append((e.where, e.text[:300]))
+    fr = facts.fr
+    if not ops and fr is not None and getattr(fr, "mismatches", None):
+        mm = fr.mismatches[0]
+        ops = {int(r): v[0] for r, v in mm.ops.items()}
+        ev.append(("flight recorder dumps", f"collective #{mm.seq} of process group "
+                   f"{mm.pg_id}: " + ", ".join(f"rank {r} {v[0]} {list(v[1])}"
+                                               for r, v in sorted(mm.ops.items()))))
+        if len({(v[0], tuple(map(tuple, v[1]))) for v in mm.ops.values()}) > 1 and \
+                len(set(ops.values())) == 1:
+            # Same op, different sizes: the odd one out by size.
+            sizes = {int(r): str(v[1]) for r, v in mm.ops.items()}
+            ops = sizes
+    if not ops:
+        # Timed out in different collectives at the same sequence number (NCCL), or
+        # gloo tracebacks blocked in different ops.
+        by_seq: dict[str, dict[int, str]] = {}
+        for r, rf in facts.ranks.items():
+            for e in rf.timeouts:
+                if e.fields.get("seq") and _op_of(e):
+                    by_seq.setdefault(e.fields["seq"], {})[r] = _op_of(e)
+        for seq, m in by_seq.items():
+            if len(set(m.values())) > 1:
+                ops = m
+                ev.append(("", f"ranks timed out in different ops at work {seq}: "
+                           + ", ".join(f"rank {r} {o}" for r, o in sorted(m.items()))))
+                break
+        if not ops:
+            waited = {}
+            for r, rf in facts.ranks.items():
+                tbs = rf.timeout_tracebacks()
+                if tbs:
+                    c = classify(tbs[-1].innermost_first())
+                    if c.op is not CollectiveOp.NONE:
+                        waited[r] = c.op.value
+                        ev_t = (tbs[-1].where, f"rank {r} timed out in {c.op.value}")
+                        if ev_t not in ev:
+                            ev.append(ev_t)
+            if len(set(waited.values())) > 1 and len(waited) >= 2:
+                ops = waited
+    if len(set(ops.values())) < 2:
+        return None
+    count = Counter(ops.values())
+    top, n = count.most_common(1)[0]
+    odd = sorted(r for r, o in ops.items() if o != top)
+    if n == 1 or len(odd) * 2 == len(ops):
+        # No majority (e.g. two ranks): the one that is not rank 0's op, as c10d
+        # compares every rank with rank 0.
+        ref = ops.get(0, top)
+        odd = sorted(r for r, o in ops.items() if o != ref)
+    collateral = [r for r in facts.world if r not in odd]
+    desc = ", ".join(f"rank {r} {o}" for r, o in sorted(ops.items()))
+    return Finding("desync", odd, collateral, "collective_order_mismatch",
+                   f"ranks issued different collectives ({desc}); rank(s) {rank_ranges(odd)} "
+                   f"left the common order.", ev)
+
+
+def _network_key(e: Evidence) -> tuple:
+    remote = "ncclRemoteError" in e.text or "remote process" in e.text
+    return (remote,) + _order(e)
+
+
+def rule_network(facts: Facts) -> Finding | None:
+    net = [e for rf in facts.ranks.values() for e in rf.network] + \
+        [e for e in facts.unattributed if e.event is Event.NETWORK]
+    if not net:
+        return None
+    if _crashes(facts, strict=True):
+        return None  # a rank died first; its peers' transport errors follow from it
+    first_timeout = min((_order(e) for rf in facts.ranks.values() for e in rf.timeouts),
+                        default=None)
+    net.sort(key=_network_key)
+    lead = net[0]
+    if first_timeout is not None and lead.ts is not None and first_timeout[0] is False \
+            and first_timeout[1] < lead.ts:
+        return None  # the errors are the watchdog's teardown of a hang
+    initiating = sorted({e.rank for e in net if e.rank is not None
+                         and _network_key(e)[:1] == _network_key(lead)[:1]
+                         and (lead.ts is None or e.ts is None or e.ts - lead.ts < 5.0)})
+    host = lead.fields.get("host", "")
+    ev = [(e.where, e.text[:240]) for e in net[:4]]
+    collateral = [r for r in facts.world if r not in initiating]
+    where = f" on {host}" if host else ""
+    return Finding("network_error", initiating, collateral, "nccl_network_error",
+                   f"the first transport error came from rank(s) "
+                   f"{rank_ranges(initiating) if initiating else '?'}{where}: "
+                   f"{lead.text[:160]}", ev)
+
+
+def _crashes(facts: Facts, strict: bool = False) -> list[tuple[tuple, int, str, str]]:
+    """(order, rank, where, why) of ranks that failed on their own (not by waiting)."""
+    out = []
+    watchdog = any(rf.aborted or rf.timeouts for rf in facts.ranks.values())
+    for r, rf in facts.ranks.items():
+        for tb in rf.error_tracebacks():
+            if exception_kind(tb) == "oom":
+                continue
+            out.append(((tb.ts is None, tb.ts or 0.0, tb.file, tb.line), r, tb.where,
+                        f"rank {r} raised {tb.exception[:200]}"))
+            break
+        else:
+            sig = _sig_of(rf)
+            meaning = SIGNAL_MEANING.get(sig, "")
+            if meaning in ("crashed", "killed") or (meaning == "aborted" and not watchdog
+                                                   and not rf.waited):
+                if sig == "SIGKILL" and _oom_killed(facts, rf) is not None:
+                    continue
+                if strict and meaning == "killed":
+                    continue
+                fe = rf.failure
+                assert fe is not None
+                out.append(((True, 0.0, fe.file, fe.line), r, fe.where,
+                            f"rank {r} exited with {sig} (exitcode {fe.exitcode}, pid {fe.pid})"))
+    out.sort()
+    return out
+
+
+def rule_crash(facts: Facts) -> Finding | None:
+    crashes = _crashes(facts)
+    oom_crash = [r for r, rf in facts.ranks.items() if rf.oom or _oom_killed(facts, rf)]
+    if not crashes and not oom_crash:
+        return None
+    if crashes:
+        first = crashes[0]
+        initiating = sorted({c[1] for c in crashes if c[0][:2] == first[0][:2]}) \
+            if first[0][0] is False else [first[1]]
+        ev = [(c[2], c[3]) for c in crashes[:4]]
+        why = first[3]
+    else:
+        initiating = sorted(oom_crash)
+        rf = facts.ranks[initiating[0]]
+        e = rf.oom[0] if rf.oom else _oom_killed(facts, rf)
+        assert e is not None
+        ev = [(e.where, e.text[:240])]
+        why = f"rank {initiating[0]} ran out of memory outside a checkpoint: {e.text[:160]}"
+    collateral = [r for r in facts.world if r not in initiating]
+    return Finding("rank_crash", initiating, collateral, "rank_exited",
+                   why + "; the other ranks failed after it.", ev)
+
+
+def rule_stall(facts: Facts) -> Finding | None:
+    waiting = facts.waiting
+    if not waiting:
+        return None
+    missing, ev, how = _missing(facts)
+    missing = [r for r in missing if r not in waiting] or missing
+    if not missing:
+        return None
+    ev = list(ev)
+    for r in waiting[:3]:
+        ev += _first_where(facts.ranks[r])
+    op = _waited_op(facts, waiting)
+    ckpt: list[tuple[int, str, str]] = []
+    for r in missing:
+        rf = facts.ranks.get(r)
+        if rf is None:
+            continue
+        state, _op = rf.activity()
+        line = rf.checkpointing()
+        if state in (RankState.SAVING, RankState.GATHERING_STATE_DICT):
+            tb = rf.tracebacks[-1]
+            ckpt.append((r, tb.where, f"rank {r}'s last traceback is in {state.value}"))
+        elif line is not None:
+            ckpt.append((r, line.where, f"rank {r} was checkpointing: {line.text[:160]}"))
+    timeout = _timeout_s(facts)
+    tmo = f"{timeout:g} s" if timeout else "process-group"
+    if how == "did_not_time_out":
+        how_text = "every other rank timed out waiting; these did not"
+    else:
+        how_text = how.replace("_", " ")
+    if ckpt:
+        ev = [(w, why) for _r, w, why in ckpt] + ev
+        culprits = sorted({r for r, _w, _y in ckpt})
+        return Finding(
+            "checkpoint_gather_timeout", culprits, waiting, "save_overruns_watchdog",
+            f"rank(s) {rank_ranges(culprits)} were gathering/saving the checkpoint while "
+            f"{len(waiting)} rank(s) waited in {op} until the {tmo} timeout "
+            f"({how_text}).", ev)
+    notes = []
+    for r in missing:
+        rf = facts.ranks.get(r)
+        if rf is not None and rf.activity()[0] is not RankState.UNKNOWN:
+            notes.append(f"rank {r}'s last traceback: {rf.activity()[0].value}")
+    return Finding("collective_hang", missing, waiting, "rank_never_joined",
+                   f"rank(s) {rank_ranges(missing)} never joined {op}; {len(waiting)} rank(s) "
+                   f"waited in it until the {tmo} timeout ({how_text}).", ev, notes)
+
+
+RULES: tuple[tuple[str, Rule], ...] = (
+    ("gather_oom", rule_gather_oom),
+    ("desync", rule_desync),
+    ("network_error", rule_network),
+    ("rank_crash", rule_crash),
+    ("stall", rule_stall),
+)
+
+
+def _torchrun_note(facts: Facts, finding: Finding) -> str | None:
+    roots = [fe for fe in facts.scan.failures if fe.root and fe.rank is not None]
+    if not roots:
+        return None
+    root = roots[0]
+    if root.rank in finding.initiating:
+        return f"torchrun's summary names rank {root.rank} as the root cause too ({root.where})."
+    if root.rank in finding.collateral:
+        return (f"torchrun's summary names rank {root.rank} as the root cause "
+                f"(first observed failure, {root.where}): it only failed first, after "
+                f"waiting for rank(s) {rank_ranges(finding.initiating)}.")
+    return None
+
+
+def decide(facts: Facts) -> Finding:
+    for _name, rule in RULES:
+        finding = rule(facts)
+        if finding is not None:
+            note = _torchrun_note(facts, finding)
+            if note:
+                finding.notes.append(note)
+            return finding
+    if facts.ranks and any(rf.tracebacks or rf.failure or rf.timeouts
+                           for rf in facts.ranks.values()):
+        return Finding("unknown", [], [], "", "failure evidence found, but no known pattern "
+                       "explains it; see the evidence lines.", [])
+    finished = [e for e in facts.scan.evidence if e.event is Event.FINISHED]
+    return Finding("none", [], [], "", "no failure found"
+                   + (" (the job says it finished)" if finished else "") + ".",
+                   [(e.where, e.text[:200]) for e in finished[:1]])
+
+
+def root_cause(finding: Finding) -> RootCause | None:
+    return ALL_BY_ID.get(finding.root_cause)
+
+
+def timeline(facts: Facts, finding: Finding, limit: int = 40) -> list[dict]:
+    """Key moments, in time order where the logs have times (else file order)."""
+    keep: list[tuple[tuple, dict]] = []
+    interesting = set(finding.initiating)
+
+    def add(order: tuple, rank: int | None, where: str, what: str) -> None:
+        keep.append((order, {"rank": rank, "where": where, "what": what[:240],
+                             "time": order[1] if order[0] is False else None}))
+
+    for r, rf in sorted(facts.ranks.items()):
+        firsts: Sequence[Evidence] = [*rf.timeouts[:1], *rf.progress[:1], *rf.oom[:1],
+                                      *rf.network[:1], *rf.aborted[:1], *rf.peer_closed[:1]]
+        if r in interesting:
+            firsts = [*firsts, *rf.checkpoint[-2:], *rf.checkpoint_done[-1:]]
+        for e in firsts:
+            add(_order(e), r, e.where, e.text)
+        for tb in rf.tracebacks[:1] + rf.tracebacks[-1:] if rf.tracebacks else []:
+            add((tb.ts is None, tb.ts or 0.0, tb.file, tb.line), r, tb.where,
+                f"traceback ending in {tb.exception}")
+    for e in facts.all_evidence(Event.MISSING_RANKS)[:3] + facts.all_evidence(Event.MISMATCH)[:3] \
+            + facts.all_evidence(Event.HEARTBEAT)[:2] + facts.all_evidence(Event.FR_DUMP)[:2]:
+        add(_order(e), e.rank, e.where, e.text)
+    for e in facts.unattributed:
+        if e.event in (Event.OOM, Event.NETWORK):
+            add(_order(e), None, e.where, e.text)
+    for fe in facts.scan.failures:
+        sig = f" {fe.signame}" if fe.signame else ""
+        add((True, 0.0, fe.file, fe.line), fe.rank, fe.where,
+            f"torchrun: rank {fe.rank} exitcode {fe.exitcode}{sig}"
+            + (" (named root cause)" if fe.root else ""))
+    seen = set()
+    out = []
+    for _o, item in sorted(keep, key=lambda x: x[0]):
+        key = (item["where"], item["what"])
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(item)
+    return out[:limit]

@@ -1,0 +1,161 @@
+"""The log scanner's mechanics: inputs, ranks, tracebacks, chunk edges, the CLI.
+
+The verdicts themselves are checked on the corpus of real and source-written
+logs (tests/test_diagnose.py); these tests pin the parts a verdict stands on.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ncclwatch.diagnose import diagnose, logscan
+from ncclwatch.diagnose.logscan import rank_of_path, scan, split_prefix
+from ncclwatch.diagnose.logsigns import SIGNS, Event
+
+TIMEOUT = ("[rank{r}]:[E1203 10:10:0{r}.000000 12{r} ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog "
+           "caught collective operation timeout: WorkNCCL(SeqNum=547, OpType=ALLREDUCE, "
+           "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600088 milliseconds before "
+           "timing out.\n")
+TRACEBACK = ("[rank{r}]:Traceback (most recent call last):\n"
+             '[rank{r}]:  File "/job/train.py", line 88, in <module>\n'
+             "[rank{r}]:    dist.barrier()\n"
+             '[rank{r}]:  File "/venv/torch/distributed/c10d_logger.py", line 83, in wrapper\n'
+             "[rank{r}]:    return func(*args, **kwargs)\n"
+             "[rank{r}]:           ^^^^^^^^^^^^^^^^^^^^^\n"
+             '[rank{r}]:  File "/venv/torch/distributed/distributed_c10d.py", line 4159, in barrier\n'
+             "[rank{r}]:    work.wait()\n"
+             "[rank{r}]:torch.distributed.DistBackendError: [Rank {r}] Watchdog caught collective "
+             "operation timeout\n")
+NOISE = "[rank{r}]:[2026-12-03 10:00:00,000] INFO step 5 loss 1.25\n"
+
+
+def _job_log(world: int = 4, noise: int = 200) -> str:
+    out = [NOISE.format(r=i % world) for i in range(noise)]
+    out.append("[rank0]:[2026-12-03 10:00:01,000] INFO Saving checkpoint to /ckpt/step5\n")
+    out += [TIMEOUT.format(r=r) for r in range(1, world)]
+    out += [TRACEBACK.format(r=r) for r in range(1, world)]
+    return "".join(out)
+
+
+def test_every_sign_compiles_and_has_triggers_it_contains():
+    for s in SIGNS:
+        s.compile()
+        assert s.triggers, s.id
+        assert all(t for t in s.triggers), s.id
+
+
+@pytest.mark.parametrize("line,rank,rest", [
+    ("[rank3]:hello", 3, "hello"),
+    ("[default2]: hello", 2, " hello"),
+    ("12: [rank7]:x", 7, "x"),
+    ("  4: x", 4, "x"),
+    ("[2026-12-03 10:00:00] x", None, "[2026-12-03 10:00:00] x"),
+])
+def test_rank_prefixes(line, rank, rest):
+    assert split_prefix(line) == (rank, rest)
+
+
+@pytest.mark.parametrize("path,rank", [
+    ("logs/run/attempt_0/3/stderr.log", 3),
+    ("out/rank12.log", 12),
+    ("out/train_rank_5.txt", 5),
+    ("slurm-1234.out", None),
+    ("logs/torchrun.log", None),
+])
+def test_rank_of_path(path, rank):
+    assert rank_of_path(path) == rank
+
+
+def test_traceback_frames_and_exception(tmp_path):
+    log = tmp_path / "job.log"
+    log.write_text(_job_log())
+    r = scan([log])
+    tbs = sorted(r.tracebacks, key=lambda t: t.rank)
+    assert [t.rank for t in tbs] == [1, 2, 3]
+    assert [f.name for f in tbs[0].frames] == ["<module>", "wrapper", "barrier"]
+    assert tbs[0].exception.startswith("torch.distributed.DistBackendError: [Rank 1]")
+    timeouts = [e for e in r.evidence if e.event is Event.TIMEOUT]
+    assert sorted(e.rank for e in timeouts) == [1, 2, 3]
+    assert timeouts[0].fields["timeout_ms"] == "600000"
+    assert r.ranks_seen == {0, 1, 2, 3}
+
+
+def test_interleaved_tracebacks_stay_with_their_rank(tmp_path):
+    a = TRACEBACK.format(r=1).splitlines(keepends=True)
+    b = TRACEBACK.format(r=2).splitlines(keepends=True)
+    mixed = [x for pair in zip(a, b) for x in pair]
+    log = tmp_path / "job.log"
+    log.write_text("".join(mixed))
+    tbs = {t.rank: t for t in scan([log]).tracebacks}
+    assert set(tbs) == {1, 2}
+    for r, t in tbs.items():
+        assert len(t.frames) == 3 and f"[Rank {r}]" in t.exception
+
+
+def test_chunk_edges_change_nothing(tmp_path, monkeypatch):
+    """A traceback or a line cut by the chunk boundary reads as if whole."""
+    log = tmp_path / "job.log"
+    log.write_text(_job_log(noise=50))
+    whole = diagnose([log]).to_json()
+    for chunk in (61, 97, 256):
+        monkeypatch.setattr(logscan, "CHUNK", chunk)
+        small = diagnose([log]).to_json()
+        for key in ("class", "initiating_ranks", "collateral_ranks", "evidence", "timeline"):
+            assert small[key] == whole[key], (chunk, key)
+
+
+def test_gzip_directory_and_per_rank_files(tmp_path):
+    d = tmp_path / "logs" / "run" / "attempt_0"
+    for r in range(4):
+        (d / str(r)).mkdir(parents=True)
+        text = _job_log().replace(f"[rank{r}]:", "")
+        own = "".join(ln + "\n" for ln in text.splitlines() if not ln.startswith("[rank"))
+        with gzip.open(d / str(r) / "stderr.log.gz", "wt") if r == 2 else \
+                open(d / str(r) / "stderr.log", "w") as f:
+            f.write(own)
+    # gzip keeps the rank from the directory, not the name
+    (d / "2" / "stderr.log.gz").rename(d / "2" / "stderr.log")
+    r = scan([tmp_path / "logs"])
+    assert len(r.files) == 4 and r.ranks_seen == {0, 1, 2, 3}
+    assert sorted(t.rank for t in r.tracebacks) == [1, 2, 3]
+    d_ = diagnose([tmp_path / "logs"])
+    assert (d_.cls, d_.initiating) == ("checkpoint_gather_timeout", [0])
+
+
+def test_binary_and_unreadable_inputs_are_named_not_fatal(tmp_path):
+    (tmp_path / "core").write_bytes(b"\x7fELF\x00\x00\x01\x02" * 100)
+    (tmp_path / "job.log").write_text(_job_log())
+    d = diagnose([tmp_path])
+    assert d.cls == "checkpoint_gather_timeout"
+    assert [s["path"] for s in d.inputs["skipped"]] == [str(tmp_path / "core")]
+    assert "binary" in d.inputs["skipped"][0]["why"]
+
+
+def test_healthy_log_is_none(tmp_path):
+    log = tmp_path / "ok.log"
+    log.write_text("".join(NOISE.format(r=i % 4) for i in range(100)))
+    d = diagnose([log])
+    assert (d.cls, d.initiating) == ("none", [])
+
+
+def test_cli_json_and_missing_path(tmp_path):
+    log = tmp_path / "job.log"
+    log.write_text(_job_log())
+    out = subprocess.run([sys.executable, "-m", "ncclwatch", "diagnose", "--json", str(log)],
+                         capture_output=True, text=True, check=True)
+    j = json.loads(out.stdout)
+    assert j["class"] == "checkpoint_gather_timeout" and j["initiating_ranks"] == [0]
+    assert j["collateral_ranks"] == [1, 2, 3]
+    assert j["root_cause"]["id"] == "save_overruns_watchdog"
+    assert any(e["where"].endswith(":201") for e in j["evidence"])  # the checkpoint line
+    txt = subprocess.run([sys.executable, "-m", "ncclwatch", "diagnose", str(log)],
+                         capture_output=True, text=True, check=True).stdout
+    assert "initiating rank(s): 0" in txt and "Fix (save_overruns_watchdog)" in txt
+    bad = subprocess.run([sys.executable, "-m", "ncclwatch", "diagnose", str(tmp_path / "nope")],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "no such file" in bad.stderr
