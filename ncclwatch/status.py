@@ -111,6 +111,10 @@ def render(view: dict[str, Any]) -> str:
                     out.append(f"      {f['name']} ({f['file']}:{f['line']})")
             out.append(f"  waiting: ranks {rank_ranges(s['waiting']['ranks'])} in "
                        f"{'/'.join(s['waiting']['ops'])}")
+            fr = s.get("flight_recorder")
+            if fr and fr.get("sentence"):
+                out.append(f"  {fr['sentence']} ({fr['dumps']} dump(s), "
+                           f"{fr['oldest_dump_age_seconds']:.0f}s old)")
             out.append(f"  fix: {s['fix']}")
             if dx.get("runbook"):
                 out.append(f"  runbook: {dx['runbook']}")

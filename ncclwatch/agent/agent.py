@@ -18,6 +18,7 @@ import psutil
 
 from ncclwatch import __version__
 from ncclwatch.agent.discover import Discovery, RankProcess
+from ncclwatch.agent.frprobe import FlightRecorderProbe
 from ncclwatch.agent.gpu import EMPTY, GpuReader, GpuReading, NvmlGpuReader, expected_gpus
 from ncclwatch.agent.policy import CpuMeter, StackPolicy
 from ncclwatch.agent.pyspy import PySpy, PySpyError
@@ -60,6 +61,7 @@ class Agent:
         self.agent_id = uuid.uuid4().hex
         self.discovery = discovery or Discovery(config.node)
         self.sampler = ProcessSampler()
+        self.frprobe = FlightRecorderProbe()
         self.gpu = gpu if gpu is not None else NvmlGpuReader()
         self.gpus_expected = expected_gpus()
         self.pyspy = pyspy or PySpy(timeout=config.pyspy_timeout)
@@ -128,6 +130,13 @@ class Agent:
             if hit:
                 log.debug("daemon asked for stacks of %s (%s)", job, cmd.dump_stacks.reason)
                 self._wake.set()
+        elif cmd.HasField("dump_flight_recorder"):
+            job = cmd.dump_flight_recorder.job_id
+            procs = [t.proc for t in self.trackers.values() if t.proc.identity.job_id == job]
+            n = self.frprobe.request(procs)
+            if n:
+                log.info("asked %d rank(s) of %s for a Flight Recorder dump (%s)", n, job,
+                         cmd.dump_flight_recorder.reason)
 
     def _on_connect(self) -> None:
         # A new stream may be a new daemon: send every rank's job info again.
@@ -155,6 +164,11 @@ class Agent:
                                      over_budget=self.cpu_cores > self.config.policy.cpu_budget)
         if due and self.pyspy.available:
             await asyncio.gather(*(self._dump(t) for t in due))
+        if self.frprobe.waiting:
+            for pid, summary in (await asyncio.to_thread(self.frprobe.poll)).items():
+                t = self.trackers.get(pid)
+                if t is not None:
+                    t.flight_recorder = summary
         report = self._build(gpu_reading)
         self.uplink.submit(report)
         self.rounds += 1
@@ -169,6 +183,7 @@ class Agent:
             if pid not in alive or alive[pid].create_time != t.proc.create_time:
                 self._exited.append(t.proc)
                 self.sampler.forget(pid)
+                self.frprobe.forget(pid)
                 del self.trackers[pid]
         for pid, proc in alive.items():
             if pid not in self.trackers:
@@ -179,6 +194,7 @@ class Agent:
             sample = self.sampler.sample(pid)
             if sample is None:  # exited between scan and sample
                 self._exited.append(t.proc)
+                self.frprobe.forget(pid)
                 del self.trackers[pid]
                 continue
             t.observe_process(sample, time.monotonic())
@@ -212,6 +228,7 @@ class Agent:
             with_job = refresh or not t.env_sent
             samples.append(sample_pb(t, now, by_pid.get(t.pid, ()), devices, with_job))
             t.env_sent = True
+            t.flight_recorder = None  # sent once per dump
         self._trim_stacks()
         self.seq += 1
         cpu = self._self.cpu_times()

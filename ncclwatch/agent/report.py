@@ -94,6 +94,8 @@ def sample_pb(t: RankTracker, now: float, gpu: Sequence[GpuProcessMemory],
             device_index=g.device_index, used_bytes=g.used_bytes,
             device_uuid=d.uuid if d else "", device_total_bytes=d.total_bytes if d else 0,
             device_used_bytes=d.used_bytes if d else 0))
+    if t.flight_recorder is not None:
+        s.flight_recorder.CopyFrom(t.flight_recorder)
     if with_job:
         s.job.CopyFrom(pb.JobInfo(
             source=t.proc.identity.job_source,

@@ -19,7 +19,7 @@ class RankTracker:
     __slots__ = (
         "proc", "state", "op", "state_since", "stack_id", "stack_at", "sample",
         "cpu_util", "_cpu_at", "quiet_since", "quiet_at_last_dump", "forced",
-        "env_sent", "repeats", "prev_state",
+        "env_sent", "repeats", "prev_state", "flight_recorder",
     )
 
     def __init__(self, proc: RankProcess, now: float) -> None:
@@ -40,6 +40,8 @@ class RankTracker:
         self.repeats = 0
         #: The state the dump before the last one showed.
         self.prev_state = RankState.UNKNOWN
+        #: A Flight Recorder summary read since the last report (pb), sent once.
+        self.flight_recorder = None
 
     @property
     def pid(self) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ncclwatch.daemon import progress
 from ncclwatch.daemon.core import Daemon
 from ncclwatch.daemon.incidents import TRACE_FIELDS, Incident
 from ncclwatch.model import rank_ranges
@@ -103,6 +104,7 @@ def incident_view(d: Daemon, inc: Incident, now: float | None = None) -> dict[st
                       "runbook": f"docs/runbooks/{inc.kind.value}.md#{rc.id}",
                       "history": list(inc.root_causes)},
         "forecast": forecast_view(dx),
+        "flight_recorder": progress.view(job, inc.started_at, now) if job else None,
         "rank_groups": rank_groups(d, job, now) if job else [],
         "env": {k: v for k, v in (job.env if job else {}).items() if k.startswith(RELEVANT_ENV)},
         "cause": dx.sentence, "fix": rc.fix,

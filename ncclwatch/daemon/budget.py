@@ -1,7 +1,8 @@
 """The watchdog budget: how long until the process-group timeout fires.
 
 remaining = timeout - time the longest-blocked rank has been blocked. The
-timeout comes from the most specific source: what the job declares
+timeout comes from the most specific source: the job's own Flight Recorder
+(the pending collective's timeout_ms, exact), what the job declares
 (NCCLWATCH_WATCHDOG_TIMEOUT_SECONDS in its environment), a per-job override
 in the daemon's config, then the daemon default (600 s, NCCL's default).
 """
@@ -26,13 +27,15 @@ class BudgetConfig:
 @dataclass(frozen=True)
 class Budget:
     timeout: float
-    source: str                 # job | config | default
+    source: str                 # flight_recorder | job | config | default
     blocked_rank: int | None    # the longest-blocked rank
     blocked_seconds: float
     remaining: float
 
 
 def timeout_for(job: Job, cfg: BudgetConfig) -> tuple[float, str]:
+    if job.fr_timeout > 0:
+        return job.fr_timeout, "flight_recorder"
     if job.declared_timeout > 0:
         return job.declared_timeout, "job"
     for pattern, seconds in cfg.job_timeouts.items():

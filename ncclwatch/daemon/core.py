@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 ESCALATE_EVERY = 3.0
 #: While an incident is open, refresh its stacks this often.
 REFRESH_EVERY = 10.0
+#: Ask a stalled job for Flight Recorder dumps at most this often (one dump per
+#: rank is a file of up to a few MB written by torch; the wait does not change fast).
+FLIGHT_RECORDER_EVERY = 30.0
 
 
 @dataclass
@@ -63,6 +66,7 @@ class Daemon:
         self.detect_seconds_total = 0.0
         self.ticks_total = 0
         self._escalated: dict[str, float] = {}
+        self._fr_asked: dict[str, float] = {}
         self.started_at = time.monotonic()
 
     # -- ingest --------------------------------------------------------------
@@ -126,11 +130,19 @@ class Daemon:
 
     def request_stacks(self, job_id: str, reason: str) -> int:
         """Queue a DumpStacks command for every agent with ranks of the job."""
+        return self._command(job_id, pb.Command(
+            dump_stacks=pb.DumpStacksCommand(job_id=job_id, reason=reason)))
+
+    def request_flight_recorder(self, job_id: str, reason: str) -> int:
+        """Ask the job's agents for its ranks' Flight Recorder dumps (via their pipe)."""
+        return self._command(job_id, pb.Command(
+            dump_flight_recorder=pb.DumpFlightRecorderCommand(job_id=job_id, reason=reason)))
+
+    def _command(self, job_id: str, cmd: pb.Command) -> int:
         job = self.table.jobs.get(job_id)
         if job is None:
             raise KeyError(job_id)
         agent_ids = {r.agent_id for r in job.ranks.values() if r.gone_at is None}
-        cmd = pb.Command(dump_stacks=pb.DumpStacksCommand(job_id=job_id, reason=reason))
         n = 0
         for aid in agent_ids:
             agent = self.table.agents.get(aid)
@@ -150,6 +162,7 @@ class Daemon:
             self.incidents.end_job(job_id, now, wall)
             self.budgets.pop(job_id, None)
             self._escalated.pop(job_id, None)
+            self._fr_asked.pop(job_id, None)
         for job_id, job in table.jobs.items():
             # Jobs with nobody in a collective need no work beyond their budget.
             if job_id not in table.dirty and not job.waiting \
@@ -218,6 +231,11 @@ class Daemon:
         if now - self._escalated.get(job_id, -1e9) >= every:
             self._escalated[job_id] = now
             self.request_stacks(job_id, "stall suspected" if not stalled else "stall refresh")
+        if job.env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE") and \
+                now - self._fr_asked.get(job_id, -1e9) >= FLIGHT_RECORDER_EVERY:
+            self._fr_asked[job_id] = now
+            self.request_flight_recorder(job_id, "stall suspected" if not stalled
+                                         else "stall refresh")
 
     @staticmethod
     def _long_wait(rec, now: float, half: float) -> bool:

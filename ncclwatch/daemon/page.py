@@ -78,6 +78,11 @@ def _stall(s: dict[str, Any]) -> str:
                    f"on <b>{escape(c['host'])}</b> (pid {c['pid']}), {escape(c['state'])} for "
                    f"{c['for_seconds']:.0f}s{'; writing ' + files if files else ''}</p>")
         out.append(_stack(c.get("stack")))
+    fr = s.get("flight_recorder")
+    if fr and fr.get("sentence"):
+        out.append(f"<p class='flight-recorder'>{escape(fr['sentence'])} "
+                   f"<small>({fr['dumps']} dump(s), ranks {escape(fr['ranks_dumped'])}, "
+                   f"{fr['oldest_dump_age_seconds']:.0f}s old)</small></p>")
     if s["unknown_ranks"]:
         out.append(f"<p class='bad'>unknown ranks (exited or not reporting, never guessed as "
                    f"culprits): {escape(', '.join(map(str, s['unknown_ranks'])))}</p>")

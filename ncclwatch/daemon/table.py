@@ -12,6 +12,7 @@ import collections
 import time
 from array import array
 from dataclasses import dataclass, field
+from typing import Any
 
 from ncclwatch.envlint import EnvWarning, lint
 from ncclwatch.model import CollectiveOp, RankState
@@ -192,6 +193,11 @@ class Job:
     last_update: float = 0.0
     #: Settings in the job's environment that defeat the watchdog or evidence.
     warnings: tuple[EnvWarning, ...] = ()
+    #: rank -> (daemon time the dump was written, its FlightRecorderSummary): the
+    #: job's own record of its collectives, asked for during a stall.
+    flight_recorder: dict[int, tuple[float, Any]] = field(default_factory=dict)
+    #: The process-group timeout a Flight Recorder dump states (timeout_ms), seconds.
+    fr_timeout: float = 0.0
 
     def set_state(self, rec: RankRecord, state: RankState, op: CollectiveOp) -> None:
         self.by_state[rec.state].discard(rec.rank)
@@ -378,6 +384,13 @@ class JobTable:
                 rec.stack_id = sid
             # The state is what the stack of stack_age_seconds ago showed.
             rec.stack_at = recv - s.stack_age_seconds if state is not RankState.UNKNOWN else None
+            if s.HasField("flight_recorder"):
+                fr = s.flight_recorder
+                job.flight_recorder[rank] = (recv - fr.dump_age_seconds, fr)
+                for g in fr.groups:
+                    if g.pending_timeout_ms and (g.pg_desc == "default_pg" or g.pg_name == "0"
+                                                 or not job.fr_timeout):
+                        job.fr_timeout = g.pending_timeout_ms / 1000.0
             if s.HasField("job"):
                 info = s.job
                 job.source = info.source

@@ -137,4 +137,31 @@ def _check_sample(i: int, s: pb.RankSample, world_size_of: Callable[[str], int |
         timeout = s.job.watchdog_timeout_seconds
         if not _isfinite(timeout) or timeout < 0:
             raise _bad(f"samples[{i}]: job.watchdog_timeout_seconds must be finite and >= 0")
+    if s.HasField("flight_recorder"):
+        _check_flight_recorder(i, s.flight_recorder, world)
     return (job_id, rank)
+
+
+MAX_PROCESS_GROUPS = 256
+#: A process-group timeout above a year is not a timeout.
+MAX_TIMEOUT_MS = 366 * 86400 * 1000
+
+
+def _check_flight_recorder(i: int, fr: pb.FlightRecorderSummary, world: int) -> None:
+    """Rare (one per dump) and read by the cross-rank analysis: check it all."""
+    where = f"samples[{i}].flight_recorder"
+    if not _isfinite(fr.dump_age_seconds) or not 0 <= fr.dump_age_seconds < 1e9:
+        raise _bad(f"{where}: dump_age_seconds must be finite and in [0, 1e9)")
+    if len(fr.groups) > MAX_PROCESS_GROUPS or len(fr.version) > 32:
+        raise _too_big(f"{where}: {len(fr.groups)} process groups (max {MAX_PROCESS_GROUPS})")
+    for g in fr.groups:
+        if max(len(g.pg_id), len(g.pg_name), len(g.pg_desc), len(g.pending_op)) > 256:
+            raise _too_big(f"{where}: a process-group name or op over 256 characters")
+        if len(g.ranks) > world or any(not 0 <= r < world for r in g.ranks):
+            raise _bad(f"{where}: group {g.pg_name!r} lists ranks outside the world of {world}")
+        if min(g.last_enqueued, g.last_started, g.last_completed) < -1 or g.pending_seq < 0:
+            raise _bad(f"{where}: group {g.pg_name!r}: sequence ids must be >= -1")
+        if g.pending_timeout_ms > MAX_TIMEOUT_MS:
+            raise _bad(f"{where}: group {g.pg_name!r}: pending_timeout_ms over a year")
+        if not _isfinite(g.pending_seconds) or not 0 <= g.pending_seconds < 1e9:
+            raise _bad(f"{where}: group {g.pg_name!r}: pending_seconds must be finite, >= 0")

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -74,8 +75,14 @@ def main(argv=None) -> int:
         _say(f"== starting a {args.ranks}-rank torch job (gloo, process-group timeout "
              f"{args.pg_timeout:.0f}s); rank 0 will save a checkpoint to slow storage "
              f"for ~{args.save_seconds:.0f}s")
+        fr_dir = tempfile.mkdtemp(prefix="ncclwatch-demo-fr-")
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-               "NCCLWATCH_WATCHDOG_TIMEOUT_SECONDS": str(args.pg_timeout)}
+               "NCCLWATCH_WATCHDOG_TIMEOUT_SECONDS": str(args.pg_timeout),
+               # The job's own Flight Recorder, and the pipe ncclwatch asks it through
+               # during the stall (gloo has none: ncclwatch/demo/debug_pipe.py).
+               "TORCH_FR_BUFFER_SIZE": "2000",
+               "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": os.path.join(fr_dir, "pipe_"),
+               "TORCH_FR_DUMP_TEMP_FILE": os.path.join(fr_dir, "fr_rank_")}
         job = subprocess.Popen(
             [str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={args.ranks}",
              "--max-restarts=0", "-m", "ncclwatch.demo.job", "--scenario", "slow-save",
@@ -140,7 +147,22 @@ def _watch(base: str, job: subprocess.Popen, lines: list[str], args) -> int:
         _say("== no alert was raised: see `ncclwatch status` and the job output above.")
         return 1
     _say("== fix: save sharded (torch.distributed.checkpoint) or raise the timeout around saves.")
+    _post_mortem(lines)
     return 0
+
+
+def _post_mortem(lines: list[str]) -> None:
+    """`ncclwatch diagnose` on the job's console log: the after-the-fact view."""
+    with tempfile.NamedTemporaryFile("w", prefix="ncclwatch-demo-", suffix=".log",
+                                     delete=False) as f:
+        f.write("\n".join(lines) + "\n")
+    out = subprocess.run([str(BIN / "ncclwatch"), "diagnose", f.name], capture_output=True,
+                         text=True, timeout=60)
+    head = out.stdout.split("\nEvidence:")[0].rstrip()
+    _say()
+    _say(f"== after the fact: `ncclwatch diagnose {f.name}` says:")
+    for line in head.splitlines():
+        _say("   " + line)
 
 
 if __name__ == "__main__":

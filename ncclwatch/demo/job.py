@@ -601,7 +601,10 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)  # small boxes: one compute thread per rank
     dist.init_process_group(
         "gloo", timeout=datetime.timedelta(seconds=args.pg_timeout))
-    marker("ready", world=dist.get_world_size(), scenario=args.scenario)
+    from ncclwatch.demo import debug_pipe
+    piped = debug_pipe.start(RANK)
+    marker("ready", world=dist.get_world_size(), scenario=args.scenario,
+           debug_pipe=int(piped))
     try:
         SCENARIOS[args.scenario](args)
     except BaseException as e:  # noqa: BLE001 - report, then die hard

@@ -129,7 +129,7 @@ class RankIdentity(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., world_size: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class RankSample(_message.Message):
-    __slots__ = ("identity", "state", "op", "state_seconds", "stack_age_seconds", "stack_id", "process", "gpu", "job")
+    __slots__ = ("identity", "state", "op", "state_seconds", "stack_age_seconds", "stack_id", "process", "gpu", "job", "flight_recorder")
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
@@ -139,6 +139,7 @@ class RankSample(_message.Message):
     PROCESS_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
+    FLIGHT_RECORDER_FIELD_NUMBER: _ClassVar[int]
     identity: RankIdentity
     state: RankState
     op: CollectiveOp
@@ -148,7 +149,44 @@ class RankSample(_message.Message):
     process: ProcessStats
     gpu: _containers.RepeatedCompositeFieldContainer[GpuMemory]
     job: JobInfo
-    def __init__(self, identity: _Optional[_Union[RankIdentity, _Mapping]] = ..., state: _Optional[_Union[RankState, str]] = ..., op: _Optional[_Union[CollectiveOp, str]] = ..., state_seconds: _Optional[float] = ..., stack_age_seconds: _Optional[float] = ..., stack_id: _Optional[str] = ..., process: _Optional[_Union[ProcessStats, _Mapping]] = ..., gpu: _Optional[_Iterable[_Union[GpuMemory, _Mapping]]] = ..., job: _Optional[_Union[JobInfo, _Mapping]] = ...) -> None: ...
+    flight_recorder: FlightRecorderSummary
+    def __init__(self, identity: _Optional[_Union[RankIdentity, _Mapping]] = ..., state: _Optional[_Union[RankState, str]] = ..., op: _Optional[_Union[CollectiveOp, str]] = ..., state_seconds: _Optional[float] = ..., stack_age_seconds: _Optional[float] = ..., stack_id: _Optional[str] = ..., process: _Optional[_Union[ProcessStats, _Mapping]] = ..., gpu: _Optional[_Iterable[_Union[GpuMemory, _Mapping]]] = ..., job: _Optional[_Union[JobInfo, _Mapping]] = ..., flight_recorder: _Optional[_Union[FlightRecorderSummary, _Mapping]] = ...) -> None: ...
+
+class FlightRecorderSummary(_message.Message):
+    __slots__ = ("dump_age_seconds", "version", "groups")
+    DUMP_AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    dump_age_seconds: float
+    version: str
+    groups: _containers.RepeatedCompositeFieldContainer[ProcessGroupProgress]
+    def __init__(self, dump_age_seconds: _Optional[float] = ..., version: _Optional[str] = ..., groups: _Optional[_Iterable[_Union[ProcessGroupProgress, _Mapping]]] = ...) -> None: ...
+
+class ProcessGroupProgress(_message.Message):
+    __slots__ = ("pg_id", "pg_name", "ranks", "last_enqueued", "last_started", "last_completed", "pending_op", "pending_seq", "pending_timeout_ms", "pending_seconds", "pg_desc")
+    PG_ID_FIELD_NUMBER: _ClassVar[int]
+    PG_NAME_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    LAST_ENQUEUED_FIELD_NUMBER: _ClassVar[int]
+    LAST_STARTED_FIELD_NUMBER: _ClassVar[int]
+    LAST_COMPLETED_FIELD_NUMBER: _ClassVar[int]
+    PENDING_OP_FIELD_NUMBER: _ClassVar[int]
+    PENDING_SEQ_FIELD_NUMBER: _ClassVar[int]
+    PENDING_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    PENDING_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PG_DESC_FIELD_NUMBER: _ClassVar[int]
+    pg_id: str
+    pg_name: str
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    last_enqueued: int
+    last_started: int
+    last_completed: int
+    pending_op: str
+    pending_seq: int
+    pending_timeout_ms: int
+    pending_seconds: float
+    pg_desc: str
+    def __init__(self, pg_id: _Optional[str] = ..., pg_name: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ..., last_enqueued: _Optional[int] = ..., last_started: _Optional[int] = ..., last_completed: _Optional[int] = ..., pending_op: _Optional[str] = ..., pending_seq: _Optional[int] = ..., pending_timeout_ms: _Optional[int] = ..., pending_seconds: _Optional[float] = ..., pg_desc: _Optional[str] = ...) -> None: ...
 
 class ProcessStats(_message.Message):
     __slots__ = ("cpu_seconds", "cpu_utilization", "rss_bytes", "io_read_bytes", "io_write_bytes", "num_threads", "files_writing", "vms_bytes", "memory_limits")
@@ -280,10 +318,20 @@ class ReportResponse(_message.Message):
     def __init__(self, ack_seq: _Optional[int] = ..., missing_stack_ids: _Optional[_Iterable[str]] = ..., commands: _Optional[_Iterable[_Union[Command, _Mapping]]] = ...) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("dump_stacks",)
+    __slots__ = ("dump_stacks", "dump_flight_recorder")
     DUMP_STACKS_FIELD_NUMBER: _ClassVar[int]
+    DUMP_FLIGHT_RECORDER_FIELD_NUMBER: _ClassVar[int]
     dump_stacks: DumpStacksCommand
-    def __init__(self, dump_stacks: _Optional[_Union[DumpStacksCommand, _Mapping]] = ...) -> None: ...
+    dump_flight_recorder: DumpFlightRecorderCommand
+    def __init__(self, dump_stacks: _Optional[_Union[DumpStacksCommand, _Mapping]] = ..., dump_flight_recorder: _Optional[_Union[DumpFlightRecorderCommand, _Mapping]] = ...) -> None: ...
+
+class DumpFlightRecorderCommand(_message.Message):
+    __slots__ = ("job_id", "reason")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    reason: str
+    def __init__(self, job_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class DumpStacksCommand(_message.Message):
     __slots__ = ("job_id", "reason")

@@ -58,9 +58,13 @@ def _wait_stall(mon: Monitor, job: str, kind: str, deadline: float) -> dict:
     return {}
 
 
-def test_slow_save_culprit_named_before_the_watchdog(ncclwatch_run, torch_job) -> None:
+def test_slow_save_culprit_named_before_the_watchdog(ncclwatch_run, torch_job, tmp_path) -> None:
     mon = ncclwatch_run()  # default watchdog 600 s: the job declares its own 90 s
-    job = torch_job("slow-save", 4, {"NCCLWATCH_WATCHDOG_TIMEOUT_SECONDS": str(PG_TIMEOUT)},
+    fr_env = {"TORCH_FR_BUFFER_SIZE": "2000",  # the live Flight Recorder (debug_pipe.py)
+              "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(tmp_path / "pipe_"),
+              "TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "fr_rank_")}
+    job = torch_job("slow-save", 4, {"NCCLWATCH_WATCHDOG_TIMEOUT_SECONDS": str(PG_TIMEOUT),
+                                     **fr_env},
                     "--model-mb", "16", "--save-seconds", "60", "--pg-timeout", str(PG_TIMEOUT))
     job.wait_marker("ready", timeout=120, count=4)
     job_id = _job_id(mon, job.pids())
@@ -101,6 +105,26 @@ def test_slow_save_culprit_named_before_the_watchdog(ncclwatch_run, torch_job) -
     record("slow_save", {"detection_delay_s": round(delay, 2), "lead_time_s": round(lead, 1),
                          "pg_timeout_s": PG_TIMEOUT, "remaining_at_detection_s": r1})
     assert delay <= DETECT_WITHIN, f"detected {delay:.1f}s after torch.save started"
+
+    # The job's own Flight Recorder, asked for through each rank's pipe during the
+    # stall: ranks 1-3 enqueued the barrier, rank 0 never did; its timeout is exact.
+    fr, deadline = None, time.time() + 25
+    while time.time() < deadline:
+        stall = mon.job_of(job.pids())["stalls"][0]
+        fr = stall.get("flight_recorder")
+        if fr and fr["dumps"] == 4:
+            break
+        time.sleep(0.5)
+    assert fr and fr["dumps"] == 4, (fr, mon.output()[-3000:])
+    assert fr["missing_ranks"] == [0] and fr["waiting_ranks"] == [1, 2, 3], fr
+    assert fr["timeout_ms"] == PG_TIMEOUT * 1000, fr
+    assert "rank(s) 0 never started barrier" in fr["sentence"], fr["sentence"]
+    assert sorted(p.name for p in tmp_path.glob("fr_rank_*")) == \
+        [f"fr_rank_{r}" for r in range(4)]
+    assert job.proc.alive(), "a dump request must not stop the job"
+    status2 = subprocess.run([need("ncclwatch"), "status", "--daemon", mon.http],
+                             capture_output=True, text=True, timeout=30)
+    assert "Flight Recorder: rank(s) 0 never started barrier" in status2.stdout
 
 
 def test_fast_save_reports_no_stall(ncclwatch_run, torch_job) -> None:

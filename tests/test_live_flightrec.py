@@ -1,0 +1,193 @@
+"""The live Flight Recorder path: agent probe -> summary -> daemon analysis and budget.
+
+The dumps are real (tests/data/flightrec/real, gloo jobs run here); the pipe
+is a real FIFO with a reader thread doing what torch's reader does. The full
+path with a real torch job, agent and daemon is in
+tests/e2e/test_checkpoint_stall.py.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from ncclwatch.agent.discover import RankProcess
+from ncclwatch.agent.frprobe import FlightRecorderProbe, summary_pb
+from ncclwatch.daemon import progress
+from ncclwatch.daemon.budget import BudgetConfig, timeout_for
+from ncclwatch.daemon.core import Daemon, DaemonConfig
+from ncclwatch.daemon.validate import ReportError
+from ncclwatch.flightrec import load_dump
+from ncclwatch.jobid import RankIdentity
+from ncclwatch.model import CollectiveOp as Op
+from ncclwatch.model import RankState as S
+from ncclwatch.v1 import collector_pb2 as pb
+from tests.factories import report, sample
+
+HANG = Path(__file__).parent / "data" / "flightrec" / "real" / "hang"
+
+
+def _hang_summary(rank: int) -> pb.FlightRecorderSummary:
+    path = HANG / f"comm_lib_trace_rank_{rank}"
+    return summary_pb(load_dump(path), written_at=time.time() - 2.0, now_wall=time.time())
+
+
+def _hang_job(with_fr: bool, seq: int = 1, pipe: bool = True) -> pb.ReportRequest:
+    """The real 'hang' job: ranks 0, 1 in all_reduce #4, rank 2 elsewhere (saving)."""
+    samples = [sample("job-1", 0, 3, S.COLLECTIVE, Op.ALL_REDUCE, seconds=30),
+               sample("job-1", 1, 3, S.COLLECTIVE, Op.ALL_REDUCE, seconds=30),
+               sample("job-1", 2, 3, S.SAVING, seconds=30)]
+    for s in samples:
+        s.job.CopyFrom(pb.JobInfo(source="test", env={
+            "TORCH_FR_BUFFER_SIZE": "2000",
+            **({"TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/tmp/p_"} if pipe else {})}))
+        if with_fr:
+            s.flight_recorder.CopyFrom(_hang_summary(s.identity.rank))
+    return report(samples, seq=seq)
+
+
+def test_summary_of_a_real_dump_is_compact_and_exact():
+    s = _hang_summary(0)
+    assert s.version == "2.10" and 1.5 < s.dump_age_seconds < 5
+    (g,) = s.groups
+    assert (g.pg_desc, g.last_enqueued, g.last_completed) == ("default_pg", 4, 3)
+    assert (g.pending_op, g.pending_seq, g.pending_timeout_ms) == ("all_reduce", 4, 5000)
+    assert g.pending_seconds > 0
+    assert len(s.SerializeToString()) < 200
+
+
+def test_daemon_names_the_missing_rank_and_takes_the_budget_from_the_dump():
+    d = Daemon(DaemonConfig())
+    d.ingest(_hang_job(with_fr=False), now=10.0)
+    job = d.table.jobs["job-1"]
+    assert timeout_for(job, BudgetConfig()) == (600.0, "default")
+    d.ingest(_hang_job(with_fr=True, seq=2), now=11.0)
+    assert timeout_for(job, BudgetConfig()) == (5.0, "flight_recorder")
+    v = progress.view(job, since=0.0, now=11.0)
+    assert v is not None and v["dumps"] == 3
+    assert (v["missing_ranks"], v["waiting_ranks"], v["timeout_ms"]) == ([2], [0, 1], 5000)
+    assert v["sentence"].startswith("Flight Recorder: rank(s) 2 never started all_reduce #4")
+    # Dumps from before the incident began are not its evidence.
+    assert progress.view(job, since=1e9, now=11.0) is None
+
+
+def test_a_stalled_job_with_a_pipe_is_asked_for_dumps_rate_limited():
+    d = Daemon(DaemonConfig(stall_threshold=5))
+    kinds = []
+    for i, now in enumerate((10.0, 11.0, 12.0, 13.0, 20.0)):
+        resp = d.ingest(_hang_job(with_fr=False, seq=i + 1), now=now)
+        d.tick(now=now)
+        kinds += [c.WhichOneof("command") for c in resp.commands]
+    assert kinds.count("dump_flight_recorder") == 1, kinds
+    assert "dump_stacks" in kinds
+
+
+def test_a_job_without_a_pipe_is_not_asked():
+    d = Daemon(DaemonConfig(stall_threshold=5))
+    kinds = []
+    for i, now in enumerate((10.0, 11.0, 12.0)):
+        resp = d.ingest(_hang_job(with_fr=False, seq=i + 1, pipe=False), now=now)
+        d.tick(now=now)
+        kinds += [c.WhichOneof("command") for c in resp.commands]
+    assert "dump_flight_recorder" not in kinds and "dump_stacks" in kinds
+
+
+@pytest.mark.parametrize("mutate, words", [
+    (lambda g: g.ranks.append(7), "outside the world"),
+    (lambda g: setattr(g, "last_completed", -5), "sequence ids"),
+    (lambda g: setattr(g, "pending_seconds", float("nan")), "finite"),
+    (lambda g: setattr(g, "pending_timeout_ms", 1 << 62), "over a year"),
+    (lambda g: setattr(g, "pg_name", "x" * 300), "256"),
+])
+def test_bad_summaries_are_refused_whole(mutate, words):
+    d = Daemon(DaemonConfig())
+    req = _hang_job(with_fr=True)
+    mutate(req.report.samples[1].flight_recorder.groups[0])
+    with pytest.raises(ReportError) as e:
+        d.ingest(req, now=1.0)
+    assert e.value.code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED)
+    assert words in str(e.value)
+    assert "job-1" not in d.table.jobs  # nothing applied
+
+
+def _proc(tmp: Path, rank: int = 0) -> RankProcess:
+    return RankProcess(os.getpid(), 0.0, RankIdentity("job-1", "test", rank, rank, 3),
+                       {"TORCH_FR_BUFFER_SIZE": "2000",
+                        "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(tmp / "pipe_"),
+                        "TORCH_FR_DUMP_TEMP_FILE": str(tmp / "fr_")})
+
+
+def _reader(tmp: Path, rank: int, stop: threading.Event) -> None:
+    """torch's side: hold the FIFO open, on a byte rewrite the dump file."""
+    fifo = tmp / f"pipe_{rank}.pipe"
+    os.mkfifo(fifo, 0o666)
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        while not stop.is_set():
+            time.sleep(0.05)
+            try:
+                if os.read(fd, 128):
+                    shutil.copyfile(HANG / f"comm_lib_trace_rank_{rank}", tmp / f"fr_{rank}")
+            except BlockingIOError:
+                pass
+    finally:
+        os.close(fd)
+
+
+def test_probe_triggers_a_real_fifo_and_reads_the_rewritten_dump(tmp_path):
+    stop = threading.Event()
+    t = threading.Thread(target=_reader, args=(tmp_path, 2, stop), daemon=True)
+    t.start()
+    try:
+        deadline = time.monotonic() + 5
+        while not (tmp_path / "pipe_2.pipe").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        (tmp_path / "fr_2").write_bytes(b"an old dump")  # must wait for a rewrite
+        probe = FlightRecorderProbe(wait=5.0)
+        assert probe.request([_proc(tmp_path, 2)]) == 1
+        got = {}
+        while not got and time.monotonic() < deadline:
+            got = probe.poll()
+            time.sleep(0.05)
+        summary = got[os.getpid()]
+        (g,) = summary.groups
+        assert (g.last_enqueued, g.last_completed, g.pending_op) == (3, 3, "")
+        assert (probe.requests_total, probe.dumps_total, probe.failures_total) == (1, 1, 0)
+        # Asked again within MIN_INTERVAL: not asked (the daemon's rate is not trusted).
+        assert probe.request([_proc(tmp_path, 2)]) == 0
+    finally:
+        stop.set()
+        t.join(2)
+
+
+def test_probe_with_no_reader_gives_up_at_once_and_never_blocks(tmp_path):
+    os.mkfifo(tmp_path / "pipe_0.pipe")  # a FIFO nobody holds open (the rank died)
+    probe = FlightRecorderProbe()
+    t0 = time.monotonic()
+    assert probe.request([_proc(tmp_path, 0)]) == 0
+    assert time.monotonic() - t0 < 0.5
+    assert probe.failures_total == 1 and not probe.waiting
+    no_pipe = RankProcess(os.getpid(), 0.0, RankIdentity("job-1", "test", 1, 1, 3), {})
+    assert FlightRecorderProbe().request([no_pipe]) == 0
+
+
+def test_probe_times_out_when_no_dump_appears(tmp_path):
+    stop = threading.Event()
+    fifo = tmp_path / "pipe_0.pipe"
+    os.mkfifo(fifo)
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader that never dumps
+    try:
+        probe = FlightRecorderProbe(wait=0.3)
+        assert probe.request([_proc(tmp_path, 0)], now=100.0) == 1
+        assert probe.poll(now=100.1) == {} and probe.waiting
+        assert probe.poll(now=100.5) == {} and not probe.waiting
+        assert probe.failures_total == 1
+    finally:
+        stop.set()
+        os.close(fd)
