@@ -86,6 +86,9 @@ ACTIVITY_SIGNATURES: tuple[Signature, ...] = (
          "_zero3_consolidated_16bit_state_dict save_16bit_model", S.GATHERING_STATE_DICT),
     _sig("*/deepspeed/runtime/zero/partition_parameters.py", "__enter__",
          S.GATHERING_STATE_DICT),
+    # ZeroRedundancyOptimizer gathers every optimizer shard on one rank before a save.
+    _sig("*/torch/distributed/optim/zero_redundancy_optimizer.py", "consolidate_state_dict",
+         S.GATHERING_STATE_DICT),
     _sig("*/transformers/trainer.py", "_save_checkpoint save_model", S.GATHERING_STATE_DICT),
     _sig("*/accelerate/accelerator.py", "get_state_dict", S.GATHERING_STATE_DICT),
     # Loading: torch.load, DCP load, restoring a full state dict.

@@ -58,6 +58,8 @@ class Evidence:
     ts: float | None
     text: str
     fields: dict[str, str]
+    #: The ``srun --label`` task id (a node, where torchrun runs per node).
+    task: int | None = None
 
     @property
     def where(self) -> str:
@@ -163,6 +165,7 @@ def matcher() -> _Matcher:
 #: `3: ` (srun --label, task id), then `[rank3]:` / `[default3]:` (torchrun), in that order.
 _PREFIX = re.compile(r"^(?:\s*(?P<task>\d+): )?(?:\[(?P<role>[A-Za-z_]*?)(?P<rank>\d+)\]:)?")
 _PREFIX_SAMPLE = re.compile(rb"^(?:\s*\d+: )?\[(?:rank|default)(\d+)\]:", re.M)
+_TASK = re.compile(r"^\s*(\d+): ")
 _SRUN_SAMPLE = re.compile(rb"^\s*(\d+): ", re.M)
 _ISO = re.compile(r"(\d{4})-(\d{2})-(\d{2})[ T_](\d{2}):(\d{2}):(\d{2})(?:[.,](\d{1,6}))?")
 _GLOG = re.compile(r"\b[IWEF](\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2})\.(\d{1,6})")
@@ -185,14 +188,18 @@ def rank_of_path(path: str) -> int | None:
     return None
 
 
-def split_prefix(line: str) -> tuple[int | None, str]:
-    """(rank, rest) for one line: the innermost launcher prefix wins."""
+def split_prefix(line: str, task_is_rank: bool = True) -> tuple[int | None, str]:
+    """(rank, rest) for one line: the innermost launcher prefix wins.
+
+    ``task_is_rank``: an ``srun --label`` task id stands for the rank (one task
+    per rank); where torchrun runs per node the task id is the node, not a rank.
+    """
     m = _PREFIX.match(line)
     if not m or m.end() == 0:
         return None, line
     if m.group("rank") is not None:
         return int(m.group("rank")), line[m.end():]
-    return int(m.group("task")), line[m.end():]
+    return (int(m.group("task")) if task_is_rank else None), line[m.end():]
 
 
 def parse_ts(text: str, year: int) -> float | None:
@@ -312,6 +319,9 @@ class _FileScan:
         self.entry: FailureEntry | None = None
         self.root_next = False
         self.last_ts: float | None = None
+        #: srun task ids are ranks unless the file also has torchrun's rank prefixes.
+        self.task_is_rank = True
+        self.task: int | None = None
         if file_rank is not None:
             self.r.ranks_seen.add(file_rank)
 
@@ -338,6 +348,9 @@ class _FileScan:
         self.r.bytes_read += len(chunk)
         for m in _PREFIX_SAMPLE.finditer(chunk, 0, 65536):
             self.r.ranks_seen.add(int(m.group(1)))
+            self.task_is_rank = False
+        if self.task_is_rank and _PREFIX_SAMPLE.search(chunk):
+            self.task_is_rank = False
         cur_pos, cur_line = 0, line_no
         pos = 0
         if self.open:
@@ -382,7 +395,7 @@ class _FileScan:
 
     def _traceback_line(self, raw: bytes, line_no: int) -> None:
         text = self._decode(raw)
-        rank, rest = split_prefix(text)
+        rank, rest = split_prefix(text, self.task_is_rank)
         if rank is None:
             rank = self.file_rank
         ot = self.open.get(rank)
@@ -432,7 +445,7 @@ class _FileScan:
 
     def _line(self, raw: bytes, line_no: int) -> None:
         text = self._decode(raw)
-        rank, rest = split_prefix(text)
+        rank, rest = split_prefix(text, self.task_is_rank)
         if rank is None:
             rank = self.file_rank
         rest = rest.strip()
@@ -443,6 +456,8 @@ class _FileScan:
             self.last_ts = ts
         if rank is not None:
             self.r.ranks_seen.add(rank)
+        tm = _TASK.match(text)
+        self.task = int(tm.group(1)) if tm else None
         for i in self.m.signs_in(raw):
             sign = self.m.signs[i]
             mt = self.m.patterns[i].search(rest)
@@ -477,7 +492,7 @@ class _FileScan:
             self.r.world_sizes.add(int(fields["world"]))
             return
         self.r.evidence.append(Evidence(sign.id, ev, self.name, line_no, rank, ts,
-                                        text[:MAX_TEXT], fields))
+                                        text[:MAX_TEXT], fields, self.task))
 
     def _summary(self, sid: str, fields: dict[str, str], line_no: int) -> None:
         if sid == "summary_host" or self.entry is None:

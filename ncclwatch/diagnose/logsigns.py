@@ -51,6 +51,8 @@ class Event(str, enum.Enum):
     CHECKPOINT_DONE = "checkpoint_done"
     #: torchrun: a local rank failed (exit code, pid).
     EXIT = "exit"
+    #: torchrun stops a surviving worker after another failed (counts the workers).
+    TEARDOWN = "teardown"
     #: torchrun's failure summary lines (host / rank / exitcode / signal).
     SUMMARY = "summary"
     #: torchrun's "Root Cause (first observed failure)" marker.
@@ -168,6 +170,8 @@ SIGNS: tuple[LogSign, ...] = (
     LogSign("torchrun_failed", Event.EXIT, ("failed (exitcode:",),
             r"failed \(exitcode: (?P<exitcode>" + _N + r")\) local_rank: (?P<local_rank>\d+) "
             r"\(pid: (?P<pid>\d+)\)"),
+    LogSign("torchrun_teardown", Event.TEARDOWN, ("closing signal",),
+            r"Sending process (?P<pid>\d+) closing signal (?P<signame>SIG\w+)"),
     LogSign("summary_host", Event.SUMMARY, ("  host      : ",), r"^\s*host\s+: (?P<host>\S+)"),
     LogSign("summary_rank", Event.SUMMARY, ("(local_rank: ",),
             r"^\s*rank\s+: (?P<rank>\d+) \(local_rank: (?P<local_rank>\d+)\)"),
@@ -189,15 +193,16 @@ SIGNS: tuple[LogSign, ...] = (
             r"saved|[Ss]aving current state|[Ss]aving state dict|[Gg]athering (?:full )?state "
             r"dict)(?P<target>.*)"),
     LogSign("checkpoint_done", Event.CHECKPOINT_DONE,
-            ("heckpoint saved", "aved checkpoint", "is ready now", "Model weights saved"),
-            r"(?P<what>[Cc]heckpoint saved|[Ss]aved checkpoint|is ready now|Model weights saved)"
+            ("heckpoint saved", "aved checkpoint", "is ready now"),
+            r"(?P<what>[Cc]heckpoint saved|[Ss]aved checkpoint|is ready now)"
             r"(?P<target>.*)"),
     LogSign("traceback", Event.TRACEBACK, ("Traceback (most recent call last)",),
             r"Traceback \(most recent call last\)"),
     LogSign("world_size", Event.WORLD, ("WORLD_SIZE=", "world_size=", "world size: ", "world_size: "),
             r"(?:WORLD_SIZE|world[_ ]size)(?:=|: )(?P<world>\d+)"),
-    LogSign("finished", Event.FINISHED, ("Local worker group finished", "Training completed"),
-            r"(?P<what>Local worker group finished|Training completed)"),
+    LogSign("finished", Event.FINISHED,
+            ("Local worker group finished", "raining completed", "raining finished"),
+            r"(?P<what>Local worker group finished|[Tt]raining (?:completed|finished))"),
 )
 
 #: Exceptions that mean "this rank waited for others and gave up" (collateral),
@@ -205,6 +210,11 @@ SIGNS: tuple[LogSign, ...] = (
 TIMEOUT_EXCEPTIONS: tuple[str, ...] = (
     "Timed out waiting", "timed out", "Timeout", "failed to pass monitoredBarrier",
     "Application timeout caused pair closure", "DistBackendError: [Rank",
+)
+#: Exceptions of NCCL failing on this rank (its transport, its setup).
+NETWORK_EXCEPTIONS: tuple[str, ...] = (
+    "ncclSystemError", "unhandled system error", "ncclInternalError", "internal error",
+    "NCCL error in:",
 )
 #: Exceptions that a peer's death causes (collateral unless nothing else failed).
 PEER_EXCEPTIONS: tuple[str, ...] = (
@@ -214,6 +224,7 @@ PEER_EXCEPTIONS: tuple[str, ...] = (
 #: Exceptions of the rank being killed by its launcher (the teardown after another
 #: rank failed): never the initiating failure.
 TEARDOWN_EXCEPTIONS: tuple[str, ...] = (
+    "ChildFailedError",  # torchrun's own traceback, after a worker failed
     "SignalException", "KeyboardInterrupt", "Process 0 terminated with signal SIGTERM",
     "SIGTERM", "SIGINT",
 )

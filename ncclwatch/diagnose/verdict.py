@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
 from ncclwatch.diagnose.logscan import Evidence, FailureEntry, PyTraceback, ScanResult
-from ncclwatch.diagnose.logsigns import (PEER_EXCEPTIONS, SIGNAL_MEANING, TEARDOWN_EXCEPTIONS,
+from ncclwatch.diagnose.logsigns import (NETWORK_EXCEPTIONS, PEER_EXCEPTIONS, SIGNAL_MEANING, TEARDOWN_EXCEPTIONS,
                                          TIMEOUT_EXCEPTIONS, Event)
 from ncclwatch.model import CHECKPOINT_STATES, CollectiveOp, RankState, rank_ranges
 from ncclwatch.remediation import ALL_BY_ID, RootCause
@@ -79,7 +79,8 @@ class RankFacts:
     @property
     def waited(self) -> bool:
         """Timed out waiting for others (collateral), by any evidence."""
-        return bool(self.timeouts or self.progress or self.aborted or self.timeout_tracebacks())
+        return bool(self.timeouts or self.progress or self.aborted or self.timeout_tracebacks()
+                    or any(blocked_op(t) for t in self.tracebacks))
 
     def activity(self) -> tuple[RankState, CollectiveOp]:
         """What its last traceback's frames say it was doing."""
@@ -107,11 +108,32 @@ def exception_kind(tb: PyTraceback) -> str:
         return "teardown"
     if any(s in text for s in PEER_EXCEPTIONS):
         return "peer"
+    if any(s in text for s in ("unhandled cuda error", "ncclUnhandledCudaError")):
+        return "error"  # the rank's GPU failed: a crash, not the network
+    if any(s in text for s in NETWORK_EXCEPTIONS):
+        return "network"
     if any(s in text for s in TIMEOUT_EXCEPTIONS):
         return "timeout"
     if text.startswith("(traceback"):
         return "truncated"
     return "error"
+
+
+#: Frames of autograd's backward: a collective failing under them is DDP's (or
+#: FSDP's) gradient reduction, which has no c10d frame on the Python stack.
+_BACKWARD = frozenset({"backward", "_engine_run_backward", "run_backward"})
+
+
+def blocked_op(tb: PyTraceback) -> str | None:
+    """The collective a rank was in when its wait failed (timeout or lost peer)."""
+    if exception_kind(tb) not in ("timeout", "peer"):
+        return None
+    c = classify(tb.innermost_first())
+    if c.op is not CollectiveOp.NONE:
+        return c.op.value
+    if any(f.name.rpartition(".")[2] in _BACKWARD for f in tb.frames):
+        return "gradient all_reduce in backward (DDP)"
+    return None
 
 
 @dataclass
@@ -122,6 +144,14 @@ class Facts:
     #: Flight Recorder analysis (flightrec.FrAnalysis) when dumps were given.
     fr: object | None = None
     unattributed: list[Evidence] = field(default_factory=list)
+
+    def unattributed_checkpointing(self) -> Evidence | None:
+        """The last checkpoint line without a rank prefix, if no 'saved' line followed."""
+        rf = RankFacts(-1, checkpoint=[e for e in self.unattributed
+                                       if e.event is Event.CHECKPOINT],
+                       checkpoint_done=[e for e in self.unattributed
+                                        if e.event is Event.CHECKPOINT_DONE])
+        return rf.checkpointing()
 
     def rank(self, r: int) -> RankFacts:
         if r not in self.ranks:
@@ -164,6 +194,25 @@ def gather_facts(scan: ScanResult, fr: object | None = None) -> Facts:
             if rf.failure is None or fe.root:
                 rf.failure = fe
     world = set(scan.ranks_seen) | set(f.ranks)
+    # torchrun names the failed workers and stops the others by pid: on one node
+    # that counts the world when nothing else does.
+    stopped = {e.fields["pid"] for e in scan.evidence if e.event is Event.TEARDOWN}
+    failed = {str(fe.pid) for fe in scan.failures if fe.pid is not None} | {
+        e.fields["pid"] for e in scan.evidence if e.event is Event.EXIT}
+    if stopped:
+        world |= set(range(len(failed | stopped)))
+    # A failure "rank 12 (local_rank: 4)" puts node base 8; with 8 workers per node
+    # (the highest local rank anywhere + 1) that node holds ranks 8-15.
+    per_node = 1 + max([fe.local_rank for fe in scan.failures if fe.local_rank is not None]
+                       + [int(e.fields["local_rank"]) for e in scan.evidence
+                          if e.event is Event.EXIT], default=-1)
+    for fe in scan.failures:
+        if fe.rank is not None and fe.local_rank is not None and fe.rank >= fe.local_rank:
+            base = fe.rank - fe.local_rank
+            world |= set(range(base, base + per_node))
+    if world:
+        # Ranks are numbered from 0: seeing rank 7 means ranks 0-6 exist too.
+        world |= set(range(max(world) + 1))
     if scan.world_sizes:
         world |= set(range(max(scan.world_sizes)))
     if fr is not None:
@@ -190,6 +239,14 @@ Rule = Callable[[Facts], "Finding | None"]
 
 
 # -- helpers -------------------------------------------------------------------------------
+
+def _who(ranks: Sequence[int], one: str = "", many: str = "") -> str:
+    """'rank 0 was' / 'ranks 1-3 were' (verb optional)."""
+    ranks = sorted(ranks)
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}" + (f" {one}" if one else "")
+    return f"ranks {rank_ranges(ranks)}" + (f" {many}" if many else "")
+
 
 def _op_of(e: Evidence) -> str:
     op = e.fields.get("op")
@@ -335,6 +392,8 @@ def rule_gather_oom(facts: Facts) -> Finding | None:
             continue
         state, _op = rf.activity()
         ckpt = rf.checkpointing()
+        if ckpt is None and r == 0:
+            ckpt = facts.unattributed_checkpointing()
         during = state in CHECKPOINT_STATES or ckpt is not None
         for t in oom_tbs:
             during = during or classify(t.innermost_first()).state in CHECKPOINT_STATES
@@ -352,7 +411,7 @@ def rule_gather_oom(facts: Facts) -> Finding | None:
         return None
     collateral = [r for r in facts.world if r not in hits]
     return Finding("gather_oom", hits, collateral, "gather_out_of_memory",
-                   f"rank(s) {rank_ranges(hits)} ran out of memory while gathering or saving "
+                   f"{_who(hits)} ran out of memory while gathering or saving "
                    f"the checkpoint; the other ranks only waited for them.", ev)
 
 
@@ -397,17 +456,17 @@ def rule_desync(facts: Facts) -> Finding | None:
                 ev.append(("", f"ranks timed out in different ops at work {seq}: "
                            + ", ".join(f"rank {r} {o}" for r, o in sorted(m.items()))))
                 break
-        if not ops:
+        if not ops and not _crashes(facts):
+            # Where each rank's collective failed (timed out, or its peer went away).
             waited = {}
             for r, rf in facts.ranks.items():
-                tbs = rf.timeout_tracebacks()
-                if tbs:
-                    c = classify(tbs[-1].innermost_first())
-                    if c.op is not CollectiveOp.NONE:
-                        waited[r] = c.op.value
-                        ev_t = (tbs[-1].where, f"rank {r} timed out in {c.op.value}")
-                        if ev_t not in ev:
-                            ev.append(ev_t)
+                for tb in reversed(rf.tracebacks):
+                    op = blocked_op(tb)
+                    if op:
+                        waited[r] = op
+                        ev.append((tb.where, f"rank {r} failed waiting in {op}: "
+                                   f"{tb.exception[:120]}"))
+                        break
             if len(set(waited.values())) > 1 and len(waited) >= 2:
                 ops = waited
     if len(set(ops.values())) < 2:
@@ -423,43 +482,77 @@ def rule_desync(facts: Facts) -> Finding | None:
     collateral = [r for r in facts.world if r not in odd]
     desc = ", ".join(f"rank {r} {o}" for r, o in sorted(ops.items()))
     return Finding("desync", odd, collateral, "collective_order_mismatch",
-                   f"ranks issued different collectives ({desc}); rank(s) {rank_ranges(odd)} "
+                   f"ranks issued different collectives ({desc}); {_who(odd)} "
                    f"left the common order.", ev)
 
 
-def _network_key(e: Evidence) -> tuple:
-    remote = "ncclRemoteError" in e.text or "remote process" in e.text
-    return (remote,) + _order(e)
+def _job_failed(facts: Facts) -> bool:
+    """Anything that says the job did not just finish (warnings alone do not)."""
+    return bool(facts.scan.failures or any(
+        e.event in (Event.EXIT, Event.TIMEOUT, Event.WATCHDOG_ABORT, Event.MISSING_RANKS)
+        or e.sign in ("nccl_error", "nccl_cuda_error") for e in facts.scan.evidence)
+        or any(exception_kind(t) not in ("teardown", "truncated") for t in facts.scan.tracebacks))
+
+
+def _context_rank(facts: Facts, e: Evidence, within: int = 40) -> int | None:
+    """An NCCL line has no rank prefix (NCCL prints host:pid:tid): take the rank of
+    the next rank-prefixed evidence of the same node (srun task) a few lines on,
+    which is the same process's watchdog reporting what NCCL said."""
+    for o in facts.scan.evidence:
+        if o.file == e.file and e.line < o.line <= e.line + within and o.rank is not None \
+                and o.task == e.task:
+            return o.rank
+    return None
 
 
 def rule_network(facts: Facts) -> Finding | None:
-    net = [e for rf in facts.ranks.values() for e in rf.network] + \
-        [e for e in facts.unattributed if e.event is Event.NETWORK]
-    if not net:
+    if not _job_failed(facts) or _crashes(facts):
+        return None  # warnings of a job that went on; or a rank died and its peers' errors follow
+    items: list[tuple[bool, tuple, int | None, str, str]] = []  # (remote, order, rank, where, text)
+    for e in facts.scan.evidence:
+        if e.event is not Event.NETWORK:
+            continue
+        rank = e.rank if e.rank is not None else _context_rank(facts, e)
+        remote = "ncclRemoteError" in e.text or "remote process" in e.text
+        items.append((remote, _order(e), rank, e.where, e.text))
+    for r, rf in facts.ranks.items():
+        for tb in rf.tracebacks:
+            if exception_kind(tb) == "network":
+                items.append((False, (tb.ts is None, tb.ts or 0.0, tb.file, tb.line), r,
+                              tb.where, tb.exception))
+    peers = [(r, tb) for r, rf in facts.ranks.items() for tb in rf.tracebacks
+             if exception_kind(tb) == "peer"]
+    if not items:
+        # gloo: every failing rank lost a peer, nobody timed out, nobody crashed: the
+        # connections broke under live processes. gloo names only ip:port, not the rank.
+        if peers and not any(rf.timeouts or rf.timeout_tracebacks()
+                             for rf in facts.ranks.values()):
+            ev = [(tb.where, f"rank {r}: {tb.exception[:200]}") for r, tb in peers[:4]]
+            reporting = sorted({r for r, _tb in peers})
+            return Finding("network_error", reporting, [], "nccl_network_error",
+                           f"{_who(reporting)} lost connections to peers that did not "
+                           "crash; gloo's messages name only ip:port, so which link failed "
+                           "is not in the logs: every reporting rank counts as initiating.",
+                           ev)
         return None
-    if _crashes(facts, strict=True):
-        return None  # a rank died first; its peers' transport errors follow from it
+    items.sort(key=lambda x: (x[0],) + x[1])
+    lead = items[0]
     first_timeout = min((_order(e) for rf in facts.ranks.values() for e in rf.timeouts),
                         default=None)
-    net.sort(key=_network_key)
-    lead = net[0]
-    if first_timeout is not None and lead.ts is not None and first_timeout[0] is False \
-            and first_timeout[1] < lead.ts:
+    if first_timeout is not None and first_timeout[0] is False and lead[1][0] is False \
+            and first_timeout[1] < lead[1][1]:
         return None  # the errors are the watchdog's teardown of a hang
-    initiating = sorted({e.rank for e in net if e.rank is not None
-                         and _network_key(e)[:1] == _network_key(lead)[:1]
-                         and (lead.ts is None or e.ts is None or e.ts - lead.ts < 5.0)})
-    host = lead.fields.get("host", "")
-    ev = [(e.where, e.text[:240]) for e in net[:4]]
+    initiating = sorted({it[2] for it in items if it[2] is not None and it[0] == lead[0]
+                         and (it[1][0] or lead[1][0] or it[1][1] - lead[1][1] < 5.0)})
+    ev = [(it[3], it[4][:240]) for it in items[:4]]
     collateral = [r for r in facts.world if r not in initiating]
-    where = f" on {host}" if host else ""
     return Finding("network_error", initiating, collateral, "nccl_network_error",
-                   f"the first transport error came from rank(s) "
-                   f"{rank_ranges(initiating) if initiating else '?'}{where}: "
-                   f"{lead.text[:160]}", ev)
+                   f"the first transport error came from "
+                   f"{_who(initiating) if initiating else 'an unknown rank'}: {lead[4][:160]}",
+                   ev)
 
 
-def _crashes(facts: Facts, strict: bool = False) -> list[tuple[tuple, int, str, str]]:
+def _crashes(facts: Facts) -> list[tuple[tuple, int, str, str]]:
     """(order, rank, where, why) of ranks that failed on their own (not by waiting)."""
     out = []
     watchdog = any(rf.aborted or rf.timeouts for rf in facts.ranks.values())
@@ -476,8 +569,6 @@ def _crashes(facts: Facts, strict: bool = False) -> list[tuple[tuple, int, str, 
             if meaning in ("crashed", "killed") or (meaning == "aborted" and not watchdog
                                                    and not rf.waited):
                 if sig == "SIGKILL" and _oom_killed(facts, rf) is not None:
-                    continue
-                if strict and meaning == "killed":
                     continue
                 fe = rf.failure
                 assert fe is not None
@@ -524,9 +615,7 @@ def rule_stall(facts: Facts) -> Finding | None:
     op = _waited_op(facts, waiting)
     ckpt: list[tuple[int, str, str]] = []
     for r in missing:
-        rf = facts.ranks.get(r)
-        if rf is None:
-            continue
+        rf = facts.ranks.get(r) or RankFacts(r)
         state, _op = rf.activity()
         line = rf.checkpointing()
         if state in (RankState.SAVING, RankState.GATHERING_STATE_DICT):
@@ -534,6 +623,11 @@ def rule_stall(facts: Facts) -> Finding | None:
             ckpt.append((r, tb.where, f"rank {r}'s last traceback is in {state.value}"))
         elif line is not None:
             ckpt.append((r, line.where, f"rank {r} was checkpointing: {line.text[:160]}"))
+        elif r == 0 and facts.unattributed_checkpointing() is not None:
+            line = facts.unattributed_checkpointing()
+            assert line is not None
+            ckpt.append((r, line.where, "the main process (rank 0: trainers log from it "
+                         f"alone) was checkpointing: {line.text[:160]}"))
     timeout = _timeout_s(facts)
     tmo = f"{timeout:g} s" if timeout else "process-group"
     if how == "did_not_time_out":
@@ -545,7 +639,7 @@ def rule_stall(facts: Facts) -> Finding | None:
         culprits = sorted({r for r, _w, _y in ckpt})
         return Finding(
             "checkpoint_gather_timeout", culprits, waiting, "save_overruns_watchdog",
-            f"rank(s) {rank_ranges(culprits)} were gathering/saving the checkpoint while "
+            f"{_who(culprits, 'was', 'were')} gathering/saving the checkpoint while "
             f"{len(waiting)} rank(s) waited in {op} until the {tmo} timeout "
             f"({how_text}).", ev)
     notes = []
@@ -554,7 +648,7 @@ def rule_stall(facts: Facts) -> Finding | None:
         if rf is not None and rf.activity()[0] is not RankState.UNKNOWN:
             notes.append(f"rank {r}'s last traceback: {rf.activity()[0].value}")
     return Finding("collective_hang", missing, waiting, "rank_never_joined",
-                   f"rank(s) {rank_ranges(missing)} never joined {op}; {len(waiting)} rank(s) "
+                   f"{_who(missing)} never joined {op}; {len(waiting)} rank(s) "
                    f"waited in it until the {tmo} timeout ({how_text}).", ev, notes)
 
 
