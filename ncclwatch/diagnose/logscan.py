@@ -162,8 +162,10 @@ def matcher() -> _Matcher:
 
 # -- ranks and times from a line's prefix -----------------------------------------------
 
-#: `3: ` (srun --label, task id), then `[rank3]:` / `[default3]:` (torchrun), in that order.
-_PREFIX = re.compile(r"^(?:\s*(?P<task>\d+): )?(?:\[(?P<role>[A-Za-z_]*?)(?P<rank>\d+)\]:)?")
+#: `3: ` (srun --label, task id), then `[rank3]:` / `[default3]:` (torchrun) or a
+#: trainer's `[rank 3]`, in that order.
+_PREFIX = re.compile(r"^(?:\s*(?P<task>\d+): )?(?:\[(?P<role>[A-Za-z_]*?)(?P<rank>\d+)\]:"
+                     r"|\[[Rr]ank (?P<rank2>\d+)\]:?(?= ))?")
 _PREFIX_SAMPLE = re.compile(rb"^(?:\s*\d+: )?\[(?:rank|default)(\d+)\]:", re.M)
 _TASK = re.compile(r"^\s*(\d+): ")
 _SRUN_SAMPLE = re.compile(rb"^\s*(\d+): ", re.M)
@@ -199,6 +201,8 @@ def split_prefix(line: str, task_is_rank: bool = True) -> tuple[int | None, str]
         return None, line
     if m.group("rank") is not None:
         return int(m.group("rank")), line[m.end():]
+    if m.group("rank2") is not None:  # a trainer's own "[rank 3] ..." lines
+        return int(m.group("rank2")), line[m.end():]
     return (int(m.group("task")) if task_is_rank else None), line[m.end():]
 
 

@@ -188,10 +188,10 @@ SIGNS: tuple[LogSign, ...] = (
     LogSign("checkpoint_start", Event.CHECKPOINT,
             ("aving model checkpoint", "aving checkpoint", "is about to be saved",
              "aving current state", "aving state dict", "aving the checkpoint",
-             "athering full state dict", "athering state dict"),
+             "athering full state dict", "athering state dict", "torch.save start"),
             r"(?P<what>[Ss]aving model checkpoint|[Ss]aving (?:the )?checkpoint|is about to be "
             r"saved|[Ss]aving current state|[Ss]aving state dict|[Gg]athering (?:full )?state "
-            r"dict)(?P<target>.*)"),
+            r"dict|torch\.save start)(?P<target>.*)"),
     LogSign("checkpoint_done", Event.CHECKPOINT_DONE,
             ("heckpoint saved", "aved checkpoint", "is ready now"),
             r"(?P<what>[Cc]heckpoint saved|[Ss]aved checkpoint|is ready now)"

@@ -171,6 +171,16 @@ def _order(e: Evidence) -> tuple:
     return (e.ts is None, e.ts or 0.0, e.file, e.line)
 
 
+def _rank_after(scan: ScanResult, tb: PyTraceback, within: int = 3) -> int | None:
+    """An unprefixed traceback (ranks share the launcher's stderr) belongs to the rank
+    whose own log line follows it, e.g. a trainer's "[rank 1] error: RuntimeError"."""
+    for e in scan.evidence:
+        if e.file == tb.file and tb.end_line <= e.line <= tb.end_line + within \
+                and e.rank is not None:
+            return e.rank
+    return None
+
+
 def gather_facts(scan: ScanResult, fr: object | None = None) -> Facts:
     f = Facts(scan, {}, [], fr)
     slots = {Event.TIMEOUT: "timeouts", Event.PROGRESS: "progress", Event.OOM: "oom",
@@ -186,8 +196,10 @@ def gather_facts(scan: ScanResult, fr: object | None = None) -> Facts:
             continue
         getattr(f.rank(e.rank), slot).append(e)
     for tb in scan.tracebacks:
-        if tb.rank is not None:
-            f.rank(tb.rank).tracebacks.append(tb)
+        rank = tb.rank if tb.rank is not None else _rank_after(scan, tb)
+        if rank is not None:
+            tb.rank = rank
+            f.rank(rank).tracebacks.append(tb)
     for fe in scan.failures:
         if fe.rank is not None:
             rf = f.rank(fe.rank)
