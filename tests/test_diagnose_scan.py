@@ -159,3 +159,27 @@ def test_cli_json_and_missing_path(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "ncclwatch", "diagnose", str(tmp_path / "nope")],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "no such file" in bad.stderr
+
+
+FR_REAL = __import__("pathlib").Path(__file__).parent / "data" / "flightrec" / "real"
+
+
+@pytest.mark.parametrize("case,cls,initiating", [
+    ("hang", "collective_hang", [2]),      # ranks 0, 1 in all_reduce #4; rank 2 never came
+    ("multipg", "collective_hang", [3]),   # only group pair23 is stuck, on rank 3
+    ("desync", "desync", [2]),             # rank 2 broadcast 8 elements, the others 4
+    ("healthy", "none", []),
+])
+def test_flight_recorder_dumps_alone(case, cls, initiating):
+    d = diagnose([FR_REAL / case])
+    assert (d.cls, d.initiating) == (cls, initiating)
+    assert len(d.inputs["flight_recorder_dumps"]) >= 3 and not d.inputs["files"]
+    assert d.flight_recorder is not None and d.timeout_s == 5.0
+
+
+def test_a_bad_dump_is_skipped_with_its_reason(tmp_path):
+    (tmp_path / "nccl_trace_rank_0").write_bytes(b"\x80\x04garbage")
+    (tmp_path / "job.log").write_text(_job_log())
+    d = diagnose([tmp_path])
+    assert d.cls == "checkpoint_gather_timeout"
+    assert d.inputs["skipped"] and d.inputs["skipped"][0]["path"].endswith("nccl_trace_rank_0")

@@ -160,7 +160,9 @@ class Facts:
 
     @property
     def waiting(self) -> list[int]:
-        return sorted(r for r, f in self.ranks.items() if f.waited)
+        """Ranks that waited for others: by their logs, or by the Flight Recorder."""
+        fr_waiting = set(self.fr.waiting_ranks()) if self.fr is not None else set()
+        return sorted({r for r, f in self.ranks.items() if f.waited} | fr_waiting)
 
     def all_evidence(self, event: Event) -> list[Evidence]:
         out = [e for e in self.scan.evidence if e.event is event]
@@ -445,15 +447,10 @@ def rule_desync(facts: Facts) -> Finding | None:
     fr = facts.fr
     if not ops and fr is not None and getattr(fr, "mismatches", None):
         mm = fr.mismatches[0]
-        ops = {int(r): v[0] for r, v in mm.ops.items()}
+        ops = {int(r): f"{v[0]} {[list(x) for x in v[1]]}" for r, v in mm.ops.items()}
         ev.append(("flight recorder dumps", f"collective #{mm.seq} of process group "
-                   f"{mm.pg_id}: " + ", ".join(f"rank {r} {v[0]} {list(v[1])}"
-                                               for r, v in sorted(mm.ops.items()))))
-        if len({(v[0], tuple(map(tuple, v[1]))) for v in mm.ops.values()}) > 1 and \
-                len(set(ops.values())) == 1:
-            # Same op, different sizes: the odd one out by size.
-            sizes = {int(r): str(v[1]) for r, v in mm.ops.items()}
-            ops = sizes
+                   f"{mm.pg_name or mm.pg_id}: " + ", ".join(f"rank {r} {o}"
+                                                         for r, o in sorted(ops.items()))))
     if not ops:
         # Timed out in different collectives at the same sequence number (NCCL), or
         # gloo tracebacks blocked in different ops.
@@ -623,7 +620,7 @@ def rule_stall(facts: Facts) -> Finding | None:
         return None
     ev = list(ev)
     for r in waiting[:3]:
-        ev += _first_where(facts.ranks[r])
+        ev += _first_where(facts.ranks[r]) if r in facts.ranks else []
     op = _waited_op(facts, waiting)
     ckpt: list[tuple[int, str, str]] = []
     for r in missing:
