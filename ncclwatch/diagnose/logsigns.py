@@ -9,7 +9,7 @@ over the bytes (Aho-Corasick), and only lines holding one are decoded and
 matched against ``pattern``. A row adds a message; the verdict rules
 (verdict.py) say what the events mean together.
 
-Wordings come from the torch sources (ProcessGroupNCCL.cpp, TraceUtils.h,
+Wordings come from the torch sources (ProcessGroupNCCL.cpp, ProcessGroupGloo.cpp,
 ProcessGroupGloo.cpp, elastic/multiprocessing/errors) and from real runs here
 (tests/data/diagnose); tests/test_diagnose.py checks every row against a line
 of the corpus.
@@ -119,18 +119,9 @@ SIGNS: tuple[LogSign, ...] = (
     # 10000ms for recv operation to complete"
     LogSign("gloo_timeout", Event.TIMEOUT, ("Timed out waiting",),
             _RANK_TAG + r".*?Timed out waiting (?P<timeout_ms>\d+)ms for (?P<what>\w+) operation"),
-    LogSign("gloo_pair_timeout", Event.TIMEOUT, ("Application timeout caused pair closure",),
-            _RANK_TAG + r".*?Application timeout caused pair closure"),
-    # "Rank 2 failed to pass monitoredBarrier in 10000 ms" /
-    # "[Rank 0]: Ranks 1, 2 failed to pass monitoredBarrier in 30000 ms"
     LogSign("monitored_barrier", Event.MISSING_RANKS, ("failed to pass monitoredBarrier",),
             r"(?:\[Rank (?P<rank>\d+)\]:? )?Ranks? (?P<missing>\d+(?:, ?\d+)*) failed to pass "
             r"monitoredBarrier in (?P<timeout_ms>\d+) ms"),
-    # TraceUtils.h desync report: "Rank 2 and Rank 3 ... have not joined"
-    LogSign("desync_not_joined", Event.MISSING_RANKS, ("not joined", "not join the"),
-            r"(?P<missing>(?:[Rr]anks? \d+(?:(?:,| and) ?(?:[Rr]ank )?\d+)*)) (?:has|have|did) not "
-            r"join"),
-    # c10d/ProcessGroupWrapper.cpp (TORCH_DISTRIBUTED_DEBUG=DETAIL)
     LogSign("collective_mismatch", Event.MISMATCH, ("Detected mismatch between collectives",),
             r"Detected mismatch between collectives on ranks\. Rank (?P<rank>\d+) is running "
             r"collective: (?P<mine>CollectiveFingerPrint\(.*?\)\)?)(?:\)|,)? but Rank "
@@ -209,7 +200,8 @@ SIGNS: tuple[LogSign, ...] = (
 #: by the text of the traceback's last line.
 TIMEOUT_EXCEPTIONS: tuple[str, ...] = (
     "Timed out waiting", "timed out", "Timeout", "failed to pass monitoredBarrier",
-    "Application timeout caused pair closure", "DistBackendError: [Rank",
+    "successfully reached monitoredBarrier",
+    "DistBackendError: [Rank",
 )
 #: Exceptions of NCCL failing on this rank (its transport, its setup).
 NETWORK_EXCEPTIONS: tuple[str, ...] = (
