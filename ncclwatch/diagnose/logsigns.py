@@ -29,6 +29,8 @@ class Event(str, enum.Enum):
     TIMEOUT = "timeout"
     #: The watchdog's progress numbers: last enqueued/completed work of a rank.
     PROGRESS = "progress"
+    #: A rank told to dump because another timed out, with its own progress (not a wait).
+    DUMP_SIGNAL = "dump_signal"
     #: The watchdog took the process down (SIGABRT follows: collateral).
     WATCHDOG_ABORT = "watchdog_abort"
     #: The watchdog thread itself was stuck (heartbeat monitor).
@@ -101,6 +103,13 @@ SIGNS: tuple[LogSign, ...] = (
     # 2.2-2.3: "Timeout at NCCL work: 5, last enqueued NCCL work: 5, last completed NCCL work: 4."
     LogSign("nccl_timeout_at_work", Event.PROGRESS, ("Timeout at NCCL work",),
             _RANK_TAG + r".*?Timeout at NCCL work: (?P<seq>\d+), last enqueued NCCL work: "
+            r"(?P<enqueued>" + _N + r"), last completed NCCL work: (?P<completed>" + _N + r")"),
+    # 2.8+: every rank dumps when one times out, and says how far it got itself:
+    # "[PG ID 0 PG GUID 0(default_pg) Rank 5] Received a dump signal due to a collective
+    # timeout from  rank 2 ... Last enqueued NCCL work: 4411, last completed NCCL work: 4411."
+    LogSign("nccl_dump_signal", Event.DUMP_SIGNAL, ("Received a dump signal",),
+            _RANK_TAG + r".*?Received a dump signal due to a collective timeout from\s+"
+            r"(?:rank (?P<from_rank>\d+)|this local rank).*?Last enqueued NCCL work: "
             r"(?P<enqueued>" + _N + r"), last completed NCCL work: (?P<completed>" + _N + r")"),
     LogSign("nccl_watchdog_abort", Event.WATCHDOG_ABORT,
             ("we are taking the entire process down",),

@@ -68,6 +68,8 @@ class RankFacts:
     checkpoint: list[Evidence] = field(default_factory=list)
     checkpoint_done: list[Evidence] = field(default_factory=list)
     aborted: list[Evidence] = field(default_factory=list)
+    #: "Received a dump signal ... Last enqueued NCCL work: N": progress, not a wait.
+    dump_signals: list[Evidence] = field(default_factory=list)
     failure: FailureEntry | None = None
 
     def timeout_tracebacks(self) -> list[PyTraceback]:
@@ -188,7 +190,7 @@ def gather_facts(scan: ScanResult, fr: object | None = None) -> Facts:
     slots = {Event.TIMEOUT: "timeouts", Event.PROGRESS: "progress", Event.OOM: "oom",
              Event.NETWORK: "network", Event.PEER_CLOSED: "peer_closed",
              Event.CHECKPOINT: "checkpoint", Event.CHECKPOINT_DONE: "checkpoint_done",
-             Event.WATCHDOG_ABORT: "aborted"}
+             Event.WATCHDOG_ABORT: "aborted", Event.DUMP_SIGNAL: "dump_signals"}
     for e in scan.evidence:
         slot = slots.get(e.event)
         if slot is None:
@@ -345,10 +347,10 @@ def _missing(facts: Facts) -> tuple[list[int], list[tuple[str, str]], str]:
     seqs: dict[int, int] = {}
     enq: dict[int, tuple[int, Evidence]] = {}
     for r, rf in facts.ranks.items():
-        for e in rf.progress + rf.timeouts:
+        for e in rf.progress + rf.timeouts + rf.dump_signals:
             if e.fields.get("seq"):
                 seqs[r] = max(seqs.get(r, -1), int(e.fields["seq"]))
-            if e.fields.get("enqueued"):
+            if e.fields.get("enqueued") and (r not in enq or e.event is not Event.DUMP_SIGNAL):
                 enq[r] = (int(e.fields["enqueued"]), e)
     if seqs and enq:
         top = max(seqs.values())
