@@ -19,7 +19,7 @@ handed back by path (flightrec.py reads them).
 from __future__ import annotations
 
 import datetime as _dt
-import gzip
+import zlib
 import os
 import re
 from dataclasses import dataclass, field
@@ -166,9 +166,8 @@ def matcher() -> _Matcher:
 #: trainer's `[rank 3]`, in that order.
 _PREFIX = re.compile(r"^(?:\s*(?P<task>\d+): )?(?:\[(?P<role>[A-Za-z_]*?)(?P<rank>\d+)\]:"
                      r"|\[[Rr]ank (?P<rank2>\d+)\]:?(?= ))?")
-_PREFIX_SAMPLE = re.compile(rb"^(?:\s*\d+: )?\[(?:rank|default)(\d+)\]:", re.M)
+_PREFIX_SAMPLE = re.compile(rb"^(?:[ \t]*\d+: )?\[(?:rank|default)(\d+)\]:", re.M)
 _TASK = re.compile(r"^\s*(\d+): ")
-_SRUN_SAMPLE = re.compile(rb"^\s*(\d+): ", re.M)
 _ISO = re.compile(r"(\d{4})-(\d{2})-(\d{2})[ T_](\d{2}):(\d{2}):(\d{2})(?:[.,](\d{1,6}))?")
 _GLOG = re.compile(r"\b[IWEF](\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2})\.(\d{1,6})")
 _FILE_RANK = (
@@ -250,16 +249,55 @@ def expand(paths: Iterable[str | os.PathLike]) -> Iterator[Path]:
             raise LogInputError(f"{p}: no such file or directory")
 
 
+class _Gunzip:
+    """gzip as a stream that keeps everything up to a truncation (gzip.open loses
+    the last read's data when the stream ends early), members concatenated."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self.raw = raw
+        self.z = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        self.buf = b""
+        self.truncated = False
+
+    def read(self, n: int) -> bytes:
+        # Output is bounded by n (max_length): a gzip bomb costs no memory.
+        while len(self.buf) < n:
+            if self.z.eof and self.z.unused_data:  # the next member of the file
+                data = self.z.unused_data
+                self.z = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            else:
+                data = self.z.unconsumed_tail or self.raw.read(1 << 18)
+            if not data:
+                if not self.z.eof and not self.truncated:
+                    self.buf += self.z.flush()
+                    self.truncated = True
+                break
+            self.buf += self.z.decompress(data, n - len(self.buf))
+        out, self.buf = self.buf[:n], self.buf[n:]
+        if not out and self.truncated:
+            self.truncated = False
+            raise EOFError("compressed file ended before the end-of-stream marker")
+        return out
+
+    def __enter__(self) -> "_Gunzip":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.raw.close()
+
+    def close(self) -> None:
+        self.raw.close()
+
+
 def _open(path: Path) -> tuple[BinaryIO, bytes]:
     f: BinaryIO = open(path, "rb")
     head = f.read(2)
     f.seek(0)
     if head == b"\x1f\x8b":
-        f.close()
-        f = gzip.open(path, "rb")  # type: ignore[assignment]
+        f = _Gunzip(f)  # type: ignore[assignment]
     try:
         sniff = f.read(_SNIFF)
-    except (OSError, EOFError) as e:
+    except (OSError, EOFError, zlib.error) as e:
         f.close()
         raise LogInputError(f"{path}: cannot read: {e}") from None
     return f, sniff
@@ -312,7 +350,12 @@ class Scanner:
                 year = _dt.datetime.fromtimestamp(path.stat().st_mtime, _dt.timezone.utc).year
             except OSError:
                 year = _dt.datetime.now(_dt.timezone.utc).year
-            _FileScan(self, name, rank_of_path(name), year).run(f, sniff)
+            fs = _FileScan(self, name, rank_of_path(name), year)
+            try:
+                fs.run(f, sniff)
+            except (OSError, EOFError, zlib.error) as e:  # a truncated .gz, a vanished file
+                self.r.skipped.append((name, f"read stopped early ({e}); the lines before "
+                                             "it were used"))
 
 
 class _FileScan:
@@ -329,11 +372,27 @@ class _FileScan:
         if file_rank is not None:
             self.r.ranks_seen.add(file_rank)
 
+    def _read(self, f: BinaryIO) -> bytes:
+        """Up to CHUNK bytes; a stream that breaks (truncated .gz) keeps what it gave."""
+        parts, n = [], 0
+        while n < CHUNK:
+            try:
+                b = f.read(min(1 << 20, CHUNK - n))
+            except (OSError, EOFError, zlib.error) as e:
+                self.error = e
+                break
+            if not b:
+                break
+            parts.append(b)
+            n += len(b)
+        return b"".join(parts)
+
     def run(self, f: BinaryIO, first: bytes) -> None:
         carry = first
         line_no = 1
+        self.error: Exception | None = None
         while True:
-            block = f.read(CHUNK)
+            block = self._read(f) if self.error is None else b""
             data = carry + block
             if not block:
                 if data:
@@ -346,6 +405,8 @@ class _FileScan:
             line_no = self._chunk(data[: cut + 1], line_no)
             carry = data[cut + 1:]
         self._close_all(line_no)
+        if self.error is not None:
+            raise self.error
 
     # A chunk holds whole lines; returns the number of the line after it.
     def _chunk(self, chunk: bytes, line_no: int) -> int:
@@ -353,8 +414,8 @@ class _FileScan:
         for m in _PREFIX_SAMPLE.finditer(chunk, 0, 65536):
             self.r.ranks_seen.add(int(m.group(1)))
             self.task_is_rank = False
-        if self.task_is_rank and _PREFIX_SAMPLE.search(chunk):
-            self.task_is_rank = False
+        if line_no == 1 and self.task_is_rank and _PREFIX_SAMPLE.search(chunk):
+            self.task_is_rank = False  # torchrun prefixes anywhere in the first chunk
         cur_pos, cur_line = 0, line_no
         pos = 0
         if self.open:
