@@ -8,6 +8,11 @@ from ncclwatch.diagnose import Diagnosis
 from ncclwatch.model import rank_ranges
 
 
+def _who(ranks: list[int]) -> str:
+    ranks = sorted(ranks)
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {rank_ranges(ranks)}"
+
+
 def _ranks(ranks: list[int]) -> str:
     return rank_ranges(ranks) if ranks else "-"
 
@@ -39,6 +44,18 @@ def text(d: Diagnosis) -> str:
     fr = d.flight_recorder
     if fr:
         lines.append("Flight Recorder:")
+        groups: dict[tuple, list[int]] = {}
+        for r, pgs in (fr.get("progress") or {}).items():
+            for p in pgs:
+                key = (p.get("pg_desc") or p.get("pg_name"), p["last_enqueued"],
+                       p["last_started"], p["last_completed"], p.get("pending_op") or "")
+                groups.setdefault(key, []).append(int(r))
+        for (pg, enq, started, done, op), ranks in sorted(groups.items(),
+                                                          key=lambda kv: (kv[0][0], min(kv[1]))):
+            pend = f", pending {op} #{done + 1}" if op else ""
+            st = f", started #{started}" if started >= 0 else ""
+            lines.append(f"  {_who(ranks)}: {pg}: last enqueued #{enq}{st}, completed "
+                         f"#{done}{pend}")
         for s in fr.get("stuck", [])[:4]:
             lines.append(f"  pg {s.get('pg_name') or s.get('pg_id')}: {s.get('op')} "
                          f"#{s.get('seq')} waiting {_ranks(s.get('waiting_ranks', []))}, "

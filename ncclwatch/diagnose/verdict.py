@@ -333,7 +333,14 @@ def _missing(facts: Facts) -> tuple[list[int], list[tuple[str, str]], str]:
             why = (f"Flight Recorder: rank(s) {rank_ranges(missing)} never started "
                    f"{st.op} #{st.seq} of process group {st.pg_name or st.pg_id}"
                    if st else "Flight Recorder: missing ranks")
-            return missing, [("flight recorder dumps", why)], "flight_recorder"
+            return missing, [(_fr_where(facts), why)], "flight_recorder"
+        lag = _fr_lagging(fr)
+        if lag:
+            pg, top, ranks = lag
+            return ranks, [(_fr_where(facts),
+                            f"Flight Recorder: {_who(ranks)} last enqueued collective "
+                            f"#{top - 1} or earlier of process group {pg}, the others #{top}")], \
+                "flight_recorder"
     named: set[int] = set()
     ev: list[tuple[str, str]] = []
     for e in facts.all_evidence(Event.MISSING_RANKS):
@@ -365,6 +372,33 @@ def _missing(facts: Facts) -> tuple[list[int], list[tuple[str, str]], str]:
         if rest:
             return rest, [], "did_not_time_out"
     return [], [], ""
+
+
+def _fr_where(facts: Facts) -> str:
+    """Where the Flight Recorder evidence is: the dumps, as one glob."""
+    paths = facts.scan.fr_dumps
+    if not paths:
+        return "flight recorder summaries"
+    stem = re.sub(r"\d+$", "", paths[0])
+    return f"{stem}*" if len(paths) > 1 else paths[0]
+
+
+def _fr_lagging(fr) -> tuple[str, int, list[int]] | None:
+    """Ranks whose last enqueued collective lags the rest of their group. gloo marks a
+    timed-out collective completed, so a dump taken after the timeout shows no stuck
+    collective; the sequence ids still show who never enqueued it."""
+    by_pg: dict[str, dict[int, int]] = {}
+    for r, pgs in (getattr(fr, "progress", {}) or {}).items():
+        for p in pgs:
+            by_pg.setdefault(p.pg_desc or p.pg_name, {})[int(r)] = p.last_enqueued
+    for pg, enq in sorted(by_pg.items()):
+        if len(enq) < 2:
+            continue
+        top = max(enq.values())
+        lag = sorted(r for r, n in enq.items() if n < top)
+        if lag and len(lag) < len(enq):
+            return pg, top, lag
+    return None
 
 
 def _sig_of(rf: RankFacts) -> str:
@@ -450,7 +484,7 @@ def rule_desync(facts: Facts) -> Finding | None:
     if not ops and fr is not None and getattr(fr, "mismatches", None):
         mm = fr.mismatches[0]
         ops = {int(r): f"{v[0]} {[list(x) for x in v[1]]}" for r, v in mm.ops.items()}
-        ev.append(("flight recorder dumps", f"collective #{mm.seq} of process group "
+        ev.append((_fr_where(facts), f"collective #{mm.seq} of process group "
                    f"{mm.pg_name or mm.pg_id}: " + ", ".join(f"rank {r} {o}"
                                                          for r, o in sorted(ops.items()))))
     if not ops:
