@@ -13,6 +13,7 @@ names the failure class. The classes are a table, first match wins.
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -138,6 +139,27 @@ def blocked_op(tb: PyTraceback) -> str | None:
     return None
 
 
+class _ByLine:
+    """Each file's evidence in line order, to look a few lines ahead by bisection:
+    a scan of all evidence per line made big logs quadratic."""
+
+    def __init__(self, evidence: Iterable[Evidence]) -> None:
+        self._items: dict[str, list[Evidence]] = {}
+        for e in evidence:
+            self._items.setdefault(e.file, []).append(e)
+        for items in self._items.values():
+            items.sort(key=lambda e: e.line)
+        self._lines = {f: [e.line for e in items] for f, items in self._items.items()}
+
+    def between(self, file: str, lo: int, hi: int) -> list[Evidence]:
+        """Evidence of ``file`` on lines lo..hi (inclusive), in line order."""
+        lines = self._lines.get(file)
+        if not lines:
+            return []
+        i, j = bisect.bisect_left(lines, lo), bisect.bisect_right(lines, hi)
+        return self._items[file][i:j]
+
+
 @dataclass
 class Facts:
     scan: ScanResult
@@ -146,6 +168,7 @@ class Facts:
     #: Flight Recorder analysis (flightrec.FrAnalysis) when dumps were given.
     fr: object | None = None
     unattributed: list[Evidence] = field(default_factory=list)
+    by_line: _ByLine = field(default_factory=lambda: _ByLine(()))
 
     def unattributed_checkpointing(self) -> Evidence | None:
         """The last checkpoint line without a rank prefix, if no 'saved' line followed."""
@@ -175,18 +198,17 @@ def _order(e: Evidence) -> tuple:
     return (e.ts is None, e.ts or 0.0, e.file, e.line)
 
 
-def _rank_after(scan: ScanResult, tb: PyTraceback, within: int = 3) -> int | None:
+def _rank_after(by_line: _ByLine, tb: PyTraceback, within: int = 3) -> int | None:
     """An unprefixed traceback (ranks share the launcher's stderr) belongs to the rank
     whose own log line follows it, e.g. a trainer's "[rank 1] error: RuntimeError"."""
-    for e in scan.evidence:
-        if e.file == tb.file and tb.end_line <= e.line <= tb.end_line + within \
-                and e.rank is not None:
+    for e in by_line.between(tb.file, tb.end_line, tb.end_line + within):
+        if e.rank is not None:
             return e.rank
     return None
 
 
 def gather_facts(scan: ScanResult, fr: object | None = None) -> Facts:
-    f = Facts(scan, {}, [], fr)
+    f = Facts(scan, {}, [], fr, by_line=_ByLine(scan.evidence))
     slots = {Event.TIMEOUT: "timeouts", Event.PROGRESS: "progress", Event.OOM: "oom",
              Event.NETWORK: "network", Event.PEER_CLOSED: "peer_closed",
              Event.CHECKPOINT: "checkpoint", Event.CHECKPOINT_DONE: "checkpoint_done",
@@ -200,7 +222,7 @@ def gather_facts(scan: ScanResult, fr: object | None = None) -> Facts:
             continue
         getattr(f.rank(e.rank), slot).append(e)
     for tb in scan.tracebacks:
-        rank = tb.rank if tb.rank is not None else _rank_after(scan, tb)
+        rank = tb.rank if tb.rank is not None else _rank_after(f.by_line, tb)
         if rank is not None:
             tb.rank = rank
             f.rank(rank).tracebacks.append(tb)
@@ -543,9 +565,8 @@ def _context_rank(facts: Facts, e: Evidence, within: int = 40) -> int | None:
     """An NCCL line has no rank prefix (NCCL prints host:pid:tid): take the rank of
     the next rank-prefixed evidence of the same node (srun task) a few lines on,
     which is the same process's watchdog reporting what NCCL said."""
-    for o in facts.scan.evidence:
-        if o.file == e.file and e.line < o.line <= e.line + within and o.rank is not None \
-                and o.task == e.task:
+    for o in facts.by_line.between(e.file, e.line + 1, e.line + within):
+        if o.rank is not None and o.task == e.task:
             return o.rank
     return None
 
