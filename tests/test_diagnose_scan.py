@@ -232,3 +232,17 @@ def test_concatenated_gzip_members_and_a_gzip_bomb(tmp_path):
     bomb.write_bytes(gzip.compress(b"\n" * (64 << 20), compresslevel=9))  # 64 MiB of newlines
     r = scan([bomb])
     assert r.lines_read == 64 << 20 and not r.evidence  # read in bounded chunks, linear
+
+
+def test_a_chained_exception_is_two_tracebacks(tmp_path):
+    inner = TRACEBACK.format(r=1)
+    outer = ("[rank1]: \n[rank1]: During handling of the above exception, another exception "
+             "occurred:\n[rank1]: \n[rank1]: Traceback (most recent call last):\n"
+             '[rank1]:   File "/job/train.py", line 90, in <module>\n'
+             "[rank1]:     raise SystemExit(1)\n[rank1]: ValueError: cleanup failed\n")
+    log = tmp_path / "job.log"
+    log.write_text(inner + outer)
+    tbs = scan([log]).tracebacks
+    assert [t.exception.split(":")[0] for t in tbs] == [
+        "torch.distributed.DistBackendError", "ValueError"]
+    assert [len(t.frames) for t in tbs] == [3, 1] and {t.rank for t in tbs} == {1}

@@ -75,9 +75,9 @@ class PyTraceback:
     rank: int | None
     ts: float | None
     frames: list[Frame] = field(default_factory=list)
+    #: The exception line. A chained exception ("During handling of the above
+    #: exception ...") prints a traceback of its own: it is a PyTraceback of its own.
     exception: str = ""
-    #: Exceptions earlier in the chain ("During handling of ...").
-    causes: list[str] = field(default_factory=list)
     end_line: int = 0
 
     @property
@@ -230,7 +230,7 @@ def parse_ts(text: str, year: int) -> float | None:
 
 # -- inputs ----------------------------------------------------------------------------
 
-def _is_fr_dump(head: bytes, path: str) -> bool:
+def _is_fr_dump(head: bytes) -> bool:
     return len(head) > 2 and head[0] == 0x80 and 2 <= head[1] <= 5
 
 
@@ -306,14 +306,13 @@ def _open(path: Path) -> tuple[BinaryIO, bytes]:
 # -- the scan ---------------------------------------------------------------------------
 
 class _OpenTb:
-    __slots__ = ("tb", "since", "chained")
+    __slots__ = ("tb", "since")
 
     def __init__(self, tb: PyTraceback, since: int) -> None:
-        self.tb, self.since, self.chained = tb, since, False
+        self.tb, self.since = tb, since
 
 
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+), in (?P<func>.+?)\s*$')
-_CHAIN = ("During handling of the above exception", "The above exception was the direct cause")
 
 
 class Scanner:
@@ -339,7 +338,7 @@ class Scanner:
             self.r.skipped.append((name, str(e)))
             return
         with f:
-            if _is_fr_dump(sniff, name):
+            if _is_fr_dump(sniff):
                 self.r.fr_dumps.append(name)
                 return
             if b"\x00" in sniff:
@@ -472,19 +471,11 @@ class _FileScan:
             fm = _FRAME.match(body)
             if fm:
                 ot.tb.frames.append(Frame(fm.group("func"), fm.group("file"), int(fm.group("line"))))
-                ot.chained = False
                 return
             if not stripped or body[:1].isspace():
                 return
-            if stripped.startswith(_CHAIN):
-                ot.chained = True
-                return
-            if stripped.startswith("Traceback (most recent call last)"):
-                if ot.chained or not ot.tb.frames:
-                    ot.tb.causes.append(ot.tb.exception or "?")
-                    ot.since = line_no
-                    return
-            elif ot.tb.frames and not ot.chained:
+            # A new "Traceback" line is the TRACEBACK event's to handle (below).
+            if not stripped.startswith("Traceback (most recent call last)") and ot.tb.frames:
                 self._finish(rank, stripped, line_no)
                 # The exception line is evidence too (OOM, timeouts, NCCL errors).
                 if self.m.signs_in(raw):
@@ -498,8 +489,6 @@ class _FileScan:
         if ot is None:
             return
         tb = ot.tb
-        if tb.exception and exception:
-            tb.causes.append(tb.exception)
         tb.exception = exception[:MAX_TEXT]
         tb.end_line = line_no
         self.r.tracebacks.append(tb)
@@ -539,11 +528,8 @@ class _FileScan:
         ev = sign.event
         if ev is Event.TRACEBACK:
             if rank in self.open:
-                ot = self.open[rank]
-                if ot.chained or not ot.tb.frames:
-                    ot.tb.causes.append(ot.tb.exception or "?")
-                    ot.chained = False
-                    return
+                if not self.open[rank].tb.frames:
+                    return  # the same header twice: keep the open one
                 self._finish(rank, "(traceback truncated)", line_no)
             self.open[rank] = _OpenTb(PyTraceback(self.name, line_no, rank, ts), line_no)
             return
