@@ -15,8 +15,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from ncclwatch import flightrec
 from ncclwatch.diagnose.logscan import LogInputError, ScanResult, scan
-from ncclwatch.diagnose.verdict import CLASS_BY_ID, decide, gather_facts, root_cause, timeline
+from ncclwatch.diagnose.verdict import (CLASS_BY_ID, decide, gather_facts, root_cause, timeline,
+                                        timeout_seconds)
 from ncclwatch.model import rank_ranges
 from ncclwatch.remediation import RootCause
 
@@ -51,10 +53,9 @@ class Diagnosis:
         }
 
 
-def _flight_recorder(result: ScanResult) -> tuple[Any, dict | None]:
+def _flight_recorder(result: ScanResult) -> tuple[flightrec.FrAnalysis | None, dict | None]:
     if not result.fr_dumps:
         return None, None
-    from ncclwatch import flightrec
     dumps = []
     for path in result.fr_dumps:
         try:
@@ -73,7 +74,6 @@ def diagnose(paths: Iterable[str | os.PathLike]) -> Diagnosis:
     fr, fr_json = _flight_recorder(result)
     facts = gather_facts(result, fr)
     finding = decide(facts)
-    from ncclwatch.diagnose.verdict import _timeout_s
     inputs = {"files": result.files, "flight_recorder_dumps": result.fr_dumps,
               "skipped": [{"path": p, "why": w} for p, w in result.skipped],
               "bytes": result.bytes_read, "lines": result.lines_read,
@@ -82,4 +82,4 @@ def diagnose(paths: Iterable[str | os.PathLike]) -> Diagnosis:
     return Diagnosis(finding.cls, CLASS_BY_ID[finding.cls].title, finding.summary,
                      finding.initiating, finding.collateral, root_cause(finding),
                      finding.evidence, finding.notes, timeline(facts, finding),
-                     _timeout_s(facts), fr_json, inputs)
+                     timeout_seconds(facts), fr_json, inputs)

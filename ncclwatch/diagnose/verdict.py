@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import bisect
 import re
+import signal
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
 from ncclwatch.diagnose.logscan import Evidence, FailureEntry, PyTraceback, ScanResult
-from ncclwatch.diagnose.logsigns import (NETWORK_EXCEPTIONS, PEER_EXCEPTIONS, SIGNAL_MEANING, TEARDOWN_EXCEPTIONS,
-                                         TIMEOUT_EXCEPTIONS, Event)
+from ncclwatch.diagnose.logsigns import (NETWORK_EXCEPTIONS, PEER_EXCEPTIONS, SIGNAL_MEANING,
+                                         TEARDOWN_EXCEPTIONS, TIMEOUT_EXCEPTIONS, Event)
+from ncclwatch.flightrec import FrAnalysis
 from ncclwatch.model import CHECKPOINT_STATES, CollectiveOp, RankState, rank_ranges
 from ncclwatch.remediation import ALL_BY_ID, RootCause
 from ncclwatch.signatures import classify
@@ -75,9 +77,6 @@ class RankFacts:
 
     def timeout_tracebacks(self) -> list[PyTraceback]:
         return [t for t in self.tracebacks if exception_kind(t) == "timeout"]
-
-    def error_tracebacks(self) -> list[PyTraceback]:
-        return [t for t in self.tracebacks if exception_kind(t) in ("error", "oom")]
 
     @property
     def waited(self) -> bool:
@@ -165,8 +164,8 @@ class Facts:
     scan: ScanResult
     ranks: dict[int, RankFacts]
     world: list[int]
-    #: Flight Recorder analysis (flightrec.FrAnalysis) when dumps were given.
-    fr: object | None = None
+    #: The Flight Recorder analysis when dumps were given.
+    fr: FrAnalysis | None = None
     unattributed: list[Evidence] = field(default_factory=list)
     by_line: _ByLine = field(default_factory=lambda: _ByLine(()))
 
@@ -194,7 +193,8 @@ class Facts:
         return sorted(out, key=_order)
 
 
-def _order(e: Evidence) -> tuple:
+def _order(e: Evidence | PyTraceback) -> tuple:
+    """Time order where lines have times, else file order (timeless sort last)."""
     return (e.ts is None, e.ts or 0.0, e.file, e.line)
 
 
@@ -207,7 +207,7 @@ def _rank_after(by_line: _ByLine, tb: PyTraceback, within: int = 3) -> int | Non
     return None
 
 
-def gather_facts(scan: ScanResult, fr: object | None = None) -> Facts:
+def gather_facts(scan: ScanResult, fr: FrAnalysis | None = None) -> Facts:
     f = Facts(scan, {}, [], fr, by_line=_ByLine(scan.evidence))
     slots = {Event.TIMEOUT: "timeouts", Event.PROGRESS: "progress", Event.OOM: "oom",
              Event.NETWORK: "network", Event.PEER_CLOSED: "peer_closed",
@@ -254,9 +254,8 @@ def gather_facts(scan: ScanResult, fr: object | None = None) -> Facts:
     if scan.world_sizes:
         world |= set(range(max(scan.world_sizes)))
     if fr is not None:
-        for r in getattr(fr, "progress", {}) or {}:
-            world.add(int(r))
-        for stuck in getattr(fr, "stuck", []) or []:
+        world |= {int(r) for r in fr.progress}
+        for stuck in fr.stuck:
             world |= set(stuck.waiting_ranks) | set(stuck.missing_ranks)
     f.world = sorted(world)
     return f
@@ -295,9 +294,11 @@ def _op_of(e: Evidence) -> str:
     return ""
 
 
-def _timeout_s(facts: Facts) -> float | None:
+def timeout_seconds(facts: Facts) -> float | None:
+    """The process-group timeout: the Flight Recorder's, else the watchdog's, else
+    monitored_barrier's."""
     fr = facts.fr
-    if fr is not None and getattr(fr, "timeout_ms", None):
+    if fr is not None and fr.timeout_ms:
         return fr.timeout_ms / 1000.0
     for rf in facts.ranks.values():
         for e in rf.timeouts:
@@ -322,9 +323,8 @@ def _waited_op(facts: Facts, ranks: Iterable[int]) -> str:
         if op is not CollectiveOp.NONE and rf.timeout_tracebacks():
             ops[op.value] += 1
     if not ops:
-        stuck = getattr(facts.fr, "stuck", None) or []
-        if stuck:
-            return stuck[0].op
+        if facts.fr is not None and facts.fr.stuck:
+            return facts.fr.stuck[0].op
         return "a collective"
     return ops.most_common(1)[0][0]
 
@@ -346,12 +346,9 @@ def _missing(facts: Facts) -> tuple[list[int], list[tuple[str, str]], str]:
     """The ranks the waiting ranks waited for, the evidence, and how it was found."""
     fr = facts.fr
     if fr is not None:
-        try:
-            missing = list(fr.missing_ranks())
-        except Exception:  # noqa: BLE001 - an odd dump must not hide the logs' verdict
-            missing = []
+        missing = fr.missing_ranks()
         if missing:
-            st = fr.stuck[0] if getattr(fr, "stuck", None) else None
+            st = fr.stuck[0] if fr.stuck else None
             why = (f"Flight Recorder: rank(s) {rank_ranges(missing)} never started "
                    f"{st.op} #{st.seq} of process group {st.pg_name or st.pg_id}"
                    if st else "Flight Recorder: missing ranks")
@@ -405,12 +402,12 @@ def _fr_where(facts: Facts) -> str:
     return f"{stem}*" if len(paths) > 1 else paths[0]
 
 
-def _fr_lagging(fr) -> tuple[str, int, list[int]] | None:
+def _fr_lagging(fr: FrAnalysis) -> tuple[str, int, list[int]] | None:
     """Ranks whose last enqueued collective lags the rest of their group. gloo marks a
     timed-out collective completed, so a dump taken after the timeout shows no stuck
     collective; the sequence ids still show who never enqueued it."""
     by_pg: dict[str, dict[int, int]] = {}
-    for r, pgs in (getattr(fr, "progress", {}) or {}).items():
+    for r, pgs in fr.progress.items():
         for p in pgs:
             by_pg.setdefault(p.pg_desc or p.pg_name, {})[int(r)] = p.last_enqueued
     for pg, enq in sorted(by_pg.items()):
@@ -430,9 +427,8 @@ def _sig_of(rf: RankFacts) -> str:
     if fe.signame:
         return fe.signame
     if fe.exitcode is not None and fe.exitcode < 0:
-        import signal as _signal
         try:
-            return _signal.Signals(-fe.exitcode).name
+            return signal.Signals(-fe.exitcode).name
         except ValueError:
             return ""
     return ""
@@ -453,7 +449,6 @@ def _oom_killed(facts: Facts, rf: RankFacts) -> Evidence | None:
 def rule_gather_oom(facts: Facts) -> Finding | None:
     hits: list[int] = []
     ev: list[tuple[str, str]] = []
-    crash_oom: list[int] = []
     for r, rf in sorted(facts.ranks.items()):
         oom = list(rf.oom)
         killed = _oom_killed(facts, rf)
@@ -469,8 +464,8 @@ def rule_gather_oom(facts: Facts) -> Finding | None:
         during = state in CHECKPOINT_STATES or ckpt is not None
         for t in oom_tbs:
             during = during or classify(t.innermost_first()).state in CHECKPOINT_STATES
-        (hits if during else crash_oom).append(r)
-        if during:
+        if during:  # an OOM elsewhere is rule_crash's
+            hits.append(r)
             where = (oom_tbs[0].where if oom_tbs else oom[0].where)
             text = (oom_tbs[0].exception if oom_tbs else oom[0].text)
             ev.append((where, f"rank {r} out of memory: {text[:200]}"))
@@ -503,7 +498,7 @@ def rule_desync(facts: Facts) -> Finding | None:
     for e in facts.all_evidence(Event.MISMATCH)[:3]:
         ev.append((e.where, e.text[:300]))
     fr = facts.fr
-    if not ops and fr is not None and getattr(fr, "mismatches", None):
+    if not ops and fr is not None and fr.mismatches:
         mm = fr.mismatches[0]
         ops = {int(r): f"{v[0]} {[list(x) for x in v[1]]}" for r, v in mm.ops.items()}
         ev.append((_fr_where(facts), f"collective #{mm.seq} of process group "
@@ -584,8 +579,7 @@ def rule_network(facts: Facts) -> Finding | None:
     for r, rf in facts.ranks.items():
         for tb in rf.tracebacks:
             if exception_kind(tb) == "network":
-                items.append((False, (tb.ts is None, tb.ts or 0.0, tb.file, tb.line), r,
-                              tb.where, tb.exception))
+                items.append((False, _order(tb), r, tb.where, tb.exception))
     peers = [(r, tb) for r, rf in facts.ranks.items() for tb in rf.tracebacks
              if exception_kind(tb) == "peer"]
     if not items:
@@ -623,11 +617,10 @@ def _crashes(facts: Facts) -> list[tuple[tuple, int, str, str]]:
     out = []
     watchdog = any(rf.aborted or rf.timeouts for rf in facts.ranks.values())
     for r, rf in facts.ranks.items():
-        for tb in rf.error_tracebacks():
-            if exception_kind(tb) == "oom":
+        for tb in rf.tracebacks:
+            if exception_kind(tb) != "error":
                 continue
-            out.append(((tb.ts is None, tb.ts or 0.0, tb.file, tb.line), r, tb.where,
-                        f"rank {r} raised {tb.exception[:200]}"))
+            out.append((_order(tb), r, tb.where, f"rank {r} raised {tb.exception[:200]}"))
             break
         else:
             sig = _sig_of(rf)
@@ -689,12 +682,10 @@ def rule_stall(facts: Facts) -> Finding | None:
             ckpt.append((r, tb.where, f"rank {r}'s last traceback is in {state.value}"))
         elif line is not None:
             ckpt.append((r, line.where, f"rank {r} was checkpointing: {line.text[:160]}"))
-        elif r == 0 and facts.unattributed_checkpointing() is not None:
-            line = facts.unattributed_checkpointing()
-            assert line is not None
+        elif r == 0 and (line := facts.unattributed_checkpointing()) is not None:
             ckpt.append((r, line.where, "the main process (rank 0: trainers log from it "
                          f"alone) was checkpointing: {line.text[:160]}"))
-    timeout = _timeout_s(facts)
+    timeout = timeout_seconds(facts)
     tmo = f"{timeout:g} s" if timeout else "process-group"
     if how == "did_not_time_out":
         how_text = "every other rank timed out waiting; these did not"
@@ -780,8 +771,7 @@ def timeline(facts: Facts, finding: Finding, limit: int = 40) -> list[dict]:
         for e in firsts:
             add(_order(e), r, e.where, e.text)
         for tb in rf.tracebacks[:1] + rf.tracebacks[-1:] if rf.tracebacks else []:
-            add((tb.ts is None, tb.ts or 0.0, tb.file, tb.line), r, tb.where,
-                f"traceback ending in {tb.exception}")
+            add(_order(tb), r, tb.where, f"traceback ending in {tb.exception}")
     for e in facts.all_evidence(Event.MISSING_RANKS)[:3] + facts.all_evidence(Event.MISMATCH)[:3] \
             + facts.all_evidence(Event.HEARTBEAT)[:2] + facts.all_evidence(Event.FR_DUMP)[:2]:
         add(_order(e), e.rank, e.where, e.text)
