@@ -191,3 +191,22 @@ def test_probe_times_out_when_no_dump_appears(tmp_path):
     finally:
         stop.set()
         os.close(fd)
+
+
+def test_probe_of_an_exited_rank_never_writes_this_hosts_pipe(tmp_path):
+    """The pipe path is reached through the rank's /proc entry: once the rank is gone,
+    a FIFO of the same name in the agent's own view is not written."""
+    import subprocess
+    import sys
+    fifo = tmp_path / "pipe_0.pipe"
+    os.mkfifo(fifo)
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # someone else's live reader
+    try:
+        gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, check=True)
+        proc = _proc(tmp_path, 0)
+        proc = RankProcess(int(gone.stdout), 0.0, proc.identity, proc.env)
+        assert FlightRecorderProbe().request([proc]) == 0
+        assert os.read(fd, 128) == b""  # nothing was written (no writer: end of file)
+    finally:
+        os.close(fd)

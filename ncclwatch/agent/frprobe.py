@@ -37,10 +37,12 @@ MIN_INTERVAL = 20.0
 
 
 def _in_ns(pid: int, path: str) -> str:
-    """The path as the rank sees it, reached from here."""
-    base = f"/proc/{pid}/root" if os.path.isabs(path) else f"/proc/{pid}/cwd"
-    full = base + ("" if path.startswith("/") else "/") + path
-    return full if os.path.exists(f"/proc/{pid}") else path
+    """The path as the rank sees it, reached from here. A rank that has exited has no
+    /proc entry: the path then does not exist (no fallback to this agent's own view,
+    where the same name may be another process's pipe)."""
+    if os.path.isabs(path):
+        return f"/proc/{pid}/root{path}"
+    return f"/proc/{pid}/cwd/{path}"
 
 
 def _env_with_home(proc: RankProcess) -> dict[str, str]:
