@@ -5,12 +5,8 @@ from __future__ import annotations
 import datetime as _dt
 
 from ncclwatch.diagnose import Diagnosis
+from ncclwatch.diagnose.verdict import who
 from ncclwatch.model import rank_ranges
-
-
-def _who(ranks: list[int]) -> str:
-    ranks = sorted(ranks)
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {rank_ranges(ranks)}"
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -54,7 +50,7 @@ def text(d: Diagnosis) -> str:
                                                           key=lambda kv: (kv[0][0], min(kv[1]))):
             pend = f", pending {op} #{done + 1}" if op else ""
             st = f", started #{started}" if started >= 0 else ""
-            lines.append(f"  {_who(ranks)}: {pg}: last enqueued #{enq}{st}, completed "
+            lines.append(f"  {who(ranks)}: {pg}: last enqueued #{enq}{st}, completed "
                          f"#{done}{pend}")
         for s in fr.get("stuck", [])[:4]:
             lines.append(f"  pg {s.get('pg_name') or s.get('pg_id')}: {s.get('op')} "

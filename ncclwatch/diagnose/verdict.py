@@ -277,7 +277,7 @@ Rule = Callable[[Facts], "Finding | None"]
 
 # -- helpers -------------------------------------------------------------------------------
 
-def _who(ranks: Sequence[int], one: str = "", many: str = "") -> str:
+def who(ranks: Sequence[int], one: str = "", many: str = "") -> str:
     """'rank 0 was' / 'ranks 1-3 were' (verb optional)."""
     ranks = sorted(ranks)
     if len(ranks) == 1:
@@ -357,7 +357,7 @@ def _missing(facts: Facts) -> tuple[list[int], list[tuple[str, str]], str]:
         if lag:
             pg, top, ranks = lag
             return ranks, [(_fr_where(facts),
-                            f"Flight Recorder: {_who(ranks)} last enqueued collective "
+                            f"Flight Recorder: {who(ranks)} last enqueued collective "
                             f"#{top - 1} or earlier of process group {pg}, the others #{top}")], \
                 "flight_recorder"
     named: set[int] = set()
@@ -478,7 +478,7 @@ def rule_gather_oom(facts: Facts) -> Finding | None:
         return None
     collateral = [r for r in facts.world if r not in hits]
     return Finding("gather_oom", hits, collateral, "gather_out_of_memory",
-                   f"{_who(hits)} ran out of memory while gathering or saving "
+                   f"{who(hits)} ran out of memory while gathering or saving "
                    f"the checkpoint; the other ranks only waited for them.", ev)
 
 
@@ -544,7 +544,7 @@ def rule_desync(facts: Facts) -> Finding | None:
     collateral = [r for r in facts.world if r not in odd]
     desc = ", ".join(f"rank {r} {o}" for r, o in sorted(ops.items()))
     return Finding("desync", odd, collateral, "collective_order_mismatch",
-                   f"ranks issued different collectives ({desc}); {_who(odd)} "
+                   f"ranks issued different collectives ({desc}); {who(odd)} "
                    f"left the common order.", ev)
 
 
@@ -590,7 +590,7 @@ def rule_network(facts: Facts) -> Finding | None:
             ev = [(tb.where, f"rank {r}: {tb.exception[:200]}") for r, tb in peers[:4]]
             reporting = sorted({r for r, _tb in peers})
             return Finding("network_error", reporting, [], "nccl_network_error",
-                           f"{_who(reporting)} lost connections to peers that did not "
+                           f"{who(reporting)} lost connections to peers that did not "
                            "crash; gloo's messages name only ip:port, so which link failed "
                            "is not in the logs: every reporting rank counts as initiating.",
                            ev)
@@ -608,7 +608,7 @@ def rule_network(facts: Facts) -> Finding | None:
     collateral = [r for r in facts.world if r not in initiating]
     return Finding("network_error", initiating, collateral, "nccl_network_error",
                    f"the first transport error came from "
-                   f"{_who(initiating) if initiating else 'an unknown rank'}: {lead[4][:160]}",
+                   f"{who(initiating) if initiating else 'an unknown rank'}: {lead[4][:160]}",
                    ev)
 
 
@@ -696,7 +696,7 @@ def rule_stall(facts: Facts) -> Finding | None:
         culprits = sorted({r for r, _w, _y in ckpt})
         return Finding(
             "checkpoint_gather_timeout", culprits, waiting, "save_overruns_watchdog",
-            f"{_who(culprits, 'was', 'were')} gathering/saving the checkpoint while "
+            f"{who(culprits, 'was', 'were')} gathering/saving the checkpoint while "
             f"{len(waiting)} rank(s) waited in {op} until the {tmo} timeout "
             f"({how_text}).", ev)
     notes = []
@@ -705,7 +705,7 @@ def rule_stall(facts: Facts) -> Finding | None:
         if rf is not None and rf.activity()[0] is not RankState.UNKNOWN:
             notes.append(f"rank {r}'s last traceback: {rf.activity()[0].value}")
     return Finding("collective_hang", missing, waiting, "rank_never_joined",
-                   f"{_who(missing)} never joined {op}; {len(waiting)} rank(s) "
+                   f"{who(missing)} never joined {op}; {len(waiting)} rank(s) "
                    f"waited in it until the {tmo} timeout ({how_text}).", ev, notes)
 
 
