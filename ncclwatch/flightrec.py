@@ -817,7 +817,7 @@ class FrAnalysis:
         }
 
 
-def _is_default(name: str, desc: str) -> bool:
+def is_default_group(name: str, desc: str) -> bool:
     return desc == "default_pg" or name == "0"
 
 
@@ -870,7 +870,7 @@ def analyze_progress(progress: Mapping[int, Sequence[PgProgress]], *,
         for p in per_rank.values():
             members.update(p.ranks)
         known = bool(members)
-        if _is_default(name, desc):
+        if is_default_group(name, desc):
             if world_size:
                 members.update(range(world_size))
                 known = True
@@ -879,7 +879,7 @@ def analyze_progress(progress: Mapping[int, Sequence[PgProgress]], *,
             members = set(per_rank)
         unreported = sorted(members - reporting) if known else []
         unreported_all.update(unreported)
-        if _is_default(name, desc):
+        if is_default_group(name, desc):
             ts = [p.timeout_ms for p in per_rank.values() if p.timeout_ms is not None]
             if ts:
                 default_timeout = min(ts)

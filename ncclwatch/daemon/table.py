@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ncclwatch.envlint import EnvWarning, lint
+from ncclwatch.flightrec import is_default_group
 from ncclwatch.model import CollectiveOp, RankState
 from ncclwatch.stacks import Frame, Stack
 from ncclwatch.v1 import collector_pb2 as pb
@@ -388,7 +389,7 @@ class JobTable:
                 fr = s.flight_recorder
                 job.flight_recorder[rank] = (recv - fr.dump_age_seconds, fr)
                 for g in fr.groups:
-                    if g.pending_timeout_ms and (g.pg_desc == "default_pg" or g.pg_name == "0"
+                    if g.pending_timeout_ms and (is_default_group(g.pg_name, g.pg_desc)
                                                  or not job.fr_timeout):
                         job.fr_timeout = g.pending_timeout_ms / 1000.0
             if s.HasField("job"):
