@@ -59,10 +59,16 @@ JOB_ID_SOURCES: tuple[tuple[str, Callable[[Mapping[str, str], str], str | None]]
     ("master", _master),
 )
 
-#: (rank, world size, local rank) variable names per launcher, in order.
+#: (rank, world size, local rank) variable names per launcher, in order of
+#: precedence: torch's own variables win (torchrun under srun or mpirun sets
+#: RANK for its workers, which also inherit the outer launcher's variables),
+#: then the MPI launchers, then Slurm's task ids (``srun python train.py``
+#: where the script maps SLURM_PROCID to its rank, as Lightning and submitit do).
 RANK_VARIABLES: tuple[tuple[str, str, str], ...] = (
     ("RANK", "WORLD_SIZE", "LOCAL_RANK"),
     ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+    ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),                # MPICH / Intel MPI (hydra)
+    ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),          # srun
 )
 
 MAX_JOB_ID_LEN = 128
