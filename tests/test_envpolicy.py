@@ -1,7 +1,7 @@
 """Only allowlisted variables leave the node, and credentials never do."""
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import assume, given, strategies as st
 
 from ncclwatch.envpolicy import REDACTED, filter_env, is_allowed, redact_value
 from ncclwatch.jobid import identify
@@ -98,3 +98,107 @@ def test_job_id_from_a_credentialed_rendezvous_is_redacted_and_still_shared() ->
 ])
 def test_not_a_rank(env) -> None:
     assert identify(env, "n") is None
+
+
+# -- structural redaction: URL data and embedded random runs ---------------------------------
+
+import base64
+import os
+import random
+import string
+
+from ncclwatch.envpolicy import looks_random, redact_patterns
+
+_KEY = st.text(string.ascii_letters + "_", min_size=1, max_size=8)
+_QVALUE = st.text(string.ascii_letters + string.digits + "%+-._~/:", min_size=1, max_size=40)
+#: Tokens as services issue them: random bytes in base64, base64url or hex.
+_TOKEN = st.tuples(st.binary(min_size=15, max_size=48),
+                   st.sampled_from([base64.b64encode, base64.urlsafe_b64encode,
+                                    lambda b: b.hex().encode()])).map(lambda t: t[1](t[0]).decode())
+#: Where a value may hide a token, set off by characters no token has: paths, lists,
+#: URLs, pairs. (A token glued to a name by '_' is the token patterns' case, above.)
+_CONTEXT = st.sampled_from([
+    "{}", "/mnt/ckpt/{}/model.pt", "s3://bucket/{}/x", "/tmp/fr/{}", "{},eth0", "host=x;id={}",
+    "https://h.example/p/{}", "a:{}", "{}@store:2379", "NCCL {} INFO",
+])
+#: Words as the rule knows them (a quarter vowels). Names of consonant clusters
+#: and acronyms glued to other pieces (``scratch12000/GPT2024``) can read as
+#: tokens and be redacted: the rule errs that way (README "Security").
+_WORDS = st.sampled_from(["checkpoints", "experiments", "train", "model", "trace", "Llama",
+                          "ImageNet", "users", "debug", "rank", "Medium", "final", "eval",
+                          "logs", "data", "lustre", "Megatron", "Qwen", "Instruct"])
+
+
+@given(st.text(string.ascii_letters, min_size=1, max_size=12),
+       st.lists(st.tuples(_KEY, _QVALUE), min_size=1, max_size=5),
+       st.sampled_from(["https://acct.blob.core.windows.net/c/nccl.log", "s3://b/k", "/tmp/f", ""]))
+def test_every_query_string_value_is_dropped(marker, pairs, base) -> None:
+    values = [f"Q{marker}{i}{v}" for i, (_, v) in enumerate(pairs)]
+    url = base + "?" + "&".join(f"{k}={v}" for (k, _), v in zip(pairs, values))
+    out = redact_value(url)
+    for v in values:
+        assert v not in out
+    for k, _ in pairs:
+        assert f"{k}={REDACTED}" in out          # the key still says what it was
+
+
+@given(st.text(string.ascii_letters + string.digits + "-_.~%=&", min_size=1, max_size=40))
+def test_url_fragments_are_dropped(fragment) -> None:
+    for url in (f"https://h/p#{fragment}", f"s3://b/k?x=1#{fragment}"):
+        out = redact_value(url)
+        assert out.endswith("#" + REDACTED), out
+
+
+@given(_TOKEN, _CONTEXT)
+def test_a_random_run_is_redacted_wherever_it_sits(token, context) -> None:
+    """Judged random on its own: embedded in any value, it never leaves."""
+    assume(looks_random(token))
+    out = redact_value(context.format(token))
+    assert token not in out and REDACTED in out
+
+
+def test_real_random_tokens_are_judged_random() -> None:
+    """base64/base64url/hex of 18-48 random bytes: what API keys and SAS signatures are."""
+    rng = random.Random(1234)
+    encoders = (base64.b64encode, base64.urlsafe_b64encode, lambda b: b.hex().encode())
+    missed = 0
+    for i in range(6000):
+        raw = bytes(rng.getrandbits(8) for _ in range(rng.randint(18, 48)))
+        token = encoders[i % 3](raw).decode()
+        out = redact_value(f"/scratch/run/{token}/nccl.log")
+        missed += token in out
+    # The shape heuristic misses ~0.5% of short base64 tokens that happen to
+    # spell words; the token patterns and the name rule do not depend on it.
+    assert missed / 6000 < 0.01, f"{missed} random tokens kept"
+
+
+@given(st.lists(st.tuples(_WORDS, st.sampled_from(["", "_", "-", "2024", "0", "12000"])),
+                min_size=1, max_size=6))
+def test_paths_made_of_words_stay_readable(parts) -> None:
+    path = "/" + "/".join(w + s for w, s in parts) + "/model-00001-of-00004.safetensors"
+    assert redact_value(path) == path
+
+
+@given(st.text(max_size=80))
+def test_redaction_is_idempotent_and_never_longer_than_needed(value) -> None:
+    once = redact_value(value)
+    assert redact_value(once) == once
+
+
+def test_job_ids_lose_url_data_but_keep_random_looking_run_ids() -> None:
+    assert redact_patterns("etcd://h:2379/run?token=Ab9&sig=Zz1") == \
+        f"etcd://h:2379/run?token={REDACTED}&sig={REDACTED}"
+    run_id = "Xk3jQ9vLm2Np8Rt5Wz7Yb4Hc6Df1Gs0A"
+    assert redact_patterns(run_id) == run_id and redact_value(run_id) == REDACTED
+
+
+@pytest.mark.parametrize("value,secret", [
+    ("https://acct.blob.core.windows.net/logs/nccl.log?sv=2021-08-06&sig=Hx8f3K2LmQ9pR%2F", "Hx8f3K2"),
+    ("/mnt/checkpoints/experiments/Hx8f3K2LmQ9pR7vT1wYzA4bC6dE0gFiJ/model.pt", "Hx8f3K2LmQ9p"),
+    ("/tmp/run-0123456789abcdef0123456789abcdef01234567/nccl.log", "0123456789abcdef0123"),
+    ("gs://b/o?X-Goog-Signature=9f8e7d6c5b4a39281706f5e4d3c2b1a0", "9f8e7d6c5b4a"),
+    ("wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "bPxRfiCYEXAMPLEKEY"),
+])
+def test_embedded_credentials_are_redacted(value, secret) -> None:
+    out = redact_value(value)
+    assert secret not in out and REDACTED in out

@@ -30,11 +30,17 @@ SECRETS = {
     "NCCL_IB_QUERY": "hca=mlx5_0&password=Hunter2Hunter2&x=1",
     "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/tmp/fr_ghp_abcdefghijklmnopqrstuvwxyz0123",
     "MASTER_ADDR": "trainer:MasterPw9876@10.0.0.7",
+    # Data inside URLs and values: an Azure SAS query, a fragment, a bare random run.
+    "NCCL_DEBUG_FILE": "https://acct.blob.core.windows.net/logs/nccl.%h.%p?sv=2022-11-02"
+                       "&se=2026-12-31&sp=cw&sig=Xq7PzR2mK9vLw3NbT8yHc4Jd6Fg1Se5Ua0Oi%3D#Tk9frag",
+    "TORCH_FR_DUMP_TEMP_FILE": "/scratch/fr/Qm9vYmFyQmF6UXV4NzEyMzQ1Njc4OTBh/trace_",
 }
 #: The parts that must never appear anywhere (a value may keep its harmless rest).
 NEEDLES = ["AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI", "hf_abcdefghijklmnop",
            "0123456789abcdef0123456789abcdef01234567", "plain-secret-under-an-allowed-prefix",
-           "S3cr3tPassw0rd", "Hunter2Hunter2", "ghp_abcdefghijklmnop", "MasterPw9876"]
+           "S3cr3tPassw0rd", "Hunter2Hunter2", "ghp_abcdefghijklmnop", "MasterPw9876",
+           "Xq7PzR2mK9vLw3NbT8yHc4Jd6Fg1Se5Ua0Oi", "2026-12-31", "Tk9frag",
+           "Qm9vYmFyQmF6UXV4NzEyMzQ1Njc4OTBh"]
 
 
 class RecordingProxy:
@@ -108,6 +114,8 @@ def test_no_secret_leaves_the_node(tmp_path) -> None:
         # The harmless parts do arrive: the test would notice a broken pipe.
         assert "store.internal:2379" in surfaces["/api/v1/jobs"]
         assert "mlx5_0" in surfaces["/api/v1/jobs"]
+        assert "acct.blob.core.windows.net/logs/nccl.%h.%p?sv=" in surfaces["/api/v1/jobs"]
+        assert "/scratch/fr/" in surfaces["/api/v1/jobs"]
     finally:
         for p in reversed(mon.procs):
             p.stop()
