@@ -89,7 +89,8 @@ ROOT_CAUSES: tuple[RootCause, ...] = (
     RootCause(
         "save_within_budget", StallKind.CHECKPOINT_GATHER,
         "A one-rank checkpoint write that fits the budget",
-        "rank {rank} is writing {expected} at {rate}/s: it needs {eta} more and the "
+        "rank {rank} is writing {expected} at {rate}/s (size from the {expected_source}): "
+        "it needs {eta} more and the "
         "watchdog has {remaining} left, so it should finish with {margin} to spare; "
         "{waiting_n} rank(s) wait in {ops}.",
         "Nothing to do now. The pattern does not scale: as the model or the storage "
