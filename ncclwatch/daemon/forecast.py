@@ -130,7 +130,7 @@ def write_rate(rec: RankRecord, path: str, size: int, now: float) -> tuple[float
     seconds that matter. Until then, use what is known: the file's growth from
     the first time the agent saw it to the latest report (a steady writer's
     rate from its second report on). If the file does not grow visibly
-    (a buffered writer), the bytes the process pushed through write().
+    (a buffered writer), the bytes the process pushed through write() since.
     """
     recent = rec.curve.recent()
     same = [p for p in recent if p.file == path]
@@ -139,7 +139,10 @@ def write_rate(rec: RankRecord, path: str, size: int, now: float) -> tuple[float
         return rate, "fit"
     if same and rec.seen - same[0].t >= EARLY_SPAN and size > same[0].file_size:
         return (size - same[0].file_size) / (rec.seen - same[0].t), "since_first_seen"
-    rate = slope(recent, lambda p: p.written, now)
+    # Only points since the file appeared: the seconds before the save (nothing
+    # written) would dilute the rate and make the save look longer than it is.
+    since = [p for p in recent if p.t >= same[0].t] if same else recent
+    rate = slope(since, lambda p: p.written, now)
     if rate is not None and rate > 0:
         return rate, "write_calls"
     return 0.0, ""
