@@ -111,9 +111,11 @@ def test_first_checkpoint_within_budget_is_never_at_risk() -> None:
 def test_status_and_api_name_the_size_source() -> None:
     for t, d, inc in _run(10, rate=0.5 * MB, total=64 * MB, header=True):
         pass
+    from ncclwatch.daemon import page
     from ncclwatch.daemon.api import jobs_view
     view = jobs_view(d, now=1009.0)
     text = render(view)
-    assert "size from the torch.save header" in text, text
+    assert "64.0 MiB (size from the torch.save header)" in text, text
+    assert "64.0 MiB (size from the torch.save header)" in page.render(view)
     ck = view["jobs"][0]["stalls"][0]["forecast"]["checkpoint"]
     assert ck["expected_source"] == "torch_zip_header"

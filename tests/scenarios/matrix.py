@@ -115,12 +115,12 @@ SCENARIOS: tuple[Scenario, ...] = (
     # -- checkpoint size (issue 13) ----------------------------------------------------
     # First checkpoints: no earlier file beside them, so the size comes from the
     # torch.save header the agent reads as the file is written. 64 MiB at
-    # 0.5 MiB/s (128 s) against a 60 s timeout must be called within 15 s; 16
-    # MiB (32 s) runs past half the budget and must never be called at risk.
+    # 0.5 MiB/s (128 s) against a 60 s timeout must be called within 15 s; 20
+    # MiB (40 s) runs past half the budget and must never be called at risk.
     Scenario("first-ckpt-overrun", _first_ckpt(64), kind="checkpoint_gather", culprits=(0,),
              root_cause="save_overruns_watchdog", at_risk=True, start="save_start",
              forecast_overrun=True, forecast_within=15.0, pg_timeout=60, world=2),
-    Scenario("first-ckpt-in-budget", _first_ckpt(16), kind="checkpoint_gather", culprits=(0,),
+    Scenario("first-ckpt-in-budget", _first_ckpt(20), kind="checkpoint_gather", culprits=(0,),
              root_cause="save_within_budget", at_risk=False, start="save_start",
              pg_timeout=60, world=2),
 )
