@@ -242,6 +242,38 @@ def test_fuzz_safetensors_json(header) -> None:
         assert hs.total_bytes >= 8 + len(body)
 
 
+def _open_for_writing(path: Path, data: bytes) -> int:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.write(fd, data)
+    return fd
+
+
+def test_a_long_header_takes_a_second_bounded_read(tmp_path: Path) -> None:
+    state = {f"layer{i}.weight": torch.zeros(2) for i in range(600)}
+    data = _saved(state, tmp_path / "many.pt")
+    assert 16 * 1024 < zipfile.ZipFile(io.BytesIO(data)).infolist()[0].file_size < MAX_HEAD_BYTES
+    fd = _open_for_writing(tmp_path / "being-written.pt", data)
+    try:
+        reader = SizeReader()
+        e = reader.expected(os.getpid(), fd, str(tmp_path / "being-written.pt"), len(data), [])
+        assert (e.bytes, e.source, reader.reads_total) == (len(data), "torch_zip_header", 2)
+        assert reader.bytes_read_total <= 16 * 1024 + MAX_HEAD_BYTES
+    finally:
+        os.close(fd)
+
+
+def test_a_big_log_file_costs_one_small_read(tmp_path: Path) -> None:
+    fd = _open_for_writing(tmp_path / "train.log", b"step 1 loss 0.5\n" * 100_000)
+    try:
+        reader = SizeReader()
+        for size in (1_000_000, 1_600_000):       # it grows: still not read again
+            e = reader.expected(os.getpid(), fd, str(tmp_path / "train.log"), size, [])
+        assert e.bytes == 0 and "neither" in e.error
+        assert (reader.reads_total, reader.bytes_read_total) == (1, 16 * 1024)
+    finally:
+        os.close(fd)
+
+
 # ------------------------------------------------- a real process writing slowly
 
 _WRITER = textwrap.dedent("""

@@ -12,8 +12,8 @@ Per file open for writing, in order of trust:
 Reads are read-only and bounded: through ``/proc/PID/fd/N`` (the very file
 the rank has open, not whatever its path names now), ``O_RDONLY |
 O_NONBLOCK``, at most ``MAX_HEAD_BYTES`` (``COPY_PROBE`` for a copy), once
-per file and size: a file whose header gave a size or an error is not read
-again, and one still too short is read again only once it has grown, at most
+per file and size (a first 16 KiB, more only if the header goes on): a file
+whose header gave a size or an error is not read again, and one still too short is read again only once it has grown, at most
 ``MAX_READS`` times.
 """
 
@@ -24,10 +24,13 @@ import os
 import stat
 from dataclasses import dataclass
 
-from ncclwatch.ckpthead import MAX_HEAD_BYTES, HeaderError, HeaderIncomplete, expected_size
+from ncclwatch.ckpthead import (MAX_HEAD_BYTES, HeaderError, HeaderIncomplete, HeaderSize,
+                                expected_size)
 
 log = logging.getLogger(__name__)
 
+#: The first read of a file: the format, and the whole header of most checkpoints.
+FIRST_READ = 16 * 1024
 #: Bytes compared between a written file and a candidate copy source.
 COPY_PROBE = 4096
 #: A copy is only matched once this much of it is written (no coincidences).
@@ -65,6 +68,7 @@ class SizeReader:
         self._files: dict[tuple[int, int, str], _State] = {}
         self._copies: dict[tuple[int, int, str, str], bool] = {}
         self.reads_total = 0
+        self.bytes_read_total = 0
 
     def expected(self, pid: int, fd: int, path: str, size: int,
                  readers: list[tuple[int, str, int]]) -> Expected:
@@ -82,12 +86,11 @@ class SizeReader:
         if st.final or size == st.size or size == 0:
             return st.result
         st.size, st.reads = size, st.reads + 1
-        head = self._read(pid, fd, min(size, self._max_head))
-        if head is None:
+        try:
+            hs = self._header(pid, fd, path, size)
+        except OSError:
             st.final, st.result = True, Expected(error="cannot read the file")
             return st.result
-        try:
-            hs = expected_size(head, path)
         except HeaderIncomplete as e:
             if st.reads >= MAX_READS:
                 st.final = True
@@ -106,6 +109,23 @@ class SizeReader:
         for d in (self._files, self._copies):
             for key in [k for k in d if k[0] not in pids]:
                 del d[key]
+
+    def _header(self, pid: int, fd: int, path: str, size: int) -> HeaderSize:
+        """Read a first slice (enough for the format, and most headers), then up
+        to ``max_head`` only if the header goes on: a log file costs one small read."""
+        first = min(size, FIRST_READ)
+        head = self._read(pid, fd, first)
+        if head is None:
+            raise OSError("cannot read")
+        try:
+            return expected_size(head, path)
+        except HeaderIncomplete:
+            if size <= first or len(head) < first:
+                raise
+        head = self._read(pid, fd, min(size, self._max_head))
+        if head is None:
+            raise OSError("cannot read")
+        return expected_size(head, path)
 
     # -- copies ------------------------------------------------------------------
 
@@ -150,7 +170,9 @@ class SizeReader:
             if not stat.S_ISREG(os.fstat(own).st_mode):
                 return None
             self.reads_total += 1
-            return os.pread(own, n, 0)
+            data = os.pread(own, n, 0)
+            self.bytes_read_total += len(data)
+            return data
         except OSError:
             return None
         finally:
