@@ -101,3 +101,15 @@ def rank_ranges(ranks) -> str:
 #: The agent (start estimates, sampling) and the daemon (which waits are
 #: believable) must agree on it.
 QUIET_CPU = 0.05
+
+
+#: Where a checkpoint's expected size came from (forecast ``expected_source``),
+#: in words: "size from the <words>". The first three are the file's own.
+SIZE_SOURCES = {
+    "torch_zip_header": "torch.save header",
+    "safetensors_header": "safetensors header",
+    "copy_source": "file being copied",
+    "file_closed": "closed file",
+    "previous_checkpoint": "previous checkpoint",
+    "gathered_bytes": "memory the rank gathered",
+}

@@ -89,7 +89,8 @@ ROOT_CAUSES: tuple[RootCause, ...] = (
     RootCause(
         "save_within_budget", StallKind.CHECKPOINT_GATHER,
         "A one-rank checkpoint write that fits the budget",
-        "rank {rank} is writing {expected} at {rate}/s: it needs {eta} more and the "
+        "rank {rank} is writing {expected} at {rate}/s (size from the {expected_source}): "
+        "it needs {eta} more and the "
         "watchdog has {remaining} left, so it should finish with {margin} to spare; "
         "{waiting_n} rank(s) wait in {ops}.",
         "Nothing to do now. The pattern does not scale: as the model or the storage "
@@ -108,10 +109,10 @@ ROOT_CAUSES: tuple[RootCause, ...] = (
         _DCP_EXAMPLE),
     RootCause(
         "slow_save", StallKind.CHECKPOINT_GATHER,
-        "A one-rank checkpoint write of unknown size",
-        "rank {rank} has been {activity} for {for_s} ({written} written, {rate}/s; final "
-        "size unknown) while {waiting_n} rank(s) wait in {ops}; the watchdog fires in "
-        "{remaining}.",
+        "A one-rank checkpoint write with no end in sight yet",
+        "rank {rank} has been {activity} for {for_s} ({written} of {expected} written, "
+        "{rate}/s: no end forecast yet) while {waiting_n} rank(s) wait in {ops}; the "
+        "watchdog fires in {remaining}.",
         "Save sharded with torch.distributed.checkpoint so no rank waits for another's "
         "write, or let the waiting ranks wait on a group with a timeout longer than the "
         "save. Keep the previous checkpoint in the same directory so ncclwatch can "

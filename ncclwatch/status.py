@@ -10,7 +10,7 @@ import urllib.request
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from ncclwatch.model import rank_ranges
+from ncclwatch.model import SIZE_SOURCES, rank_ranges
 
 DEFAULT_DAEMON = "http://127.0.0.1:7471"
 
@@ -97,6 +97,12 @@ def render(view: dict[str, Any]) -> str:
             out.append(f"  watchdog: {w['remaining_seconds']:.0f}s of {w['timeout_seconds']:.0f}s "
                        f"left; stalled {s['duration_seconds']:.0f}s")
             ck = (s.get("forecast") or {}).get("checkpoint")
+            if ck:
+                size = (f"{ck['expected_bytes'] / 2**20:.1f} MiB (size from "
+                        f"the {SIZE_SOURCES.get(ck.get('expected_source') or '', 'unknown source')})"
+                        if ck.get("expected_bytes") is not None else "an unknown size")
+                out.append(f"  checkpoint: {ck['written_bytes'] / 2**20:.1f} MiB of {size} written "
+                           f"at {ck['write_bytes_per_second'] / 2**20:.2f} MiB/s")
             if ck and ck.get("eta_seconds") is not None:
                 out.append(f"  forecast: save ends in {ck['eta_seconds']:.0f}s "
                            f"(overrun {ck['overrun_seconds']:+.0f}s vs the watchdog)")

@@ -81,7 +81,11 @@ def sample_pb(t: RankTracker, now: float, gpu: Sequence[GpuProcessMemory],
             num_threads=p.num_threads,
             files_writing=[pb.OpenFile(path=f.path, size_bytes=f.size_bytes,
                                        previous_path=f.previous_path,
-                                       previous_size_bytes=f.previous_size_bytes)
+                                       previous_size_bytes=f.previous_size_bytes,
+                                       expected_size_bytes=f.expected_size_bytes,
+                                       expected_source=f.expected_source,
+                                       copy_source_path=f.copy_source_path,
+                                       header_error=f.header_error[:200])
                            for f in p.files_writing],
             vms_bytes=p.vms_bytes,
             memory_limits=[pb.MemoryLimit(kind=LIMIT_KINDS[m.kind], used_bytes=m.used_bytes,

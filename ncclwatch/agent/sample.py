@@ -2,7 +2,9 @@
 
 One ``oneshot()`` per rank per round: CPU time, RSS, I/O, threads, the
 regular files open for writing (a checkpoint being written shows here, with
-its size and the size of the previous checkpoint beside it), and every memory
+its size, the size it will have once written when its header or the file it
+copies says so (``agent.ckptsize``), and the size of the previous checkpoint
+beside it), and every memory
 bound the process lives under (host, cgroup, RLIMIT_AS), so the daemon can
 forecast an OOM. A process that exits mid-sample yields None, never an
 exception.
@@ -10,6 +12,7 @@ exception.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import resource
@@ -18,9 +21,13 @@ from dataclasses import dataclass
 
 import psutil
 
+from ncclwatch.agent.ckptsize import SizeReader
+
 log = logging.getLogger(__name__)
 
 MAX_FILES = 8
+#: Files open for reading looked at as copy sources (only while writing).
+MAX_READERS = 16
 _WRITE_MODES = frozenset({"w", "a", "r+", "w+", "a+"})
 _SKIP_PREFIXES = ("/dev/", "/proc/", "/sys/")
 #: Directory listings for "the previous checkpoint" are reused this long.
@@ -34,6 +41,11 @@ class OpenFile:
     size_bytes: int
     previous_path: str = ""
     previous_size_bytes: int = 0
+    #: The size once written, from the file's own header or its copy source (0: unknown).
+    expected_size_bytes: int = 0
+    expected_source: str = ""       # torch_zip_header | safetensors_header | copy_source
+    copy_source_path: str = ""
+    header_error: str = ""          # why the header gave no size
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +77,7 @@ class ProcessSampler:
         self._previous: dict[tuple[str, str], tuple[float, str, int]] = {}
         self._cgroup_root = cgroup_root
         self._host_available: tuple[float, int] = (-1e9, 0)
+        self.sizes = SizeReader()
         self.errors_total = 0
 
     def host_available(self) -> int:
@@ -95,7 +108,7 @@ class ProcessSampler:
                     rd, wr = io.read_chars, io.write_chars
                 except (psutil.AccessDenied, AttributeError):
                     rd = wr = 0
-                files = self._with_previous(_files_writing(proc)) if with_files else ()
+                files = self._with_previous(self._files_writing(proc)) if with_files else ()
                 limits = self._limits(proc, mem)
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             self.forget(pid)
@@ -119,6 +132,42 @@ class ProcessSampler:
     def forget(self, pid: int) -> None:
         self._procs.pop(pid, None)
         self._cgroups.pop(pid, None)
+        self.sizes.retain(set(self._procs))
+
+    def _files_writing(self, proc: psutil.Process) -> tuple[OpenFile, ...]:
+        """The files open for writing, biggest first, each with its expected size."""
+        try:
+            handles = proc.open_files()
+        except (psutil.AccessDenied, OSError):
+            return ()
+        writing: list[tuple[int, OpenFile]] = []
+        readers = []
+        for f in handles:
+            if f.fd <= 2 or f.path.startswith(_SKIP_PREFIXES):
+                continue
+            if f.mode not in _WRITE_MODES:
+                readers.append(f)
+                continue
+            try:
+                size = os.stat(f.path).st_size
+            except OSError:
+                continue  # deleted or moved between listing and stat
+            writing.append((f.fd, OpenFile(f.path, size)))
+        # Files open for reading matter only as copy sources of a file written.
+        reading: list[tuple[int, str, int]] = []
+        for f in readers[:MAX_READERS] if writing else ():
+            try:
+                reading.append((f.fd, f.path, os.stat(f.path).st_size))
+            except OSError:
+                continue
+        writing.sort(key=lambda w: -w[1].size_bytes)
+        out = []
+        for fd, f in writing[:MAX_FILES]:
+            e = self.sizes.expected(proc.pid, fd, f.path, f.size_bytes, reading)
+            out.append(OpenFile(f.path, f.size_bytes, expected_size_bytes=e.bytes,
+                                expected_source=e.source, copy_source_path=e.copy_source,
+                                header_error=e.error))
+        return tuple(out)
 
     # -- memory bounds ---------------------------------------------------------
 
@@ -175,25 +224,7 @@ class ProcessSampler:
         _, path, size = cached
         if not path or path == f.path:
             return f
-        return OpenFile(f.path, f.size_bytes, path, size)
-
-
-def _files_writing(proc: psutil.Process) -> tuple[OpenFile, ...]:
-    out = []
-    try:
-        handles = proc.open_files()
-    except (psutil.AccessDenied, OSError):
-        return ()
-    for f in handles:
-        if f.fd <= 2 or f.mode not in _WRITE_MODES or f.path.startswith(_SKIP_PREFIXES):
-            continue
-        try:
-            size = os.stat(f.path).st_size
-        except OSError:
-            continue  # deleted or moved between listing and stat
-        out.append(OpenFile(f.path, size))
-    out.sort(key=lambda f: -f.size_bytes)
-    return tuple(out[:MAX_FILES])
+        return dataclasses.replace(f, previous_path=path, previous_size_bytes=size)
 
 
 def _cgroup_dir(pid: int, root: str) -> str | None:

@@ -125,7 +125,9 @@ def forecast_view(dx) -> dict[str, Any]:
             "rank": w.rank, "path": w.path, "written_bytes": w.written_bytes,
             "expected_bytes": w.expected_bytes, "expected_source": w.expected_source or None,
             "previous_checkpoint": w.previous_path or None,
+            "expected_exact": w.exact,
             "write_bytes_per_second": round(w.rate_bytes_per_second, 1),
+            "rate_source": w.rate_source or None,
             "eta_seconds": None if w.eta_seconds is None else round(w.eta_seconds, 1),
             "overrun_seconds": None if ev.overrun is None else round(ev.overrun, 1)},
         "memory": [{"rank": m.rank, "device": m.device, "used_bytes": m.used_bytes,
@@ -157,7 +159,8 @@ def rank_groups(d: Daemon, job, now: float) -> list[dict[str, Any]]:
 
 def _files(rec) -> list[dict[str, Any]]:
     return [{"path": p, "size_bytes": s, "previous_path": pp or None,
-             "previous_size_bytes": ps or None} for p, s, pp, ps in rec.files]
+             "previous_size_bytes": ps or None, "expected_size_bytes": es or None,
+             "expected_source": src or None} for p, s, pp, ps, es, src in rec.files]
 
 
 def _culprit_progress(job, rank: int) -> dict[str, Any]:

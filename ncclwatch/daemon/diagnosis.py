@@ -15,11 +15,13 @@ from ncclwatch.daemon.budget import Budget
 from ncclwatch.daemon.detect import Finding
 from ncclwatch.daemon.forecast import MemoryForecast, WriteForecast, memory_forecasts, write_forecast
 from ncclwatch.daemon.table import Job, JobTable
-from ncclwatch.model import RankState, StallKind, rank_ranges
+from ncclwatch.model import SIZE_SOURCES, RankState, StallKind, rank_ranges
 from ncclwatch.remediation import BY_ID, RootCause
 
 #: Without a forecast that says otherwise, a stall is at risk once this
-#: share of the watchdog budget is used up.
+#: share of the watchdog budget is used up. "Otherwise" is a write forecast
+#: on the file's own size (forecast.EXACT_SOURCES) that ends within budget:
+#: a guessed size (previous checkpoint, gathered memory) does not overrule it.
 RISK_FRACTION = 0.5
 #: A rank using less than this share of a core is not computing, whatever
 #: its Python stack says (it sleeps or blocks in C code).
@@ -43,6 +45,12 @@ class Evidence:
         if self.write is None or self.write.eta_seconds is None:
             return None
         return self.write.eta_seconds - self.budget.remaining
+
+    @property
+    def fits_budget(self) -> bool:
+        """The file's own size and its rate say the save ends in time."""
+        return (self.write is not None and self.write.exact and self.overrun is not None
+                and self.overrun <= 0)
 
     @property
     def memory_runs_out(self) -> MemoryForecast | None:
@@ -125,7 +133,7 @@ def diagnose(job: Job, table: JobTable, f: Finding, b: Budget, now: float) -> Di
     at_risk = (rc.always_at_risk
                or (e.overrun is not None and e.overrun > 0)
                or e.memory_runs_out is not None
-               or b.remaining < RISK_FRACTION * b.timeout)
+               or (b.remaining < RISK_FRACTION * b.timeout and not e.fits_budget))
     return Diagnosis(rc, rc.cause.format_map(facts(e, now)), at_risk, e)
 
 
@@ -150,7 +158,7 @@ def facts(e: Evidence, now: float) -> dict[str, str]:
         "timeout": seconds(b.timeout),
         "written": size(w.written_bytes) if w else "?",
         "expected": size(w.expected_bytes) if w and w.expected_bytes else "an unknown size",
-        "expected_source": (w.expected_source.replace("_", " ") if w else "") or "unknown",
+        "expected_source": SIZE_SOURCES.get(w.expected_source if w else "", "unknown"),
         "rate": size(w.rate_bytes_per_second) if w else "?",
         "eta": seconds(w.eta_seconds) if w and w.eta_seconds is not None else "?",
         "overrun": seconds(e.overrun) if e.overrun is not None else "?",

@@ -71,7 +71,8 @@ class DaemonCollector(Collector):
                     "Size of the checkpoint file the culprit is writing", labels=["job"],
                     unit="bytes")
         expected = g("ncclwatch_checkpoint_expected_bytes",
-                     "Expected size of that checkpoint (previous checkpoint, gathered bytes)",
+                     "Expected size of that checkpoint (its own header or copy source, else the "
+                     "previous checkpoint, else the memory gathered)",
                      labels=["job"], unit="bytes")
         write_rate = g("ncclwatch_checkpoint_write_rate_bytes_per_second",
                        "The culprit's recent checkpoint write rate", labels=["job"])

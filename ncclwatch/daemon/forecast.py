@@ -3,8 +3,14 @@
 "rank 0 is writing 140 GB at 300 MB/s, it needs 470 s more, you have 410 s"
 is the product: the watchdog budget alone says how long the others can wait,
 these say how long they will have to. Rates are least-squares slopes over
-the last ``WINDOW`` seconds of the curve (robust to one late report), so a
-forecast needs a few seconds of history before it speaks.
+the last ``WINDOW`` seconds of the curve (robust to one late report); in a
+save's first seconds, before a fit has its points, the rate is what is
+already known: the file's growth since the agent first saw it.
+
+The size a save will reach comes, most trusted first, from the file itself
+as the agent read it (its torch.save / safetensors header, or the file a
+copy reads: exact), the previous checkpoint beside it, then the host memory
+the rank gathered (a first-order guess).
 """
 
 from __future__ import annotations
@@ -24,6 +30,12 @@ MIN_SPAN = 2.0
 MIN_GROWTH = 256 * 1024
 #: Gathered bytes count as the expected checkpoint size above this.
 MIN_GATHERED = 1 << 20
+#: An early rate (before a fit) needs the file seen this far apart.
+EARLY_SPAN = 0.9
+#: Sizes read from the file itself: a forecast on them may overrule the
+#: "half the budget is gone" rule (diagnosis.RISK_FRACTION).
+EXACT_SOURCES = frozenset({"torch_zip_header", "safetensors_header", "copy_source",
+                           "file_closed"})
 
 
 @dataclass(frozen=True)
@@ -34,10 +46,18 @@ class WriteForecast:
     path: str
     written_bytes: int
     expected_bytes: int | None
-    expected_source: str          # previous_checkpoint | gathered_bytes | file_closed | ""
+    #: torch_zip_header | safetensors_header | copy_source | previous_checkpoint
+    #: | gathered_bytes | file_closed | "" (unknown)
+    expected_source: str
     previous_path: str
     rate_bytes_per_second: float
     eta_seconds: float | None     # None: size or rate unknown
+    rate_source: str = ""         # fit | since_first_seen | write_calls | ""
+
+    @property
+    def exact(self) -> bool:
+        """The expected size is the file's own (header, copy source, closed)."""
+        return self.expected_source in EXACT_SOURCES
 
 
 @dataclass(frozen=True)
@@ -78,18 +98,13 @@ def write_forecast(rec: RankRecord, now: float) -> WriteForecast | None:
     """Forecast of the checkpoint file the rank is writing (None: no file)."""
     if not rec.files:
         return _closed_write(rec, now)
-    path, size, prev_path, prev_size = rec.files[0]
-    recent = rec.curve.recent()
-    same = [p for p in recent if p.file == path]
-    rate = slope(same, lambda p: p.file_size, now)
-    if rate is None or rate <= 0:
-        # The file may not grow visibly (buffered writer): fall back to the
-        # bytes the process pushed through write().
-        rate = slope(recent, lambda p: p.written, now)
-    rate = max(rate or 0.0, 0.0)
+    path, size, prev_path, prev_size, exact, exact_source = rec.files[0]
+    rate, rate_source = write_rate(rec, path, size, now)
     expected, source = None, ""
     gathered = gathered_bytes(rec)
-    if prev_size > 0 and prev_size >= size:
+    if exact > 0 and exact_source:
+        expected, source = max(exact, size), exact_source
+    elif prev_size > 0 and prev_size >= size:
         expected, source = prev_size, "previous_checkpoint"
     elif gathered >= MIN_GATHERED and gathered >= size:
         expected, source = gathered, "gathered_bytes"
@@ -104,7 +119,33 @@ def write_forecast(rec: RankRecord, now: float) -> WriteForecast | None:
         eta = (expected - size) / rate
     return WriteForecast(rank=rec.rank, path=path, written_bytes=size, expected_bytes=expected,
                          expected_source=source, previous_path=prev_path if prev_size else "",
-                         rate_bytes_per_second=rate, eta_seconds=eta)
+                         rate_bytes_per_second=rate, eta_seconds=eta, rate_source=rate_source)
+
+
+def write_rate(rec: RankRecord, path: str, size: int, now: float) -> tuple[float, str]:
+    """Bytes/s the rank writes ``path`` at, and how that was estimated.
+
+    A least-squares fit needs MIN_POINTS points over MIN_SPAN seconds, which a
+    save only has after a few seconds, and with a tight budget those are the
+    seconds that matter. Until then, use what is known: the file's growth from
+    the first time the agent saw it to the latest report (a steady writer's
+    rate from its second report on). If the file does not grow visibly
+    (a buffered writer), the bytes the process pushed through write() since.
+    """
+    recent = rec.curve.recent()
+    same = [p for p in recent if p.file == path]
+    rate = slope(same, lambda p: p.file_size, now)
+    if rate is not None and rate > 0:
+        return rate, "fit"
+    if same and rec.seen - same[0].t >= EARLY_SPAN and size > same[0].file_size:
+        return (size - same[0].file_size) / (rec.seen - same[0].t), "since_first_seen"
+    # Only points since the file appeared: the seconds before the save (nothing
+    # written) would dilute the rate and make the save look longer than it is.
+    since = [p for p in recent if p.t >= same[0].t] if same else recent
+    rate = slope(since, lambda p: p.written, now)
+    if rate is not None and rate > 0:
+        return rate, "write_calls"
+    return 0.0, ""
 
 
 def _closed_write(rec: RankRecord, now: float) -> WriteForecast | None:

@@ -10,6 +10,7 @@ from html import escape
 from typing import Any
 
 from ncclwatch import __version__
+from ncclwatch.model import SIZE_SOURCES
 
 _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
@@ -107,8 +108,9 @@ def _forecast(f: dict[str, Any], remaining: float) -> str:
     out = []
     ck = f.get("checkpoint")
     if ck:
-        size = (f"{ck['expected_bytes'] / 2**20:.1f} MiB" if ck["expected_bytes"] is not None
-                else "unknown size")
+        size = (f"{ck['expected_bytes'] / 2**20:.1f} MiB (size from the "
+                f"{escape(SIZE_SOURCES.get(ck.get('expected_source') or '', 'unknown source'))})"
+                if ck["expected_bytes"] is not None else "unknown size")
         eta = f"{ck['eta_seconds']:.0f}s more" if ck["eta_seconds"] is not None else "ETA unknown"
         over = ""
         if ck["overrun_seconds"] is not None:

@@ -81,7 +81,7 @@ class Curve:
         return len(self.t)
 
     def add(self, t: float, rss: int, written: int,
-            files: tuple[tuple[str, int, str, int], ...],
+            files: tuple[tuple[str, int, str, int, int, str], ...],
             limits: tuple[tuple[str, int, int], ...]) -> None:
         """Append a point unless the newest is less than ``CURVE_STEP`` old."""
         ts = self.t
@@ -128,6 +128,8 @@ class Curve:
         return zip(self.t, self.rss)
 
 
+#: Where an agent may say a file's expected size came from (anything else is dropped).
+_SIZE_SOURCES = {s: s for s in ("torch_zip_header", "safetensors_header", "copy_source")}
 LIMIT_NAMES = {
     pb.MEMORY_LIMIT_KIND_HOST: "host",
     pb.MEMORY_LIMIT_KIND_CGROUP: "cgroup",
@@ -166,8 +168,9 @@ class RankRecord:
         self.rss_bytes = 0
         self.io_write_bytes = 0
         self.write_rate = 0.0
-        # (path, size, previous checkpoint path, its size)
-        self.files: tuple[tuple[str, int, str, int], ...] = ()
+        # (path, size, previous checkpoint path, its size, expected size, its source):
+        # the expected size as the agent read it from the file (0, "": unknown)
+        self.files: tuple[tuple[str, int, str, int, int, str], ...] = ()
         # (device, used by this process, total); device-wide use is in limits
         self.gpu: tuple[tuple[int, int, int], ...] = ()
         self.gone_at: float | None = None
@@ -363,7 +366,8 @@ class JobTable:
             rec.cpu_util = p.cpu_utilization
             rec.rss_bytes = p.rss_bytes
             files = p.files_writing
-            rec.files = tuple([(f.path, f.size_bytes, f.previous_path, f.previous_size_bytes)
+            rec.files = tuple([(f.path, f.size_bytes, f.previous_path, f.previous_size_bytes,
+                                f.expected_size_bytes, _SIZE_SOURCES.get(f.expected_source, ""))
                                for f in files]) if files else ()
             rec.vms_bytes = p.vms_bytes
             limits = [(LIMIT_NAMES.get(m.kind, "host"), m.used_bytes, lim)

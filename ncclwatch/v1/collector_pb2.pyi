@@ -211,16 +211,24 @@ class ProcessStats(_message.Message):
     def __init__(self, cpu_seconds: _Optional[float] = ..., cpu_utilization: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., io_read_bytes: _Optional[int] = ..., io_write_bytes: _Optional[int] = ..., num_threads: _Optional[int] = ..., files_writing: _Optional[_Iterable[_Union[OpenFile, _Mapping]]] = ..., vms_bytes: _Optional[int] = ..., memory_limits: _Optional[_Iterable[_Union[MemoryLimit, _Mapping]]] = ...) -> None: ...
 
 class OpenFile(_message.Message):
-    __slots__ = ("path", "size_bytes", "previous_path", "previous_size_bytes")
+    __slots__ = ("path", "size_bytes", "previous_path", "previous_size_bytes", "expected_size_bytes", "expected_source", "copy_source_path", "header_error")
     PATH_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     PREVIOUS_PATH_FIELD_NUMBER: _ClassVar[int]
     PREVIOUS_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    COPY_SOURCE_PATH_FIELD_NUMBER: _ClassVar[int]
+    HEADER_ERROR_FIELD_NUMBER: _ClassVar[int]
     path: str
     size_bytes: int
     previous_path: str
     previous_size_bytes: int
-    def __init__(self, path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., previous_path: _Optional[str] = ..., previous_size_bytes: _Optional[int] = ...) -> None: ...
+    expected_size_bytes: int
+    expected_source: str
+    copy_source_path: str
+    header_error: str
+    def __init__(self, path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., previous_path: _Optional[str] = ..., previous_size_bytes: _Optional[int] = ..., expected_size_bytes: _Optional[int] = ..., expected_source: _Optional[str] = ..., copy_source_path: _Optional[str] = ..., header_error: _Optional[str] = ...) -> None: ...
 
 class MemoryLimit(_message.Message):
     __slots__ = ("kind", "used_bytes", "limit_bytes")

@@ -98,6 +98,11 @@ def test_slow_save_culprit_named_before_the_watchdog(ncclwatch_run, torch_job, t
     assert any(f.endswith("_save") or f == "save" for f in frames), frames
     assert stall["waiting"]["ranks"] == [1, 2, 3]
     assert stall["culprits"][0]["files_writing"], "checkpoint file not seen open for writing"
+    # Its size, read by the agent from the torch.save header while it is written:
+    # the tensor bytes (the save_start marker) plus the zip records around them.
+    ck = stall["forecast"]["checkpoint"]
+    assert ck["expected_source"] == "torch_zip_header", ck
+    assert 0 < ck["expected_bytes"] - int(save["bytes"]) < 4096, (ck, save)
     status = subprocess.run([need("ncclwatch"), "status", "--daemon", mon.http],
                             capture_output=True, text=True, timeout=30)
     assert status.returncode == 0, status.stderr

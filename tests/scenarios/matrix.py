@@ -35,9 +35,12 @@ class Scenario:
     start: str = "ready"
     #: SIGKILL this rank once ``start`` is seen (rank_lost).
     kill_rank: int | None = None
-    #: The save must be flagged as overrunning within 30 s of ``start``,
-    #: with at least half the budget left.
+    #: The save must be flagged as overrunning within ``forecast_within`` s of
+    #: ``start``, with at least half the budget left.
     forecast_overrun: bool = False
+    forecast_within: float = 30.0
+    #: The job's process-group timeout (--pg-timeout and NCCLWATCH_PG_TIMEOUT_S).
+    pg_timeout: float = PG_TIMEOUT
     #: Give up on the verdict after this long (from the first ready marker).
     limit: float = 100.0
 
@@ -50,6 +53,12 @@ class Scenario:
 def _job(scenario: str, *extra: str, seconds: float = 45) -> tuple[str, ...]:
     return ("--scenario", scenario, "--save-seconds", str(seconds),
             "--pg-timeout", str(PG_TIMEOUT), *extra)
+
+
+def _first_ckpt(model_mb: int, rate: int = 512 * 1024, timeout: int = 60) -> tuple[str, ...]:
+    """slow-save of a first checkpoint (no previous file) at ``rate`` bytes/s."""
+    return ("--scenario", "slow-save", "--model-mb", str(model_mb), "--write-rate", str(rate),
+            "--pg-timeout", str(timeout), "--no-previous-checkpoint")
 
 
 SCENARIOS: tuple[Scenario, ...] = (
@@ -103,4 +112,15 @@ SCENARIOS: tuple[Scenario, ...] = (
              kind="checkpoint_gather", culprits=(0,), root_cause="save_within_budget",
              at_risk=False, start="save_start", world=3),
     Scenario("healthy-dataloader-pause", _job("dataloader", seconds=20), world=2),
+    # -- checkpoint size (issue 13) ----------------------------------------------------
+    # First checkpoints: no earlier file beside them, so the size comes from the
+    # torch.save header the agent reads as the file is written. 64 MiB at
+    # 0.5 MiB/s (128 s) against a 60 s timeout must be called within 15 s; 20
+    # MiB (40 s) runs past half the budget and must never be called at risk.
+    Scenario("first-ckpt-overrun", _first_ckpt(64), kind="checkpoint_gather", culprits=(0,),
+             root_cause="save_overruns_watchdog", at_risk=True, start="save_start",
+             forecast_overrun=True, forecast_within=15.0, pg_timeout=60, world=2),
+    Scenario("first-ckpt-in-budget", _first_ckpt(20), kind="checkpoint_gather", culprits=(0,),
+             root_cause="save_within_budget", at_risk=False, start="save_start",
+             pg_timeout=60, world=2),
 )

@@ -7,10 +7,13 @@ detection delay (from the scenario's start marker) and the lead time (the
 watchdog deadline of the first waiting rank minus the detection time). The
 table is printed and saved under artifacts/; the test fails on any wrong
 kind, wrong culprit, wrong root cause or false alarm.
+
+NCCLWATCH_SCENARIOS=name,glob* runs only the scenarios whose names match.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import signal
@@ -23,13 +26,11 @@ from dataclasses import dataclass, field
 import pytest
 
 from tests.conftest import ARTIFACTS, Job, Monitor, Proc, need, record
-from tests.scenarios.matrix import PG_TIMEOUT, SCENARIOS, Scenario
+from tests.scenarios.matrix import SCENARIOS, Scenario
 
 pytestmark = pytest.mark.e2e
 
 CONCURRENCY = 3
-#: A forecast overrun must be flagged this soon after the save starts.
-FLAG_WITHIN = 30.0
 POLL = 0.5
 
 
@@ -43,6 +44,7 @@ class Outcome:
     root_cause: str | None = None
     unknown: tuple[int, ...] = ()
     at_risk_at: float | None = None
+    overrun_at: float | None = None       # first time the forecast overrun was > 0
     overrun_at_flag: float | None = None
     remaining_at_flag: float | None = None
     detected_at: float | None = None
@@ -62,13 +64,20 @@ class Outcome:
         if self.detected_at is None:
             return None
         base = self.wait_t if self.wait_t is not None else self.start_t
-        return None if base is None else base + PG_TIMEOUT - self.detected_at
+        return None if base is None else base + self.scenario.pg_timeout - self.detected_at
 
     @property
     def flag_delay(self) -> float | None:
         if self.at_risk_at is None or self.start_t is None:
             return None
         return self.at_risk_at - self.start_t
+
+    @property
+    def forecast_delay(self) -> float | None:
+        """Seconds from the start marker to the first positive overrun forecast."""
+        if self.overrun_at is None or self.start_t is None:
+            return None
+        return self.overrun_at - self.start_t
 
     def problems(self) -> list[str]:
         s, out = self.scenario, []
@@ -96,11 +105,14 @@ class Outcome:
         if s.at_risk is False and self.at_risk_at is not None:
             out.append("false alarm: flagged at risk")
         if s.forecast_overrun:
-            if self.flag_delay is None or self.flag_delay > FLAG_WITHIN:
-                out.append(f"overrun flagged after {self.flag_delay}s (> {FLAG_WITHIN}s)")
+            if self.flag_delay is None or self.flag_delay > s.forecast_within:
+                out.append(f"overrun flagged after {self.flag_delay}s (> {s.forecast_within}s)")
+            if self.forecast_delay is None or self.forecast_delay > s.forecast_within:
+                out.append(f"overrun forecast after {self.forecast_delay}s "
+                           f"(> {s.forecast_within}s)")
             if not (self.overrun_at_flag or 0) > 0:
                 out.append(f"forecast overrun at flag {self.overrun_at_flag} not > 0")
-            if (self.remaining_at_flag or 0) < PG_TIMEOUT / 2:
+            if (self.remaining_at_flag or 0) < s.pg_timeout / 2:
                 out.append(f"only {self.remaining_at_flag}s of budget left when flagged")
         return out
 
@@ -114,7 +126,7 @@ def _launch(s: Scenario, ckpt_dir: str) -> Job:
         argv = [sys.executable, "-m", "ncclwatch.demo.launch", "--nproc", str(s.world), "--",
                 *module[2:]]
     env = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
-           "NCCLWATCH_PG_TIMEOUT_S": str(PG_TIMEOUT)}
+           "NCCLWATCH_PG_TIMEOUT_S": str(s.pg_timeout)}
     return Job(Proc(argv, env=env, name=f"scenario-{s.name}"), s.world)
 
 
@@ -186,6 +198,9 @@ def _fold(view: dict, out: Outcome, now: float) -> None:
             out.culprits = tuple(c["rank"] for c in st["culprits"])
             out.root_cause = st["diagnosis"]["root_cause"]
             out.unknown = tuple(st["unknown_ranks"])
+        over = ((st.get("forecast") or {}).get("checkpoint") or {}).get("overrun_seconds")
+        if over is not None and over > 0 and out.overrun_at is None:
+            out.overrun_at = now
         if st["at_risk"] and out.at_risk_at is None:
             out.at_risk_at = now
             ck = (st.get("forecast") or {}).get("checkpoint") or {}
@@ -210,7 +225,7 @@ def _fmt(x: float | None) -> str:
 
 def table(outcomes: list[Outcome]) -> str:
     head = ["scenario", "ranks", "expected", "detected", "culprits", "root cause", "at risk",
-            "delay s", "lead s", "result"]
+            "delay s", "lead s", "forecast s", "result"]
     rows = []
     for o in outcomes:
         s = o.scenario
@@ -220,6 +235,7 @@ def table(outcomes: list[Outcome]) -> str:
         rows.append([s.name, str(s.world), expected, o.first_kind or "none",
                      ",".join(map(str, o.culprits)) or "-", o.root_cause or "-",
                      "yes" if o.at_risk_at else "no", _fmt(o.delay), _fmt(o.lead),
+                     _fmt(o.forecast_delay),
                      "ok" if not problems else "FAIL: " + "; ".join(problems)])
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
@@ -229,7 +245,10 @@ def table(outcomes: list[Outcome]) -> str:
 def test_scenario_matrix(ncclwatch_run) -> None:
     need("torchrun")
     mon = ncclwatch_run()
-    order = sorted(SCENARIOS, key=lambda s: -s.limit)
+    pick = [p for p in os.environ.get("NCCLWATCH_SCENARIOS", "").split(",") if p]
+    chosen = [s for s in SCENARIOS if not pick or any(fnmatch.fnmatch(s.name, p) for p in pick)]
+    assert chosen, f"NCCLWATCH_SCENARIOS={pick} matches no scenario"
+    order = sorted(chosen, key=lambda s: -s.limit)
     with ThreadPoolExecutor(CONCURRENCY) as pool:
         outcomes = list(pool.map(lambda s: run_scenario(mon, s), order))
     outcomes.sort(key=lambda o: SCENARIOS.index(o.scenario))
@@ -240,7 +259,8 @@ def test_scenario_matrix(ncclwatch_run) -> None:
         "scenario": o.scenario.name, "expected": o.scenario.kind, "detected": o.first_kind,
         "kinds_seen": o.kinds_seen, "culprits": list(o.culprits), "root_cause": o.root_cause,
         "at_risk_after_s": o.flag_delay, "overrun_at_flag_s": o.overrun_at_flag,
-        "detection_delay_s": o.delay, "lead_time_s": o.lead, "problems": o.problems(),
+        "detection_delay_s": o.delay, "lead_time_s": o.lead,
+        "overrun_forecast_after_s": o.forecast_delay, "problems": o.problems(),
     } for o in outcomes], indent=1))
     record("scenario_matrix", {o.scenario.name: {"delay_s": o.delay, "lead_s": o.lead}
                                for o in outcomes})
