@@ -99,6 +99,11 @@ def _stall_active(mon: Monitor, job_id: str) -> bool:
                for (n, lab), v in mon.metrics().items())
 
 
+def _stall(mon: Monitor, pids: dict[int, int]) -> dict | None:
+    view = mon.job_of(set(pids.values())) or {"stalls": []}
+    return next((s for s in view["stalls"] if s["kind"] == "checkpoint_gather"), None)
+
+
 def _watch(mon: Monitor, slurm: SlurmCluster, job: SlurmJob, *, source: str) -> dict:
     """The checks every Slurm launcher must pass; returns the job's view in the API."""
     ready = job.wait_marker(slurm, "ready", timeout=150, count=WORLD)
@@ -122,14 +127,17 @@ def _watch(mon: Monitor, slurm: SlurmCluster, job: SlurmJob, *, source: str) -> 
     while time.time() < save["t"] + DETECT_WITHIN + 5 and not _stall_active(mon, view["job"]):
         time.sleep(0.25)
     delay = time.time() - save["t"]
-    view = mon.job_of(set(pids.values()))
-    stalls = [s for s in view["stalls"] if s["kind"] == "checkpoint_gather"]
-    assert stalls, (f"no checkpoint_gather within {DETECT_WITHIN + 5:.0f}s of torch.save:\n"
-                    f"{view}\n{mon.output()[-3000:]}")
-    s = stalls[0]
-    assert [(c["rank"], c["state"], c["pid"]) for c in s["culprits"]] == \
-        [(0, "saving", pids[0])], s["culprits"]
-    assert s["waiting"]["ranks"] == [1, 2], s["waiting"]
+    stall = _stall(mon, pids)
+    assert stall, (f"no checkpoint_gather within {DETECT_WITHIN + 5:.0f}s of torch.save:\n"
+                   f"{mon.job_of(set(pids.values()))}\n{mon.output()[-3000:]}")
+    assert [(c["rank"], c["state"], c["pid"]) for c in stall["culprits"]] == \
+        [(0, "saving", pids[0])], stall["culprits"]
+    # A waiter's stack may lag the first one's by a round or two on a busy machine.
+    deadline = time.time() + 10
+    while stall["waiting"]["ranks"] != [1, 2] and time.time() < deadline:
+        time.sleep(0.5)
+        stall = _stall(mon, pids) or stall
+    assert stall["waiting"]["ranks"] == [1, 2], stall["waiting"]
     status = subprocess.run([need("ncclwatch"), "status", "--daemon", mon.http],
                             capture_output=True, text=True, timeout=30)
     assert status.returncode == 0, status.stderr
@@ -138,6 +146,7 @@ def _watch(mon: Monitor, slurm: SlurmCluster, job: SlurmJob, *, source: str) -> 
     page = mon.get("/")
     assert f"<p class='scheduler-job'>slurm {job.id} " in page and f"by {USER}</p>" in page
     assert delay <= DETECT_WITHIN, f"detected {delay:.1f}s after torch.save started"
+    view = mon.job_of(set(pids.values()))
     view["detection_delay_s"] = round(delay, 2)
     return view
 
@@ -190,7 +199,10 @@ def test_non_rank_steps_appear_nowhere(slurm, ncclwatch_run, tmp_path) -> None:
         jobs = mon.jobs()["jobs"]
         # Depends on the launchers rule (non-Python / no torch.distributed: no rank).
         shown = {r["pid"] for j in jobs for r in j["ranks"]}
-        assert not (others & shown), [(j["job"], [r["pid"] for r in j["ranks"]]) for j in jobs]
+        leaked = sorted(others & shown)
+        assert not leaked, ("shown as ranks: " + ", ".join(
+            f"{pid} {_cmdline(pid)!r} in {j['job']}" for j in jobs for r in j["ranks"]
+            for pid in leaked if r["pid"] == pid))
         assert [j["job"] for j in jobs if j["job"].startswith(f"slurm:{job.id}")] == \
             [view["job"]]
     finally:
@@ -199,8 +211,33 @@ def test_non_rank_steps_appear_nowhere(slurm, ncclwatch_run, tmp_path) -> None:
                                     "test_seconds": round(time.monotonic() - t0, 1)})
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return " ".join(psutil.Process(pid).cmdline())[:80]
+    except psutil.Error:
+        return "?"
+
+
 def _slurm_job(p: psutil.Process) -> str | None:
     try:
         return p.environ().get("SLURM_JOB_ID")
     except psutil.Error:
         return None
+
+
+def test_scontrol_names_a_job_whose_ranks_do_not(slurm, monkeypatch) -> None:
+    """The agent's fallback with the real client and controller: name and user
+    of a running job from ``scontrol show job``, as the agent asks on a node."""
+    from ncclwatch.agent.scheduler import SchedulerJob, SchedulerLookup
+    job = slurm.sbatch("#!/bin/bash\nsleep 60\n", "--job-name=with a space", "--time=2",
+                       "--output=/dev/null")
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    monkeypatch.setenv("PATH", slurm.env["PATH"])
+    try:
+        lookup = SchedulerLookup(timeout=10.0)
+        found = lookup.job({"SLURM_JOB_ID": job, "SLURM_PROCID": "0"})
+        assert found == SchedulerJob("slurm", job, "with a space", USER, "scontrol")
+        assert lookup.job({"SLURM_JOB_ID": "999999"}) == SchedulerJob("slurm", "999999")
+        assert (lookup.queries_total, lookup.failures_total) == (2, 1)
+    finally:
+        slurm.run("scancel", job, check=False)
