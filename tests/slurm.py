@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 #: Daemons and clients the cluster needs: (command, Debian package).
 BINARIES = (
     ("munged", "munge"), ("slurmctld", "slurmctld"), ("slurmd", "slurmd"),
@@ -108,7 +110,6 @@ def remove_stale(base: Path, min_age: float = 120.0) -> list[Path]:
 def kill_job_processes(cluster_dir: Path) -> list[int]:
     """SIGKILL what this cluster started: tasks (their SLURM_CONF is ours) and
     slurmstepd (its title overwrites its environment; it holds our slurmd.log)."""
-    import psutil
     conf, inside, killed = str(cluster_dir / "slurm.conf"), f"{cluster_dir}/", []
     for p in psutil.process_iter(["name"]):
         try:
