@@ -7,12 +7,20 @@ run the real client against the real controller.
 
 from __future__ import annotations
 
+import asyncio
+import os
 import subprocess
+import sys
+
+import pytest
 
 from ncclwatch import status
+from ncclwatch.agent.agent import Agent, AgentConfig
+from ncclwatch.agent.gpu import NvmlGpuReader
 from ncclwatch.agent.scheduler import SchedulerJob, SchedulerLookup
 from ncclwatch.daemon import api, page
 from ncclwatch.daemon.core import Daemon, DaemonConfig
+from ncclwatch.daemon.server import DaemonServer
 from ncclwatch.model import RankState
 from ncclwatch.v1 import collector_pb2 as pb
 from tests.factories import report, sample
@@ -132,3 +140,44 @@ def test_daemon_shows_the_scheduler_job_in_api_status_and_page() -> None:
              now=11.0)
     assert api.jobs_view(d, now=11.0)["jobs"][0]["scheduler_job"]["user"] == "ana"
 
+
+
+def test_agent_sends_the_name_it_asked_for_with_the_job() -> None:
+    """Real rank processes without SLURM_JOB_NAME/USER: the agent asks (here a
+    recorded scontrol), once for the job, and the daemon shows the answer."""
+    env = {**os.environ, "SLURM_JOB_ID": "424242", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2"}
+    code = "import torch.distributed, time\nwhile True: time.sleep(1)"
+    procs = [subprocess.Popen([sys.executable, "-c", code], start_new_session=True,
+                              env={**env, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)})
+             for r in range(2)]
+    run = Runner()
+
+    async def go():
+        daemon = Daemon(DaemonConfig(grpc="127.0.0.1:0", http="127.0.0.1:0"))
+        server = DaemonServer(daemon)
+        await server.start()
+        agent = Agent(AgentConfig(collector=f"127.0.0.1:{server.grpc_port}", interval=0.2),
+                      gpu=NvmlGpuReader(), scheduler=_lookup(run))
+        task = asyncio.create_task(agent.run())
+        try:
+            for _ in range(150):
+                job = daemon.table.jobs.get("slurm:424242.0")
+                if job and len(job.ranks) == 2 and job.scheduler_job:
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                pytest.fail(f"no named job slurm:424242.0: {daemon.table.jobs}")
+            assert job.scheduler_job == {"scheduler": "slurm", "job_id": "424242",
+                                         "job_name": "llm pretrain", "user": "ana",
+                                         "source": "scontrol"}
+        finally:
+            agent.stop()
+            await task
+            await server.stop(grace=0.1)
+    try:
+        asyncio.run(go())
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert run.calls == [["scontrol", "show", "job", "424242", "--oneliner"]]
