@@ -22,12 +22,14 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 # Real tools the tests run (command:Debian package); installed when missing.
+# Slurm (tests/slurm.py): munged, slurmctld, slurmd; sbatch/srun/scontrol/sinfo.
 SYSTEM_DEPS := promtool:prometheus prometheus:prometheus \
-	prometheus-alertmanager:prometheus-alertmanager chromium:chromium systemd-analyze:systemd
+	prometheus-alertmanager:prometheus-alertmanager chromium:chromium systemd-analyze:systemd \
+	munged:munge slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 system-deps:
-	@missing=""; for dep in $(SYSTEM_DEPS); do \
+	@missing=""; PATH="$$PATH:/usr/sbin:/sbin"; for dep in $(SYSTEM_DEPS); do \
 	  command -v $${dep%%:*} >/dev/null 2>&1 || missing="$$missing $${dep#*:}"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \

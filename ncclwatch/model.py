@@ -97,6 +97,19 @@ def rank_ranges(ranks) -> str:
     return ",".join(out)
 
 
+def scheduler_label(sj: dict | None) -> str:
+    """{'scheduler': 'slurm', 'job_id': '12', 'job_name': 'llm', 'user': 'ana'} ->
+    "slurm 12 'llm' by ana": how a job reads for the people who submitted it."""
+    if not sj:
+        return ""
+    out = f"{sj.get('scheduler', '')} {sj.get('job_id', '')}".strip()
+    if sj.get("job_name"):
+        out += f" {sj['job_name']!r}"
+    if sj.get("user"):
+        out += f" by {sj['user']}"
+    return out
+
+
 #: Below this share of one core a rank counts as quiet: blocked or sleeping.
 #: The agent (start estimates, sampling) and the daemon (which waits are
 #: believable) must agree on it.

@@ -10,7 +10,7 @@ import urllib.request
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from ncclwatch.model import SIZE_SOURCES, rank_ranges
+from ncclwatch.model import SIZE_SOURCES, rank_ranges, scheduler_label
 
 DEFAULT_DAEMON = "http://127.0.0.1:7471"
 
@@ -81,10 +81,12 @@ def render(view: dict[str, Any]) -> str:
     for j in jobs:
         stalls = ", ".join(s["kind"] for s in j["stalls"]) or "-"
         w = j["watchdog"]
-        rows.append([j["job"], f"{j['ranks_reporting']}/{j['world_size']}",
+        rows.append([j["job"], scheduler_label(j.get("scheduler_job")) or "-",
+                     f"{j['ranks_reporting']}/{j['world_size']}",
                      ",".join(j["nodes"]), stalls,
                      f"{w['remaining_seconds']:.0f}s/{w['timeout_seconds']:.0f}s"])
-    out.append(_table(rows, ["JOB", "RANKS", "NODES", "STALL", "WATCHDOG LEFT"]))
+    out.append(_table(rows, ["JOB", "SCHEDULER JOB", "RANKS", "NODES", "STALL",
+                             "WATCHDOG LEFT"]))
     for j in jobs:
         for s in j["stalls"]:
             out.append("")

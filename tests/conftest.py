@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -168,10 +169,10 @@ def ncclwatch_run():
     """``ncclwatch run`` on free loopback ports, as a user starts it."""
     started: list[Monitor] = []
 
-    def start(*extra: str) -> Monitor:
+    def start(*extra: str, env: dict[str, str] | None = None) -> Monitor:
         grpc_port, http_port = free_port(), free_port()
         proc = Proc([need("ncclwatch"), "run", "--grpc", f"127.0.0.1:{grpc_port}",
-                     "--http", f"127.0.0.1:{http_port}", *extra], name="ncclwatch-run")
+                     "--http", f"127.0.0.1:{http_port}", *extra], env=env, name="ncclwatch-run")
         mon = Monitor([proc], f"http://127.0.0.1:{http_port}")
         started.append(mon)
         _wait_http(mon)
@@ -208,6 +209,28 @@ def ncclwatch_split():
         for p in reversed(mon.procs):
             p.stop()
         _save_log(mon)
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """A real single-node Slurm (munged, slurmctld, slurmd) for the session (tests/slurm.py)."""
+    from tests.slurm import PREFIX, SlurmCluster, SlurmError, remove_stale
+    if os.getuid() != 0:
+        pytest.fail("the Slurm tests start slurmd, which must run as root (CI does)")
+    remove_stale(Path(tempfile.gettempdir()))
+    cluster = SlurmCluster(Path(tempfile.mkdtemp(prefix=PREFIX)))
+    try:
+        cluster.start()
+    except SlurmError as e:
+        cluster.stop()
+        shutil.rmtree(cluster.dir, ignore_errors=True)
+        pytest.fail(f"could not start a test Slurm cluster: {e}")
+    record("slurm_cluster", {"start_seconds": round(cluster.start_seconds, 2)})
+    yield cluster
+    cluster.stop()
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / "slurm-daemons.log").write_text(cluster.logs(tail=20000))
+    shutil.rmtree(cluster.dir, ignore_errors=True)
 
 
 def _save_log(mon: Monitor) -> None:

@@ -9,6 +9,7 @@ PYTHONPATH does not load, so the import must resolve to the installed wheel.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import zipfile
 from pathlib import Path
 
 from tests.conftest import ROOT, free_port
+from tests.slurm import BINARIES
 
 
 def _run(*argv, **kw) -> subprocess.CompletedProcess:
@@ -75,3 +77,10 @@ def test_pip_install_gives_a_working_ncclwatch(tmp_path) -> None:
         out, _ = proc.communicate(timeout=20)
     assert proc.returncode == 0, out[-2000:]
     assert Path(exe).exists()
+
+
+def test_make_test_installs_what_the_slurm_fixture_needs() -> None:
+    deps = re.search(r"^SYSTEM_DEPS := (.*?)(?<!\\)$", (ROOT / "Makefile").read_text(),
+                     re.M | re.S).group(1)
+    installed = {d.split(":")[1] for d in deps.replace("\\\n", " ").split()}
+    assert {pkg for _, pkg in BINARIES} <= installed, installed

@@ -24,6 +24,7 @@ from ncclwatch.agent.policy import CpuMeter, StackPolicy
 from ncclwatch.agent.pyspy import PySpy, PySpyError
 from ncclwatch.agent.report import AgentHealthCounts, build_report, sample_pb, stack_pb
 from ncclwatch.agent.sample import ProcessSampler
+from ncclwatch.agent.scheduler import SchedulerLookup
 from ncclwatch.agent.tracker import RankTracker
 from ncclwatch.agent.uplink import Uplink
 from ncclwatch.sdnotify import Notifier
@@ -55,13 +56,15 @@ class AgentConfig:
 class Agent:
     def __init__(self, config: AgentConfig, *, gpu: GpuReader | None = None,
                  pyspy: PySpy | None = None, classifier: Classifier = DEFAULT_CLASSIFIER,
-                 discovery: Discovery | None = None, notifier: Notifier | None = None) -> None:
+                 discovery: Discovery | None = None, notifier: Notifier | None = None,
+                 scheduler: SchedulerLookup | None = None) -> None:
         self.config = config
         self.notifier = notifier
         self.agent_id = uuid.uuid4().hex
         self.discovery = discovery or Discovery(config.node)
         self.sampler = ProcessSampler()
         self.frprobe = FlightRecorderProbe()
+        self.scheduler = scheduler or SchedulerLookup()
         self.gpu = gpu if gpu is not None else NvmlGpuReader()
         self.gpus_expected = expected_gpus()
         self.pyspy = pyspy or PySpy(timeout=config.pyspy_timeout)
@@ -198,7 +201,17 @@ class Agent:
                 del self.trackers[pid]
                 continue
             t.observe_process(sample, time.monotonic())
+            self._name_job(t)
         return self.gpu.read() if self.gpu.up else EMPTY
+
+    def _name_job(self, t: RankTracker) -> None:
+        """The scheduler's job name and user (a query per job id, cached, bounded)."""
+        if t.scheduler_job is not None and t.scheduler_job.complete:
+            return
+        job = self.scheduler.job(t.proc.env)
+        if job != t.scheduler_job:
+            t.scheduler_job = job
+            t.env_sent = False  # send the job info again, with the names
 
     async def _dump(self, t: RankTracker) -> None:
         async with self._sem:

@@ -106,6 +106,11 @@ def sample_pb(t: RankTracker, now: float, gpu: Sequence[GpuProcessMemory],
             env=t.proc.env,
             watchdog_timeout_seconds=declared_timeout(t.proc.env),
         ))
+        sj = t.scheduler_job
+        if sj is not None:
+            s.job.scheduler_job.CopyFrom(pb.SchedulerJob(
+                scheduler=sj.scheduler, job_id=sj.job_id, job_name=sj.name, user=sj.user,
+                source=sj.source))
     return s
 
 

@@ -19,7 +19,7 @@ class RankTracker:
     __slots__ = (
         "proc", "state", "op", "state_since", "stack_id", "stack_at", "sample",
         "cpu_util", "_cpu_at", "quiet_since", "quiet_at_last_dump", "forced",
-        "env_sent", "repeats", "prev_state", "flight_recorder",
+        "env_sent", "repeats", "prev_state", "flight_recorder", "scheduler_job",
     )
 
     def __init__(self, proc: RankProcess, now: float) -> None:
@@ -42,6 +42,8 @@ class RankTracker:
         self.prev_state = RankState.UNKNOWN
         #: A Flight Recorder summary read since the last report (pb), sent once.
         self.flight_recorder = None
+        #: The scheduler's name and user for the rank's job (SchedulerJob), if any.
+        self.scheduler_job = None
 
     @property
     def pid(self) -> int:

@@ -52,6 +52,7 @@ def jobs_view(d: Daemon, *, with_ranks: bool = True, now: float | None = None) -
                 })
         jobs.append({
             "job": job_id, "source": job.source, "world_size": job.world_size,
+            "scheduler_job": job.scheduler_job,
             "ranks_reporting": job.live_ranks, "nodes": sorted(job.nodes),
             "watchdog": {"timeout_seconds": b.timeout, "timeout_source": b.source,
                          "remaining_seconds": round(b.remaining, 1),

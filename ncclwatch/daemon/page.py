@@ -10,7 +10,7 @@ from html import escape
 from typing import Any
 
 from ncclwatch import __version__
-from ncclwatch.model import SIZE_SOURCES
+from ncclwatch.model import SIZE_SOURCES, scheduler_label
 
 _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
@@ -44,9 +44,11 @@ def render(view: dict[str, Any]) -> str:
 def _job(job: dict[str, Any]) -> str:
     w = job["watchdog"]
     stalled = bool(job["stalls"])
+    sj = job.get("scheduler_job")
+    named = f"<p class='scheduler-job'>{escape(scheduler_label(sj))}</p>" if sj else ""
     head = (f"<h2>job {escape(job['job'])} — "
             f"<span class='{'bad' if stalled else 'ok'}'>{'STALLED' if stalled else 'ok'}</span></h2>"
-            f"<p>{job['ranks_reporting']}/{job['world_size']} ranks on "
+            + named + f"<p>{job['ranks_reporting']}/{job['world_size']} ranks on "
             f"{escape(', '.join(job['nodes']))}; watchdog timeout {w['timeout_seconds']:.0f}s "
             f"({escape(w['timeout_source'])}), <b>{w['remaining_seconds']:.0f}s left</b></p>")
     out = [head]

@@ -202,6 +202,9 @@ class Job:
     flight_recorder: dict[int, tuple[float, Any]] = field(default_factory=dict)
     #: The process-group timeout a Flight Recorder dump states (timeout_ms), seconds.
     fr_timeout: float = 0.0
+    #: How the batch scheduler names the job (scheduler, job_id, job_name, user,
+    #: source), as the agent found it; None: not under a scheduler, or not yet known.
+    scheduler_job: dict[str, str] | None = None
 
     def set_state(self, rec: RankRecord, state: RankState, op: CollectiveOp) -> None:
         self.by_state[rec.state].discard(rec.rank)
@@ -404,6 +407,11 @@ class JobTable:
                     job.env = env
                     job.warnings = lint(job.env)
                 job.declared_timeout = info.watchdog_timeout_seconds
+                if info.HasField("scheduler_job"):
+                    sj = info.scheduler_job
+                    job.scheduler_job = {"scheduler": sj.scheduler, "job_id": sj.job_id,
+                                         "job_name": sj.job_name, "user": sj.user,
+                                         "source": sj.source}
             job.last_update = recv
             reported.add((job.job_id, rank))
         self.samples_total += len(report.samples)

@@ -137,6 +137,10 @@ def _check_sample(i: int, s: pb.RankSample, world_size_of: Callable[[str], int |
         timeout = s.job.watchdog_timeout_seconds
         if not _isfinite(timeout) or timeout < 0:
             raise _bad(f"samples[{i}]: job.watchdog_timeout_seconds must be finite and >= 0")
+        sj = s.job.scheduler_job
+        if any(len(v) > MAX_JOB_ID for v in (sj.scheduler, sj.job_id, sj.job_name, sj.user,
+                                             sj.source)):
+            raise _too_big(f"samples[{i}]: job.scheduler_job field over {MAX_JOB_ID} chars")
     if s.HasField("flight_recorder"):
         _check_flight_recorder(i, s.flight_recorder, world)
     return (job_id, rank)

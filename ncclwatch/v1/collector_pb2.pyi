@@ -255,7 +255,7 @@ class GpuMemory(_message.Message):
     def __init__(self, device_index: _Optional[int] = ..., device_uuid: _Optional[str] = ..., used_bytes: _Optional[int] = ..., device_total_bytes: _Optional[int] = ..., device_used_bytes: _Optional[int] = ...) -> None: ...
 
 class JobInfo(_message.Message):
-    __slots__ = ("source", "env", "watchdog_timeout_seconds")
+    __slots__ = ("source", "env", "watchdog_timeout_seconds", "scheduler_job")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -266,10 +266,26 @@ class JobInfo(_message.Message):
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     ENV_FIELD_NUMBER: _ClassVar[int]
     WATCHDOG_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULER_JOB_FIELD_NUMBER: _ClassVar[int]
     source: str
     env: _containers.ScalarMap[str, str]
     watchdog_timeout_seconds: float
-    def __init__(self, source: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., watchdog_timeout_seconds: _Optional[float] = ...) -> None: ...
+    scheduler_job: SchedulerJob
+    def __init__(self, source: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., watchdog_timeout_seconds: _Optional[float] = ..., scheduler_job: _Optional[_Union[SchedulerJob, _Mapping]] = ...) -> None: ...
+
+class SchedulerJob(_message.Message):
+    __slots__ = ("scheduler", "job_id", "job_name", "user", "source")
+    SCHEDULER_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_NAME_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    scheduler: str
+    job_id: str
+    job_name: str
+    user: str
+    source: str
+    def __init__(self, scheduler: _Optional[str] = ..., job_id: _Optional[str] = ..., job_name: _Optional[str] = ..., user: _Optional[str] = ..., source: _Optional[str] = ...) -> None: ...
 
 class Stack(_message.Message):
     __slots__ = ("id", "frames", "thread_name")
