@@ -39,17 +39,24 @@ class Diagnosis:
     timeout_s: float | None
     flight_recorder: dict | None
     inputs: dict[str, Any] = field(default_factory=dict)
+    #: Where the initiator is not known: the ranks it must be among.
+    candidates: list[int] = field(default_factory=list)
+    #: What evidence the verdict lacked, and what to collect next time.
+    missing_evidence: list[str] = field(default_factory=list)
+    collect_next_time: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         rc = self.root_cause
         return {
             "class": self.cls, "title": self.title, "summary": self.summary,
             "initiating_ranks": self.initiating, "collateral_ranks": self.collateral,
+            "initiator_among": self.candidates,
             "root_cause": None if rc is None else {
                 "id": rc.id, "title": rc.title, "fix": rc.fix, "example": rc.example},
             "evidence": [{"where": w, "why": y} for w, y in self.evidence],
             "notes": self.notes, "timeline": self.timeline, "timeout_seconds": self.timeout_s,
             "flight_recorder": self.flight_recorder, "inputs": self.inputs,
+            "missing_evidence": self.missing_evidence, "collect_next_time": self.collect_next_time,
         }
 
 
@@ -82,4 +89,5 @@ def diagnose(paths: Iterable[str | os.PathLike]) -> Diagnosis:
     return Diagnosis(finding.cls, CLASS_BY_ID[finding.cls].title, finding.summary,
                      finding.initiating, finding.collateral, root_cause(finding),
                      finding.evidence, finding.notes, timeline(facts, finding),
-                     timeout_seconds(facts), fr_json, inputs)
+                     timeout_seconds(facts), fr_json, inputs, finding.candidates,
+                     finding.missing, finding.collect)

@@ -22,7 +22,9 @@ def _time(t: float | None) -> str:
 def text(d: Diagnosis) -> str:
     lines = [f"{d.title} ({d.cls})", "", f"  {d.summary}", ""]
     if d.cls not in ("none",):
-        lines += [f"  initiating rank(s): {_ranks(d.initiating)}",
+        among = ([f"  initiator among:    {_ranks(d.candidates)}  (not named by the logs; "
+                  "these did not report waiting)"] if d.candidates else [])
+        lines += [f"  initiating rank(s): {_ranks(d.initiating)}", *among,
                   f"  collateral rank(s): {_ranks(d.collateral)}  (only timed out or failed "
                   "waiting for them)" if d.collateral else "  collateral rank(s): -"]
         if d.timeout_s:
@@ -66,6 +68,12 @@ def text(d: Diagnosis) -> str:
         for t in d.timeline:
             r = "" if t["rank"] is None else f"rank {t['rank']}"
             lines.append(f"  {_time(t['time'])}  {r:<8} {t['what'][:150]}  ({t['where']})")
+        lines.append("")
+    if d.missing_evidence or d.collect_next_time:
+        lines.append("Missing evidence:")
+        lines += [f"  - {m}" for m in d.missing_evidence]
+        lines.append("Collect next time:")
+        lines += [f"  - {c}" for c in d.collect_next_time]
         lines.append("")
     rc = d.root_cause
     if rc is not None:
