@@ -986,7 +986,8 @@ def rule_stall(facts: Facts) -> Finding | None:
                          f"alone) was checkpointing: {line.text[:160]}"))
     how_text = _HOW.get(how, how.replace("_", " "))
     if ckpt:
-        ev = [(w, why) for _r, w, why in ckpt] + ev
+        shown = {w for _r, w, _y in ckpt}
+        ev = [(w, why) for _r, w, why in ckpt] + [(w, y) for w, y in ev if w not in shown]
         culprits = sorted({r for r, _w, _y in ckpt})
         return Finding(
             "checkpoint_gather_timeout", culprits, waiting, "save_overruns_watchdog",
