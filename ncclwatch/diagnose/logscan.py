@@ -343,19 +343,21 @@ class _OpenTb:
         self.tb, self.since = tb, since
 
 
-def _logical(chunk: bytes, ls: int, le: int) -> tuple[bytes, int]:
-    """The logical line around chunk[ls:le]: a hard-wrapped line's pieces joined
-    (the wrap cut inside a word, so no separator). Returns (bytes, its end)."""
-    line = chunk[ls:le]
-    if not paste.continues(line.decode("utf-8", "replace")):
-        start = ls
-    else:
-        start = ls
+def _logical(chunk: bytes, ls: int, le: int, back: bool = True) -> tuple[bytes, int]:
+    """The logical line around chunk[ls:le]: a hard-wrapped line's pieces joined (the
+    wrap cut inside a word, so no separator; each piece's paste decoration, a quote or
+    a viewer line number, dropped). ``back``: also join pieces before it. Returns
+    (bytes, its end)."""
+    def text(a: int, b: int) -> str:
+        return paste.undecorate(chunk[a:b].decode("utf-8", "replace").rstrip("\r"))
+
+    start = ls
+    if back and paste.continues(text(ls, le)):
         for _ in range(paste.WRAP_MAX):
             if start == 0:
                 break
             ps = chunk.rfind(b"\n", 0, start - 1) + 1
-            prev = chunk[ps:start - 1].decode("utf-8", "replace").rstrip("\r")
+            prev = text(ps, start - 1)
             if paste.ends_line(prev):
                 break
             start = ps
@@ -365,20 +367,22 @@ def _logical(chunk: bytes, ls: int, le: int) -> tuple[bytes, int]:
     for _ in range(paste.WRAP_MAX):
         if end >= len(chunk):
             break
-        last = chunk[chunk.rfind(b"\n", 0, end) + 1:end].decode("utf-8", "replace").rstrip("\r")
-        if paste.ends_line(last):
+        if paste.ends_line(text(chunk.rfind(b"\n", 0, end) + 1, end),
+                           wrapped=start != ls or end != le):
             break
         ne = chunk.find(b"\n", end + 1)
         if ne < 0:
             ne = len(chunk)
-        nxt = chunk[end + 1:ne].decode("utf-8", "replace").rstrip("\r")
+        nxt = text(end + 1, ne)
         if not nxt or not paste.continues(nxt):
             break
         end = ne
     if start == ls and end == le:
-        return line, le
-    parts = chunk[start:end].split(b"\n")
-    return b"".join(p.rstrip(b"\r") for p in parts), end
+        return chunk[ls:le], le
+    pieces = chunk[start:end].split(b"\n")
+    first = pieces[0].rstrip(b"\r")
+    rest = [paste.undecorate(p.decode("utf-8", "replace").rstrip("\r")).encode() for p in pieces[1:]]
+    return first + b"".join(rest), end
 
 
 def _message_rank(fields: dict[str, str], pg: str | None,
@@ -529,9 +533,9 @@ class _FileScan:
             le = chunk.find(b"\n", pos)
             if le < 0:
                 le = n
-            raw = chunk[pos:le]
+            raw, end = _logical(chunk, pos, le, back=False)
             self._traceback_line(raw, line_no)
-            pos, line_no = le + 1, line_no + 1
+            pos, line_no = end + 1, line_no + 1 + chunk.count(b"\n", le, end)
             for rank, ot in list(self.open.items()):
                 if line_no - ot.since > TRACEBACK_MAX_LINES:
                     self._finish(rank, "(traceback truncated)", line_no)
@@ -541,7 +545,18 @@ class _FileScan:
         return raw.decode("utf-8", "replace").rstrip("\r")
 
     def _traceback_line(self, raw: bytes, line_no: int) -> None:
-        text = self._decode(raw)
+        parts = paste.split_glued(self._decode(raw))
+        if len(parts) == 1:
+            self._traceback_part(raw, parts[0], line_no)
+            return
+        for part in parts:
+            self._traceback_part(part.encode(), part, line_no)
+
+    def _traceback_part(self, raw: bytes, text: str, line_no: int) -> None:
+        if paste.is_progress_bar(text):
+            if self.m.signs_in(raw):
+                self._line(raw, line_no)
+            return
         rank, rest = split_prefix(text, self.task_is_rank)
         if rank is None:
             rank = self.file_rank
