@@ -284,3 +284,17 @@ def test_partial_verdict_in_json_says_what_is_missing(tmp_path):
     text = subprocess.run([sys.executable, "-m", "ncclwatch", "diagnose", str(log)],
                           capture_output=True, text=True, timeout=120).stdout
     assert "initiator among:    0-1" in text and "Collect next time:" in text
+
+
+def test_a_busy_main_process_is_late_but_an_old_progress_bar_is_not(tmp_path):
+    bar = "Tokenizing Prompts (num_proc=8): 100%|██████████| 5000/5000 [01:02<00:00, 80.1 examples/s]\n"
+    wait = TIMEOUT.format(r=1)
+    log = tmp_path / "late.log"
+    log.write_text(bar + wait)
+    d = diagnose([log])
+    assert (d.cls, d.initiating, d.collateral) == ("collective_hang", [0], [1])
+    assert any("busy" in why for _w, why in d.evidence)
+    old = tmp_path / "old.log"
+    old.write_text(bar + NOISE.format(r=1) * 500 + wait)
+    d = diagnose([old])
+    assert (d.cls, d.initiating, d.candidates) == ("collective_hang", [], [0])

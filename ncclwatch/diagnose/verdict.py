@@ -507,12 +507,26 @@ def _pg_key(e: Evidence) -> str:
 def _busy(facts: Facts, waiting: set[int]) -> dict[int, Evidence]:
     """Ranks busy with work of their own (tokenizing) while others waited; a busy line
     without a rank is the main process's (rank 0: it alone prints progress bars)."""
-    out = {r: rf.busy[-1] for r, rf in facts.ranks.items() if rf.busy and r not in waiting}
+    first_wait: dict[str, int] = {}
+    for r in waiting:
+        for e in facts.ranks[r].timeouts if r in facts.ranks else []:
+            first_wait[e.file] = min(first_wait.get(e.file, e.line), e.line)
+
+    def recent(e: Evidence) -> bool:
+        # Still busy when the others gave up: a progress bar of hours before is not.
+        return e.file not in first_wait or first_wait[e.file] - e.line <= BUSY_REACH
+
+    out = {r: rf.busy[-1] for r, rf in facts.ranks.items()
+           if rf.busy and r not in waiting and recent(rf.busy[-1])}
     if not out and 0 not in waiting:
-        lines = [e for e in facts.unattributed if e.event is Event.BUSY]
+        lines = [e for e in facts.unattributed if e.event is Event.BUSY and recent(e)]
         if lines:
             out[0] = lines[-1]
     return out
+
+
+#: How many lines before the first timeout a busy line may be and still count.
+BUSY_REACH = 200
 
 
 def _alive_not_waiting(facts: Facts, waiting: set[int]) -> dict[int, tuple[str, str]]:
@@ -532,7 +546,8 @@ def _alive_not_waiting(facts: Facts, waiting: set[int]) -> dict[int, tuple[str, 
             tb = rf.tracebacks[-1]
             out[r] = (tb.where, f"rank {r} did not time out; its last traceback ends in "
                       f"{tb.exception[:120]}")
-        elif rf.checkpoint or rf.failure is not None:
+        elif rf.checkpoint or (rf.failure is not None and _sig_of(rf) != "SIGABRT"):
+            # (SIGABRT is the watchdog taking a waiting rank down: no sign of life.)
             e = rf.checkpoint[-1] if rf.checkpoint else None
             out[r] = (e.where, f"rank {r} did not time out: {e.text[:120]}") if e else \
                 (rf.failure.where, f"rank {r} did not time out (torchrun: exitcode "
