@@ -2,10 +2,13 @@
 
 After the fact an operator has logs (torchrun's console, per-rank files,
 Slurm output, the kernel log) and maybe Flight Recorder dumps. ``diagnose``
-streams them once (logscan.py, with the sign table of logsigns.py), reads
-the dumps (ncclwatch/flightrec.py), and decides (verdict.py) the failure
-class, the initiating ranks versus the collateral ones, a timeline, the
-evidence lines, and the fix from the remediation table the live daemon uses.
+streams them once (logscan.py, with the sign table of logsigns.py, undoing
+what pasting did to a line with paste.py), reads the dumps
+(ncclwatch/flightrec.py), and decides (verdict.py) the failure class, the
+initiating ranks versus the collateral ones (or, where the logs name no
+initiator, the ranks it must be among), a timeline, the evidence lines, what
+evidence was missing and what to collect next time, and the fix from the
+remediation table the live daemon uses.
 """
 
 from __future__ import annotations

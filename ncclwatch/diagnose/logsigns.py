@@ -10,9 +10,9 @@ matched against ``pattern``. A row adds a message; the verdict rules
 (verdict.py) say what the events mean together.
 
 Wordings come from the torch sources (ProcessGroupNCCL.cpp, ProcessGroupGloo.cpp,
-ProcessGroupGloo.cpp, elastic/multiprocessing/errors) and from real runs here
-(tests/data/diagnose); tests/test_diagnose.py checks every row against a line
-of the corpus.
+ProcessGroupWrapper.cpp, elastic/multiprocessing/errors), from real runs here and
+from logs users pasted into public issues (tests/data/diagnose/cases and public);
+tests/test_diagnose.py checks every row against a line of the corpus.
 """
 
 from __future__ import annotations

@@ -711,12 +711,17 @@ def _timeout_divergence(facts: Facts) -> tuple[dict[int, str], list[tuple[str, s
     SeqNum with a different op or size, or different SeqNums (one rank issued a
     collective the others did not, so NCCL paired different calls)."""
     by_pg: dict[str, dict[int, Evidence]] = {}
+    guessed: dict[int, set[str]] = {}  # untagged timeouts put in the default group
     for r, rf in facts.ranks.items():
         for e in rf.timeouts:
             if e.fields.get("seq") is None or "op" not in e.fields:
                 continue
             pg = _pg_key(e) if e.pg is not None else _seq_pg(facts, rf, e)
+            if pg == "default" and e.pg is None:
+                guessed.setdefault(r, set()).add(e.fields["seq"])
             by_pg.setdefault(pg, {}).setdefault(r, e)
+    if any(len(seqs) > 1 for seqs in guessed.values()):
+        by_pg.pop("default", None)  # untagged lines of several groups: not comparable
     for pg, first in sorted(by_pg.items()):
         if len(first) < 2:
             continue
