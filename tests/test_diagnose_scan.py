@@ -246,3 +246,55 @@ def test_a_chained_exception_is_two_tracebacks(tmp_path):
     assert [t.exception.split(":")[0] for t in tbs] == [
         "torch.distributed.DistBackendError", "ValueError"]
     assert [len(t.frames) for t in tbs] == [3, 1] and {t.rank for t in tbs} == {1}
+
+
+@pytest.mark.parametrize("text,pg,rank", [
+    ("[Rank 3] Watchdog caught", None, 3),
+    ("[PG 3 Rank 2] Timeout at NCCL work: 5", "3", 2),
+    ("[PG 0 Rank 1] Timeout at NCCL work: 5", "0", 1),
+    ("[PG 0 (default_pg) Rank 12] Exception", "default_pg", 12),
+    ("[PG ID 0 PG GUID 0(default_pg) Rank 6] x", "default_pg", 6),
+    ("[PG ID 2 PG GUID 9 Rank 4] x", "2", 4),
+    ("[PG ID 12 PG GUID 99(EXPERT_MODEL_PARALLEL_GROUP) Rank 4] x", "EXPERT_MODEL_PARALLEL_GROUP", 4),
+    ("no tag here", None, None),
+])
+def test_process_group_tags(text, pg, rank):
+    assert logscan.pg_of(text) == (pg, rank)
+
+
+def test_a_pg_local_rank_is_not_a_global_rank(tmp_path):
+    """Unprefixed: "[PG 5 Rank 0]" is rank 0 of group 5, which is not global rank 0."""
+    log = tmp_path / "console.log"
+    log.write_text("[E ProcessGroupNCCL.cpp:1316] [PG 5 Rank 0] Heartbeat monitor timed out!\n"
+                   "[E ProcessGroupNCCL.cpp:1316] [PG 0 Rank 3] Heartbeat monitor timed out!\n")
+    ev = scan([log]).evidence
+    assert [(e.rank, e.pg, e.pg_rank) for e in ev] == [(None, "5", 0), (3, "0", 3)]
+
+
+def test_partial_verdict_in_json_says_what_is_missing(tmp_path):
+    log = tmp_path / "console.log"
+    log.write_text(TIMEOUT.format(r=2))
+    out = subprocess.run([sys.executable, "-m", "ncclwatch", "diagnose", "--json", str(log)],
+                         capture_output=True, text=True, timeout=120)
+    j = json.loads(out.stdout)
+    assert (j["class"], j["initiating_ranks"], j["collateral_ranks"]) == ("collective_hang", [], [2])
+    assert j["initiator_among"] == [0, 1]
+    assert j["missing_evidence"] and any("TORCH_NCCL_DUMP_ON_TIMEOUT" in c
+                                         for c in j["collect_next_time"])
+    text = subprocess.run([sys.executable, "-m", "ncclwatch", "diagnose", str(log)],
+                          capture_output=True, text=True, timeout=120).stdout
+    assert "initiator among:    0-1" in text and "Collect next time:" in text
+
+
+def test_a_busy_main_process_is_late_but_an_old_progress_bar_is_not(tmp_path):
+    bar = "Tokenizing Prompts (num_proc=8): 100%|██████████| 5000/5000 [01:02<00:00, 80.1 examples/s]\n"
+    wait = TIMEOUT.format(r=1)
+    log = tmp_path / "late.log"
+    log.write_text(bar + wait)
+    d = diagnose([log])
+    assert (d.cls, d.initiating, d.collateral) == ("collective_hang", [0], [1])
+    assert any("busy" in why for _w, why in d.evidence)
+    old = tmp_path / "old.log"
+    old.write_text(bar + NOISE.format(r=1) * 500 + wait)
+    d = diagnose([old])
+    assert (d.cls, d.initiating, d.candidates) == ("collective_hang", [], [0])

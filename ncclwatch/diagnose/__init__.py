@@ -2,10 +2,13 @@
 
 After the fact an operator has logs (torchrun's console, per-rank files,
 Slurm output, the kernel log) and maybe Flight Recorder dumps. ``diagnose``
-streams them once (logscan.py, with the sign table of logsigns.py), reads
-the dumps (ncclwatch/flightrec.py), and decides (verdict.py) the failure
-class, the initiating ranks versus the collateral ones, a timeline, the
-evidence lines, and the fix from the remediation table the live daemon uses.
+streams them once (logscan.py, with the sign table of logsigns.py, undoing
+what pasting did to a line with paste.py), reads the dumps
+(ncclwatch/flightrec.py), and decides (verdict.py) the failure class, the
+initiating ranks versus the collateral ones (or, where the logs name no
+initiator, the ranks it must be among), a timeline, the evidence lines, what
+evidence was missing and what to collect next time, and the fix from the
+remediation table the live daemon uses.
 """
 
 from __future__ import annotations
@@ -39,17 +42,24 @@ class Diagnosis:
     timeout_s: float | None
     flight_recorder: dict | None
     inputs: dict[str, Any] = field(default_factory=dict)
+    #: Where the initiator is not known: the ranks it must be among.
+    candidates: list[int] = field(default_factory=list)
+    #: What evidence the verdict lacked, and what to collect next time.
+    missing_evidence: list[str] = field(default_factory=list)
+    collect_next_time: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         rc = self.root_cause
         return {
             "class": self.cls, "title": self.title, "summary": self.summary,
             "initiating_ranks": self.initiating, "collateral_ranks": self.collateral,
+            "initiator_among": self.candidates,
             "root_cause": None if rc is None else {
                 "id": rc.id, "title": rc.title, "fix": rc.fix, "example": rc.example},
             "evidence": [{"where": w, "why": y} for w, y in self.evidence],
             "notes": self.notes, "timeline": self.timeline, "timeout_seconds": self.timeout_s,
             "flight_recorder": self.flight_recorder, "inputs": self.inputs,
+            "missing_evidence": self.missing_evidence, "collect_next_time": self.collect_next_time,
         }
 
 
@@ -82,4 +92,5 @@ def diagnose(paths: Iterable[str | os.PathLike]) -> Diagnosis:
     return Diagnosis(finding.cls, CLASS_BY_ID[finding.cls].title, finding.summary,
                      finding.initiating, finding.collateral, root_cause(finding),
                      finding.evidence, finding.notes, timeline(facts, finding),
-                     timeout_seconds(facts), fr_json, inputs)
+                     timeout_seconds(facts), fr_json, inputs, finding.candidates,
+                     finding.missing, finding.collect)

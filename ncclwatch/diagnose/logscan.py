@@ -28,7 +28,8 @@ from typing import BinaryIO, Iterable, Iterator
 
 import ahocorasick_rs
 
-from ncclwatch.diagnose.logsigns import SIGNS, Event, LogSign
+from ncclwatch.diagnose import paste
+from ncclwatch.diagnose.logsigns import PG_TAG, SIGNS, Event, LogSign
 from ncclwatch.stacks import Frame
 
 CHUNK = 8 << 20
@@ -60,6 +61,13 @@ class Evidence:
     fields: dict[str, str]
     #: The ``srun --label`` task id (a node, where torchrun runs per node).
     task: int | None = None
+    #: The process group of torch's own ``[PG 3 Rank 2]`` tag (id, or its description)
+    #: and the rank inside it; None where the message has no tag.
+    pg: str | None = None
+    pg_rank: int | None = None
+    #: Where ``rank`` came from: "prefix" (launcher), "file" (per-rank file name),
+    #: "message" (torch's ``[Rank N]`` of the default or an unnamed group), None.
+    rank_from: str | None = None
 
     @property
     def where(self) -> str:
@@ -166,7 +174,10 @@ def matcher() -> _Matcher:
 #: trainer's `[rank 3]`, in that order.
 _PREFIX = re.compile(r"^(?:\s*(?P<task>\d+): )?(?:\[(?P<role>[A-Za-z_]*?)(?P<rank>\d+)\]:"
                      r"|\[[Rr]ank (?P<rank2>\d+)\]:?(?= ))?")
-_PREFIX_SAMPLE = re.compile(rb"^(?:[ \t]*\d+: )?\[(?:rank|default)(\d+)\]:", re.M)
+_PREFIX_SAMPLE = re.compile(rb"\[(?:rank|default)(\d+)\]:")
+_PG_TAG = re.compile(PG_TAG)
+#: Process groups whose ranks are the global ranks.
+DEFAULT_PG = frozenset({"0", "default_pg"})
 _TASK = re.compile(r"^\s*(\d+): ")
 _ISO = re.compile(r"(\d{4})-(\d{2})-(\d{2})[ T_](\d{2}):(\d{2}):(\d{2})(?:[.,](\d{1,6}))?")
 _GLOG = re.compile(r"\b[IWEF](\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2})\.(\d{1,6})")
@@ -194,15 +205,35 @@ def split_prefix(line: str, task_is_rank: bool = True) -> tuple[int | None, str]
 
     ``task_is_rank``: an ``srun --label`` task id stands for the rank (one task
     per rank); where torchrun runs per node the task id is the node, not a rank.
+    Paste decoration (paste.py) is removed first; a launcher prefix behind other
+    decoration (a host, a Ray actor, a time) is found near the start of the line.
     """
+    line = paste.undecorate(line)
+    rank, rest = paste.mpi_rank(line)
+    if rank is not None:
+        return rank, rest
     m = _PREFIX.match(line)
+    if m and m.group("rank") is not None:
+        return int(m.group("rank")), line[m.end():]
+    if m and m.group("rank2") is not None:  # a trainer's own "[rank 3] ..." lines
+        return int(m.group("rank2")), line[m.end():]
+    rank, rest = paste.launcher_prefix(line)
+    if rank is not None:
+        return rank, rest
     if not m or m.end() == 0:
         return None, line
-    if m.group("rank") is not None:
-        return int(m.group("rank")), line[m.end():]
-    if m.group("rank2") is not None:  # a trainer's own "[rank 3] ..." lines
-        return int(m.group("rank2")), line[m.end():]
     return (int(m.group("task")) if task_is_rank else None), line[m.end():]
+
+
+def pg_of(text: str) -> tuple[str | None, int | None]:
+    """(process group, rank inside it) of torch's first ``[PG .. Rank N]`` tag."""
+    m = _PG_TAG.search(text)
+    if m is None:
+        return None, None
+    pg = m.group("pg_desc") or m.group("pg")
+    if m.group("pg") == "0" and not m.group("pg_desc"):
+        pg = "0"
+    return pg, int(m.group("rank"))
 
 
 def parse_ts(text: str, year: int) -> float | None:
@@ -310,6 +341,61 @@ class _OpenTb:
 
     def __init__(self, tb: PyTraceback, since: int) -> None:
         self.tb, self.since = tb, since
+
+
+def _logical(chunk: bytes, ls: int, le: int, back: bool = True) -> tuple[bytes, int]:
+    """The logical line around chunk[ls:le]: a hard-wrapped line's pieces joined (the
+    wrap cut inside a word, so no separator; each piece's paste decoration, a quote or
+    a viewer line number, dropped). ``back``: also join pieces before it. Returns
+    (bytes, its end)."""
+    def text(a: int, b: int) -> str:
+        return paste.undecorate(chunk[a:b].decode("utf-8", "replace").rstrip("\r"))
+
+    start = ls
+    if back and paste.continues(text(ls, le)):
+        for _ in range(paste.WRAP_MAX):
+            if start == 0:
+                break
+            ps = chunk.rfind(b"\n", 0, start - 1) + 1
+            prev = text(ps, start - 1)
+            if paste.ends_line(prev):
+                break
+            start = ps
+            if not paste.continues(prev):
+                break
+    end = le
+    for _ in range(paste.WRAP_MAX):
+        if end >= len(chunk):
+            break
+        if paste.ends_line(text(chunk.rfind(b"\n", 0, end) + 1, end),
+                           wrapped=start != ls or end != le):
+            break
+        ne = chunk.find(b"\n", end + 1)
+        if ne < 0:
+            ne = len(chunk)
+        nxt = text(end + 1, ne)
+        if not nxt or not paste.continues(nxt):
+            break
+        end = ne
+    if start == ls and end == le:
+        return chunk[ls:le], le
+    pieces = chunk[start:end].split(b"\n")
+    first = pieces[0].rstrip(b"\r")
+    rest = [paste.undecorate(p.decode("utf-8", "replace").rstrip("\r")).encode() for p in pieces[1:]]
+    return first + b"".join(rest), end
+
+
+def _message_rank(fields: dict[str, str], pg: str | None,
+                  pg_rank: int | None) -> tuple[int | None, str | None]:
+    """The global rank a message names itself, if it names one: torch's ``[Rank N]``
+    is the rank inside a process group, global only for the default group."""
+    if pg is not None:
+        return (pg_rank, "message") if pg in DEFAULT_PG else (None, None)
+    if "rank" in fields:
+        return int(fields["rank"]), "message"
+    if pg_rank is not None:
+        return pg_rank, "message"
+    return None, None
 
 
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+), in (?P<func>.+?)\s*$')
@@ -429,10 +515,11 @@ class _FileScan:
                 le = len(chunk)
             cur_line += chunk.count(b"\n", cur_pos, ls)
             cur_pos = ls
-            self._line(chunk[ls:le], cur_line)
+            raw, le = _logical(chunk, ls, le)
+            self._line(raw, cur_line)
             pos = le + 1
             if self.open:
-                cur_pos, cur_line = pos, cur_line + 1
+                cur_pos, cur_line = pos, cur_line + 1 + chunk.count(b"\n", ls, le)
                 pos, cur_line = self._sequential(chunk, pos, cur_line)
                 cur_pos = pos
         total = line_no + chunk.count(b"\n")
@@ -446,9 +533,9 @@ class _FileScan:
             le = chunk.find(b"\n", pos)
             if le < 0:
                 le = n
-            raw = chunk[pos:le]
+            raw, end = _logical(chunk, pos, le, back=False)
             self._traceback_line(raw, line_no)
-            pos, line_no = le + 1, line_no + 1
+            pos, line_no = end + 1, line_no + 1 + chunk.count(b"\n", le, end)
             for rank, ot in list(self.open.items()):
                 if line_no - ot.since > TRACEBACK_MAX_LINES:
                     self._finish(rank, "(traceback truncated)", line_no)
@@ -458,7 +545,18 @@ class _FileScan:
         return raw.decode("utf-8", "replace").rstrip("\r")
 
     def _traceback_line(self, raw: bytes, line_no: int) -> None:
-        text = self._decode(raw)
+        parts = paste.split_glued(self._decode(raw))
+        if len(parts) == 1:
+            self._traceback_part(raw, parts[0], line_no)
+            return
+        for part in parts:
+            self._traceback_part(part.encode(), part, line_no)
+
+    def _traceback_part(self, raw: bytes, text: str, line_no: int) -> None:
+        if paste.is_progress_bar(text):
+            if self.m.signs_in(raw):
+                self._line(raw, line_no)
+            return
         rank, rest = split_prefix(text, self.task_is_rank)
         if rank is None:
             rank = self.file_rank
@@ -473,6 +571,8 @@ class _FileScan:
                 ot.tb.frames.append(Frame(fm.group("func"), fm.group("file"), int(fm.group("line"))))
                 return
             if not stripped or body[:1].isspace():
+                if stripped and self.m.signs_in(raw):  # an indented exception line (torchrun's summary)
+                    self._line(raw, line_no)
                 return
             # A new "Traceback" line is the TRACEBACK event's to handle (below).
             if not stripped.startswith("Traceback (most recent call last)") and ot.tb.frames:
@@ -499,9 +599,16 @@ class _FileScan:
 
     def _line(self, raw: bytes, line_no: int) -> None:
         text = self._decode(raw)
+        tm = _TASK.match(text)
+        self.task = int(tm.group(1)) if tm else None
+        for part in paste.split_glued(text):
+            self._part(part, line_no)
+
+    def _part(self, text: str, line_no: int) -> None:
         rank, rest = split_prefix(text, self.task_is_rank)
-        if rank is None:
-            rank = self.file_rank
+        rank_from = "prefix" if rank is not None else None
+        if rank is None and self.file_rank is not None:
+            rank, rank_from = self.file_rank, "file"
         rest = rest.strip()
         ts = parse_ts(rest, self.year)
         if ts is None:
@@ -510,21 +617,21 @@ class _FileScan:
             self.last_ts = ts
         if rank is not None:
             self.r.ranks_seen.add(rank)
-        tm = _TASK.match(text)
-        self.task = int(tm.group(1)) if tm else None
-        for i in self.m.signs_in(raw):
+        pg, pg_rank = pg_of(rest)
+        for i in self.m.signs_in(text.encode()):
             sign = self.m.signs[i]
             mt = self.m.patterns[i].search(rest)
             if mt is None:
                 continue
             fields = {k: v for k, v in mt.groupdict().items() if v is not None}
-            ev_rank = rank
-            if ev_rank is None and "rank" in fields:
-                ev_rank = int(fields["rank"])
-            self._event(sign, fields, ev_rank, ts, rest, line_no)
+            ev_rank, ev_from = rank, rank_from
+            if ev_rank is None:
+                ev_rank, ev_from = _message_rank(fields, pg, pg_rank)
+            self._event(sign, fields, ev_rank, ts, rest, line_no, pg, pg_rank, ev_from)
 
     def _event(self, sign: LogSign, fields: dict[str, str], rank: int | None, ts: float | None,
-               text: str, line_no: int) -> None:
+               text: str, line_no: int, pg: str | None = None, pg_rank: int | None = None,
+               rank_from: str | None = None) -> None:
         ev = sign.event
         if ev is Event.TRACEBACK:
             if rank in self.open:
@@ -542,8 +649,11 @@ class _FileScan:
         if ev is Event.WORLD:
             self.r.world_sizes.add(int(fields["world"]))
             return
+        if rank is not None and rank_from == "message":
+            self.r.ranks_seen.add(rank)
         self.r.evidence.append(Evidence(sign.id, ev, self.name, line_no, rank, ts,
-                                        text[:MAX_TEXT], fields, self.task))
+                                        text[:MAX_TEXT], fields, self.task, pg, pg_rank,
+                                        rank_from))
 
     def _summary(self, sid: str, fields: dict[str, str], line_no: int) -> None:
         if sid == "summary_host" or self.entry is None:

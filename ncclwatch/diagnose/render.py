@@ -22,7 +22,9 @@ def _time(t: float | None) -> str:
 def text(d: Diagnosis) -> str:
     lines = [f"{d.title} ({d.cls})", "", f"  {d.summary}", ""]
     if d.cls not in ("none",):
-        lines += [f"  initiating rank(s): {_ranks(d.initiating)}",
+        among = ([f"  initiator among:    {_ranks(d.candidates)}  (the logs do not say "
+                  "which)"] if d.candidates else [])
+        lines += [f"  initiating rank(s): {_ranks(d.initiating)}", *among,
                   f"  collateral rank(s): {_ranks(d.collateral)}  (only timed out or failed "
                   "waiting for them)" if d.collateral else "  collateral rank(s): -"]
         if d.timeout_s:
@@ -67,6 +69,10 @@ def text(d: Diagnosis) -> str:
             r = "" if t["rank"] is None else f"rank {t['rank']}"
             lines.append(f"  {_time(t['time'])}  {r:<8} {t['what'][:150]}  ({t['where']})")
         lines.append("")
+    for title, items in (("Missing evidence:", d.missing_evidence),
+                         ("Collect next time:", d.collect_next_time)):
+        if items:
+            lines += [title, *(f"  - {m}" for m in items), ""]
     rc = d.root_cause
     if rc is not None:
         lines += [f"Fix ({rc.id}): {rc.title}", f"  {rc.fix}", ""]

@@ -20,9 +20,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
-from ncclwatch.diagnose.logscan import Evidence, FailureEntry, PyTraceback, ScanResult
-from ncclwatch.diagnose.logsigns import (NETWORK_EXCEPTIONS, PEER_EXCEPTIONS, SIGNAL_MEANING,
-                                         TEARDOWN_EXCEPTIONS, TIMEOUT_EXCEPTIONS, Event)
+from ncclwatch.diagnose.logscan import DEFAULT_PG, Evidence, FailureEntry, PyTraceback, ScanResult
+from ncclwatch.diagnose.logsigns import (NETWORK_EXCEPTIONS, NETWORK_FAILURES, PEER_EXCEPTIONS,
+                                         SIGNAL_MEANING, TEARDOWN_EXCEPTIONS, TIMEOUT_EXCEPTIONS,
+                                         Event)
 from ncclwatch.flightrec import FrAnalysis
 from ncclwatch.model import CHECKPOINT_STATES, CollectiveOp, RankState, rank_ranges
 from ncclwatch.remediation import ALL_BY_ID, RootCause
@@ -73,16 +74,43 @@ class RankFacts:
     aborted: list[Evidence] = field(default_factory=list)
     #: "Received a dump signal ... Last enqueued NCCL work: N": progress, not a wait.
     dump_signals: list[Evidence] = field(default_factory=list)
+    #: Another rank's dump signal said this rank timed out ("... from rank N").
+    signalled: list[Evidence] = field(default_factory=list)
+    #: Its watchdog itself was stuck (the heartbeat monitor): blocked in NCCL/CUDA.
+    heartbeat: list[Evidence] = field(default_factory=list)
+    #: It was busy with work of its own (tokenizing a dataset) while others waited.
+    busy: list[Evidence] = field(default_factory=list)
+    #: A CUDA call failed under NCCL on its GPU.
+    cuda_errors: list[Evidence] = field(default_factory=list)
     failure: FailureEntry | None = None
 
     def timeout_tracebacks(self) -> list[PyTraceback]:
         return [t for t in self.tracebacks if exception_kind(t) == "timeout"]
 
+    def pending_dump(self) -> bool:
+        """A dump signal that says this rank timed out itself or has work overdue."""
+        for e in self.dump_signals:
+            if "from_rank" not in e.fields and "observed" not in e.fields:
+                return True  # "... from this local rank": its own watchdog timed out
+            enq, done = e.fields.get("enqueued"), e.fields.get("completed")
+            if enq is not None and done is not None and int(enq) > int(done):
+                return True
+        return False
+
     @property
     def waited(self) -> bool:
         """Timed out waiting for others (collateral), by any evidence."""
-        return bool(self.timeouts or self.progress or self.aborted or self.timeout_tracebacks()
+        return bool(self.timeouts or self.progress or self.aborted or self.heartbeat
+                    or self.signalled or self.pending_dump() or self.timeout_tracebacks()
                     or any(blocked_op(t) for t in self.tracebacks))
+
+    @property
+    def reported(self) -> bool:
+        """Left any evidence line of its own (a rank that never did is only a name)."""
+        return bool(self.timeouts or self.progress or self.tracebacks or self.oom
+                    or self.network or self.peer_closed or self.checkpoint or self.aborted
+                    or self.dump_signals or self.heartbeat or self.busy or self.cuda_errors
+                    or self.failure)
 
     def activity(self) -> tuple[RankState, CollectiveOp]:
         """What its last traceback's frames say it was doing."""
@@ -168,6 +196,11 @@ class Facts:
     fr: FrAnalysis | None = None
     unattributed: list[Evidence] = field(default_factory=list)
     by_line: _ByLine = field(default_factory=lambda: _ByLine(()))
+    #: Whether the world size comes from the job itself (a world size line, torchrun's
+    #: worker accounting, the Flight Recorder) rather than from the highest rank seen.
+    world_known: bool = False
+    #: Ranks given to rank-less lines by inference, and how ("from GPU index 2").
+    inferred: dict[int, str] = field(default_factory=dict)
 
     def unattributed_checkpointing(self) -> Evidence | None:
         """The last checkpoint line without a rank prefix, if no 'saved' line followed."""
@@ -198,12 +231,35 @@ def _order(e: Evidence | PyTraceback) -> tuple:
     return (e.ts is None, e.ts or 0.0, e.file, e.line)
 
 
+#: Events that are a rank waiting or being taken down: never the rank of an unprefixed
+#: traceback printed just before them (that traceback is usually another rank's).
+_WAIT_EVENTS = frozenset({Event.TIMEOUT, Event.PROGRESS, Event.WATCHDOG_ABORT, Event.DUMP_SIGNAL,
+                          Event.HEARTBEAT, Event.FR_DUMP, Event.TEARDOWN, Event.EXIT})
+
+
 def _rank_after(by_line: _ByLine, tb: PyTraceback, within: int = 3) -> int | None:
     """An unprefixed traceback (ranks share the launcher's stderr) belongs to the rank
     whose own log line follows it, e.g. a trainer's "[rank 1] error: RuntimeError"."""
     for e in by_line.between(tb.file, tb.end_line, tb.end_line + within):
-        if e.rank is not None:
+        if e.rank is not None and e.event not in _WAIT_EVENTS:
             return e.rank
+    return None
+
+
+def _pg_local(by_line: _ByLine, e: Evidence, within: int = 3) -> bool:
+    """torch <2.6 prints "[Rank 2] Watchdog caught ..." and then "[PG 3 Rank 2] Timeout at
+    NCCL work ...": the untagged line's rank is local to the group the next line names."""
+    for o in by_line.between(e.file, e.line + 1, e.line + within):
+        if o.pg_rank == e.pg_rank and o.pg is not None:
+            return o.pg not in DEFAULT_PG
+    return False
+
+
+def _tb_rank_near(scan: ScanResult, e: Evidence, within: int = 20) -> int | None:
+    """The rank of a prefixed traceback starting just after an NCCL line (same process)."""
+    for tb in scan.tracebacks:
+        if tb.file == e.file and e.line < tb.line <= e.line + within and tb.rank is not None:
+            return tb.rank
     return None
 
 
@@ -212,11 +268,19 @@ def gather_facts(scan: ScanResult, fr: FrAnalysis | None = None) -> Facts:
     slots = {Event.TIMEOUT: "timeouts", Event.PROGRESS: "progress", Event.OOM: "oom",
              Event.NETWORK: "network", Event.PEER_CLOSED: "peer_closed",
              Event.CHECKPOINT: "checkpoint", Event.CHECKPOINT_DONE: "checkpoint_done",
-             Event.WATCHDOG_ABORT: "aborted", Event.DUMP_SIGNAL: "dump_signals"}
+             Event.WATCHDOG_ABORT: "aborted", Event.DUMP_SIGNAL: "dump_signals",
+             Event.HEARTBEAT: "heartbeat", Event.BUSY: "busy", Event.CUDA_ERROR: "cuda_errors"}
     for e in scan.evidence:
+        if e.rank_from == "message" and e.pg is None and _pg_local(f.by_line, e):
+            e.rank, e.rank_from = None, None
+        if e.rank is None and e.event in (Event.OOM, Event.CUDA_ERROR):
+            _infer_rank(f, e)
         slot = slots.get(e.event)
         if slot is None:
             continue
+        if e.event is Event.DUMP_SIGNAL and e.fields.get("from_rank"):
+            # "... due to a collective timeout from rank 6": rank 6 timed out.
+            f.rank(int(e.fields["from_rank"])).signalled.append(e)
         if e.rank is None:
             f.unattributed.append(e)
             continue
@@ -235,15 +299,16 @@ def gather_facts(scan: ScanResult, fr: FrAnalysis | None = None) -> Facts:
     # torchrun names the failed workers and stops the others by pid: on one node
     # that counts the world when nothing else does.
     stopped = {e.fields["pid"] for e in scan.evidence if e.event is Event.TEARDOWN}
+    exits = [e for e in scan.evidence if e.event is Event.EXIT]
     failed = {str(fe.pid) for fe in scan.failures if fe.pid is not None} | {
-        e.fields["pid"] for e in scan.evidence if e.event is Event.EXIT}
+        e.fields.get("pid", f"exit{i}") for i, e in enumerate(exits)}
     if stopped:
         world |= set(range(len(failed | stopped)))
     # A failure "rank 12 (local_rank: 4)" puts node base 8; with 8 workers per node
     # (the highest local rank anywhere + 1) that node holds ranks 8-15.
     per_node = 1 + max([fe.local_rank for fe in scan.failures if fe.local_rank is not None]
-                       + [int(e.fields["local_rank"]) for e in scan.evidence
-                          if e.event is Event.EXIT], default=-1)
+                       + [int(e.fields["local_rank"]) for e in exits
+                          if e.fields.get("local_rank")], default=-1)
     for fe in scan.failures:
         if fe.rank is not None and fe.local_rank is not None and fe.rank >= fe.local_rank:
             base = fe.rank - fe.local_rank
@@ -258,7 +323,23 @@ def gather_facts(scan: ScanResult, fr: FrAnalysis | None = None) -> Facts:
         for stuck in fr.stuck:
             world |= set(stuck.waiting_ranks) | set(stuck.missing_ranks)
     f.world = sorted(world)
+    f.world_known = bool(scan.world_sizes or stopped or scan.failures or fr is not None)
     return f
+
+
+def _infer_rank(f: Facts, e: Evidence) -> None:
+    """A rank for an OOM or CUDA error line that names none: the prefixed traceback of
+    the same process right after it, else the GPU index (one process per GPU, one node:
+    an assumption the verdict states)."""
+    rank = _tb_rank_near(f.scan, e) if e.fields.get("pid") else None
+    if rank is not None:
+        e.rank = rank
+        return
+    dev = e.fields.get("device")
+    if dev is not None:
+        e.rank = int(dev)
+        f.inferred[e.rank] = (f"rank {e.rank} is inferred from GPU index {dev} ({e.where}): "
+                              "the line names no rank; one process per GPU on one node assumed")
 
 
 @dataclass
@@ -270,6 +351,12 @@ class Finding:
     summary: str
     evidence: list[tuple[str, str]] = field(default_factory=list)  # (where, why)
     notes: list[str] = field(default_factory=list)
+    #: Where the initiator is not known: the ranks it must be among (those the
+    #: evidence leaves, usually the ones that never reported).
+    candidates: list[int] = field(default_factory=list)
+    #: What evidence the verdict lacked, and what to collect next time.
+    missing: list[str] = field(default_factory=list)
+    collect: list[str] = field(default_factory=list)
 
 
 Rule = Callable[[Facts], "Finding | None"]
@@ -339,11 +426,22 @@ def _first_where(rf: RankFacts) -> list[tuple[str, str]]:
     elif rf.timeout_tracebacks():
         tb = rf.timeout_tracebacks()[0]
         out.append((tb.where, f"rank {rf.rank} timed out waiting: {tb.exception[:200]}"))
+    elif rf.dump_signals:
+        out.append((rf.dump_signals[0].where, f"rank {rf.rank}: "
+                    + rf.dump_signals[0].text[:200]))
+    elif rf.signalled:
+        e = rf.signalled[0]
+        out.append((e.where, f"rank {rf.rank} timed out (another rank's dump signal says so): "
+                    + e.text[:160]))
+    elif rf.heartbeat:
+        out.append((rf.heartbeat[0].where, f"rank {rf.rank}'s watchdog was stuck: "
+                    + rf.heartbeat[0].text[:160]))
     return out
 
 
-def _missing(facts: Facts) -> tuple[list[int], list[tuple[str, str]], str]:
-    """The ranks the waiting ranks waited for, the evidence, and how it was found."""
+def _missing(facts: Facts) -> tuple[list[int], list[tuple[str, str]], str, list[int]]:
+    """The ranks the waiting ranks waited for, the evidence, how it was found, and
+    (when the evidence names nobody) the ranks the initiator must be among."""
     fr = facts.fr
     if fr is not None:
         missing = fr.missing_ranks()
@@ -352,14 +450,14 @@ def _missing(facts: Facts) -> tuple[list[int], list[tuple[str, str]], str]:
             why = (f"Flight Recorder: rank(s) {rank_ranges(missing)} never started "
                    f"{st.op} #{st.seq} of process group {st.pg_name or st.pg_id}"
                    if st else "Flight Recorder: missing ranks")
-            return missing, [(_fr_where(facts), why)], "flight_recorder"
+            return missing, [(_fr_where(facts), why)], "flight_recorder", []
         lag = _fr_lagging(fr)
         if lag:
             pg, top, ranks = lag
             return ranks, [(_fr_where(facts),
                             f"Flight Recorder: {who(ranks)} last enqueued collective "
                             f"#{top - 1} or earlier of process group {pg}, the others #{top}")], \
-                "flight_recorder"
+                "flight_recorder", []
     named: set[int] = set()
     ev: list[tuple[str, str]] = []
     for e in facts.all_evidence(Event.MISSING_RANKS):
@@ -368,7 +466,7 @@ def _missing(facts: Facts) -> tuple[list[int], list[tuple[str, str]], str]:
             named.update(ranks)
             ev.append((e.where, e.text[:240]))
     if named:
-        return sorted(named), ev, "missing_ranks_message"
+        return sorted(named), ev, "missing_ranks_message", []
     # The watchdog's numbers: the failing work's seq vs each rank's last enqueued.
     seqs: dict[int, int] = {}
     enq: dict[int, tuple[int, Evidence]] = {}
@@ -384,13 +482,81 @@ def _missing(facts: Facts) -> tuple[list[int], list[tuple[str, str]], str]:
         if lag:
             ev = [(enq[r][1].where, f"rank {r} last enqueued work {enq[r][0]}, the others "
                    f"timed out in work {top}") for r in lag]
-            return lag, ev, "watchdog_progress"
+            return lag, ev, "watchdog_progress", []
     waiting = set(facts.waiting)
-    if waiting:
-        rest = [r for r in facts.world if r not in waiting]
-        if rest:
-            return rest, [], "did_not_time_out"
-    return [], [], ""
+    if not waiting:
+        return [], [], "", []
+    busy = _busy(facts, waiting)
+    if busy:
+        ev = [(e.where, f"rank {r} was busy: {e.text[:160]}") for r, e in busy.items()]
+        return sorted(busy), ev, "busy", []
+    alive = _alive_not_waiting(facts, waiting)
+    if alive:
+        return sorted(alive), [(w, y) for w, y in alive.values()], "did_not_time_out", []
+    silent = [r for r in facts.world if r not in waiting]
+    if len(silent) == 1 and facts.world_known:
+        return silent, [], "only_rank_not_waiting", []
+    return [], [], "never_reported", silent
+
+
+def _pg_key(e: Evidence) -> str:
+    """The process group of a line, the default group's names made one."""
+    return "default" if e.pg is None or e.pg in DEFAULT_PG else e.pg
+
+
+def _busy(facts: Facts, waiting: set[int]) -> dict[int, Evidence]:
+    """Ranks busy with work of their own (tokenizing) while others waited; a busy line
+    without a rank is the main process's (rank 0: it alone prints progress bars)."""
+    first_wait: dict[str, int] = {}
+    for r in waiting:
+        for e in facts.ranks[r].timeouts if r in facts.ranks else []:
+            first_wait[e.file] = min(first_wait.get(e.file, e.line), e.line)
+
+    def recent(e: Evidence) -> bool:
+        # Still busy when the others gave up: a progress bar of hours before is not.
+        return e.file not in first_wait or first_wait[e.file] - e.line <= BUSY_REACH
+
+    out = {r: rf.busy[-1] for r, rf in facts.ranks.items()
+           if rf.busy and r not in waiting and recent(rf.busy[-1])}
+    if not out and 0 not in waiting:
+        lines = [e for e in facts.unattributed if e.event is Event.BUSY and recent(e)]
+        if lines:
+            out[0] = lines[-1]
+    return out
+
+
+#: How many lines before the first timeout a busy line may be and still count.
+BUSY_REACH = 200
+
+
+def _alive_not_waiting(facts: Facts, waiting: set[int]) -> dict[int, tuple[str, str]]:
+    """Ranks that reported something and did not wait: a traceback of their own, a
+    checkpoint, or a dump signal with nothing overdue in the group the others waited in."""
+    pending_pgs = {_pg_key(e) for r in waiting
+                   for e in facts.ranks.get(r, RankFacts(r)).dump_signals}
+    out: dict[int, tuple[str, str]] = {}
+    main = facts.unattributed_checkpointing()
+    if 0 not in waiting and main is not None:
+        out[0] = (main.where, "the main process (rank 0: trainers log from it alone) did not "
+                  f"time out; it was checkpointing: {main.text[:120]}")
+    for r, rf in facts.ranks.items():
+        if r in waiting or r in out or not rf.reported:
+            continue
+        if rf.tracebacks:
+            tb = rf.tracebacks[-1]
+            out[r] = (tb.where, f"rank {r} did not time out; its last traceback ends in "
+                      f"{tb.exception[:120]}")
+        elif rf.checkpoint or (rf.failure is not None and _sig_of(rf) != "SIGABRT"):
+            # (SIGABRT is the watchdog taking a waiting rank down: no sign of life.)
+            e = rf.checkpoint[-1] if rf.checkpoint else None
+            out[r] = (e.where, f"rank {r} did not time out: {e.text[:120]}") if e else \
+                (rf.failure.where, f"rank {r} did not time out (torchrun: exitcode "
+                 f"{rf.failure.exitcode})")  # type: ignore[union-attr]
+        elif rf.dump_signals and any(_pg_key(e) in pending_pgs for e in rf.dump_signals):
+            e = rf.dump_signals[-1]
+            out[r] = (e.where, f"rank {r} had nothing overdue when the others timed out: "
+                      f"{e.text[:120]}")
+    return out
 
 
 def _fr_where(facts: Facts) -> str:
@@ -446,6 +612,23 @@ def _oom_killed(facts: Facts, rf: RankFacts) -> Evidence | None:
 
 # -- rules (first match wins) -------------------------------------------------------------
 
+#: Text of an OOM line that puts it inside a state-dict gather (FSDP's clone() warnings).
+_GATHER_OOM_TEXT = ("state_dict entry", "Failed to clone() tensor")
+
+
+def _ckpt_open_before(facts: Facts, e: Evidence | PyTraceback) -> Evidence | None:
+    """A job-level checkpoint line (any rank, or the main process) before ``e`` in the
+    same file with no 'saved' line between: the OOM happened inside that save."""
+    opened = [c for c in facts.scan.evidence if c.event is Event.CHECKPOINT
+              and c.file == e.file and c.line <= e.line]
+    if not opened:
+        return None
+    last = opened[-1]
+    done = [d for d in facts.scan.evidence if d.event is Event.CHECKPOINT_DONE
+            and d.file == e.file and last.line < d.line <= e.line]
+    return None if done else last
+
+
 def rule_gather_oom(facts: Facts) -> Finding | None:
     hits: list[int] = []
     ev: list[tuple[str, str]] = []
@@ -461,42 +644,110 @@ def rule_gather_oom(facts: Facts) -> Finding | None:
         ckpt = rf.checkpointing()
         if ckpt is None and r == 0:
             ckpt = facts.unattributed_checkpointing()
+        if ckpt is None:
+            ckpt = next((c for c in (_ckpt_open_before(facts, x) for x in oom + oom_tbs) if c), None)
         during = state in CHECKPOINT_STATES or ckpt is not None
         for t in oom_tbs:
             during = during or classify(t.innermost_first()).state in CHECKPOINT_STATES
-        if during:  # an OOM elsewhere is rule_crash's
-            hits.append(r)
-            where = (oom_tbs[0].where if oom_tbs else oom[0].where)
-            text = (oom_tbs[0].exception if oom_tbs else oom[0].text)
-            ev.append((where, f"rank {r} out of memory: {text[:200]}"))
-            if ckpt is not None:
-                ev.append((ckpt.where, f"rank {r} was checkpointing: {ckpt.text[:160]}"))
-            elif oom_tbs:
-                ev.append((oom_tbs[0].where, f"rank {r}'s traceback is in "
-                           f"{classify(oom_tbs[0].innermost_first()).state.value}"))
+        clone = [e for e in oom if any(m in e.text for m in _GATHER_OOM_TEXT)]
+        if not during and not clone:
+            continue  # an OOM elsewhere is rule_crash's
+        hits.append(r)
+        first = clone[0] if clone else (oom[0] if oom else None)
+        where = first.where if first is not None else oom_tbs[0].where
+        text = first.text if first is not None else oom_tbs[0].exception
+        ev.append((where, f"rank {r} out of memory: {text[:200]}"))
+        if clone:
+            ev.append((clone[0].where, f"rank {r} was gathering the state dict (FSDP's "
+                       "clone() of a full-state-dict entry failed)"))
+        elif ckpt is not None:
+            ev.append((ckpt.where, f"rank {r} was checkpointing: {ckpt.text[:160]}"))
+        elif oom_tbs:
+            ev.append((oom_tbs[0].where, f"rank {r}'s traceback is in "
+                       f"{classify(oom_tbs[0].innermost_first()).state.value}"))
     if not hits:
         return None
     collateral = [r for r in facts.world if r not in hits]
     return Finding("gather_oom", hits, collateral, "gather_out_of_memory",
                    f"{who(hits)} ran out of memory while gathering or saving "
-                   f"the checkpoint; the other ranks only waited for them.", ev)
+                   f"the checkpoint; the other ranks only waited for them.", ev,
+                   _inferred_notes(facts, hits))
 
 
-def _mismatch_ops(facts: Facts) -> dict[int, str]:
+def _inferred_notes(facts: Facts, ranks: Iterable[int]) -> list[str]:
+    return [facts.inferred[r] for r in ranks if r in facts.inferred]
+
+
+def _fingerprint_ops(facts: Facts) -> tuple[dict[int, str], list[int], list[tuple[str, str]]]:
+    """Each rank's collective from c10d's mismatch lines (rank -> op and shape), the ranks
+    named where the other side is cut off or NCCL names only a neighbourhood, evidence."""
     ops: dict[int, str] = {}
-    for e in facts.all_evidence(Event.MISMATCH):
+    named: list[int] = []
+    ev: list[tuple[str, str]] = []
+    for e in facts.all_evidence(Event.MISMATCH)[:8]:
+        ev.append((e.where, e.text[:300]))
+        if e.fields.get("around"):
+            named.append(int(e.fields["around"]))
         for rk, fp in (("rank", "mine"), ("other", "theirs")):
-            if e.fields.get(rk) and e.fields.get(fp):
-                m = re.search(r"OpType=(\w+)", e.fields[fp])
-                ops[int(e.fields[rk])] = m.group(1) if m else e.fields[fp]
-    return ops
+            if e.fields.get(rk) is None:
+                continue
+            r = int(e.fields[rk])
+            named.append(r)
+            if e.fields.get(fp):
+                ops[r] = _fingerprint(e.fields[fp])
+    return ops, sorted(set(named)), ev
+
+
+def _fingerprint(fp: str) -> str:
+    """What of a CollectiveFingerPrint must agree across ranks: sequence, op, shapes."""
+    parts = [f"{k}={m.group(1)}" for k, rx in (("SequenceNumber", r"\d+"), ("OpType", r"\w+"),
+                                                ("TensorShape", r"\[[^\]]*\]"))
+             if (m := re.search(k + "=(" + rx + ")", fp))]
+    return ", ".join(parts) if parts else fp.strip(" .")
+
+
+def _timeout_divergence(facts: Facts) -> tuple[dict[int, str], list[tuple[str, str]]]:
+    """Waiting ranks of one process group that timed out in different work: the same
+    SeqNum with a different op or size, or different SeqNums (one rank issued a
+    collective the others did not, so NCCL paired different calls)."""
+    by_pg: dict[str, dict[int, Evidence]] = {}
+    guessed: dict[int, set[str]] = {}  # untagged timeouts put in the default group
+    for r, rf in facts.ranks.items():
+        for e in rf.timeouts:
+            if e.fields.get("seq") is None or "op" not in e.fields:
+                continue
+            pg = _pg_key(e) if e.pg is not None else _seq_pg(facts, rf, e)
+            if pg == "default" and e.pg is None:
+                guessed.setdefault(r, set()).add(e.fields["seq"])
+            by_pg.setdefault(pg, {}).setdefault(r, e)
+    if any(len(seqs) > 1 for seqs in guessed.values()):
+        by_pg.pop("default", None)  # untagged lines of several groups: not comparable
+    for pg, first in sorted(by_pg.items()):
+        if len(first) < 2:
+            continue
+        keys = {r: (int(e.fields["seq"]), e.fields["op"], e.fields.get("numel_in"))
+                for r, e in first.items()}
+        if len(set(keys.values())) < 2:
+            continue
+        desc = {r: f"#{k[0]} {k[1]}" + (f" NumelIn={k[2]}" if k[2] else "")
+                for r, k in keys.items()}
+        ev = [(first[r].where, f"rank {r} timed out in {d}") for r, d in sorted(desc.items())]
+        return desc, ev
+    return {}, []
+
+
+def _seq_pg(facts: Facts, rf: RankFacts, e: Evidence) -> str:
+    """The group of an untagged timeout line: that of the rank's progress line with the
+    same work number (torch prints them together), else the default group."""
+    for p in rf.progress:
+        if p.fields.get("seq") == e.fields.get("seq") and p.pg is not None:
+            return _pg_key(p)
+    return "default"
 
 
 def rule_desync(facts: Facts) -> Finding | None:
-    ev: list[tuple[str, str]] = []
-    ops = _mismatch_ops(facts)
-    for e in facts.all_evidence(Event.MISMATCH)[:3]:
-        ev.append((e.where, e.text[:300]))
+    ops, named, ev = _fingerprint_ops(facts)
+    how = "c10d's collective fingerprints (TORCH_DISTRIBUTED_DEBUG=DETAIL)"
     fr = facts.fr
     if not ops and fr is not None and fr.mismatches:
         mm = fr.mismatches[0]
@@ -504,20 +755,11 @@ def rule_desync(facts: Facts) -> Finding | None:
         ev.append((_fr_where(facts), f"collective #{mm.seq} of process group "
                    f"{mm.pg_name or mm.pg_id}: " + ", ".join(f"rank {r} {o}"
                                                          for r, o in sorted(ops.items()))))
-    if not ops:
-        # Timed out in different collectives at the same sequence number (NCCL), or
-        # gloo tracebacks blocked in different ops.
-        by_seq: dict[str, dict[int, str]] = {}
-        for r, rf in facts.ranks.items():
-            for e in rf.timeouts:
-                if e.fields.get("seq") and _op_of(e):
-                    by_seq.setdefault(e.fields["seq"], {})[r] = _op_of(e)
-        for seq, m in by_seq.items():
-            if len(set(m.values())) > 1:
-                ops = m
-                ev.append(("", f"ranks timed out in different ops at work {seq}: "
-                           + ", ".join(f"rank {r} {o}" for r, o in sorted(m.items()))))
-                break
+        how = "the Flight Recorder"
+    if not ops and not named:
+        ops, tev = _timeout_divergence(facts)
+        ev += tev
+        how = "the watchdog's timed-out work of each rank"
         if not ops and not _crashes(facts):
             # Where each rank's collective failed (timed out, or its peer went away).
             waited = {}
@@ -531,28 +773,54 @@ def rule_desync(facts: Facts) -> Finding | None:
                         break
             if len(set(waited.values())) > 1 and len(waited) >= 2:
                 ops = waited
+                how = "each rank's traceback"
     if len(set(ops.values())) < 2:
-        return None
+        if not named:
+            return None
+        # One side of the comparison only (the paste cut it), or NCCL's neighbourhood.
+        return Finding("desync", [], [], "collective_order_mismatch",
+                       f"ranks ran different collectives; the log names {who(named)} in the "
+                       "comparison but not both sides of it, so which rank left the common "
+                       f"order is not in it: the initiator is among {who(named)}.", ev,
+                       candidates=named,
+                       missing=["the other side of the mismatch (the full DETAIL line, or the "
+                                "logs of every rank)"],
+                       collect=["every rank's log with TORCH_DISTRIBUTED_DEBUG=DETAIL",
+                                "Flight Recorder dumps (TORCH_NCCL_TRACE_BUFFER_SIZE=2000, "
+                                "TORCH_NCCL_DUMP_ON_TIMEOUT=1)"])
     count = Counter(ops.values())
+    desc = ", ".join(f"rank {r} {o}" for r, o in sorted(ops.items()))
     top, n = count.most_common(1)[0]
+    if len(ops) == 2 or n * 2 <= len(ops) and 0 not in ops:
+        # Two ranks (or no majority and no rank 0 to compare with): either may be the odd one.
+        among = sorted(ops)
+        return Finding("desync", [], [r for r in facts.waiting if r not in among],
+                       "collective_order_mismatch",
+                       f"ranks issued different collectives ({desc}), by {how}; with no "
+                       f"majority the odd one is among {who(among)}.", ev, candidates=among,
+                       missing=["a third rank's view of the same collective, to tell which "
+                                "side left the common order"],
+                       collect=["every rank's log with TORCH_DISTRIBUTED_DEBUG=DETAIL",
+                                "Flight Recorder dumps of all ranks (TORCH_NCCL_DUMP_ON_TIMEOUT=1)"])
     odd = sorted(r for r, o in ops.items() if o != top)
-    if n == 1 or len(odd) * 2 == len(ops):
-        # No majority (e.g. two ranks): the one that is not rank 0's op, as c10d
-        # compares every rank with rank 0.
-        ref = ops.get(0, top)
+    if n * 2 <= len(ops):
+        # No majority: the ranks that differ from rank 0, as c10d compares with rank 0.
+        ref = ops[0]
         odd = sorted(r for r, o in ops.items() if o != ref)
     collateral = [r for r in facts.world if r not in odd]
-    desc = ", ".join(f"rank {r} {o}" for r, o in sorted(ops.items()))
     return Finding("desync", odd, collateral, "collective_order_mismatch",
-                   f"ranks issued different collectives ({desc}); {who(odd)} "
+                   f"ranks issued different collectives ({desc}), by {how}; {who(odd)} "
                    f"left the common order.", ev)
 
 
 def _job_failed(facts: Facts) -> bool:
     """Anything that says the job did not just finish (warnings alone do not)."""
     return bool(facts.scan.failures or any(
-        e.event in (Event.EXIT, Event.TIMEOUT, Event.WATCHDOG_ABORT, Event.MISSING_RANKS)
-        or e.sign in ("nccl_error", "nccl_cuda_error") for e in facts.scan.evidence)
+        e.event in (Event.EXIT, Event.TIMEOUT, Event.WATCHDOG_ABORT, Event.MISSING_RANKS,
+                    Event.HEARTBEAT)
+        or e.sign in ("nccl_error", "nccl_cuda_error")
+        or (e.event is Event.NETWORK and any(t in e.text for t in NETWORK_FAILURES))
+        for e in facts.scan.evidence)
         or any(exception_kind(t) not in ("teardown", "truncated") for t in facts.scan.tracebacks))
 
 
@@ -567,7 +835,7 @@ def _context_rank(facts: Facts, e: Evidence, within: int = 40) -> int | None:
 
 
 def rule_network(facts: Facts) -> Finding | None:
-    if not _job_failed(facts) or _crashes(facts):
+    if not _job_failed(facts) or _crashes(facts) or any(rf.oom for rf in facts.ranks.values()):
         return None  # warnings of a job that went on; or a rank died and its peers' errors follow
     items: list[tuple[bool, tuple, int | None, str, str]] = []  # (remote, order, rank, where, text)
     for e in facts.scan.evidence:
@@ -606,10 +874,17 @@ def rule_network(facts: Facts) -> Finding | None:
                          and (it[1][0] or lead[1][0] or it[1][1] - lead[1][1] < 5.0)})
     ev = [(it[3], it[4][:240]) for it in items[:4]]
     collateral = [r for r in facts.world if r not in initiating]
+    if not initiating:
+        return Finding("network_error", [], collateral, "nccl_network_error",
+                       "a transport error ended the job, but no line of it names a rank "
+                       f"(NCCL prints host:pid:tid): {lead[4][:160]}", ev,
+                       missing=["which rank the failing process was"],
+                       collect=["every rank's log with its rank prefix (torchrun --tee 3 or "
+                                "--log-dir; srun --label)", "NCCL_DEBUG=INFO with "
+                                "NCCL_DEBUG_SUBSYS=INIT,NET (maps host:pid and devices to ranks)"])
     return Finding("network_error", initiating, collateral, "nccl_network_error",
                    f"the first transport error came from "
-                   f"{who(initiating) if initiating else 'an unknown rank'}: {lead[4][:160]}",
-                   ev)
+                   f"{who(initiating)}: {lead[4][:160]}", ev)
 
 
 def _crashes(facts: Facts) -> list[tuple[tuple, int, str, str]]:
@@ -617,6 +892,10 @@ def _crashes(facts: Facts) -> list[tuple[tuple, int, str, str]]:
     out = []
     watchdog = any(rf.aborted or rf.timeouts for rf in facts.ranks.values())
     for r, rf in facts.ranks.items():
+        if rf.cuda_errors:
+            e = rf.cuda_errors[0]
+            out.append((_order(e), r, e.where, f"rank {r}'s GPU failed under NCCL: {e.text[:200]}"))
+            continue
         for tb in rf.tracebacks:
             if exception_kind(tb) != "error":
                 continue
@@ -633,15 +912,47 @@ def _crashes(facts: Facts) -> list[tuple[tuple, int, str, str]]:
                 assert fe is not None
                 out.append(((True, 0.0, fe.file, fe.line), r, fe.where,
                             f"rank {r} exited with {sig} (exitcode {fe.exitcode}, pid {fe.pid})"))
+    if not facts.scan.failures:
+        # torchrun's "failed (exitcode: -9) local_rank: 0 (pid: N)" without the summary.
+        for e in facts.all_evidence(Event.EXIT):
+            code, lr = int(e.fields["exitcode"]), e.fields.get("local_rank")
+            if code < 0 and lr is not None and int(lr) not in {o[1] for o in out}:
+                sig = signal.Signals(-code).name if -code in signal.valid_signals() else str(code)
+                out.append(((True, 0.0, e.file, e.line), int(lr), e.where,
+                            f"local rank {lr} exited with {sig} (exitcode {code})"))
     out.sort()
     return out
+
+
+def _unranked_crash(facts: Facts) -> list[Evidence]:
+    """Lines that say some process died of its own failure, with no rank anywhere:
+    an allocator failing, the OOM killer, a worker killed by a signal."""
+    out = [e for e in facts.unattributed if e.event in (Event.OOM, Event.CUDA_ERROR)]
+    out += [e for e in facts.all_evidence(Event.EXIT) if e.fields.get("local_rank") is None
+            and int(e.fields["exitcode"]) != 0]
+    return sorted(out, key=_order)
 
 
 def rule_crash(facts: Facts) -> Finding | None:
     crashes = _crashes(facts)
     oom_crash = [r for r, rf in facts.ranks.items() if rf.oom or _oom_killed(facts, rf)]
     if not crashes and not oom_crash:
-        return None
+        lines = _unranked_crash(facts)
+        if not lines:
+            return None
+        waiting = facts.waiting
+        silent = [r for r in facts.world if r not in waiting]
+        kind = "ran out of memory" if lines[0].event is Event.OOM else "died"
+        return Finding("rank_crash", [], waiting, "rank_exited",
+                       f"a process {kind} ({lines[0].text[:160]}), but no line names its "
+                       "rank" + (f"; it is among {who(silent)}" if silent and waiting else "")
+                       + ".", [(e.where, e.text[:240]) for e in lines[:4]],
+                       candidates=silent if waiting else [],
+                       missing=["the rank of the process that died"],
+                       collect=["torchrun's failure summary ('rank : N (local_rank: N)', "
+                                "'exitcode : -9 (pid: P)') or every rank's log with its "
+                                "prefix (torchrun --tee 3)", "the kernel log (dmesg) for the "
+                                "OOM killer's 'Killed process P'"])
     if crashes:
         first = crashes[0]
         initiating = sorted({c[1] for c in crashes if c[0][:2] == first[0][:2]}) \
@@ -656,22 +967,30 @@ def rule_crash(facts: Facts) -> Finding | None:
         ev = [(e.where, e.text[:240])]
         why = f"rank {initiating[0]} ran out of memory outside a checkpoint: {e.text[:160]}"
     collateral = [r for r in facts.world if r not in initiating]
+    notes = _inferred_notes(facts, initiating)
+    if not facts.scan.failures and any("local rank" in c[3] for c in crashes):
+        notes.append("the rank is torchrun's local rank: equal to the global rank on one node")
     return Finding("rank_crash", initiating, collateral, "rank_exited",
-                   why + "; the other ranks failed after it.", ev)
+                   why + "; the other ranks failed after it.", ev, notes)
 
 
 def rule_stall(facts: Facts) -> Finding | None:
     waiting = facts.waiting
     if not waiting:
         return None
-    missing, ev, how = _missing(facts)
+    missing, ev, how, candidates = _missing(facts)
     missing = [r for r in missing if r not in waiting] or missing
-    if not missing:
-        return None
     ev = list(ev)
     for r in waiting[:3]:
         ev += _first_where(facts.ranks[r]) if r in facts.ranks else []
     op = _waited_op(facts, waiting)
+    timeout = timeout_seconds(facts)
+    tmo = f"{timeout:g} s" if timeout else "process-group"
+    heartbeat_only = all(not (rf.timeouts or rf.progress or rf.signalled or rf.dump_signals
+                              or rf.tracebacks) for rf in facts.ranks.values() if rf.heartbeat) \
+        and any(rf.heartbeat for rf in facts.ranks.values())
+    if not missing:
+        return _stall_unnamed(facts, waiting, candidates, op, tmo, ev, heartbeat_only)
     ckpt: list[tuple[int, str, str]] = []
     for r in missing:
         rf = facts.ranks.get(r) or RankFacts(r)
@@ -685,14 +1004,10 @@ def rule_stall(facts: Facts) -> Finding | None:
         elif r == 0 and (line := facts.unattributed_checkpointing()) is not None:
             ckpt.append((r, line.where, "the main process (rank 0: trainers log from it "
                          f"alone) was checkpointing: {line.text[:160]}"))
-    timeout = timeout_seconds(facts)
-    tmo = f"{timeout:g} s" if timeout else "process-group"
-    if how == "did_not_time_out":
-        how_text = "every other rank timed out waiting; these did not"
-    else:
-        how_text = how.replace("_", " ")
+    how_text = _HOW.get(how, how.replace("_", " "))
     if ckpt:
-        ev = [(w, why) for _r, w, why in ckpt] + ev
+        shown = {w for _r, w, _y in ckpt}
+        ev = [(w, why) for _r, w, why in ckpt] + [(w, y) for w, y in ev if w not in shown]
         culprits = sorted({r for r, _w, _y in ckpt})
         return Finding(
             "checkpoint_gather_timeout", culprits, waiting, "save_overruns_watchdog",
@@ -704,9 +1019,52 @@ def rule_stall(facts: Facts) -> Finding | None:
         rf = facts.ranks.get(r)
         if rf is not None and rf.activity()[0] is not RankState.UNKNOWN:
             notes.append(f"rank {r}'s last traceback: {rf.activity()[0].value}")
+    busy = " (it was busy, not dead: see the evidence)" if how == "busy" else ""
     return Finding("collective_hang", missing, waiting, "rank_never_joined",
-                   f"{who(missing)} never joined {op}; {len(waiting)} rank(s) "
+                   f"{who(missing)} never joined {op}{busy}; {len(waiting)} rank(s) "
                    f"waited in it until the {tmo} timeout ({how_text}).", ev, notes)
+
+
+#: How the initiating rank was found, as the summary says it.
+_HOW = {
+    "did_not_time_out": "every other rank timed out waiting; these did not",
+    "only_rank_not_waiting": "the only rank of the job that did not report waiting",
+    "busy": "the others timed out waiting while it was still busy",
+    "watchdog_progress": "the watchdog's last enqueued work numbers",
+    "missing_ranks_message": "c10d named the ranks that did not arrive",
+    "flight_recorder": "the Flight Recorder",
+}
+
+
+def _stall_unnamed(facts: Facts, waiting: list[int], candidates: list[int], op: str,
+                   tmo: str, ev: list[tuple[str, str]], heartbeat_only: bool) -> Finding:
+    """A hang whose initiator the logs do not name: only waiting ranks speak."""
+    if heartbeat_only:
+        what = (f"the watchdogs of {who(waiting)} were stuck inside NCCL/CUDA calls "
+                "(heartbeat monitor): the job hung, and no collective timeout names the op")
+    else:
+        what = f"{who(waiting, 'waited', 'waited')} in {op} until the {tmo} timeout"
+    if candidates:
+        whom = (f"the initiator is among {who(candidates)}, which did not report waiting"
+                + (" (and any rank above the highest seen)" if not facts.world_known else ""))
+    else:
+        whom = ("every rank in the logs waited, so the initiator is a rank whose log is "
+                "not here")
+    ckpt = facts.unattributed_checkpointing()
+    notes = ([f"a checkpoint was in progress ({ckpt.where}: {ckpt.text[:100]}), but the "
+              "rank that logged it waited too"] if ckpt is not None else [])
+    ev = ev + [(e.where, e.text[:200]) for e in facts.all_evidence(Event.HEARTBEAT)[:2]
+               if heartbeat_only]
+    return Finding("collective_hang", [], waiting, "rank_never_joined", f"{what}; {whom}.",
+                   ev, notes, candidates=candidates,
+                   missing=["the log of any rank that did not time out"
+                            + (f" ({who(candidates)})" if candidates else "")]
+                   + (["the watchdog's timeout lines (which collective, which work number)"]
+                      if heartbeat_only else []),
+                   collect=["every rank's log (torchrun --log-dir DIR --tee 3, or srun --label)",
+                            "Flight Recorder dumps: TORCH_NCCL_TRACE_BUFFER_SIZE=2000 and "
+                            "TORCH_NCCL_DUMP_ON_TIMEOUT=1 (files under "
+                            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE), read with ncclwatch diagnose"])
 
 
 RULES: tuple[tuple[str, Rule], ...] = (
@@ -725,11 +1083,19 @@ def _torchrun_note(facts: Facts, finding: Finding) -> str | None:
     root = roots[0]
     if root.rank in finding.initiating:
         return f"torchrun's summary names rank {root.rank} as the root cause too ({root.where})."
-    if root.rank in finding.collateral:
+    if root.rank in finding.collateral and finding.initiating:
         return (f"torchrun's summary names rank {root.rank} as the root cause "
                 f"(first observed failure, {root.where}): it only failed first, after "
                 f"waiting for rank(s) {rank_ranges(finding.initiating)}.")
+    if root.rank in finding.collateral:
+        return (f"torchrun's summary names rank {root.rank} as the root cause "
+                f"(first observed failure, {root.where}): it only failed first, after waiting.")
     return None
+
+
+#: Evidence to collect where a verdict rests on an inference.
+_COLLECT_PREFIX = ("every rank's log with its rank prefix (torchrun --tee 3 or --log-dir), so "
+                   "lines carry the rank instead of a GPU index")
 
 
 def decide(facts: Facts) -> Finding:
@@ -739,11 +1105,24 @@ def decide(facts: Facts) -> Finding:
             note = _torchrun_note(facts, finding)
             if note:
                 finding.notes.append(note)
+            if any(r in facts.inferred for r in finding.initiating) \
+                    and _COLLECT_PREFIX not in finding.collect:
+                finding.missing.append("a rank prefix on the failing line")
+                finding.collect.append(_COLLECT_PREFIX)
+            if finding.cls in ("collective_hang", "checkpoint_gather_timeout", "desync") \
+                    and facts.fr is None and not any("Flight Recorder" in c
+                                                     for c in finding.collect):
+                finding.collect.append("Flight Recorder dumps (TORCH_NCCL_TRACE_BUFFER_SIZE=2000, "
+                                       "TORCH_NCCL_DUMP_ON_TIMEOUT=1) to confirm which rank "
+                                       "never started the collective")
             return finding
     if facts.ranks and any(rf.tracebacks or rf.failure or rf.timeouts
                            for rf in facts.ranks.values()):
         return Finding("unknown", [], [], "", "failure evidence found, but no known pattern "
-                       "explains it; see the evidence lines.", [])
+                       "explains it; see the evidence lines.", [],
+                       missing=["a line that points at a rank or a cause"],
+                       collect=["every rank's log (torchrun --log-dir DIR --tee 3)",
+                                "Flight Recorder dumps (TORCH_NCCL_DUMP_ON_TIMEOUT=1)"])
     finished = [e for e in facts.scan.evidence if e.event is Event.FINISHED]
     return Finding("none", [], [], "", "no failure found"
                    + (" (the job says it finished)" if finished else "") + ".",

@@ -1,0 +1,113 @@
+"""What pasting does to log lines, undone before a line is read as evidence.
+
+Logs reach ``diagnose`` through terminals, issue trackers and log viewers:
+quoted with ``> ``, numbered by a viewer (``[80746] [rank0]:...``), tagged by
+MPI (``[1,0]<stdout>:``), Ray (``(RayWorkerWrapper pid=4009)``) or a
+cluster tool (``node.cn-d004 [stderr]``), timestamped, coloured (ANSI
+escapes, or their remnants ``[36m`` once the escape byte is lost),
+hard-wrapped at the terminal width (inside a word), and glued to the
+previous line when a progress bar did not end its line. The tables here
+name those forms; logscan.py uses the functions on the few lines that
+hold a sign, so none of this costs anything on the bulk of a log.
+"""
+
+from __future__ import annotations
+
+import re
+
+#: Decoration in front of the launcher's prefix, removed in this order.
+DECORATION: tuple[tuple[str, str], ...] = (
+    ("ansi", r"\x1b\[[0-9;]*[A-Za-z]"),
+    ("ansi remnant", r"(?<![\w\]])\[\d{1,3}(?:;\d{1,3})*m"),
+    ("markdown quote or code", r"^[ \t]*(?:>[ \t]?)+|^`+"),
+    ("viewer line number", r"^\[\d+\][ \t]"),
+)
+_DECORATION = [re.compile(rx) for _name, rx in DECORATION]
+
+#: Launcher prefixes that may stand after other decoration (a host, a Ray actor, a
+#: time): torchrun's ``[rank3]:`` / ``[default3]:``, ``[rank=3]`` (Determined, Ray
+#: actor names), searched near the start of the line.
+_LAUNCHER = re.compile(r"\[(?:rank|default)(?P<rank>\d+)\]:|\[rank=(?P<rank_eq>\d+)\]")
+#: How far into a line a launcher prefix may start (after host, pid, time decoration).
+PREFIX_REACH = 240
+#: OpenMPI's --tag-output: ``[jobid,rank]<stdout>:``.
+_MPI = re.compile(r"^\[\d+,(?P<rank>\d+)\]<std(?:out|err|diag)>:\s?")
+#: A progress bar that did not end its line: the next line's text follows it.
+_PROGRESS_TAIL = re.compile(r"\d+%\|[^|]*\||/s\]|/it\]")
+_PROGRESS_BAR = re.compile(r"\d+%\|[^|]*\|")
+
+#: How a log line starts (launcher prefixes, timestamps, NCCL's host:pid:tid, Python's
+#: traceback lines, C++ frames). A line that starts otherwise, after a long line that
+#: did not end a sentence, is the rest of that line, cut by a hard wrap.
+LINE_STARTS: tuple[str, ...] = (
+    r"\s*$", r"[\[(<>`{\x1b]", r"\d+: ", r"\d{4}-\d\d-\d\d", r"\d\d:\d\d:\d\d",
+    r"[IWEF]\d{4} ", r"[\w.-]+:\d+:\d+ ", r"\s*File \"", r"\s*Traceback ",
+    r"During handling", r"The above exception", r"[\w.]*(?:Error|Exception|Warning|Interrupt)\b:",
+    r"(?:INFO|WARNING|WARN|ERROR|DEBUG|CRITICAL)\b", r"frame #\d", r"Exception raised from",
+    r"terminate called", r"\s+what\(\)", r"\s{4}", r"\w[\w ]{0,40}\|", r"\s*\d+%",
+)
+_LINE_START = re.compile("|".join(f"(?:{s})" for s in LINE_STARTS))
+#: A wrapped line is long; shorter ones ended where they did.
+WRAP_MIN = 60
+#: At most this many wrapped lines are joined to a line.
+WRAP_MAX = 4
+
+
+def undecorate(line: str) -> str:
+    """The line without ANSI colours, quoting and viewer line numbers (in any nesting:
+    a viewer's numbers on a quoted paste, a quote of numbered lines)."""
+    for _ in range(3):
+        before = line
+        for rx in _DECORATION:
+            line = rx.sub("", line)
+        if line == before:
+            break
+    return line
+
+
+def is_progress_bar(part: str) -> bool:
+    """A progress bar split off a glued line (it is no line of a traceback)."""
+    return bool(_PROGRESS_BAR.search(part) and _PROGRESS_TAIL.search(part))
+
+
+def mpi_rank(line: str) -> tuple[int | None, str]:
+    """(rank, rest) for an OpenMPI ``--tag-output`` line, else (None, line)."""
+    m = _MPI.match(line)
+    return (int(m.group("rank")), line[m.end():]) if m else (None, line)
+
+
+def launcher_prefix(line: str) -> tuple[int | None, str]:
+    """(rank, rest) where a launcher prefix follows other decoration near the start."""
+    found = [m for m in _LAUNCHER.finditer(line, 0, PREFIX_REACH)
+             if not _PROGRESS_TAIL.search(line, 0, m.start())]
+    if not found:
+        return None, line
+    # torchrun's own "[rank3]:" is the innermost prefix; "[rank=3]" only where it is alone.
+    m = next((m for m in found if m.group("rank") is not None), found[0])
+    rank = m.group("rank") or m.group("rank_eq")
+    return int(rank), line[m.end():]
+
+
+def split_glued(line: str) -> list[str]:
+    """A progress bar that did not end its line has the next line glued on: both parts."""
+    out, start = [], 0
+    for m in _LAUNCHER.finditer(line, 1):
+        if _PROGRESS_TAIL.search(line, start, m.start()):
+            out.append(line[start:m.start()])
+            start = m.start()
+    out.append(line[start:])
+    return out
+
+
+def ends_line(line: str, wrapped: bool = False) -> bool:
+    """Whether a physical line is complete (short, padded, or ending a sentence).
+    ``wrapped``: it is itself the last piece of a wrap, so short says nothing."""
+    core = line.rstrip()
+    if (len(core) < WRAP_MIN and not wrapped) or len(line) - len(core) >= 2:
+        return True
+    return core.endswith((".", "!", "?", ")", "]", "}"))
+
+
+def continues(line: str) -> bool:
+    """Whether a physical line can be the rest of the previous one (hard wrap)."""
+    return not _LINE_START.match(line)
