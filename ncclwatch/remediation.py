@@ -251,6 +251,22 @@ POSTMORTEM_CAUSES: tuple[RootCause, ...] = (
         "rank-dependent condition, an uneven number of batches (use join() or drop_last), "
         "or a long rank-local step (evaluation, logging, checkpointing) before it.",
         _GATHER_ORDER_EXAMPLE),
+    RootCause(
+        "collective_never_finished", StallKind.COLLECTIVE_HANG,
+        "Every rank joined, and the collective itself never finished",
+        "every rank of the group ({initiating}) enqueued {op} and timed out in it after "
+        "{timeout}: no rank was missing, so what hung is the work on the devices or the "
+        "transport between them.",
+        "No rank is late: look below the collective. A kernel queued before it on a rank's "
+        "stream that runs long or never ends (a custom kernel, a data-dependent loop, a "
+        "GPU hang: `nvidia-smi` shows 100% utilisation, `dmesg` may show an Xid), or an "
+        "NCCL transport that stopped (run with NCCL_DEBUG=INFO, check NICs and links, "
+        "nccl-tests). The Flight Recorder with TORCH_NCCL_ENABLE_TIMING=1 records whether "
+        "the collective ever started on each rank's GPU.",
+        "TORCH_NCCL_ENABLE_TIMING=1 TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 "
+        "torchrun ...\n"
+        "ncclwatch diagnose logs/ $TORCH_FR_DUMP_TEMP_FILE*   # started or not, per rank",
+        always_at_risk=True),
 )
 
 ALL_BY_ID: dict[str, RootCause] = {**BY_ID, **{rc.id: rc for rc in POSTMORTEM_CAUSES}}

@@ -137,3 +137,17 @@ def test_diagnose_reads_the_real_nccl_watchdog_timeout() -> None:
     text = json.dumps(result.to_json())
     assert "SeqNum=4" in text and "ALLREDUCE" in text
     assert "taking the entire process down" in text
+
+
+def test_diagnose_names_the_device_when_every_rank_waited() -> None:
+    """The whole directory: logs and both dumps of rank 0. A world of one whose only
+    rank timed out waited for its own GPU: initiating rank 0, nobody collateral."""
+    result = diagnose([str(H200)])
+    j = result.to_json()
+    assert (j["class"], j["initiating_ranks"], j["collateral_ranks"]) == ("collective_hang", [0], [])
+    assert j["root_cause"]["id"] == "collective_never_finished"
+    # Two dumps of one rank (the on-demand one and the timeout's): the newer counts,
+    # the other is named, nothing crashes.
+    assert [s["path"] for s in j["inputs"]["skipped"]] == [str(H200 / "fr_pipe_dump_rank_0")]
+    progress = j["flight_recorder"]["progress"]["0"]
+    assert progress[0]["pending_op"] == "all_reduce"

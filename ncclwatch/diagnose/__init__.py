@@ -66,15 +66,39 @@ class Diagnosis:
 def _flight_recorder(result: ScanResult) -> tuple[flightrec.FrAnalysis | None, dict | None]:
     if not result.fr_dumps:
         return None, None
-    dumps = []
+    # One dump per rank: a rank rewrites its dump in place, so two files for one
+    # rank are two runs, or an on-demand dump and the one written at the timeout.
+    # The newest (by the last entry it recorded, then the file's time: copies
+    # lose file times) is the rank's last word; the others are named as skipped.
+    newest: dict[int | None, tuple[tuple[int, float], flightrec.FrDump]] = {}
+    unranked = []
     for path in result.fr_dumps:
         try:
-            dumps.append(flightrec.load_dump(path))
-        except flightrec.FlightRecorderError as e:
+            dump = flightrec.load_dump(path)
+            mtime = (max((e.time_created_ns or 0 for e in dump.entries), default=0),
+                     os.stat(path).st_mtime)
+        except (flightrec.FlightRecorderError, OSError) as e:
             result.skipped.append((path, str(e)))
-    if not dumps:
+            continue
+        if dump.rank is None:
+            unranked.append(dump)
+            continue
+        prev = newest.get(dump.rank)
+        if prev is not None:
+            old, new = sorted([prev, (mtime, dump)], key=lambda t: t[0])
+            result.skipped.append((old[1].path, f"an older dump of rank {dump.rank} "
+                                                f"than {new[1].path}"))
+            dump, mtime = new[1], new[0]
+        newest[dump.rank] = (mtime, dump)
+    for d in unranked:
+        result.skipped.append((d.path, "the dump does not say its rank"))
+    if not newest:
         return None, None
-    analysis = flightrec.analyze(dumps)
+    try:
+        analysis = flightrec.analyze(d for _, d in newest.values())
+    except flightrec.FlightRecorderError as e:
+        result.skipped.extend((d.path, str(e)) for _, d in newest.values())
+        return None, None
     return analysis, analysis.to_json()
 
 

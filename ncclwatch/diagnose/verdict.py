@@ -1036,6 +1036,27 @@ _HOW = {
 }
 
 
+def _stall_everyone_waited(facts: Facts, waiting: list[int], op: str, tmo: str,
+                           ev: list[tuple[str, str]]) -> Finding:
+    """Every rank of the job is known and every one timed out in the collective:
+    none is missing, so the collective itself never finished (a kernel before it
+    on some rank's GPU, or the transport). A world of one is the plain case: its
+    only rank waited for its own device (recorded on a real H200: tests/data/gpu)."""
+    what = (f"{who(waiting, 'waited', 'waited')} in {op} until the {tmo} timeout, and that "
+            f"is every rank of the job ({len(facts.world)}): none was missing, so the "
+            "collective itself never finished")
+    if len(facts.world) == 1:
+        what += " (a single rank waits only for its own GPU: work queued before the collective)"
+    return Finding("collective_hang", list(waiting), [], "collective_never_finished",
+                   what + ".", ev,
+                   ["no rank was late: what hung is device work or the transport, not a rank"],
+                   missing=["whether the collective started on each GPU"],
+                   collect=["TORCH_NCCL_ENABLE_TIMING=1 with the Flight Recorder "
+                            "(TORCH_FR_BUFFER_SIZE=2000, TORCH_NCCL_DUMP_ON_TIMEOUT=1): each "
+                            "entry then says started or not", "nvidia-smi and dmesg (Xid) "
+                            "of the nodes while it hangs"])
+
+
 def _stall_unnamed(facts: Facts, waiting: list[int], candidates: list[int], op: str,
                    tmo: str, ev: list[tuple[str, str]], heartbeat_only: bool) -> Finding:
     """A hang whose initiator the logs do not name: only waiting ranks speak."""
@@ -1044,6 +1065,8 @@ def _stall_unnamed(facts: Facts, waiting: list[int], candidates: list[int], op: 
                 "(heartbeat monitor): the job hung, and no collective timeout names the op")
     else:
         what = f"{who(waiting, 'waited', 'waited')} in {op} until the {tmo} timeout"
+    if not candidates and facts.world_known and set(waiting) >= set(facts.world):
+        return _stall_everyone_waited(facts, waiting, op, tmo, ev)
     if candidates:
         whom = (f"the initiator is among {who(candidates)}, which did not report waiting"
                 + (" (and any rank above the highest seen)" if not facts.world_known else ""))
