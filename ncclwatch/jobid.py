@@ -149,7 +149,7 @@ def rank_of(env: Mapping[str, str],
     for rank_var, size_var, local_var in RANK_VARIABLES:
         rank = _int(env.get(rank_var))
         size = _int(env.get(size_var)) if size_var else 0
-        if rank is None or size is None or rank < 0 or (size and rank >= size):
+        if rank is None or size is None or rank < 0 or (size_var and not 0 <= rank < size):
             continue
         local = _int(env.get(local_var)) if local_var else None
         return rank, size, local if local is not None else -1, f"env:{rank_var}"
