@@ -69,12 +69,12 @@ def test_spawn_children_by_command_line(cmdline, expected) -> None:
 
 def test_spawn_index_from_a_real_py_spy_locals_dump() -> None:
     """Recorded from worker 1 of tests/workloads/launch_spawn.py (py-spy --locals)."""
-    threads = json.loads((DATA / "pyspy" / "spawn_worker_locals.json").read_text())
+    threads = json.loads((DATA / "launchers" / "spawn_worker_locals.json").read_text())
     assert wrap_index(threads) == (1, True)
 
 
 def test_spawn_index_not_final_while_bootstrapping_and_final_for_other_children() -> None:
-    threads = json.loads((DATA / "pyspy" / "spawn_worker_locals.json").read_text())
+    threads = json.loads((DATA / "launchers" / "spawn_worker_locals.json").read_text())
     frames = threads[0]["frames"]
     names = [f["name"] for f in frames]
     # Still unpickling its target: nothing to say yet, look again later.
