@@ -250,3 +250,153 @@ def test_missing_numbers_beyond_the_unnumbered_members_are_lost() -> None:
 def test_rank_ranges_lists_unnumbered_members_after_the_numbers() -> None:
     assert rank_ranges([2, -1, 0, 1, -2, 5]) == "0-2,5,?1,?2"
     assert rank_ranges([-1]) == "?1"
+
+
+# -- discovery against real processes ------------------------------------------
+
+SLURM = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0",
+         "SLURM_NTASKS": "1", "SLURM_LOCALID": "0"}
+TORCH_IDLE = "import torch.distributed, time; print('up', flush=True); time.sleep(60)"
+
+
+@pytest.fixture
+def spawned():
+    """Start real processes in their own sessions; all killed at teardown."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    procs: list[subprocess.Popen] = []
+
+    def start(argv: list[str], env: dict[str, str], wait_up: bool = False) -> subprocess.Popen:
+        argv = [sys.executable if a == "PY" else a for a in argv]
+        p = subprocess.Popen(argv, env={**os.environ, **env}, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+        procs.append(p)
+        if wait_up:
+            assert p.stdout.readline().strip() == "up"
+        return p
+
+    yield start
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait()
+
+
+def _found(d, pids) -> dict[int, tuple]:
+    return {r.pid: (r.identity.rank, r.identity.world_size, r.identity.rank_source,
+                    r.identity.job_id) for r in d.scan() if r.pid in pids}
+
+
+def test_srun_style_ranks_and_what_is_not_a_rank(spawned) -> None:
+    """SLURM_PROCID maps to the rank of a torch process; ``srun hostname``-like
+    processes and a bash batch script with the same variables are no ranks."""
+    import time
+
+    from ncclwatch.agent.discover import Discovery
+    from ncclwatch.agent.discover import YOUNG
+    t0 = time.time()
+    sleeper = spawned(["sleep", "60"], SLURM)                       # srun sleep/hostname
+    batch = spawned(["bash", "-c", "sleep 60; true"], SLURM)        # the batch script
+    no_torch = spawned(["PY", "-c", "import time; time.sleep(60)"], SLURM)
+    task = spawned(["PY", "-c", TORCH_IDLE], {**SLURM, "SLURM_PROCID": "1", "SLURM_NTASKS": "2",
+                                             "SLURM_LOCALID": "1"}, wait_up=True)
+    time.sleep(max(0.0, YOUNG + 0.5 - (time.time() - t0)))  # past the fork-exec window
+    d = Discovery("n")
+    pids = {task.pid, sleeper.pid, batch.pid, no_torch.pid}
+    assert _found(d, pids) == {task.pid: (1, 2, "env:SLURM_PROCID", "slurm:4242.0")}
+    # Settled: non-Python processes are never looked at again; the Python one
+    # without torch is (it may import torch later).
+    assert not d._seen[sleeper.pid].recheck and not d._seen[batch.pid].recheck
+    assert d._seen[no_torch.pid].recheck
+
+
+def test_torchrun_under_srun_workers_are_ranks_the_launcher_is_not(spawned, tmp_path) -> None:
+    """torchrun's own process has SLURM_PROCID and imports torch: never a rank."""
+    import sys
+    import time
+
+    from ncclwatch.agent.discover import Discovery
+    from tests.conftest import need
+    script = tmp_path / "w.py"
+    script.write_text(TORCH_IDLE)
+    run = spawned([need("torchrun"), "--standalone", "--nproc-per-node=2", "--max-restarts=0",
+                   str(script)], SLURM)
+    d = Discovery("n")
+    deadline, found = time.time() + 60, {}
+    import psutil
+    while time.time() < deadline:
+        kids = {c.pid for c in psutil.Process(run.pid).children(recursive=True)} | {run.pid}
+        found = _found(d, kids)
+        if len(found) == 2:
+            break
+        time.sleep(0.5)
+    assert run.pid not in found, found  # the launcher (python .../torchrun)
+    assert sorted((r, w, s) for r, w, s, _ in found.values()) == [
+        (0, 2, "env:RANK"), (1, 2, "env:RANK")], found
+    # One job: torchrun's run id comes before the Slurm job id (JOB_ID_SOURCES).
+    assert len({j for *_, j in found.values()}) == 1
+    assert next(iter(found.values()))[3].startswith("torchelastic:")
+    assert launcher_of(psutil.Process(run.pid).cmdline()) == "torchrun", sys.executable
+
+
+LIGHTNING_PARENT = """
+import os, subprocess, sys, time
+import torch.distributed
+env = {**os.environ, "MASTER_ADDR": "10.1.1.1", "MASTER_PORT": "29401", "NODE_RANK": "1",
+       "WORLD_SIZE": "6"}
+kids = [subprocess.Popen([sys.executable, "-c", sys.argv[1]], env={**env, "LOCAL_RANK": str(i)})
+        for i in (1, 2)]
+print("up", flush=True)
+time.sleep(60)
+"""
+
+
+def test_lightning_node_1_numbered_once_all_children_are_up(spawned) -> None:
+    """Node 1 of 2, devices=3: the parent is rank 3, its children 4 and 5."""
+    import time
+
+    import psutil
+
+    from ncclwatch.agent import discover
+    parent = spawned(["PY", "-c", LIGHTNING_PARENT, TORCH_IDLE], {}, wait_up=True)
+    d = discover.Discovery("n")
+    deadline, found = time.time() + 60, {}
+    while time.time() < deadline:
+        kids = {c.pid for c in psutil.Process(parent.pid).children()} | {parent.pid}
+        found = _found(d, kids)
+        if len(found) == 3 and all(r >= 0 for r, *_ in found.values()):
+            break
+        time.sleep(0.5)
+    by_rank = {r: (pid, s) for pid, (r, w, s, j) in found.items()}
+    assert by_rank[3] == (parent.pid, "children_env"), found
+    assert {by_rank[4][1], by_rank[5][1]} == {"env:NODE_RANK+LOCAL_RANK"}, found
+    assert {j for *_, j in found.values()} == {"master:10.1.1.1:29401/6"}
+
+
+def test_mp_spawn_under_srun_workers_by_spawn_index_parent_is_no_rank(spawned) -> None:
+    """The spawning parent carries SLURM_PROCID=0 and torch, and waits in join():
+    not a rank; its workers' inherited SLURM_PROCID is not theirs either."""
+    import time
+
+    import psutil
+
+    from ncclwatch.agent.discover import Discovery
+    from tests.conftest import ROOT, free_port
+    parent = spawned(["PY", "-m", "tests.workloads.launch_spawn", "--port", str(free_port()),
+                      "--go", "/nonexistent/never"], {**SLURM, "PYTHONPATH": str(ROOT)})
+    d = Discovery("n")
+    deadline, found = time.time() + 90, {}
+    while time.time() < deadline:
+        kids = {c.pid for c in psutil.Process(parent.pid).children()} | {parent.pid}
+        found = _found(d, kids)
+        if len(found) == 2 and all(s == "spawn_index" for _, _, s, _ in found.values()):
+            break
+        time.sleep(0.5)
+    assert parent.pid not in found, found
+    assert sorted((r, w, s) for r, w, s, _ in found.values()) == [
+        (0, 2, "spawn_index"), (1, 2, "spawn_index")], found
+    assert {j for *_, j in found.values()} == {"slurm:4242.0"}
