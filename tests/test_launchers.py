@@ -222,6 +222,17 @@ def test_an_unnumbered_member_can_be_the_culprit_and_others_wait_under_labels() 
         None, "?1", 501, "saving", "unknown")
     assert stall["waiting"]["ranks"] == ["?3", "?2"]
     assert "unidentified rank ?1 (pid 501)" in stall["summary"]
+    # The members are the world's numbers: no group of "missing" ranks.
+    assert sorted((g["ranks"], g["state"]) for g in stall["rank_groups"]) == [
+        ("?1", "saving"), ("?2,?3", "collective")]
+    # The CLI and the page say who the members are, by label and pid.
+    from ncclwatch import status
+    from ncclwatch.daemon import page
+    full = jobs_view(d, now=100.0)
+    text = status.render(full)
+    assert "culprit: rank ?1 on node-a (pid 501) saving" in text, text
+    assert "waiting: ranks ?3,?2 in barrier" in text, text
+    assert "unidentified rank ?1" in page.render(full)
     # Exiting by pid ends that member, and only it.
     exit_report = report([], seq=2, full=False)
     exit_report.report.exited.add(job_id="job-u", rank=-1, pid=502, rank_source="unknown")

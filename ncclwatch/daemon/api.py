@@ -126,13 +126,13 @@ def forecast_view(dx) -> dict[str, Any]:
     w = ev.write
     return {
         "checkpoint": None if w is None else {
-            "rank": w.rank, "path": w.path, "written_bytes": w.written_bytes,
+            "rank": _keys([w.rank])[0], "path": w.path, "written_bytes": w.written_bytes,
             "expected_bytes": w.expected_bytes, "expected_source": w.expected_source or None,
             "previous_checkpoint": w.previous_path or None,
             "write_bytes_per_second": round(w.rate_bytes_per_second, 1),
             "eta_seconds": None if w.eta_seconds is None else round(w.eta_seconds, 1),
             "overrun_seconds": None if ev.overrun is None else round(ev.overrun, 1)},
-        "memory": [{"rank": m.rank, "device": m.device, "used_bytes": m.used_bytes,
+        "memory": [{"rank": _keys([m.rank])[0], "device": m.device, "used_bytes": m.used_bytes,
                     "limit_bytes": m.limit_bytes,
                     "growth_bytes_per_second": round(m.rate_bytes_per_second, 1),
                     "eta_seconds": None if m.eta_seconds is None else round(m.eta_seconds, 1)}
@@ -149,7 +149,7 @@ def rank_groups(d: Daemon, job, now: float) -> list[dict[str, Any]]:
                rec.op.value if fresh else "none")
         groups.setdefault(key, []).append(r)
     missing = set(range(job.world_size)) - set(job.ranks)
-    if missing:
+    if missing and len(missing) > job.unidentified:  # each unnumbered member is one of them
         groups.setdefault(("", "unknown", "none"), []).extend(missing)
     out = []
     for (sid, state, op), ranks in sorted(groups.items(), key=lambda kv: (len(kv[1]),
