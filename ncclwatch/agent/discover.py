@@ -146,8 +146,10 @@ class Discovery:
             if maps is None:
                 return seen
             if not launchers.torch_loaded(maps):
-                # Python may import torch later; anything else never will.
-                seen.recheck = launchers.python_loaded(maps, _exe(proc))
+                # Python may import torch later; anything else never will. A
+                # spawn child of some other program is given SPAWN_PATIENCE.
+                seen.recheck = launchers.python_loaded(maps, _exe(proc)) and (
+                    shown is not None or now - create_time < SPAWN_PATIENCE)
                 return seen
             if spawn:
                 identity = self._spawn_identity(pid, ppid, env, seen, now)
