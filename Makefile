@@ -23,7 +23,8 @@ venv: $(STAMP)
 
 # Real tools the tests run (command:Debian package); installed when missing.
 SYSTEM_DEPS := promtool:prometheus prometheus:prometheus \
-	prometheus-alertmanager:prometheus-alertmanager chromium:chromium systemd-analyze:systemd
+	prometheus-alertmanager:prometheus-alertmanager chromium:chromium systemd-analyze:systemd \
+	mpirun:openmpi-bin mpiexec.mpich:mpich
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 system-deps:
