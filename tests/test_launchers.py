@@ -36,6 +36,7 @@ LAUNCHER_CASES = [
      "deepspeed"),
     ([PY, "/venv/bin/accelerate", "launch", "--multi_gpu", "train.py"], "accelerate"),
     ([PY, "/venv/bin/accelerate", "config"], None),      # not a launch
+    ([PY, "/venv/bin/accelerate-launch", "train.py"], "accelerate"),
     ([PY, "/venv/bin/lightning", "run", "model", "train.py"], "lightning"),
     (["srun", "-n", "3", PY, "train.py"], "slurm"),
     (["/usr/sbin/slurmstepd"], "slurm"),

@@ -47,6 +47,7 @@ LAUNCHERS: tuple[Launcher, ...] = (
     Launcher("accelerate", programs=("accelerate",),
              modules=("accelerate.commands.launch", "accelerate.commands.accelerate_cli"),
              subcommand="launch"),
+    Launcher("accelerate", programs=("accelerate-launch",)),
     Launcher("lightning", programs=("lightning", "fabric"), subcommand="run"),
     Launcher("openmpi", programs=("mpirun", "mpiexec", "orterun", "orted", "prterun", "prted",
                                   "prun", "mpirun.openmpi", "mpiexec.openmpi")),
