@@ -79,9 +79,7 @@ def launcher_of(cmdline: list[str]) -> str | None:
     args = cmdline[1:]
     if _is_python(cmdline[0]):
         prog = ""
-        it = iter(range(len(args)))
-        for i in it:
-            a = args[i]
+        for i, a in enumerate(args):
             if a == "-m" and i + 1 < len(args):
                 module = args[i + 1]
                 break

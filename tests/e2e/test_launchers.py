@@ -11,7 +11,6 @@ the save's start. Several launchers run at once under one ``ncclwatch run``.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from dataclasses import dataclass
