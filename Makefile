@@ -25,7 +25,8 @@ venv: $(STAMP)
 # Slurm (tests/slurm.py): munged, slurmctld, slurmd; sbatch/srun/scontrol/sinfo.
 SYSTEM_DEPS := promtool:prometheus prometheus:prometheus \
 	prometheus-alertmanager:prometheus-alertmanager chromium:chromium systemd-analyze:systemd \
-	munged:munge slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client
+	munged:munge slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client \
+	mpirun:openmpi-bin mpiexec.mpich:mpich
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 system-deps:

@@ -20,7 +20,8 @@ OUT = ROOT / "BENCHMARKS.md"
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="smaller runs (minutes, not tens)")
-    ap.add_argument("--only", choices=("agent", "daemon", "diagnose"), default=None)
+    ap.add_argument("--only", choices=("agent", "daemon", "diagnose", "discovery"),
+                    default=None)
     a = ap.parse_args()
     cmd = "make bench" + (" BENCH_ARGS=--quick" if a.quick else "")
     head = [
@@ -58,6 +59,11 @@ def main() -> int:
                      f"Command: `python -m bench.diagnose_log --size {size:g}`", "",
                      diagnose_log.render(r), ""]
     text = "\n".join(head + sections).rstrip() + "\n"
+    if a.only in (None, "discovery"):
+        from bench import discovery
+        r = discovery.measure()
+        sections += ["## Discovery per round", "", "Command: `python -m bench.discovery`", "",
+                     discovery.render(r), ""]
     if a.only and OUT.exists():
         print(text)
         print(f"(--only: {OUT.name} left as it is)", file=sys.stderr)

@@ -84,9 +84,23 @@ class StallKind(str, enum.Enum):
     RANK_LOST = "rank_lost"
 
 
+def rank_label(key: int) -> str:
+    """A rank key as text: '3', or '?1' for the daemon's first member of a job
+    whose rank is unknown (those are keyed -1, -2, ...; see table.Job.key_of)."""
+    return str(key) if key >= 0 else f"?{-key}"
+
+
+def rank_name(key: int) -> str:
+    """'rank 3', or 'unidentified rank ?1' (its pid is shown beside it)."""
+    return f"rank {key}" if key >= 0 else f"unidentified rank {rank_label(key)}"
+
+
 def rank_ranges(ranks) -> str:
-    """[0, 1, 2, 5] -> '0-2,5': how rank lists read in messages."""
+    """[0, 1, 2, 5] -> '0-2,5': how rank lists read in messages; members
+    with unknown rank (negative keys) follow as '?1,?2'."""
     ranks = sorted(ranks)
+    unknown = [rank_label(r) for r in sorted(r for r in ranks if r < 0)[::-1]]
+    ranks = [r for r in ranks if r >= 0]
     out, i = [], 0
     while i < len(ranks):
         j = i
@@ -94,7 +108,7 @@ def rank_ranges(ranks) -> str:
             j += 1
         out.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
         i = j + 1
-    return ",".join(out)
+    return ",".join(out + unknown)
 
 
 def scheduler_label(sj: dict | None) -> str:

@@ -113,11 +113,12 @@ def render(view: dict[str, Any]) -> str:
                     out.append(f"  forecast: rank {m['rank']} reaches its {m['device']} memory "
                                f"limit in {m['eta_seconds']:.0f}s")
             for c in s["culprits"]:
-                out.append(f"  culprit: rank {c['rank']} on {c['host']} (pid {c['pid']}) "
+                out.append(f"  culprit: rank {c.get('member', c['rank'])} on {c['host']} "
+                           f"(pid {c['pid']}) "
                            f"{c['state']} for {c['for_seconds']:.0f}s")
                 for f in (c.get("stack") or {}).get("frames", [])[:8]:
                     out.append(f"      {f['name']} ({f['file']}:{f['line']})")
-            out.append(f"  waiting: ranks {rank_ranges(s['waiting']['ranks'])} in "
+            out.append(f"  waiting: ranks {_ranks_text(s['waiting']['ranks'])} in "
                        f"{'/'.join(s['waiting']['ops'])}")
             fr = s.get("flight_recorder")
             if fr and fr.get("sentence"):
@@ -129,15 +130,22 @@ def render(view: dict[str, Any]) -> str:
         for w in j.get("config_warnings", []):
             out.append("")
             out.append(f"{w['severity'].upper()} {j['job']} ({w['code']}): {w['message']}")
-        states: dict[str, list[int]] = {}
+        states: dict[str, list[int | str]] = {}
         for r in j["ranks"]:
             key = r["state"] + (f"/{r['op']}" if r["op"] else "")
-            states.setdefault(key, []).append(r["rank"])
+            states.setdefault(key, []).append(r["rank"] if r["rank"] is not None
+                                              else r.get("member", "?"))
         if states:
             out.append("")
             out.append(f"{j['job']} ranks: " + "; ".join(
-                f"{k}: {rank_ranges(v)}" for k, v in sorted(states.items())))
+                f"{k}: {_ranks_text(v)}" for k, v in sorted(states.items())))
     return "\n".join(out)
+
+
+def _ranks_text(items: list[int | str]) -> str:
+    """Rank numbers as ranges, then members whose rank is unknown ('?1')."""
+    return ",".join(filter(None, [rank_ranges(i for i in items if isinstance(i, int)),
+                                  *(str(i) for i in items if not isinstance(i, int))]))
 
 
 def main(daemon: str, as_json: bool, *, ca: str | None = None, auth: str | None = None) -> int:

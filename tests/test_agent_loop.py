@@ -22,7 +22,7 @@ JOB = "master:10.7.7.7:29777/2"
 
 @pytest.fixture
 def two_ranks():
-    procs = [subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"],
+    procs = [subprocess.Popen([sys.executable, "-c", "import torch.distributed, time\nwhile True: time.sleep(1)"],
                               env={**os.environ, **JOB_ENV, "RANK": str(r)},
                               start_new_session=True) for r in range(2)]
     yield procs

@@ -30,6 +30,7 @@ RANK_ENV = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "1
 
 CHILD = """
 import os, sys, time
+import torch.distributed  # a rank is a Python process that loaded torch
 if os.fork() == 0:   # a DataLoader-like fork: same environment
     time.sleep(60); os._exit(0)
 f = open(sys.argv[1], 'wb'); f.write(b'x' * 65536); f.flush()
@@ -230,7 +231,8 @@ def test_discovery_drops_a_rank_that_died_unreaped() -> None:
 
     env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": "29999", "NCCLWATCH_JOB_ID": "zombie-test"}
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    child = subprocess.Popen([sys.executable, "-c", "import torch.distributed, time; time.sleep(60)"],
+                             env=env)
     try:
         d = Discovery("host")
         deadline = time.time() + 10
@@ -258,7 +260,8 @@ def test_discovery_sees_a_rank_caught_before_its_exec() -> None:
     # The child starts without RANK and then execs itself with it, as a
     # launcher's fork-then-exec looks to a scan that lands in between.
     code = ("import os, sys, time; time.sleep(0.8); "
-            "os.execve(sys.executable, [sys.executable, '-c', 'import time; time.sleep(30)'], "
+            "os.execve(sys.executable, [sys.executable, '-c', "
+            "'import torch.distributed, time; time.sleep(30)'], "
             "{**os.environ, 'RANK': '0', 'WORLD_SIZE': '1', 'NCCLWATCH_JOB_ID': 'exec-test'})")
     child = subprocess.Popen([sys.executable, "-c", code])
     try:

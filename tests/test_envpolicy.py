@@ -92,8 +92,7 @@ def test_job_id_from_a_credentialed_rendezvous_is_redacted_and_still_shared() ->
 
 
 @pytest.mark.parametrize("env", [
-    {"RANK": "0"}, {"RANK": "x", "WORLD_SIZE": "2", "MASTER_ADDR": "a", "MASTER_PORT": "1"},
-    {"RANK": "2", "WORLD_SIZE": "2", "MASTER_ADDR": "a", "MASTER_PORT": "1"},
+    {"RANK": "0"},
     {"RANK": "0", "WORLD_SIZE": "2"},  # no job source at all
 ])
 def test_not_a_rank(env) -> None:
@@ -202,3 +201,10 @@ def test_job_ids_lose_url_data_but_keep_random_looking_run_ids() -> None:
 def test_embedded_credentials_are_redacted(value, secret) -> None:
     out = redact_value(value)
     assert secret not in out and REDACTED in out
+@pytest.mark.parametrize("env", [
+    {"RANK": "x", "WORLD_SIZE": "2", "MASTER_ADDR": "a", "MASTER_PORT": "1"},
+    {"RANK": "2", "WORLD_SIZE": "2", "MASTER_ADDR": "a", "MASTER_PORT": "1"},
+])
+def test_a_bad_rank_is_an_unknown_member_never_a_number(env) -> None:
+    ident = identify(env, "n")
+    assert ident is not None and not ident.known and ident.rank_source == "unknown"

@@ -68,7 +68,7 @@ BAD = [
     ("bad protobuf", None, grpc.StatusCode.INVALID_ARGUMENT),
     ("rank out of range", report([sample("job-x", 9, 4, RankState.COMPUTE)]),
      grpc.StatusCode.INVALID_ARGUMENT),
-    ("negative rank", report([sample("job-x", -1, 4, RankState.COMPUTE)]),
+    ("negative rank", report([sample("job-x", -2, 4, RankState.COMPUTE)]),
      grpc.StatusCode.INVALID_ARGUMENT),
     ("world size changes", report([sample("job-1", 1, 8, RankState.COMPUTE)]),
      grpc.StatusCode.FAILED_PRECONDITION),

@@ -376,7 +376,7 @@ def test_daemon_ready_after_ports_listen_then_status_watchdog_stopping(
 def fake_ranks():
     """Two processes that look like ranks of one job (a port nobody else uses)."""
     env = {"WORLD_SIZE": "2", "MASTER_ADDR": "10.9.9.9", "MASTER_PORT": str(free_port())}
-    procs = [subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"],
+    procs = [subprocess.Popen([sys.executable, "-c", "import torch.distributed, time\nwhile True: time.sleep(1)"],
                               env={**os.environ, **env, "RANK": str(r)}, start_new_session=True)
              for r in range(2)]
     yield procs

@@ -293,7 +293,7 @@ def test_daemon_and_agent_processes_over_mtls(pki) -> None:
                                f"127.0.0.1:{grpc_port}", "--node", "node-a", "--interval", "0.3",
                                "--tls-ca", str(d / "ca.pem"), "--tls-cert", str(d / "node-a.pem"),
                                "--tls-key", str(d / "node-a-key.pem")], name="ncclwatch-agent-tls"))
-        rank = Proc([sys.executable, "-c", "import time\nwhile True: time.sleep(0.2)"],
+        rank = Proc([sys.executable, "-c", "import torch.distributed, time\nwhile True: time.sleep(0.2)"],
                     env={"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
                          "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}, name="fake-rank")
         up = ("ncclwatch_agent_up", (("node", "node-a"),))

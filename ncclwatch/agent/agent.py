@@ -183,7 +183,10 @@ class Agent:
         alive = {p.pid: p for p in procs}
         for pid in list(self.trackers):
             t = self.trackers[pid]
-            if pid not in alive or alive[pid].create_time != t.proc.create_time:
+            # A changed identity (a Lightning child numbered once its siblings
+            # are all up) ends the old one: the daemon sees it exit.
+            if pid not in alive or alive[pid].create_time != t.proc.create_time \
+                    or alive[pid].identity != t.proc.identity:
                 self._exited.append(t.proc)
                 self.sampler.forget(pid)
                 self.frprobe.forget(pid)
@@ -191,8 +194,9 @@ class Agent:
         for pid, proc in alive.items():
             if pid not in self.trackers:
                 self.trackers[pid] = RankTracker(proc, now)
-                log.info("watching rank %d of job %s (pid %d)", proc.identity.rank,
-                         proc.identity.job_id, pid)
+                log.info("watching rank %s of job %s (pid %d, rank from %s)",
+                         proc.identity.rank if proc.identity.known else "?",
+                         proc.identity.job_id, pid, proc.identity.rank_source)
         for pid, t in list(self.trackers.items()):
             sample = self.sampler.sample(pid)
             if sample is None:  # exited between scan and sample

@@ -1,26 +1,54 @@
 """Find the training ranks on this node with a psutil process scan.
 
 Environments never change after exec, so each pid is read once and the
-verdict cached by (pid, create time); a round only looks at new pids.
+verdict cached by (pid, create time); a round only looks at new pids (and
+the few still settling: young ones, Python processes with rank variables
+that have not imported torch yet, spawn children still starting).
+
+Who is a rank (each rule decided once per pid):
+
+- launchers and their helpers (``launchers.LAUNCHERS``) never are;
+- only a Python process that loaded torch is (``srun hostname`` is not);
+- its rank comes from its environment (``jobid.RANK_VARIABLES``), else
+  from what it shows from outside: an ``mp.spawn`` worker's spawn index
+  (py-spy ``--locals``), Lightning's children's NODE_RANK/LOCAL_RANK and,
+  for Lightning's rank 0, which has no variables at all, its children's;
+- a member of a job whose number none of that shows is a rank with
+  ``UNKNOWN_RANK``: still watched, never numbered by guess.
+
 Forked children of a rank (DataLoader workers, compile workers) inherit its
-environment and are skipped: a rank is the oldest process of its (job, rank).
+environment and are skipped: a rank is the oldest process of its (job,
+rank), and an unnumbered member whose parent is in the same job is a fork.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import psutil
 
+from ncclwatch.agent import launchers
+from ncclwatch.agent.pyspy import find_pyspy
 from ncclwatch.envpolicy import filter_env
-from ncclwatch.jobid import RankIdentity, identify
+from ncclwatch.jobid import (
+    NODE_LOCAL_SOURCE, UNKNOWN_RANK, UNKNOWN_SOURCE, RankIdentity, identify, job_of, node_local_fields,
+    rank_of,
+)
 
 log = logging.getLogger(__name__)
 
 #: A non-rank younger than this (seconds) is looked at again each round.
 YOUNG = 5.0
+#: A spawn child is asked for its spawn index until it is this old (seconds).
+SPAWN_PATIENCE = 60.0
+#: Lightning's children on node > 0 are numbered once the youngest is this old
+#: (seconds): their count is the node's process count only when all started.
+FAMILY_SETTLE = 3.0
+#: rank_source of mp.spawn workers and of Lightning's rank 0.
+SPAWN_SOURCE = "spawn_index"
+CHILDREN_SOURCE = "children_env"
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,45 +63,59 @@ class RankProcess:
         return (self.identity.job_id, self.identity.rank)
 
 
+@dataclass(slots=True)
+class _Seen:
+    """What one look at a pid found (kept until the pid goes)."""
+
+    create_time: float
+    ppid: int = 0
+    rank: RankProcess | None = None
+    launcher: str = ""         # a LAUNCHERS row: never a rank
+    recheck: bool = False      # look again next round
+    node_local: tuple[int, int, int] | None = None   # Lightning child: node, local, world
+
+
 class Discovery:
     """Incremental scan: ``scan()`` returns the rank processes alive now."""
 
     def __init__(self, host: str, own_pid: int | None = None,
-                 ranks: frozenset[int] | None = None) -> None:
+                 ranks: frozenset[int] | None = None, pyspy: str | None = None,
+                 proc: str = "/proc") -> None:
         self._host = host
         # Only these global ranks (None: all): lets two agents split one job's
-        # ranks, as two nodes would.
+        # ranks, as two nodes would. Unnumbered members go with ranks=None only.
         self._ranks = ranks
         self._own = own_pid if own_pid is not None else psutil.Process().pid
-        # pid -> (create_time, RankProcess | None); None caches "not a rank".
-        self._seen: dict[int, tuple[float, RankProcess | None]] = {}
-        # Young non-ranks, looked at again: a launcher's child is caught
-        # between fork and exec with the launcher's environment (no RANK).
-        self._young: set[int] = set()
+        self._pyspy = pyspy if pyspy is not None else find_pyspy()
+        self._proc = proc
+        self._seen: dict[int, _Seen] = {}
+        # Lightning's rank 0, found through its children: pid -> RankProcess.
+        self._parents: dict[int, RankProcess | None] = {}
         self.errors_total = 0
+        self.spawn_probes_total = 0
 
     def scan(self) -> list[RankProcess]:
         pids = set(psutil.pids())
         for gone in self._seen.keys() - pids:
             del self._seen[gone]
+        for gone in self._parents.keys() - pids:
+            del self._parents[gone]
+        now = time.time()
         for pid in pids:
             if pid == self._own:
                 continue
             cached = self._seen.get(pid)
             # Re-check pid reuse only for ranks (cheap: few); a reused pid of a
             # non-rank is caught when it vanishes between two rounds.
-            if cached is not None and pid not in self._young and (
-                    cached[1] is None or not self._reused(pid, cached[0])):
+            if cached is not None and not cached.recheck and (
+                    cached.rank is None or not self._reused(pid, cached.create_time)):
                 continue
-            self._seen[pid] = verdict = self._inspect(pid)
-            if verdict[1] is None and verdict[0] and time.time() - verdict[0] < YOUNG:
-                self._young.add(pid)
-            else:
-                self._young.discard(pid)
-        self._young &= pids
-        candidates = [rp for _, rp in self._seen.values() if rp is not None
-                      and (self._ranks is None or rp.identity.rank in self._ranks)]
-        return _one_per_rank(candidates)
+            seen = self._inspect(pid, now)
+            if (seen.rank is None and not seen.launcher and not seen.recheck
+                    and seen.create_time and now - seen.create_time < YOUNG):
+                seen.recheck = True  # a launcher's child caught between fork and exec
+            self._seen[pid] = seen
+        return _one_per_rank(self._resolve())
 
     def _reused(self, pid: int, create_time: float) -> bool:
         """Pid reused, or the rank died and is a zombie its parent has not reaped."""
@@ -83,33 +125,223 @@ class Discovery:
         except psutil.Error:
             return True
 
-    def _inspect(self, pid: int) -> tuple[float, RankProcess | None]:
+    def _inspect(self, pid: int, now: float) -> _Seen:
         try:
             proc = psutil.Process(pid)
-            create_time = proc.create_time()
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                return (create_time, None)  # dead, not yet reaped by its parent
+            with proc.oneshot():
+                create_time = proc.create_time()
+                if proc.status() == psutil.STATUS_ZOMBIE:
+                    return _Seen(create_time)  # dead, not yet reaped by its parent
+                ppid = proc.ppid()
+            cmdline = proc.cmdline()
+            seen = _Seen(create_time, ppid, launcher=launchers.launcher_of(cmdline) or "")
+            if seen.launcher:
+                return seen
             env = proc.environ()
+            spawn = launchers.is_spawn_child(cmdline)
+            shown = rank_of(env)
+            if shown is None and not spawn:
+                return seen  # no rank variables, no spawn child: no rank
+            maps = launchers.read_maps(pid, self._proc)
+            if maps is None:
+                return seen
+            if not launchers.torch_loaded(maps):
+                # Python may import torch later; anything else never will. A
+                # spawn child of some other program is given SPAWN_PATIENCE.
+                seen.recheck = launchers.python_loaded(maps, _exe(proc)) and (
+                    shown is not None or now - create_time < SPAWN_PATIENCE)
+                return seen
+            if spawn:
+                identity = self._spawn_identity(pid, ppid, env, seen, now)
+                if identity is not None:
+                    seen.rank = RankProcess(pid, create_time, identity, filter_env(env))
+                    return seen
+                if seen.recheck:
+                    return seen
+            identity = identify(env, self._host) or identify(
+                env, self._host, launcher=self._launcher_id(ppid))
+            if identity is None:
+                return seen
+            if identity.rank_source in (NODE_LOCAL_SOURCE, UNKNOWN_SOURCE):
+                seen.node_local = node_local_fields(env)
+            seen.rank = RankProcess(pid, create_time, identity, filter_env(env))
+            return seen
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
-            return (0.0, None)
+            return _Seen(0.0)
         except (psutil.AccessDenied, OSError) as e:
             self.errors_total += 1
-            log.debug("cannot read environment of pid %d: %s", pid, e)
-            return (0.0, None)
-        identity = identify(env, self._host)
-        if identity is None:
-            return (create_time, None)
-        return (create_time, RankProcess(pid, create_time, identity, filter_env(env)))
+            log.debug("cannot read pid %d: %s", pid, e)
+            return _Seen(0.0)
+
+    def _spawn_identity(self, pid: int, ppid: int, env: dict[str, str], seen: _Seen,
+                        now: float) -> RankIdentity | None:
+        """An ``mp.spawn`` worker: rank from its spawn index where that is sound.
+
+        The index is the rank when the spawn makes the whole world (WORLD_SIZE
+        unset or equal to the number of workers, no outer multi-task
+        launcher); with NODE_RANK and WORLD_SIZE it is NODE_RANK * nprocs + i.
+        Otherwise the worker is a member with an unknown rank.
+        """
+        self.spawn_probes_total += 1
+        index, final = launchers.spawn_index(pid, self._pyspy)
+        if index is None:
+            seen.recheck = not final and now - seen.create_time < SPAWN_PATIENCE
+            return None
+        job = job_of(env, self._host, self._launcher_id(pid, spawn_parent=ppid))
+        if job is None:
+            return None
+        nprocs = self._spawn_siblings(ppid)
+        size = _int(env.get("WORLD_SIZE"))
+        node = _int(env.get("NODE_RANK"))
+        outer = rank_of({k: v for k, v in env.items() if k not in ("MASTER_ADDR", "MASTER_PORT")})
+        multi_task = outer is not None and outer[1] > 1
+        rank, world = UNKNOWN_RANK, size or 0
+        if index < nprocs and (size is None or size == nprocs) and not multi_task \
+                and not node:
+            rank, world = index, nprocs
+        elif size and node is not None and size % nprocs == 0 and node * nprocs + index < size:
+            rank = node * nprocs + index
+        return RankIdentity(job_id=job[1], job_source=job[0], rank=rank, local_rank=index,
+                            world_size=world,
+                            rank_source=SPAWN_SOURCE if rank != UNKNOWN_RANK else UNKNOWN_SOURCE)
+
+    def _spawn_siblings(self, ppid: int) -> int:
+        try:
+            kids = psutil.Process(ppid).children()
+        except psutil.Error:
+            return 0
+        n = 0
+        for k in kids:
+            try:
+                n += launchers.is_spawn_child(k.cmdline())
+            except psutil.Error:
+                pass
+        return n
+
+    def _launcher_id(self, ppid: int, spawn_parent: int | None = None) -> str | None:
+        """Node-local job id for ranks whose environment names no job.
+
+        The nearest launcher ancestor (hydra_pmi_proxy, mpirun, ...), else the
+        spawning parent: ``<host>/<pid>.<start time>``.
+        """
+        pid, hops = ppid, 0
+        while pid > 1 and hops < 8:
+            try:
+                p = psutil.Process(pid)
+                if launchers.launcher_of(p.cmdline()) or pid == spawn_parent:
+                    return f"{self._host}/{pid}.{int(p.create_time())}"
+                pid, hops = p.ppid(), hops + 1
+            except psutil.Error:
+                return None
+        return None
+
+    def _resolve(self) -> list[RankProcess]:
+        """Ranks only the process tree shows: Lightning's children and rank 0."""
+        out: list[RankProcess] = []
+        families: dict[tuple[int, str], list[tuple[int, _Seen]]] = {}
+        for pid, seen in self._seen.items():
+            rp = seen.rank
+            if rp is None:
+                continue
+            if seen.node_local is not None:
+                families.setdefault((seen.ppid, rp.identity.job_id), []).append((pid, seen))
+            else:
+                out.append(rp)
+        now = time.time()
+        for (ppid, job_id), kids in families.items():
+            local_world = len(kids) + 1  # the parent is local rank 0
+            node, _, size = kids[0][1].node_local
+            # The parent starts its children in one loop: once the youngest is
+            # FAMILY_SETTLE old, the count is the node's process count.
+            settled = now - max(s.create_time for _, s in kids) >= FAMILY_SETTLE
+            for pid, seen in kids:
+                rp = seen.rank
+                n, local, _ = seen.node_local
+                if rp.identity.rank == UNKNOWN_RANK and settled and local < local_world \
+                        and size % local_world == 0 and n * local_world + local < size:
+                    rp = replace(rp, identity=replace(
+                        rp.identity, rank=n * local_world + local, rank_source=NODE_LOCAL_SOURCE))
+                out.append(rp)
+            if node == 0 or settled:
+                parent = self._parent_rank(ppid, kids[0][1].rank.identity, node, local_world,
+                                           size)
+                if parent is not None:
+                    out = [rp for rp in out if rp.pid != ppid]
+                    out.append(parent)
+        return _drop_forks_and_parents(out, self._seen, self._ranks)
+
+    def _parent_rank(self, ppid: int, child: RankIdentity, node: int, local_world: int,
+                     size: int) -> RankProcess | None:
+        """Lightning's rank 0 (of its node): the torch parent of the children."""
+        parent = self._seen.get(ppid)
+        if parent is None or parent.launcher or (parent.rank is not None
+                                                 and parent.rank.identity.known):
+            return None  # a launcher, or a parent that says its own rank
+        if ppid not in self._parents:
+            self._parents[ppid] = None
+            try:
+                proc = psutil.Process(ppid)
+                maps = launchers.read_maps(ppid, self._proc)
+                if maps and launchers.torch_loaded(maps):
+                    rank = node * local_world
+                    known = rank < size
+                    ident = replace(child, rank=rank if known else UNKNOWN_RANK, local_rank=0,
+                                    rank_source=CHILDREN_SOURCE if known else UNKNOWN_SOURCE)
+                    self._parents[ppid] = RankProcess(ppid, proc.create_time(), ident,
+                                                      filter_env(proc.environ()))
+            except (psutil.Error, OSError):
+                self.errors_total += 1
+        return self._parents[ppid]
+
+
+def _drop_forks_and_parents(found: list[RankProcess], seen: dict[int, _Seen],
+                            ranks: frozenset[int] | None) -> list[RankProcess]:
+    """Drop forks of members, and a spawning parent that looks like a member."""
+    by_pid = {rp.pid: rp for rp in found}
+    spawners = {seen[rp.pid].ppid for rp in found
+                if rp.identity.rank_source == SPAWN_SOURCE and rp.pid in seen}
+    out = []
+    for rp in found:
+        i = rp.identity
+        if rp.pid in spawners and i.rank_source != CHILDREN_SOURCE:
+            continue  # mp.spawn's parent, waiting in join(): not a rank
+        if not i.known:
+            s = seen.get(rp.pid)
+            parent = by_pid.get(s.ppid) if s is not None else None
+            if parent is not None and parent.identity.job_id == i.job_id:
+                continue  # a fork (DataLoader worker) of a member
+        if ranks is not None and i.rank not in ranks:
+            continue
+        out.append(rp)
+    return out
+
+
+def _exe(proc: psutil.Process) -> str:
+    try:
+        return proc.exe()
+    except psutil.Error:
+        return ""
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
 
 
 def _one_per_rank(candidates: list[RankProcess]) -> list[RankProcess]:
-    """Keep the oldest process per (job, rank); the others are its forks."""
+    """Keep the oldest process per (job, rank); the others are its forks.
+
+    Unnumbered members are kept each (forks of them are already dropped).
+    """
     best: dict[tuple[str, int], RankProcess] = {}
     for rp in candidates:
-        cur = best.get(rp.key)
+        key = rp.key if rp.identity.known else (rp.identity.job_id, -rp.pid - 1)
+        cur = best.get(key)
         if cur is None or (rp.create_time, rp.pid) < (cur.create_time, cur.pid):
-            best[rp.key] = rp
-    return sorted(best.values(), key=lambda rp: rp.key)
+            best[key] = rp
+    return sorted(best.values(), key=lambda rp: (rp.identity.job_id, rp.identity.rank, rp.pid))
 
 
 def parse_ranks(text: str) -> frozenset[int] | None:

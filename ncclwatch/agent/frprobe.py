@@ -99,6 +99,8 @@ class FlightRecorderProbe:
         for proc in procs:
             if proc.pid in self._pending or now - self._asked.get(proc.pid, -1e9) < self.min_interval:
                 continue
+            if not proc.identity.known:
+                continue  # the pipe's name ends in the rank, which nobody knows
             env = _env_with_home(proc)
             pipe = frpipe.pipe_path(env, proc.identity.rank)
             if pipe is None:

@@ -52,7 +52,7 @@ class AgentHealthCounts:
 def identity_pb(proc: RankProcess) -> pb.RankIdentity:
     i = proc.identity
     return pb.RankIdentity(job_id=i.job_id, rank=i.rank, local_rank=i.local_rank,
-                           world_size=i.world_size, pid=proc.pid)
+                           world_size=i.world_size, pid=proc.pid, rank_source=i.rank_source)
 
 
 def stack_pb(stack: Stack) -> pb.Stack:

@@ -13,7 +13,7 @@ from typing import Any
 from ncclwatch.daemon import progress
 from ncclwatch.daemon.core import Daemon
 from ncclwatch.daemon.incidents import TRACE_FIELDS, Incident
-from ncclwatch.model import rank_ranges
+from ncclwatch.model import rank_label, rank_ranges
 from ncclwatch.stacks import short_path
 
 API_VERSION = "v1"
@@ -33,7 +33,9 @@ def jobs_view(d: Daemon, *, with_ranks: bool = True, now: float | None = None) -
                 rec = job.ranks[r]
                 fresh = d.table.fresh(rec, now)
                 ranks.append({
-                    "rank": r, "local_rank": rec.local_rank, "host": rec.node, "pid": rec.pid,
+                    "rank": r if r >= 0 else None, "member": rank_label(r),
+                    "identified_by": rec.rank_source or "env:RANK",
+                    "local_rank": rec.local_rank, "host": rec.node, "pid": rec.pid,
                     "state": rec.state.value if fresh else "unknown",
                     "op": rec.op.value if rec.op.value != "none" else None,
                     "for_seconds": round(now - rec.since, 1),
@@ -88,14 +90,16 @@ def incident_view(d: Daemon, inc: Incident, now: float | None = None) -> dict[st
                      "remaining_seconds": round(inc.budget.remaining, 1),
                      "remaining_at_detection_seconds": round(inc.budget_at_detection.remaining, 1),
                      "min_remaining_seconds": round(inc.min_remaining, 1)},
-        "culprits": [dict(rank=c.rank, host=c.node, pid=c.pid, state=c.state.value,
+        "culprits": [dict(rank=c.rank if c.rank >= 0 else None, member=rank_label(c.rank),
+                          identified_by=_identified_by(job, c.rank),
+                          host=c.node, pid=c.pid, state=c.state.value,
                           op=c.op.value if c.op.value != "none" else None,
                           for_seconds=round(c.for_seconds, 1),
                           **_culprit_progress(job, c.rank),
                           stack=stack_view(d, c.stack_id)) for c in f.culprits],
         "unknown_ranks": list(f.unknown),
-        "waiting": {"ranks": list(f.waiting), "ops": [o.value for o in f.waiting_ops],
-                    "stacks": [{"ranks": ranks, "stack": stack_view(d, sid)}
+        "waiting": {"ranks": _keys(f.waiting), "ops": [o.value for o in f.waiting_ops],
+                    "stacks": [{"ranks": _keys(ranks), "stack": stack_view(d, sid)}
                                for sid, ranks in sorted(groups.items(), key=lambda x: x[1])]},
         "at_risk": inc.at_risk,
         "at_risk_since": (round(inc.started_wall + (inc.at_risk_since - inc.started_at), 3)
@@ -123,7 +127,7 @@ def forecast_view(dx) -> dict[str, Any]:
     w = ev.write
     return {
         "checkpoint": None if w is None else {
-            "rank": w.rank, "path": w.path, "written_bytes": w.written_bytes,
+            "rank": _keys([w.rank])[0], "path": w.path, "written_bytes": w.written_bytes,
             "expected_bytes": w.expected_bytes, "expected_source": w.expected_source or None,
             "previous_checkpoint": w.previous_path or None,
             "expected_exact": w.exact,
@@ -131,7 +135,7 @@ def forecast_view(dx) -> dict[str, Any]:
             "rate_source": w.rate_source or None,
             "eta_seconds": None if w.eta_seconds is None else round(w.eta_seconds, 1),
             "overrun_seconds": None if ev.overrun is None else round(ev.overrun, 1)},
-        "memory": [{"rank": m.rank, "device": m.device, "used_bytes": m.used_bytes,
+        "memory": [{"rank": _keys([m.rank])[0], "device": m.device, "used_bytes": m.used_bytes,
                     "limit_bytes": m.limit_bytes,
                     "growth_bytes_per_second": round(m.rate_bytes_per_second, 1),
                     "eta_seconds": None if m.eta_seconds is None else round(m.eta_seconds, 1)}
@@ -148,7 +152,7 @@ def rank_groups(d: Daemon, job, now: float) -> list[dict[str, Any]]:
                rec.op.value if fresh else "none")
         groups.setdefault(key, []).append(r)
     missing = set(range(job.world_size)) - set(job.ranks)
-    if missing:
+    if missing and len(missing) > job.unidentified:  # each unnumbered member is one of them
         groups.setdefault(("", "unknown", "none"), []).extend(missing)
     out = []
     for (sid, state, op), ranks in sorted(groups.items(), key=lambda kv: (len(kv[1]),
@@ -156,6 +160,16 @@ def rank_groups(d: Daemon, job, now: float) -> list[dict[str, Any]]:
         out.append({"count": len(ranks), "ranks": rank_ranges(ranks), "state": state,
                     "op": None if op == "none" else op, "stack": stack_view(d, sid)})
     return out
+
+
+def _keys(keys) -> list[int | str]:
+    """Rank numbers, and '?1'-style labels for members whose rank is unknown."""
+    return [k if k >= 0 else rank_label(k) for k in keys]
+
+
+def _identified_by(job, key: int) -> str:
+    rec = job.ranks.get(key) if job else None
+    return (rec.rank_source or "env:RANK") if rec else "unknown"
 
 
 def _files(rec) -> list[dict[str, Any]]:

@@ -113,7 +113,7 @@ class Daemon:
         for s in report.samples:
             ident = s.identity
             job = jobs.get(ident.job_id)
-            rec = job.ranks.get(ident.rank) if job else None
+            rec = job.ranks.get(ident.rank) if job and ident.rank >= 0 else None
             if (rec is not None and rec.node and rec.node != node
                     and self.table.fresh(rec, now)):
                 raise ReportError(

@@ -15,7 +15,7 @@ from ncclwatch.daemon.budget import Budget
 from ncclwatch.daemon.detect import Finding
 from ncclwatch.daemon.forecast import MemoryForecast, WriteForecast, memory_forecasts, write_forecast
 from ncclwatch.daemon.table import Job, JobTable
-from ncclwatch.model import SIZE_SOURCES, RankState, StallKind, rank_ranges
+from ncclwatch.model import SIZE_SOURCES, RankState, StallKind, rank_label, rank_ranges
 from ncclwatch.remediation import BY_ID, RootCause
 
 #: Without a forecast that says otherwise, a stall is at risk once this
@@ -143,7 +143,7 @@ def facts(e: Evidence, now: float) -> dict[str, str]:
     lead = f.culprits[0] if f.culprits else None
     w, m = e.write, (e.memory_runs_out or (e.memory[0] if e.memory else None))
     return {
-        "rank": str(lead.rank) if lead else "?",
+        "rank": rank_label(lead.rank) if lead else "?",
         "host": lead.node if lead else "?",
         "activity": (lead.state.value.replace("_", " ") if lead else "?"),
         "for_s": seconds(lead.for_seconds if lead else now - f.started_at),

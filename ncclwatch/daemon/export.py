@@ -18,7 +18,7 @@ from ncclwatch import __version__
 from ncclwatch.daemon.core import Daemon
 from ncclwatch.daemon.detect import DETECTED_KINDS
 from ncclwatch.daemon.table import AgentRecord
-from ncclwatch.model import RankState
+from ncclwatch.model import RankState, rank_label
 
 
 class DaemonCollector(Collector):
@@ -111,7 +111,7 @@ class DaemonCollector(Collector):
                 at_risk.add_metric([job_id, kind.value], 1 if inc and inc.at_risk else 0)
                 if inc:
                     for c in inc.finding.culprits:
-                        culprit.add_metric([job_id, kind.value, str(c.rank), c.node,
+                        culprit.add_metric([job_id, kind.value, rank_label(c.rank), c.node,
                                             c.state.value], 1)
                         _culprit_memory(rank_mem, job_id, job.ranks.get(c.rank), shown)
                     dx = inc.diagnosis
@@ -130,7 +130,7 @@ class DaemonCollector(Collector):
                     for m in dx.evidence.memory:
                         if m.eta_seconds is not None and (m.rank, m.device) not in seen:
                             seen.add((m.rank, m.device))
-                            mem_eta.add_metric([job_id, str(m.rank), m.device], m.eta_seconds)
+                            mem_eta.add_metric([job_id, rank_label(m.rank), m.device], m.eta_seconds)
             for w in job.warnings:
                 warn.add_metric([job_id, w.code, w.severity], 1)
         out = [active, duration, waiting, culprit, timeout, remaining, ranks, world,
@@ -167,9 +167,9 @@ def _culprit_memory(fam: GaugeMetricFamily, job_id: str, rec, shown: set) -> Non
     if rec is None or (job_id, rec.rank) in shown:
         return
     shown.add((job_id, rec.rank))
-    fam.add_metric([job_id, str(rec.rank), "host"], rec.rss_bytes)
+    fam.add_metric([job_id, rank_label(rec.rank), "host"], rec.rss_bytes)
     for index, used, _total in rec.gpu:
-        fam.add_metric([job_id, str(rec.rank), f"gpu{index}"], used)
+        fam.add_metric([job_id, rank_label(rec.rank), f"gpu{index}"], used)
 
 
 def _latest_per_node(agents: Iterable[AgentRecord]) -> list[AgentRecord]:

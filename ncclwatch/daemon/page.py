@@ -55,7 +55,7 @@ def _job(job: dict[str, Any]) -> str:
     for s in job["stalls"]:
         out.append(_stall(s))
     rows = "".join(
-        f"<tr><td>{r['rank']}</td><td>{escape(r['host'])}</td><td>{r['pid']}</td>"
+        f"<tr><td>{r['member']}</td><td>{escape(r['host'])}</td><td>{r['pid']}</td>"
         f"<td>{escape(r['state'])}{' / ' + escape(r['op']) if r['op'] else ''}</td>"
         f"<td>{r['for_seconds']:.0f}s</td><td>{r['cpu_utilization']:.2f}</td>"
         f"<td>{r['rss_bytes'] / 2**20:.0f} MiB</td></tr>" for r in job["ranks"])
@@ -77,7 +77,8 @@ def _stall(s: dict[str, Any]) -> str:
     for c in s["culprits"]:
         files = ", ".join(f"{escape(f['path'])} ({f['size_bytes'] / 2**20:.1f} MiB)"
                           for f in c.get("files_writing", []))
-        out.append(f"<p class='culprit' data-rank='{c['rank']}'>culprit: <b>rank {c['rank']}</b> "
+        who = f"rank {c['rank']}" if c["rank"] is not None else f"unidentified rank {c['member']}"
+        out.append(f"<p class='culprit' data-rank='{c['member']}'>culprit: <b>{who}</b> "
                    f"on <b>{escape(c['host'])}</b> (pid {c['pid']}), {escape(c['state'])} for "
                    f"{c['for_seconds']:.0f}s{'; writing ' + files if files else ''}</p>")
         out.append(_stack(c.get("stack")))

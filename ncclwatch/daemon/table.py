@@ -151,6 +151,7 @@ class RankRecord:
         "rank", "local_rank", "node", "agent_id", "pid", "state", "op", "since",
         "stack_id", "seen", "cpu_util", "rss_bytes", "io_write_bytes", "write_rate",
         "files", "gpu", "gone_at", "vms_bytes", "limits", "curve", "stack_at",
+        "rank_source",
     )
 
     def __init__(self, rank: int) -> None:
@@ -180,6 +181,8 @@ class RankRecord:
         self.curve = Curve()
         # When the stack that gave ``state`` was taken (daemon clock), None: never.
         self.stack_at: float | None = None
+        # How the agent identified the rank ("env:RANK", "spawn_index", "unknown", ...).
+        self.rank_source = ""
 
 
 @dataclass
@@ -205,6 +208,24 @@ class Job:
     #: How the batch scheduler names the job (scheduler, job_id, job_name, user,
     #: source), as the agent found it; None: not under a scheduler, or not yet known.
     scheduler_job: dict[str, str] | None = None
+
+    #: (node, pid) -> key of a member whose rank is unknown: -1, -2, ... in
+    #: order of arrival, so such a member has a row, can wait or be a culprit.
+    unknown_keys: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def key_of(self, rank: int, node: str, pid: int, create: bool = True) -> int | None:
+        """The table key of a reported rank: the rank itself, or a member's key."""
+        if rank >= 0:
+            return rank
+        key = self.unknown_keys.get((node, pid))
+        if key is None and create:
+            key = self.unknown_keys[(node, pid)] = -1 - len(self.unknown_keys)
+        return key
+
+    @property
+    def unidentified(self) -> int:
+        """Live members whose rank is unknown (each is one of the missing numbers)."""
+        return sum(1 for k, r in self.ranks.items() if k < 0 and r.gone_at is None)
 
     def set_state(self, rec: RankRecord, state: RankState, op: CollectiveOp) -> None:
         self.by_state[rec.state].discard(rec.rank)
@@ -341,6 +362,10 @@ class JobTable:
                     job = jobs[job_id] = Job(job_id, ident.world_size, recv)
                 self.dirty.add(job.job_id)
             rank, pid = ident.rank, ident.pid
+            if rank < 0:
+                rank = job.key_of(rank, node, pid)
+            if not job.world_size and ident.world_size:
+                job.world_size = ident.world_size  # PMIx ranks do not say it
             rec = job.ranks.get(rank)
             if rec is None:
                 rec = job.ranks[rank] = RankRecord(rank)
@@ -362,6 +387,7 @@ class JobTable:
                 rec.write_rate = 0.5 * rec.write_rate + 0.5 * rate
             rec.io_write_bytes = written
             rec.local_rank = ident.local_rank
+            rec.rank_source = ident.rank_source
             rec.node = node
             rec.agent_id = agent_id
             rec.pid = pid
@@ -417,7 +443,13 @@ class JobTable:
         self.samples_total += len(report.samples)
 
         for ident in report.exited:
-            self._gone(ident.job_id, ident.rank, ident.pid, recv)
+            rank = ident.rank
+            if rank < 0:
+                job = self.jobs.get(ident.job_id)
+                rank = job.key_of(rank, node, ident.pid, create=False) if job else None
+                if rank is None:
+                    continue
+            self._gone(ident.job_id, rank, ident.pid, recv)
         if report.full_round:
             for job_id, rank in agent.ranks - reported:
                 self._gone(job_id, rank, None, recv)

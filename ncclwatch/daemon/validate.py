@@ -80,8 +80,8 @@ def validate_request(req: pb.ReportRequest,
             raise _bad(f"samples[{i}]: rank {key[1]} of job {key[0]!r} appears twice")
         seen.add(key)
     for i, e in enumerate(r.exited):
-        if not e.job_id or len(e.job_id) > MAX_JOB_ID or e.rank < 0:
-            raise _bad(f"exited[{i}]: needs a job_id and a rank >= 0")
+        if not e.job_id or len(e.job_id) > MAX_JOB_ID or e.rank < -1:
+            raise _bad(f"exited[{i}]: needs a job_id and a rank >= -1")
 
 
 def _check_stack(s: pb.Stack) -> None:
@@ -102,14 +102,17 @@ def _check_sample(i: int, s: pb.RankSample, world_size_of: Callable[[str], int |
     job_id, world, rank = ident.job_id, ident.world_size, ident.rank
     if not job_id or len(job_id) > MAX_JOB_ID:
         raise _bad(f"samples[{i}]: job_id must be 1-{MAX_JOB_ID} characters")
-    if not 1 <= world <= MAX_WORLD_SIZE:
-        raise _bad(f"samples[{i}]: world_size {world} out of range 1..{MAX_WORLD_SIZE}")
-    if not 0 <= rank < world:
+    # world_size 0: unknown (PMIx); rank -1: a member whose rank is unknown.
+    if not 0 <= world <= MAX_WORLD_SIZE:
+        raise _bad(f"samples[{i}]: world_size {world} out of range 0..{MAX_WORLD_SIZE}")
+    if not (rank == -1 or 0 <= rank < (world or MAX_WORLD_SIZE)):
         raise _bad(f"samples[{i}]: rank {rank} out of range for world size {world}")
+    if len(ident.rank_source) > 64:
+        raise _bad(f"samples[{i}]: rank_source too long")
     known = world_size_of(job_id)
     if known is None:
         known = new_jobs.setdefault(job_id, world)
-    if known != world:
+    if known and world and known != world:
         raise ReportError(grpc.StatusCode.FAILED_PRECONDITION,
                           f"samples[{i}]: job {job_id!r} has world size {known}, "
                           f"report says {world}")
@@ -143,7 +146,7 @@ def _check_sample(i: int, s: pb.RankSample, world_size_of: Callable[[str], int |
             raise _too_big(f"samples[{i}]: job.scheduler_job field over {MAX_JOB_ID} chars")
     if s.HasField("flight_recorder"):
         _check_flight_recorder(i, s.flight_recorder, world)
-    return (job_id, rank)
+    return (job_id, rank if rank >= 0 else -1 - ident.pid)
 
 
 MAX_PROCESS_GROUPS = 256

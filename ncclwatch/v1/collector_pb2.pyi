@@ -115,18 +115,20 @@ class NodeReport(_message.Message):
     def __init__(self, node: _Optional[str] = ..., agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., agent_monotonic_seconds: _Optional[float] = ..., agent_wall_seconds: _Optional[float] = ..., full_round: _Optional[bool] = ..., stacks: _Optional[_Iterable[_Union[Stack, _Mapping]]] = ..., samples: _Optional[_Iterable[_Union[RankSample, _Mapping]]] = ..., exited: _Optional[_Iterable[_Union[RankIdentity, _Mapping]]] = ..., health: _Optional[_Union[AgentHealth, _Mapping]] = ..., interval_seconds: _Optional[float] = ...) -> None: ...
 
 class RankIdentity(_message.Message):
-    __slots__ = ("job_id", "rank", "local_rank", "world_size", "pid")
+    __slots__ = ("job_id", "rank", "local_rank", "world_size", "pid", "rank_source")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
+    RANK_SOURCE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rank: int
     local_rank: int
     world_size: int
     pid: int
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., world_size: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
+    rank_source: str
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., world_size: _Optional[int] = ..., pid: _Optional[int] = ..., rank_source: _Optional[str] = ...) -> None: ...
 
 class RankSample(_message.Message):
     __slots__ = ("identity", "state", "op", "state_seconds", "stack_age_seconds", "stack_id", "process", "gpu", "job", "flight_recorder")

@@ -196,19 +196,28 @@ def test_killing_ranks_mid_sampling_gives_no_crash_and_no_stall(ncclwatch_run, t
     assert "Traceback" not in mon.output(), mon.output()[-3000:]
 
 
-def _rank_processes() -> list[int]:
-    """Pids whose environment declares a rank, read independently of ncclwatch."""
+def _rank_processes() -> set[int]:
+    """Pids whose environment declares a torchrun-style rank and that loaded
+    torch, read independently of ncclwatch (it also finds ranks of other
+    launchers: this is a lower bound)."""
     import psutil
 
-    pids = []
+    pids = set()
     for p in psutil.process_iter():
         try:
             env = p.environ()
-        except psutil.Error:
+            if "RANK" in env and "WORLD_SIZE" in env and p.parent() \
+                    and "RANK" not in p.parent().environ() and _loaded_torch(p.pid) \
+                    and time.time() - p.create_time() > 5:  # the agent had rounds to see it
+                pids.add(p.pid)
+        except (psutil.Error, OSError):
             continue
-        if "RANK" in env and "WORLD_SIZE" in env and p.parent() and "RANK" not in p.parent().environ():
-            pids.append(p.pid)
     return pids
+
+
+def _loaded_torch(pid: int) -> bool:
+    with open(f"/proc/{pid}/maps") as f:
+        return "/torch/_C." in f.read()
 
 
 def test_agent_with_no_training_processes(ncclwatch_split) -> None:
@@ -225,8 +234,18 @@ def test_agent_with_no_training_processes(ncclwatch_split) -> None:
     m = mon.metrics()
     assert _value(m, "ncclwatch_agent_up") == 1
     assert _value(m, "ncclwatch_agent_nvml_up") == 0  # no GPU here: says so, keeps working
-    # Nothing of ours runs; whatever else this machine runs is counted, not invented.
-    assert _value(m, "ncclwatch_agent_ranks_watched") == len(_rank_processes())
+    # Nothing of ours runs; whatever else this machine runs is counted, not invented:
+    # every rank a torchrun-style environment declares (alive throughout) is
+    # watched, and every watched process is one that loaded torch.
+    before = _rank_processes()
+    watched = {r["pid"] for j in mon.jobs()["jobs"] for r in j["ranks"] if not r["gone"]}
+    steady = before & _rank_processes()
+    assert steady <= watched, (steady - watched, mon.output()[-3000:])
+    for pid in watched:
+        try:
+            assert _loaded_torch(pid), pid
+        except FileNotFoundError:
+            pass  # exited since
     assert all(v == 0 for _, v in _series(m, "ncclwatch_stall_active"))
     out = subprocess.run([need("ncclwatch"), "status", "--daemon", mon.http],
                          capture_output=True, text=True, timeout=30)

@@ -92,7 +92,7 @@ def test_no_secret_leaves_the_node(tmp_path) -> None:
         mon.procs.append(Proc([need("ncclwatch"), "agent", "--collector",
                                f"127.0.0.1:{proxy.port}", "--interval", "0.5",
                                "--log-level", "debug"], name="ncclwatch-agent"))
-        rank = Proc([sys.executable, "-c", "import time\nwhile True: time.sleep(0.2)"],
+        rank = Proc([sys.executable, "-c", "import torch.distributed, time\nwhile True: time.sleep(0.2)"],
                     env={"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
                          "MASTER_PORT": "29777", **SECRETS}, name="fake-rank")
         deadline, job = time.time() + 30, None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ncclwatch.daemon.detect import Culprit, DetectConfig, Finding, blocked, culprit_of
 from ncclwatch.daemon.table import Job, JobTable
-from ncclwatch.model import RankState, StallKind
+from ncclwatch.model import RankState, StallKind, rank_name
 
 #: Culprit state -> the stall it causes.
 KIND_BY_STATE: dict[RankState, StallKind] = {
@@ -36,7 +36,8 @@ def detect(job: Job, table: JobTable, now: float, cfg: DetectConfig) -> list[Fin
     for kind, culprits in by_kind.items():
         culprits.sort(key=lambda c: c.rank)
         lead = culprits[0]
-        summary = (f"rank {lead.rank} on {lead.node} is {lead.state.value.replace('_', ' ')} "
+        who = rank_name(lead.rank) + (f" (pid {lead.pid})" if lead.rank < 0 else "")
+        summary = (f"{who} on {lead.node} is {lead.state.value.replace('_', ' ')} "
                    f"for {lead.for_seconds:.0f}s while {len(b.ranks)} rank(s) wait in "
                    f"{'/'.join(o.value for o in b.ops)} for {now - b.started_at:.0f}s")
         findings.append(Finding(kind=kind, job_id=job.job_id, culprits=tuple(culprits),

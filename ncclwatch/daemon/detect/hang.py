@@ -31,7 +31,11 @@ def detect(job: Job, table: JobTable, now: float, cfg: DetectConfig) -> list[Fin
     live = [r for r, rec in job.ranks.items() if table.fresh(rec, now)]
     waiting_now = job.waiting
     absent = [r for r in live if r not in waiting_now]
+    # Rank numbers nobody reports; each live member with an unknown rank is
+    # one of them, so they are lost only when there are more than those.
     unknown = sorted(set(range(job.world_size)) - set(live))
+    if len(unknown) <= job.unidentified:
+        unknown = []
 
     def finding(kind: StallKind, culprits: list[int], summary: str, **extra) -> Finding:
         return Finding(kind=kind, job_id=job.job_id,
