@@ -26,7 +26,7 @@ venv: $(STAMP)
 SYSTEM_DEPS := promtool:prometheus prometheus:prometheus \
 	prometheus-alertmanager:prometheus-alertmanager chromium:chromium systemd-analyze:systemd \
 	munged:munge slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client \
-	mpirun:openmpi-bin mpiexec.mpich:mpich
+	mpirun.openmpi:openmpi-bin mpiexec.mpich:mpich
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 system-deps:

@@ -54,7 +54,7 @@ def _launches(names: list[str], tmp: Path) -> list[Launch]:
                                      "--max-restarts=0", *job], 2,
                               {0: "env:RANK", 1: "env:RANK"}))
         elif name == "mpirun":
-            out.append(Launch(name, [need_system("mpirun", "openmpi-bin"), "--allow-run-as-root",
+            out.append(Launch(name, [need_system("mpirun.openmpi", "openmpi-bin"), "--allow-run-as-root",
                                      "--oversubscribe", "-n", "2", py, *job, "--how", "mpi",
                                      "--port", port], 2,
                               {0: "env:OMPI_COMM_WORLD_RANK", 1: "env:OMPI_COMM_WORLD_RANK"}))
