@@ -70,8 +70,6 @@ BAD = [
      grpc.StatusCode.INVALID_ARGUMENT),
     ("negative rank", report([sample("job-x", -2, 4, RankState.COMPUTE)]),
      grpc.StatusCode.INVALID_ARGUMENT),
-    ("world size changes", report([sample("job-1", 1, 8, RankState.COMPUTE)]),
-     grpc.StatusCode.FAILED_PRECONDITION),
     ("duplicate rank", report([sample("job-x", 1, 4, RankState.COMPUTE)] * 2),
      grpc.StatusCode.INVALID_ARGUMENT),
     ("unknown protocol", pb.ReportRequest(protocol_version=99, report=pb.NodeReport(
@@ -80,8 +78,6 @@ BAD = [
         pb.Frame(name="x", filename="y", line=1)])]), grpc.StatusCode.INVALID_ARGUMENT),
     ("huge stack", report([], stacks=[pb.Stack(id="x", frames=[pb.Frame(name="f")] * 5000)]),
      grpc.StatusCode.RESOURCE_EXHAUSTED),
-    ("rank claimed by another node", checkpoint_job(node="node-evil", agent="agent-evil"),
-     grpc.StatusCode.FAILED_PRECONDITION),
     ("NaN duration", report([sample("job-x", 0, 1, RankState.COMPUTE, seconds=float("nan"))]),
      grpc.StatusCode.INVALID_ARGUMENT),
     ("unknown state", report([pb.RankSample(identity=pb.RankIdentity(
@@ -112,6 +108,43 @@ def test_bad_input_is_rejected_and_other_jobs_untouched(name, req, code) -> None
             assert h.daemon.rejected_total[code.name] == 1
             # The daemon keeps serving: the healthy job's next report applies.
             await h.send(checkpoint_job(seq=2))
+            h.daemon.tick()
+            assert ("job-1", StallKind.CHECKPOINT_GATHER) in h.daemon.incidents.active
+    _run(go())
+
+
+#: Well-formed reports of which one job contradicts what the daemon knows of it.
+CONFLICTS = [
+    ("world size changes", lambda: report(
+        [sample("job-1", 1, 8, RankState.COMPUTE), sample("job-ok", 0, 1, RankState.COMPUTE)],
+        seq=2), "has world size 4, report says 8"),
+    ("rank claimed by another node", lambda: report(
+        [*checkpoint_job(node="node-evil", agent="agent-evil").report.samples,
+         sample("job-ok", 0, 1, RankState.COMPUTE)], node="node-evil", agent="agent-evil"),
+     "already reported by node 'node-a'"),
+]
+
+
+@pytest.mark.parametrize("name,make,why", CONFLICTS, ids=[c[0] for c in CONFLICTS])
+def test_a_conflicting_job_is_left_out_and_the_rest_of_the_report_applies(name, make, why) -> None:
+    """One confused job (another helper's srun job, a spoofed rank) must not blind the
+    daemon to the node: its samples are dropped and named, the others apply."""
+    async def go():
+        async with Harness() as h:
+            await h.send(checkpoint_job())
+            h.daemon.tick()
+            before = {r: (rec.state, rec.op, rec.since, rec.node) for r, rec in
+                      h.daemon.table.jobs["job-1"].ranks.items()}
+            (resp,) = await h.send(make())            # the stream is not aborted
+            assert [(j.job_id, j.code) for j in resp.rejected_jobs] == \
+                [("job-1", "FAILED_PRECONDITION")]
+            assert why in resp.rejected_jobs[0].reason
+            after = {r: (rec.state, rec.op, rec.since, rec.node) for r, rec in
+                     h.daemon.table.jobs["job-1"].ranks.items()}
+            assert after == before
+            assert h.daemon.table.jobs["job-ok"].ranks[0].state is RankState.COMPUTE
+            assert h.daemon.rejected_jobs_total["FAILED_PRECONDITION"] == 1
+            assert not h.daemon.rejected_total                      # no report refused
             h.daemon.tick()
             assert ("job-1", StallKind.CHECKPOINT_GATHER) in h.daemon.incidents.active
     _run(go())

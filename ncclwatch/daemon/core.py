@@ -63,6 +63,8 @@ class Daemon:
                                        job_timeouts=dict(self.config.job_timeouts))
         self.budgets: dict[str, Budget] = {}
         self.rejected_total: collections.Counter[str] = collections.Counter()
+        #: Jobs left out of otherwise applied reports, by the status they had.
+        self.rejected_jobs_total: collections.Counter[str] = collections.Counter()
         self.detect_seconds_total = 0.0
         self.ticks_total = 0
         self._escalated: dict[str, float] = {}
@@ -82,15 +84,19 @@ class Daemon:
         try:
             if cert_names is not None:
                 self._check_identity(req.report, cert_names)
-            validate_request(req, self.table.world_size)
-            self._check_ownership(req.report, now)
+            rejected = validate_request(req, self.table.world_size)
         except ReportError as e:
             self.rejected_total[e.code.name] += 1
             raise
-        missing = self.table.apply(req.report, now)
+        self._check_ownership(req.report, now, rejected)
+        if rejected:
+            self._drop_jobs(req.report, rejected)
+        missing = self.table.apply(req.report, now, left_out=rejected.keys())
         agent = self.table.agents[req.report.agent_id]
         agent.connected = True
         resp = pb.ReportResponse(ack_seq=req.report.seq, missing_stack_ids=missing)
+        for job_id, e in rejected.items():
+            resp.rejected_jobs.add(job_id=job_id, code=e.code.name, reason=e.message)
         while agent.commands:
             resp.commands.append(agent.commands.popleft())
         return resp
@@ -107,19 +113,32 @@ class Daemon:
                               f"agent {report.agent_id[:8]} reports for node {agent.node!r}; "
                               f"certificate for {shown} cannot use it")
 
-    def _check_ownership(self, report: pb.NodeReport, now: float) -> None:
-        """A rank that a live agent on another node reports is not yours."""
+    def _check_ownership(self, report: pb.NodeReport, now: float,
+                         rejected: dict[str, ReportError]) -> None:
+        """A rank that a live agent on another node reports is not yours: the
+        job is not applied from this report (the node's other jobs are)."""
         node, jobs = report.node, self.table.jobs
         for s in report.samples:
             ident = s.identity
             job = jobs.get(ident.job_id)
             rec = job.ranks.get(ident.rank) if job and ident.rank >= 0 else None
             if (rec is not None and rec.node and rec.node != node
-                    and self.table.fresh(rec, now)):
-                raise ReportError(
+                    and self.table.fresh(rec, now) and ident.job_id not in rejected):
+                rejected[ident.job_id] = ReportError(
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"rank {ident.rank} of job {ident.job_id!r} is already "
                     f"reported by node {rec.node!r}; node {node!r} cannot claim it")
+
+    def _drop_jobs(self, report: pb.NodeReport, rejected: dict[str, ReportError]) -> None:
+        """Take the rejected jobs' samples and exits out of the report, counted."""
+        for e in rejected.values():
+            self.rejected_jobs_total[e.code.name] += 1
+        kept = [s for s in report.samples if s.identity.job_id not in rejected]
+        del report.samples[:]
+        report.samples.extend(kept)
+        exited = [e for e in report.exited if e.job_id not in rejected]
+        del report.exited[:]
+        report.exited.extend(exited)
 
     def disconnected(self, agent_id: str) -> None:
         agent = self.table.agents.get(agent_id)

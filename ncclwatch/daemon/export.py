@@ -146,8 +146,13 @@ class DaemonCollector(Collector):
                      labels=["code"])
         for code, n in sorted(d.rejected_total.items()):
             rejected.add_metric([code], n)
+        rejected_jobs = c("ncclwatch_daemon_rejected_job_samples",
+                          "Jobs left out of an applied report (a world size or a rank that "
+                          "contradicts what the daemon knows), by gRPC status", labels=["code"])
+        for code, n in sorted(d.rejected_jobs_total.items()):
+            rejected_jobs.add_metric([code], n)
         out += [
-            opened, rejected,
+            opened, rejected, rejected_jobs,
             c("ncclwatch_daemon_reports", "Node reports applied", value=table.reports_total),
             c("ncclwatch_daemon_rank_samples", "Rank samples applied", value=table.samples_total),
             c("ncclwatch_daemon_detect_seconds", "Time spent in detection ticks",

@@ -12,6 +12,7 @@ import collections
 import time
 from array import array
 from dataclasses import dataclass, field
+from collections.abc import Collection
 from typing import Any
 
 from ncclwatch.envlint import EnvWarning, lint
@@ -321,8 +322,12 @@ class JobTable:
         self.reports_total = 0
         self.duplicates_total = 0
 
-    def apply(self, report: pb.NodeReport, recv: float, recv_wall: float | None = None) -> list[str]:
-        """Apply a validated report; return stack ids the daemon lacks."""
+    def apply(self, report: pb.NodeReport, recv: float, recv_wall: float | None = None,
+              left_out: Collection[str] = ()) -> list[str]:
+        """Apply a validated report; return stack ids the daemon lacks.
+
+        ``left_out``: jobs whose samples were taken out of the report (rejected):
+        a full round without them says nothing about their ranks."""
         agent = self.agents.get(report.agent_id)
         if agent is None:
             agent = self.agents[report.agent_id] = AgentRecord(report.agent_id, report.node)
@@ -451,9 +456,10 @@ class JobTable:
                     continue
             self._gone(ident.job_id, rank, ident.pid, recv)
         if report.full_round:
-            for job_id, rank in agent.ranks - reported:
+            kept = {jr for jr in agent.ranks if jr[0] in left_out} if left_out else set()
+            for job_id, rank in agent.ranks - reported - kept:
                 self._gone(job_id, rank, None, recv)
-            agent.ranks = reported
+            agent.ranks = reported | kept
         else:
             agent.ranks |= reported
         return missing

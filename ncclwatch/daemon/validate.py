@@ -45,11 +45,14 @@ def _too_big(msg: str) -> ReportError:
 
 
 def validate_request(req: pb.ReportRequest,
-                     world_size_of: Callable[[str], int | None] = lambda job: None) -> None:
-    """Raise ReportError unless ``req`` may be applied.
+                     world_size_of: Callable[[str], int | None] = lambda job: None,
+                     ) -> dict[str, ReportError]:
+    """Raise ReportError unless ``req`` may be applied; return the jobs it may not.
 
-    ``world_size_of`` gives the world size of a job the daemon already
-    tracks (or None): a report may not change it.
+    A malformed report is refused whole. A well-formed one whose samples of
+    some job contradict what the daemon knows of that job (``world_size_of``
+    gives a tracked job's world size, or None: a report may not change it) is
+    applied without that job: the result maps each such job to why.
     """
     if req.protocol_version not in PROTOCOL_VERSIONS:
         raise ReportError(grpc.StatusCode.FAILED_PRECONDITION,
@@ -74,14 +77,16 @@ def validate_request(req: pb.ReportRequest,
         _check_stack(s)
     seen: set[tuple[str, int]] = set()
     new_jobs: dict[str, int] = {}  # jobs first seen in this very report
+    rejected: dict[str, ReportError] = {}
     for i, s in enumerate(r.samples):
-        key = _check_sample(i, s, world_size_of, new_jobs)
+        key = _check_sample(i, s, world_size_of, new_jobs, rejected)
         if key in seen:
             raise _bad(f"samples[{i}]: rank {key[1]} of job {key[0]!r} appears twice")
         seen.add(key)
     for i, e in enumerate(r.exited):
         if not e.job_id or len(e.job_id) > MAX_JOB_ID or e.rank < -1:
             raise _bad(f"exited[{i}]: needs a job_id and a rank >= -1")
+    return rejected
 
 
 def _check_stack(s: pb.Stack) -> None:
@@ -96,7 +101,7 @@ def _check_stack(s: pb.Stack) -> None:
 
 
 def _check_sample(i: int, s: pb.RankSample, world_size_of: Callable[[str], int | None],
-                  new_jobs: dict[str, int]) -> tuple[str, int]:
+                  new_jobs: dict[str, int], rejected: dict[str, ReportError]) -> tuple[str, int]:
     # Runs for every sample: each field is read once, messages built only on error.
     ident = s.identity
     job_id, world, rank = ident.job_id, ident.world_size, ident.rank
@@ -112,10 +117,10 @@ def _check_sample(i: int, s: pb.RankSample, world_size_of: Callable[[str], int |
     known = world_size_of(job_id)
     if known is None:
         known = new_jobs.setdefault(job_id, world)
-    if known and world and known != world:
-        raise ReportError(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"samples[{i}]: job {job_id!r} has world size {known}, "
-                          f"report says {world}")
+    if known and world and known != world and job_id not in rejected:
+        rejected[job_id] = ReportError(grpc.StatusCode.FAILED_PRECONDITION,
+                                       f"samples[{i}]: job {job_id!r} has world size {known}, "
+                                       f"report says {world}")
     if ident.pid <= 0:
         raise _bad(f"samples[{i}]: pid must be > 0")
     if s.state not in _STATES or s.op not in _OPS:

@@ -334,14 +334,26 @@ class AgentHealth(_message.Message):
     def __init__(self, version: _Optional[str] = ..., ranks_watched: _Optional[int] = ..., nvml_up: _Optional[bool] = ..., pyspy_runs_total: _Optional[int] = ..., pyspy_failures_total: _Optional[int] = ..., pyspy_seconds_total: _Optional[float] = ..., reports_dropped_total: _Optional[int] = ..., queue_length: _Optional[int] = ..., cpu_seconds_total: _Optional[float] = ..., gpus_expected: _Optional[int] = ...) -> None: ...
 
 class ReportResponse(_message.Message):
-    __slots__ = ("ack_seq", "missing_stack_ids", "commands")
+    __slots__ = ("ack_seq", "missing_stack_ids", "commands", "rejected_jobs")
     ACK_SEQ_FIELD_NUMBER: _ClassVar[int]
     MISSING_STACK_IDS_FIELD_NUMBER: _ClassVar[int]
     COMMANDS_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_JOBS_FIELD_NUMBER: _ClassVar[int]
     ack_seq: int
     missing_stack_ids: _containers.RepeatedScalarFieldContainer[str]
     commands: _containers.RepeatedCompositeFieldContainer[Command]
-    def __init__(self, ack_seq: _Optional[int] = ..., missing_stack_ids: _Optional[_Iterable[str]] = ..., commands: _Optional[_Iterable[_Union[Command, _Mapping]]] = ...) -> None: ...
+    rejected_jobs: _containers.RepeatedCompositeFieldContainer[JobRejection]
+    def __init__(self, ack_seq: _Optional[int] = ..., missing_stack_ids: _Optional[_Iterable[str]] = ..., commands: _Optional[_Iterable[_Union[Command, _Mapping]]] = ..., rejected_jobs: _Optional[_Iterable[_Union[JobRejection, _Mapping]]] = ...) -> None: ...
+
+class JobRejection(_message.Message):
+    __slots__ = ("job_id", "code", "reason")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    code: str
+    reason: str
+    def __init__(self, job_id: _Optional[str] = ..., code: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Command(_message.Message):
     __slots__ = ("dump_stacks", "dump_flight_recorder")
