@@ -121,14 +121,12 @@ def render(view: dict[str, Any]) -> str:
         for w in j.get("config_warnings", []):
             out.append("")
             out.append(f"{w['severity'].upper()} {j['job']} ({w['code']}): {w['message']}")
-        states: dict[str, list[int]] = {}
-        for r in j["ranks"]:
-            key = r["state"] + (f"/{r['op']}" if r["op"] else "")
-            states.setdefault(key, []).append(r["rank"])
+        states = {g["state"] + (f"/{g['op']}" if g["op"] else ""): g["ranks"]
+                  for g in j.get("rank_states", [])}
         if states:
             out.append("")
             out.append(f"{j['job']} ranks: " + "; ".join(
-                f"{k}: {rank_ranges(v)}" for k, v in sorted(states.items())))
+                f"{k}: {v}" for k, v in sorted(states.items())))
     return "\n".join(out)
 
 
