@@ -170,3 +170,12 @@ def test_per_rank_work_runs_off_the_event_loop() -> None:
         finally:
             await server.stop(grace=0.1)
     asyncio.run(go())
+
+
+def test_json_in_chunks_is_the_same_json() -> None:
+    from ncclwatch.daemon.http import JSON_CHUNK, json_chunks
+    obj = {"a": [{"r": i, "s": "x\"y"} for i in range(3 * JSON_CHUNK + 5)], "b": {}, "c": [],
+           "d": {"e": [1.5, None, True], 3: "k"}, "f": list(range(JSON_CHUNK + 1))}
+    text = "".join(json_chunks(obj))
+    assert json.loads(text) == json.loads(json.dumps(obj))
+    assert len(list(json_chunks(obj))) > 6  # the long lists did go in pieces

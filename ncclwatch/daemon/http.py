@@ -20,7 +20,7 @@ import socket
 import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -37,6 +37,33 @@ Call = Callable[[Callable[[], Any]], Any]
 OPEN_PATHS = frozenset({"/healthz"})
 #: Seconds a client gets for the TLS handshake and each request.
 CLIENT_TIMEOUT = 10.0
+
+
+#: Items of a list encoded per ``json.dumps`` call (see ``json_chunks``).
+JSON_CHUNK = 256
+
+
+def json_chunks(obj: Any) -> Iterator[str]:
+    """Compact JSON in pieces: long lists a slice at a time.
+
+    Compact, so that json uses its C encoder (16k ranks: ~10x faster than
+    ``indent``); in pieces, because one C call holds the GIL, and with it
+    the event loop, for the whole 10 MiB of 16k ranks' detail.
+    """
+    if isinstance(obj, dict) and obj:
+        yield "{"
+        for i, (k, v) in enumerate(obj.items()):
+            yield ("," if i else "") + json.dumps(str(k)) + ":"
+            yield from json_chunks(v)
+        yield "}"
+    elif isinstance(obj, list) and len(obj) > JSON_CHUNK:
+        yield "["
+        for i in range(0, len(obj), JSON_CHUNK):
+            part = json.dumps(obj[i:i + JSON_CHUNK], separators=(",", ":"))
+            yield ("," if i else "") + part[1:-1]
+        yield "]"
+    else:
+        yield json.dumps(obj, separators=(",", ":"))
 
 
 class _TLSServer(ThreadingHTTPServer):
@@ -104,9 +131,7 @@ class HttpServer:
                     self._send(500, "text/plain", f"internal error: {e}\n".encode())
 
             def _json(self, obj: Any) -> None:
-                # Compact: only then does json use its C encoder (16k ranks: 10x faster).
-                self._send(200, "application/json",
-                           json.dumps(obj, separators=(",", ":")).encode())
+                self._send(200, "application/json", "".join(json_chunks(obj)).encode())
 
             def _send(self, code: int, ctype: str, body: bytes,
                       headers: dict[str, str] | None = None) -> None:
