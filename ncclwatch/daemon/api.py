@@ -89,7 +89,8 @@ class JobsPage:
     wall: float
     fresh: Any
     jobs: list[tuple[dict[str, Any], list, int, list | None]]  # head, ranks, world, detail
-    agents: list[dict[str, Any]]
+    agents: list  # AgentRecords (copied list), rendered by finish_jobs
+    staleness: float
     next_cursor: str | None
 
 
@@ -139,7 +140,8 @@ def collect_jobs(d: Daemon, q: JobsQuery, now: float | None = None, *,
             next_cursor = _cursor(ids[n + 1], 0) if q.ranks else _cursor(job_id, -1)
             break
     return JobsPage(now=now, wall=wall, fresh=d.table.fresh, jobs=out,
-                    agents=agents_view(d, now), next_cursor=next_cursor)
+                    agents=list(d.table.agents.values()), staleness=d.table.staleness,
+                    next_cursor=next_cursor)
 
 
 def finish_jobs(p: JobsPage) -> dict[str, Any]:
@@ -152,8 +154,8 @@ def finish_jobs(p: JobsPage) -> dict[str, Any]:
         if detail is not None:
             job["ranks"] = [_rank(r, rec, p.fresh(rec, now), now, wall) for r, rec in detail]
         jobs.append(job)
-    return {"api": API_VERSION, "generated_at": wall, "jobs": jobs, "agents": p.agents,
-            "next_cursor": p.next_cursor}
+    return {"api": API_VERSION, "generated_at": wall, "jobs": jobs,
+            "agents": agents_view(p.agents, now, p.staleness), "next_cursor": p.next_cursor}
 
 
 def _job_head(d: Daemon, job_id: str, job, now: float, wall: float) -> dict[str, Any]:
@@ -317,11 +319,11 @@ def stack_view(d: Daemon, stack_id: str) -> dict[str, Any] | None:
                        for f in s.frames[:MAX_STACK_FRAMES]]}
 
 
-def agents_view(d: Daemon, now: float) -> list[dict[str, Any]]:
+def agents_view(agents: list, now: float, staleness: float) -> list[dict[str, Any]]:
     out = []
-    for a in sorted(d.table.agents.values(), key=lambda a: (a.node, a.agent_id)):
+    for a in sorted(agents, key=lambda a: (a.node, a.agent_id)):
         out.append({"node": a.node, "agent_id": a.agent_id, "connected": a.connected,
-                    "stale": a.stale(now, d.table.staleness),
+                    "stale": a.stale(now, staleness),
                     "last_report_seconds": round(now - a.last_recv, 1),
                     "ranks_watched": a.health.ranks_watched, "nvml_up": a.health.nvml_up,
                     "version": a.health.version, "report_gaps": a.gaps_total})
