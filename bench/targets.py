@@ -94,10 +94,44 @@ def render(r: dict) -> str:
     for text, bound, measured, verdict in rows:
         mark = f"**{verdict}**" if verdict != "not measured" else verdict
         lines.append(f"| {text} | {bound} | {measured} | {mark} |")
-    lines += ["", "- A highly available pair (kill -9 of one daemon mid-stall: the page fires "
+    lines += ["", "What the figures mean:", "",
+              *[f"- {line}" for line in MEANING],
+              "- A highly available pair (kill -9 of one daemon mid-stall: the page fires "
               "once, keeps firing, resolves once) is a test, not a benchmark: "
               "`tests/e2e/test_ha.py`, part of `make test`."]
     return "\n".join(lines)
+
+
+#: What each figure is, for BENCHMARKS.md (written with the table).
+MEANING = (
+    "**Rank-samples per daemon CPU-second**: agents (simulated, 8 ranks per stream, real "
+    "grpc.aio on loopback) send as fast as they are acked; the samples acked divided by the "
+    "daemon process's CPU seconds in the window. Per CPU-second, because on this shared "
+    "machine the daemon does not get all of its core: it is what one core would take.",
+    "**Decode only**: `ReportRequest.FromString` over the very bytes the agents send, in "
+    "process: the protobuf floor, what no Python daemon can beat. **Transport floor**: the "
+    "same gRPC server and handler shape that only parses and acks (`loadgen serve --null`): "
+    "what grpc.aio costs before the daemon does any work. The daemon's rate as a share of "
+    "the transport floor says how much is left to win above the transport.",
+    "**Memory per rank**: daemon RSS with every rank loaded minus its RSS before any agent "
+    "connected, over the ranks; it includes the gRPC streams (one per 8 ranks). A quick run "
+    "reads it before the curves are full, so it is a lower bound there.",
+    "**Stall decided**: from the send of the report that completes a checkpoint stall's "
+    "evidence to the end of the daemon tick that opened the incident (the first moment "
+    "/metrics and the API show it), nearest-rank p99 over the trials.",
+    "**Restart**: every agent connects at once, as after a daemon restart; the time until "
+    "each has had a report acknowledged.",
+    "**/api/v1/jobs and /metrics**: the views of one 16k-rank job over HTTP while its 2,048 "
+    "agents report every 4 s. Daemon CPU per request: the daemon's CPU during the request "
+    "minus its rate without requests, i.e. the time the render takes on its own core; the "
+    "wall time beside it also holds the waits for that core behind the load generator and "
+    "the other work on this machine.",
+    "**Event loop**: a render takes list copies and job heads on the loop and does the rest "
+    "(per-rank walk, text format, JSON) in the HTTP thread; in process, the CPU time of the "
+    "loop's step against the whole render. Over HTTP, a /healthz round trip through the "
+    "loop during the largest renders (every rank's detail in one response, and /metrics) "
+    "against idle.",
+)
 
 
 def plain(r: dict) -> str:
