@@ -8,7 +8,8 @@ Alertmanager with the shipped routing sends to this test's webhook. Once the
 page is out, daemon a is killed with SIGKILL. The page must have fired once
 (one notification, one alert without replica labels), keep firing from
 daemon b, and resolve once after the watchdog ends the job. The dashboards'
-replica variable must show the job once per replica.
+replica variable must show the job once per replica, and the dead replica
+is a warning (NCCLWatchDaemonReplicaDown), not a page.
 """
 
 from __future__ import annotations
@@ -167,6 +168,12 @@ def test_the_page_survives_kill_9_of_one_daemon_and_fires_and_resolves_once(
         assert len(n["alerts"]) == 1, n["alerts"]  # one alert: the pair deduplicated
         labels = n["alerts"][0]["labels"]
         assert labels["job"] == job_id and "replica" not in labels and "instance" not in labels
+    # One replica down is a warning, not a page (NCCLWatchDaemonDown waits for both).
+    while time.time() < t_kill + 70:
+        time.sleep(1)
+    alerts = {a["metric"]["alertname"]: a["metric"]["alertstate"]
+              for a in _query(prom, 'ALERTS{alertname=~"NCCLWatchDaemon.*"}')}
+    assert alerts == {"NCCLWatchDaemonReplicaDown": "firing"}, alerts
     record("ha_failover", {"page_after_save_start_s": round(t_page - t_save, 1),
                            "killed_after_page_s": round(t_kill - t_page, 1),
                            "firing_checks_after_kill": checked,
