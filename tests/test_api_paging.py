@@ -179,3 +179,15 @@ def test_json_in_chunks_is_the_same_json() -> None:
     text = "".join(json_chunks(obj))
     assert json.loads(text) == json.loads(json.dumps(obj))
     assert len(list(json_chunks(obj))) > 6  # the long lists did go in pieces
+
+
+def test_page_shows_a_large_job_by_state_and_links_its_ranks() -> None:
+    from ncclwatch.daemon import page
+    d = Daemon()
+    _fill(d)
+    view = api.finish_jobs(api.collect_jobs(d, api.JobsQuery(), now=NOW, detail_upto=5))
+    by_job = {j["job"]: j for j in view["jobs"]}
+    assert "ranks" in by_job["a"] and "ranks" not in by_job["b"]  # 5 ranks <= 5 < 12
+    html = page.render(view)
+    assert "<td>collective / barrier</td><td>12</td><td>0-11</td>" in html
+    assert "/api/v1/jobs?job=b&amp;ranks=1" in html
