@@ -35,8 +35,19 @@ def split_credentials(daemon: str, auth: str | None = None) -> tuple[str, str | 
 
 def fetch(daemon: str, timeout: float = 5.0, *, ca: str | None = None,
           auth: str | None = None) -> dict[str, Any]:
+    """Every job's summary (all pages of /api/v1/jobs)."""
+    view = _fetch_page(daemon, "", timeout, ca=ca, auth=auth)
+    while view.get("next_cursor"):
+        more = _fetch_page(daemon, view["next_cursor"], timeout, ca=ca, auth=auth)
+        view["jobs"] += more["jobs"]
+        view["next_cursor"] = more.get("next_cursor")
+    return view
+
+
+def _fetch_page(daemon: str, cursor: str, timeout: float, *, ca: str | None,
+                auth: str | None) -> dict[str, Any]:
     daemon, auth = split_credentials(daemon, auth)
-    url = daemon.rstrip("/") + "/api/v1/jobs"
+    url = daemon.rstrip("/") + "/api/v1/jobs" + (f"?cursor={cursor}" if cursor else "")
     req = urllib.request.Request(url)
     if auth:
         req.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())

@@ -191,3 +191,25 @@ def test_page_shows_a_large_job_by_state_and_links_its_ranks() -> None:
     html = page.render(view)
     assert "<td>collective / barrier</td><td>12</td><td>0-11</td>" in html
     assert "/api/v1/jobs?job=b&amp;ranks=1" in html
+
+
+def test_status_follows_every_page() -> None:
+    """``ncclwatch status`` reads all jobs however many pages they take."""
+    from ncclwatch import status
+
+    async def go():
+        d = Daemon(DaemonConfig(grpc="127.0.0.1:0", http="127.0.0.1:0"))
+        _fill(d, now=time.monotonic())
+        server = DaemonServer(d)
+        await server.start()
+        old = api.JOBS_LIMIT
+        api.JOBS_LIMIT = 1  # one job per page
+        try:
+            view = await asyncio.to_thread(status.fetch, f"http://127.0.0.1:{server.http_port}")
+        finally:
+            api.JOBS_LIMIT = old
+            await server.stop(grace=0.1)
+        assert [j["job"] for j in view["jobs"]] == ["a", "b", "c"]
+        text = status.render(view)
+        assert "b ranks: collective/barrier: 0-11" in text
+    asyncio.run(go())
