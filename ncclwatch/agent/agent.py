@@ -69,8 +69,8 @@ class Agent:
         self.trackers: dict[int, RankTracker] = {}
         self.stacks: dict[str, pb.Stack] = {}
         self.uplink = Uplinks(config.collector, self.stacks, max_queue=config.max_queue,
-                             on_command=self._on_command, on_connect=self._on_connect,
-                             tls=config.tls)
+                              on_command=self._on_command, on_connect=self._on_connect,
+                              tls=config.tls)
         self.seq = 0
         self.rounds = 0
         self._exited: list[RankProcess] = []
