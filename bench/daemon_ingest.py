@@ -72,7 +72,14 @@ CORES = os.cpu_count() or 1
 #: and 1, and the clients float.
 DAEMON_CPUS = [0, 1] if CORES >= 2 else [None, None]
 CLIENT_CPUS = list(range(1, CORES)) if CORES >= 2 else None
-TARGETS = {"rate": 100_000, "detect_s": 1.0, "bytes_per_rank": 2048}
+TARGETS = {"rate": 100_000, "detect_s": 1.0, "bytes_per_rank": 2048, "http_s": 0.2,
+           "loop_held_s": 0.02, "restart_s": 10.0}
+#: Ranks of the job the HTTP views are timed at (issue 15: 16k), in both profiles.
+HTTP_RANKS = 16384
+#: The views timed there: summaries by default, a page of per-rank detail, and the
+#: largest render (every rank's detail in one response) during which the loop is probed.
+HTTP_PATHS = ("/metrics", "/api/v1/jobs", "/api/v1/jobs?ranks=1")
+BIG_RENDER = "/api/v1/jobs?ranks=1&limit=20000"
 
 
 @dataclass(frozen=True)
@@ -87,13 +94,15 @@ class Profile:
     many: tuple[int, int]            # jobs x ranks: many jobs; also the sharding fleet
     big: tuple[int, int] | None      # jobs x ranks: ~100k ranks
     http_repeats: int
+    http_scale_repeats: int = 10
 
 
 QUICK = Profile("quick", world=2048, trials=4, trials_slow=2, steady_seconds=0.0,
-                saturate_seconds=6, warmup=3, many=(10, 160), big=None, http_repeats=3)
+                saturate_seconds=6, warmup=3, many=(10, 160), big=None, http_repeats=3,
+                http_scale_repeats=10)
 FULL = Profile("full", world=16384, trials=12, trials_slow=8,
                steady_seconds=CURVE_POINTS + 8, saturate_seconds=15, warmup=5,
-               many=(100, 160), big=(100, 1000), http_repeats=5)
+               many=(100, 160), big=(100, 1000), http_repeats=5, http_scale_repeats=20)
 
 
 # -- measuring ----------------------------------------------------------------
@@ -165,6 +174,115 @@ def http_point(d: DaemonProc, repeats: int, jobs: int, nodes: int) -> dict:
     out["series_per_job"] = s["per_job"] / jobs
     out["series_per_node"] = s["per_node"] / nodes
     return out
+
+
+def loop_probe(d: DaemonProc, repeats: int) -> dict:
+    """/healthz (a round trip through the daemon's event loop) every 10 ms, idle and
+    while ``BIG_RENDER`` and /metrics are served: does a large render hold the loop?"""
+    import threading
+
+    def probe(stop: threading.Event, out: list[float]) -> None:
+        while not stop.is_set():
+            out.append(http_get(d.http + "/healthz")[0])
+            time.sleep(0.01)
+
+    def probed(fn) -> tuple[list[float], list[float]]:
+        stop, lat = threading.Event(), []
+        th = threading.Thread(target=probe, args=(stop, lat), daemon=True)
+        th.start()
+        renders = fn()
+        stop.set()
+        th.join()
+        return lat, renders
+
+    idle, _ = probed(lambda: time.sleep(2.0))
+    busy, renders = probed(lambda: [http_get(d.http + path)[0] for _ in range(repeats)
+                                    for path in (BIG_RENDER, "/metrics")])
+    return {"idle_p50_s": _pct(idle, 50), "idle_p99_s": _pct(idle, 99),
+            "idle_max_s": max(idle, default=None),
+            "render_p50_s": _pct(busy, 50), "render_p99_s": _pct(busy, 99),
+            "render_max_s": max(busy, default=None), "probes": len(busy),
+            "big_render_p50_s": _pct(renders[::2], 50), "big_render_max_s": max(renders[::2])}
+
+
+def http_loop_share(world: int, repeats: int) -> dict:
+    """In process, no gRPC: how long each render holds the event loop (the step
+    run there: list copies, job heads) against the whole render's CPU time."""
+    from ncclwatch.daemon import api
+    from ncclwatch.daemon.core import Daemon
+    from ncclwatch.daemon.export import DaemonCollector, capture
+    from ncclwatch.daemon.http import json_chunks
+
+    job = fleet(1, world)[0]
+    pool = Pool.build()
+    agents = [SimAgent(job, n, pool, random.Random(n), STACK_CHANGE, 0.0)
+              for n in range(job.nodes)]
+    d = Daemon()
+    now = time.monotonic()
+    for r in range(3):
+        for a in agents:
+            d.ingest(pb.ReportRequest.FromString(a.report(1000.0 + r)), now=now)
+        d.tick(now=now)
+    coll = DaemonCollector(d)
+    detail = api.JobsQuery(ranks=True)
+    views = {
+        "/metrics": (lambda: capture(d), lambda c: coll.exposition()),
+        "/api/v1/jobs": (lambda: api.collect_jobs(d, api.JobsQuery()),
+                         lambda c: "".join(json_chunks(api.finish_jobs(c)))),
+        "/api/v1/jobs?ranks=1": (lambda: api.collect_jobs(d, detail),
+                                 lambda c: "".join(json_chunks(api.finish_jobs(c)))),
+    }
+    out = {}
+    for path, (on_loop, rest) in views.items():
+        loop_t, total_t = [], []
+        for _ in range(repeats):
+            c0 = time.process_time()
+            c = on_loop()
+            c1 = time.process_time()
+            rest(c)
+            loop_t.append(c1 - c0)
+            total_t.append(time.process_time() - c0)
+        out[path] = {"loop_p99_s": _pct(loop_t, 99), "render_p50_s": _pct(total_t, 50),
+                     "render_p99_s": _pct(total_t, 99)}
+    return {"ranks": world, "repeats": repeats, "views": out}
+
+
+def http_scale(p: Profile) -> dict:
+    """The HTTP views of one ``HTTP_RANKS``-rank job over real gRPC: p50/p99 of each,
+    and the loop's responsiveness during the largest render. Its agents all connect at
+    once, as after a daemon restart: the time until each is acknowledged is measured."""
+    jobs = fleet(1, HTTP_RANKS)
+    d = DaemonProc(cpu=DAEMON_CPUS[0], stall_threshold=STALL_THRESHOLD)
+    try:
+        cl = Clients(jobs, [d.grpc], processes=CLIENT_PROCESSES, interval=QUIET_INTERVAL,
+                     stack_change=STACK_CHANGE, cpus=CLIENT_CPUS)
+        try:
+            connect = cl.wait_ready(600)
+            time.sleep(QUIET_INTERVAL)
+            # The daemon's CPU rate without requests (ingest, ticks), to subtract.
+            c0, t0 = d.cpu_seconds(), time.perf_counter()
+            time.sleep(2 * QUIET_INTERVAL)
+            base = (d.cpu_seconds() - c0) / (time.perf_counter() - t0)
+            views = {}
+            for path in HTTP_PATHS:
+                times, cpus, body = [], [], b""
+                for _ in range(p.http_scale_repeats):
+                    c0 = d.cpu_seconds()
+                    dt, body = http_get(d.http + path)
+                    times.append(dt)
+                    cpus.append(max(0.0, d.cpu_seconds() - c0 - base * dt))
+                views[path] = {"p50_s": _pct(times, 50), "p99_s": _pct(times, 99),
+                               "cpu_p50_s": _pct(cpus, 50), "cpu_p99_s": _pct(cpus, 99),
+                               "bytes": len(body), "n": len(times)}
+            loop = loop_probe(d, max(3, p.http_scale_repeats // 4))
+        finally:
+            answers = cl.stop()
+    finally:
+        final = d.stop()
+    return {"ranks": HTTP_RANKS, "agents": jobs[0].nodes, "connect": connect, "views": views,
+            "daemon_base_cores": round(base, 3),
+            "loop": loop, "stream_failures": sum(a["failures"] for a in answers),
+            "daemon": _brief(final)}
 
 
 def stall_trials(cl: Clients, d: DaemonProc, job: JobSpec, n: int, *,
@@ -481,6 +599,8 @@ def measure(p: Profile) -> dict:
     step("table_memory", table_memory, 256, CURVE_POINTS + 5)
     step("single_job", single_job, p)
     step("transport_floor", transport_floor, p)
+    step("http_scale", http_scale, p)
+    step("http_loop_share", http_loop_share, HTTP_RANKS, p.http_scale_repeats)
     step("many_jobs", many_jobs, *p.many, p)
     step("sharded", sharded, *p.many, p)
     if p.big:
@@ -600,6 +720,8 @@ def render(r: dict) -> str:
         _http_row(f"1 job x {one['ranks']} ranks", one["http"]),
         _http_row(f"{many['jobs']} jobs x {many['ranks'] // many['jobs']} ranks", many["http"]),
         "",
+        *(_http_scale_lines(r["http_scale"]) if "http_scale" in r else []),
+        *(_loop_share_lines(r["http_loop_share"]) if "http_loop_share" in r else []),
         f"- Cardinality: {one['http']['series_per_job']:.0f} series per job and "
         f"{one['http']['series_per_node']:.0f} per node (agent health) whatever the ranks; "
         f"per-rank series only for culprits: {one['during_stall']['per_rank']} during a stall "
@@ -633,6 +755,47 @@ def render(r: dict) -> str:
     out += ["", "Checks: " + ("all hold (" + ", ".join(r["checks"]) + ")." if not failed
                                else "FAILED: " + ", ".join(failed) + ".")]
     return "\n".join(out)
+
+
+def _loop_share_lines(h: dict) -> list[str]:
+    return [
+        f"The same views in process (no gRPC; CPU time, {h['repeats']} renders each at "
+        f"{h['ranks']} ranks): how long each holds the daemon's event loop against the "
+        "whole render:", "",
+        "| view | on the event loop, p99 | whole render p50 / p99 |", "|---|---|---|",
+        *[f"| {path} | {_ms(x['loop_p99_s'])} | {_ms(x['render_p50_s'])} / "
+          f"{_ms(x['render_p99_s'])} |" for path, x in h["views"].items()], ""]
+
+
+def _http_scale_lines(h: dict) -> list[str]:
+    v, lp = h["views"], h["loop"]
+    names = {"/metrics": "/metrics", "/api/v1/jobs": "/api/v1/jobs (summaries, the default)",
+             "/api/v1/jobs?ranks=1": "/api/v1/jobs?ranks=1 (first page: 1000 ranks' detail)"}
+    n = next(iter(v.values()))["n"]
+    return [
+        f"At {h['ranks']} ranks in one job ({h['agents']} agent streams reporting every "
+        f"{QUIET_INTERVAL:.0f} s; {n} reads of each, nearest-rank percentiles):", "",
+        "| view | wall p50 | wall p99 | daemon CPU p50 | daemon CPU p99 | size |",
+        "|---|---|---|---|---|---|",
+        *[f"| {names.get(path, path)} | {_ms(x['p50_s'])} | {_ms(x['p99_s'])} | "
+          f"{_ms(x['cpu_p50_s'])} | {_ms(x['cpu_p99_s'])} | {x['bytes'] / 1024:.0f} KiB |"
+          for path, x in v.items()], "",
+        "- Wall: the response time the client saw. Daemon CPU: the daemon process's CPU "
+        "time during the request minus its rate without requests "
+        f"({h['daemon_base_cores']:.2f} of a core for ingest and ticks), i.e. what the "
+        "request costs the daemon's core; on this shared machine the wall time also "
+        "contains the waits for that core behind other processes.",
+        f"- The event loop during renders: a /healthz round trip through the loop took "
+        f"p50 {_ms(lp['render_p50_s'])}, p99 {_ms(lp['render_p99_s'])}, max "
+        f"{_ms(lp['render_max_s'])} ({lp['probes']} probes) while `{BIG_RENDER}` (every "
+        f"rank's detail in one response: p50 {_ms(lp['big_render_p50_s'])}, max "
+        f"{_ms(lp['big_render_max_s'])}) and /metrics were served back to back; idle p50 "
+        f"{_ms(lp['idle_p50_s'])}, p99 {_ms(lp['idle_p99_s'])}. The loop only copies lists "
+        "for a render; the per-rank walk, encoding and JSON run in the HTTP thread, which "
+        "shares the GIL (and here the daemon's one CPU) with the loop.",
+        f"- These {h['agents']} agents connected at once (as after a daemon restart) and were "
+        f"all acknowledged within {h['connect']['seconds']:.0f} s "
+        f"({h['connect']['failures']} streams failed and reconnected meanwhile).", ""]
 
 
 def _latency_row(one: dict, key: str, load: str, rate: str, target: float) -> tuple:

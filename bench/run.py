@@ -32,6 +32,7 @@ def main() -> int:
         "The machine is small and shared: compare the ratios, not the absolute numbers.", "",
     ]
     sections: list[str] = []
+    verdicts = ""
     if a.only in (None, "agent"):
         from bench import agent_overhead
         r = agent_overhead.measure(seconds=20 if a.quick else 40, warmup=8 if a.quick else 10,
@@ -48,9 +49,15 @@ def main() -> int:
         else:
             flag = "--quick" if a.quick else "--full"
             r = daemon_ingest.measure(daemon_ingest.QUICK if a.quick else daemon_ingest.FULL)
-            sections += ["## Daemon ingest and API at scale", "",
+            from bench import targets
+            sections += ["## Daemon targets (issue 15)", "",
+                         f"From the one `python -m bench.daemon_ingest {flag}` run below; "
+                         "`bench/targets.py` judges each target.", "",
+                         targets.render(r), "",
+                         "## Daemon ingest and API at scale", "",
                          f"Command: `python -m bench.daemon_ingest {flag}`", "",
                          daemon_ingest.render(r), ""]
+            verdicts = targets.plain(r)
     if a.only in (None, "diagnose"):
         from bench import diagnose_log
         size = 0.25 if a.quick else 1.0
@@ -66,10 +73,14 @@ def main() -> int:
                      discovery.render(r), ""]
     if a.only and OUT.exists():
         print(text)
+        if verdicts:
+            print("\nissue 15 targets (this run):\n" + verdicts)
         print(f"(--only: {OUT.name} left as it is)", file=sys.stderr)
         return 0
     OUT.write_text(text)
     print(text)
+    if verdicts:
+        print("\nissue 15 targets (this run):\n" + verdicts)
     return 0
 
 

@@ -9,7 +9,11 @@ unchanged source is byte-identical; tests/test_dashboards.py fails when the
 committed files differ from a fresh generation (run ``make dashboards``).
 
 Every query selects by ``instance=~"$instance"`` (the daemon's scrape
-target). Per-job metrics also select ``job=~"$job"``: the daemon's ``job``
+target) and ``replica=~"$replica|"``: with a highly available pair (two
+daemons that judge the same jobs, told apart by a ``replica`` target label)
+the dashboards show one replica, picked in the single-select ``replica``
+variable, so nothing is counted twice; without one the variable is empty and
+the matcher selects the series that have no ``replica`` label. Per-job metrics also select ``job=~"$job"``: the daemon's ``job``
 label is the training job, so Prometheus must scrape the daemon with
 ``honor_labels: true`` (see dashboards/README.md). Agent and daemon
 self-metrics have no training job; their panels select ``node=~"$node"``
@@ -38,9 +42,9 @@ TAGS = ["ncclwatch"]
 DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 
 # Selectors. J: per-job metrics; N: per-node agent metrics; I: daemon-wide.
-J = '{job=~"$job", instance=~"$instance"}'
-N = '{instance=~"$instance", node=~"$node"}'
-I = '{instance=~"$instance"}'
+J = '{job=~"$job", instance=~"$instance", replica=~"$replica|"}'
+N = '{instance=~"$instance", replica=~"$replica|", node=~"$node"}'
+I = '{instance=~"$instance", replica=~"$replica|"}'
 
 NO_JOB_REASON = ("agent and daemon self-metrics carry no training-job label; the "
                  "dashboards' job variable is the daemon's `job` label (the training job)")
@@ -199,13 +203,24 @@ class Board:
         self.d = self.d.with_variable(self._query_var(
             "instance", "Instance", "label_values(ncclwatch_build_info, instance)",
             "The ncclwatch daemon(s), by scrape target", include_all=True))
+        # One replica of an HA pair (never All: the pair's series would count twice).
+        self.d = self.d.with_variable(
+            db.QueryVariable("replica").label("Replica")
+            .description("Daemon replica of a highly available pair (the `replica` target "
+                         "label); empty without one")
+            .query('label_values(ncclwatch_build_info{instance=~"$instance"}, replica)')
+            .datasource(DS).refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+            .sort(dm.VariableSort.ALPHABETICAL_CASE_INSENSITIVE_ASC)
+            .multi(False).include_all(False))
         self.d = self.d.with_variable(self._query_var(
-            "job", "Job", 'label_values(ncclwatch_job_world_size{instance=~"$instance"}, job)',
+            "job", "Job", 'label_values(ncclwatch_job_world_size{instance=~"$instance", '
+            'replica=~"$replica|"}, job)',
             "Training job id, as the daemon derives it from the ranks' environment",
             include_all=job_all))
         if node:
             self.d = self.d.with_variable(self._query_var(
-                "node", "Node", 'label_values(ncclwatch_agent_up{instance=~"$instance"}, node)',
+                "node", "Node", 'label_values(ncclwatch_agent_up{instance=~"$instance", '
+                'replica=~"$replica|"}, node)',
                 "GPU node, by its agent", include_all=True))
 
     @staticmethod

@@ -161,6 +161,7 @@ def _promql_string(text: str) -> str:
 def panel_queries(path: str | Path, *, job: str | Sequence[str] | None = None,
                   instance: str | Sequence[str] | None = None,
                   node: str | Sequence[str] | None = None,
+                  replica: str | None = None,
                   rate_interval: str = "1m", interval: str = "15s", time_range: str = "1h",
                   values: Mapping[str, str | Sequence[str] | None] | None = None,
                   annotations: bool = False) -> list[tuple[str, str]]:
@@ -168,7 +169,8 @@ def panel_queries(path: str | Path, *, job: str | Sequence[str] | None = None,
 
     Variables are interpolated as Grafana would: ``job``/``instance``/``node``
     (or any other in ``values``) as regex-escaped literals, None for "All"
-    (the variable's allValue, ``.+``); ``$__rate_interval`` as
+    (the variable's allValue, ``.+``; a single-select variable without All, like
+    ``replica``, is empty as in Grafana when it has no options); ``$__rate_interval`` as
     ``rate_interval``, ``$__interval`` as ``interval``, ``$__range`` as
     ``time_range``. A variable the dashboard uses but that has no value here
     raises ValueError. ``annotations=True`` appends the annotation queries
@@ -176,7 +178,8 @@ def panel_queries(path: str | Path, *, job: str | Sequence[str] | None = None,
     """
     dash = load(path)
     given: dict[str, str | Sequence[str] | None] = {"job": job, "instance": instance,
-                                                    "node": node, **(values or {})}
+                                                    "node": node, "replica": replica,
+                                                    **(values or {})}
     templates = {t.get("name"): t for t in (dash.get("templating") or {}).get("list") or []}
     durations = {"__rate_interval": rate_interval, "__interval": interval,
                  "__range": time_range}
@@ -187,7 +190,10 @@ def panel_queries(path: str | Path, *, job: str | Sequence[str] | None = None,
         t = templates.get(name)
         if t is None or t.get("type") not in ("query", "custom", "constant", "textbox"):
             raise ValueError(f"{Path(path).name}: no value for variable ${name}")
-        text = _regex_value(given.get(name), t.get("allValue") or ".+")
+        v = given.get(name)
+        if v is None and not t.get("multi") and not t.get("includeAll"):
+            v = ""  # single-select without All and no options (no `replica` label): empty
+        text = _regex_value(v, t.get("allValue") or ".+")
         return _promql_string(text) if in_string else text
 
     out = []

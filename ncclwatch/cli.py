@@ -14,8 +14,8 @@ import tempfile
 from typing import Any, Sequence
 
 from ncclwatch import __version__
-from ncclwatch.config import (ConfigError, Option, add_options, hostport, load_file,
-                              positive_float, positive_int, rank_set, resolve)
+from ncclwatch.config import (ConfigError, Option, add_options, hostport, hostports,
+                              load_file, positive_float, positive_int, rank_set, resolve)
 
 log = logging.getLogger("ncclwatch")
 
@@ -72,7 +72,9 @@ DAEMON_OPTIONS = (
     _WATCHDOG, _THRESHOLD, _HANG, _STALENESS, *_TLS_SERVER, _WEB_CONFIG, _LOG,
 )
 AGENT_OPTIONS = (
-    Option("collector", hostport, "127.0.0.1:7470", "the daemon's gRPC address", "HOST:PORT"),
+    Option("collector", hostports, "127.0.0.1:7470", "the daemon's gRPC address; two or more, "
+           "comma-separated (TOML: a list), for a highly available pair: every report goes "
+           "to each over its own stream and queue", "HOST:PORT[,HOST:PORT]"),
     _INTERVAL,
     Option("node", str, socket.gethostname(), "node name to report as", "NAME"),
     Option("ranks", rank_set, None, "watch only these global ranks, e.g. 0-3 (default: all; "

@@ -118,3 +118,10 @@ def hostport(v: Any) -> str:
     if not port.isdigit() or not 0 <= int(port) < 65536:
         raise ValueError("port must be 0-65535")
     return s
+
+
+def hostports(v: Any) -> str:
+    """One or more HOST:PORT: "a:7470,b:7470" (flag, env) or a TOML list; kept comma-joined."""
+    from ncclwatch.agent.uplink import collector_list
+
+    return ",".join(hostport(t) for t in collector_list(v))

@@ -35,8 +35,19 @@ def split_credentials(daemon: str, auth: str | None = None) -> tuple[str, str | 
 
 def fetch(daemon: str, timeout: float = 5.0, *, ca: str | None = None,
           auth: str | None = None) -> dict[str, Any]:
+    """Every job's summary (all pages of /api/v1/jobs)."""
+    view = _fetch_page(daemon, "", timeout, ca=ca, auth=auth)
+    while view.get("next_cursor"):
+        more = _fetch_page(daemon, view["next_cursor"], timeout, ca=ca, auth=auth)
+        view["jobs"] += more["jobs"]
+        view["next_cursor"] = more.get("next_cursor")
+    return view
+
+
+def _fetch_page(daemon: str, cursor: str, timeout: float, *, ca: str | None,
+                auth: str | None) -> dict[str, Any]:
     daemon, auth = split_credentials(daemon, auth)
-    url = daemon.rstrip("/") + "/api/v1/jobs"
+    url = daemon.rstrip("/") + "/api/v1/jobs" + (f"?cursor={cursor}" if cursor else "")
     req = urllib.request.Request(url)
     if auth:
         req.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
@@ -130,15 +141,12 @@ def render(view: dict[str, Any]) -> str:
         for w in j.get("config_warnings", []):
             out.append("")
             out.append(f"{w['severity'].upper()} {j['job']} ({w['code']}): {w['message']}")
-        states: dict[str, list[int | str]] = {}
-        for r in j["ranks"]:
-            key = r["state"] + (f"/{r['op']}" if r["op"] else "")
-            states.setdefault(key, []).append(r["rank"] if r["rank"] is not None
-                                              else r.get("member", "?"))
+        states = {g["state"] + (f"/{g['op']}" if g["op"] else ""): g["ranks"]
+                  for g in j.get("rank_states", [])}
         if states:
             out.append("")
             out.append(f"{j['job']} ranks: " + "; ".join(
-                f"{k}: {_ranks_text(v)}" for k, v in sorted(states.items())))
+                f"{k}: {v}" for k, v in sorted(states.items())))
     return "\n".join(out)
 
 

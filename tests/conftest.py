@@ -136,7 +136,17 @@ class Monitor:
                 for fam in text_string_to_metric_families(text) for s in fam.samples}
 
     def jobs(self) -> dict:
-        return json.loads(self.get("/api/v1/jobs"))
+        """Every job with per-rank detail (``ranks=1``), all pages of it."""
+        view = json.loads(self.get("/api/v1/jobs?ranks=1"))
+        while view.get("next_cursor"):
+            more = json.loads(self.get(f"/api/v1/jobs?ranks=1&cursor={view['next_cursor']}"))
+            for job in more["jobs"]:  # a job larger than a page continues on the next
+                if view["jobs"] and view["jobs"][-1]["job"] == job["job"]:
+                    view["jobs"][-1]["ranks"] += job["ranks"]
+                else:
+                    view["jobs"].append(job)
+            view["next_cursor"] = more.get("next_cursor")
+        return view
 
     def job_of(self, pids: set[int]) -> dict | None:
         for job in self.jobs()["jobs"]:

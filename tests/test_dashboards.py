@@ -64,7 +64,9 @@ def test_dashboard_settings(name: str, uid: str) -> None:
     assert d["time"] == {"from": "now-1h", "to": "now"}
     assert d["editable"] is False
     names = [t["name"] for t in d["templating"]["list"]]
-    assert names[:3] == ["datasource", "instance", "job"]
+    assert names[:4] == ["datasource", "instance", "replica", "job"]
+    replica = d["templating"]["list"][2]  # HA: one replica, never both (nor All)
+    assert replica["multi"] is False and replica["includeAll"] is False
     ds = d["templating"]["list"][0]
     assert ds["type"] == "datasource" and ds["query"] == "prometheus"
     ids = [p["id"] for p in d["panels"]] + [q["id"] for p in d["panels"] for q in p.get("panels", [])]
@@ -310,7 +312,8 @@ def test_every_metric_is_exported_by_the_daemon(name: str, exported: dict[str, s
         used |= names
         ast, _ = parse_promql(expr)
         for s in selectors(ast):
-            have = exported[s.name] | {"instance", "job"}  # target labels Prometheus adds
+            # target labels Prometheus adds (replica: the HA pair's, README)
+            have = exported[s.name] | {"instance", "job", "replica"}
             for m in s.matchers.matchers:
                 assert m.name in have, f"{name} '{title}': {s.name} has no label {m.name}"
     assert len(used) >= 10
@@ -340,6 +343,7 @@ def test_panel_queries_fill_every_variable() -> None:
             if "ncclwatch_stall_active" in expr:
                 assert 'job=~"job-1"' in expr
             assert 'instance=~"127\\\\.0\\\\.0\\\\.1:7471"' in expr, expr
+            assert 'replica=~"|"' in expr, expr  # no HA pair: series without the label
         assert all("[1m]" in e for _, e in queries if "rate(" in e)
     with_ann = panel_queries(GRAFANA / "ncclwatch-job.json", annotations=True)
     assert any(t.startswith("annotation: ") for t, _ in with_ann)
@@ -350,6 +354,8 @@ def test_panel_queries_default_to_all_and_escape_regex_values() -> None:
     assert 'job=~".+"' in q["World size"] and 'instance=~".+"' in q["World size"]
     q = dict(panel_queries(GRAFANA / "ncclwatch-job.json", job=["10.0.0.1:29500/4", "b"]))
     assert 'job=~"10\\\\.0\\\\.0\\\\.1:29500/4|b"' in q["World size"]
+    q = dict(panel_queries(GRAFANA / "ncclwatch-job.json", replica="b"))
+    assert 'replica=~"b|"' in q["World size"]
     fleet = dict(panel_queries(GRAFANA / "ncclwatch-fleet.json", node="gpu-1",
                                rate_interval="30s"))
     assert 'node=~"gpu-1"' in fleet["Agent queue length"]

@@ -26,7 +26,7 @@ from ncclwatch.agent.report import AgentHealthCounts, build_report, sample_pb, s
 from ncclwatch.agent.sample import ProcessSampler
 from ncclwatch.agent.scheduler import SchedulerLookup
 from ncclwatch.agent.tracker import RankTracker
-from ncclwatch.agent.uplink import Uplink
+from ncclwatch.agent.uplink import Uplinks
 from ncclwatch.sdnotify import Notifier
 from ncclwatch.signatures import DEFAULT_CLASSIFIER, Classifier
 from ncclwatch.stacks import main_thread
@@ -43,7 +43,7 @@ STACK_CACHE = 1024
 
 @dataclass
 class AgentConfig:
-    collector: str = "127.0.0.1:7470"
+    collector: str = "127.0.0.1:7470"  # "a:7470,b:7470": an HA pair, each sent every report
     interval: float = 1.0
     node: str = field(default_factory=socket.gethostname)
     policy: StackPolicy = field(default_factory=StackPolicy)
@@ -71,9 +71,9 @@ class Agent:
         self.classifier = classifier
         self.trackers: dict[int, RankTracker] = {}
         self.stacks: dict[str, pb.Stack] = {}
-        self.uplink = Uplink(config.collector, self.stacks, max_queue=config.max_queue,
-                             on_command=self._on_command, on_connect=self._on_connect,
-                             tls=config.tls)
+        self.uplink = Uplinks(config.collector, self.stacks, max_queue=config.max_queue,
+                              on_command=self._on_command, on_connect=self._on_connect,
+                              tls=config.tls)
         self.seq = 0
         self.rounds = 0
         self._exited: list[RankProcess] = []
@@ -152,11 +152,7 @@ class Agent:
         jobs = len({t.proc.identity.job_id for t in self.trackers.values()})
         watching = (f"watching {ranks} rank{'' if ranks == 1 else 's'} of {jobs} "
                     f"job{'' if jobs == 1 else 's'}" if ranks else "no ranks found")
-        up = self.uplink
-        state = ("connected" if up.connected else
-                 "unreachable" if up.last_error else "connecting")
-        queue = f" (queue {up.queue_length})" if up.queue_length else ""
-        return f"{watching}, collector {up.target} {state}{queue}"
+        return f"{watching}, {self.uplink.status()}"
 
     # -- one round -----------------------------------------------------------
 

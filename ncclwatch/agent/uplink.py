@@ -1,4 +1,10 @@
-"""The agent's one long-lived gRPC stream to the daemon.
+"""The agent's long-lived gRPC streams to its daemon(s).
+
+High availability the way Prometheus does it: an agent may report to two
+(or more) daemons, each judging and exporting on its own. ``Uplinks`` keeps
+one ``Uplink`` per daemon, each with its own stream, queue, backoff and
+set of stacks already sent, so a slow or dead daemon never stalls or drops
+the reports of another.
 
 Reports wait in a bounded queue that drops the oldest (a report is a full
 snapshot, so the newest is worth most) and counts drops. A report leaves
@@ -28,6 +34,17 @@ from ncclwatch.v1 import collector_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
+
+def collector_list(value: object) -> tuple[str, ...]:
+    """``"a:7470,b:7470"`` (flag, env) or a TOML list -> ``("a:7470", "b:7470")``."""
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    out = tuple(str(t).strip() for t in items if str(t).strip())
+    if not out:
+        raise ValueError("no collector given")
+    if len(set(out)) != len(out):
+        raise ValueError(f"collector given twice: {', '.join(out)}")
+    return out
+
 #: Keepalive per gRPC guidance: pings well above the server's minimum
 #: interval, so a silent partition is noticed in ~40 s, not at TCP timeout.
 CHANNEL_OPTIONS = (
@@ -38,6 +55,9 @@ CHANNEL_OPTIONS = (
     ("grpc.initial_reconnect_backoff_ms", 500),
     ("grpc.max_reconnect_backoff_ms", 5_000),
 )
+
+#: Seconds ``stop()`` waits for a session's last acks before cancelling it.
+STOP_GRACE = 2.0
 
 
 class Backoff:
@@ -94,7 +114,7 @@ class Uplink:
         backoff = Backoff()
         while not self._stopped.is_set():
             try:
-                got_reply = await self._session()
+                got_reply = await self._session_until_stopped()
                 if got_reply:
                     backoff.reset()
             except grpc.aio.AioRpcError as e:
@@ -108,6 +128,25 @@ class Uplink:
                 await asyncio.wait_for(self._stopped.wait(), backoff.next())
             except asyncio.TimeoutError:
                 pass
+
+    async def _session_until_stopped(self) -> bool:
+        """A session; ``stop()`` ends it within ``STOP_GRACE`` even when the daemon
+        never answers (a wedged host that accepts TCP and says nothing)."""
+        session = asyncio.ensure_future(self._session())
+        stopped = asyncio.ensure_future(self._stopped.wait())
+        try:
+            await asyncio.wait({session, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            if not session.done():  # stopping: let in-flight acks arrive, briefly
+                await asyncio.wait({session}, timeout=STOP_GRACE)
+        finally:
+            stopped.cancel()
+            if not session.done():
+                session.cancel()
+                try:
+                    await session
+                except asyncio.CancelledError:
+                    pass
+        return False if session.cancelled() else session.result()
 
     def _log_error(self, msg: str) -> None:
         # Deduplicate: a dead collector should not flood the log.
@@ -170,6 +209,9 @@ class Uplink:
             inflight.append(report)
             out = pb.NodeReport()
             out.CopyFrom(report)
+            # This stream's own queue and drops: each daemon sees its own link.
+            out.health.queue_length = len(self._queue)
+            out.health.reports_dropped_total = self.dropped_total
             for s in report.samples:
                 sid = s.stack_id
                 if sid and sid not in sent and sid in self._stacks:
@@ -177,3 +219,61 @@ class Uplink:
                     sent.add(sid)
             self.sent_total += 1
             yield pb.ReportRequest(protocol_version=PROTOCOL_VERSION, report=out)
+
+
+class Uplinks:
+    """One ``Uplink`` per daemon; every report goes to each (an HA pair judges twice).
+
+    Nothing is shared between the links but the agent's stack table, which
+    they only read: each has its own queue (and drop count), stream, backoff
+    and record of which stacks its daemon holds.
+    """
+
+    def __init__(self, targets: "str | list[str] | tuple[str, ...]",
+                 stacks: dict[str, pb.Stack], **kw) -> None:
+        self.links = [Uplink(t, stacks, **kw) for t in collector_list(targets)]
+
+    @property
+    def target(self) -> str:
+        return ",".join(u.target for u in self.links)
+
+    @property
+    def connected(self) -> bool:
+        return any(u.connected for u in self.links)
+
+    @property
+    def last_error(self) -> str:
+        return "; ".join(f"{u.target}: {u.last_error}" for u in self.links if u.last_error)
+
+    @property
+    def queue_length(self) -> int:
+        return max(u.queue_length for u in self.links)
+
+    @property
+    def dropped_total(self) -> int:
+        return sum(u.dropped_total for u in self.links)
+
+    @property
+    def sent_total(self) -> int:
+        return sum(u.sent_total for u in self.links)
+
+    def submit(self, report: pb.NodeReport) -> None:
+        for u in self.links:
+            u.submit(report)
+
+    def stop(self) -> None:
+        for u in self.links:
+            u.stop()
+
+    async def run(self) -> None:
+        await asyncio.gather(*(u.run() for u in self.links))
+
+    def status(self) -> str:
+        """``collector a:7470 connected`` or one clause per daemon of a pair."""
+        parts = []
+        for u in self.links:
+            state = ("connected" if u.connected else
+                     "unreachable" if u.last_error else "connecting")
+            queue = f" (queue {u.queue_length})" if u.queue_length else ""
+            parts.append(f"{u.target} {state}{queue}")
+        return ("collector " if len(parts) == 1 else "collectors ") + ", ".join(parts)

@@ -1,14 +1,20 @@
 """``/api/v1/jobs``: the jobs, their ranks, active stalls with culprit stacks.
 
-Plain dicts built on the event loop, serialised by the HTTP thread. Times
+Plain dicts: job heads and incidents built on the event loop, the per-rank
+part and the JSON in the HTTP thread (``collect_jobs``/``finish_jobs``). Times
 are given as ages ("for_seconds") and as wall-clock timestamps of this
 daemon; never as another node's clock.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import time
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qs
 
 from ncclwatch.daemon import progress
 from ncclwatch.daemon.core import Daemon
@@ -20,54 +26,200 @@ API_VERSION = "v1"
 MAX_STACK_FRAMES = 64
 
 
-def jobs_view(d: Daemon, *, with_ranks: bool = True, now: float | None = None) -> dict[str, Any]:
-    """``now``: the daemon's monotonic time (tests that drive a clock pass theirs)."""
+#: Page sizes: jobs per page (summaries), or ranks per page with ``ranks=1``.
+JOBS_LIMIT, MAX_JOBS_LIMIT = 100, 1000
+RANKS_LIMIT, MAX_RANKS_LIMIT = 1000, 20000
+
+
+@dataclass(frozen=True)
+class JobsQuery:
+    """``/api/v1/jobs`` parameters: ``job``, ``ranks``, ``limit``, ``cursor``.
+
+    Summaries by default (no per-rank list: ``rank_states`` groups the ranks);
+    ``ranks=1`` adds each rank's detail. Pages are ordered by job id, then
+    rank: ``limit`` jobs per page, or with ``ranks=1`` ``limit`` ranks (a job
+    larger than a page continues on the next one); ``next_cursor`` resumes.
+    """
+
+    job: str | None = None
+    ranks: bool = False
+    limit: int = 0
+    #: (job id, key of the page's first rank; None: the page starts after that job).
+    #: Keys: rank numbers, and -1, -2, ... for members of unknown rank (first).
+    cursor: tuple[str, int | None] | None = None
+
+    @property
+    def page_size(self) -> int:
+        return self.limit or (RANKS_LIMIT if self.ranks else JOBS_LIMIT)
+
+    @classmethod
+    def parse(cls, query: str) -> "JobsQuery":
+        """From a URL query string; ValueError (HTTP 400) names what is wrong."""
+        q = {k: v[-1] for k, v in parse_qs(query, keep_blank_values=True).items()}
+        unknown = set(q) - {"job", "ranks", "limit", "cursor"}
+        if unknown:
+            raise ValueError(f"unknown parameter(s): {', '.join(sorted(unknown))}")
+        ranks = q.get("ranks", "0").lower()
+        if ranks not in ("0", "1", "true", "false"):
+            raise ValueError("ranks: 1 or 0")
+        detail = ranks in ("1", "true")
+        limit = 0
+        if "limit" in q:
+            top = MAX_RANKS_LIMIT if detail else MAX_JOBS_LIMIT
+            if not q["limit"].isdigit() or not 1 <= int(q["limit"]) <= top:
+                raise ValueError(f"limit: a whole number from 1 to {top}")
+            limit = int(q["limit"])
+        cursor = None
+        if q.get("cursor"):
+            try:
+                job, rank = json.loads(base64.urlsafe_b64decode(q["cursor"].encode()))
+                cursor = (str(job), None if rank is None else int(rank))
+            except (ValueError, TypeError, binascii.Error):
+                raise ValueError("cursor: not one this API gave out") from None
+        return cls(job=q.get("job") or None, ranks=detail, limit=limit, cursor=cursor)
+
+
+def _cursor(job: str, rank: int | None) -> str:
+    return base64.urlsafe_b64encode(json.dumps([job, rank]).encode()).decode()
+
+
+@dataclass
+class JobsPage:
+    """What ``collect_jobs`` takes on the event loop; ``finish_jobs`` renders it."""
+
+    now: float
+    wall: float
+    fresh: Any
+    jobs: list[tuple[dict[str, Any], list, int, list | None]]  # head, ranks, world, detail
+    agents: list  # AgentRecords (copied list), rendered by finish_jobs
+    staleness: float
+    next_cursor: str | None
+
+
+def jobs_view(d: Daemon, query: JobsQuery | None = None, *, ranks: bool = True,
+              now: float | None = None) -> dict[str, Any]:
+    """Both steps at once (tests, the page); ``ranks``: detail when no query is given.
+
+    ``now``: the daemon's monotonic time (tests that drive a clock pass theirs).
+    """
+    return finish_jobs(collect_jobs(d, query or JobsQuery(ranks=ranks), now))
+
+
+def collect_jobs(d: Daemon, q: JobsQuery, now: float | None = None, *,
+                 detail_upto: int = 0) -> JobsPage:
+    """On the event loop: job heads, incidents, and list copies of the page's ranks.
+
+    The per-rank work (states, detail dicts) and JSON are left to the HTTP
+    thread, so a 16k-rank job does not hold the loop for the render.
+    ``detail_upto``: jobs with at most this many ranks get their detail anyway
+    (the page shows small jobs rank by rank).
+    """
     now = time.monotonic() if now is None else now
     wall = time.time()
+    jobs = d.table.jobs
+    ids = sorted(jobs) if q.job is None else [q.job] if q.job in jobs else []
+    if q.cursor:
+        cj, cr = q.cursor
+        ids = [j for j in ids if j > cj or (j == cj and cr is not None)]
+    out: list[tuple[dict[str, Any], list, int, list | None]] = []
+    budget, next_cursor = q.page_size, None
+    for n, job_id in enumerate(ids):
+        job = jobs[job_id]
+        detail = None
+        if not q.ranks and len(job.ranks) <= detail_upto:
+            detail = sorted(job.ranks.items())
+        elif q.ranks:
+            first = q.cursor[1] if q.cursor and q.cursor[0] == job_id else None
+            keys = sorted(r for r in job.ranks if first is None or r >= first)
+            detail = [(r, job.ranks[r]) for r in keys[:budget]]
+            budget -= len(detail)
+        out.append((_job_head(d, job_id, job, now, wall), list(job.ranks.items()),
+                     job.world_size, detail))
+        if q.ranks and len(keys) > len(detail):
+            next_cursor = _cursor(job_id, keys[len(detail)])
+            break
+        if (budget <= 0 or not q.ranks and len(out) >= budget) and n + 1 < len(ids):
+            if q.ranks:                      # the next job, from its first rank
+                nxt = ids[n + 1]
+                next_cursor = _cursor(nxt, min(jobs[nxt].ranks, default=0))
+            else:
+                next_cursor = _cursor(job_id, None)
+            break
+    return JobsPage(now=now, wall=wall, fresh=d.table.fresh, jobs=out,
+                    agents=list(d.table.agents.values()), staleness=d.table.staleness,
+                    next_cursor=next_cursor)
+
+
+def finish_jobs(p: JobsPage) -> dict[str, Any]:
+    """The per-rank part of the view (any thread: it only reads the copied lists)."""
+    now, wall = p.now, p.wall
     jobs = []
-    for job_id, job in sorted(d.table.jobs.items()):
-        b = d.budget_of(job_id, now)
-        ranks = []
-        if with_ranks:
-            for r in sorted(job.ranks):
-                rec = job.ranks[r]
-                fresh = d.table.fresh(rec, now)
-                ranks.append({
-                    "rank": r if r >= 0 else None, "member": rank_label(r),
-                    "identified_by": rec.rank_source or "env:RANK",
-                    "local_rank": rec.local_rank, "host": rec.node, "pid": rec.pid,
-                    "state": rec.state.value if fresh else "unknown",
-                    "op": rec.op.value if rec.op.value != "none" else None,
-                    "for_seconds": round(now - rec.since, 1),
-                    "since": round(wall - (now - rec.since), 3),
-                    "fresh": fresh, "gone": rec.gone_at is not None,
-                    "last_seen_seconds": round(now - rec.seen, 1),
-                    "stack_id": rec.stack_id or None,
-                    "cpu_utilization": round(rec.cpu_util, 3), "rss_bytes": rec.rss_bytes,
-                    "io_write_bytes": rec.io_write_bytes,
-                    "write_bytes_per_second": round(rec.write_rate, 1),
-                    "files_writing": _files(rec),
-                    "memory_limits": [{"device": d, "used_bytes": u, "limit_bytes": lim}
-                                      for d, u, lim in rec.limits],
-                    "gpu": [{"device": i, "used_bytes": u, "total_bytes": t}
-                            for i, u, t in rec.gpu],
-                })
-        jobs.append({
-            "job": job_id, "source": job.source, "world_size": job.world_size,
-            "scheduler_job": job.scheduler_job,
-            "ranks_reporting": job.live_ranks, "nodes": sorted(job.nodes),
-            "watchdog": {"timeout_seconds": b.timeout, "timeout_source": b.source,
-                         "remaining_seconds": round(b.remaining, 1),
-                         "longest_blocked_rank": b.blocked_rank,
-                         "longest_blocked_seconds": round(b.blocked_seconds, 1)},
-            "env": job.env,
-            "config_warnings": [{"code": w.code, "severity": w.severity, "message": w.message}
-                                for w in job.warnings],
-            "stalls": [incident_view(d, i, now) for i in d.incidents.for_job(job_id)],
-            "ranks": ranks,
-        })
+    for head, recs, world, detail in p.jobs:
+        job = dict(head)
+        job["rank_states"] = rank_states(recs, world, p.fresh, now)
+        if detail is not None:
+            job["ranks"] = [_rank(r, rec, p.fresh(rec, now), now, wall) for r, rec in detail]
+        jobs.append(job)
     return {"api": API_VERSION, "generated_at": wall, "jobs": jobs,
-            "agents": agents_view(d, now)}
+            "agents": agents_view(p.agents, now, p.staleness), "next_cursor": p.next_cursor}
+
+
+def _job_head(d: Daemon, job_id: str, job, now: float, wall: float) -> dict[str, Any]:
+    b = d.budget_of(job_id, now)
+    return {
+        "job": job_id, "source": job.source, "world_size": job.world_size,
+        "scheduler_job": job.scheduler_job,
+        "ranks_reporting": job.live_ranks, "nodes": sorted(job.nodes),
+        "watchdog": {"timeout_seconds": b.timeout, "timeout_source": b.source,
+                     "remaining_seconds": round(b.remaining, 1),
+                     "longest_blocked_rank": b.blocked_rank,
+                     "longest_blocked_seconds": round(b.blocked_seconds, 1)},
+        "env": dict(job.env),
+        "config_warnings": [{"code": w.code, "severity": w.severity, "message": w.message}
+                            for w in job.warnings],
+        "stalls": [incident_view(d, i, now) for i in d.incidents.for_job(job_id)],
+    }
+
+
+def rank_states(ranks: list, world: int, fresh, now: float) -> list[dict[str, Any]]:
+    """Every rank of the job by state (and op), as counts and rank ranges.
+
+    ``ranks``: (key, record) pairs; members of unknown rank (keys -1, -2, ...)
+    read '?1', '?2', and each stands for one of the numbers nobody reported."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    seen, unidentified = set(), 0
+    for r, rec in ranks:
+        key = (rec.state.value, rec.op.value) if fresh(rec, now) else ("unknown", "none")
+        groups.setdefault(key, []).append(r)
+        seen.add(r)
+        unidentified += r < 0 and rec.gone_at is None
+    missing = [r for r in range(world) if r not in seen] if len(seen) < world + unidentified else []
+    if len(missing) > unidentified:
+        groups.setdefault(("unknown", "none"), []).extend(missing)
+    return [{"state": state, "op": None if op == "none" else op, "count": len(ranks),
+             "ranks": rank_ranges(ranks)} for (state, op), ranks in sorted(groups.items())]
+
+
+def _rank(r: int, rec, fresh: bool, now: float, wall: float) -> dict[str, Any]:
+    return {
+        "rank": r if r >= 0 else None, "member": rank_label(r),
+        "identified_by": rec.rank_source or "env:RANK",
+        "local_rank": rec.local_rank, "host": rec.node, "pid": rec.pid,
+        "state": rec.state.value if fresh else "unknown",
+        "op": rec.op.value if rec.op.value != "none" else None,
+        "for_seconds": round(now - rec.since, 1),
+        "since": round(wall - (now - rec.since), 3),
+        "fresh": fresh, "gone": rec.gone_at is not None,
+        "last_seen_seconds": round(now - rec.seen, 1),
+        "stack_id": rec.stack_id or None,
+        "cpu_utilization": round(rec.cpu_util, 3), "rss_bytes": rec.rss_bytes,
+        "io_write_bytes": rec.io_write_bytes,
+        "write_bytes_per_second": round(rec.write_rate, 1),
+        "files_writing": _files(rec),
+        "memory_limits": [{"device": dv, "used_bytes": u, "limit_bytes": lim}
+                          for dv, u, lim in rec.limits],
+        "gpu": [{"device": i, "used_bytes": u, "total_bytes": t} for i, u, t in rec.gpu],
+    }
 
 
 def incident_view(d: Daemon, inc: Incident, now: float | None = None) -> dict[str, Any]:
@@ -195,11 +347,11 @@ def stack_view(d: Daemon, stack_id: str) -> dict[str, Any] | None:
                        for f in s.frames[:MAX_STACK_FRAMES]]}
 
 
-def agents_view(d: Daemon, now: float) -> list[dict[str, Any]]:
+def agents_view(agents: list, now: float, staleness: float) -> list[dict[str, Any]]:
     out = []
-    for a in sorted(d.table.agents.values(), key=lambda a: (a.node, a.agent_id)):
+    for a in sorted(agents, key=lambda a: (a.node, a.agent_id)):
         out.append({"node": a.node, "agent_id": a.agent_id, "connected": a.connected,
-                    "stale": a.stale(now, d.table.staleness),
+                    "stale": a.stale(now, staleness),
                     "last_report_seconds": round(now - a.last_recv, 1),
                     "ranks_watched": a.health.ranks_watched, "nvml_up": a.health.nvml_up,
                     "version": a.health.version, "report_gaps": a.gaps_total})

@@ -1,18 +1,26 @@
-"""Prometheus exposition: a collector that builds fresh families per scrape.
+"""Prometheus exposition: fresh families per scrape, built mostly off the event loop.
 
-As in client_python's own collectors, nothing is cached between scrapes:
-``collect()`` reads the current job tables (on the daemon's event loop, via
-``call``) and yields families. Cardinality stays bounded: per-rank series
-only for culprits; everything else is per job, per node or per state.
+As in client_python's own collectors, nothing is cached between scrapes.
+A scrape has two steps so that 16k ranks never hold the daemon's event loop
+for the length of a render: ``capture`` runs on the loop (via ``call``) and
+only takes what must be consistent, per job and per incident, plus shallow
+copies of the rank and agent lists (C-speed list copies); ``build`` then
+walks those ranks and agents in the HTTP thread and ``encode`` writes the
+text format directly (client_python's per-sample objects cost more than the
+whole walk at this size). ``DaemonCollector`` serves the same rows to a
+client_python registry. Cardinality stays bounded: per-rank series only for
+culprits; everything else is per job, per node or per state.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.utils import floatToGoString
 
 from ncclwatch import __version__
 from ncclwatch.daemon.core import Daemon
@@ -21,160 +29,258 @@ from ncclwatch.daemon.table import AgentRecord
 from ncclwatch.model import RankState, rank_label
 
 
+@dataclass
+class Family:
+    """One metric family as rows of label values; ``type``: gauge, counter or info."""
+
+    name: str
+    help: str
+    labels: tuple[str, ...] = ()
+    type: str = "gauge"
+    rows: list[tuple[tuple[str, ...], float]] = field(default_factory=list)
+
+    def add(self, values: Iterable[str], value: float) -> None:
+        self.rows.append((tuple(values), value))
+
+
+@dataclass
+class Capture:
+    """What a scrape takes on the event loop; the rest is built from it elsewhere."""
+
+    now: float
+    jobs: list[tuple]            # (job_id, world_size, ranks list, budget, incidents, warnings)
+    agents: list[AgentRecord]
+    staleness: float
+    fresh: Callable[[Any, float], bool]
+    counters: dict[str, Any]
+
+
+def capture(d: Daemon, now: float | None = None) -> Capture:
+    """On the event loop: O(jobs + incidents), plus list copies of ranks and agents."""
+    now = time.monotonic() if now is None else now
+    table = d.table
+    jobs = []
+    for job_id, job in table.jobs.items():
+        incs = [(kind, d.incidents.active.get((job_id, kind))) for kind in DETECTED_KINDS]
+        culprits = {cu.rank: job.ranks.get(cu.rank)
+                    for _, inc in incs if inc for cu in inc.finding.culprits}
+        jobs.append((job_id, job.world_size, list(job.ranks.values()), d.budget_of(job_id, now),
+                     incs, list(job.warnings), culprits))
+    return Capture(now=now, jobs=jobs, agents=list(table.agents.values()),
+                   staleness=table.staleness, fresh=table.fresh, counters={
+                       "opened": dict(d.incidents.opened_total),
+                       "rejected": dict(d.rejected_total),
+                       "rejected_jobs": dict(d.rejected_jobs_total),
+                       "reports": table.reports_total, "samples": table.samples_total,
+                       "detect": d.detect_seconds_total, "jobs": len(table.jobs),
+                       "stacks": len(table.stacks)})
+
+
+def build(c: Capture) -> list[Family]:
+    """The families from a capture; walks every rank and agent (any thread)."""
+    now = c.now
+    F = Family
+    active = F("ncclwatch_stall_active", "1 while a stall of this kind is active in the job",
+               ("job", "kind"))
+    duration = F("ncclwatch_stall_duration_seconds",
+                 "Seconds since the first waiting rank blocked (0 when inactive)", ("job", "kind"))
+    waiting = F("ncclwatch_stall_waiting_ranks", "Ranks blocked waiting in the stall",
+                ("job", "kind"))
+    culprit = F("ncclwatch_stall_culprit_info",
+                "The rank(s) the others wait for, with host and state",
+                ("job", "kind", "rank", "host", "state"))
+    timeout = F("ncclwatch_watchdog_timeout_seconds",
+                "Process-group (watchdog) timeout assumed for the job", ("job",))
+    remaining = F("ncclwatch_watchdog_remaining_seconds",
+                  "Timeout minus how long the longest-blocked rank has been blocked", ("job",))
+    ranks = F("ncclwatch_ranks", "Ranks of the job by state (unknown: not reporting)",
+              ("job", "state"))
+    world = F("ncclwatch_job_world_size", "World size of the job", ("job",))
+    at_risk = F("ncclwatch_stall_at_risk",
+                "1 while the stall is forecast to (or may) reach the watchdog", ("job", "kind"))
+    cause = F("ncclwatch_stall_root_cause_info", "The diagnosed root cause of the stall",
+              ("job", "kind", "root_cause"))
+    eta = F("ncclwatch_checkpoint_eta_seconds",
+            "Forecast seconds until the culprit's checkpoint write ends", ("job",))
+    overrun = F("ncclwatch_watchdog_forecast_overrun_seconds",
+                "Forecast save time minus the watchdog budget left (>0: the watchdog "
+                "fires first)", ("job",))
+    mem_eta = F("ncclwatch_memory_exhaustion_eta_seconds",
+                "Forecast seconds until a culprit rank reaches a memory bound",
+                ("job", "rank", "device"))
+    written = F("ncclwatch_checkpoint_written_bytes",
+                "Size of the checkpoint file the culprit is writing", ("job",))
+    expected = F("ncclwatch_checkpoint_expected_bytes",
+                 "Expected size of that checkpoint (its own header or copy source, else the "
+                 "previous checkpoint, else the memory gathered)",
+                 ("job",))
+    write_rate = F("ncclwatch_checkpoint_write_rate_bytes_per_second",
+                   "The culprit's recent checkpoint write rate", ("job",))
+    rank_mem = F("ncclwatch_culprit_memory_bytes",
+                 "Memory a culprit rank holds (host RSS, or its use of one GPU)",
+                 ("job", "rank", "device"))
+    max_mem = F("ncclwatch_job_rank_memory_max_bytes",
+                "The largest memory any rank of the job holds, per device kind",
+                ("job", "device"))
+    warn = F("ncclwatch_job_config_warning",
+             "1 per setting in the job's environment that defeats the watchdog or "
+             "the evidence", ("job", "code", "severity"))
+    shown: set[tuple[str, int]] = set()
+    shown_write: set[str] = set()
+    unknown = RankState.UNKNOWN
+    for job_id, world_size, recs, b, incs, warnings, culprit_recs in c.jobs:
+        counts = {s: 0 for s in RankState}
+        host_max, gpu_max = 0, None
+        for rec in recs:
+            counts[rec.state if c.fresh(rec, now) else unknown] += 1
+            if rec.rss_bytes > host_max:
+                host_max = rec.rss_bytes
+            for _, u, _ in rec.gpu:
+                if gpu_max is None or u > gpu_max:
+                    gpu_max = u
+        counts[unknown] += max(0, world_size - len(recs))
+        for s, n in counts.items():
+            ranks.add((job_id, s.value), n)
+        world.add((job_id,), world_size)
+        max_mem.add((job_id, "host"), host_max)
+        if gpu_max is not None:
+            max_mem.add((job_id, "gpu"), gpu_max)
+        timeout.add((job_id,), b.timeout)
+        remaining.add((job_id,), b.remaining)
+        for kind, inc in incs:
+            active.add((job_id, kind.value), 1 if inc else 0)
+            duration.add((job_id, kind.value), now - inc.started_at if inc else 0)
+            waiting.add((job_id, kind.value), len(inc.finding.waiting) if inc else 0)
+            at_risk.add((job_id, kind.value), 1 if inc and inc.at_risk else 0)
+            if not inc:
+                continue
+            for cu in inc.finding.culprits:
+                culprit.add((job_id, kind.value, rank_label(cu.rank), cu.node, cu.state.value), 1)
+                _culprit_memory(rank_mem, job_id, culprit_recs.get(cu.rank), shown)
+            dx = inc.diagnosis
+            cause.add((job_id, kind.value, dx.root_cause.id), 1)
+            if dx.checkpoint_eta is not None:
+                eta.add((job_id,), dx.checkpoint_eta)
+                overrun.add((job_id,), dx.evidence.overrun)
+            w = dx.evidence.write
+            if w is not None and job_id not in shown_write:
+                shown_write.add(job_id)
+                written.add((job_id,), w.written_bytes)
+                write_rate.add((job_id,), w.rate_bytes_per_second)
+                if w.expected_bytes is not None:
+                    expected.add((job_id,), w.expected_bytes)
+            seen = set()
+            for m in dx.evidence.memory:
+                if m.eta_seconds is not None and (m.rank, m.device) not in seen:
+                    seen.add((m.rank, m.device))
+                    mem_eta.add((job_id, rank_label(m.rank), m.device), m.eta_seconds)
+        for w in warnings:
+            warn.add((job_id, w.code, w.severity), 1)
+    out = [active, duration, waiting, culprit, timeout, remaining, ranks, world,
+           at_risk, cause, eta, overrun, mem_eta, written, expected, write_rate,
+           rank_mem, max_mem, warn]
+    out += _agent_families(_latest_per_node(c.agents), now, c.staleness)
+    k = c.counters
+    opened = F("ncclwatch_incidents_opened", "Incidents opened, by stall kind", ("kind",),
+               "counter")
+    for kind in DETECTED_KINDS:
+        opened.add((kind.value,), k["opened"].get(kind, 0))
+    rejected = F("ncclwatch_daemon_rejected_reports", "Reports rejected, by gRPC status",
+                 ("code",), "counter")
+    for code, n in sorted(k["rejected"].items()):
+        rejected.add((code,), n)
+    rejected_jobs = F("ncclwatch_daemon_rejected_job_samples",
+                      "Jobs left out of an applied report (a world size or a rank that "
+                      "contradicts what the daemon knows), by gRPC status", ("code",), "counter")
+    for code, n in sorted(k["rejected_jobs"].items()):
+        rejected_jobs.add((code,), n)
+
+    def one(name: str, text: str, value: float, type_: str = "gauge") -> Family:
+        return F(name, text, (), type_, [((), value)])
+
+    out += [
+        opened, rejected, rejected_jobs,
+        one("ncclwatch_daemon_reports", "Node reports applied", k["reports"], "counter"),
+        one("ncclwatch_daemon_rank_samples", "Rank samples applied", k["samples"], "counter"),
+        one("ncclwatch_daemon_detect_seconds", "Time spent in detection ticks", k["detect"],
+            "counter"),
+        one("ncclwatch_daemon_jobs", "Jobs tracked", k["jobs"]),
+        one("ncclwatch_daemon_agents_connected", "Agents with an open stream",
+            sum(1 for a in c.agents if a.connected)),
+        one("ncclwatch_daemon_stacks_interned", "Distinct stacks held", k["stacks"]),
+        F("ncclwatch_build", "ncclwatch version", ("version",), "info", [((__version__,), 1)]),
+    ]
+    return out
+
+
+#: Sample-name suffix and exposed TYPE of each family type (text format 0.0.4).
+_EXPOSED = {"gauge": ("", "gauge"), "counter": ("_total", "counter"), "info": ("_info", "gauge")}
+
+
+def _label(v: str) -> str:
+    if "\\" in v or "\n" in v or '"' in v:
+        return v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+    return v
+
+
+def encode(families: list[Family]) -> bytes:
+    """Prometheus text format 0.0.4, as client_python's ``generate_latest`` writes it."""
+    out: list[str] = []
+    for f in families:
+        suffix, exposed = _EXPOSED[f.type]
+        name = f.name + suffix
+        doc = f.help.replace("\\", r"\\").replace("\n", r"\n")
+        out.append(f"# HELP {name} {doc}\n# TYPE {name} {exposed}\n")
+        keys = f.labels
+        for values, value in f.rows:
+            if keys:
+                labels = ",".join(f'{k}="{_label(v)}"' for k, v in zip(keys, values))
+                out.append(f"{name}{{{labels}}} {floatToGoString(value)}\n")
+            else:
+                out.append(f"{name} {floatToGoString(value)}\n")
+    return "".join(out).encode()
+
+
+def to_client(f: Family):
+    """The same family as a client_python metric family (for registries and tests)."""
+    labels = list(f.labels)
+    if f.type == "info":
+        fam = InfoMetricFamily(f.name, f.help, labels=labels[:0])
+        for values, _ in f.rows:
+            fam.add_metric([], dict(zip(labels, values)))
+        return fam
+    cls = CounterMetricFamily if f.type == "counter" else GaugeMetricFamily
+    fam = cls(f.name, f.help, labels=labels)
+    for values, value in f.rows:
+        fam.add_metric(list(values), value)
+    return fam
+
+
 class DaemonCollector(Collector):
     def __init__(self, daemon: Daemon,
-                 call: Callable[[Callable[[], list]], list] = lambda fn: fn()) -> None:
+                 call: Callable[[Callable[[], Any]], Any] = lambda fn: fn()) -> None:
         self.daemon = daemon
         self._call = call
 
     def collect(self) -> Iterable:
-        return self._call(self.families)
+        return [to_client(f) for f in self.families()]
 
-    def families(self) -> list:
-        d, now = self.daemon, time.monotonic()
-        table = d.table
-        g = GaugeMetricFamily
-        active = g("ncclwatch_stall_active", "1 while a stall of this kind is active in the job",
-                   labels=["job", "kind"])
-        duration = g("ncclwatch_stall_duration_seconds",
-                     "Seconds since the first waiting rank blocked (0 when inactive)",
-                     labels=["job", "kind"], unit="seconds")
-        waiting = g("ncclwatch_stall_waiting_ranks", "Ranks blocked waiting in the stall",
-                    labels=["job", "kind"])
-        culprit = g("ncclwatch_stall_culprit_info",
-                    "The rank(s) the others wait for, with host and state",
-                    labels=["job", "kind", "rank", "host", "state"])
-        timeout = g("ncclwatch_watchdog_timeout_seconds",
-                    "Process-group (watchdog) timeout assumed for the job",
-                    labels=["job"], unit="seconds")
-        remaining = g("ncclwatch_watchdog_remaining_seconds",
-                      "Timeout minus how long the longest-blocked rank has been blocked",
-                      labels=["job"], unit="seconds")
-        ranks = g("ncclwatch_ranks", "Ranks of the job by state (unknown: not reporting)",
-                  labels=["job", "state"])
-        world = g("ncclwatch_job_world_size", "World size of the job", labels=["job"])
-        at_risk = g("ncclwatch_stall_at_risk",
-                    "1 while the stall is forecast to (or may) reach the watchdog",
-                    labels=["job", "kind"])
-        cause = g("ncclwatch_stall_root_cause_info", "The diagnosed root cause of the stall",
-                  labels=["job", "kind", "root_cause"])
-        eta = g("ncclwatch_checkpoint_eta_seconds",
-                "Forecast seconds until the culprit's checkpoint write ends",
-                labels=["job"], unit="seconds")
-        overrun = g("ncclwatch_watchdog_forecast_overrun_seconds",
-                    "Forecast save time minus the watchdog budget left (>0: the watchdog "
-                    "fires first)", labels=["job"], unit="seconds")
-        mem_eta = g("ncclwatch_memory_exhaustion_eta_seconds",
-                    "Forecast seconds until a culprit rank reaches a memory bound",
-                    labels=["job", "rank", "device"], unit="seconds")
-        written = g("ncclwatch_checkpoint_written_bytes",
-                    "Size of the checkpoint file the culprit is writing", labels=["job"],
-                    unit="bytes")
-        expected = g("ncclwatch_checkpoint_expected_bytes",
-                     "Expected size of that checkpoint (its own header or copy source, else the "
-                     "previous checkpoint, else the memory gathered)",
-                     labels=["job"], unit="bytes")
-        write_rate = g("ncclwatch_checkpoint_write_rate_bytes_per_second",
-                       "The culprit's recent checkpoint write rate", labels=["job"])
-        rank_mem = g("ncclwatch_culprit_memory_bytes",
-                     "Memory a culprit rank holds (host RSS, or its use of one GPU)",
-                     labels=["job", "rank", "device"], unit="bytes")
-        max_mem = g("ncclwatch_job_rank_memory_max_bytes",
-                    "The largest memory any rank of the job holds, per device kind",
-                    labels=["job", "device"], unit="bytes")
-        warn = g("ncclwatch_job_config_warning",
-                 "1 per setting in the job's environment that defeats the watchdog or "
-                 "the evidence", labels=["job", "code", "severity"])
-        shown: set[tuple[str, int]] = set()
-        shown_write: set[str] = set()
-        for job_id, job in table.jobs.items():
-            counts = {s: 0 for s in RankState}
-            for rec in job.ranks.values():
-                counts[rec.state if table.fresh(rec, now) else RankState.UNKNOWN] += 1
-            counts[RankState.UNKNOWN] += max(0, job.world_size - len(job.ranks))
-            for s, n in counts.items():
-                ranks.add_metric([job_id, s.value], n)
-            world.add_metric([job_id], job.world_size)
-            host_max = max((r.rss_bytes for r in job.ranks.values()), default=0)
-            gpu_max = max((u for r in job.ranks.values() for _, u, _ in r.gpu), default=None)
-            max_mem.add_metric([job_id, "host"], host_max)
-            if gpu_max is not None:
-                max_mem.add_metric([job_id, "gpu"], gpu_max)
-            b = d.budget_of(job_id, now)
-            timeout.add_metric([job_id], b.timeout)
-            remaining.add_metric([job_id], b.remaining)
-            for kind in DETECTED_KINDS:
-                inc = d.incidents.active.get((job_id, kind))
-                active.add_metric([job_id, kind.value], 1 if inc else 0)
-                duration.add_metric([job_id, kind.value], now - inc.started_at if inc else 0)
-                waiting.add_metric([job_id, kind.value], len(inc.finding.waiting) if inc else 0)
-                at_risk.add_metric([job_id, kind.value], 1 if inc and inc.at_risk else 0)
-                if inc:
-                    for c in inc.finding.culprits:
-                        culprit.add_metric([job_id, kind.value, rank_label(c.rank), c.node,
-                                            c.state.value], 1)
-                        _culprit_memory(rank_mem, job_id, job.ranks.get(c.rank), shown)
-                    dx = inc.diagnosis
-                    cause.add_metric([job_id, kind.value, dx.root_cause.id], 1)
-                    if dx.checkpoint_eta is not None:
-                        eta.add_metric([job_id], dx.checkpoint_eta)
-                        overrun.add_metric([job_id], dx.evidence.overrun)
-                    w = dx.evidence.write
-                    if w is not None and job_id not in shown_write:
-                        shown_write.add(job_id)
-                        written.add_metric([job_id], w.written_bytes)
-                        write_rate.add_metric([job_id], w.rate_bytes_per_second)
-                        if w.expected_bytes is not None:
-                            expected.add_metric([job_id], w.expected_bytes)
-                    seen = set()
-                    for m in dx.evidence.memory:
-                        if m.eta_seconds is not None and (m.rank, m.device) not in seen:
-                            seen.add((m.rank, m.device))
-                            mem_eta.add_metric([job_id, rank_label(m.rank), m.device], m.eta_seconds)
-            for w in job.warnings:
-                warn.add_metric([job_id, w.code, w.severity], 1)
-        out = [active, duration, waiting, culprit, timeout, remaining, ranks, world,
-               at_risk, cause, eta, overrun, mem_eta, written, expected, write_rate,
-               rank_mem, max_mem, warn]
-        out += _agent_families(_latest_per_node(table.agents.values()), now, table.staleness)
-        c = CounterMetricFamily
-        opened = c("ncclwatch_incidents_opened", "Incidents opened, by stall kind",
-                   labels=["kind"])
-        for kind in DETECTED_KINDS:
-            opened.add_metric([kind.value], d.incidents.opened_total[kind])
-        rejected = c("ncclwatch_daemon_rejected_reports", "Reports rejected, by gRPC status",
-                     labels=["code"])
-        for code, n in sorted(d.rejected_total.items()):
-            rejected.add_metric([code], n)
-        rejected_jobs = c("ncclwatch_daemon_rejected_job_samples",
-                          "Jobs left out of an applied report (a world size or a rank that "
-                          "contradicts what the daemon knows), by gRPC status", labels=["code"])
-        for code, n in sorted(d.rejected_jobs_total.items()):
-            rejected_jobs.add_metric([code], n)
-        out += [
-            opened, rejected, rejected_jobs,
-            c("ncclwatch_daemon_reports", "Node reports applied", value=table.reports_total),
-            c("ncclwatch_daemon_rank_samples", "Rank samples applied", value=table.samples_total),
-            c("ncclwatch_daemon_detect_seconds", "Time spent in detection ticks",
-              value=d.detect_seconds_total, unit="seconds"),
-            g("ncclwatch_daemon_jobs", "Jobs tracked", value=len(table.jobs)),
-            g("ncclwatch_daemon_agents_connected", "Agents with an open stream",
-              value=sum(1 for a in table.agents.values() if a.connected)),
-            g("ncclwatch_daemon_stacks_interned", "Distinct stacks held", value=len(table.stacks)),
-        ]
-        info = InfoMetricFamily("ncclwatch_build", "ncclwatch version", value={"version": __version__})
-        out.append(info)
-        return out
+    def families(self) -> list[Family]:
+        return build(self._call(lambda: capture(self.daemon)))
+
+    def exposition(self) -> bytes:
+        """/metrics: the capture on the loop, the rest in the calling thread."""
+        return encode(self.families())
 
 
-def _culprit_memory(fam: GaugeMetricFamily, job_id: str, rec, shown: set) -> None:
+def _culprit_memory(fam: Family, job_id: str, rec, shown: set) -> None:
     """A culprit's host RSS and per-GPU use, once per rank across stall kinds."""
     if rec is None or (job_id, rec.rank) in shown:
         return
     shown.add((job_id, rec.rank))
-    fam.add_metric([job_id, rank_label(rec.rank), "host"], rec.rss_bytes)
+    fam.add((job_id, rank_label(rec.rank), "host"), rec.rss_bytes)
     for index, used, _total in rec.gpu:
-        fam.add_metric([job_id, rank_label(rec.rank), f"gpu{index}"], used)
+        fam.add((job_id, rank_label(rec.rank), f"gpu{index}"), used)
 
 
 def _latest_per_node(agents: Iterable[AgentRecord]) -> list[AgentRecord]:
@@ -186,49 +292,43 @@ def _latest_per_node(agents: Iterable[AgentRecord]) -> list[AgentRecord]:
     return sorted(best.values(), key=lambda a: a.node)
 
 
-def _agent_families(agents: list[AgentRecord], now: float, staleness: float) -> list:
-    g, c = GaugeMetricFamily, CounterMetricFamily
-    fams = {
-        "last": g("ncclwatch_agent_last_report_timestamp_seconds",
-                  "Daemon wall-clock time of the node's last report", labels=["node"],
-                  unit="seconds"),
-        "up": g("ncclwatch_agent_up", "1 while the node's agent reports in time",
-                labels=["node"]),
-        "nvml": g("ncclwatch_agent_nvml_up", "1 when the agent can read GPUs through NVML",
-                  labels=["node"]),
-        "gpus": g("ncclwatch_agent_gpus_expected",
-                  "GPU device nodes (/dev/nvidiaN) on the node", labels=["node"]),
-        "ranks": g("ncclwatch_agent_ranks_watched", "Training ranks the agent watches",
-                   labels=["node"]),
-        "queue": g("ncclwatch_agent_queue_length", "Reports waiting in the agent's queue",
-                   labels=["node"]),
-        "runs": c("ncclwatch_agent_pyspy_runs", "py-spy dumps started", labels=["node"]),
-        "fail": c("ncclwatch_agent_pyspy_failures", "py-spy dumps that failed or timed out",
-                  labels=["node"]),
-        "secs": c("ncclwatch_agent_pyspy_seconds", "Wall time spent in py-spy dumps",
-                  labels=["node"], unit="seconds"),
-        "drop": c("ncclwatch_agent_reports_dropped", "Reports dropped by the agent's queue bound",
-                  labels=["node"]),
-        "gaps": c("ncclwatch_agent_report_gaps", "Reports missing in the sequence the daemon saw",
-                  labels=["node"]),
-        "cpu": c("ncclwatch_agent_cpu_seconds", "CPU time of the agent and its py-spy children",
-                 labels=["node"], unit="seconds"),
-    }
-    for a in agents:
-        h, n = a.health, [a.node]
-        fams["last"].add_metric(n, a.last_recv_wall)
-        fams["up"].add_metric(n, 0 if a.stale(now, staleness) else 1)
-        fams["nvml"].add_metric(n, 1 if h.nvml_up else 0)
-        fams["gpus"].add_metric(n, h.gpus_expected)
-        fams["ranks"].add_metric(n, h.ranks_watched)
-        fams["queue"].add_metric(n, h.queue_length)
-        fams["runs"].add_metric(n, h.pyspy_runs_total)
-        fams["fail"].add_metric(n, h.pyspy_failures_total)
-        fams["secs"].add_metric(n, h.pyspy_seconds_total)
-        fams["drop"].add_metric(n, h.reports_dropped_total)
-        fams["gaps"].add_metric(n, a.gaps_total)
-        fams["cpu"].add_metric(n, h.cpu_seconds_total)
-    return list(fams.values())
+#: The agent health families: key, name, help, type, value of an AgentRecord.
+_AGENT_FAMILIES: tuple[tuple[str, str, str, Callable[[AgentRecord], float]], ...] = (
+    ("ncclwatch_agent_last_report_timestamp_seconds",
+     "Daemon wall-clock time of the node's last report", "gauge", lambda a: a.last_recv_wall),
+    ("ncclwatch_agent_up", "1 while the node's agent reports in time", "gauge", None),
+    ("ncclwatch_agent_nvml_up", "1 when the agent can read GPUs through NVML", "gauge",
+     lambda a: 1 if a.health.nvml_up else 0),
+    ("ncclwatch_agent_gpus_expected", "GPU device nodes (/dev/nvidiaN) on the node", "gauge",
+     lambda a: a.health.gpus_expected),
+    ("ncclwatch_agent_ranks_watched", "Training ranks the agent watches", "gauge",
+     lambda a: a.health.ranks_watched),
+    ("ncclwatch_agent_queue_length", "Reports waiting in the agent's queue", "gauge",
+     lambda a: a.health.queue_length),
+    ("ncclwatch_agent_pyspy_runs", "py-spy dumps started", "counter",
+     lambda a: a.health.pyspy_runs_total),
+    ("ncclwatch_agent_pyspy_failures", "py-spy dumps that failed or timed out", "counter",
+     lambda a: a.health.pyspy_failures_total),
+    ("ncclwatch_agent_pyspy_seconds", "Wall time spent in py-spy dumps", "counter",
+     lambda a: a.health.pyspy_seconds_total),
+    ("ncclwatch_agent_reports_dropped", "Reports dropped by the agent's queue bound", "counter",
+     lambda a: a.health.reports_dropped_total),
+    ("ncclwatch_agent_report_gaps", "Reports missing in the sequence the daemon saw", "counter",
+     lambda a: a.gaps_total),
+    ("ncclwatch_agent_cpu_seconds", "CPU time of the agent and its py-spy children", "counter",
+     lambda a: a.health.cpu_seconds_total),
+)
+
+
+def _agent_families(agents: list[AgentRecord], now: float, staleness: float) -> list[Family]:
+    out = []
+    for name, text, type_, value in _AGENT_FAMILIES:
+        if value is None:  # up: judged now, by the daemon's staleness
+            rows = [((a.node,), 0 if a.stale(now, staleness) else 1) for a in agents]
+        else:
+            rows = [((a.node,), value(a)) for a in agents]
+        out.append(Family(name, text, ("node",), type_, rows))
+    return out
 
 
 def make_registry(daemon: Daemon, call=lambda fn: fn()) -> CollectorRegistry:

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 from html import escape
 from typing import Any
+from urllib.parse import quote
 
 from ncclwatch import __version__
 from ncclwatch.model import SIZE_SOURCES, scheduler_label
+
+#: Jobs up to this many ranks are shown rank by rank; larger ones by state.
+RANK_ROWS = 64
 
 _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
@@ -54,6 +58,15 @@ def _job(job: dict[str, Any]) -> str:
     out = [head]
     for s in job["stalls"]:
         out.append(_stall(s))
+    if "ranks" not in job:  # a large job: its ranks by state (per rank: the API)
+        rows = "".join(
+            f"<tr><td>{escape(g['state'])}{' / ' + escape(g['op']) if g['op'] else ''}</td>"
+            f"<td>{g['count']}</td><td>{escape(g['ranks'])}</td></tr>"
+            for g in job["rank_states"])
+        out.append("<table><tr><th>state</th><th>ranks</th><th>which</th></tr>"
+                   f"{rows}</table><p><a href='/api/v1/jobs?job={quote(job['job'])}&amp;ranks=1'>"
+                   "each rank (API, paged)</a></p>")
+        return "".join(out)
     rows = "".join(
         f"<tr><td>{r['member']}</td><td>{escape(r['host'])}</td><td>{r['pid']}</td>"
         f"<td>{escape(r['state'])}{' / ' + escape(r['op']) if r['op'] else ''}</td>"
