@@ -126,3 +126,42 @@ def test_each_daemon_of_a_pair_gets_every_report_and_its_own_stacks() -> None:
                 up.stop()
                 await asyncio.wait_for(task, 10)
     asyncio.run(go())
+
+
+def test_a_job_the_daemon_leaves_out_is_logged_once_and_the_stream_goes_on(caplog) -> None:
+    """World sizes disagree for one job (a confused srun step beside a real job):
+    the daemon drops that job from each report, the agent logs it once a minute
+    and keeps streaming; every report of the good job is applied."""
+    from ncclwatch.agent.uplink import Uplink
+    from tests.factories import report
+
+    def node_report(seq: int):
+        world = 3 if seq == 1 else 1          # the job's first report says 3, later ones 1
+        return report([sample("confused", 0, world, RankState.COMPUTE),
+                       sample("good", 0, 2, RankState.COLLECTIVE, CollectiveOp.BARRIER)],
+                      seq=seq).report
+
+    async def go():
+        async with Harness() as h:
+            up = Uplink(h.target, {})
+            task = asyncio.create_task(up.run())
+            try:
+                for seq in range(1, 8):
+                    up.submit(node_report(seq))
+                for _ in range(200):
+                    rec = h.daemon.table.agents.get("agent-a")
+                    if rec and rec.last_seq == 7 and up.rejected_jobs_total == 6:
+                        break
+                    await asyncio.sleep(0.05)
+                assert h.daemon.table.agents["agent-a"].last_seq == 7
+                assert up.rejected_jobs_total == 6 and up.connected
+                assert h.daemon.table.jobs["good"].ranks[0].op is CollectiveOp.BARRIER
+                assert h.daemon.table.jobs["confused"].world_size == 3
+            finally:
+                up.stop()
+                await asyncio.wait_for(task, 10)
+
+    with caplog.at_level("WARNING", logger="ncclwatch.agent.uplink"):
+        asyncio.run(go())
+    lines = [r.getMessage() for r in caplog.records if "left job confused" in r.getMessage()]
+    assert len(lines) == 1 and "has world size 3, report says 1" in lines[0]

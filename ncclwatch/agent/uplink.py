@@ -58,6 +58,8 @@ CHANNEL_OPTIONS = (
 
 #: Seconds ``stop()`` waits for a session's last acks before cancelling it.
 STOP_GRACE = 2.0
+#: Seconds between two log lines about the same rejected job.
+REJECTION_LOG_INTERVAL = 60.0
 
 
 class Backoff:
@@ -91,6 +93,8 @@ class Uplink:
         self._on_command = on_command
         self._on_connect = on_connect
         self.dropped_total = 0
+        self.rejected_jobs_total = 0
+        self._rejection_logged: dict[str, float] = {}
         self.sent_total = 0
         self.connected = False
         self.last_error = ""
@@ -195,7 +199,19 @@ class Uplink:
         sent.difference_update(resp.missing_stack_ids)
         for cmd in resp.commands:
             self._on_command(cmd)
+        for rej in resp.rejected_jobs:
+            self._on_rejected(rej)
         return True
+
+    def _on_rejected(self, rej: pb.JobRejection) -> None:
+        """The daemon left one job of a report out: say so once a minute per job
+        (it repeats every round while the job's ranks disagree)."""
+        self.rejected_jobs_total += 1
+        now = asyncio.get_running_loop().time()
+        if now - self._rejection_logged.get(rej.job_id, -1e9) >= REJECTION_LOG_INTERVAL:
+            self._rejection_logged[rej.job_id] = now
+            log.warning("collector %s left job %s out of the report (%s): %s", self.target,
+                        rej.job_id, rej.code, rej.reason)
 
     async def _requests(self, sent: set[str], inflight: "collections.deque[pb.NodeReport]",
                         live: list[bool]):
