@@ -4,6 +4,7 @@ fsync, truncate)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -98,3 +99,16 @@ def test_read_rate_paces_reads(throttlefs):
     assert len((m.mount / "r.bin").read_bytes()) == n
     took = time.monotonic() - t0
     assert took >= 0.7, took
+
+
+def test_unmounted_even_when_the_test_fails():
+    from tests.throttlefs_fixture import mounted
+    with pytest.raises(RuntimeError):
+        with mounted(write_rate=RATE) as m:
+            f = open(m.mount / "open-while-failing", "wb")  # a busy mount, too
+            f.write(b"x")
+            raise RuntimeError("test body failed")
+    with contextlib.suppress(OSError):  # its filesystem is gone (lazy unmount)
+        f.close()
+    assert not os.path.ismount(m.mount)
+    assert not m.mount.exists() and m.proc.poll() is not None

@@ -8,6 +8,7 @@ teardown, even when the test fails.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -39,48 +41,51 @@ def _unmount(path: Path, fusermount: str) -> None:
             time.sleep(0.3)  # busy: a writer still has a file open
 
 
-@pytest.fixture
-def throttlefs():
-    """Factory: ``throttlefs(write_rate=..., read_rate=None) -> Mounted``."""
+def _fusermount() -> str:
     fusermount = shutil.which("fusermount") or shutil.which("fusermount3")
     if fusermount is None or not os.path.exists("/dev/fuse"):
         pytest.fail("throttlefs needs /dev/fuse and fusermount: install Debian's `fuse3` "
                     "(make test does: apt-get install -y fuse3 libfuse2)")
-    mounted: list[Mounted] = []
-    tops: list[str] = []
+    return fusermount
 
-    def start(write_rate: float | None = None, read_rate: float | None = None) -> Mounted:
-        top = Path(tempfile.mkdtemp(prefix="throttlefs-"))
-        tops.append(str(top))
-        backing, mnt = top / "backing", top / "mnt"
-        backing.mkdir()
-        mnt.mkdir()
-        argv = [sys.executable, "-m", "ncclwatch.demo.throttlefs", str(backing), str(mnt)]
-        if write_rate is not None:
-            argv += ["--write-rate", str(write_rate)]
-        if read_rate is not None:
-            argv += ["--read-rate", str(read_rate)]
-        proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
-        m = Mounted(backing, mnt, proc)
-        mounted.append(m)
+
+@contextlib.contextmanager
+def mounted(write_rate: float | None = None, read_rate: float | None = None
+            ) -> Iterator[Mounted]:
+    """A throttlefs mount in a new temp dir, unmounted and removed on exit."""
+    fusermount = _fusermount()
+    top = Path(tempfile.mkdtemp(prefix="throttlefs-"))
+    backing, mnt = top / "backing", top / "mnt"
+    backing.mkdir()
+    mnt.mkdir()
+    argv = [sys.executable, "-m", "ncclwatch.demo.throttlefs", str(backing), str(mnt)]
+    if write_rate is not None:
+        argv += ["--write-rate", str(write_rate)]
+    if read_rate is not None:
+        argv += ["--read-rate", str(read_rate)]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
         deadline = time.time() + 20
         while not os.path.ismount(mnt):
             if proc.poll() is not None or time.time() > deadline:
                 out = proc.stdout.read() if proc.poll() is not None else "(still running)"
                 pytest.fail(f"throttlefs did not mount {mnt}: {out}")
             time.sleep(0.05)
-        return m
-
-    try:
-        yield start
+        yield Mounted(backing, mnt, proc)
     finally:
-        for m in mounted:
-            _unmount(m.mount, fusermount)
-            try:
-                m.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                m.proc.kill()
-                m.proc.wait(5)
-        for top in tops:
-            shutil.rmtree(top, ignore_errors=True)
+        _unmount(mnt, fusermount)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.fixture
+def throttlefs():
+    """Factory: ``throttlefs(write_rate=..., read_rate=None) -> Mounted``."""
+    with contextlib.ExitStack() as stack:
+        yield lambda write_rate=None, read_rate=None: stack.enter_context(
+            mounted(write_rate, read_rate))
