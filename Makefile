@@ -13,10 +13,10 @@ PROTOS := $(wildcard proto/ncclwatch/v1/*.proto)
 
 all: test
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "$(TORCH)" -e '.[test,workload]'
+	$(PIP) install -q -c constraints.txt "$(TORCH)" -e '.[test,workload,frameworks]'
 	touch $@
 
 venv: $(STAMP)
