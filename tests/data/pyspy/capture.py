@@ -1,4 +1,4 @@
-"""Capture real py-spy dumps of the demo job's ranks as test fixtures.
+"""Capture real py-spy dumps of the demo job's and the frameworks' ranks as fixtures.
 
     .venv/bin/python tests/data/pyspy/capture.py [NAME ...]
 
@@ -9,6 +9,12 @@ raw output as <name>__rank<N>.json, then let the job finish. manifest.json
 records the expected classification of each dump's main thread; this script
 checks the dumps against it (frames present, outermost c10d op) and fails
 loudly when torch's stacks no longer look as expected.
+
+FRAMEWORKS run tests/workloads/fw_*.py instead (Lightning, transformers,
+accelerate, DeepSpeed, DCP, FSDP1) with their checkpoint dir on a throttlefs
+mount (ncclwatch.demo.throttlefs) paced so the save lasts while py-spy looks;
+the expected frame may sit on another thread than the main one (DCP's
+async writer), and the manifest's state is the rank's (signatures.classify_rank).
 """
 
 from __future__ import annotations
