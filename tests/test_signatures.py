@@ -43,6 +43,7 @@ def test_real_dump_classification(fx) -> None:
 #: above; these must exist so that no framework's rows go untested.
 FRAMEWORK_FIXTURES = {
     "lightning-ckpt": ("saving", "collective"), "pl-ckpt": ("saving", "collective"),
+    "lightning-restore": ("loading", "loading"),
     "hf-trainer-ckpt": ("saving", "collective"),
     "accelerate-save-state": ("saving", "collective"),
     "accelerate-save-model": ("saving", "collective"),

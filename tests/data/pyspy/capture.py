@@ -114,6 +114,12 @@ FRAMEWORKS = [
        [("save_start", 0), ("wait_start", 1)],
        {0: ("saving", None, "_atomic_save"), 1: ("collective", "barrier", "barrier")},
        write_rate=500_000, settle=3.0),
+    # Lightning resuming: every rank restores the checkpoint (read paced).
+    fw("lightning-restore", "fw_lightning.py", 2, ["--model-mb", "8", "--resume", "1"],
+       [("load_start", 0), ("load_start", 1)],
+       {0: ("loading", None, "_restore_modules_and_callbacks"),
+        1: ("loading", None, "_restore_modules_and_callbacks")},
+       read_rate=1_000_000, settle=2.0),
     # transformers Trainer: process 0 in save_pretrained (safetensors); rank 1 already
     # in the next step's token count gather.
     fw("hf-trainer-ckpt", "fw_hf_trainer.py", 2, ["--model-mb", "8"],
