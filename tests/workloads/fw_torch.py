@@ -42,9 +42,10 @@ if a.mode == "dcp-async":
 elif a.mode == "fsdp1-load":
     from torch.distributed.fsdp import FullStateDictConfig, StateDictType
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    import tempfile
     plain = nn.Sequential(*[nn.Linear(dim, dim) for _ in range(4)])
-    local = tempfile.mkdtemp(prefix="fw-fsdp1-")
+    # the "local disk" copies sit beside the mount, in the dir its owner removes
+    local = os.path.join(os.path.dirname(os.path.abspath(a.ckpt_dir)), f"local-rank{RANK}")
+    os.makedirs(local, exist_ok=True)
     path = os.path.join(a.ckpt_dir if RANK == 0 else local, "full.pt")
     torch.save(plain.state_dict(), path)  # the mount paces reads only
     dist.barrier()
