@@ -13,10 +13,10 @@ PROTOS := $(wildcard proto/ncclwatch/v1/*.proto)
 
 all: test
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "$(TORCH)" -e '.[test,workload]'
+	$(PIP) install -q -c constraints.txt "$(TORCH)" -e '.[test,workload,frameworks]'
 	touch $@
 
 venv: $(STAMP)
@@ -26,12 +26,16 @@ venv: $(STAMP)
 SYSTEM_DEPS := promtool:prometheus prometheus:prometheus \
 	prometheus-alertmanager:prometheus-alertmanager chromium:chromium systemd-analyze:systemd \
 	munged:munge slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client \
-	mpirun.openmpi:openmpi-bin mpiexec.mpich:mpich
+	mpirun.openmpi:openmpi-bin mpiexec.mpich:mpich fusermount:fuse3
+# Shared libraries loaded at run time (soname:Debian package): fusepy needs libfuse 2.
+SYSTEM_LIBS := libfuse.so.2:libfuse2
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 system-deps:
 	@missing=""; PATH="$$PATH:/usr/sbin:/sbin"; for dep in $(SYSTEM_DEPS); do \
 	  command -v $${dep%%:*} >/dev/null 2>&1 || missing="$$missing $${dep#*:}"; done; \
+	for dep in $(SYSTEM_LIBS); do \
+	  /sbin/ldconfig -p | grep -q "$${dep%%:*}" || missing="$$missing $${dep#*:}"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  $(SUDO) apt-get update && \

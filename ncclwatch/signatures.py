@@ -14,6 +14,27 @@ frame wins, so ``torch.save`` inside HF's ``_save_checkpoint`` is saving) and
 ``broadcast_object_list`` wins over the ``broadcast`` it calls). A rank
 gathering a state dict while inside ``all_gather`` is a participant waiting
 for someone, not the rank the others wait for.
+
+Precedence between rows is this rule (``Classifier.classify``), never the
+order of the table:
+
+1. *Work* rows (frames that move the checkpoint's bytes or gather its
+   tensors) name the activity; the innermost one wins, except that a gather
+   inside a load is that load's own unshard, so LOADING outranks
+   GATHERING_STATE_DICT wherever it sits (``OUTRANKS``).
+2. *Span* rows (a framework's checkpoint entry points: Lightning's
+   ``Trainer.save_checkpoint``, HF's ``_save_checkpoint``, accelerate's
+   ``save_state``, DeepSpeed's ``save_checkpoint``) name the activity of what
+   runs below them that no row knows (shutil's copy, fsspec, os calls), and
+   only when no work row matched and no collective is inside them: a rank in
+   the barrier that closes ``Trainer.save_checkpoint`` waits like any other.
+3. The outermost collective frame names the op.
+4. Fallback rows (dataloader, device wait, idle) only without 1-3.
+5. A rank whose main thread waits (idle) while another of its threads is in
+   checkpoint work takes that thread's state (``classify_rank``): DCP's
+   ``async_save`` writes in a thread while the main thread sits in
+   ``Future.result()``. A main thread that computes or waits in a collective
+   keeps its own state: an async save overlapped with training is no stall.
 """
 
 from __future__ import annotations
@@ -22,9 +43,10 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Iterable, Sequence
 
+from ncclwatch.model import CHECKPOINT_STATES
 from ncclwatch.model import CollectiveOp as Op
 from ncclwatch.model import RankState as S
-from ncclwatch.stacks import Frame
+from ncclwatch.stacks import Frame, Stack, ThreadDump, main_thread
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,11 +60,24 @@ class Signature:
     # Fallback states (dataloader, idle, device_wait) count only as the
     # innermost Python frame, where the thread actually waits.
     innermost_only: bool = False
+    #: A framework's checkpoint entry point (rule 2 of the module docstring).
+    span: bool = False
 
 
 def _sig(path: str, names: str, state: S | None = None, op: Op | None = None,
          innermost_only: bool = False) -> Signature:
     return Signature(path, frozenset(names.split()), state, op, innermost_only)
+
+
+def _span(path: str, names: str, state: S) -> Signature:
+    return Signature(path, frozenset(names.split()), state, span=True)
+
+
+#: Activity -> the activity that outranks it from anywhere on the stack (rule 1).
+OUTRANKS: dict[S, S] = {S.GATHERING_STATE_DICT: S.LOADING}
+
+#: Main-thread states that may be waiting on one of the rank's own threads (rule 5).
+DELEGATING_STATES: frozenset[S] = frozenset({S.IDLE})
 
 
 _C10D = "*/torch/distributed/distributed_c10d.py"
@@ -51,6 +86,9 @@ _DS_COMM = "*/deepspeed/comm/*.py"
 _SER = "*/torch/serialization.py"
 _DSD = "*/torch/distributed/checkpoint/state_dict.py"
 _SDU = "*/torch/distributed/_state_dict_utils.py"
+# Lightning ships as `lightning` (fabric inside) and as `pytorch_lightning` + `lightning_fabric`.
+_LIGHTNING = ("lightning/pytorch", "pytorch_lightning")
+_FABRIC = ("lightning/fabric", "lightning_fabric")
 
 #: Checkpoint work: saving, gathering a full state dict, loading.
 ACTIVITY_SIGNATURES: tuple[Signature, ...] = (
@@ -62,6 +100,9 @@ ACTIVITY_SIGNATURES: tuple[Signature, ...] = (
     _sig("*/torch/distributed/checkpoint/state_dict_saver.py",
          "save async_save _save_state_dict save_state_dict", S.SAVING),
     _sig("*/deepspeed/runtime/checkpoint_engine/torch_checkpoint_engine.py", "save", S.SAVING),
+    # Lightning's atomic save: torch.save to a buffer, then an fsspec transaction
+    # whose commit moves a temp file into place (shutil's copy across filesystems).
+    *(_sig(f"*/{pkg}/utilities/cloud_io.py", "_atomic_save", S.SAVING) for pkg in _FABRIC),
     # Full state dict gathers: FSDP1, FSDP2/DCP, DeepSpeed ZeRO-3, HF.
     _sig("*/torch/distributed/fsdp/_state_dict_utils.py",
          "_full_pre_state_dict_hook _full_post_state_dict_hook "
@@ -82,14 +123,13 @@ ACTIVITY_SIGNATURES: tuple[Signature, ...] = (
     _sig(_DSD, "get_model_state_dict get_optimizer_state_dict get_state_dict "
          "_get_model_state_dict _get_optim_state_dict _maybe_full_or_cpu_state_dict",
          S.GATHERING_STATE_DICT),
-    _sig("*/deepspeed/runtime/engine.py",
-         "_zero3_consolidated_16bit_state_dict save_16bit_model", S.GATHERING_STATE_DICT),
+    _sig("*/deepspeed/runtime/engine.py", "_zero3_consolidated_16bit_state_dict",
+         S.GATHERING_STATE_DICT),
     _sig("*/deepspeed/runtime/zero/partition_parameters.py", "__enter__",
          S.GATHERING_STATE_DICT),
     # ZeroRedundancyOptimizer gathers every optimizer shard on one rank before a save.
     _sig("*/torch/distributed/optim/zero_redundancy_optimizer.py", "consolidate_state_dict",
          S.GATHERING_STATE_DICT),
-    _sig("*/transformers/trainer.py", "_save_checkpoint save_model", S.GATHERING_STATE_DICT),
     _sig("*/accelerate/accelerator.py", "get_state_dict", S.GATHERING_STATE_DICT),
     # Loading: torch.load, DCP load, restoring a full state dict.
     _sig(_SER, "load _load _legacy_load persistent_load", S.LOADING),
@@ -101,6 +141,53 @@ ACTIVITY_SIGNATURES: tuple[Signature, ...] = (
          "_load_model_state_dict _load_optim_state_dict", S.LOADING),
     _sig(_SDU, "_broadcast_state_dict _distribute_state_dict _broadcast_tensors",
          S.LOADING),
+    # FSDP1 loading a full state dict unshards (all_gather) to copy it in: a load.
+    _sig("*/torch/distributed/fsdp/_state_dict_utils.py",
+         "_full_pre_load_state_dict_hook _full_post_load_state_dict_hook "
+         "_pre_load_state_dict_hook _post_load_state_dict_hook", S.LOADING),
+    _sig("*/deepspeed/runtime/checkpoint_engine/torch_checkpoint_engine.py", "load", S.LOADING),
+    *(_sig(f"*/{pkg}/utilities/cloud_io.py", "_load", S.LOADING) for pkg in _FABRIC),
+    *(_sig(f"*/{pkg}/utilities/load.py", "_lazy_load", S.LOADING) for pkg in _FABRIC),
+)
+
+#: Checkpoint entry points of the frameworks (span rows, rule 2).
+SPAN_SIGNATURES: tuple[Signature, ...] = (
+    *(row for pkg in _FABRIC for row in (
+        _span(f"*/{pkg}/plugins/io/*.py", "save_checkpoint remove_checkpoint", S.SAVING),
+        _span(f"*/{pkg}/plugins/io/*.py", "load_checkpoint", S.LOADING),
+        _span(f"*/{pkg}/strategies/*.py", "save_checkpoint", S.SAVING),
+        _span(f"*/{pkg}/strategies/*.py", "load_checkpoint", S.LOADING))),
+    *(row for pkg in _LIGHTNING for row in (
+        _span(f"*/{pkg}/trainer/trainer.py", "save_checkpoint", S.SAVING),
+        _span(f"*/{pkg}/strategies/*.py", "save_checkpoint remove_checkpoint", S.SAVING),
+        _span(f"*/{pkg}/strategies/*.py", "load_checkpoint", S.LOADING),
+        _span(f"*/{pkg}/trainer/connectors/checkpoint_connector.py",
+              "resume_start restore _restore_modules_and_callbacks restore_model "
+              "restore_training_state", S.LOADING),
+        _span(f"*/{pkg}/core/saving.py", "_load_from_checkpoint _load_state", S.LOADING))),
+    _span("*/transformers/trainer.py",
+          "_save_checkpoint save_model _save _save_optimizer_and_scheduler _save_rng_state "
+          "_save_scaler", S.SAVING),
+    _span("*/transformers/trainer.py",
+          "_load_from_checkpoint _load_best_model _load_optimizer_and_scheduler "
+          "_load_rng_state _load_scaler", S.LOADING),
+    # Rotation deletes old checkpoints on the same (slow) storage.
+    _span("*/transformers/trainer_utils.py", "rotate_checkpoints", S.SAVING),
+    _span("*/transformers/modeling_utils.py", "save_pretrained", S.SAVING),
+    _span("*/transformers/modeling_utils.py", "from_pretrained _load_pretrained_model",
+          S.LOADING),
+    _span("*/accelerate/accelerator.py", "save_state save_model save", S.SAVING),
+    _span("*/accelerate/accelerator.py", "load_state", S.LOADING),
+    _span("*/accelerate/checkpointing.py", "save_accelerator_state save_custom_state",
+          S.SAVING),
+    _span("*/accelerate/checkpointing.py", "load_accelerator_state load_custom_state",
+          S.LOADING),
+    _span("*/accelerate/utils/other.py", "save", S.SAVING),
+    _span("*/deepspeed/runtime/engine.py",
+          "save_checkpoint _save_checkpoint _save_zero_checkpoint save_16bit_model "
+          "_create_checkpoint_file _copy_recovery_script _save_moe_checkpoint", S.SAVING),
+    _span("*/deepspeed/runtime/engine.py",
+          "load_checkpoint _load_checkpoint _load_zero_checkpoint", S.LOADING),
 )
 
 #: Collectives, c10d and its wrappers. Object variants have their own op.
@@ -108,6 +195,12 @@ COLLECTIVE_SIGNATURES: tuple[Signature, ...] = tuple(
     _sig(path, names, op=op)
     for path in (_C10D, _DS_COMM)
     for names, op in (
+        # Single-tensor spellings and the object point-to-point calls (which
+        # run send/recv inside: the outermost frame names them).
+        ("all_gather_single", Op.ALL_GATHER),
+        ("reduce_scatter_single", Op.REDUCE_SCATTER),
+        ("send_object_list", Op.SEND),
+        ("recv_object_list", Op.RECV),
         ("barrier", Op.BARRIER),
         ("monitored_barrier", Op.MONITORED_BARRIER),
         ("broadcast", Op.BROADCAST),
@@ -189,10 +282,15 @@ class Classifier:
         return None
 
     def classify(self, frames: Sequence[Frame]) -> Classification:
-        """State and op of a thread from its frames (innermost first)."""
+        """State and op of a thread from its frames (innermost first).
+
+        Applies rules 1-4 of the module docstring.
+        """
         if not frames:
             return UNKNOWN
-        activity: S | None = None
+        work: S | None = None        # innermost work row
+        span: S | None = None        # innermost span row with no collective inside
+        seen: set[S] = set()         # every work state on the stack (for OUTRANKS)
         op: Op | None = None
         fallback: Signature | None = None
         for depth, frame in enumerate(frames):
@@ -201,14 +299,21 @@ class Classifier:
                 continue
             if sig.op is not None:
                 op = sig.op  # keep going: the outermost collective wins
-            elif sig.state in (S.SAVING, S.GATHERING_STATE_DICT, S.LOADING):
-                if activity is None:
-                    activity = sig.state
+            elif sig.span:
+                if span is None and op is None:
+                    span = sig.state
+            elif sig.state in CHECKPOINT_STATES:
+                seen.add(sig.state)
+                if work is None:
+                    work = sig.state
             elif depth == 0 or not sig.innermost_only:
                 # Earlier table rows win: a main thread polling the DataLoader's
                 # queue (selectors.select innermost) is in the dataloader.
                 if fallback is None or self._rank[sig] < self._rank[fallback]:
                     fallback = sig
+        if work is not None and OUTRANKS.get(work) in seen:
+            work = OUTRANKS[work]
+        activity = work if work is not None else span
         if activity is not None:
             return Classification(activity, op or Op.NONE)
         if op is not None:
@@ -217,9 +322,31 @@ class Classifier:
             return Classification(fallback.state)
         return Classification(S.COMPUTE)
 
+    def classify_rank(self, threads: Sequence[ThreadDump], pid: int
+                      ) -> tuple[Classification, Stack] | None:
+        """A rank's state from all its threads, and the stack that shows it (rule 5)."""
+        main = main_thread(list(threads), pid)
+        if main is None:
+            return None
+        own = self.classify(main.stack.frames)
+        if own.state not in DELEGATING_STATES:
+            return own, main.stack
+        helpers = [(self.classify(t.stack.frames), t) for t in threads if t is not main]
+        helpers = [(c, t) for c, t in helpers if c.state in CHECKPOINT_STATES]
+        if not helpers:
+            return own, main.stack
+        # a thread doing the work before one waiting in the save's collective
+        c, t = min(helpers, key=lambda h: h[0].blocked_in_collective)
+        return c, t.stack
 
-DEFAULT_CLASSIFIER = Classifier(ACTIVITY_SIGNATURES + COLLECTIVE_SIGNATURES + FALLBACK_SIGNATURES)
+
+DEFAULT_CLASSIFIER = Classifier(ACTIVITY_SIGNATURES + SPAN_SIGNATURES + COLLECTIVE_SIGNATURES
+                                + FALLBACK_SIGNATURES)
 
 
 def classify(frames: Sequence[Frame]) -> Classification:
     return DEFAULT_CLASSIFIER.classify(frames)
+
+
+def classify_rank(threads: Sequence[ThreadDump], pid: int) -> tuple[Classification, Stack] | None:
+    return DEFAULT_CLASSIFIER.classify_rank(threads, pid)

@@ -29,7 +29,6 @@ from ncclwatch.agent.tracker import RankTracker
 from ncclwatch.agent.uplink import Uplinks
 from ncclwatch.sdnotify import Notifier
 from ncclwatch.signatures import DEFAULT_CLASSIFIER, Classifier
-from ncclwatch.stacks import main_thread
 from ncclwatch.tls import ClientTLS
 from ncclwatch.v1 import collector_pb2 as pb
 
@@ -222,14 +221,15 @@ class Agent:
             except PySpyError as e:
                 log.debug("%s", e)
                 return
-        main = main_thread(threads, t.pid)
-        if main is None:
+        # the main thread, or the rank's own thread it waits on (an async save)
+        seen = self.classifier.classify_rank(threads, t.pid)
+        if seen is None:
             return
-        stack = main.stack
+        c, stack = seen
         sid = stack.id
         if sid not in self.stacks:
             self.stacks[sid] = stack_pb(stack)
-        t.observe_stack(self.classifier.classify(stack.frames), sid, time.monotonic())
+        t.observe_stack(c, sid, time.monotonic())
 
     def _build(self, gpu_reading: GpuReading) -> pb.NodeReport:
         now = time.monotonic()

@@ -349,6 +349,19 @@ def _park_op(args, world: int):
                          else dist.recv(t, src=0)),
         "send": lambda: ([dist.recv(t, src=r) for r in range(1, world)] if r0
                          else dist.send(t, dst=0)),
+        "all_gather_single": lambda: dist.all_gather_single(torch.empty(1024 * world), t),
+        "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(
+            torch.empty(1024 * world), t),
+        "reduce_scatter_single": lambda: dist.reduce_scatter_single(
+            torch.empty(1024), torch.ones(1024 * world)),
+        "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(
+            torch.empty(1024), torch.ones(1024 * world)),
+        "recv_object_list": lambda: ([dist.send_object_list([obj], dst=r)
+                                      for r in range(1, world)] if r0
+                                     else dist.recv_object_list([None], src=0)),
+        "send_object_list": lambda: ([dist.recv_object_list([None], src=r)
+                                      for r in range(1, world)] if r0
+                                     else dist.send_object_list([obj], dst=0)),
     }[args.op]
 
 
@@ -532,7 +545,9 @@ SCENARIOS = {
 }
 PARK_OPS = ["barrier", "broadcast", "all_reduce", "all_gather", "gather",
             "scatter", "reduce_scatter", "gather_object", "all_gather_object",
-            "broadcast_object_list", "monitored_barrier", "recv", "send"]
+            "broadcast_object_list", "monitored_barrier", "recv", "send",
+            "all_gather_single", "all_gather_into_tensor", "reduce_scatter_single",
+            "reduce_scatter_tensor", "recv_object_list", "send_object_list"]
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -43,6 +43,20 @@ class Scenario:
     pg_timeout: float = PG_TIMEOUT
     #: Give up on the verdict after this long (from the first ready marker).
     limit: float = 100.0
+    #: A workload under tests/workloads run instead of ncclwatch.demo.job (``args``
+    #: are its arguments), writing to a throttlefs mount paced at these bytes/s.
+    script: str | None = None
+    write_rate: float | None = None
+    read_rate: float | None = None
+    #: The culprits' state, and the most seconds from ``start`` to the verdict.
+    state: str | None = None
+    detect_within: float | None = None
+
+    @property
+    def root_causes(self) -> tuple[str | None, ...]:
+        """Acceptable root causes ("a|b": either, e.g. when a size forecast may or may
+        not exist yet on a first save)."""
+        return tuple(self.root_cause.split("|")) if self.root_cause else (None,)
 
     @property
     def healthy(self) -> bool:
@@ -123,4 +137,33 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("first-ckpt-in-budget", _first_ckpt(20), kind="checkpoint_gather", culprits=(0,),
              root_cause="save_within_budget", at_risk=False, start="save_start",
              pg_timeout=60, world=2),
+    # -- frameworks (issue 12) ------------------------------------------------------
+    # Each framework's own save path writes to a throttlefs mount (a FUSE
+    # passthrough paced to write_rate); the saver must be named within 10 s of
+    # the save's start (marked from the framework's own callbacks/hooks).
+    *(Scenario(name, args, world=world, script=script, write_rate=wr, read_rate=rr,
+               kind=kind, culprits=(0,), state=state, root_cause=cause, at_risk=None,
+               start=start, detect_within=10.0, limit=70.0)
+      for name, script, args, world, wr, rr, kind, state, cause, start in (
+          ("fw-lightning-modelcheckpoint", "fw_lightning.py", ("--model-mb", "6"), 3,
+           150_000, None, "checkpoint_gather", "saving", "slow_save|save_overruns_watchdog",
+           "save_start"),
+          ("fw-pytorch-lightning", "fw_lightning.py",
+           ("--model-mb", "6", "--pkg", "pytorch_lightning"), 2, 150_000, None,
+           "checkpoint_gather", "saving", "slow_save|save_overruns_watchdog", "save_start"),
+          ("fw-hf-trainer", "fw_hf_trainer.py", ("--model-mb", "4", "--max-steps", "2"), 2,
+           150_000, None, "checkpoint_gather", "saving", "slow_save|save_overruns_watchdog",
+           "save_start"),
+          ("fw-accelerate-save-state", "fw_accelerate.py",
+           ("--model-mb", "6", "--mode", "save_state"), 2, 150_000, None,
+           "checkpoint_gather", "saving", "slow_save|save_overruns_watchdog", "save_start"),
+          ("fw-deepspeed-16bit", "fw_deepspeed.py", ("--model-mb", "8", "--mode", "16bit"),
+           2, 100_000, None, "checkpoint_gather", "saving",
+           "slow_save|save_overruns_watchdog", "save_start"),
+          ("fw-dcp-async-save", "fw_torch.py", ("--model-mb", "6", "--mode", "dcp-async"), 2,
+           150_000, None, "checkpoint_gather", "saving", "slow_save|save_overruns_watchdog",
+           "save_start"),
+          ("fw-fsdp1-full-load", "fw_torch.py", ("--model-mb", "6", "--mode", "fsdp1-load"),
+           2, None, 150_000, "checkpoint_restore", "loading", "slow_restore", "load_start"),
+      )),
 )
