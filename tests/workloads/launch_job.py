@@ -63,6 +63,15 @@ def init(args) -> None:
     dist.init_process_group("gloo", timeout=timeout)
 
 
+def add_stall_args(p: argparse.ArgumentParser) -> None:
+    """The options every launcher's job shares: the go file and the stall's shape."""
+    p.add_argument("--go", required=True)
+    p.add_argument("--dir", default="/tmp")
+    p.add_argument("--mb", type=int, default=8)
+    p.add_argument("--save-seconds", type=float, default=40.0)
+    p.add_argument("--pg-timeout", type=float, default=75.0)
+
+
 def stall(args, rank: int) -> None:
     """Rank 0 saves slowly; the others wait for it in a barrier."""
     state = {"w": torch.zeros(args.mb * 2**18)}  # fp32: mb MiB
@@ -89,11 +98,7 @@ def main() -> None:
                    choices=("env", "mpi", "argv", "accelerate", "deepspeed"))
     p.add_argument("--rank", type=int, default=-1)
     p.add_argument("--port", type=int, default=0)
-    p.add_argument("--go", required=True)
-    p.add_argument("--dir", default="/tmp")
-    p.add_argument("--mb", type=int, default=8)
-    p.add_argument("--save-seconds", type=float, default=40.0)
-    p.add_argument("--pg-timeout", type=float, default=75.0)
+    add_stall_args(p)
     p.add_argument("--local_rank", type=int, default=-1)  # deepspeed's launcher passes it
     args = p.parse_args()
     init(args)

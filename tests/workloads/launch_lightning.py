@@ -53,11 +53,7 @@ class Stall(L.LightningModule):
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--devices", type=int, default=3)
-    p.add_argument("--go", required=True)
-    p.add_argument("--dir", default="/tmp")
-    p.add_argument("--mb", type=int, default=8)
-    p.add_argument("--save-seconds", type=float, default=40.0)
-    p.add_argument("--pg-timeout", type=float, default=75.0)
+    launch_job.add_stall_args(p)
     args = p.parse_args()
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4)),
                                        batch_size=2)

@@ -29,11 +29,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--port", type=int, required=True)
-    p.add_argument("--go", required=True)
-    p.add_argument("--dir", default="/tmp")
-    p.add_argument("--mb", type=int, default=8)
-    p.add_argument("--save-seconds", type=float, default=40.0)
-    p.add_argument("--pg-timeout", type=float, default=75.0)
+    launch_job.add_stall_args(p)
     args = p.parse_args()
     # As the tutorials do: the rendezvous set in-process, inherited by the workers.
     os.environ["MASTER_ADDR"] = "127.0.0.1"
