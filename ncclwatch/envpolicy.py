@@ -38,6 +38,16 @@ ALLOWED_PREFIXES: tuple[str, ...] = (
     "TORCH_GLOO_",
 )
 
+#: Variables whose raw values the agent itself uses on the node (to find a rank's
+#: Flight Recorder pipe and dump files). Kept unredacted in the agent's memory,
+#: never sent: redaction may take a path component that only looks random.
+LOCAL_USE_NAMES: frozenset[str] = frozenset(
+    """
+    TORCH_NCCL_DEBUG_INFO_PIPE_FILE TORCH_NCCL_DEBUG_INFO_TEMP_FILE TORCH_FR_DUMP_TEMP_FILE
+    HOME XDG_CACHE_HOME
+    """.split()
+)
+
 #: Names that are never read, even under an allowed prefix.
 SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION)", re.I)
 
@@ -226,6 +236,11 @@ def _structure(segment: str) -> int:
 def _name_piece(w: str) -> bool:
     """A number, or a word with a quarter of it vowels."""
     return w.isdigit() or 4 * sum(c in _VOWELS for c in w) >= len(w)
+
+
+def local_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The raw values of LOCAL_USE_NAMES: for the agent's own use, never reported."""
+    return {k: env[k] for k in LOCAL_USE_NAMES if k in env}
 
 
 def filter_env(env: Mapping[str, str]) -> dict[str, str]:

@@ -166,6 +166,35 @@ def test_probe_triggers_a_real_fifo_and_reads_the_rewritten_dump(tmp_path):
         t.join(2)
 
 
+def test_probe_finds_a_pipe_whose_path_redaction_would_hide(tmp_path):
+    """A random-looking directory in the pipe path is redacted in what is reported,
+    but the agent keeps the raw path for itself and the dump still arrives."""
+    secretish = tmp_path / "Xk3jQ9vLm2Np8Rt5Wz7Yb4Hc6Df1Gs0A"
+    secretish.mkdir()
+    raw = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": f"{secretish}/pipe_",
+           "TORCH_FR_DUMP_TEMP_FILE": f"{secretish}/fr_"}
+    proc = RankProcess.of(os.getpid(), 0.0, RankIdentity("job-1", "test", 1, 1, 3), raw)
+    assert "Xk3jQ9vLm2Np8Rt5" not in proc.env["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"]   # reported
+    stop = threading.Event()
+    t = threading.Thread(target=_reader, args=(secretish, 1, stop), daemon=True)
+    t.start()
+    try:
+        deadline = time.monotonic() + 5
+        while not (secretish / "pipe_1.pipe").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        probe = FlightRecorderProbe(wait=5.0)
+        assert probe.request([proc]) == 1
+        got = {}
+        while not got and time.monotonic() < deadline:
+            got = probe.poll()
+            time.sleep(0.05)
+        g = got[os.getpid()].groups[0]       # rank 1 of the recorded hang
+        assert (g.last_enqueued, g.last_completed, g.pending_op) == (4, 3, "all_reduce")
+    finally:
+        stop.set()
+        t.join(2)
+
+
 def test_probe_with_no_reader_gives_up_at_once_and_never_blocks(tmp_path):
     os.mkfifo(tmp_path / "pipe_0.pipe")  # a FIFO nobody holds open (the rank died)
     probe = FlightRecorderProbe()

@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 import psutil
 
 from ncclwatch.agent import launchers
 from ncclwatch.agent.pyspy import find_pyspy
-from ncclwatch.envpolicy import filter_env
+from ncclwatch.envpolicy import filter_env, local_env
 from ncclwatch.jobid import (
     NODE_LOCAL_SOURCE, UNKNOWN_RANK, UNKNOWN_SOURCE, RankIdentity, identify, job_of, node_local_fields,
     rank_of,
@@ -56,7 +57,14 @@ class RankProcess:
     pid: int
     create_time: float
     identity: RankIdentity
-    env: dict[str, str]  # allowlisted and redacted; nothing else is kept
+    env: dict[str, str]  # allowlisted and redacted: what is reported
+    #: Raw paths the agent uses itself (envpolicy.LOCAL_USE_NAMES); never reported.
+    local: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, pid: int, create_time: float, identity: RankIdentity,
+           env: Mapping[str, str]) -> "RankProcess":
+        return cls(pid, create_time, identity, filter_env(env), local_env(env))
 
     @property
     def key(self) -> tuple[str, int]:
@@ -154,7 +162,7 @@ class Discovery:
             if spawn:
                 identity = self._spawn_identity(pid, ppid, env, seen, now)
                 if identity is not None:
-                    seen.rank = RankProcess(pid, create_time, identity, filter_env(env))
+                    seen.rank = RankProcess.of(pid, create_time, identity, env)
                     return seen
                 if seen.recheck:
                     return seen
@@ -164,7 +172,7 @@ class Discovery:
                 return seen
             if identity.rank_source in (NODE_LOCAL_SOURCE, UNKNOWN_SOURCE):
                 seen.node_local = node_local_fields(env)
-            seen.rank = RankProcess(pid, create_time, identity, filter_env(env))
+            seen.rank = RankProcess.of(pid, create_time, identity, env)
             return seen
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             return _Seen(0.0)
@@ -287,8 +295,8 @@ class Discovery:
                     known = rank < size
                     ident = replace(child, rank=rank if known else UNKNOWN_RANK, local_rank=0,
                                     rank_source=CHILDREN_SOURCE if known else UNKNOWN_SOURCE)
-                    self._parents[ppid] = RankProcess(ppid, proc.create_time(), ident,
-                                                      filter_env(proc.environ()))
+                    self._parents[ppid] = RankProcess.of(ppid, proc.create_time(), ident,
+                                                         proc.environ())
             except (psutil.Error, OSError):
                 self.errors_total += 1
         return self._parents[ppid]

@@ -46,8 +46,10 @@ def _in_ns(pid: int, path: str) -> str:
 
 
 def _env_with_home(proc: RankProcess) -> dict[str, str]:
-    """The allowlisted env plus HOME (torch's default dump prefix is under it)."""
-    env = dict(proc.env)
+    """The allowlisted env with the raw paths the agent keeps for itself (a
+    redacted path would name no file), plus HOME (torch's default dump prefix
+    is under it)."""
+    env = {**proc.env, **proc.local}
     if "HOME" not in env:
         try:
             env["HOME"] = pwd.getpwuid(os.stat(f"/proc/{proc.pid}").st_uid).pw_dir
