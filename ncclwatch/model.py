@@ -101,3 +101,9 @@ def rank_ranges(ranks) -> str:
 #: The agent (start estimates, sampling) and the daemon (which waits are
 #: believable) must agree on it.
 QUIET_CPU = 0.05
+#: Progress events (read/write syscalls of the rank, voluntary context switches
+#: of its main thread) per second below which a rank counts as still: making no
+#: progress, whatever CPU its spinning threads burn. A rank waiting in a
+#: collective makes none (gloo: one futex wait; NCCL: a spin in
+#: cudaStreamSynchronize); a training step makes hundreds.
+STILL_EVENTS_PER_S = 2.0
