@@ -57,6 +57,7 @@ def jobs_view(d: Daemon, *, with_ranks: bool = True, now: float | None = None) -
                          "remaining_seconds": round(b.remaining, 1),
                          "longest_blocked_rank": b.blocked_rank,
                          "longest_blocked_seconds": round(b.blocked_seconds, 1)},
+            "hang_threshold": hang_threshold_view(d, job, now),
             "env": job.env,
             "config_warnings": [{"code": w.code, "severity": w.severity, "message": w.message}
                                 for w in job.warnings],
@@ -65,6 +66,13 @@ def jobs_view(d: Daemon, *, with_ranks: bool = True, now: float | None = None) -
         })
     return {"api": API_VERSION, "generated_at": wall, "jobs": jobs,
             "agents": agents_view(d, now)}
+
+
+def hang_threshold_view(d: Daemon, job, now: float) -> dict[str, Any]:
+    """The job's learned hang threshold now, its bounds, and what it learned per op."""
+    policy = d.detect_cfg.waits
+    return {"seconds": round(d.hang_threshold_of(job, now), 1), "floor_seconds": policy.floor,
+            "ceiling_seconds": policy.ceiling, "by_op": job.waits.view(policy, now)}
 
 
 def incident_view(d: Daemon, inc: Incident, now: float | None = None) -> dict[str, Any]:

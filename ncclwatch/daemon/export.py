@@ -47,6 +47,10 @@ class DaemonCollector(Collector):
         timeout = g("ncclwatch_watchdog_timeout_seconds",
                     "Process-group (watchdog) timeout assumed for the job",
                     labels=["job"], unit="seconds")
+        hang = g("ncclwatch_hang_threshold_seconds",
+                 "Seconds a rank may sit still in a collective before a hang is flagged: "
+                 "learned from the job's normal waits, between --hang-floor and "
+                 "--hang-threshold", labels=["job"], unit="seconds")
         remaining = g("ncclwatch_watchdog_remaining_seconds",
                       "Timeout minus how long the longest-blocked rank has been blocked",
                       labels=["job"], unit="seconds")
@@ -102,6 +106,7 @@ class DaemonCollector(Collector):
             b = d.budget_of(job_id, now)
             timeout.add_metric([job_id], b.timeout)
             remaining.add_metric([job_id], b.remaining)
+            hang.add_metric([job_id], d.hang_threshold_of(job, now))
             for kind in DETECTED_KINDS:
                 inc = d.incidents.active.get((job_id, kind))
                 active.add_metric([job_id, kind.value], 1 if inc else 0)
@@ -132,7 +137,7 @@ class DaemonCollector(Collector):
                             mem_eta.add_metric([job_id, str(m.rank), m.device], m.eta_seconds)
             for w in job.warnings:
                 warn.add_metric([job_id, w.code, w.severity], 1)
-        out = [active, duration, waiting, culprit, timeout, remaining, ranks, world,
+        out = [active, duration, waiting, culprit, timeout, remaining, hang, ranks, world,
                at_risk, cause, eta, overrun, mem_eta, written, expected, write_rate,
                rank_mem, max_mem, warn]
         out += _agent_families(_latest_per_node(table.agents.values()), now, table.staleness)

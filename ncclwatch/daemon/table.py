@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ncclwatch.envlint import EnvWarning, lint
+from ncclwatch.daemon.waits import WaitLearner
 from ncclwatch.flightrec import is_default_group
 from ncclwatch.model import CollectiveOp, RankState
 from ncclwatch.stacks import Frame, Stack
@@ -24,6 +25,9 @@ from ncclwatch.v1 import collector_pb2 as pb
 MAX_STACKS = 200_000
 #: A job whose ranks are all gone is forgotten after this long.
 GONE_JOB_TTL = 120.0
+#: A state's start moving later by more than this on the agent's clock: a new
+#: episode of it (the agent re-anchors a wait it saw the rank progress out of).
+NEW_EPISODE = 0.5
 #: Evidence curve per rank: points at least this far apart, this many kept.
 CURVE_STEP = 0.9
 CURVE_POINTS = 90
@@ -144,11 +148,36 @@ def _gpu_name(index: int) -> str:
     return _GPU_NAMES.get(index) or f"gpu{index}"
 
 
+def _follow_wait(job: Job, rec: RankRecord, state: RankState, op: CollectiveOp,
+                 still: float, changed: bool, recv: float) -> None:
+    """Track the rank's still wait and teach the job's learner when one ends.
+
+    A wait is the run of rounds a rank sits still in one op. It ends when the
+    rank makes progress or its stack shows another state; its length is
+    taken up to this report (an upper bound: the learner errs long).
+    """
+    if op is CollectiveOp.NONE and state is not RankState.DEVICE_WAIT:
+        wop = CollectiveOp.NONE
+    else:
+        wop = op if op is not CollectiveOp.NONE else CollectiveOp.WAIT
+    if rec.still_at is not None and (changed or still <= 0 or wop is not rec.still_op):
+        job.waits.ended(rec.still_op, recv - rec.still_at, recv)
+        rec.still_at = None
+    if wop is CollectiveOp.NONE:
+        return
+    if still <= 0:
+        job.waits.progressed(wop, recv)
+    elif rec.still_at is None:
+        rec.still_at = max(rec.since, recv - still)
+        rec.still_op = wop
+
+
 class RankRecord:
     __slots__ = (
         "rank", "local_rank", "node", "agent_id", "pid", "state", "op", "since",
         "stack_id", "seen", "cpu_util", "rss_bytes", "io_write_bytes", "write_rate",
         "files", "gpu", "gone_at", "vms_bytes", "limits", "curve", "stack_at",
+        "still_since", "still_at", "still_op", "since_agent",
     )
 
     def __init__(self, rank: int) -> None:
@@ -177,6 +206,16 @@ class RankRecord:
         self.curve = Curve()
         # When the stack that gave ``state`` was taken (daemon clock), None: never.
         self.stack_at: float | None = None
+        # Since when the rank has made no progress, whatever its state (daemon
+        # clock); None: it made some in its last round, or no reading.
+        self.still_since: float | None = None
+        # ``since`` on the agent's own clock: a later start of the same state
+        # there is a new wait (the agent saw progress in between), not jitter.
+        self.since_agent = 0.0
+        # Since when the rank has sat still (no progress) in its current wait,
+        # daemon clock, and in which op; None: not in a still wait (or no reading).
+        self.still_at: float | None = None
+        self.still_op = CollectiveOp.NONE
 
 
 @dataclass
@@ -199,6 +238,8 @@ class Job:
     flight_recorder: dict[int, tuple[float, Any]] = field(default_factory=dict)
     #: The process-group timeout a Flight Recorder dump states (timeout_ms), seconds.
     fr_timeout: float = 0.0
+    #: How long this job's ranks normally sit still in each collective op.
+    waits: WaitLearner = field(default_factory=WaitLearner)
 
     def set_state(self, rec: RankRecord, state: RankState, op: CollectiveOp) -> None:
         self.by_state[rec.state].discard(rec.rank)
@@ -324,6 +365,7 @@ class JobTable:
         if node == agent.node:
             node = agent.node
         agent_id = agent.agent_id
+        agent_clock = report.agent_monotonic_seconds
         jobs = self.jobs
         job: Job | None = None
         for s in report.samples:
@@ -343,12 +385,22 @@ class JobTable:
             state = _STATE_OF.get(s.state) or RankState.from_proto(s.state)
             op = _OP_OF.get(s.op) or CollectiveOp.from_proto(s.op)
             since = recv - s.state_seconds
-            if state is not rec.state or op is not rec.op or rec.pid != pid:
+            since_agent = agent_clock - s.state_seconds
+            changed = state is not rec.state or op is not rec.op or rec.pid != pid
+            if changed or since_agent > rec.since_agent + NEW_EPISODE:
+                changed = True
                 job.set_state(rec, state, op)
                 rec.since = since
             elif since < rec.since:
                 # Same state: keep the earliest anchor, immune to network jitter.
                 rec.since = since
+            rec.since_agent = since_agent
+            if s.HasField("still_seconds"):
+                still = s.still_seconds
+                rec.still_since = recv - still if still > 0 else None
+                _follow_wait(job, rec, state, op, still, changed, recv)
+            elif rec.still_since is not None or rec.still_at is not None:
+                rec.still_since = rec.still_at = None
             p = s.process
             written = p.io_write_bytes
             if rec.seen and written >= rec.io_write_bytes and recv > rec.seen:
@@ -420,6 +472,7 @@ class JobTable:
         if rec is None or rec.gone_at is not None or (pid is not None and rec.pid != pid):
             return
         rec.gone_at = now
+        rec.still_at = None  # a wait cut short by exit is no normal wait
         job.set_state(rec, RankState.UNKNOWN, CollectiveOp.NONE)
         rec.since = now
         self.dirty.add(job_id)
