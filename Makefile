@@ -23,12 +23,17 @@ venv: $(STAMP)
 
 # Real tools the tests run (command:Debian package); installed when missing.
 SYSTEM_DEPS := promtool:prometheus prometheus:prometheus \
-	prometheus-alertmanager:prometheus-alertmanager chromium:chromium systemd-analyze:systemd
+	prometheus-alertmanager:prometheus-alertmanager chromium:chromium systemd-analyze:systemd \
+	fusermount:fuse3
+# Shared libraries loaded at run time (soname:Debian package): fusepy needs libfuse 2.
+SYSTEM_LIBS := libfuse.so.2:libfuse2
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 system-deps:
 	@missing=""; for dep in $(SYSTEM_DEPS); do \
 	  command -v $${dep%%:*} >/dev/null 2>&1 || missing="$$missing $${dep#*:}"; done; \
+	for dep in $(SYSTEM_LIBS); do \
+	  /sbin/ldconfig -p | grep -q "$${dep%%:*}" || missing="$$missing $${dep#*:}"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  $(SUDO) apt-get update && \

@@ -250,3 +250,4 @@ def record(name: str, data: dict) -> None:
 def py_spy_available() -> None:
     if shutil.which("py-spy", path=str(BIN)) is None:
         pytest.fail("py-spy is missing from the venv: run `make test`")
+from tests.throttlefs_fixture import throttlefs  # noqa: E402,F401  (slow FUSE mount)
