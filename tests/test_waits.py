@@ -16,36 +16,50 @@ from ncclwatch.model import CollectiveOp, RankState, StallKind
 from tests.factories import report, sample
 
 S, Op = RankState, CollectiveOp
-POLICY = WaitPolicy(floor=6.0, ceiling=30.0, factor=2.0, slack=2.0, min_evidence=20, warmup=10.0)
+POLICY = WaitPolicy(floor=6.0, ceiling=30.0, factor=2.0, slack=2.0, min_evidence=20, warmup=10.0,
+                    min_op_evidence=2)
 
 
 # -- the learner ----------------------------------------------------------------------
 
 
+def _step(w: WaitLearner, t0: float, n: int, dt: float = 0.5, *ops: CollectiveOp) -> float:
+    """n rounds in which ranks made progress (last seen in ``ops``)."""
+    t = t0
+    for _ in range(n):
+        w.stepped(t)
+        for op in ops:
+            w.progressed(op, t)
+        t += dt
+    return t
+
+
 def test_no_evidence_keeps_the_ceiling() -> None:
     w = WaitLearner()
     assert w.threshold(Op.ALL_REDUCE, POLICY, 0.0) == 30.0
-    # A wait still going on is not evidence: a start-up wait keeps the ceiling.
-    for t in range(100):
-        w.progressed(Op.BARRIER, float(t)) if t < 5 else None
-    assert w.threshold(Op.BARRIER, POLICY, 100.0) == 30.0  # 5 < min_evidence
+    # Ranks made progress, but none was ever seen in a barrier: a first long
+    # wait there (an evaluation, start-up) keeps the ceiling.
+    t = _step(w, 0.0, 100, 0.5, Op.ALL_REDUCE)
+    assert w.threshold(Op.BARRIER, POLICY, t) == 30.0
+    # An op seen, but the job has not stepped long enough: start-up.
+    w = WaitLearner()
+    t = _step(w, 0.0, 100, 0.05, Op.ALL_REDUCE)     # 100 rounds in 5 s
+    assert w.threshold(Op.ALL_REDUCE, POLICY, t) == 30.0
 
 
 def test_fast_steps_bring_the_threshold_to_the_floor_after_warmup() -> None:
     w = WaitLearner()
-    for t in range(30):
-        w.progressed(Op.ALL_REDUCE, 100.0 + t * 0.3)   # 30 rounds in 9 s
-    assert w.threshold(Op.ALL_REDUCE, POLICY, 108.8) == 30.0  # evidence, but < warmup
+    t = _step(w, 100.0, 30, 0.3)                     # 30 rounds in 9 s, op never seen
+    w.progressed(Op.ALL_REDUCE, t)
+    w.progressed(Op.ALL_REDUCE, t)
+    assert w.threshold(Op.ALL_REDUCE, POLICY, 108.9) == 30.0  # < warmup
     assert w.threshold(Op.ALL_REDUCE, POLICY, 110.0) == 6.0
-    # Other ops learned nothing from it.
-    assert w.threshold(Op.BARRIER, POLICY, 110.0) == 30.0
+    assert w.threshold(Op.BARRIER, POLICY, 110.0) == 30.0    # other ops learned nothing
 
 
 def test_long_normal_waits_raise_the_threshold_of_their_op_only() -> None:
     w = WaitLearner()
-    for t in range(40):
-        w.progressed(Op.ALL_REDUCE, float(t))
-        w.progressed(Op.BARRIER, float(t))
+    _step(w, 0.0, 40, 1.0, Op.ALL_REDUCE, Op.BARRIER)
     w.ended(Op.BARRIER, 5.0, 40.0)
     assert w.threshold(Op.BARRIER, POLICY, 41.0) == 12.0   # 2 x 5 + 2
     w.ended(Op.BARRIER, 21.0, 60.0)
@@ -63,15 +77,17 @@ def test_long_normal_waits_raise_the_threshold_of_their_op_only() -> None:
 def test_threshold_stays_within_floor_and_ceiling(waits, progress, floor, span, later) -> None:
     policy = WaitPolicy(floor=floor, ceiling=floor + span)
     w = WaitLearner()
-    for i in range(progress):
-        w.progressed(Op.ALL_REDUCE, float(i))
+    _step(w, 0.0, progress, 1.0, Op.ALL_REDUCE)
     for x in waits:
         w.ended(Op.ALL_REDUCE, x, float(progress))
-    t = w.threshold(Op.ALL_REDUCE, policy, float(progress) + later)
+    now = float(progress) + later
+    t = w.threshold(Op.ALL_REDUCE, policy, now)
     assert policy.floor <= t <= policy.ceiling
+    if not w.warmed(Op.ALL_REDUCE, policy, now):
+        assert t == policy.ceiling
     # Well outside every normal wait kept: a wait it calls a hang is longer than
     # any of them (unless capped at the ceiling).
-    if w.warmed(Op.ALL_REDUCE, policy, float(progress) + later) and t < policy.ceiling:
+    elif t < policy.ceiling:
         assert all(t > x for x in list(waits)[-64:])
 
 
@@ -81,8 +97,7 @@ def test_threshold_stays_within_floor_and_ceiling(waits, progress, floor, span, 
 def test_a_longer_normal_wait_never_lowers_the_threshold(a, extra) -> None:
     def learned(waits):
         w = WaitLearner()
-        for i in range(30):
-            w.progressed(Op.BARRIER, float(i))
+        _step(w, 0.0, 30, 1.0, Op.BARRIER)
         for x in waits:
             w.ended(Op.BARRIER, x, 30.0)
         return w.threshold(Op.BARRIER, POLICY, 40.0)
@@ -234,3 +249,15 @@ def test_the_api_and_metrics_show_the_learned_threshold() -> None:
     reg.register(DaemonCollector(f.d))
     # Scraped now (time.monotonic()): far past the feed's clock, so still warmed.
     assert reg.get_sample_value("ncclwatch_hang_threshold_seconds", {"job": JOB}) == 6.0
+
+
+def test_a_still_rank_whose_stack_predates_its_stillness_is_not_placed_in_the_op() -> None:
+    """Last seen in all_reduce while it stepped on; then it went still, but
+    no stack since says where (it may sleep elsewhere): no learned verdict."""
+    f = Feed()
+    _train(f, 20)
+    for k in range(1, 15):
+        f.round([(0, S.COLLECTIVE, Op.ALL_REDUCE, k, k), (1, S.COLLECTIVE, Op.ALL_REDUCE, k, k),
+                 (2, S.IDLE, Op.NONE, k, k)], stack_age=k + 1)
+        assert f.stalls() == {}, k
+    assert f.d.table.jobs[JOB].ranks[0].still_at is None

@@ -163,11 +163,14 @@ def _follow_wait(job: Job, rec: RankRecord, state: RankState, op: CollectiveOp,
     if rec.still_at is not None and (changed or still <= 0 or wop is not rec.still_op):
         job.waits.ended(rec.still_op, recv - rec.still_at, recv)
         rec.still_at = None
+    if still <= 0:
+        job.waits.stepped(recv)
     if wop is CollectiveOp.NONE:
         return
     if still <= 0:
         job.waits.progressed(wop, recv)
-    elif rec.still_at is None:
+    elif rec.still_at is None and rec.stack_at is not None and rec.stack_at >= recv - still:
+        # Only a stack taken while the rank sat still says where it sits.
         rec.still_at = max(rec.since, recv - still)
         rec.still_op = wop
 
@@ -395,12 +398,6 @@ class JobTable:
                 # Same state: keep the earliest anchor, immune to network jitter.
                 rec.since = since
             rec.since_agent = since_agent
-            if s.HasField("still_seconds"):
-                still = s.still_seconds
-                rec.still_since = recv - still if still > 0 else None
-                _follow_wait(job, rec, state, op, still, changed, recv)
-            elif rec.still_since is not None or rec.still_at is not None:
-                rec.still_since = rec.still_at = None
             p = s.process
             written = p.io_write_bytes
             if rec.seen and written >= rec.io_write_bytes and recv > rec.seen:
@@ -437,6 +434,12 @@ class JobTable:
                 rec.stack_id = sid
             # The state is what the stack of stack_age_seconds ago showed.
             rec.stack_at = recv - s.stack_age_seconds if state is not RankState.UNKNOWN else None
+            if s.HasField("still_seconds"):
+                still = s.still_seconds
+                rec.still_since = recv - still if still > 0 else None
+                _follow_wait(job, rec, state, op, still, changed, recv)
+            elif rec.still_since is not None or rec.still_at is not None:
+                rec.still_since = rec.still_at = None
             if s.HasField("flight_recorder"):
                 fr = s.flight_recorder
                 job.flight_recorder[rank] = (recv - fr.dump_age_seconds, fr)

@@ -9,11 +9,15 @@ per collective op, how long ranks sit still in it (no progress: the agent's
     threshold(op) = clamp(factor * longest recent normal wait + slack, floor, ceiling)
 
 Evidence is what ended: a wait that ended (the rank made progress again or
-moved on) and rounds in which a rank last seen in the op made progress (its
-waits there end within a round). A wait still going on teaches nothing, so a
-job's first long wait (start-up: rank 0 loading data while the others sit in
-a barrier) keeps the ceiling, the fixed ``--hang-threshold``, until the op has
-``min_evidence`` pieces of evidence over ``warmup`` seconds.
+moved on), and a round in which a rank last seen in the op made progress
+(its wait there ended within a round; stacks are samples, so the waits they
+catch are the long ones, a fair test). A wait still going on teaches nothing.
+An op's threshold is learned once the job has stepped (``min_evidence``
+rounds of progress over ``warmup`` seconds) and the op itself has
+``min_op_evidence``; until then it is the ceiling, the fixed
+``--hang-threshold``. So a job's first long wait at start-up (rank 0 loading
+data while the others sit in a barrier) and a first long wait in an op the
+job never showed before (a 20 s evaluation behind a barrier) keep the ceiling.
 """
 
 from __future__ import annotations
@@ -34,10 +38,12 @@ class WaitPolicy:
     factor: float = 2.0
     #: ...plus this (still_seconds have the agent round's resolution).
     slack: float = 2.0
-    #: Evidence (ended waits and progress rounds) before trusting what was learned.
+    #: Rounds of progress (any rank) before the job counts as stepping...
     min_evidence: int = 20
-    #: Seconds from an op's first evidence before trusting it.
+    #: ...over at least this many seconds.
     warmup: float = 10.0
+    #: Evidence about an op (ended waits, progress rounds) before trusting it.
+    min_op_evidence: int = 2
 
 
 #: Ended waits kept per op (the longest of them sets the threshold).
@@ -47,10 +53,9 @@ RECENT = 64
 class OpWaits:
     """What one job showed about waits in one collective op."""
 
-    __slots__ = ("first_at", "evidence", "recent")
+    __slots__ = ("evidence", "recent")
 
-    def __init__(self, now: float) -> None:
-        self.first_at = now
+    def __init__(self) -> None:
         self.evidence = 0
         self.recent: deque[float] = deque(maxlen=RECENT)
 
@@ -62,31 +67,44 @@ class OpWaits:
 class WaitLearner:
     """Per-op evidence of one job; ``threshold`` turns it into seconds."""
 
-    __slots__ = ("ops",)
+    __slots__ = ("ops", "rounds", "first_at")
 
     def __init__(self) -> None:
         self.ops: dict[CollectiveOp, OpWaits] = {}
+        self.rounds = 0                     # rounds in which a rank made progress
+        self.first_at: float | None = None  # the first of them
 
-    def _op(self, op: CollectiveOp, now: float) -> OpWaits:
+    def _op(self, op: CollectiveOp) -> OpWaits:
         w = self.ops.get(op)
         if w is None:
-            w = self.ops[op] = OpWaits(now)
+            w = self.ops[op] = OpWaits()
         return w
+
+    def stepped(self, now: float) -> None:
+        """A rank of the job made progress this round (whatever its state)."""
+        self.rounds += 1
+        if self.first_at is None:
+            self.first_at = now
 
     def progressed(self, op: CollectiveOp, now: float) -> None:
         """A rank last seen waiting in ``op`` made progress this round."""
-        self._op(op, now).evidence += 1
+        self._op(op).evidence += 1
 
     def ended(self, op: CollectiveOp, seconds: float, now: float) -> None:
         """A still wait in ``op`` ended after ``seconds`` (an upper bound)."""
-        w = self._op(op, now)
+        w = self._op(op)
         w.evidence += 1
         w.recent.append(max(0.0, seconds))
 
+    def stepping(self, policy: WaitPolicy, now: float) -> bool:
+        """Past start-up: ranks made progress often enough for long enough."""
+        return (self.first_at is not None and self.rounds >= policy.min_evidence
+                and now - self.first_at >= policy.warmup)
+
     def warmed(self, op: CollectiveOp, policy: WaitPolicy, now: float) -> bool:
         w = self.ops.get(op)
-        return (w is not None and w.evidence >= policy.min_evidence
-                and now - w.first_at >= policy.warmup)
+        return (w is not None and w.evidence >= policy.min_op_evidence
+                and self.stepping(policy, now))
 
     def threshold(self, op: CollectiveOp, policy: WaitPolicy, now: float) -> float:
         """Seconds of stillness in ``op`` after which a wait is a hang."""

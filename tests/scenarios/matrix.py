@@ -40,6 +40,10 @@ class Scenario:
     forecast_overrun: bool = False
     #: Give up on the verdict after this long (from the first ready marker).
     limit: float = 100.0
+    #: The first stall must be flagged within this many seconds of ``start``.
+    max_delay: float | None = None
+    #: Checkpoints go to a throttlefs FUSE mount writing this many bytes/s.
+    storage_rate: float | None = None
 
     @property
     def healthy(self) -> bool:
@@ -103,4 +107,26 @@ SCENARIOS: tuple[Scenario, ...] = (
              kind="checkpoint_gather", culprits=(0,), root_cause="save_within_budget",
              at_risk=False, start="save_start", world=3),
     Scenario("healthy-dataloader-pause", _job("dataloader", seconds=20), world=2),
+    # -- busy waiters / adaptive thresholds (issue 13) ------------------------------
+    # Every rank burns 60% of a core in a thread (NCCL ranks spin in
+    # cudaStreamSynchronize): nobody is CPU-quiet.
+    Scenario("busy-save-rank0-barrier", _job("slow-save", "--model-mb", "16",
+                                             "--busy-thread", "0.6", seconds=150),
+             kind="checkpoint_gather", culprits=(0,), root_cause="save_overruns_watchdog",
+             at_risk=True, start="save_start", world=2, max_delay=10.0),
+    # A plain torch.save onto slow storage (a FUSE mount at 60 kB/s): the saver
+    # is CPU-quiet, blocked in a write syscall.
+    Scenario("quiet-saver-fuse-write", _job("fast-save", "--model-mb", "8",
+                                            "--no-previous-checkpoint"),
+             kind="checkpoint_gather", culprits=(0,), root_cause=None, at_risk=None,
+             start="save_start", world=2, max_delay=10.0, storage_rate=60_000),
+    # Rank 0 evaluates 20 s every 25 steps while the others wait in a barrier.
+    Scenario("healthy-long-eval-waits", _job("train", "--eval-every", "25",
+                                             "--eval-seconds", "20", seconds=70),
+             world=3, limit=160.0),
+    # Steps for 25 s, then rank 1 stops joining the step's all_reduce.
+    Scenario("fast-steps-hang", _job("train", "--hang-after", "25", "--late-rank", "1",
+                                     "--late-activity", "sleep", seconds=300),
+             kind="collective_hang", culprits=(1,), root_cause="rank_idle", at_risk=True,
+             start="busy_start", world=3, max_delay=10.0),
 )

@@ -87,10 +87,14 @@ class Outcome:
                 out.append(f"unexpected kinds {sorted(extra)}")
             if self.first_kind == s.kind and self.culprits != s.culprits:
                 out.append(f"culprits {list(self.culprits)} != {list(s.culprits)}")
-            if self.first_kind == s.kind and self.root_cause != s.root_cause:
+            if (self.first_kind == s.kind and s.root_cause is not None
+                    and self.root_cause != s.root_cause):
                 out.append(f"root cause {self.root_cause} != {s.root_cause}")
             if not set(s.unknown) <= set(self.unknown):
                 out.append(f"unknown ranks {list(self.unknown)} lack {list(s.unknown)}")
+        if s.max_delay is not None and s.kind is not None and (
+                self.delay is None or self.delay > s.max_delay):
+            out.append(f"flagged after {_fmt(self.delay)}s (> {s.max_delay:g}s)")
         if s.at_risk is True and self.at_risk_at is None:
             out.append("never flagged at risk")
         if s.at_risk is False and self.at_risk_at is not None:
@@ -123,9 +127,11 @@ def _first(job: Job, phases: tuple[str, ...]) -> float | None:
     return min(ts) if ts else None
 
 
-def run_scenario(mon: Monitor, s: Scenario) -> Outcome:
+def run_scenario(mon: Monitor, s: Scenario, throttlefs=None) -> Outcome:
     out = Outcome(s)
     with tempfile.TemporaryDirectory(prefix=f"ncclwatch-{s.name}-") as ckpt:
+        if s.storage_rate is not None:
+            ckpt = str(throttlefs(write_rate=s.storage_rate).mount)
         job = _launch(s, ckpt)
         try:
             _observe(mon, s, job, out)
@@ -226,12 +232,14 @@ def table(outcomes: list[Outcome]) -> str:
     return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, rows)])
 
 
-def test_scenario_matrix(ncclwatch_run) -> None:
+def test_scenario_matrix(ncclwatch_run, throttlefs) -> None:
     need("torchrun")
     mon = ncclwatch_run()
-    order = sorted(SCENARIOS, key=lambda s: -s.limit)
+    only = {n for n in os.environ.get("NCCLWATCH_SCENARIOS", "").split(",") if n}
+    chosen = [s for s in SCENARIOS if not only or s.name in only]
+    order = sorted(chosen, key=lambda s: -s.limit)
     with ThreadPoolExecutor(CONCURRENCY) as pool:
-        outcomes = list(pool.map(lambda s: run_scenario(mon, s), order))
+        outcomes = list(pool.map(lambda s: run_scenario(mon, s, throttlefs), order))
     outcomes.sort(key=lambda o: SCENARIOS.index(o.scenario))
     text = table(outcomes)
     ARTIFACTS.mkdir(exist_ok=True)
