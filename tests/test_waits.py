@@ -220,17 +220,27 @@ def test_a_new_wait_at_the_same_line_restarts_the_clock() -> None:
     assert rec.since == f.t - 1.0 - 0.4
 
 
-def test_still_waiters_beside_a_saving_rank_get_fresh_stacks() -> None:
-    """The daemon's picture of ranks 1-2 is a compute stack, but they have made
-    no progress for 3 s while rank 0 saves: ask the job's agents for stacks."""
+def test_ranks_that_went_still_since_their_last_stack_get_fresh_stacks() -> None:
+    """The daemon's picture of ranks 1-2 is a compute stack from before they
+    sat down; they have made no progress for 3 s: ask for the job's stacks,
+    once. A stack taken during the stillness settles it."""
     f = Feed()
     f.round([(0, S.SAVING, Op.NONE, 1, 0.0), (1, S.COMPUTE, Op.NONE, 20, 1.0),
-             (2, S.COMPUTE, Op.NONE, 20, 1.0)])
+             (2, S.COMPUTE, Op.NONE, 20, 1.0)], stack_age=10)
     agent = f.d.table.agents["agent-a"]
     assert not agent.commands
     f.round([(0, S.SAVING, Op.NONE, 2, 0.0), (1, S.COMPUTE, Op.NONE, 21, 3.0),
-             (2, S.COMPUTE, Op.NONE, 21, 3.0)])
+             (2, S.COMPUTE, Op.NONE, 21, 3.0)], stack_age=11)
     assert [c.dump_stacks.job_id for c in agent.commands] == [JOB]
+    # Dumped meanwhile (barrier, during the stillness): the verdict follows.
+    for k in range(4, 12):
+        f.round([(0, S.SAVING, Op.NONE, k, 0.0), (1, S.COLLECTIVE, Op.BARRIER, k, k),
+                 (2, S.COLLECTIVE, Op.BARRIER, k, k)], stack_age=0.5)
+    assert f.stalls() == {StallKind.CHECKPOINT_GATHER: [0]}
+    # Healthy training (progress every round) never asks.
+    g = Feed()
+    _train(g, 30)
+    assert not g.d.table.agents["agent-a"].commands
 
 
 def test_the_api_and_metrics_show_the_learned_threshold() -> None:
@@ -256,8 +266,9 @@ def test_a_still_rank_whose_stack_predates_its_stillness_is_not_placed_in_the_op
     no stack since says where (it may sleep elsewhere): no learned verdict."""
     f = Feed()
     _train(f, 20)
-    for k in range(1, 15):
-        f.round([(0, S.COLLECTIVE, Op.ALL_REDUCE, k, k), (1, S.COLLECTIVE, Op.ALL_REDUCE, k, k),
+    for k in range(1, 40):  # past the ceiling too: the stale all_reduce is no wait
+        f.round([(0, S.COLLECTIVE, Op.ALL_REDUCE, k + 5, k),
+                 (1, S.COLLECTIVE, Op.ALL_REDUCE, k + 5, k),
                  (2, S.IDLE, Op.NONE, k, k)], stack_age=k + 1)
         assert f.stalls() == {}, k
     assert f.d.table.jobs[JOB].ranks[0].still_at is None

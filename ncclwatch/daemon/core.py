@@ -20,7 +20,7 @@ from ncclwatch.daemon.diagnosis import diagnose
 from ncclwatch.daemon.incidents import Incidents
 from ncclwatch.daemon.table import JobTable
 from ncclwatch.daemon.validate import ReportError, validate_request
-from ncclwatch.model import CHECKPOINT_STATES, QUIET_CPU
+from ncclwatch.model import QUIET_CPU
 from ncclwatch.v1 import collector_pb2 as pb
 
 if TYPE_CHECKING:
@@ -239,16 +239,17 @@ class Daemon:
     def _suspicious(self, job, now: float, half: float) -> bool:
         """Worth a round of fresh stacks on every rank of the job.
 
-        A rank waits long (below), or one rank does checkpoint work while
-        another has made no progress for a while: the daemon's picture of
-        that other rank may be a stack from before it began to wait.
+        A rank waits long (below), or a rank has made no progress for a while
+        since its last stack: the daemon's picture of it (compute, say) is
+        from before it sat down, and where it sits now (a collective, behind
+        a saving peer) is what a verdict needs. Once a stack is taken during
+        the stillness the rank no longer asks.
         """
         if any(self._long_wait(job.ranks[r], now, half) for r in job.waiting):
             return True
-        if not any(job.by_state[s] for s in CHECKPOINT_STATES):
-            return False
         return any(rec.still_since is not None and now - rec.still_since >= half
-                   for rec in job.ranks.values() if rec.state not in CHECKPOINT_STATES)
+                   and (rec.stack_at is None or rec.stack_at < rec.still_since)
+                   for rec in job.ranks.values())
 
     @staticmethod
     def _long_wait(rec, now: float, half: float) -> bool:

@@ -180,7 +180,7 @@ class RankRecord:
         "rank", "local_rank", "node", "agent_id", "pid", "state", "op", "since",
         "stack_id", "seen", "cpu_util", "rss_bytes", "io_write_bytes", "write_rate",
         "files", "gpu", "gone_at", "vms_bytes", "limits", "curve", "stack_at",
-        "still_since", "still_at", "still_op", "since_agent",
+        "still_since", "still_at", "still_op", "since_agent", "progress_known",
     )
 
     def __init__(self, rank: int) -> None:
@@ -215,6 +215,8 @@ class RankRecord:
         # ``since`` on the agent's own clock: a later start of the same state
         # there is a new wait (the agent saw progress in between), not jitter.
         self.since_agent = 0.0
+        # Whether the agent reports progress (still_seconds) for this rank.
+        self.progress_known = False
         # Since when the rank has sat still (no progress) in its current wait,
         # daemon clock, and in which op; None: not in a still wait (or no reading).
         self.still_at: float | None = None
@@ -436,9 +438,11 @@ class JobTable:
             rec.stack_at = recv - s.stack_age_seconds if state is not RankState.UNKNOWN else None
             if s.HasField("still_seconds"):
                 still = s.still_seconds
+                rec.progress_known = True
                 rec.still_since = recv - still if still > 0 else None
                 _follow_wait(job, rec, state, op, still, changed, recv)
-            elif rec.still_since is not None or rec.still_at is not None:
+            elif rec.progress_known:
+                rec.progress_known = False
                 rec.still_since = rec.still_at = None
             if s.HasField("flight_recorder"):
                 fr = s.flight_recorder

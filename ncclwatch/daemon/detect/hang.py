@@ -24,12 +24,18 @@ from ncclwatch.model import CHECKPOINT_STATES, StallKind, rank_ranges
 
 
 def hung(job: Job, now: float, cfg: DetectConfig):
-    """The per-rank test: still past the job's learned threshold, or past the ceiling."""
+    """The per-rank test: still in its collective past the job's learned threshold.
+
+    A rank with progress readings counts only while it sits still with a
+    stack taken during the stillness (``still_at``): a stack from before it
+    went still may be stale (the rank stepped on, then sat down elsewhere).
+    Without readings (an older agent): in the collective past the ceiling.
+    """
     policy = cfg.waits
 
     def long_enough(rec: RankRecord) -> bool:
-        if now - rec.since >= cfg.hang_threshold:
-            return True
+        if not rec.progress_known:
+            return now - rec.since >= cfg.hang_threshold
         return (rec.still_at is not None
                 and now - rec.still_at >= job.waits.threshold(rec.still_op, policy, now))
     return long_enough
