@@ -136,9 +136,11 @@ class Feed:
 
 
 def _train(f: Feed, seconds: int) -> None:
-    """Fast steps: every rank progresses every round; its last stack an all_reduce."""
+    """Fast steps: every rank progresses every round; its last stack (5 s old) an
+    all_reduce it has since left."""
     for _ in range(seconds):
-        f.round([(r, S.COLLECTIVE, Op.ALL_REDUCE, 0.2, 0.0) for r in range(WORLD)])
+        f.round([(r, S.COLLECTIVE, Op.ALL_REDUCE, 0.2, 0.0) for r in range(WORLD)],
+                stack_age=5.0)
 
 
 def _hang_round(f: Feed, k: int, culprit_state=S.IDLE) -> None:
@@ -205,6 +207,18 @@ def test_long_healthy_waits_in_a_barrier_stay_silent_and_are_learned() -> None:
     assert f.d.detect_cfg.waits.ceiling == 30.0
     assert job.waits.threshold(Op.BARRIER, f.d.detect_cfg.waits, f.t) == 30.0
     assert job.waits.threshold(Op.ALL_REDUCE, f.d.detect_cfg.waits, f.t) == 6.0
+
+
+def test_progress_in_the_round_a_wait_was_seen_is_no_evidence() -> None:
+    """A rank dumped in all_reduce in the round it made progress may have
+    stepped *into* the wait: that does not say all_reduce waits are short."""
+    f = Feed()
+    for _ in range(30):
+        f.round([(r, S.COLLECTIVE, Op.ALL_REDUCE, 0.2, 0.0) for r in range(WORLD)],
+                stack_age=0.3)
+    job = f.d.table.jobs[JOB]
+    assert job.waits.ops.get(Op.ALL_REDUCE) is None or job.waits.ops[Op.ALL_REDUCE].evidence == 0
+    assert f.d.hang_threshold_of(job, f.t) == 30.0
 
 
 def test_a_new_wait_at_the_same_line_restarts_the_clock() -> None:

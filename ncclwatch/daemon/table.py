@@ -149,7 +149,7 @@ def _gpu_name(index: int) -> str:
 
 
 def _follow_wait(job: Job, rec: RankRecord, state: RankState, op: CollectiveOp,
-                 still: float, changed: bool, recv: float) -> None:
+                 still: float, changed: bool, recv: float, interval: float) -> None:
     """Track the rank's still wait and teach the job's learner when one ends.
 
     A wait is the run of rounds a rank sits still in one op. It ends when the
@@ -168,7 +168,10 @@ def _follow_wait(job: Job, rec: RankRecord, state: RankState, op: CollectiveOp,
     if wop is CollectiveOp.NONE:
         return
     if still <= 0:
-        job.waits.progressed(wop, recv)
+        # Progress after the stack that placed the rank in the op: it got out.
+        # (Progress in the round the stack was taken may be how it got in.)
+        if rec.stack_at is not None and recv - rec.stack_at >= interval:
+            job.waits.progressed(wop, recv)
     elif rec.still_at is None and rec.stack_at is not None and rec.stack_at >= recv - still:
         # Only a stack taken while the rank sat still says where it sits.
         rec.still_at = max(rec.since, recv - still)
@@ -440,7 +443,7 @@ class JobTable:
                 still = s.still_seconds
                 rec.progress_known = True
                 rec.still_since = recv - still if still > 0 else None
-                _follow_wait(job, rec, state, op, still, changed, recv)
+                _follow_wait(job, rec, state, op, still, changed, recv, agent.interval)
             elif rec.progress_known:
                 rec.progress_known = False
                 rec.still_since = rec.still_at = None
