@@ -286,3 +286,22 @@ def test_a_still_rank_whose_stack_predates_its_stillness_is_not_placed_in_the_op
                  (2, S.IDLE, Op.NONE, k, k)], stack_age=k + 1)
         assert f.stalls() == {}, k
     assert f.d.table.jobs[JOB].ranks[0].still_at is None
+
+
+def test_a_step_collective_never_sighted_takes_the_jobs_still_periods() -> None:
+    """Stacks are samples: a fast job's all_reduce may never be caught. Once
+    the job steps, a step collective is presumed as short as the job's still
+    periods; a sync point (barrier) keeps the ceiling until it is seen."""
+    w = WaitLearner()
+    t = _step(w, 0.0, 40, 0.5)                       # 20 s of progress, no op sighted
+    assert w.threshold(Op.ALL_REDUCE, POLICY, t) == 6.0
+    assert w.threshold(Op.WAIT, POLICY, t) == 6.0     # NCCL: CPU side at a device sync
+    assert w.threshold(Op.BARRIER, POLICY, t) == 30.0
+    w.still_ended(9.0)                               # some rank sat still 9 s once
+    assert w.threshold(Op.ALL_REDUCE, POLICY, t) == 20.0
+    w.still_ended(20.0)                              # a 20 s evaluation
+    assert w.threshold(Op.ALL_REDUCE, POLICY, t) == 30.0
+    # Start-up: the same before the job has stepped long enough.
+    young = WaitLearner()
+    t = _step(young, 0.0, 40, 0.2)                    # 8 s
+    assert young.threshold(Op.ALL_REDUCE, POLICY, t) == 30.0

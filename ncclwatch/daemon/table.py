@@ -442,6 +442,8 @@ class JobTable:
             if s.HasField("still_seconds"):
                 still = s.still_seconds
                 rec.progress_known = True
+                if still <= 0 and rec.still_since is not None:
+                    job.waits.still_ended(recv - rec.still_since)
                 rec.still_since = recv - still if still > 0 else None
                 _follow_wait(job, rec, state, op, still, changed, recv, agent.interval)
             elif rec.progress_known:

@@ -27,6 +27,14 @@ from dataclasses import dataclass
 
 from ncclwatch.model import CollectiveOp
 
+#: The collectives a training step runs (DDP, FSDP; WAIT: NCCL's CPU side at
+#: a device sync). Never sighted, they are presumed as short as the job's
+#: other still periods once it steps; sync points (barrier, broadcast, the
+#: *_object calls) that surround evaluations, checkpoints and start-up keep
+#: the ceiling until the job shows how long they take.
+STEP_OPS = frozenset({CollectiveOp.ALL_REDUCE, CollectiveOp.REDUCE_SCATTER,
+                      CollectiveOp.ALL_GATHER, CollectiveOp.WAIT})
+
 
 @dataclass(frozen=True)
 class WaitPolicy:
@@ -39,9 +47,9 @@ class WaitPolicy:
     #: ...plus this (still_seconds have the agent round's resolution).
     slack: float = 2.0
     #: Rounds of progress (any rank) before the job counts as stepping...
-    min_evidence: int = 20
+    min_evidence: int = 30
     #: ...over at least this many seconds.
-    warmup: float = 10.0
+    warmup: float = 20.0
     #: Evidence about an op (ended waits, progress rounds) before trusting it.
     min_op_evidence: int = 2
 
@@ -67,12 +75,14 @@ class OpWaits:
 class WaitLearner:
     """Per-op evidence of one job; ``threshold`` turns it into seconds."""
 
-    __slots__ = ("ops", "rounds", "first_at")
+    __slots__ = ("ops", "rounds", "first_at", "still")
 
     def __init__(self) -> None:
         self.ops: dict[CollectiveOp, OpWaits] = {}
         self.rounds = 0                     # rounds in which a rank made progress
         self.first_at: float | None = None  # the first of them
+        #: Still periods of any rank in any state that ended (job-wide).
+        self.still = OpWaits()
 
     def _op(self, op: CollectiveOp) -> OpWaits:
         w = self.ops.get(op)
@@ -85,6 +95,10 @@ class WaitLearner:
         self.rounds += 1
         if self.first_at is None:
             self.first_at = now
+
+    def still_ended(self, seconds: float) -> None:
+        """A rank made progress again after ``seconds`` without (any state)."""
+        self.still.recent.append(max(0.0, seconds))
 
     def progressed(self, op: CollectiveOp, now: float) -> None:
         """A rank last seen waiting in ``op`` made progress this round."""
@@ -108,9 +122,13 @@ class WaitLearner:
 
     def threshold(self, op: CollectiveOp, policy: WaitPolicy, now: float) -> float:
         """Seconds of stillness in ``op`` after which a wait is a hang."""
-        if not self.warmed(op, policy, now):
+        if self.warmed(op, policy, now):
+            longest = self.ops[op].longest
+        elif op in STEP_OPS and self.stepping(policy, now):
+            longest = self.still.longest
+        else:
             return policy.ceiling
-        learned = policy.factor * self.ops[op].longest + policy.slack
+        learned = policy.factor * longest + policy.slack
         return min(policy.ceiling, max(policy.floor, learned))
 
     def current(self, waiting_ops: set[CollectiveOp], policy: WaitPolicy, now: float) -> float:
@@ -128,5 +146,6 @@ class WaitLearner:
         return {op.value: {"threshold_seconds": round(self.threshold(op, policy, now), 1),
                            "longest_wait_seconds": round(w.longest, 1),
                            "waits_ended": len(w.recent), "evidence": w.evidence,
-                           "learned": self.warmed(op, policy, now)}
+                           "learned": self.warmed(op, policy, now),
+                           "step_op": op in STEP_OPS}
                 for op, w in sorted(self.ops.items(), key=lambda kv: kv[0].value)}
