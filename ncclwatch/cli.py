@@ -31,7 +31,7 @@ _HANG = Option("hang_threshold", positive_float, 30.0,
                "seconds in a collective, with no checkpoint to explain it, before "
                "collective_hang/desync/rank_lost: the ceiling of each job's learned "
                "threshold", "SECONDS")
-_HANG_FLOOR = Option("hang_floor", positive_float, 6.0,
+_HANG_FLOOR = Option("hang_floor", positive_float, 5.0,
                      "the least a job's learned hang threshold can be (a job's normal "
                      "waits, learned per collective op, set it in between)", "SECONDS")
 _STALENESS = Option("staleness", positive_float, 10.0,

@@ -148,3 +148,19 @@ def test_progress_counts_syscalls(field, tmp_path) -> None:
         while f.read(1):
             pass
     assert sampler.sample(os.getpid()).progress_events - before >= 100
+
+
+def test_waiting_tensor_by_tensor_in_a_gather_keeps_its_start() -> None:
+    """Inside a full state-dict gather a rank waits for each tensor in turn and
+    progresses between them: one checkpoint stall, not many short waits."""
+    g = Classification(RankState.GATHERING_STATE_DICT, CollectiveOp.ALL_GATHER)
+    t = _tracker()
+    t.observe_stack(Classification(RankState.COMPUTE), "c", 0.5)
+    t.observe_stack(g, "g", 1.0)
+    events = 0
+    for now in range(2, 12):
+        events += 300                                # a tensor arrives every second
+        t.observe_process(_ps(now * 0.5, events), float(now))
+        if now % 3 == 0:
+            t.observe_stack(g, "g", now + 0.1)
+    assert t.state_since == 0.5

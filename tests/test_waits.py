@@ -153,7 +153,7 @@ def test_a_hang_in_a_fast_stepping_job_is_flagged_at_the_learned_threshold() -> 
     f = Feed()
     _train(f, 20)
     job = f.d.table.jobs[JOB]
-    assert f.d.hang_threshold_of(job, f.t) == 6.0
+    assert f.d.hang_threshold_of(job, f.t) == 5.0
     flagged = None
     for k in range(1, 31):
         _hang_round(f, k)
@@ -206,7 +206,7 @@ def test_long_healthy_waits_in_a_barrier_stay_silent_and_are_learned() -> None:
     assert job.waits.ops[Op.BARRIER].longest >= 20
     assert f.d.detect_cfg.waits.ceiling == 30.0
     assert job.waits.threshold(Op.BARRIER, f.d.detect_cfg.waits, f.t) == 30.0
-    assert job.waits.threshold(Op.ALL_REDUCE, f.d.detect_cfg.waits, f.t) == 6.0
+    assert job.waits.threshold(Op.ALL_REDUCE, f.d.detect_cfg.waits, f.t) == 5.0
 
 
 def test_progress_in_the_round_a_wait_was_seen_is_no_evidence() -> None:
@@ -267,12 +267,12 @@ def test_the_api_and_metrics_show_the_learned_threshold() -> None:
     _train(f, 20)
     view = next(j for j in jobs_view(f.d)["jobs"] if j["job"] == JOB)
     ht = view["hang_threshold"]
-    assert ht["seconds"] == 6.0 and ht["ceiling_seconds"] == 30.0 and ht["floor_seconds"] == 6.0
+    assert ht["seconds"] == 5.0 and ht["ceiling_seconds"] == 30.0 and ht["floor_seconds"] == 5.0
     assert ht["by_op"]["all_reduce"]["learned"]
     reg = CollectorRegistry()
     reg.register(DaemonCollector(f.d))
     # Scraped now (time.monotonic()): far past the feed's clock, so still warmed.
-    assert reg.get_sample_value("ncclwatch_hang_threshold_seconds", {"job": JOB}) == 6.0
+    assert reg.get_sample_value("ncclwatch_hang_threshold_seconds", {"job": JOB}) == 5.0
 
 
 def test_a_still_rank_whose_stack_predates_its_stillness_is_not_placed_in_the_op() -> None:

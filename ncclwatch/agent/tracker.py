@@ -124,12 +124,15 @@ class RankTracker:
         new wait (a loop's next all_reduce at the same line), not a longer one.
 
         Caveat: a waiting rank whose other threads make more than
-        STILL_EVENTS_PER_S syscalls would look like that at every dump; such
-        noise was not found in gloo or NCCL ranks (their helper threads block
-        or poll without read/write calls).
+        STILL_EVENTS_PER_S read/write calls would look like that at every
+        dump. The gloo ranks measured here make none while they wait; NCCL's
+        helper threads (watchdog, heartbeat) should not either (not checked
+        on a GPU). Checkpoint work is one activity however many collectives
+        it runs: a rank waiting tensor by tensor inside a state-dict gather
+        keeps its start.
         """
-        waiting = c.op is not CollectiveOp.NONE or c.state is RankState.DEVICE_WAIT
-        return waiting and self.progressed_since_dump()
+        plain_wait = c.state in (RankState.COLLECTIVE, RankState.DEVICE_WAIT)
+        return plain_wait and self.progressed_since_dump()
 
     def _start_estimate(self, now: float, c: Classification) -> float:
         waiting = c.op is not CollectiveOp.NONE or c.state is not RankState.COMPUTE

@@ -46,7 +46,7 @@ class DaemonConfig:
     job_timeouts: dict[str, float] = field(default_factory=dict)
     stall_threshold: float = 5.0
     hang_threshold: float = 30.0
-    hang_floor: float = 6.0
+    hang_floor: float = 5.0
     staleness: float = 10.0
     tick: float = 0.5
     tls: ServerTLS | None = None  # mTLS for the agents' gRPC (None: insecure)

@@ -39,7 +39,7 @@ STEP_OPS = frozenset({CollectiveOp.ALL_REDUCE, CollectiveOp.REDUCE_SCATTER,
 @dataclass(frozen=True)
 class WaitPolicy:
     #: Never flag a hang sooner than this (seconds), whatever was learned.
-    floor: float = 6.0
+    floor: float = 5.0
     #: Never later: the fixed --hang-threshold, also used until warmed up.
     ceiling: float = 30.0
     #: A hang is this many times the longest normal wait...

@@ -25,7 +25,7 @@ class DetectConfig:
     #: for ranks with no progress reading.
     hang_threshold: float = 30.0
     #: The learned threshold never goes below this.
-    hang_floor: float = 6.0
+    hang_floor: float = 5.0
 
     @property
     def waits(self) -> WaitPolicy:
