@@ -53,7 +53,21 @@ def _observer(mode: str, collector: str) -> subprocess.Popen | None:
                             start_new_session=True)
 
 
-def run_once(mode: str, seconds: float, warmup: float, collector: str) -> dict:
+def _ranks_watched(http: str | None) -> int | None:
+    """Ranks the agent watched (the machine may run other jobs it sees too)."""
+    if not http:
+        return None
+    import urllib.request
+    try:
+        with urllib.request.urlopen(f"http://{http}/api/v1/jobs", timeout=5) as r:
+            agents = json.load(r)["agents"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return max((a["ranks_watched"] for a in agents if a.get("connected")), default=None)
+
+
+def run_once(mode: str, seconds: float, warmup: float, collector: str,
+             http: str | None = None) -> dict:
     job = subprocess.Popen(
         [str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={WORLD}", "--max-restarts=0",
          "-m", "ncclwatch.demo.job", "--scenario", "train", "--model-mb", "1",
@@ -81,6 +95,7 @@ def run_once(mode: str, seconds: float, warmup: float, collector: str) -> dict:
         w0 = time.time()
         time.sleep(seconds)
         c1, t1 = (_cpu(p) if p else 0.0), time.monotonic()
+        watched = _ranks_watched(http) if mode == "ncclwatch" else None
         w1 = time.time()
         rate = _step_rate(lines, w0, w1)
     finally:
@@ -93,7 +108,8 @@ def run_once(mode: str, seconds: float, warmup: float, collector: str) -> dict:
     return {"mode": mode, "seconds": round(wall, 2),
             "observer_cores": (c1 - c0) / wall,
             "observer_pct_core_per_rank": 100 * (c1 - c0) / wall / WORLD,
-            "steps_per_s": rate}
+            "steps_per_s": rate, "ranks_watched": watched,
+            "load_1min": os.getloadavg()[0]}
 
 
 def _step_rate(lines: list, w0: float, w1: float) -> float:
@@ -120,7 +136,7 @@ def measure(seconds: float = 40.0, warmup: float = 10.0, repeats: int = 2) -> di
         time.sleep(2)
         for _ in range(repeats):
             for mode in ("none", "ncclwatch", "naive"):
-                r = run_once(mode, seconds, warmup, f"127.0.0.1:{dport}")
+                r = run_once(mode, seconds, warmup, f"127.0.0.1:{dport}", f"127.0.0.1:{hport}")
                 print(json.dumps(r), file=sys.stderr, flush=True)
                 runs.append(r)
     finally:

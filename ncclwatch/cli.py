@@ -29,7 +29,11 @@ _THRESHOLD = Option("stall_threshold", positive_float, 5.0,
                     "seconds in a collective before a rank counts as blocked", "SECONDS")
 _HANG = Option("hang_threshold", positive_float, 30.0,
                "seconds in a collective, with no checkpoint to explain it, before "
-               "collective_hang/desync/rank_lost", "SECONDS")
+               "collective_hang/desync/rank_lost: the ceiling of each job's learned "
+               "threshold", "SECONDS")
+_HANG_FLOOR = Option("hang_floor", positive_float, 5.0,
+                     "the least a job's learned hang threshold can be (a job's normal "
+                     "waits, learned per collective op, set it in between)", "SECONDS")
 _STALENESS = Option("staleness", positive_float, 10.0,
                     "seconds without a report before an agent's ranks are unknown", "SECONDS")
 _SUSPECT = Option("suspect_stack_interval", positive_float, 2.0,
@@ -69,7 +73,7 @@ DAEMON_OPTIONS = (
     Option("grpc", hostport, "0.0.0.0:7470", "listen address for agents", "HOST:PORT"),
     Option("http", hostport, "0.0.0.0:7471", "listen address for /metrics, API, page",
            "HOST:PORT"),
-    _WATCHDOG, _THRESHOLD, _HANG, _STALENESS, *_TLS_SERVER, _WEB_CONFIG, _LOG,
+    _WATCHDOG, _THRESHOLD, _HANG, _HANG_FLOOR, _STALENESS, *_TLS_SERVER, _WEB_CONFIG, _LOG,
 )
 AGENT_OPTIONS = (
     Option("collector", hostports, "127.0.0.1:7470", "the daemon's gRPC address; two or more, "
@@ -85,7 +89,7 @@ RUN_OPTIONS = (
     Option("grpc", hostport, "127.0.0.1:7470", "listen address for agents", "HOST:PORT"),
     Option("http", hostport, "127.0.0.1:7471", "listen address for /metrics, API, page",
            "HOST:PORT"),
-    _INTERVAL, _WATCHDOG, _THRESHOLD, _HANG, _STALENESS, _SUSPECT, _SLOW, _PYSPY_TIMEOUT,
+    _INTERVAL, _WATCHDOG, _THRESHOLD, _HANG, _HANG_FLOOR, _STALENESS, _SUSPECT, _SLOW, _PYSPY_TIMEOUT,
     _CPU_BUDGET, *_TLS_SERVER, _LOG,
 )
 
@@ -256,7 +260,8 @@ def _daemon_config(cfg: dict[str, Any]):
                         watchdog_timeout=cfg["watchdog_timeout"],
                         job_timeouts=cfg.get("job_timeouts", {}),
                         stall_threshold=cfg["stall_threshold"],
-                        hang_threshold=cfg["hang_threshold"], staleness=cfg["staleness"],
+                        hang_threshold=cfg["hang_threshold"], hang_floor=cfg["hang_floor"],
+                        staleness=cfg["staleness"],
                         tls=cfg.get("server_tls"), web=cfg.get("web"))
 
 

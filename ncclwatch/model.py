@@ -140,3 +140,10 @@ SIZE_SOURCES = {
     "previous_checkpoint": "previous checkpoint",
     "gathered_bytes": "memory the rank gathered",
 }
+
+#: Progress events (read/write syscalls of the rank, voluntary context switches
+#: of its main thread) per second below which a rank counts as still: making no
+#: progress, whatever CPU its spinning threads burn. A rank waiting in a
+#: collective makes none (gloo: one futex wait; NCCL: a spin in
+#: cudaStreamSynchronize); a training step makes hundreds.
+STILL_EVENTS_PER_S = 2.0

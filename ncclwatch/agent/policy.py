@@ -1,9 +1,14 @@
 """Which ranks get a py-spy dump this round: the adaptive part of sampling.
 
 py-spy costs 10-150 ms a dump, /proc costs microseconds. So stacks are
-taken where cheap signals say something may be stuck (CPU went quiet or
-woke up, last state was a wait), on a slow round otherwise, and at once when
-the daemon asks. A per-round cap bounds the agent's own CPU.
+taken where cheap signals say something may be stuck, on a slow round
+otherwise, and at once when the daemon asks. The signals do not need quiet
+CPUs (NCCL ranks spin while they wait): the rank stopped or resumed making
+progress (tracker.py: syscalls, main-thread switches), its CPU went quiet or
+woke up, it opened a file for writing, its last stack was checkpoint work, or
+a wait it has not progressed out of since. Repeated looks at an unchanged
+wait back off to the slow round; a per-round cap and a CPU budget bound the
+agent's own CPU.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from ncclwatch.agent.tracker import RankTracker
-from ncclwatch.model import RankState
+from ncclwatch.model import CHECKPOINT_STATES, RankState
 
 
 @dataclass(frozen=True)
@@ -42,23 +47,39 @@ class StackPolicy:
         if t.stack_at is None:
             return 1
         age = now - t.stack_at
-        suspect = t.quiet or t.quiet != t.quiet_at_last_dump or _may_be_stuck(t)
-        if suspect and age >= self.suspect_interval:
+        wait = self.suspect_wait(t)
+        if wait is not None and age >= wait:
             return 2
         if age >= self.slow_interval:
             return 3
         return None
 
+    def suspect_wait(self, t: RankTracker) -> float | None:
+        """How soon to look again at a rank that may be stuck (None: not suspect)."""
+        if (t.quiet != t.quiet_at_last_dump or t.still != t.still_at_last_dump
+                or t.files_changed()):
+            return self.suspect_interval  # something changed since the last look
+        if t.quiet or t.state in CHECKPOINT_STATES or _may_be_stuck(t):
+            # The same picture again and again: look less often, down to the slow
+            # round (the daemon forces fresh stacks of a job it suspects).
+            backoff = 2.0 ** min(max(t.repeats - 2, 0), 4)
+            return min(self.slow_interval, self.suspect_interval * backoff)
+        return None
+
 
 def _may_be_stuck(t: RankTracker) -> bool:
-    """A wait worth a quick second look: just entered, or the same stack again.
+    """A wait worth a second look: one the rank has not progressed out of.
 
-    Healthy training is in a collective much of the time; a rank whose last
-    two dumps showed different waits is moving and can wait for the slow
-    round (the daemon asks for stacks of a job whose ranks wait long).
+    Healthy training is in a collective much of the time; a rank whose
+    syscalls and main-thread switches went on since its last stack has
+    moved on and can wait for the slow round, even if the stack is the same
+    (a loop's next all_reduce). Without progress readings: a wait just
+    entered, or the same stack again.
     """
     if t.state is RankState.COMPUTE:
         return False
+    if t.events_at_dump is not None:
+        return not t.progressed_since_dump()
     entered = t.prev_state in (RankState.COMPUTE, RankState.UNKNOWN)
     return entered or t.repeats >= 1
 

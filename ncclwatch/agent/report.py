@@ -75,6 +75,7 @@ def sample_pb(t: RankTracker, now: float, gpu: Sequence[GpuProcessMemory],
     )
     if t.sample is not None:
         p = t.sample
+        s.still_seconds = t.still_seconds(now)
         s.process.CopyFrom(pb.ProcessStats(
             cpu_seconds=p.cpu_seconds, cpu_utilization=t.cpu_util, rss_bytes=p.rss_bytes,
             io_read_bytes=p.io_read_bytes, io_write_bytes=p.io_write_bytes,

@@ -1,6 +1,7 @@
 """Cheap per-rank samples from /proc through psutil.
 
-One ``oneshot()`` per rank per round: CPU time, RSS, I/O, threads, the
+One ``oneshot()`` per rank per round: CPU time, RSS, I/O, progress events
+(read/write syscalls, voluntary switches of the main thread), threads, the
 regular files open for writing (a checkpoint being written shows here, with
 its size, the size it will have once written when its header or the file it
 copies says so (``agent.ckptsize``), and the size of the previous checkpoint
@@ -66,6 +67,10 @@ class ProcessSample:
     files_writing: tuple[OpenFile, ...]
     vms_bytes: int = 0
     memory_limits: tuple[MemoryLimit, ...] = ()
+    #: Progress events so far: read/write syscalls of the process plus the
+    #: voluntary context switches of its main thread. A rank spinning in a
+    #: wait burns CPU but adds none; a training step adds hundreds.
+    progress_events: int = 0
 
 
 class ProcessSampler:
@@ -106,8 +111,12 @@ class ProcessSampler:
                     # chars = bytes passed to read/write syscalls: what the
                     # process pushed, before the page cache hides it.
                     rd, wr = io.read_chars, io.write_chars
+                    calls = io.read_count + io.write_count
                 except (psutil.AccessDenied, AttributeError):
-                    rd = wr = 0
+                    rd = wr = calls = 0
+                # Linux: /proc/PID/status, the main thread's own count (read
+                # in the same oneshot as num_threads).
+                switches = proc.num_ctx_switches().voluntary
                 files = self._with_previous(self._files_writing(proc)) if with_files else ()
                 limits = self._limits(proc, mem)
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
@@ -127,6 +136,7 @@ class ProcessSampler:
             files_writing=files,
             vms_bytes=mem.vms,
             memory_limits=limits,
+            progress_events=calls + switches,
         )
 
     def forget(self, pid: int) -> None:

@@ -4,13 +4,18 @@ A state's start time is never observed directly: stacks are sampled. The
 tracker takes the earliest time the evidence allows (the last dump that
 showed another state), tightened by the moment the rank's CPU went quiet.
 Erring early makes the watchdog budget smaller, never larger.
+
+Ranks that wait are not always quiet (NCCL ranks spin in
+cudaStreamSynchronize), so the tracker also follows progress: the rank's
+read/write syscalls and its main thread's voluntary context switches. A
+rank with none over a round is *still*, whatever CPU it burns.
 """
 
 from __future__ import annotations
 
 from ncclwatch.agent.discover import RankProcess
 from ncclwatch.agent.sample import ProcessSample
-from ncclwatch.model import QUIET_CPU, CollectiveOp, RankState
+from ncclwatch.model import QUIET_CPU, STILL_EVENTS_PER_S, CollectiveOp, RankState
 from ncclwatch.signatures import Classification
 
 
@@ -20,6 +25,7 @@ class RankTracker:
         "proc", "state", "op", "state_since", "stack_id", "stack_at", "sample",
         "cpu_util", "_cpu_at", "quiet_since", "quiet_at_last_dump", "forced",
         "env_sent", "repeats", "prev_state", "flight_recorder", "scheduler_job",
+        "still_since", "still_at_last_dump", "events_at_dump", "files_at_dump",
     )
 
     def __init__(self, proc: RankProcess, now: float) -> None:
@@ -44,6 +50,13 @@ class RankTracker:
         self.flight_recorder = None
         #: The scheduler's name and user for the rank's job (SchedulerJob), if any.
         self.scheduler_job = None
+        #: Since when the rank has made no progress (None: it made some last round).
+        self.still_since: float | None = None
+        self.still_at_last_dump = False
+        #: Progress events when the last stack was taken (None: no sample then).
+        self.events_at_dump: int | None = None
+        #: The files the rank had open for writing when the last stack was taken.
+        self.files_at_dump: frozenset[str] = frozenset()
 
     @property
     def pid(self) -> int:
@@ -52,6 +65,27 @@ class RankTracker:
     @property
     def quiet(self) -> bool:
         return self.quiet_since is not None
+
+    @property
+    def still(self) -> bool:
+        return self.still_since is not None
+
+    def still_seconds(self, now: float) -> float:
+        """How long the rank has made no progress (0: it made some last round)."""
+        return max(0.0, now - self.still_since) if self.still_since is not None else 0.0
+
+    def progressed_since_dump(self) -> bool:
+        """Progress events since the last stack beyond what a still rank shows."""
+        if self.sample is None or self.events_at_dump is None or self.stack_at is None:
+            return False
+        allowed = STILL_EVENTS_PER_S * max(0.0, (self._cpu_at or 0.0) - self.stack_at)
+        return self.sample.progress_events - self.events_at_dump > allowed
+
+    def files_changed(self) -> bool:
+        """A file opened for writing since the last stack: a save may have begun."""
+        if self.sample is None:
+            return False
+        return any(f.path not in self.files_at_dump for f in self.sample.files_writing)
 
     def observe_process(self, sample: ProcessSample, now: float) -> None:
         prev, prev_at = self.sample, self._cpu_at
@@ -64,24 +98,53 @@ class RankTracker:
                 self.quiet_since = prev_at  # quiet over the whole last interval
         else:
             self.quiet_since = None
+        events = sample.progress_events - prev.progress_events
+        if events < STILL_EVENTS_PER_S * (now - prev_at):
+            if self.still_since is None:
+                self.still_since = prev_at  # still over the whole last interval
+        else:
+            self.still_since = None
 
     def observe_stack(self, c: Classification, stack_id: str, now: float) -> None:
         self.repeats = self.repeats + 1 if stack_id == self.stack_id else 0
         self.prev_state = self.state
-        if (c.state, c.op) != (self.state, self.op) or self.stack_at is None:
+        if (c.state, c.op) != (self.state, self.op) or self.stack_at is None \
+                or self._new_wait(c):
             self.state_since = self._start_estimate(now, c)
             self.state, self.op = c.state, c.op
         self.stack_id = stack_id
         self.stack_at = now
         self.quiet_at_last_dump = self.quiet
+        self.still_at_last_dump = self.still
+        if self.sample is not None:
+            self.events_at_dump = self.sample.progress_events
+            self.files_at_dump = frozenset(f.path for f in self.sample.files_writing)
         self.forced = False
+
+    def _new_wait(self, c: Classification) -> bool:
+        """The same wait as last time, but the rank made progress in between: a
+        new wait (a loop's next all_reduce at the same line), not a longer one.
+
+        Caveat: a waiting rank whose other threads make more than
+        STILL_EVENTS_PER_S read/write calls would look like that at every
+        dump. The gloo ranks measured here make none while they wait; NCCL's
+        helper threads (watchdog, heartbeat) should not either (not checked
+        on a GPU). Checkpoint work is one activity however many collectives
+        it runs: a rank waiting tensor by tensor inside a state-dict gather
+        keeps its start.
+        """
+        plain_wait = c.state in (RankState.COLLECTIVE, RankState.DEVICE_WAIT)
+        return plain_wait and self.progressed_since_dump()
 
     def _start_estimate(self, now: float, c: Classification) -> float:
         waiting = c.op is not CollectiveOp.NONE or c.state is not RankState.COMPUTE
         if self.stack_at is None:
-            # First look: if it has been quiet, it may have waited that long.
-            return self.quiet_since if (waiting and self.quiet_since is not None) else now
+            # First look: if it has been quiet or still, it may have waited that long.
+            marks = [m for m in (self.quiet_since, self.still_since) if m is not None]
+            return min(marks) if (waiting and marks) else now
         start = self.stack_at
         if waiting and self.quiet_since is not None:
             start = max(start, self.quiet_since)
+        if waiting and self.still_since is not None:
+            start = max(start, self.still_since)
         return start

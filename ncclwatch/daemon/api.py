@@ -174,6 +174,7 @@ def _job_head(d: Daemon, job_id: str, job, now: float, wall: float) -> dict[str,
                      "remaining_seconds": round(b.remaining, 1),
                      "longest_blocked_rank": b.blocked_rank,
                      "longest_blocked_seconds": round(b.blocked_seconds, 1)},
+        "hang_threshold": hang_threshold_view(d, job, now),
         "env": dict(job.env),
         "config_warnings": [{"code": w.code, "severity": w.severity, "message": w.message}
                             for w in job.warnings],
@@ -220,6 +221,13 @@ def _rank(r: int, rec, fresh: bool, now: float, wall: float) -> dict[str, Any]:
                           for dv, u, lim in rec.limits],
         "gpu": [{"device": i, "used_bytes": u, "total_bytes": t} for i, u, t in rec.gpu],
     }
+
+
+def hang_threshold_view(d: Daemon, job, now: float) -> dict[str, Any]:
+    """The job's learned hang threshold now, its bounds, and what it learned per op."""
+    policy = d.detect_cfg.waits
+    return {"seconds": round(d.hang_threshold_of(job, now), 1), "floor_seconds": policy.floor,
+            "ceiling_seconds": policy.ceiling, "by_op": job.waits.view(policy, now)}
 
 
 def incident_view(d: Daemon, inc: Incident, now: float | None = None) -> dict[str, Any]:

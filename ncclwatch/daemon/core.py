@@ -46,6 +46,7 @@ class DaemonConfig:
     job_timeouts: dict[str, float] = field(default_factory=dict)
     stall_threshold: float = 5.0
     hang_threshold: float = 30.0
+    hang_floor: float = 5.0
     staleness: float = 10.0
     tick: float = 0.5
     tls: ServerTLS | None = None  # mTLS for the agents' gRPC (None: insecure)
@@ -58,7 +59,8 @@ class Daemon:
         self.table = JobTable(staleness=self.config.staleness)
         self.incidents = Incidents()
         self.detect_cfg = DetectConfig(stall_threshold=self.config.stall_threshold,
-                                       hang_threshold=self.config.hang_threshold)
+                                       hang_threshold=self.config.hang_threshold,
+                                       hang_floor=self.config.hang_floor)
         self.budget_cfg = BudgetConfig(default_timeout=self.config.watchdog_timeout,
                                        job_timeouts=dict(self.config.job_timeouts))
         self.budgets: dict[str, Budget] = {}
@@ -240,11 +242,8 @@ class Daemon:
         half the stall threshold are worth a round of dumps on every rank.
         """
         job = self.table.jobs[job_id]
-        if not job.waiting:
-            return
         half = self.config.stall_threshold / 2
-        if not stalled and not any(self._long_wait(job.ranks[r], now, half)
-                                   for r in job.waiting):
+        if not stalled and not self._suspicious(job, now, half):
             return
         every = REFRESH_EVERY if stalled else ESCALATE_EVERY
         if now - self._escalated.get(job_id, -1e9) >= every:
@@ -256,18 +255,40 @@ class Daemon:
             self.request_flight_recorder(job_id, "stall suspected" if not stalled
                                          else "stall refresh")
 
+    def _suspicious(self, job, now: float, half: float) -> bool:
+        """Worth a round of fresh stacks on every rank of the job.
+
+        A rank waits long (below), or a rank has made no progress for a while
+        since its last stack: the daemon's picture of it (compute, say) is
+        from before it sat down, and where it sits now (a collective, behind
+        a saving peer) is what a verdict needs. Once a stack is taken during
+        the stillness the rank no longer asks.
+        """
+        if any(self._long_wait(job.ranks[r], now, half) for r in job.waiting):
+            return True
+        return any(rec.still_since is not None and now - rec.still_since >= half
+                   and (rec.stack_at is None or rec.stack_at < rec.still_since)
+                   for rec in job.ranks.values())
+
     @staticmethod
     def _long_wait(rec, now: float, half: float) -> bool:
-        """A wait worth fresh stacks: long, and either quiet or seen by two dumps.
+        """A wait worth fresh stacks: long, and quiet, still or seen by two dumps.
 
         Between dumps a rank keeps the state its last stack showed; a busy
         rank last seen in an all_reduce is most likely training on. Its wait
-        counts once its CPU went quiet or a later stack showed it still there.
+        counts once its CPU went quiet, it made no progress (waiting ranks
+        that spin are not quiet), or a later stack showed it still there.
         """
         if now - rec.since < half:
             return False
         confirmed = rec.stack_at is not None and rec.stack_at - rec.since >= half
-        return rec.cpu_util < QUIET_CPU or confirmed
+        still = rec.still_at is not None and now - rec.still_at >= half
+        return rec.cpu_util < QUIET_CPU or still or confirmed
+
+    def hang_threshold_of(self, job, now: float) -> float:
+        """The job's learned hang threshold now (waits.WaitLearner.current)."""
+        ops = {job.ranks[r].still_op for r in job.waiting if job.ranks[r].still_at is not None}
+        return job.waits.current(ops, self.detect_cfg.waits, now)
 
     def budget_of(self, job_id: str, now: float) -> Budget:
         b = self.budgets.get(job_id)

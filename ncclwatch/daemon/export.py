@@ -48,7 +48,8 @@ class Capture:
     """What a scrape takes on the event loop; the rest is built from it elsewhere."""
 
     now: float
-    jobs: list[tuple]            # (job_id, world_size, ranks list, budget, incidents, warnings)
+    #: (job_id, world_size, ranks list, budget, incidents, warnings, culprits, hang threshold)
+    jobs: list[tuple]
     agents: list[AgentRecord]
     staleness: float
     fresh: Callable[[Any, float], bool]
@@ -65,7 +66,7 @@ def capture(d: Daemon, now: float | None = None) -> Capture:
         culprits = {cu.rank: job.ranks.get(cu.rank)
                     for _, inc in incs if inc for cu in inc.finding.culprits}
         jobs.append((job_id, job.world_size, list(job.ranks.values()), d.budget_of(job_id, now),
-                     incs, list(job.warnings), culprits))
+                     incs, list(job.warnings), culprits, d.hang_threshold_of(job, now)))
     return Capture(now=now, jobs=jobs, agents=list(table.agents.values()),
                    staleness=table.staleness, fresh=table.fresh, counters={
                        "opened": dict(d.incidents.opened_total),
@@ -93,6 +94,9 @@ def build(c: Capture) -> list[Family]:
                 "Process-group (watchdog) timeout assumed for the job", ("job",))
     remaining = F("ncclwatch_watchdog_remaining_seconds",
                   "Timeout minus how long the longest-blocked rank has been blocked", ("job",))
+    hang = F("ncclwatch_hang_threshold_seconds",
+             "Seconds a rank may sit still in a collective before a hang is flagged: learned "
+             "from the job's normal waits, between --hang-floor and --hang-threshold", ("job",))
     ranks = F("ncclwatch_ranks", "Ranks of the job by state (unknown: not reporting)",
               ("job", "state"))
     world = F("ncclwatch_job_world_size", "World size of the job", ("job",))
@@ -128,7 +132,8 @@ def build(c: Capture) -> list[Family]:
     shown: set[tuple[str, int]] = set()
     shown_write: set[str] = set()
     unknown = RankState.UNKNOWN
-    for job_id, world_size, recs, b, incs, warnings, culprit_recs in c.jobs:
+    for job_id, world_size, recs, b, incs, warnings, culprit_recs, hang_s in c.jobs:
+        hang.add((job_id,), hang_s)
         counts = {s: 0 for s in RankState}
         host_max, gpu_max = 0, None
         for rec in recs:
@@ -176,7 +181,7 @@ def build(c: Capture) -> list[Family]:
                     mem_eta.add((job_id, rank_label(m.rank), m.device), m.eta_seconds)
         for w in warnings:
             warn.add((job_id, w.code, w.severity), 1)
-    out = [active, duration, waiting, culprit, timeout, remaining, ranks, world,
+    out = [active, duration, waiting, culprit, timeout, remaining, hang, ranks, world,
            at_risk, cause, eta, overrun, mem_eta, written, expected, write_rate,
            rank_mem, max_mem, warn]
     out += _agent_families(_latest_per_node(c.agents), now, c.staleness)

@@ -16,6 +16,7 @@ from collections.abc import Collection
 from typing import Any
 
 from ncclwatch.envlint import EnvWarning, lint
+from ncclwatch.daemon.waits import WaitLearner
 from ncclwatch.flightrec import is_default_group
 from ncclwatch.model import CollectiveOp, RankState
 from ncclwatch.stacks import Frame, Stack
@@ -25,6 +26,9 @@ from ncclwatch.v1 import collector_pb2 as pb
 MAX_STACKS = 200_000
 #: A job whose ranks are all gone is forgotten after this long.
 GONE_JOB_TTL = 120.0
+#: A state's start moving later by more than this on the agent's clock: a new
+#: episode of it (the agent re-anchors a wait it saw the rank progress out of).
+NEW_EPISODE = 0.5
 #: Evidence curve per rank: points at least this far apart, this many kept.
 CURVE_STEP = 0.9
 CURVE_POINTS = 90
@@ -147,12 +151,43 @@ def _gpu_name(index: int) -> str:
     return _GPU_NAMES.get(index) or f"gpu{index}"
 
 
+def _follow_wait(job: Job, rec: RankRecord, state: RankState, op: CollectiveOp,
+                 still: float, changed: bool, recv: float, interval: float) -> None:
+    """Track the rank's still wait and teach the job's learner when one ends.
+
+    A wait is the run of rounds a rank sits still in one op. It ends when the
+    rank makes progress or its stack shows another state; its length is
+    taken up to this report (an upper bound: the learner errs long).
+    """
+    if op is CollectiveOp.NONE and state is not RankState.DEVICE_WAIT:
+        wop = CollectiveOp.NONE
+    else:
+        wop = op if op is not CollectiveOp.NONE else CollectiveOp.WAIT
+    if rec.still_at is not None and (changed or still <= 0 or wop is not rec.still_op):
+        job.waits.ended(rec.still_op, recv - rec.still_at, recv)
+        rec.still_at = None
+    if still <= 0:
+        job.waits.stepped(recv)
+    if wop is CollectiveOp.NONE:
+        return
+    if still <= 0:
+        # Progress after the stack that placed the rank in the op: it got out.
+        # (Progress in the round the stack was taken may be how it got in.)
+        if rec.stack_at is not None and recv - rec.stack_at >= interval:
+            job.waits.progressed(wop, recv)
+    elif rec.still_at is None and rec.stack_at is not None and rec.stack_at >= recv - still:
+        # Only a stack taken while the rank sat still says where it sits.
+        rec.still_at = max(rec.since, recv - still)
+        rec.still_op = wop
+
+
 class RankRecord:
     __slots__ = (
         "rank", "local_rank", "node", "agent_id", "pid", "state", "op", "since",
         "stack_id", "seen", "cpu_util", "rss_bytes", "io_write_bytes", "write_rate",
         "files", "gpu", "gone_at", "vms_bytes", "limits", "curve", "stack_at",
         "rank_source",
+        "still_since", "still_at", "still_op", "since_agent", "progress_known",
     )
 
     def __init__(self, rank: int) -> None:
@@ -184,6 +219,19 @@ class RankRecord:
         self.stack_at: float | None = None
         # How the agent identified the rank ("env:RANK", "spawn_index", "unknown", ...).
         self.rank_source = ""
+
+        # Since when the rank has made no progress, whatever its state (daemon
+        # clock); None: it made some in its last round, or no reading.
+        self.still_since: float | None = None
+        # ``since`` on the agent's own clock: a later start of the same state
+        # there is a new wait (the agent saw progress in between), not jitter.
+        self.since_agent = 0.0
+        # Whether the agent reports progress (still_seconds) for this rank.
+        self.progress_known = False
+        # Since when the rank has sat still (no progress) in its current wait,
+        # daemon clock, and in which op; None: not in a still wait (or no reading).
+        self.still_at: float | None = None
+        self.still_op = CollectiveOp.NONE
 
 
 @dataclass
@@ -227,6 +275,9 @@ class Job:
     def unidentified(self) -> int:
         """Live members whose rank is unknown (each is one of the missing numbers)."""
         return sum(1 for k, r in self.ranks.items() if k < 0 and r.gone_at is None)
+
+    #: How long this job's ranks normally sit still in each collective op.
+    waits: WaitLearner = field(default_factory=WaitLearner)
 
     def set_state(self, rec: RankRecord, state: RankState, op: CollectiveOp) -> None:
         self.by_state[rec.state].discard(rec.rank)
@@ -356,6 +407,7 @@ class JobTable:
         if node == agent.node:
             node = agent.node
         agent_id = agent.agent_id
+        agent_clock = report.agent_monotonic_seconds
         jobs = self.jobs
         job: Job | None = None
         for s in report.samples:
@@ -379,12 +431,16 @@ class JobTable:
             state = _STATE_OF.get(s.state) or RankState.from_proto(s.state)
             op = _OP_OF.get(s.op) or CollectiveOp.from_proto(s.op)
             since = recv - s.state_seconds
-            if state is not rec.state or op is not rec.op or rec.pid != pid:
+            since_agent = agent_clock - s.state_seconds
+            changed = state is not rec.state or op is not rec.op or rec.pid != pid
+            if changed or since_agent > rec.since_agent + NEW_EPISODE:
+                changed = True
                 job.set_state(rec, state, op)
                 rec.since = since
             elif since < rec.since:
                 # Same state: keep the earliest anchor, immune to network jitter.
                 rec.since = since
+            rec.since_agent = since_agent
             p = s.process
             written = p.io_write_bytes
             if rec.seen and written >= rec.io_write_bytes and recv > rec.seen:
@@ -423,6 +479,16 @@ class JobTable:
                 rec.stack_id = sid
             # The state is what the stack of stack_age_seconds ago showed.
             rec.stack_at = recv - s.stack_age_seconds if state is not RankState.UNKNOWN else None
+            if s.HasField("still_seconds"):
+                still = s.still_seconds
+                rec.progress_known = True
+                if still <= 0 and rec.still_since is not None:
+                    job.waits.still_ended(recv - rec.still_since)
+                rec.still_since = recv - still if still > 0 else None
+                _follow_wait(job, rec, state, op, still, changed, recv, agent.interval)
+            elif rec.progress_known:
+                rec.progress_known = False
+                rec.still_since = rec.still_at = None
             if s.HasField("flight_recorder"):
                 fr = s.flight_recorder
                 job.flight_recorder[rank] = (recv - fr.dump_age_seconds, fr)
@@ -470,6 +536,7 @@ class JobTable:
         if rec is None or rec.gone_at is not None or (pid is not None and rec.pid != pid):
             return
         rec.gone_at = now
+        rec.still_at = None  # a wait cut short by exit is no normal wait
         job.set_state(rec, RankState.UNKNOWN, CollectiveOp.NONE)
         rec.since = now
         self.dirty.add(job_id)

@@ -23,9 +23,16 @@ Scenarios (one function each, below):
                     two different collectives
   gather-oom        FSDP2 full state dict gathered into rank 0's host memory
                     under an address-space limit it runs into, slowly
-  train             healthy DDP training for --save-seconds
+  train             healthy DDP training for --save-seconds; with --eval-every
+                    N rank --late-rank (0) evaluates --eval-seconds every N steps
+                    while the others wait in a barrier; with --hang-after S that
+                    rank skips an all_reduce after S seconds (--late-activity)
   compute           all ranks do matmuls; dataloader: all ranks wait on a slow
                     DataLoader (--num-workers)
+
+--busy-thread F (any scenario): every rank burns F of a core in a thread, with
+the GIL released, as NCCL ranks spin in cudaStreamSynchronize while they wait:
+no rank ever looks CPU-quiet.
 
 Every rank prints one line per phase, and machine-readable markers:
     NCCLWATCH_DEMO phase=<phase> rank=<r> pid=<pid> t=<time.time()> [k=v ...]
@@ -468,6 +475,19 @@ def _vm_size() -> int:
     raise RuntimeError("no VmSize in /proc/self/status")
 
 
+def evaluate(args, step: int) -> None:
+    """--eval-every: rank --late-rank (0) evaluates for --eval-seconds while the
+    others wait in a barrier: a long wait that is healthy."""
+    if RANK == late_rank(args, 0):
+        log(f"eval at step {step}: {args.late_activity} for {args.eval_seconds}s")
+        marker("eval_start", step=step)
+        LATE_ACTIVITIES[args.late_activity](args.eval_seconds)
+    else:
+        marker("wait_start", op="barrier", step=step)
+    dist.barrier()
+    marker("eval_end", step=step)
+
+
 def scenario_train(args) -> None:
     """Healthy training: DDP steps (compute + all_reduce) for --save-seconds."""
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -479,11 +499,19 @@ def scenario_train(args) -> None:
     # on its own clock goes to the barrier while a peer's next backward waits
     # in DDP's all_reduce, a real hang (ncclwatch flagged it).
     end, i, stop = time.time() + args.save_seconds, 0, torch.zeros(1)
+    hang_at = time.time() + args.hang_after if args.hang_after is not None else None
     while True:
         stop.fill_(float(time.time() >= end))
+        if hang_at is not None and time.time() >= hang_at and RANK == late_rank(args, 0):
+            hang_at = None  # --hang-after: skip this all_reduce for a while
+            log(f"late: {args.late_activity} instead of step {i}'s all_reduce")
+            marker("busy_start", op="all_reduce", activity=args.late_activity, step=i)
+            LATE_ACTIVITIES[args.late_activity](args.pg_timeout + 10)
         dist.all_reduce(stop, op=dist.ReduceOp.MAX)
         if stop.item():
             break
+        if args.eval_every and i and i % args.eval_every == 0:
+            evaluate(args, i)
         loss = model(torch.randn(8, dim)).pow(2).mean()
         loss.backward()
         opt.step()
@@ -590,10 +618,43 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--mem-limit-mb", type=float, default=None,
                    help="gather-oom: address-space headroom of rank 0 (default: "
                         "two thirds of --model-mb)")
+    p.add_argument("--eval-every", type=int, default=0, metavar="STEPS",
+                   help="train: every this many steps the late rank evaluates")
+    p.add_argument("--eval-seconds", type=float, default=20.0,
+                   help="train: how long each evaluation takes")
+    p.add_argument("--hang-after", type=float, default=None, metavar="SECONDS",
+                   help="train: after this long the late rank stops joining the step's "
+                        "all_reduce (a hang in a fast-stepping job)")
+    p.add_argument("--busy-thread", type=float, default=0.0, metavar="FRACTION",
+                   help="every rank burns this fraction of a core in a thread (GIL "
+                        "released), as NCCL ranks spin while they wait: never CPU-quiet")
     args = p.parse_args(argv)
     if args.mem_limit_mb is None:
         args.mem_limit_mb = args.model_mb * 2 / 3
     return args
+
+
+def busy_thread(fraction: float, period: float = 0.01) -> None:
+    """Burn ``fraction`` of a core in a daemon thread for the life of the rank.
+
+    hashlib releases the GIL on large buffers, so the burn runs beside the
+    main thread as a spinning CUDA sync does, without slowing its Python;
+    the thread makes no read/write syscalls.
+    """
+    import hashlib
+    import threading
+    buf = bytes(64 * 1024)
+    spin, rest = period * fraction, period * (1 - fraction)
+
+    def burn() -> None:
+        while True:
+            end = time.monotonic() + spin
+            while time.monotonic() < end:
+                hashlib.sha256(buf).digest()
+            if rest > 0:
+                time.sleep(rest)
+
+    threading.Thread(target=burn, name="busy-wait", daemon=True).start()
 
 
 def _die_with_parent() -> None:
@@ -614,6 +675,8 @@ def main(argv=None) -> int:
     RANK = int(os.environ.get("RANK", "0"))
     _die_with_parent()
     torch.set_num_threads(1)  # small boxes: one compute thread per rank
+    if args.busy_thread > 0:
+        busy_thread(min(args.busy_thread, 1.0))
     dist.init_process_group(
         "gloo", timeout=datetime.timedelta(seconds=args.pg_timeout))
     from ncclwatch.demo import debug_pipe

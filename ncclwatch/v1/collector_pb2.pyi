@@ -131,7 +131,7 @@ class RankIdentity(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., world_size: _Optional[int] = ..., pid: _Optional[int] = ..., rank_source: _Optional[str] = ...) -> None: ...
 
 class RankSample(_message.Message):
-    __slots__ = ("identity", "state", "op", "state_seconds", "stack_age_seconds", "stack_id", "process", "gpu", "job", "flight_recorder")
+    __slots__ = ("identity", "state", "op", "state_seconds", "stack_age_seconds", "stack_id", "process", "gpu", "job", "flight_recorder", "still_seconds")
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
@@ -142,6 +142,7 @@ class RankSample(_message.Message):
     GPU_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     FLIGHT_RECORDER_FIELD_NUMBER: _ClassVar[int]
+    STILL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     identity: RankIdentity
     state: RankState
     op: CollectiveOp
@@ -152,7 +153,8 @@ class RankSample(_message.Message):
     gpu: _containers.RepeatedCompositeFieldContainer[GpuMemory]
     job: JobInfo
     flight_recorder: FlightRecorderSummary
-    def __init__(self, identity: _Optional[_Union[RankIdentity, _Mapping]] = ..., state: _Optional[_Union[RankState, str]] = ..., op: _Optional[_Union[CollectiveOp, str]] = ..., state_seconds: _Optional[float] = ..., stack_age_seconds: _Optional[float] = ..., stack_id: _Optional[str] = ..., process: _Optional[_Union[ProcessStats, _Mapping]] = ..., gpu: _Optional[_Iterable[_Union[GpuMemory, _Mapping]]] = ..., job: _Optional[_Union[JobInfo, _Mapping]] = ..., flight_recorder: _Optional[_Union[FlightRecorderSummary, _Mapping]] = ...) -> None: ...
+    still_seconds: float
+    def __init__(self, identity: _Optional[_Union[RankIdentity, _Mapping]] = ..., state: _Optional[_Union[RankState, str]] = ..., op: _Optional[_Union[CollectiveOp, str]] = ..., state_seconds: _Optional[float] = ..., stack_age_seconds: _Optional[float] = ..., stack_id: _Optional[str] = ..., process: _Optional[_Union[ProcessStats, _Mapping]] = ..., gpu: _Optional[_Iterable[_Union[GpuMemory, _Mapping]]] = ..., job: _Optional[_Union[JobInfo, _Mapping]] = ..., flight_recorder: _Optional[_Union[FlightRecorderSummary, _Mapping]] = ..., still_seconds: _Optional[float] = ...) -> None: ...
 
 class FlightRecorderSummary(_message.Message):
     __slots__ = ("dump_age_seconds", "version", "groups")

@@ -169,4 +169,26 @@ SCENARIOS: tuple[Scenario, ...] = (
           ("fw-fsdp1-full-load", "fw_torch.py", ("--model-mb", "6", "--mode", "fsdp1-load"),
            2, None, 150_000, "checkpoint_restore", "loading", "slow_restore", "load_start"),
       )),
+    # -- busy waiters / adaptive thresholds (issue 13) ------------------------------
+    # Every rank burns 60% of a core in a thread (NCCL ranks spin in
+    # cudaStreamSynchronize): nobody is CPU-quiet.
+    Scenario("busy-save-rank0-barrier", _job("slow-save", "--model-mb", "16",
+                                             "--busy-thread", "0.6", seconds=150),
+             kind="checkpoint_gather", culprits=(0,), root_cause="save_overruns_watchdog",
+             at_risk=True, start="save_start", world=2, detect_within=10.0),
+    # A plain torch.save onto slow storage (a FUSE mount at 60 kB/s): the saver
+    # is CPU-quiet, blocked in a write syscall.
+    Scenario("quiet-saver-fuse-write", _job("fast-save", "--model-mb", "8",
+                                            "--no-previous-checkpoint"),
+             kind="checkpoint_gather", culprits=(0,), root_cause=None, at_risk=None,
+             start="save_start", world=2, detect_within=10.0, write_rate=60_000),
+    # Rank 0 evaluates 20 s every 25 steps while the others wait in a barrier.
+    Scenario("healthy-long-eval-waits", _job("train", "--eval-every", "25",
+                                             "--eval-seconds", "20", seconds=70),
+             world=3, limit=160.0),
+    # Steps for 25 s, then rank 1 stops joining the step's all_reduce.
+    Scenario("fast-steps-hang", _job("train", "--hang-after", "25", "--late-rank", "1",
+                                     "--late-activity", "sleep", seconds=300),
+             kind="collective_hang", culprits=(1,), root_cause="rank_idle", at_risk=True,
+             start="busy_start", world=3, detect_within=10.0),
 )

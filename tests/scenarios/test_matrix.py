@@ -98,7 +98,8 @@ class Outcome:
                 out.append(f"unexpected kinds {sorted(extra)}")
             if self.first_kind == s.kind and self.culprits != s.culprits:
                 out.append(f"culprits {list(self.culprits)} != {list(s.culprits)}")
-            if self.first_kind == s.kind and self.root_cause not in s.root_causes:
+            if (self.first_kind == s.kind and s.root_cause is not None
+                    and self.root_cause not in s.root_causes):
                 out.append(f"root cause {self.root_cause} != {s.root_cause}")
             if s.state and self.first_kind == s.kind and set(self.states) != {s.state}:
                 out.append(f"culprit state {list(self.states)} != {s.state}")
@@ -148,8 +149,8 @@ def _first(job: Job, phases: tuple[str, ...]) -> float | None:
 
 
 def _ckpt_dir(s: Scenario):
-    """Framework rows write to a throttlefs mount, the demo job to a temp dir."""
-    if s.script:
+    """Rows with a storage rate write to a throttlefs mount, the others to a temp dir."""
+    if s.write_rate is not None or s.read_rate is not None:
         return mounted(s.write_rate, s.read_rate)
     return tempfile.TemporaryDirectory(prefix=f"ncclwatch-{s.name}-")
 

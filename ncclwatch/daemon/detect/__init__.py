@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from ncclwatch.daemon.table import Job, JobTable
+from ncclwatch.daemon.table import Job, JobTable, RankRecord
+from ncclwatch.daemon.waits import WaitPolicy
 from ncclwatch.model import CollectiveOp, RankState, StallKind
 
 
@@ -19,8 +20,17 @@ from ncclwatch.model import CollectiveOp, RankState, StallKind
 class DetectConfig:
     #: A rank counts as blocked after this long in a collective.
     stall_threshold: float = 5.0
-    #: Waits with no checkpoint to explain them count after this long.
+    #: Waits with no checkpoint to explain them count after this long: the
+    #: ceiling of the learned per-job threshold (waits.py), and the threshold
+    #: for ranks with no progress reading.
     hang_threshold: float = 30.0
+    #: The learned threshold never goes below this.
+    hang_floor: float = 5.0
+
+    @property
+    def waits(self) -> WaitPolicy:
+        return WaitPolicy(floor=min(self.hang_floor, self.hang_threshold),
+                          ceiling=self.hang_threshold)
 
 
 @dataclass(frozen=True)
@@ -58,11 +68,15 @@ class Blocked:
     started_at: float  # when the first of them blocked (daemon clock)
 
 
-def blocked(job: Job, table: JobTable, now: float, threshold: float) -> Blocked | None:
+def blocked(job: Job, table: JobTable, now: float, threshold: float,
+            long_enough: Callable[[RankRecord], bool] | None = None) -> Blocked | None:
+    """Ranks in a collective for ``threshold`` (or as ``long_enough`` judges)."""
     ranks, ops, started = [], set(), now
     for r in job.waiting:
         rec = job.ranks[r]
-        if table.fresh(rec, now) and now - rec.since >= threshold:
+        if not table.fresh(rec, now):
+            continue
+        if long_enough(rec) if long_enough else now - rec.since >= threshold:
             ranks.append(r)
             # A device_wait rank's op is unknown (no c10d frame): WAIT.
             ops.add(rec.op if rec.op is not CollectiveOp.NONE else CollectiveOp.WAIT)

@@ -8,8 +8,10 @@
   culprit is guessed from missing data; the finding lists the unknown ranks.
 
 Absent ranks in checkpoint work are left to the checkpoint detector. These
-kinds wait longer before speaking (``hang_threshold``): a job's start-up and
-uneven steps make short waits in a collective normal.
+kinds wait longer before speaking: a job's start-up and uneven steps make
+short waits in a collective normal. How long is learned per job and op
+(waits.py): a rank counts once it has sat still in its collective for the
+job's threshold, or, still or not, for ``hang_threshold`` (the ceiling).
 """
 
 from __future__ import annotations
@@ -17,14 +19,32 @@ from __future__ import annotations
 from collections import Counter
 
 from ncclwatch.daemon.detect import DetectConfig, Finding, blocked, culprit_of
-from ncclwatch.daemon.table import Job, JobTable
+from ncclwatch.daemon.table import Job, JobTable, RankRecord
 from ncclwatch.model import CHECKPOINT_STATES, StallKind, rank_ranges
+
+
+def hung(job: Job, now: float, cfg: DetectConfig):
+    """The per-rank test: still in its collective past the job's learned threshold.
+
+    A rank with progress readings counts only while it sits still with a
+    stack taken during the stillness (``still_at``): a stack from before it
+    went still may be stale (the rank stepped on, then sat down elsewhere).
+    Without readings (an older agent): in the collective past the ceiling.
+    """
+    policy = cfg.waits
+
+    def long_enough(rec: RankRecord) -> bool:
+        if not rec.progress_known:
+            return now - rec.since >= cfg.hang_threshold
+        return (rec.still_at is not None
+                and now - rec.still_at >= job.waits.threshold(rec.still_op, policy, now))
+    return long_enough
 
 
 def detect(job: Job, table: JobTable, now: float, cfg: DetectConfig) -> list[Finding]:
     if not job.waiting:
         return []
-    b = blocked(job, table, now, cfg.hang_threshold)
+    b = blocked(job, table, now, cfg.hang_threshold, hung(job, now, cfg))
     if b is None:
         return []
     waiting, ops = b.ranks, b.ops

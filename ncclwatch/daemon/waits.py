@@ -1,0 +1,151 @@
+"""Each job's normal waits, learned from its samples: the adaptive hang threshold.
+
+A fixed hang threshold is wrong for every job: too slow for one whose ranks
+leave each all_reduce within milliseconds, too fast for one whose ranks wait
+20 s in a barrier while rank 0 evaluates. So the daemon learns, per job and
+per collective op, how long ranks sit still in it (no progress: the agent's
+``still_seconds``) and flags a hang only when a wait is well outside that:
+
+    threshold(op) = clamp(factor * longest recent normal wait + slack, floor, ceiling)
+
+Evidence is what ended: a wait that ended (the rank made progress again or
+moved on), and a round in which a rank last seen in the op made progress
+(its wait there ended within a round; stacks are samples, so the waits they
+catch are the long ones, a fair test). A wait still going on teaches nothing.
+An op's threshold is learned once the job has stepped (``min_evidence``
+rounds of progress over ``warmup`` seconds) and the op itself has
+``min_op_evidence``; until then it is the ceiling, the fixed
+``--hang-threshold``. So a job's first long wait at start-up (rank 0 loading
+data while the others sit in a barrier) and a first long wait in an op the
+job never showed before (a 20 s evaluation behind a barrier) keep the ceiling.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from ncclwatch.model import CollectiveOp
+
+#: The collectives a training step runs (DDP, FSDP; WAIT: NCCL's CPU side at
+#: a device sync). Never sighted, they are presumed as short as the job's
+#: other still periods once it steps; sync points (barrier, broadcast, the
+#: *_object calls) that surround evaluations, checkpoints and start-up keep
+#: the ceiling until the job shows how long they take.
+STEP_OPS = frozenset({CollectiveOp.ALL_REDUCE, CollectiveOp.REDUCE_SCATTER,
+                      CollectiveOp.ALL_GATHER, CollectiveOp.WAIT})
+
+
+@dataclass(frozen=True)
+class WaitPolicy:
+    #: Never flag a hang sooner than this (seconds), whatever was learned.
+    floor: float = 5.0
+    #: Never later: the fixed --hang-threshold, also used until warmed up.
+    ceiling: float = 30.0
+    #: A hang is this many times the longest normal wait...
+    factor: float = 2.0
+    #: ...plus this (still_seconds have the agent round's resolution).
+    slack: float = 2.0
+    #: Rounds of progress (any rank) before the job counts as stepping...
+    min_evidence: int = 30
+    #: ...over at least this many seconds.
+    warmup: float = 20.0
+    #: Evidence about an op (ended waits, progress rounds) before trusting it.
+    min_op_evidence: int = 2
+
+
+#: Ended waits kept per op (the longest of them sets the threshold).
+RECENT = 64
+
+
+class OpWaits:
+    """What one job showed about waits in one collective op."""
+
+    __slots__ = ("evidence", "recent")
+
+    def __init__(self) -> None:
+        self.evidence = 0
+        self.recent: deque[float] = deque(maxlen=RECENT)
+
+    @property
+    def longest(self) -> float:
+        return max(self.recent, default=0.0)
+
+
+class WaitLearner:
+    """Per-op evidence of one job; ``threshold`` turns it into seconds."""
+
+    __slots__ = ("ops", "rounds", "first_at", "still")
+
+    def __init__(self) -> None:
+        self.ops: dict[CollectiveOp, OpWaits] = {}
+        self.rounds = 0                     # rounds in which a rank made progress
+        self.first_at: float | None = None  # the first of them
+        #: Still periods of any rank in any state that ended (job-wide).
+        self.still = OpWaits()
+
+    def _op(self, op: CollectiveOp) -> OpWaits:
+        w = self.ops.get(op)
+        if w is None:
+            w = self.ops[op] = OpWaits()
+        return w
+
+    def stepped(self, now: float) -> None:
+        """A rank of the job made progress this round (whatever its state)."""
+        self.rounds += 1
+        if self.first_at is None:
+            self.first_at = now
+
+    def still_ended(self, seconds: float) -> None:
+        """A rank made progress again after ``seconds`` without (any state)."""
+        self.still.recent.append(max(0.0, seconds))
+
+    def progressed(self, op: CollectiveOp, now: float) -> None:
+        """A rank last seen waiting in ``op`` made progress this round."""
+        self._op(op).evidence += 1
+
+    def ended(self, op: CollectiveOp, seconds: float, now: float) -> None:
+        """A still wait in ``op`` ended after ``seconds`` (an upper bound)."""
+        w = self._op(op)
+        w.evidence += 1
+        w.recent.append(max(0.0, seconds))
+
+    def stepping(self, policy: WaitPolicy, now: float) -> bool:
+        """Past start-up: ranks made progress often enough for long enough."""
+        return (self.first_at is not None and self.rounds >= policy.min_evidence
+                and now - self.first_at >= policy.warmup)
+
+    def warmed(self, op: CollectiveOp, policy: WaitPolicy, now: float) -> bool:
+        w = self.ops.get(op)
+        return (w is not None and w.evidence >= policy.min_op_evidence
+                and self.stepping(policy, now))
+
+    def threshold(self, op: CollectiveOp, policy: WaitPolicy, now: float) -> float:
+        """Seconds of stillness in ``op`` after which a wait is a hang."""
+        if self.warmed(op, policy, now):
+            longest = self.ops[op].longest
+        elif op in STEP_OPS and self.stepping(policy, now):
+            longest = self.still.longest
+        else:
+            return policy.ceiling
+        learned = policy.factor * longest + policy.slack
+        return min(policy.ceiling, max(policy.floor, learned))
+
+    def current(self, waiting_ops: set[CollectiveOp], policy: WaitPolicy, now: float) -> float:
+        """The job's threshold now: the tightest over the ops its ranks wait in,
+        else that of the op it showed most (its step's collective)."""
+        if waiting_ops:
+            return min(self.threshold(op, policy, now) for op in waiting_ops)
+        if not self.ops:
+            return policy.ceiling
+        op = max(self.ops.items(), key=lambda kv: (kv[1].evidence, kv[0].value))[0]
+        return self.threshold(op, policy, now)
+
+    def view(self, policy: WaitPolicy, now: float) -> dict[str, dict]:
+        """Per op: the threshold, the longest normal wait, the evidence (for the API)."""
+        return {op.value: {"threshold_seconds": round(self.threshold(op, policy, now), 1),
+                           "longest_wait_seconds": round(w.longest, 1),
+                           "waits_ended": len(w.recent), "evidence": w.evidence,
+                           "learned": self.warmed(op, policy, now),
+                           "step_op": op in STEP_OPS}
+                for op, w in sorted(self.ops.items(), key=lambda kv: kv[0].value)}
