@@ -119,3 +119,30 @@ def test_status_and_api_name_the_size_source() -> None:
     assert "64.0 MiB (size from the torch.save header)" in page.render(view)
     ck = view["jobs"][0]["stalls"][0]["forecast"]["checkpoint"]
     assert ck["expected_source"] == "torch_zip_header"
+
+
+def test_a_preallocated_file_is_measured_by_the_ranks_writes_not_its_size() -> None:
+    """safetensors sets the file's length first and fills it (seen on a throttled
+    mount: the file is full-size at the first look while the save has far to
+    go). Its size then says nothing; the bytes the rank wrote since do, and a
+    6 MiB save at 60 kB/s is forecast to overrun a 60 s timeout."""
+    total, rate = 6 * MB, 60_000.0
+    d = Daemon(DaemonConfig(stall_threshold=5.0))
+    inc = None
+    for i in range(12):
+        now = 1000.0 + i
+        s = sample("job-1", 0, 2, S.SAVING, seconds=i, timeout=TIMEOUT)
+        s.process.io_write_bytes = 5 * MB + int(i * rate)      # writes before the save count too
+        s.process.files_writing.append(pb.OpenFile(
+            path="/ckpt/model.safetensors", size_bytes=total, expected_size_bytes=total,
+            expected_source="safetensors_header"))
+        waiter = sample("job-1", 1, 2, S.COLLECTIVE, Op.BARRIER, seconds=i, timeout=TIMEOUT)
+        d.ingest(report([s, waiter], seq=i + 1), now=now)
+        d.tick(now=now, wall=now)
+        inc = d.incidents.active.get(("job-1", StallKind.CHECKPOINT_GATHER))
+    w = inc.diagnosis.evidence.write
+    assert w.written_bytes == pytest.approx(11 * rate, rel=0.01)   # not the full 6 MiB
+    assert w.rate_source == "write_calls"
+    assert w.rate_bytes_per_second == pytest.approx(rate, rel=0.05)
+    assert inc.diagnosis.evidence.overrun > 0
+    assert inc.diagnosis.root_cause.id == "save_overruns_watchdog" and inc.at_risk

@@ -99,7 +99,15 @@ def write_forecast(rec: RankRecord, now: float) -> WriteForecast | None:
     if not rec.files:
         return _closed_write(rec, now)
     path, size, prev_path, prev_size, exact, exact_source = rec.files[0]
-    rate, rate_source = write_rate(rec, path, size, now)
+    first_path, first_written, first_size = rec.file_first
+    if exact > 0 and first_path == path and first_size >= exact:
+        # Full-size from the first look (preallocated: safetensors and others set
+        # the length, then fill it): the size says nothing; the bytes the rank
+        # has pushed through write() since say how far it got.
+        size = min(exact, max(0, rec.io_write_bytes - first_written))
+        rate, rate_source = _write_call_rate(rec, path, now)
+    else:
+        rate, rate_source = write_rate(rec, path, size, now)
     expected, source = None, ""
     gathered = gathered_bytes(rec)
     if exact > 0 and exact_source:
@@ -120,6 +128,18 @@ def write_forecast(rec: RankRecord, now: float) -> WriteForecast | None:
     return WriteForecast(rank=rec.rank, path=path, written_bytes=size, expected_bytes=expected,
                          expected_source=source, previous_path=prev_path if prev_size else "",
                          rate_bytes_per_second=rate, eta_seconds=eta, rate_source=rate_source)
+
+
+def _write_call_rate(rec: RankRecord, path: str, now: float) -> tuple[float, str]:
+    """Bytes/s the rank pushes through write() while ``path`` is open: a fit, or
+    early on its writes since the first point with the file."""
+    same = [p for p in rec.curve.recent() if p.file == path]
+    rate = slope(same, lambda p: p.written, now)
+    if rate is not None and rate > 0:
+        return rate, "write_calls"
+    if same and rec.seen - same[0].t >= EARLY_SPAN and rec.io_write_bytes > same[0].written:
+        return (rec.io_write_bytes - same[0].written) / (rec.seen - same[0].t), "write_calls"
+    return 0.0, ""
 
 
 def write_rate(rec: RankRecord, path: str, size: int, now: float) -> tuple[float, str]:

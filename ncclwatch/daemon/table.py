@@ -188,6 +188,7 @@ class RankRecord:
         "files", "gpu", "gone_at", "vms_bytes", "limits", "curve", "stack_at",
         "rank_source",
         "still_since", "still_at", "still_op", "since_agent", "progress_known",
+        "file_first",
     )
 
     def __init__(self, rank: int) -> None:
@@ -196,6 +197,10 @@ class RankRecord:
         self.node = ""
         self.agent_id = ""
         self.pid = 0
+        # (path, bytes written by the rank, file size) when the file it writes was
+        # first seen: a preallocated file is full-size from the start, so its
+        # progress is the rank's own writes since (forecast.write_forecast).
+        self.file_first: tuple[str, int, int] = ("", 0, 0)
         self.state = RankState.UNKNOWN
         self.op = CollectiveOp.NONE
         self.since = 0.0
@@ -459,6 +464,8 @@ class JobTable:
             rec.files = tuple([(f.path, f.size_bytes, f.previous_path, f.previous_size_bytes,
                                 f.expected_size_bytes, _SIZE_SOURCES.get(f.expected_source, ""))
                                for f in files]) if files else ()
+            if files and files[0].path != rec.file_first[0]:
+                rec.file_first = (files[0].path, written, files[0].size_bytes)
             rec.vms_bytes = p.vms_bytes
             limits = [(LIMIT_NAMES.get(m.kind, "host"), m.used_bytes, lim)
                       for m in p.memory_limits if (lim := m.limit_bytes) > 0]
