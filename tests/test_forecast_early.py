@@ -146,3 +146,27 @@ def test_a_preallocated_file_is_measured_by_the_ranks_writes_not_its_size() -> N
     assert w.rate_bytes_per_second == pytest.approx(rate, rel=0.05)
     assert inc.diagnosis.evidence.overrun > 0
     assert inc.diagnosis.root_cause.id == "save_overruns_watchdog" and inc.at_risk
+
+
+def test_a_header_the_file_outgrows_is_not_its_size() -> None:
+    """A DCP .distcp file starts with one torch.save record (1577 bytes in a real run
+    on a throttled mount) and goes on: once the file is larger, that header size is
+    not the checkpoint's, and the save is not 'done'."""
+    d = Daemon(DaemonConfig(stall_threshold=5.0))
+    inc = None
+    for i in range(10):
+        now = 1000.0 + i
+        s = sample("job-1", 0, 2, S.SAVING, seconds=i, timeout=TIMEOUT)
+        size = 135_168 + i * 60_000
+        s.process.io_write_bytes = size
+        s.process.files_writing.append(pb.OpenFile(
+            path="/ckpt/dcp/__0_0.distcp", size_bytes=size, expected_size_bytes=1577,
+            expected_source="torch_zip_header"))
+        waiter = sample("job-1", 1, 2, S.COLLECTIVE, Op.BARRIER, seconds=i, timeout=TIMEOUT)
+        d.ingest(report([s, waiter], seq=i + 1), now=now)
+        d.tick(now=now, wall=now)
+        inc = d.incidents.active.get(("job-1", StallKind.CHECKPOINT_GATHER))
+    w = inc.diagnosis.evidence.write
+    assert w.expected_source != "torch_zip_header" and w.eta_seconds != 0.0
+    assert w.written_bytes == 135_168 + 9 * 60_000
+    assert inc.diagnosis.root_cause.id != "save_within_budget"

@@ -99,8 +99,12 @@ def write_forecast(rec: RankRecord, now: float) -> WriteForecast | None:
     if not rec.files:
         return _closed_write(rec, now)
     path, size, prev_path, prev_size, exact, exact_source = rec.files[0]
+    if exact > 0 and size > exact:
+        # The file outgrew the size its header gave: the header described only
+        # its first record (DCP's .distcp files hold one per item), not the file.
+        exact, exact_source = 0, ""
     first_path, first_written, first_size = rec.file_first
-    if exact > 0 and first_path == path and first_size >= exact:
+    if exact > 0 and first_path == path and first_size == exact == size:
         # Full-size from the first look (preallocated: safetensors and others set
         # the length, then fill it): the size says nothing; the bytes the rank
         # has pushed through write() since say how far it got.
