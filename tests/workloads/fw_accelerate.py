@@ -51,6 +51,10 @@ opt.step()
 out = os.path.join(a.ckpt_dir, "ckpt")
 if a.mode == "save_state":
     acc.save_state(out)
+    if not acc.is_main_process:
+        # Every rank writes its own RNG state into the (slow) checkpoint directory
+        # inside save_state: the others only start waiting for rank 0 here.
+        marker("wait_begin")
     acc.wait_for_everyone()
 elif a.mode == "save_model":
     start("save_start")
