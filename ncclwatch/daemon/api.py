@@ -182,6 +182,15 @@ def _job_head(d: Daemon, job_id: str, job, now: float, wall: float) -> dict[str,
     }
 
 
+def unreported(keys: set[int], world: int, unidentified: int) -> list[int]:
+    """Rank numbers no record has, shown as unknown, unless the job's live members
+    of unknown rank (each one of those numbers) account for all of them."""
+    numbered = sum(1 for k in keys if k >= 0)
+    if world - numbered <= unidentified:
+        return []
+    return [r for r in range(world) if r not in keys]
+
+
 def rank_states(ranks: list, world: int, fresh, now: float) -> list[dict[str, Any]]:
     """Every rank of the job by state (and op), as counts and rank ranges.
 
@@ -194,8 +203,8 @@ def rank_states(ranks: list, world: int, fresh, now: float) -> list[dict[str, An
         groups.setdefault(key, []).append(r)
         seen.add(r)
         unidentified += r < 0 and rec.gone_at is None
-    missing = [r for r in range(world) if r not in seen] if len(seen) < world + unidentified else []
-    if len(missing) > unidentified:
+    missing = unreported(seen, world, unidentified)
+    if missing:
         groups.setdefault(("unknown", "none"), []).extend(missing)
     return [{"state": state, "op": None if op == "none" else op, "count": len(ranks),
              "ranks": rank_ranges(ranks)} for (state, op), ranks in sorted(groups.items())]
@@ -311,8 +320,8 @@ def rank_groups(d: Daemon, job, now: float) -> list[dict[str, Any]]:
         key = (rec.stack_id if fresh else "", rec.state.value if fresh else "unknown",
                rec.op.value if fresh else "none")
         groups.setdefault(key, []).append(r)
-    missing = set(range(job.world_size)) - set(job.ranks)
-    if missing and len(missing) > job.unidentified:  # each unnumbered member is one of them
+    missing = unreported(set(job.ranks), job.world_size, job.unidentified)
+    if missing:
         groups.setdefault(("", "unknown", "none"), []).extend(missing)
     out = []
     for (sid, state, op), ranks in sorted(groups.items(), key=lambda kv: (len(kv[1]),
