@@ -70,26 +70,25 @@ def _flight_recorder(result: ScanResult) -> tuple[flightrec.FrAnalysis | None, d
     # rank are two runs, or an on-demand dump and the one written at the timeout.
     # The newest (by the last entry it recorded, then the file's time: copies
     # lose file times) is the rank's last word; the others are named as skipped.
-    newest: dict[int | None, tuple[tuple[int, float], flightrec.FrDump]] = {}
+    newest: dict[int, tuple[tuple[int, float], flightrec.FrDump]] = {}
     unranked = []
     for path in result.fr_dumps:
         try:
             dump = flightrec.load_dump(path)
-            mtime = (max((e.time_created_ns or 0 for e in dump.entries), default=0),
-                     os.stat(path).st_mtime)
+            age = (max((e.time_created_ns or 0 for e in dump.entries), default=0),
+                   os.stat(path).st_mtime)
         except (flightrec.FlightRecorderError, OSError) as e:
             result.skipped.append((path, str(e)))
             continue
         if dump.rank is None:
             unranked.append(dump)
             continue
-        prev = newest.get(dump.rank)
+        cur, prev = (age, dump), newest.get(dump.rank)
         if prev is not None:
-            old, new = sorted([prev, (mtime, dump)], key=lambda t: t[0])
+            old, cur = sorted([prev, cur], key=lambda t: t[0])
             result.skipped.append((old[1].path, f"an older dump of rank {dump.rank} "
-                                                f"than {new[1].path}"))
-            dump, mtime = new[1], new[0]
-        newest[dump.rank] = (mtime, dump)
+                                                f"than {cur[1].path}"))
+        newest[dump.rank] = cur
     for d in unranked:
         result.skipped.append((d.path, "the dump does not say its rank"))
     if not newest:
