@@ -124,3 +124,30 @@ def test_sampler_reads_cgroup_v2_memory_bounds(tmp_path) -> None:
     (d / "memory.max").write_text("max\n")
     s = ProcessSampler(cgroup_root=str(tmp_path)).sample(os.getpid())
     assert "cgroup" not in {m.kind for m in s.memory_limits}
+
+
+def _hang_with_cpu(readings: list[float]) -> str:
+    """Rank 1 (compute) keeps ranks 0 and 2 in all_reduce; its CPU reads as given,
+    one report a second; returns the hang's culprit state as the verdict says it."""
+    d = Daemon(DaemonConfig())
+    for i, cpu in enumerate(readings):
+        t = 100.0 + i
+        samples = [sample("job-1", r, 3, S.COLLECTIVE, Op.ALL_REDUCE, seconds=40 + i)
+                   for r in (0, 2)]
+        late = sample("job-1", 1, 3, S.COMPUTE, seconds=40 + i)
+        late.process.cpu_utilization = cpu
+        d.ingest(report(samples + [late], seq=i + 1), now=t)
+    d.tick(now=t, wall=t)
+    inc = d.incidents.active[("job-1", StallKind.COLLECTIVE_HANG)]
+    return evidence(d.table.jobs["job-1"], d.table, inc.finding, inc.budget, t).culprit_states[0]
+
+
+def test_a_computing_rank_starved_for_one_round_still_reads_as_computing() -> None:
+    # On a loaded node one round's CPU reading of a busy rank can be near 0.
+    assert _hang_with_cpu([0.9, 0.8, 0.9, 0.01]) == "compute"
+    assert _hang_with_cpu([0.9, 0.8, 0.9, 0.7]) == "compute"
+
+
+def test_a_rank_that_stopped_computing_reads_idle_after_a_few_seconds() -> None:
+    assert _hang_with_cpu([0.9, 0.9] + [0.0] * 8) == "idle"
+    assert _hang_with_cpu([0.0] * 4) == "idle"

@@ -116,7 +116,7 @@ def evidence(job: Job, table: JobTable, f: Finding, b: Budget, now: float) -> Ev
             write = write_forecast(rec, now)
         memory += memory_forecasts(rec, now)
         state = rec.state.value
-        if rec.state is RankState.COMPUTE and rec.cpu_util < IDLE_CPU:
+        if rec.state is RankState.COMPUTE and max(rec.cpu_util, rec.cpu_recent) < IDLE_CPU:
             state = "idle"  # a Python frame with no CPU behind it: sleeping
         states.append(state)
     memory.sort(key=lambda m: (m.eta_seconds is None, m.eta_seconds or 0.0))
