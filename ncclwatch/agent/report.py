@@ -16,6 +16,8 @@ from ncclwatch.agent.tracker import RankTracker
 from ncclwatch.stacks import Stack
 from ncclwatch.v1 import collector_pb2 as pb
 
+#: Reports as built here (full samples only); streams send them as protocol 2
+#: with briefs (``delta``), or as this to a daemon that speaks only 1.
 PROTOCOL_VERSION = 1
 
 LIMIT_KINDS = {

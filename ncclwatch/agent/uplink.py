@@ -27,7 +27,8 @@ from typing import Callable
 
 import grpc
 
-from ncclwatch.agent.report import PROTOCOL_VERSION
+from ncclwatch.agent import delta
+from ncclwatch.agent.report import PROTOCOL_VERSION as FULL_PROTOCOL
 from ncclwatch.tls import ClientTLS
 from ncclwatch.v1 import collector_pb2 as pb
 from ncclwatch.v1 import collector_pb2_grpc as pb_grpc
@@ -98,6 +99,11 @@ class Uplink:
         self.sent_total = 0
         self.connected = False
         self.last_error = ""
+        #: 2 (briefs) until a daemon says it speaks only 1.
+        self.protocol = delta.PROTOCOL_VERSION
+        self._deltas: delta.StreamDeltas | None = None
+        self.briefs_total = 0
+        self.resyncs_total = 0
 
     @property
     def queue_length(self) -> int:
@@ -123,6 +129,12 @@ class Uplink:
                     backoff.reset()
             except grpc.aio.AioRpcError as e:
                 self._log_error(f"{e.code().name}: {e.details()}")
+                if (e.code() == grpc.StatusCode.FAILED_PRECONDITION and self.protocol > 1
+                        and "protocol_version" in (e.details() or "")):
+                    log.warning("collector %s speaks an older protocol: sending full "
+                                "samples (protocol %d)", self.target, FULL_PROTOCOL)
+                    self.protocol = FULL_PROTOCOL
+                    backoff.reset()
             except Exception as e:  # never let transport trouble end the agent
                 self._log_error(f"{type(e).__name__}: {e}")
             self.connected = False
@@ -197,6 +209,9 @@ class Uplink:
                 log.info("collector %s: connected", self.target)
             self.last_error = ""
         sent.difference_update(resp.missing_stack_ids)
+        if resp.resync and self._deltas is not None:
+            self.resyncs_total += 1
+            self._deltas.resync()
         for cmd in resp.commands:
             self._on_command(cmd)
         for rej in resp.rejected_jobs:
@@ -216,6 +231,8 @@ class Uplink:
     async def _requests(self, sent: set[str], inflight: "collections.deque[pb.NodeReport]",
                         live: list[bool]):
         self._on_connect()
+        protocol = self.protocol
+        deltas = self._deltas = delta.StreamDeltas() if protocol >= 2 else None
         while not self._stopped.is_set() and live[0]:
             if not self._queue:
                 self._ready.clear()
@@ -225,16 +242,22 @@ class Uplink:
             inflight.append(report)
             out = pb.NodeReport()
             out.CopyFrom(report)
+            if deltas is None:
+                full = report.samples
+            else:
+                del out.samples[:]
+                full = deltas.convert(report, out)
+                self.briefs_total += len(out.briefs.slot)
             # This stream's own queue and drops: each daemon sees its own link.
             out.health.queue_length = len(self._queue)
             out.health.reports_dropped_total = self.dropped_total
-            for s in report.samples:
+            for s in full:
                 sid = s.stack_id
                 if sid and sid not in sent and sid in self._stacks:
                     out.stacks.append(self._stacks[sid])
                     sent.add(sid)
             self.sent_total += 1
-            yield pb.ReportRequest(protocol_version=PROTOCOL_VERSION, report=out)
+            yield pb.ReportRequest(protocol_version=protocol, report=out)
 
 
 class Uplinks:

@@ -91,12 +91,17 @@ class Daemon:
             self.rejected_total[e.code.name] += 1
             raise
         self._check_ownership(req.report, now, rejected)
+        dropped: list[int] = []
         if rejected:
-            self._drop_jobs(req.report, rejected)
-        missing = self.table.apply(req.report, now, left_out=rejected.keys())
+            dropped = self._drop_jobs(req.report, rejected)
+        missing = self.table.apply(req.report, now, left_out=rejected.keys(),
+                                   left_out_slots=dropped)
         agent = self.table.agents[req.report.agent_id]
         agent.connected = True
         resp = pb.ReportResponse(ack_seq=req.report.seq, missing_stack_ids=missing)
+        if agent.resync:
+            agent.resync = False
+            resp.resync = True
         for job_id, e in rejected.items():
             resp.rejected_jobs.add(job_id=job_id, code=e.code.name, reason=e.message)
         while agent.commands:
@@ -131,16 +136,20 @@ class Daemon:
                     f"rank {ident.rank} of job {ident.job_id!r} is already "
                     f"reported by node {rec.node!r}; node {node!r} cannot claim it")
 
-    def _drop_jobs(self, report: pb.NodeReport, rejected: dict[str, ReportError]) -> None:
-        """Take the rejected jobs' samples and exits out of the report, counted."""
+    def _drop_jobs(self, report: pb.NodeReport, rejected: dict[str, ReportError]) -> list[int]:
+        """Take the rejected jobs' samples and exits out of the report, counted;
+        return the slots of the samples taken out."""
         for e in rejected.values():
             self.rejected_jobs_total[e.code.name] += 1
+        dropped = [s.slot for s in report.samples
+                   if s.slot and s.identity.job_id in rejected]
         kept = [s for s in report.samples if s.identity.job_id not in rejected]
         del report.samples[:]
         report.samples.extend(kept)
         exited = [e for e in report.exited if e.job_id not in rejected]
         del report.exited[:]
         report.exited.extend(exited)
+        return dropped
 
     def disconnected(self, agent_id: str) -> None:
         agent = self.table.agents.get(agent_id)
@@ -193,8 +202,12 @@ class Daemon:
                 continue
             b = budget(job, table, now, self.budget_cfg)
             self.budgets[job_id] = b
-            findings = [f for f in detect_job(job, table, now, self.detect_cfg)
+            found = detect_job(job, table, now, self.detect_cfg)
+            findings = [f for f in found
                         if (job_id, f.kind) in self.incidents.active or self._confirmed(job, f)]
+            if len(findings) < len(found):
+                kept = {id(f) for f in findings}
+                self._ask_to_confirm(job_id, now, [f for f in found if id(f) not in kept])
             judged = [(f, diagnose(job, table, f, b, now)) for f in findings]
             for inc in self.incidents.update(job, judged, b, now, wall):
                 log.warning("stall %s in job %s: %s; watchdog budget %.0fs of %.0fs left",
@@ -224,6 +237,19 @@ class Daemon:
             if rec is None or rec.stack_at is None or rec.stack_at < confirm_at:
                 return False
         return True
+
+    def _ask_to_confirm(self, job_id: str, now: float, unconfirmed) -> None:
+        """Ask for the stacks that can confirm a finding as soon as they can.
+
+        A finding waits for culprit stacks taken ``stall_threshold`` after the
+        wait began; the periodic escalation may have asked just before that
+        moment, and waiting for its next round adds up to ``ESCALATE_EVERY``
+        (under load, more) to every detection.
+        """
+        due = min(f.started_at for f in unconfirmed) + self.config.stall_threshold
+        if now >= due and self._escalated.get(job_id, -1e9) < due:
+            self._escalated[job_id] = now
+            self.request_stacks(job_id, "stall to confirm")
 
     def _partial(self, job, now: float) -> bool:
         """Too early to judge: not every rank has reported since the job was first seen.

@@ -9,6 +9,7 @@ so detection reads a few sets instead of rescanning the table.
 from __future__ import annotations
 
 import collections
+import math
 import time
 from array import array
 from dataclasses import dataclass, field
@@ -151,6 +152,28 @@ def _gpu_name(index: int) -> str:
     return _GPU_NAMES.get(index) or f"gpu{index}"
 
 
+#: Seconds over which ``RankRecord.cpu_recent`` forgets: a rank that stopped
+#: computing reads idle after a few of them, one starved round does not.
+CPU_RECENT_TAU = 2.0
+
+
+def _smooth(avg: float, value: float, dt: float) -> float:
+    """Exponential average of CPU use over ``CPU_RECENT_TAU`` seconds."""
+    if dt <= 0 or dt > 60 * CPU_RECENT_TAU:
+        return value
+    a = 1.0 - math.exp(-dt / CPU_RECENT_TAU)
+    return avg + a * (value - avg)
+
+
+def _progress(job: Job, rec: RankRecord, still: float, changed: bool, recv: float,
+              interval: float) -> None:
+    """Apply a progress reading (still_seconds) to the rank and its job's learner."""
+    if still <= 0 and rec.still_since is not None:
+        job.waits.still_ended(recv - rec.still_since)
+    rec.still_since = recv - still if still > 0 else None
+    _follow_wait(job, rec, rec.state, rec.op, still, changed, recv, interval)
+
+
 def _follow_wait(job: Job, rec: RankRecord, state: RankState, op: CollectiveOp,
                  still: float, changed: bool, recv: float, interval: float) -> None:
     """Track the rank's still wait and teach the job's learner when one ends.
@@ -184,7 +207,7 @@ def _follow_wait(job: Job, rec: RankRecord, state: RankState, op: CollectiveOp,
 class RankRecord:
     __slots__ = (
         "rank", "local_rank", "node", "agent_id", "pid", "state", "op", "since",
-        "stack_id", "seen", "cpu_util", "rss_bytes", "io_write_bytes", "write_rate",
+        "stack_id", "seen", "cpu_util", "cpu_recent", "cpu_seconds", "rss_bytes", "io_write_bytes", "write_rate",
         "files", "gpu", "gone_at", "vms_bytes", "limits", "curve", "stack_at",
         "rank_source",
         "still_since", "still_at", "still_op", "since_agent", "progress_known",
@@ -207,6 +230,10 @@ class RankRecord:
         self.stack_id = ""
         self.seen = 0.0
         self.cpu_util = 0.0
+        # cpu_util smoothed over the last seconds (CPU_RECENT_TAU): one round's
+        # reading of a starved or just-sampled rank can be near 0 while it computes.
+        self.cpu_recent = 0.0
+        self.cpu_seconds = 0.0
         self.rss_bytes = 0
         self.io_write_bytes = 0
         self.write_rate = 0.0
@@ -326,6 +353,13 @@ class AgentRecord:
     health: pb.AgentHealth = field(default_factory=pb.AgentHealth)
     ranks: set[tuple[str, int]] = field(default_factory=set)
     commands: collections.deque = field(default_factory=lambda: collections.deque(maxlen=64))
+    #: Protocol 2: slot -> (job, rank record, (job id, rank)) of this agent's
+    #: stream; None: a rank of a job left out of the report (briefs skip it).
+    slots: dict[int, Any] = field(default_factory=dict)
+    #: Briefs named slots not held: ask the agent for full samples (once).
+    resync: bool = False
+    briefs_total: int = 0
+    briefs_unresolved_total: int = 0
 
     def stale(self, now: float, staleness: float) -> bool:
         return now - self.last_recv > max(staleness, 3 * self.interval)
@@ -379,11 +413,12 @@ class JobTable:
         self.duplicates_total = 0
 
     def apply(self, report: pb.NodeReport, recv: float, recv_wall: float | None = None,
-              left_out: Collection[str] = ()) -> list[str]:
+              left_out: Collection[str] = (), left_out_slots: Collection[int] = ()) -> list[str]:
         """Apply a validated report; return stack ids the daemon lacks.
 
         ``left_out``: jobs whose samples were taken out of the report (rejected):
-        a full round without them says nothing about their ranks."""
+        a full round without them says nothing about their ranks, and
+        ``left_out_slots`` (their samples' slots) are skipped by later briefs."""
         agent = self.agents.get(report.agent_id)
         if agent is None:
             agent = self.agents[report.agent_id] = AgentRecord(report.agent_id, report.node)
@@ -398,6 +433,14 @@ class JobTable:
         agent.last_recv_wall = recv_wall if recv_wall is not None else time.time()
         agent.interval = report.interval_seconds or agent.interval
         agent.health = report.health
+        briefs = report.briefs.slot
+        if report.slots_reset:
+            agent.slots = {}
+        # A full round of full samples names every live rank of the stream:
+        # its slots replace the table (slots of ranks gone are dropped).
+        slots = agent.slots if briefs or not report.full_round else {}
+        for slot in left_out_slots:
+            slots[slot] = None
         agent.reports_total += 1
         self.reports_total += 1
 
@@ -457,8 +500,10 @@ class JobTable:
             rec.node = node
             rec.agent_id = agent_id
             rec.pid = pid
+            rec.cpu_recent = _smooth(rec.cpu_recent, p.cpu_utilization, recv - rec.seen)
             rec.seen = recv
             rec.cpu_util = p.cpu_utilization
+            rec.cpu_seconds = p.cpu_seconds
             rec.rss_bytes = p.rss_bytes
             files = p.files_writing
             rec.files = tuple([(f.path, f.size_bytes, f.previous_path, f.previous_size_bytes,
@@ -487,12 +532,8 @@ class JobTable:
             # The state is what the stack of stack_age_seconds ago showed.
             rec.stack_at = recv - s.stack_age_seconds if state is not RankState.UNKNOWN else None
             if s.HasField("still_seconds"):
-                still = s.still_seconds
                 rec.progress_known = True
-                if still <= 0 and rec.still_since is not None:
-                    job.waits.still_ended(recv - rec.still_since)
-                rec.still_since = recv - still if still > 0 else None
-                _follow_wait(job, rec, state, op, still, changed, recv, agent.interval)
+                _progress(job, rec, s.still_seconds, changed, recv, agent.interval)
             elif rec.progress_known:
                 rec.progress_known = False
                 rec.still_since = rec.still_at = None
@@ -517,8 +558,14 @@ class JobTable:
                                          "job_name": sj.job_name, "user": sj.user,
                                          "source": sj.source}
             job.last_update = recv
-            reported.add((job.job_id, rank))
+            key = (job.job_id, rank)
+            reported.add(key)
+            if s.slot:
+                slots[s.slot] = (job, rec, key)
         self.samples_total += len(report.samples)
+        if briefs:
+            self._apply_briefs(agent, report.briefs, slots, reported, recv)
+        agent.slots = slots
 
         for ident in report.exited:
             rank = ident.rank
@@ -536,6 +583,45 @@ class JobTable:
         else:
             agent.ranks |= reported
         return missing
+
+    def _apply_briefs(self, agent: AgentRecord, b: pb.RankBriefs, slots: dict[int, Any],
+                      reported: set[tuple[str, int]], recv: float) -> None:
+        """Steady ranks: a proof of life, CPU and progress; nothing else moved.
+
+        The hot path of protocol 2 (bench/daemon_ingest.py): a few attribute
+        writes per rank. A slot the daemon does not hold (it restarted, or
+        forgot the job) asks the agent to resync with full samples.
+        """
+        jobs, agent_id, interval = self.jobs, agent.agent_id, agent.interval
+        dirty = self.dirty
+        unresolved = 0
+        for slot, still, cpu, cpu_s in zip(b.slot, b.still_seconds, b.cpu_utilization,
+                                           b.cpu_seconds):
+            ent = slots.get(slot, False)
+            if not ent:
+                if ent is False:
+                    unresolved += 1
+                continue  # None: a rank of a job this daemon left out
+            job, rec, key = ent
+            if rec.gone_at is not None or rec.agent_id != agent_id \
+                    or jobs.get(key[0]) is not job:
+                unresolved += 1
+                continue
+            rec.cpu_recent = _smooth(rec.cpu_recent, cpu, recv - rec.seen)
+            rec.seen = recv
+            rec.cpu_util = cpu
+            rec.cpu_seconds = cpu_s
+            _progress(job, rec, still, False, recv, interval)
+            if still > 0:
+                dirty.add(key[0])  # a rank sitting still may be worth fresh stacks
+            job.last_update = recv
+            reported.add(key)
+        n = len(b.slot)
+        self.samples_total += n
+        agent.briefs_total += n
+        if unresolved:
+            agent.briefs_unresolved_total += unresolved
+            agent.resync = True
 
     def _gone(self, job_id: str, rank: int, pid: int | None, now: float) -> None:
         job = self.jobs.get(job_id)

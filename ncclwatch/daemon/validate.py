@@ -15,7 +15,8 @@ import grpc
 from ncclwatch.stacks import Frame, stack_id
 from ncclwatch.v1 import collector_pb2 as pb
 
-PROTOCOL_VERSIONS = frozenset({1})
+#: 2: briefs for steady ranks; 1: full samples only (accepted for one release).
+PROTOCOL_VERSIONS = frozenset({1, 2})
 MAX_SAMPLES = 4096
 MAX_STACKS = 4096
 MAX_FRAMES = 1024
@@ -86,7 +87,27 @@ def validate_request(req: pb.ReportRequest,
     for i, e in enumerate(r.exited):
         if not e.job_id or len(e.job_id) > MAX_JOB_ID or e.rank < -1:
             raise _bad(f"exited[{i}]: needs a job_id and a rank >= -1")
+    if r.HasField("briefs") or r.slots_reset:
+        if req.protocol_version < 2:
+            raise _bad("briefs and slots need protocol_version 2")
+        _check_briefs(r.briefs, len(r.samples))
     return rejected
+
+
+def _check_briefs(b: pb.RankBriefs, samples: int) -> None:
+    """Parallel arrays of one length, slots > 0, readings finite and >= 0."""
+    n = len(b.slot)
+    if n + samples > MAX_SAMPLES:
+        raise _too_big(f"{n} briefs and {samples} samples in one report (max {MAX_SAMPLES})")
+    if not len(b.still_seconds) == len(b.cpu_utilization) == len(b.cpu_seconds) == n:
+        raise _bad(f"briefs: {n} slots but {len(b.still_seconds)} still_seconds, "
+                   f"{len(b.cpu_utilization)} cpu_utilization, {len(b.cpu_seconds)} cpu_seconds")
+    if n and min(b.slot) == 0:
+        raise _bad("briefs: slot 0 names no rank")
+    for name in ("still_seconds", "cpu_utilization", "cpu_seconds"):
+        values = getattr(b, name)
+        if not all(0 <= v < 1e12 for v in values):  # NaN fails both comparisons
+            raise _bad(f"briefs.{name} must be finite and >= 0")
 
 
 def _check_stack(s: pb.Stack) -> None:

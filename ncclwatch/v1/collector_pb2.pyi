@@ -89,7 +89,7 @@ class ReportRequest(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., report: _Optional[_Union[NodeReport, _Mapping]] = ...) -> None: ...
 
 class NodeReport(_message.Message):
-    __slots__ = ("node", "agent_id", "seq", "agent_monotonic_seconds", "agent_wall_seconds", "full_round", "stacks", "samples", "exited", "health", "interval_seconds")
+    __slots__ = ("node", "agent_id", "seq", "agent_monotonic_seconds", "agent_wall_seconds", "full_round", "stacks", "samples", "exited", "health", "interval_seconds", "briefs", "slots_reset")
     NODE_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +101,8 @@ class NodeReport(_message.Message):
     EXITED_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FIELD_NUMBER: _ClassVar[int]
     INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BRIEFS_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_RESET_FIELD_NUMBER: _ClassVar[int]
     node: str
     agent_id: str
     seq: int
@@ -112,7 +114,21 @@ class NodeReport(_message.Message):
     exited: _containers.RepeatedCompositeFieldContainer[RankIdentity]
     health: AgentHealth
     interval_seconds: float
-    def __init__(self, node: _Optional[str] = ..., agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., agent_monotonic_seconds: _Optional[float] = ..., agent_wall_seconds: _Optional[float] = ..., full_round: _Optional[bool] = ..., stacks: _Optional[_Iterable[_Union[Stack, _Mapping]]] = ..., samples: _Optional[_Iterable[_Union[RankSample, _Mapping]]] = ..., exited: _Optional[_Iterable[_Union[RankIdentity, _Mapping]]] = ..., health: _Optional[_Union[AgentHealth, _Mapping]] = ..., interval_seconds: _Optional[float] = ...) -> None: ...
+    briefs: RankBriefs
+    slots_reset: bool
+    def __init__(self, node: _Optional[str] = ..., agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., agent_monotonic_seconds: _Optional[float] = ..., agent_wall_seconds: _Optional[float] = ..., full_round: _Optional[bool] = ..., stacks: _Optional[_Iterable[_Union[Stack, _Mapping]]] = ..., samples: _Optional[_Iterable[_Union[RankSample, _Mapping]]] = ..., exited: _Optional[_Iterable[_Union[RankIdentity, _Mapping]]] = ..., health: _Optional[_Union[AgentHealth, _Mapping]] = ..., interval_seconds: _Optional[float] = ..., briefs: _Optional[_Union[RankBriefs, _Mapping]] = ..., slots_reset: _Optional[bool] = ...) -> None: ...
+
+class RankBriefs(_message.Message):
+    __slots__ = ("slot", "still_seconds", "cpu_utilization", "cpu_seconds")
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    STILL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CPU_UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    slot: _containers.RepeatedScalarFieldContainer[int]
+    still_seconds: _containers.RepeatedScalarFieldContainer[float]
+    cpu_utilization: _containers.RepeatedScalarFieldContainer[float]
+    cpu_seconds: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, slot: _Optional[_Iterable[int]] = ..., still_seconds: _Optional[_Iterable[float]] = ..., cpu_utilization: _Optional[_Iterable[float]] = ..., cpu_seconds: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class RankIdentity(_message.Message):
     __slots__ = ("job_id", "rank", "local_rank", "world_size", "pid", "rank_source")
@@ -131,7 +147,7 @@ class RankIdentity(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., world_size: _Optional[int] = ..., pid: _Optional[int] = ..., rank_source: _Optional[str] = ...) -> None: ...
 
 class RankSample(_message.Message):
-    __slots__ = ("identity", "state", "op", "state_seconds", "stack_age_seconds", "stack_id", "process", "gpu", "job", "flight_recorder", "still_seconds")
+    __slots__ = ("identity", "state", "op", "state_seconds", "stack_age_seconds", "stack_id", "process", "gpu", "job", "flight_recorder", "still_seconds", "slot")
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
@@ -143,6 +159,7 @@ class RankSample(_message.Message):
     JOB_FIELD_NUMBER: _ClassVar[int]
     FLIGHT_RECORDER_FIELD_NUMBER: _ClassVar[int]
     STILL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SLOT_FIELD_NUMBER: _ClassVar[int]
     identity: RankIdentity
     state: RankState
     op: CollectiveOp
@@ -154,7 +171,8 @@ class RankSample(_message.Message):
     job: JobInfo
     flight_recorder: FlightRecorderSummary
     still_seconds: float
-    def __init__(self, identity: _Optional[_Union[RankIdentity, _Mapping]] = ..., state: _Optional[_Union[RankState, str]] = ..., op: _Optional[_Union[CollectiveOp, str]] = ..., state_seconds: _Optional[float] = ..., stack_age_seconds: _Optional[float] = ..., stack_id: _Optional[str] = ..., process: _Optional[_Union[ProcessStats, _Mapping]] = ..., gpu: _Optional[_Iterable[_Union[GpuMemory, _Mapping]]] = ..., job: _Optional[_Union[JobInfo, _Mapping]] = ..., flight_recorder: _Optional[_Union[FlightRecorderSummary, _Mapping]] = ..., still_seconds: _Optional[float] = ...) -> None: ...
+    slot: int
+    def __init__(self, identity: _Optional[_Union[RankIdentity, _Mapping]] = ..., state: _Optional[_Union[RankState, str]] = ..., op: _Optional[_Union[CollectiveOp, str]] = ..., state_seconds: _Optional[float] = ..., stack_age_seconds: _Optional[float] = ..., stack_id: _Optional[str] = ..., process: _Optional[_Union[ProcessStats, _Mapping]] = ..., gpu: _Optional[_Iterable[_Union[GpuMemory, _Mapping]]] = ..., job: _Optional[_Union[JobInfo, _Mapping]] = ..., flight_recorder: _Optional[_Union[FlightRecorderSummary, _Mapping]] = ..., still_seconds: _Optional[float] = ..., slot: _Optional[int] = ...) -> None: ...
 
 class FlightRecorderSummary(_message.Message):
     __slots__ = ("dump_age_seconds", "version", "groups")
@@ -336,16 +354,18 @@ class AgentHealth(_message.Message):
     def __init__(self, version: _Optional[str] = ..., ranks_watched: _Optional[int] = ..., nvml_up: _Optional[bool] = ..., pyspy_runs_total: _Optional[int] = ..., pyspy_failures_total: _Optional[int] = ..., pyspy_seconds_total: _Optional[float] = ..., reports_dropped_total: _Optional[int] = ..., queue_length: _Optional[int] = ..., cpu_seconds_total: _Optional[float] = ..., gpus_expected: _Optional[int] = ...) -> None: ...
 
 class ReportResponse(_message.Message):
-    __slots__ = ("ack_seq", "missing_stack_ids", "commands", "rejected_jobs")
+    __slots__ = ("ack_seq", "missing_stack_ids", "commands", "rejected_jobs", "resync")
     ACK_SEQ_FIELD_NUMBER: _ClassVar[int]
     MISSING_STACK_IDS_FIELD_NUMBER: _ClassVar[int]
     COMMANDS_FIELD_NUMBER: _ClassVar[int]
     REJECTED_JOBS_FIELD_NUMBER: _ClassVar[int]
+    RESYNC_FIELD_NUMBER: _ClassVar[int]
     ack_seq: int
     missing_stack_ids: _containers.RepeatedScalarFieldContainer[str]
     commands: _containers.RepeatedCompositeFieldContainer[Command]
     rejected_jobs: _containers.RepeatedCompositeFieldContainer[JobRejection]
-    def __init__(self, ack_seq: _Optional[int] = ..., missing_stack_ids: _Optional[_Iterable[str]] = ..., commands: _Optional[_Iterable[_Union[Command, _Mapping]]] = ..., rejected_jobs: _Optional[_Iterable[_Union[JobRejection, _Mapping]]] = ...) -> None: ...
+    resync: bool
+    def __init__(self, ack_seq: _Optional[int] = ..., missing_stack_ids: _Optional[_Iterable[str]] = ..., commands: _Optional[_Iterable[_Union[Command, _Mapping]]] = ..., rejected_jobs: _Optional[_Iterable[_Union[JobRejection, _Mapping]]] = ..., resync: _Optional[bool] = ...) -> None: ...
 
 class JobRejection(_message.Message):
     __slots__ = ("job_id", "code", "reason")

@@ -1,0 +1,155 @@
+"""Reports that carry changes: a stream sends steady ranks as briefs.
+
+The agent builds one full report a round (``report.build_report``); each
+uplink stream turns it into a protocol-2 report against what that stream
+last sent in full. A stream is one daemon's view, so the table is per
+stream: a new stream (a reconnect, a restarted daemon) and a resync the
+daemon asks for start over with full samples, and every
+``SNAPSHOT_EVERY``-th report is all full samples whatever changed (curve
+points for every rank, and a bound on how long any mistake can last).
+
+A rank goes as a brief only while nothing the daemon judges by moved since
+its last full sample: the rules are the ``WHY_FULL`` table.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ncclwatch.v1 import collector_pb2 as pb
+
+PROTOCOL_VERSION = 2
+#: Every Nth report of a stream carries every rank in full.
+SNAPSHOT_EVERY = 10
+#: Memory (RSS, or GPU memory) moving more than this since the last full
+#: sample sends a full one: the daemon's memory forecasts need the curve.
+MEMORY_STEP_BYTES = 16 << 20
+#: Bytes written since the last full sample that make the next one full.
+WRITE_STEP_BYTES = 1 << 20
+#: A state's start moving by more than this (agent clock): a new episode.
+SINCE_SLACK = 0.5
+#: A stack's time moving by more than this: a new dump (ages are rounded floats).
+STACK_SLACK = 0.01
+
+#: States whose ranks always go in full: the daemon forecasts from their curves.
+FULL_STATES = frozenset({
+    pb.RANK_STATE_UNSPECIFIED, pb.RANK_STATE_UNKNOWN, pb.RANK_STATE_SAVING,
+    pb.RANK_STATE_GATHERING_STATE_DICT, pb.RANK_STATE_LOADING,
+})
+_WAIT_STATES = frozenset({pb.RANK_STATE_COLLECTIVE, pb.RANK_STATE_DEVICE_WAIT})
+
+
+class Sent:
+    """What a stream last sent of one rank in full."""
+
+    __slots__ = ("slot", "state", "op", "stack_id", "since", "stack_at", "rss", "written",
+                 "gpu")
+
+    def __init__(self, slot: int, s: pb.RankSample, now: float) -> None:
+        self.slot = slot
+        self.state, self.op, self.stack_id = s.state, s.op, s.stack_id
+        self.since = now - s.state_seconds
+        self.stack_at = now - s.stack_age_seconds
+        p = s.process
+        self.rss, self.written = p.rss_bytes, p.io_write_bytes
+        self.gpu = _gpu_bytes(s)
+
+
+def _gpu_bytes(s: pb.RankSample) -> int:
+    return sum(g.used_bytes for g in s.gpu)
+
+
+Rule = tuple[str, Callable[[pb.RankSample, Sent, float], bool]]
+
+#: Why a rank goes in full although the stream has sent it before, first match.
+WHY_FULL: tuple[Rule, ...] = (
+    ("state", lambda s, k, now: s.state in FULL_STATES),
+    ("changed", lambda s, k, now: (s.state, s.op, s.stack_id) != (k.state, k.op, k.stack_id)),
+    ("since", lambda s, k, now: abs(now - s.state_seconds - k.since) > SINCE_SLACK),
+    # A new look at the same stack: the daemon confirms stalls by when stacks were taken.
+    ("new_stack", lambda s, k, now: abs(now - s.stack_age_seconds - k.stack_at) > STACK_SLACK),
+    ("job_info", lambda s, k, now: s.HasField("job")),
+    ("flight_recorder", lambda s, k, now: s.HasField("flight_recorder")),
+    ("no_progress_reading", lambda s, k, now: not s.HasField("still_seconds")
+     or not s.HasField("process")),
+    # A wait without progress is what a stall looks like: the daemon gets it whole.
+    ("still_wait", lambda s, k, now: s.still_seconds > 0 and (
+        s.op != pb.COLLECTIVE_OP_UNSPECIFIED or s.state in _WAIT_STATES)),
+    ("writing", lambda s, k, now: len(s.process.files_writing) > 0
+     or s.process.io_write_bytes - k.written > WRITE_STEP_BYTES),
+    ("memory", lambda s, k, now: abs(s.process.rss_bytes - k.rss) > MEMORY_STEP_BYTES
+     or abs(_gpu_bytes(s) - k.gpu) > MEMORY_STEP_BYTES),
+)
+
+
+def why_full(s: pb.RankSample, sent: Sent | None, now: float) -> str:
+    """The first reason ``s`` must go in full ("" : a brief will do)."""
+    if sent is None:
+        return "new"
+    for name, rule in WHY_FULL:
+        if rule(s, sent, now):
+            return name
+    return ""
+
+
+def rank_key(s: pb.RankSample) -> tuple[str, int, int]:
+    i = s.identity
+    return (i.job_id, i.rank, i.pid)
+
+
+class StreamDeltas:
+    """One stream's table of what it sent in full, and the conversion."""
+
+    def __init__(self, snapshot_every: int = SNAPSHOT_EVERY) -> None:
+        self.snapshot_every = snapshot_every
+        self._sent: dict[tuple[str, int, int], Sent] = {}
+        self._next_slot = 1
+        self._reports = 0
+        self._reset = True
+        self.briefs_total = 0
+        self.full_total = 0
+
+    def resync(self) -> None:
+        """The daemon lost our slots: the next report is all full, slots anew."""
+        self._sent.clear()
+        self._next_slot = 1
+        self._reset = True
+
+    def convert(self, report: pb.NodeReport, out: pb.NodeReport) -> list[pb.RankSample]:
+        """Fill ``out`` (header already copied) with ``report``'s ranks as full
+        samples or briefs; return the full samples (their stacks may need sending)."""
+        now = report.agent_monotonic_seconds
+        snapshot = self._reset or self._reports % self.snapshot_every == 0
+        self._reports += 1
+        if self._reset:
+            out.slots_reset = True
+            self._reset = False
+        sent, full, briefs = self._sent, [], out.briefs
+        seen = set()
+        for s in report.samples:
+            key = rank_key(s)
+            seen.add(key)
+            k = sent.get(key)
+            if not snapshot and not why_full(s, k, now):
+                briefs.slot.append(k.slot)
+                briefs.still_seconds.append(s.still_seconds)
+                briefs.cpu_utilization.append(s.process.cpu_utilization)
+                briefs.cpu_seconds.append(s.process.cpu_seconds)
+                continue
+            slot = k.slot if k is not None else self._take_slot()
+            f = out.samples.add()
+            f.CopyFrom(s)
+            f.slot = slot
+            sent[key] = Sent(slot, s, now)
+            full.append(f)
+        if report.full_round and len(sent) > len(seen):
+            for key in [k for k in sent if k not in seen]:
+                del sent[key]  # ranks gone: the daemon drops their slots on the next snapshot
+        self.briefs_total += len(out.briefs.slot)
+        self.full_total += len(full)
+        return full
+
+    def _take_slot(self) -> int:
+        slot = self._next_slot
+        self._next_slot += 1
+        return slot

@@ -1,0 +1,281 @@
+"""Protocol 2: steady ranks travel as briefs, and the daemon judges the same.
+
+The equivalence test feeds one sequence of rounds to two daemons, one as
+full protocol-1 reports and one through ``StreamDeltas`` as briefs, and
+checks that every field a verdict reads, and every verdict, is the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ncclwatch.agent.delta import SNAPSHOT_EVERY, StreamDeltas, why_full
+from ncclwatch.agent.uplink import Uplink
+from ncclwatch.daemon import validate
+from ncclwatch.daemon.core import Daemon, DaemonConfig
+from ncclwatch.daemon.validate import ReportError, validate_request
+from ncclwatch.model import CollectiveOp, RankState
+from ncclwatch.v1 import collector_pb2 as pb
+from tests.factories import BARRIER, SAVE, report, sample, stack_pb
+from tests.test_grpc import Harness
+
+S, Op = RankState, CollectiveOp
+BARRIER_ID, SAVE_ID = stack_pb(BARRIER).id, stack_pb(SAVE).id
+
+
+def _rank(rank: int, state: RankState, op: CollectiveOp, since: float, now: float, *,
+          still: float = 0.0, cpu: float = 0.9, rss: int = 1 << 30, written: int = 0,
+          stack: str = BARRIER_ID, stack_at: float | None = None, world: int = 4,
+          job: str = "job-1") -> pb.RankSample:
+    s = sample(job, rank, world, state, op, seconds=now - since, stack=stack)
+    s.stack_age_seconds = now - (stack_at if stack_at is not None else since)
+    s.still_seconds = still
+    s.process.cpu_utilization = cpu
+    s.process.cpu_seconds = 10.0 * cpu + now
+    s.process.rss_bytes = rss
+    s.process.io_write_bytes = written
+    return s
+
+
+def _round(seq: int, samples: list[pb.RankSample], now: float) -> pb.NodeReport:
+    r = report(samples, seq=seq, stacks=[stack_pb(BARRIER), stack_pb(SAVE)]).report
+    r.agent_monotonic_seconds = now
+    return r
+
+
+def _v2(deltas: StreamDeltas, r: pb.NodeReport) -> pb.ReportRequest:
+    out = pb.NodeReport()
+    out.CopyFrom(r)
+    del out.samples[:]
+    deltas.convert(r, out)
+    return pb.ReportRequest(protocol_version=2, report=out)
+
+
+def _steady(seq: int, now: float) -> pb.NodeReport:
+    """Four ranks training: in all_reduce, making progress, memory flat."""
+    return _round(seq, [_rank(r, S.COLLECTIVE, Op.ALL_REDUCE, 90.0, now) for r in range(4)],
+                  now)
+
+
+def test_first_report_is_full_then_steady_ranks_go_as_briefs() -> None:
+    d = StreamDeltas()
+    first = _v2(d, _steady(1, 100.0)).report
+    assert first.slots_reset and len(first.samples) == 4 and not first.briefs.slot
+    assert sorted(s.slot for s in first.samples) == [1, 2, 3, 4]
+    second = _v2(d, _steady(2, 101.0)).report
+    assert not second.slots_reset and not second.samples
+    assert sorted(second.briefs.slot) == [1, 2, 3, 4]
+    assert len(second.briefs.still_seconds) == len(second.briefs.cpu_seconds) == 4
+    # A brief is a few bytes a rank; the full sample is what it replaces.
+    assert second.briefs.ByteSize() < sum(s.ByteSize() for s in first.samples) / 3
+
+
+def test_every_nth_report_of_a_stream_is_a_full_snapshot() -> None:
+    d = StreamDeltas()
+    fulls = [len(_v2(d, _steady(i, 100.0 + i)).report.samples) for i in range(1, 2 * SNAPSHOT_EVERY + 2)]
+    assert [i for i, n in enumerate(fulls) if n == 4] == [0, SNAPSHOT_EVERY, 2 * SNAPSHOT_EVERY]
+
+
+@pytest.mark.parametrize("change,why", [
+    (dict(state=S.COMPUTE, op=Op.NONE), "changed"),
+    (dict(stack=SAVE_ID), "changed"),
+    (dict(since=100.5), "since"),
+    (dict(stack_at=100.9), "new_stack"),
+    (dict(still=3.0), "still_wait"),
+    (dict(rss=(1 << 30) + (64 << 20)), "memory"),
+    (dict(written=8 << 20), "writing"),
+    (dict(state=S.SAVING, op=Op.NONE, stack=SAVE_ID), "state"),
+])
+def test_a_rank_goes_in_full_when_anything_the_daemon_judges_by_moved(change, why) -> None:
+    d = StreamDeltas()
+    _v2(d, _steady(1, 100.0))
+    kw = dict(state=S.COLLECTIVE, op=Op.ALL_REDUCE, since=90.0)
+    kw.update(change)
+    state, op, since = kw.pop("state"), kw.pop("op"), kw.pop("since")
+    moved = _rank(2, state, op, since, 101.0, **kw)
+    others = [_rank(r, S.COLLECTIVE, Op.ALL_REDUCE, 90.0, 101.0) for r in (0, 1, 3)]
+    sent = d._sent[("job-1", 2, 1002)]
+    assert why_full(moved, sent, 101.0) == why
+    out = _v2(d, _round(2, others + [moved], 101.0)).report
+    assert [s.identity.rank for s in out.samples] == [2] and len(out.briefs.slot) == 3
+    assert out.samples[0].slot == sent.slot  # the rank keeps its slot
+
+
+def test_a_resync_starts_the_slots_over() -> None:
+    d = StreamDeltas()
+    _v2(d, _steady(1, 100.0))
+    d.resync()
+    out = _v2(d, _steady(2, 101.0)).report
+    assert out.slots_reset and len(out.samples) == 4 and not out.briefs.slot
+
+
+def _judged(d: Daemon, now: float) -> dict:
+    """Everything a verdict reads of the table, and the verdicts."""
+    out = {}
+    for job_id, job in d.table.jobs.items():
+        for r, rec in job.ranks.items():
+            out[(job_id, r)] = (rec.state, rec.op, round(rec.since, 6), rec.stack_id,
+                                rec.stack_at and round(rec.stack_at, 6),
+                                rec.still_since and round(rec.still_since, 6),
+                                rec.still_at and round(rec.still_at, 6),
+                                rec.seen, round(rec.cpu_util, 5), rec.gone_at, rec.agent_id)
+    d.tick(now=now, wall=now)
+    out["incidents"] = sorted((k, tuple(c.rank for c in inc.finding.culprits),
+                               inc.diagnosis.root_cause.id)
+                              for k, inc in d.incidents.active.items())
+    return out
+
+
+_EPISODE = st.tuples(
+    st.integers(0, 3),                                     # which rank changes
+    st.sampled_from(["wait", "still", "save", "compute", "grow", "none"]),
+    st.integers(1, 4),                                     # for how many rounds
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_EPISODE, min_size=1, max_size=12))
+def test_briefs_give_the_same_table_and_verdicts_as_full_samples(episodes) -> None:
+    full_d, delta_d = Daemon(DaemonConfig()), Daemon(DaemonConfig())
+    deltas = StreamDeltas(snapshot_every=7)
+    since = {r: 50.0 for r in range(4)}
+    kind = {r: "wait" for r in range(4)}
+    still_from: dict[int, float] = {}
+    rss = {r: 1 << 30 for r in range(4)}
+    seq, now = 0, 100.0
+    for rank, what, rounds in episodes:
+        if what != kind[rank]:
+            since[rank] = now
+            still_from.pop(rank, None)
+        kind[rank] = what
+        if what == "still":
+            still_from.setdefault(rank, now)
+        for _ in range(rounds):
+            seq, now = seq + 1, now + 1.0
+            samples = []
+            for r in range(4):
+                k = kind[r]
+                state, op, stack = {
+                    "wait": (S.COLLECTIVE, Op.ALL_REDUCE, BARRIER_ID),
+                    "none": (S.COLLECTIVE, Op.ALL_REDUCE, BARRIER_ID),
+                    "still": (S.COLLECTIVE, Op.ALL_REDUCE, BARRIER_ID),
+                    "save": (S.SAVING, Op.NONE, SAVE_ID),
+                    "compute": (S.COMPUTE, Op.NONE, SAVE_ID),
+                    "grow": (S.COMPUTE, Op.NONE, SAVE_ID),
+                }[k]
+                if k == "grow":
+                    rss[r] += 20 << 20
+                still = now - still_from[r] if r in still_from else 0.0
+                samples.append(_rank(r, state, op, since[r], now, still=still,
+                                     cpu=0.01 if k == "still" else 0.9, rss=rss[r],
+                                     stack=stack))
+            r1 = _round(seq, samples, now)
+            full_d.ingest(pb.ReportRequest(protocol_version=1, report=r1), now=now)
+            resp = delta_d.ingest(_v2(deltas, r1), now=now)
+            assert not resp.resync
+            assert _judged(full_d, now) == _judged(delta_d, now)
+    assert deltas.briefs_total > 0 or seq < 3
+
+
+def test_a_brief_for_a_slot_the_daemon_lacks_asks_for_a_resync() -> None:
+    d = Daemon(DaemonConfig())
+    deltas = StreamDeltas()
+    d.ingest(_v2(deltas, _steady(1, 100.0)), now=100.0)
+    fresh = Daemon(DaemonConfig())  # as after a restart on a stream that survived
+    resp = fresh.ingest(_v2(deltas, _steady(2, 101.0)), now=101.0)
+    assert resp.resync and fresh.table.agents["agent-a"].briefs_unresolved_total == 4
+    deltas.resync()
+    resp = fresh.ingest(_v2(deltas, _steady(3, 102.0)), now=102.0)
+    assert not resp.resync and len(fresh.table.jobs["job-1"].ranks) == 4
+    resp = fresh.ingest(_v2(deltas, _steady(4, 103.0)), now=103.0)
+    assert not resp.resync and fresh.table.jobs["job-1"].ranks[3].seen == 103.0
+
+
+def test_briefs_of_a_job_left_out_are_skipped_without_resync() -> None:
+    d = Daemon(DaemonConfig())
+    d.ingest(report([sample("job-1", 0, 8, S.COMPUTE)], agent="other", node="node-b"), now=99.0)
+    deltas = StreamDeltas()
+    resp = d.ingest(_v2(deltas, _steady(1, 100.0)), now=100.0)  # says world 4: left out
+    assert [r.job_id for r in resp.rejected_jobs] == ["job-1"]
+    resp = d.ingest(_v2(deltas, _steady(2, 101.0)), now=101.0)
+    assert not resp.resync and [r.job_id for r in resp.rejected_jobs] == []
+    assert d.table.jobs["job-1"].world_size == 8 and 1 not in d.table.jobs["job-1"].ranks
+
+
+def _with_briefs(**fields) -> pb.ReportRequest:
+    req = report([], seq=2)
+    req.protocol_version = 2
+    b = req.report.briefs
+    for name, values in {**dict(slot=[1], still_seconds=[0.0], cpu_utilization=[0.5],
+                                cpu_seconds=[1.0]), **fields}.items():
+        getattr(b, name).extend(values)
+    return req
+
+
+@pytest.mark.parametrize("req,match", [
+    (_with_briefs(still_seconds=[0.0, 1.0]), "1 slots but 2 still_seconds"),
+    (_with_briefs(slot=[0]), "slot 0"),
+    (_with_briefs(still_seconds=[float("nan")]), "still_seconds must be finite"),
+    (_with_briefs(cpu_seconds=[-1.0]), "cpu_seconds must be finite"),
+    (_with_briefs(cpu_utilization=[float("inf")]), "cpu_utilization must be finite"),
+])
+def test_malformed_briefs_are_refused_whole(req, match) -> None:
+    with pytest.raises(ReportError, match=match) as e:
+        validate_request(req)
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_briefs_need_protocol_2_and_protocol_1_stays_accepted() -> None:
+    req = _with_briefs()
+    req.protocol_version = 1
+    with pytest.raises(ReportError, match="protocol_version 2"):
+        validate_request(req)
+    assert validate_request(report([sample("j", 0, 1, S.COMPUTE)])) == {}
+
+
+def _uplink_until(h: Harness, up: Uplink, rounds: int, job: str = "job-1") -> None:
+    async def go():
+        task = asyncio.create_task(up.run())
+        for seq in range(1, rounds + 1):
+            up.submit(_steady(seq, 100.0 + seq))
+            for _ in range(100):
+                agent = h.daemon.table.agents.get("agent-a")
+                if agent is not None and agent.last_seq >= seq:
+                    break
+                await asyncio.sleep(0.02)
+        up.stop()
+        await task
+    return go()
+
+
+def test_an_agent_streams_briefs_to_a_real_daemon() -> None:
+    async def go():
+        async with Harness() as h:
+            up = Uplink(h.target, {BARRIER_ID: stack_pb(BARRIER)})
+            await _uplink_until(h, up, 2 * SNAPSHOT_EVERY)
+            agent = h.daemon.table.agents["agent-a"]
+            assert agent.last_seq == 2 * SNAPSHOT_EVERY
+            assert up.briefs_total == agent.briefs_total == 4 * (2 * SNAPSHOT_EVERY - 2)
+            assert agent.briefs_unresolved_total == 0 and up.resyncs_total == 0
+            rec = h.daemon.table.jobs["job-1"].ranks[3]
+            assert rec.state is S.COLLECTIVE and rec.cpu_util == pytest.approx(0.9)
+    asyncio.run(go())
+
+
+def test_an_agent_falls_back_to_full_samples_for_a_daemon_that_speaks_only_1(
+        monkeypatch) -> None:
+    monkeypatch.setattr(validate, "PROTOCOL_VERSIONS", frozenset({1}))
+
+    async def go():
+        async with Harness() as h:
+            up = Uplink(h.target, {BARRIER_ID: stack_pb(BARRIER)})
+            await _uplink_until(h, up, 3)
+            assert up.protocol == 1 and up.briefs_total == 0
+            assert h.daemon.table.agents["agent-a"].last_seq == 3
+            assert h.daemon.rejected_total["FAILED_PRECONDITION"] >= 1
+    asyncio.run(go())
