@@ -49,8 +49,9 @@ import time
 import urllib.request
 from dataclasses import asdict, dataclass
 
-from bench.loadgen import (RANKS_PER_NODE, Clients, DaemonProc, JobSpec, Pool, SimAgent,
-                           check_assembly, fleet)
+from bench.loadgen import (PROTOCOL, RANKS_PER_NODE, Clients, DaemonProc, JobSpec, Pool,
+                           SimAgent, check_assembly, fleet)
+from ncclwatch.agent.delta import SNAPSHOT_EVERY
 from ncclwatch.daemon.table import CURVE_POINTS
 from ncclwatch.shard import shard
 from ncclwatch.v1 import collector_pb2 as pb
@@ -504,15 +505,17 @@ def _brief(final: dict) -> dict:
                                   "rejected", "ticks", "detect_seconds", "ranks")}
 
 
-def in_process(world: int, rounds: int) -> dict:
+def in_process(world: int, rounds: int, protocol: int = PROTOCOL) -> dict:
     """Decode-only and decode + ingest (no gRPC) over the bytes the agents send.
 
     The first round (stack frames, job info) warms the daemon and is not
-    timed; the rest are steady-state reports. CPU time of this process.
+    timed; the rest are steady-state reports (protocol 2: one in
+    SNAPSHOT_EVERY all full samples, the others briefs for unchanged ranks).
+    CPU time of this process.
     """
     job = fleet(1, world)[0]
     pool = Pool.build()
-    agents = [SimAgent(job, n, pool, random.Random(n), STACK_CHANGE, 0.0)
+    agents = [SimAgent(job, n, pool, random.Random(n), STACK_CHANGE, 0.0, protocol=protocol)
               for n in range(job.nodes)]
     t = 1000.0
     msgs = []
@@ -539,7 +542,7 @@ def in_process(world: int, rounds: int) -> dict:
     for i, m in enumerate(timed):
         d.ingest(parse(m), now=now + 1.0 + i // len(agents))
     ingest = time.process_time() - c0
-    return {"ranks": world, "reports": len(timed), "samples": samples,
+    return {"ranks": world, "reports": len(timed), "samples": samples, "protocol": protocol,
             "bytes_per_report": sum(map(len, timed)) / len(timed),
             "decode_samples_per_cpu_s": samples / decode,
             "decode_ingest_samples_per_cpu_s": samples / ingest}
@@ -595,7 +598,9 @@ def measure(p: Profile) -> dict:
         print(f"[daemon_ingest] {name}: {time.monotonic() - s:.0f}s", file=sys.stderr,
               flush=True)
 
-    step("in_process", in_process, p.world, 4 if p.world > 4096 else 8)
+    # A whole snapshot cycle of protocol 2 (one report in SNAPSHOT_EVERY all full).
+    step("in_process", in_process, p.world, SNAPSHOT_EVERY)
+    step("in_process_v1", in_process, p.world, SNAPSHOT_EVERY, protocol=1)
     step("table_memory", table_memory, 256, CURVE_POINTS + 5)
     step("single_job", single_job, p)
     step("transport_floor", transport_floor, p)
@@ -681,10 +686,16 @@ def render(r: dict) -> str:
         "| layer | samples/CPU-s | us/sample |", "|---|---|---|",
         _layer("protobuf decode only (`FromString`, same bytes)", inp["decode_samples_per_cpu_s"]),
         _layer("decode + `Daemon.ingest`, no gRPC", inp["decode_ingest_samples_per_cpu_s"]),
+        *([_layer("the same with protocol 1 (full samples every round)",
+                  r["in_process_v1"]["decode_ingest_samples_per_cpu_s"])]
+          if "in_process_v1" in r else []),
         _layer("gRPC server that only parses and acks (transport floor)",
                floor["saturated"]["samples_per_daemon_cpu_s"]),
         _layer("the daemon over gRPC", per_core), "",
-        f"- Reports are {inp['bytes_per_report']:.0f} bytes (8 samples); at 1 report/s per "
+        f"- Reports are {inp['bytes_per_report']:.0f} bytes (8 ranks, protocol "
+        f"{inp.get('protocol', 1)}"
+        + (f"; {r['in_process_v1']['bytes_per_report']:.0f} bytes with protocol 1"
+           if "in_process_v1" in r else "") + "); at 1 report/s per "
         f"agent the {one['ranks']}-rank job is {k(one['at_1hz']['samples_per_s'])} samples/s "
         f"and costs the daemon {_cores(one['at_1hz'])} of a core.",
         f"- Connecting all {one['agents']} agents at once (a daemon restart) took "

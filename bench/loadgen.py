@@ -53,6 +53,7 @@ from pathlib import Path
 
 import psutil
 
+from ncclwatch.agent.delta import SNAPSHOT_EVERY
 from ncclwatch.shard import shard
 from ncclwatch.stacks import Frame, stack_id
 from ncclwatch.v1 import collector_pb2 as pb
@@ -64,6 +65,8 @@ JOB_INFO_EVERY = 30  # as the real agent (ncclwatch/agent/agent.py)
 SITE = "/opt/venv/lib/python3.11/site-packages"
 #: A ReportResponse with nothing but ack_seq (tag + up to 10 varint bytes).
 ACK_ONLY_MAX = 11
+#: Wire protocol the simulated agents speak (2: briefs, as the real agent; 1: full).
+PROTOCOL = 2
 #: Each channel its own TCP connection, as separate agent processes would have.
 CHANNEL_OPTIONS = (("grpc.use_local_subchannel_pool", 1),
                    ("grpc.max_send_message_length", 16 * 1024 * 1024))
@@ -206,8 +209,10 @@ class SimAgent:
     """One node's agent: 8 ranks of one job, reports assembled from byte parts."""
 
     def __init__(self, job: JobSpec, node_index: int, pool: Pool, rng: random.Random,
-                 stack_change: float, started: float) -> None:
+                 stack_change: float, started: float, protocol: int = PROTOCOL) -> None:
         self.job, self.pool, self.rng = job, pool, rng
+        self.protocol = protocol
+        self.stream_reports = 0  # reports on the current stream (protocol 2: snapshots)
         self.stack_change = stack_change
         self.node = f"{job.job_id[-12:]}-n{node_index:05d}"
         self.agent_id = uuid.UUID(int=rng.getrandbits(128)).hex
@@ -254,8 +259,9 @@ class SimAgent:
         ).SerializeToString()
 
     def reconnected(self) -> None:
-        """A new stream knows no stacks."""
+        """A new stream knows no stacks (and, protocol 2, no slots)."""
         self.sent.clear()
+        self.stream_reports = 0
 
     def _stall_at(self, t: float) -> Stall | None:
         for s in self.stalls:
@@ -274,20 +280,35 @@ class SimAgent:
                  field_double(5, t + 1.7e9), field_double(11, self.interval)]
         with_job = self.seq % JOB_INFO_EVERY == 1
         pool, rng = self.pool, self.rng
+        v2 = self.protocol >= 2
+        # Protocol 2 as ncclwatch.agent.delta sends it: the stream's first report
+        # resets the slots, every SNAPSHOT_EVERY-th is all full samples, and in
+        # between a rank whose stack and state did not change goes as a brief.
+        snapshot = v2 and self.stream_reports % SNAPSHOT_EVERY == 0
+        if v2 and self.stream_reports == 0:
+            parts.append(field_varint(13, 1))
+        self.stream_reports += 1
+        briefs: list[int] = []
         stacks = []
         for i, rank in enumerate(self.ranks):
+            moved = with_job or snapshot
             if stall is not None:
                 part = pool.save if rank == 0 else pool.barrier
                 secs = t - stall.start + (1.0 if rank == 0 else 0.0)
                 age = 0.0  # the daemon asked for fresh stacks of a suspicious job
+                moved = True
             else:
                 if rng.random() < self.stack_change:
                     j = rng.randrange(len(pool.normal))
                     if pool.normal[j].state != pool.normal[self.current[i]].state:
                         self.since[i] = t
                     self.current[i] = j
+                    moved = True
                 part = pool.normal[self.current[i]]
                 secs, age = t - self.since[i], 0.4
+            if v2 and not moved:
+                briefs.append(i + 1)
+                continue
             if part.sid not in self.sent:
                 self.sent.add(part.sid)
                 stacks.append(part.wire)
@@ -295,17 +316,26 @@ class SimAgent:
                       self.stats[i][self.seq % 3]]
             if with_job:
                 sample.append(self.job_info)
+            if v2:
+                sample.append(field_varint(61, i + 1))
             parts.append(field_bytes(8, b"".join(sample)))
+        if briefs:
+            n = len(briefs)
+            parts.append(field_bytes(12, b"".join([
+                field_bytes(1, b"".join([varint(x) for x in briefs])),
+                field_bytes(2, struct.pack(f"<{n}d", *[0.0] * n)),
+                field_bytes(3, struct.pack(f"<{n}f", *[0.97] * n)),
+                field_bytes(4, struct.pack(f"<{n}d", *[1000.0] * n))])))
         if stall is not None and self.ranks[0] == 0:
             self.culprit_sends.append(t)
         parts += stacks
-        return field_varint(1, 1) + field_bytes(2, b"".join(parts))
+        return field_varint(1, self.protocol) + field_bytes(2, b"".join(parts))
 
 
 def check_assembly() -> None:
     """The assembled bytes are the message a real agent would build."""
     job = JobSpec("torchelastic:check", 16)
-    a = SimAgent(job, 1, Pool.build(), random.Random(1), 0.0, 100.0)
+    a = SimAgent(job, 1, Pool.build(), random.Random(1), 0.0, 100.0, protocol=1)
     got = pb.ReportRequest.FromString(a.report(105.0))
     r = got.report
     assert got.protocol_version == 1 and r.seq == 1 and r.node == a.node and r.full_round
@@ -318,6 +348,18 @@ def check_assembly() -> None:
                                          if p.sid in {x.stack_id for x in r.samples}}
     again = pb.ReportRequest.FromString(a.report(106.0)).report
     assert not again.stacks and not again.samples[0].HasField("job") and again.seq == 2
+    # Protocol 2: a full first report with slots, then briefs the daemon resolves.
+    from ncclwatch.daemon.core import Daemon, DaemonConfig
+    d = Daemon(DaemonConfig())
+    b = SimAgent(job, 1, Pool.build(), random.Random(1), 0.0, 100.0, protocol=2)
+    first = pb.ReportRequest.FromString(b.report(105.0))
+    assert first.protocol_version == 2 and first.report.slots_reset
+    assert [x.slot for x in first.report.samples] == list(range(1, 9))
+    assert not d.ingest(first, now=105.0).resync
+    second = pb.ReportRequest.FromString(b.report(106.0))
+    assert not second.report.samples and list(second.report.briefs.slot) == list(range(1, 9))
+    assert not d.ingest(second, now=106.0).resync
+    assert d.table.jobs[job.job_id].ranks[15].seen == 106.0 and d.table.samples_total == 16
 
 
 # -- the daemon process ---------------------------------------------------------------
@@ -575,6 +617,8 @@ class Client:
         resp = pb.ReportResponse.FromString(raw)
         self.commands += len(resp.commands)
         a.sent.difference_update(resp.missing_stack_ids)
+        if resp.resync:
+            a.stream_reports = 0
 
     async def _sleep_to_slot(self, i: int) -> None:
         p = self.plan

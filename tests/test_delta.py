@@ -118,6 +118,10 @@ def _judged(d: Daemon, now: float) -> dict:
     """Everything a verdict reads of the table, and the verdicts."""
     out = {}
     for job_id, job in d.table.jobs.items():
+        w = job.waits
+        out[job_id] = (w.rounds, w.first_at, list(w.still.recent),
+                       sorted((op.value, x.evidence, [round(v, 6) for v in x.recent])
+                              for op, x in w.ops.items()))
         for r, rec in job.ranks.items():
             out[(job_id, r)] = (rec.state, rec.op, round(rec.since, 6), rec.stack_id,
                                 rec.stack_at and round(rec.stack_at, 6),

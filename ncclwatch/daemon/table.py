@@ -595,6 +595,8 @@ class JobTable:
         jobs, agent_id, interval = self.jobs, agent.agent_id, agent.interval
         dirty = self.dirty
         unresolved = 0
+        last_dt, a = -1.0, 1.0  # the smoothing weight, shared by ranks seen together
+        none, device_wait, wait = CollectiveOp.NONE, RankState.DEVICE_WAIT, CollectiveOp.WAIT
         for slot, still, cpu, cpu_s in zip(b.slot, b.still_seconds, b.cpu_utilization,
                                            b.cpu_seconds):
             ent = slots.get(slot, False)
@@ -607,13 +609,28 @@ class JobTable:
                     or jobs.get(key[0]) is not job:
                 unresolved += 1
                 continue
-            rec.cpu_recent = _smooth(rec.cpu_recent, cpu, recv - rec.seen)
+            dt = recv - rec.seen
+            if dt != last_dt:
+                last_dt = dt
+                a = 1.0 - math.exp(-dt / CPU_RECENT_TAU) if 0 < dt <= 60 * CPU_RECENT_TAU \
+                    else 1.0
+            rec.cpu_recent += a * (cpu - rec.cpu_recent)
             rec.seen = recv
             rec.cpu_util = cpu
             rec.cpu_seconds = cpu_s
-            _progress(job, rec, still, False, recv, interval)
-            if still > 0:
-                dirty.add(key[0])  # a rank sitting still may be worth fresh stacks
+            if still > 0 or rec.still_since is not None or rec.still_at is not None:
+                _progress(job, rec, still, False, recv, interval)
+                if still > 0:
+                    dirty.add(key[0])  # a rank sitting still may be worth fresh stacks
+            else:
+                # _progress for a rank that made progress and was not still: the
+                # common case, inlined (bench/daemon_ingest.py).
+                waits = job.waits
+                waits.stepped(recv)
+                op = rec.op
+                if (op is not none or rec.state is device_wait) and rec.stack_at is not None \
+                        and recv - rec.stack_at >= interval:
+                    waits.progressed(op if op is not none else wait, recv)
             job.last_update = recv
             reported.add(key)
         n = len(b.slot)

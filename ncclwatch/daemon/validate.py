@@ -104,9 +104,12 @@ def _check_briefs(b: pb.RankBriefs, samples: int) -> None:
                    f"{len(b.cpu_utilization)} cpu_utilization, {len(b.cpu_seconds)} cpu_seconds")
     if n and min(b.slot) == 0:
         raise _bad("briefs: slot 0 names no rank")
+    if not n:
+        return
     for name in ("still_seconds", "cpu_utilization", "cpu_seconds"):
         values = getattr(b, name)
-        if not all(0 <= v < 1e12 for v in values):  # NaN fails both comparisons
+        total = sum(values)  # NaN if any is NaN (min and max may step over one)
+        if not (min(values) >= 0 and max(values) < 1e12 and total == total):
             raise _bad(f"briefs.{name} must be finite and >= 0")
 
 
