@@ -52,7 +52,7 @@ from dataclasses import asdict, dataclass
 from bench.loadgen import (PROTOCOL, RANKS_PER_NODE, Clients, DaemonProc, JobSpec, Pool,
                            SimAgent, check_assembly, fleet)
 from ncclwatch.agent.delta import SNAPSHOT_EVERY
-from ncclwatch.daemon.table import CURVE_POINTS
+from ncclwatch.daemon.table import CURVE_POINTS, CURVE_SPAN, CURVE_STEP
 from ncclwatch.shard import shard
 from ncclwatch.v1 import collector_pb2 as pb
 
@@ -102,7 +102,7 @@ QUICK = Profile("quick", world=2048, trials=4, trials_slow=2, steady_seconds=0.0
                 saturate_seconds=6, warmup=3, many=(10, 160), big=None, http_repeats=3,
                 http_scale_repeats=10)
 FULL = Profile("full", world=16384, trials=12, trials_slow=8,
-               steady_seconds=CURVE_POINTS + 8, saturate_seconds=15, warmup=5,
+               steady_seconds=CURVE_SPAN + 8, saturate_seconds=15, warmup=5,
                many=(100, 160), big=(100, 1000), http_repeats=5, http_scale_repeats=20)
 
 
@@ -497,7 +497,14 @@ def _memory(rss0: int, rss1: int, ranks: int, held: float, final: dict) -> dict:
             "bytes_per_rank": (rss1 - rss0) / ranks,
             "kib_per_1k_ranks": (rss1 - rss0) / (ranks / 1000) / 1024,
             "seconds_loaded": round(held, 1), "curve_points_min": final["curve_points_min"],
-            "curve_points_max": CURVE_POINTS}
+            "curve_points_max": steady_curve_points()}
+
+
+def steady_curve_points(protocol: int = PROTOCOL) -> int:
+    """Points a steady rank's curve holds once full: one per full sample within
+    CURVE_SPAN (protocol 2 sends a steady rank in full once a snapshot)."""
+    every = INTERVAL * (SNAPSHOT_EVERY if protocol >= 2 else 1)
+    return min(CURVE_POINTS, int(CURVE_SPAN // max(every, CURVE_STEP)))
 
 
 def _brief(final: dict) -> dict:

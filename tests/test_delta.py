@@ -283,3 +283,18 @@ def test_an_agent_falls_back_to_full_samples_for_a_daemon_that_speaks_only_1(
             assert h.daemon.table.agents["agent-a"].last_seq == 3
             assert h.daemon.rejected_total["FAILED_PRECONDITION"] >= 1
     asyncio.run(go())
+
+
+def test_a_steady_ranks_curve_keeps_only_the_last_span_of_points() -> None:
+    from ncclwatch.daemon.table import CURVE_POINTS, CURVE_SPAN, Curve
+    every_snapshot, every_round = Curve(), Curve()
+    for i in range(1200):  # 20 minutes
+        t = 1000.0 + i
+        every_round.add(t, 1 << 30, i, (), ())
+        if i % SNAPSHOT_EVERY == 0:
+            every_snapshot.add(t, 1 << 30, i, (), ())
+    for c in (every_snapshot, every_round):
+        assert c.t[-1] - c.t[0] <= CURVE_SPAN and len(c) <= CURVE_POINTS
+    assert len(every_snapshot) == int(CURVE_SPAN // SNAPSHOT_EVERY) + 1
+    assert len(every_round) == int(CURVE_SPAN) + 1
+    assert [p.written for p in every_round.recent()][-1] == 1199

@@ -33,6 +33,9 @@ NEW_EPISODE = 0.5
 #: Evidence curve per rank: points at least this far apart, this many kept.
 CURVE_STEP = 0.9
 CURVE_POINTS = 90
+#: ... and none older than this before the newest: a steady rank (protocol 2
+#: sends it in full once a snapshot) keeps a handful of points, not 90.
+CURVE_SPAN = CURVE_POINTS * CURVE_STEP
 
 
 class Point:
@@ -95,9 +98,12 @@ class Curve:
             return
         ts.append(t)
         self.rss.append(rss)
-        if len(ts) > CURVE_POINTS:
-            del ts[0]
-            del self.rss[0]
+        old = 0
+        while len(ts) - old > CURVE_POINTS or ts[old] < t - CURVE_SPAN:
+            old += 1  # never the newest: t - CURVE_SPAN < t
+        if old:
+            del ts[:old]
+            del self.rss[:old]
         self._written.append(written)
         self._file.append((files[0][0], files[0][1]) if files else None)
         names = tuple([d for d, _, _ in limits])
