@@ -213,6 +213,8 @@ class SimAgent:
         self.job, self.pool, self.rng = job, pool, rng
         self.protocol = protocol
         self.stream_reports = 0  # reports on the current stream (protocol 2: snapshots)
+        #: Per rank, the stack and state start (as -since) of its last full sample.
+        self.last_full: list[tuple[str, float] | None] = [None] * RANKS_PER_NODE
         self.stack_change = stack_change
         self.node = f"{job.job_id[-12:]}-n{node_index:05d}"
         self.agent_id = uuid.UUID(int=rng.getrandbits(128)).hex
@@ -262,6 +264,7 @@ class SimAgent:
         """A new stream knows no stacks (and, protocol 2, no slots)."""
         self.sent.clear()
         self.stream_reports = 0
+        self.last_full = [None] * RANKS_PER_NODE
 
     def _stall_at(self, t: float) -> Stall | None:
         for s in self.stalls:
@@ -306,9 +309,10 @@ class SimAgent:
                     moved = True
                 part = pool.normal[self.current[i]]
                 secs, age = t - self.since[i], 0.4
-            if v2 and not moved:
+            if v2 and not moved and self.last_full[i] == (part.sid, round(secs - t, 3)):
                 briefs.append(i + 1)
                 continue
+            self.last_full[i] = (part.sid, round(secs - t, 3))  # what a brief would repeat
             if part.sid not in self.sent:
                 self.sent.add(part.sid)
                 stacks.append(part.wire)
@@ -360,6 +364,15 @@ def check_assembly() -> None:
     assert not second.report.samples and list(second.report.briefs.slot) == list(range(1, 9))
     assert not d.ingest(second, now=106.0).resync
     assert d.table.jobs[job.job_id].ranks[15].seen == 106.0 and d.table.samples_total == 16
+    # Out of a stall the ranks' states changed: full samples, not briefs.
+    b.stalls.append(Stall(107.0, 108.0))
+    in_stall = pb.ReportRequest.FromString(b.report(107.0)).report
+    assert len(in_stall.samples) == 8 and not in_stall.briefs.slot
+    after = pb.ReportRequest.FromString(b.report(109.0)).report
+    assert len(after.samples) == 8 and not after.briefs.slot
+    assert d.ingest(pb.ReportRequest(protocol_version=2, report=in_stall), now=107.0)
+    steady = pb.ReportRequest.FromString(b.report(110.0)).report
+    assert not steady.samples and len(steady.briefs.slot) == 8
 
 
 # -- the daemon process ---------------------------------------------------------------
@@ -619,6 +632,7 @@ class Client:
         a.sent.difference_update(resp.missing_stack_ids)
         if resp.resync:
             a.stream_reports = 0
+            a.last_full = [None] * RANKS_PER_NODE
 
     async def _sleep_to_slot(self, i: int) -> None:
         p = self.plan
