@@ -236,6 +236,7 @@ class SimAgent:
         ).SerializeToString()
         self.current = [rng.randrange(len(pool.normal)) for _ in self.ranks]
         self.since = [started] * len(self.ranks)  # when each rank entered its state
+        self.taken = [started] * len(self.ranks)  # when its current stack was taken
         self.seq = 0
         self.interval = 1.0  # what the reports say (the daemon judges staleness by it)
         self.sent: set[str] = set()  # stack ids whose frames this stream has carried
@@ -278,6 +279,7 @@ class SimAgent:
         stall = self._stall_at(t) if self.stalls else None
         if self.in_stall and stall is None:  # out of the barrier/save: training again
             self.since = [t] * len(self.ranks)
+            self.taken = [t] * len(self.ranks)
         self.in_stall = stall is not None
         parts = [self.header, field_varint(3, self.seq), field_double(4, t),
                  field_double(5, t + 1.7e9), field_double(11, self.interval)]
@@ -292,32 +294,40 @@ class SimAgent:
             parts.append(field_varint(13, 1))
         self.stream_reports += 1
         briefs: list[int] = []
+        stills: list[float] = []
         stacks = []
         for i, rank in enumerate(self.ranks):
             moved = with_job or snapshot
+            still = 0.0
             if stall is not None:
-                part = pool.save if rank == 0 else pool.barrier
-                secs = t - stall.start + (1.0 if rank == 0 else 0.0)
-                age = 0.0  # the daemon asked for fresh stacks of a suspicious job
-                moved = True
+                if rank == 0:  # saving: a fresh stack each round (the daemon asks)
+                    part, secs, age = pool.save, t - stall.start + 1.0, 0.0
+                    moved = True
+                else:  # in barrier since the stall began, still, seen there once
+                    part, secs = pool.barrier, t - stall.start
+                    age = still = t - stall.start
             else:
                 if rng.random() < self.stack_change:
                     j = rng.randrange(len(pool.normal))
                     if pool.normal[j].state != pool.normal[self.current[i]].state:
                         self.since[i] = t
                     self.current[i] = j
+                    self.taken[i] = t - 0.4
                     moved = True
                 part = pool.normal[self.current[i]]
-                secs, age = t - self.since[i], 0.4
-            if v2 and not moved and self.last_full[i] == (part.sid, round(secs - t, 3)):
+                secs, age = t - self.since[i], max(0.0, t - self.taken[i])
+            # What a brief would repeat: stack, state start and when the stack was taken.
+            seen = (part.sid, round(t - secs, 3), round(t - age, 3))
+            if v2 and not moved and self.last_full[i] == seen:
                 briefs.append(i + 1)
+                stills.append(still)
                 continue
-            self.last_full[i] = (part.sid, round(secs - t, 3))  # what a brief would repeat
+            self.last_full[i] = seen
             if part.sid not in self.sent:
                 self.sent.add(part.sid)
                 stacks.append(part.wire)
             sample = [self.ident[i], part.state, field_double(4, secs), field_double(5, age),
-                      self.stats[i][self.seq % 3]]
+                      self.stats[i][self.seq % 3], field_double(60, still)]
             if with_job:
                 sample.append(self.job_info)
             if v2:
@@ -327,7 +337,7 @@ class SimAgent:
             n = len(briefs)
             parts.append(field_bytes(12, b"".join([
                 field_bytes(1, b"".join([varint(x) for x in briefs])),
-                field_bytes(2, struct.pack(f"<{n}d", *[0.0] * n)),
+                field_bytes(2, struct.pack(f"<{n}d", *stills)),
                 field_bytes(3, struct.pack(f"<{n}f", *[0.97] * n)),
                 field_bytes(4, struct.pack(f"<{n}d", *[1000.0] * n))])))
         if stall is not None and self.ranks[0] == 0:
@@ -364,13 +374,17 @@ def check_assembly() -> None:
     assert not second.report.samples and list(second.report.briefs.slot) == list(range(1, 9))
     assert not d.ingest(second, now=106.0).resync
     assert d.table.jobs[job.job_id].ranks[15].seen == 106.0 and d.table.samples_total == 16
-    # Out of a stall the ranks' states changed: full samples, not briefs.
-    b.stalls.append(Stall(107.0, 108.0))
+    # Into a stall and out of it the ranks' states change: full samples, and
+    # waiters stay briefs in between with their progress reading (still).
+    b.stalls.append(Stall(107.0, 109.0))
     in_stall = pb.ReportRequest.FromString(b.report(107.0)).report
-    assert len(in_stall.samples) == 8 and not in_stall.briefs.slot
+    assert len(in_stall.samples) == 8 and in_stall.samples[0].still_seconds == 0.0
+    waiting = pb.ReportRequest.FromString(b.report(108.0)).report
+    assert not waiting.samples and list(waiting.briefs.still_seconds) == [1.0] * 8
     after = pb.ReportRequest.FromString(b.report(109.0)).report
     assert len(after.samples) == 8 and not after.briefs.slot
-    assert d.ingest(pb.ReportRequest(protocol_version=2, report=in_stall), now=107.0)
+    for t, r in ((107.0, in_stall), (108.0, waiting), (109.0, after)):
+        assert not d.ingest(pb.ReportRequest(protocol_version=2, report=r), now=t).resync
     steady = pb.ReportRequest.FromString(b.report(110.0)).report
     assert not steady.samples and len(steady.briefs.slot) == 8
 

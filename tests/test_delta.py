@@ -86,7 +86,6 @@ def test_every_nth_report_of_a_stream_is_a_full_snapshot() -> None:
     (dict(stack=SAVE_ID), "changed"),
     (dict(since=100.5), "since"),
     (dict(stack_at=100.9), "new_stack"),
-    (dict(still=3.0), "still_wait"),
     (dict(rss=(1 << 30) + (64 << 20)), "memory"),
     (dict(written=8 << 20), "writing"),
     (dict(state=S.SAVING, op=Op.NONE, stack=SAVE_ID), "state"),
@@ -104,6 +103,15 @@ def test_a_rank_goes_in_full_when_anything_the_daemon_judges_by_moved(change, wh
     out = _v2(d, _round(2, others + [moved], 101.0)).report
     assert [s.identity.rank for s in out.samples] == [2] and len(out.briefs.slot) == 3
     assert out.samples[0].slot == sent.slot  # the rank keeps its slot
+
+
+def test_a_rank_waiting_without_progress_goes_as_a_brief_with_its_reading() -> None:
+    d = StreamDeltas()
+    _v2(d, _steady(1, 100.0))
+    still = [_rank(r, S.COLLECTIVE, Op.ALL_REDUCE, 90.0, 101.0, still=4.0, cpu=0.6)
+             for r in range(4)]
+    out = _v2(d, _round(2, still, 101.0)).report
+    assert not out.samples and list(out.briefs.still_seconds) == [4.0] * 4
 
 
 def test_a_resync_starts_the_slots_over() -> None:

@@ -9,7 +9,11 @@ daemon asks for start over with full samples, and every
 points for every rank, and a bound on how long any mistake can last).
 
 A rank goes as a brief only while nothing the daemon judges by moved since
-its last full sample: the rules are the ``WHY_FULL`` table.
+its last full sample: the rules are the ``WHY_FULL`` table. A rank waiting
+without progress is not among them: a brief carries its progress reading,
+which is all the daemon reads of a waiter between stack dumps (each dump is
+a full sample), so a stall of 100k ranks costs the daemon briefs, not 100k
+full samples a round, exactly when its verdict is due.
 """
 
 from __future__ import annotations
@@ -36,7 +40,6 @@ FULL_STATES = frozenset({
     pb.RANK_STATE_UNSPECIFIED, pb.RANK_STATE_UNKNOWN, pb.RANK_STATE_SAVING,
     pb.RANK_STATE_GATHERING_STATE_DICT, pb.RANK_STATE_LOADING,
 })
-_WAIT_STATES = frozenset({pb.RANK_STATE_COLLECTIVE, pb.RANK_STATE_DEVICE_WAIT})
 
 
 class Sent:
@@ -72,9 +75,6 @@ WHY_FULL: tuple[Rule, ...] = (
     ("flight_recorder", lambda s, k, now: s.HasField("flight_recorder")),
     ("no_progress_reading", lambda s, k, now: not s.HasField("still_seconds")
      or not s.HasField("process")),
-    # A wait without progress is what a stall looks like: the daemon gets it whole.
-    ("still_wait", lambda s, k, now: s.still_seconds > 0 and (
-        s.op != pb.COLLECTIVE_OP_UNSPECIFIED or s.state in _WAIT_STATES)),
     ("writing", lambda s, k, now: len(s.process.files_writing) > 0
      or s.process.io_write_bytes - k.written > WRITE_STEP_BYTES),
     ("memory", lambda s, k, now: abs(s.process.rss_bytes - k.rss) > MEMORY_STEP_BYTES

@@ -68,19 +68,37 @@ class Blocked:
     started_at: float  # when the first of them blocked (daemon clock)
 
 
+def fresh_waiting(job: Job, table: JobTable, now: float) -> list[RankRecord]:
+    """The job's waiting ranks whose reports can be trusted, once per tick.
+
+    Every detector starts from this list; at 100k ranks in a collective the
+    walk is most of a tick, so it is made once and shared (kept on the job
+    for this ``now`` only).
+    """
+    agents = table.fresh_agents(now)  # a new set after any report is applied
+    cached = job.fresh_waiting
+    if cached is not None and cached[0] is agents:
+        return cached[1]
+    ranks = job.ranks
+    out = [rec for r in job.waiting
+           if (rec := ranks[r]).gone_at is None and rec.agent_id in agents]
+    job.fresh_waiting = (agents, out)
+    return out
+
+
 def blocked(job: Job, table: JobTable, now: float, threshold: float,
             long_enough: Callable[[RankRecord], bool] | None = None) -> Blocked | None:
     """Ranks in a collective for ``threshold`` (or as ``long_enough`` judges)."""
     ranks, ops, started = [], set(), now
-    for r in job.waiting:
-        rec = job.ranks[r]
-        if not table.fresh(rec, now):
-            continue
-        if long_enough(rec) if long_enough else now - rec.since >= threshold:
-            ranks.append(r)
+    none, wait = CollectiveOp.NONE, CollectiveOp.WAIT
+    since_at = now - threshold
+    for rec in fresh_waiting(job, table, now):
+        if long_enough(rec) if long_enough else rec.since <= since_at:
+            ranks.append(rec.rank)
             # A device_wait rank's op is unknown (no c10d frame): WAIT.
-            ops.add(rec.op if rec.op is not CollectiveOp.NONE else CollectiveOp.WAIT)
-            started = min(started, rec.since)
+            ops.add(rec.op if rec.op is not none else wait)
+            if rec.since < started:
+                started = rec.since
     if not ranks:
         return None
     return Blocked(tuple(sorted(ranks)), tuple(sorted(ops, key=lambda o: o.value)), started)

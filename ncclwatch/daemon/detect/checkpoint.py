@@ -27,9 +27,10 @@ def detect(job: Job, table: JobTable, now: float, cfg: DetectConfig) -> list[Fin
     if b is None:
         return []
     by_kind: dict[StallKind, list[Culprit]] = {}
+    waiting = job.waiting
     for state, kind in KIND_BY_STATE.items():
         for r in sorted(job.by_state[state]):
-            if r in job.waiting or not table.fresh(job.ranks[r], now):
+            if r in waiting or not table.fresh(job.ranks[r], now):
                 continue
             by_kind.setdefault(kind, []).append(culprit_of(job, r, now))
     findings = []

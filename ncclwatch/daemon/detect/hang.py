@@ -32,12 +32,18 @@ def hung(job: Job, now: float, cfg: DetectConfig):
     Without readings (an older agent): in the collective past the ceiling.
     """
     policy = cfg.waits
+    thresholds: dict = {}  # per op: the same for every rank this tick
 
     def long_enough(rec: RankRecord) -> bool:
         if not rec.progress_known:
             return now - rec.since >= cfg.hang_threshold
-        return (rec.still_at is not None
-                and now - rec.still_at >= job.waits.threshold(rec.still_op, policy, now))
+        if rec.still_at is None:
+            return False
+        op = rec.still_op
+        t = thresholds.get(op)
+        if t is None:
+            t = thresholds[op] = job.waits.threshold(op, policy, now)
+        return now - rec.still_at >= t
     return long_enough
 
 
@@ -48,7 +54,8 @@ def detect(job: Job, table: JobTable, now: float, cfg: DetectConfig) -> list[Fin
     if b is None:
         return []
     waiting, ops = b.ranks, b.ops
-    live = [r for r, rec in job.ranks.items() if table.fresh(rec, now)]
+    agents = table.fresh_agents(now)
+    live = [r for r, rec in job.ranks.items() if rec.gone_at is None and rec.agent_id in agents]
     waiting_now = job.waiting
     absent = [r for r in live if r not in waiting_now]
     # Rank numbers nobody reports; each live member with an unknown rank is
