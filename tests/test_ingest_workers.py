@@ -331,3 +331,23 @@ def test_no_worker_outlives_the_daemon_process(how: str) -> None:
         if p.poll() is None:
             p.kill()
         p.wait()
+
+
+def test_a_port_taken_by_another_program_fails_the_start_and_leaves_no_worker() -> None:
+    """SO_REUSEPORT shares the port among the workers only: a port another
+    program holds is still 'cannot listen', as without workers."""
+    import socket
+
+    async def go():
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen(1)
+            port = taken.getsockname()[1]
+            d = Daemon(DaemonConfig(grpc=f"127.0.0.1:{port}", http="127.0.0.1:0",
+                                    ingest_workers=2))
+            server = DaemonServer(d)
+            with pytest.raises(OSError, match=f"cannot listen for gRPC on 127.0.0.1:{port}"):
+                await server.start()
+            pids = [w.pid for w in d.ingest_workers if w.pid]
+            assert pids and all(gone(p) for p in pids)
+    _run(go())
