@@ -39,6 +39,7 @@ run, because this machine is small and noisy.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -929,9 +930,14 @@ def main(argv: list[str] | None = None) -> int:
                          "latency at 1 report/s)")
     ap.add_argument("--world", type=int, default=None, metavar="RANKS",
                     help="with --ingest-workers: the job's ranks (default: the profile's)")
+    ap.add_argument("--trials", type=int, default=None, metavar="N",
+                    help="with --ingest-workers: stall trials per daemon (default: the "
+                         "profile's)")
     a = ap.parse_args(argv)
     if a.ingest_workers:
         p = FULL if a.full else QUICK
+        if a.trials:
+            p = dataclasses.replace(p, trials=a.trials)
         r = compare_workers(p, a.ingest_workers, a.world or p.world)
         if a.json:
             with open(a.json, "w") as f:
