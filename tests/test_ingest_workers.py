@@ -351,3 +351,27 @@ def test_a_port_taken_by_another_program_fails_the_start_and_leaves_no_worker() 
             pids = [w.pid for w in d.ingest_workers if w.pid]
             assert pids and all(gone(p) for p in pids)
     _run(go())
+
+
+def test_frames_sent_in_one_turn_of_the_loop_go_out_in_one_write() -> None:
+    """A real socketpair: 50 answers queued in one turn cost one write, and arrive
+    whole and in order."""
+    import socket
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        a, b = socket.socketpair()
+        got: list = []
+        _, left = await loop.create_unix_connection(lambda: L.Link(lambda f: None, lambda: None),
+                                                    sock=a)
+        _, right = await loop.create_unix_connection(lambda: L.Link(got.extend, lambda: None),
+                                                     sock=b)
+        for i in range(50):
+            left.send(L.OK, i, b"r" * i)
+        assert left.writes == 0  # queued until the loop turns
+        await until(lambda: len(got) == 50, what="50 frames")
+        assert left.writes == 1
+        assert got == [(L.OK, i, b"r" * i) for i in range(50)]
+        left.close()
+        right.close()
+    _run(go())

@@ -28,6 +28,7 @@ import os
 import socket
 import subprocess
 import sys
+import sysconfig
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,9 +145,12 @@ class IngestPool:
         loop = asyncio.get_running_loop()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         env = {k: v for k, v in os.environ.items() if k not in PRIVATE_ENV}
-        # The worker runs this very package, wherever it was imported from.
+        # The worker runs this very package: a checkout the core was imported
+        # from goes first on its path (an installed one is there already).
         root = str(Path(ncclwatch.__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = os.pathsep.join(x for x in (root, env.get("PYTHONPATH")) if x)
+        installed = {str(Path(sysconfig.get_paths()[k]).resolve()) for k in ("purelib", "platlib")}
+        if root not in installed:
+            env["PYTHONPATH"] = os.pathsep.join(x for x in (root, env.get("PYTHONPATH")) if x)
         try:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "ncclwatch.daemon.ingestworker",
