@@ -240,9 +240,13 @@ def test_mtls_reaches_the_workers_and_names_are_checked_in_the_core(pki) -> None
     _run(go())
 
 
-def test_a_killed_worker_is_restarted_and_its_agents_come_back() -> None:
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP"])
+def test_a_killed_or_wedged_worker_is_restarted_and_its_agents_come_back(how: str) -> None:
+    """SIGKILL: the worker ends, and is started again. SIGSTOP: a wedged worker (it
+    stops saying its CPU every second) is killed by the core, then started again."""
     async def go():
         async with Workers(2) as w:
+            w.server._pool.wedged_after = 2.0
             ups = [Uplink(w.target, {}) for _ in range(6)]
             tasks = [asyncio.create_task(u.run()) for u in ups]
             seq = [0] * 6
@@ -262,7 +266,7 @@ def test_a_killed_worker_is_restarted_and_its_agents_come_back() -> None:
                 victim = max(stats, key=lambda s: s.forwarded_total)
                 old_pid, before = victim.pid, victim.forwarded_total
                 assert before > 0
-                os.kill(old_pid, signal.SIGKILL)
+                os.kill(old_pid, getattr(signal, how))
                 await until(lambda: victim.restarts_total == 1 and victim.listening,
                             what="the worker's restart")
                 assert victim.pid != old_pid and not gone(victim.pid)

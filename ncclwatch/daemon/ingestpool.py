@@ -49,6 +49,9 @@ log = logging.getLogger(__name__)
 START_TIMEOUT = 60.0
 #: A worker that dies sooner than this after its start is restarted with a backoff.
 QUICK_DEATH = 10.0
+#: A listening worker silent this long (it says its CPU every second) is wedged:
+#: it is killed, and so started again.
+WEDGED_AFTER = 30.0
 #: Environment the workers must not inherit: systemd talks to the core alone.
 PRIVATE_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID",
                "LISTEN_FDNAMES")
@@ -89,6 +92,7 @@ class _Process:
     ready: asyncio.Future | None = None
     streams: dict[int, _Stream] = field(default_factory=dict)
     gone: bool = False
+    heard: float = 0.0  # monotonic time of its last frame
 
 
 class IngestPool:
@@ -105,6 +109,7 @@ class IngestPool:
         self.stats = [WorkerStats(i) for i in range(count)]
         self.current: list[_Process | None] = [None] * count
         self.log_rejection = RejectionLog()
+        self.wedged_after = WEDGED_AFTER
         self._stopping = False
         self._supervisors: list[asyncio.Task] = []
 
@@ -126,6 +131,7 @@ class IngestPool:
             raise
         self._supervisors = [asyncio.create_task(self._supervise(i), name=f"ingest-worker-{i}")
                              for i in range(self.count)]
+        self._supervisors.append(asyncio.create_task(self._watch(), name="ingest-watch"))
         log.info("%d ingest workers listening on %s:%d (pids %s)", self.count, host, self.port,
                  ", ".join(str(s.pid) for s in self.stats))
 
@@ -163,6 +169,7 @@ class IngestPool:
             theirs.close()
         stats = self.stats[i]
         p = _Process(stats, proc, time.monotonic(), ready=loop.create_future())
+        p.heard = p.started
         self.current[i] = p
         stats.pid, stats.cpu_now = proc.pid, 0.0
         _, p.link = await loop.create_unix_connection(
@@ -225,6 +232,18 @@ class IngestPool:
             if await self._wait_ready(new):
                 log.info("ingest worker %d listening again (pid %d)", i, new.proc.pid)
 
+    async def _watch(self) -> None:
+        """Kill a worker that stopped talking (its loop wedged); _supervise restarts it."""
+        while not self._stopping:
+            await asyncio.sleep(min(5.0, self.wedged_after / 4))
+            now = time.monotonic()
+            for p in self.current:
+                if p is not None and p.stats.listening and not p.gone \
+                        and p.proc.returncode is None and now - p.heard > self.wedged_after:
+                    log.warning("ingest worker %d (pid %d) silent for %.0f s; killing it",
+                                p.stats.index, p.proc.pid, now - p.heard)
+                    p.proc.kill()
+
     def _forget(self, p: _Process) -> None:
         """The process or its link is gone: its streams end, its CPU is banked."""
         if p.gone:
@@ -270,6 +289,7 @@ class IngestPool:
     # -- what the workers forward ----------------------------------------------------------
 
     def _on_frames(self, p: _Process, frames: list[tuple[int, int, bytes]]) -> None:
+        p.heard = time.monotonic()
         for kind, sid, body in frames:
             if kind == L.REPORT:
                 self._report(p, sid, body)
