@@ -13,7 +13,8 @@ disconnected. The transport's CPU (HTTP/2, TLS, protobuf framing and a
 first parse) moves to the workers; the core pays one parse and the apply.
 
 A worker that exits is started again (with a backoff if it keeps dying at
-once); its agents reconnect by themselves, to any worker. Stopping the core
+once), and so is one silent for ``WEDGED_AFTER`` (killed first); its agents
+reconnect by themselves, to any worker. Stopping the core
 closes the links: each worker finishes its streams and exits, and any still
 there after the grace is killed. A worker also exits when its link reaches
 EOF, so none outlives a core killed with SIGKILL.
