@@ -39,6 +39,7 @@ run, because this machine is small and noisy.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -111,18 +112,23 @@ FULL = Profile("full", world=16384, trials=12, trials_slow=8,
 def rate_window(cl: Clients, daemons: list[DaemonProc], seconds: float) -> dict:
     """Samples acked per second over ``seconds``, and what they cost the daemon(s)."""
     t0, s0, f0 = cl.count()
-    c0 = [d.cpu_seconds() for d in daemons]
+    c0 = [(d.core_cpu_seconds(), d.worker_cpu_seconds()) for d in daemons]
     k0 = cl.cpu_seconds()
     time.sleep(seconds)
     t1, s1, f1 = cl.count()
-    c1 = [d.cpu_seconds() for d in daemons]
+    c1 = [(d.core_cpu_seconds(), d.worker_cpu_seconds()) for d in daemons]
     k1 = cl.cpu_seconds()
     wall = t1 - t0
     each = [b - a for a, b in zip(s0, s1)]
-    cpu = [b - a for a, b in zip(c0, c1)]
+    core = [b[0] - a[0] for a, b in zip(c0, c1)]
+    workers = [b[1] - a[1] for a, b in zip(c0, c1)]
+    cpu = [c + w for c, w in zip(core, workers)]  # a daemon's CPU: core + ingest workers
     n = sum(each)
     return {"seconds": round(wall, 2), "samples": n, "samples_per_s": n / wall,
             "daemon_cores": [round(c / wall, 3) for c in cpu],
+            "core_cores": [round(c / wall, 3) for c in core],
+            "worker_cores": [round(w / wall, 3) for w in workers],
+            "samples_per_core_cpu_s": n / sum(core) if sum(core) else 0.0,
             "samples_per_daemon_cpu_s": n / sum(cpu) if sum(cpu) else 0.0,
             "each_samples_per_s": [x / wall for x in each],
             "each_samples_per_cpu_s": [x / c if c else 0.0 for x, c in zip(each, cpu)],
@@ -405,6 +411,71 @@ def single_job(p: Profile) -> dict:
             "latency_slow": latencies(slow, sends, final["opened"], jobs[0].job_id),
             "memory": memory, "connect": connect,
             "stream_failures": sum(a["failures"] for a in answers), "daemon": _brief(final)}
+
+
+def workers_point(p: Profile, workers: int, world: int) -> dict:
+    """One ``world``-rank job on a daemon with ``workers`` ingest workers (0: gRPC in the
+    daemon process): stall decision latency at 1 report/s, then the saturated rate.
+    The core is pinned to one CPU; its workers float over every CPU."""
+    jobs = fleet(1, world)
+    d = DaemonProc(cpu=DAEMON_CPUS[0], stall_threshold=STALL_THRESHOLD, ingest_workers=workers)
+    final, answers = {}, []
+    try:
+        cl = Clients(jobs, [d.grpc], processes=CLIENT_PROCESSES, interval=INTERVAL,
+                     stack_change=STACK_CHANGE, cpus=CLIENT_CPUS)
+        try:
+            connect = cl.wait_ready(600)
+            time.sleep(3.0)
+            at_1hz = rate_window(cl, [d], 5.0)
+            fast, _ = stall_trials(cl, d, jobs[0], p.trials)
+            cl.ask(cmd="mode", mode="saturate")
+            time.sleep(p.warmup)
+            saturated = rate_window(cl, [d], p.saturate_seconds)
+        finally:
+            answers = cl.stop()
+    finally:
+        final = d.stop()
+    sends = [t for a in answers for t in a["culprit_sends"]]
+    return {"workers": workers, "ranks": world, "agents": jobs[0].nodes, "connect": connect,
+            "at_1hz": at_1hz, "saturated": saturated,
+            "latency": latencies(fast, sends, final["opened"], jobs[0].job_id),
+            "stream_failures": sum(a["failures"] for a in answers),
+            "worker_restarts": final.get("worker_restarts", 0),
+            "worker_reports": final.get("worker_reports", []), "daemon": _brief(final)}
+
+
+def compare_workers(p: Profile, workers: int, world: int) -> dict:
+    """The same job with gRPC in the daemon process and with ``workers`` ingest workers."""
+    t0 = time.monotonic()
+    points = [workers_point(p, n, world) for n in (0, workers)]
+    return {"profile": p.name, "cores": CORES, "daemon_pinned": DAEMON_CPUS[0] is not None,
+            "client_processes": CLIENT_PROCESSES, "stall_threshold_s": STALL_THRESHOLD,
+            "seconds": round(time.monotonic() - t0), "points": points}
+
+
+def render_workers(r: dict) -> str:
+    """The BENCHMARKS.md lines for ``compare_workers``."""
+    rows = []
+    for x in r["points"]:
+        sat, slow, lat = x["saturated"], x["at_1hz"], x["latency"]
+        rows.append(
+            f"| {x['workers']} | {sat['samples_per_s'] / 1000:.1f}k | "
+            f"{sat['core_cores'][0]:.2f} + {sat['worker_cores'][0]:.2f} | "
+            f"**{sat['samples_per_daemon_cpu_s'] / 1000:.1f}k** | "
+            f"{sat['samples_per_core_cpu_s'] / 1000:.1f}k | {sat['client_cores']:.2f} | "
+            f"{slow['core_cores'][0]:.2f} + {slow['worker_cores'][0]:.2f} | "
+            f"{_ms(lat['p50_s'])} / {_ms(lat['p99_s'])} ({lat['measured']} of {lat['trials']}) "
+            f"| {x['connect']['seconds']:.0f} s |")
+    one = r["points"][0]
+    return "\n".join([
+        f"{r['profile']} profile on {r['cores']} cores, {r['seconds']} s: one job of "
+        f"{one['ranks']} ranks ({one['agents']} agent streams) against a daemon without and "
+        f"with ingest workers; the core pinned to one CPU, workers floating, "
+        f"{r['client_processes']} client processes. Daemon CPU = core + workers (psutil).", "",
+        "| ingest workers | samples/s saturated | daemon cores (core + workers) | per daemon "
+        "CPU-second | per core CPU-second | client cores | cores at 1 report/s | stall "
+        "decision p50 / p99 at 1 report/s | all agents acked after |",
+        "|---|---|---|---|---|---|---|---|---|", *rows])
 
 
 def transport_floor(p: Profile) -> dict:
@@ -871,7 +942,27 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--quick", action="store_true", help="smaller N, about two minutes")
     g.add_argument("--full", action="store_true", help="the 16k-rank and 100k-rank points")
     ap.add_argument("--json", metavar="FILE", help="also write the results here")
+    ap.add_argument("--ingest-workers", type=int, default=0, metavar="N",
+                    help="instead of the whole run: one job, daemon with 0 and with N ingest "
+                         "workers (saturated rate per daemon CPU-second, stall decision "
+                         "latency at 1 report/s)")
+    ap.add_argument("--world", type=int, default=None, metavar="RANKS",
+                    help="with --ingest-workers: the job's ranks (default: the profile's)")
+    ap.add_argument("--trials", type=int, default=None, metavar="N",
+                    help="with --ingest-workers: stall trials per daemon (default: the "
+                         "profile's)")
     a = ap.parse_args(argv)
+    if a.ingest_workers:
+        p = FULL if a.full else QUICK
+        if a.trials:
+            p = dataclasses.replace(p, trials=a.trials)
+        r = compare_workers(p, a.ingest_workers, a.world or p.world)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(r, f, indent=1)
+        print(render_workers(r))
+        return 0 if all(x["latency"]["missed"] == 0 and x["saturated"]["stream_failures"] == 0
+                        for x in r["points"]) else 1
     r = run(full=a.full)
     if a.json:
         with open(a.json, "w") as f:

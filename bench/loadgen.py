@@ -399,12 +399,26 @@ def serve_main(argv: list[str]) -> int:
     ap.add_argument("--tick", type=float, default=0.5)
     ap.add_argument("--null", action="store_true",
                     help="transport floor: parse each report and ack it, no daemon logic")
+    ap.add_argument("--ingest-workers", type=int, default=0,
+                    help="the daemon's ingest worker processes (they float over every CPU; "
+                         "--cpu pins the core alone)")
     a = ap.parse_args(argv)
     if a.cpu is not None:  # before grpc starts its threads: they inherit it
         os.sched_setaffinity(0, {a.cpu})
     logging.basicConfig(level=logging.ERROR)
-    asyncio.run(_serve_null() if a.null else _serve(a.stall_threshold, a.tick))
+    asyncio.run(_serve_null() if a.null else _serve(a.stall_threshold, a.tick,
+                                                    a.ingest_workers))
     return 0
+
+
+def _unpin(pid: int) -> None:
+    """Every thread of ``pid`` may run on every CPU (a worker inherits the core's pin)."""
+    cpus = set(range(os.cpu_count() or 1))
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:
+            pass
 
 
 async def _until_sigterm() -> None:
@@ -421,7 +435,7 @@ async def _until_sigterm() -> None:
     waiter.cancel()
 
 
-async def _serve(stall_threshold: float, tick: float) -> None:
+async def _serve(stall_threshold: float, tick: float, workers: int = 0) -> None:
     from ncclwatch.daemon.core import Daemon, DaemonConfig
     from ncclwatch.daemon.server import DaemonServer
 
@@ -441,11 +455,15 @@ async def _serve(stall_threshold: float, tick: float) -> None:
                                         "tick_start": inc.detected_at, "tick_end": end})
 
     d = TimedDaemon(DaemonConfig(grpc="127.0.0.1:0", http="127.0.0.1:0",
-                                 stall_threshold=stall_threshold, tick=tick))
+                                 stall_threshold=stall_threshold, tick=tick,
+                                 ingest_workers=workers))
     srv = DaemonServer(d)
     await srv.start()
-    print(json.dumps({"grpc": srv.grpc_port, "http": srv.http_port, "pid": os.getpid()}),
-          flush=True)
+    pids = [w.pid for w in d.ingest_workers]
+    for pid in pids:
+        _unpin(pid)
+    print(json.dumps({"grpc": srv.grpc_port, "http": srv.http_port, "pid": os.getpid(),
+                      "workers": pids}), flush=True)
     await _until_sigterm()
     t = d.table
     ranks = [r for j in t.jobs.values() for r in j.ranks.values()]
@@ -454,7 +472,9 @@ async def _serve(stall_threshold: float, tick: float) -> None:
              "ticks": d.ticks_total, "detect_seconds": d.detect_seconds_total,
              "jobs": sorted(t.jobs), "ranks": len(ranks),
              "curve_points_min": min((len(r.curve) for r in ranks), default=0),
-             "opened": d.opened}
+             "opened": d.opened,
+             "worker_restarts": sum(w.restarts_total for w in d.ingest_workers),
+             "worker_reports": [w.forwarded_total for w in d.ingest_workers]}
     await srv.stop(0.2)
     print(json.dumps(final), flush=True)
 
@@ -489,9 +509,10 @@ class DaemonProc:
     """The caller's handle on a ``serve`` process."""
 
     def __init__(self, *, cpu: int | None = None, stall_threshold: float = 5.0,
-                 tick: float = 0.5, null: bool = False) -> None:
+                 tick: float = 0.5, null: bool = False, ingest_workers: int = 0) -> None:
         argv = [sys.executable, "-m", "bench.loadgen", "serve",
-                "--stall-threshold", str(stall_threshold), "--tick", str(tick)]
+                "--stall-threshold", str(stall_threshold), "--tick", str(tick),
+                "--ingest-workers", str(ingest_workers)]
         if cpu is not None:
             argv += ["--cpu", str(cpu)]
         if null:
@@ -502,10 +523,26 @@ class DaemonProc:
         info = json.loads(self.p.stdout.readline())
         self.grpc, self.http = f"127.0.0.1:{info['grpc']}", f"http://127.0.0.1:{info['http']}"
         self.ps = psutil.Process(self.p.pid)
+        #: The ingest worker processes; their CPU is the daemon's too.
+        self.workers = [psutil.Process(pid) for pid in info.get("workers", [])]
 
     def cpu_seconds(self) -> float:
+        """The daemon's CPU: the core and its ingest workers."""
+        return self.core_cpu_seconds() + self.worker_cpu_seconds()
+
+    def core_cpu_seconds(self) -> float:
         t = self.ps.cpu_times()
         return t.user + t.system
+
+    def worker_cpu_seconds(self) -> float:
+        total = 0.0
+        for w in self.workers:
+            try:
+                t = w.cpu_times()
+            except psutil.NoSuchProcess:  # a worker died (restarts are counted in stop())
+                continue
+            total += t.user + t.system
+        return total
 
     def rss(self) -> int:
         return self.ps.memory_info().rss

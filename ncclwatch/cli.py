@@ -69,11 +69,26 @@ _TLS_AGENT = (
 _WEB_CONFIG = Option("web_config", str, None, "web config (YAML, Prometheus exporter-toolkit "
                      "format) for HTTPS and basic auth on /metrics, API and page", "FILE")
 
+
+
+def _workers(v: Any) -> int:
+    """A whole number >= 0."""
+    if isinstance(v, bool) or float(v) != int(float(v)) or float(v) < 0:
+        raise ValueError("must be a whole number >= 0")
+    return int(float(v))
+
+
+_INGEST_WORKERS = Option("ingest_workers", _workers, 0,
+                         "processes that serve the agents' gRPC on --grpc (SO_REUSEPORT) and "
+                         "forward reports to this one, which keeps the job table, detection "
+                         "and HTTP: ingest on more than one core (0: serve gRPC here)", "N")
+
 DAEMON_OPTIONS = (
     Option("grpc", hostport, "0.0.0.0:7470", "listen address for agents", "HOST:PORT"),
     Option("http", hostport, "0.0.0.0:7471", "listen address for /metrics, API, page",
            "HOST:PORT"),
-    _WATCHDOG, _THRESHOLD, _HANG, _HANG_FLOOR, _STALENESS, *_TLS_SERVER, _WEB_CONFIG, _LOG,
+    _WATCHDOG, _THRESHOLD, _HANG, _HANG_FLOOR, _STALENESS, _INGEST_WORKERS, *_TLS_SERVER,
+    _WEB_CONFIG, _LOG,
 )
 AGENT_OPTIONS = (
     Option("collector", hostports, "127.0.0.1:7470", "the daemon's gRPC address; two or more, "
@@ -262,6 +277,7 @@ def _daemon_config(cfg: dict[str, Any]):
                         stall_threshold=cfg["stall_threshold"],
                         hang_threshold=cfg["hang_threshold"], hang_floor=cfg["hang_floor"],
                         staleness=cfg["staleness"],
+                        ingest_workers=cfg.get("ingest_workers", 0),
                         tls=cfg.get("server_tls"), web=cfg.get("web"))
 
 

@@ -241,9 +241,11 @@ def _allowed_syscalls(unit: str) -> set[str]:
     return allowed
 
 
-def test_daemon_serves_under_its_syscall_filter_and_mdwe(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [0, 2])
+def test_daemon_serves_under_its_syscall_filter_and_mdwe(tmp_path: Path, workers: int) -> None:
     """Python, grpcio and the HTTP thread need no W+X memory and nothing outside
-    the unit's allow list (a blocked call would fail with EPERM, logged)."""
+    the unit's allow list (a blocked call would fail with EPERM, logged). With
+    ingest workers (which inherit the filters), READY=1 comes once they listen."""
     try:
         ctypes.CDLL("libseccomp.so.2")
     except OSError:
@@ -259,7 +261,8 @@ def test_daemon_serves_under_its_syscall_filter_and_mdwe(tmp_path: Path) -> None
     sd = NotifySocket(check_ports=(grpc_port, http_port))
     daemon = Proc([sys.executable, str(script), ",".join(sorted(allowed)), need("ncclwatch"),
                    "daemon", "--grpc", f"127.0.0.1:{grpc_port}", "--http",
-                   f"127.0.0.1:{http_port}"], env=sd.env(), name="ncclwatch-daemon-seccomp")
+                   f"127.0.0.1:{http_port}", "--ingest-workers", str(workers)],
+                  env=sd.env(), name="ncclwatch-daemon-seccomp")
     agent = None
     try:
         ready = sd.wait_for("READY", "1", proc=daemon)[0]
@@ -268,7 +271,9 @@ def test_daemon_serves_under_its_syscall_filter_and_mdwe(tmp_path: Path) -> None
                      name="ncclwatch-agent")
         sd.wait_for("STATUS", match=r"1 agent connected$", proc=daemon)
         with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=10) as r:
-            assert b"ncclwatch_daemon_agents_connected 1.0" in r.read()
+            body = r.read()
+        assert b"ncclwatch_daemon_agents_connected 1.0" in body
+        assert f"ncclwatch_daemon_ingest_workers {workers}.0".encode() in body
         # The filter is really there: the daemon's python cannot make W+X memory.
         probe = subprocess.run([sys.executable, str(script), ",".join(sorted(allowed)),
                                 sys.executable, "-c",

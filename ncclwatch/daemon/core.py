@@ -51,6 +51,9 @@ class DaemonConfig:
     tick: float = 0.5
     tls: ServerTLS | None = None  # mTLS for the agents' gRPC (None: insecure)
     web: WebConfig | None = None  # HTTPS and basic auth for HTTP (None: plain)
+    #: Worker processes that serve the agents' gRPC and forward reports here
+    #: (ingestpool.py); 0: this process serves gRPC itself.
+    ingest_workers: int = 0
 
 
 class Daemon:
@@ -68,6 +71,8 @@ class Daemon:
         #: Jobs left out of otherwise applied reports, by the status they had.
         self.rejected_jobs_total: collections.Counter[str] = collections.Counter()
         self.detect_seconds_total = 0.0
+        #: ingestpool.WorkerStats of each ingest worker (none without workers).
+        self.ingest_workers: list = []
         self.ticks_total = 0
         self._escalated: dict[str, float] = {}
         self._fr_asked: dict[str, float] = {}

@@ -74,7 +74,10 @@ def capture(d: Daemon, now: float | None = None) -> Capture:
                        "rejected_jobs": dict(d.rejected_jobs_total),
                        "reports": table.reports_total, "samples": table.samples_total,
                        "detect": d.detect_seconds_total, "jobs": len(table.jobs),
-                       "stacks": len(table.stacks)})
+                       "stacks": len(table.stacks),
+                       "workers": [(str(w.index), w.listening, w.forwarded_total,
+                                    w.cpu_seconds_total, w.restarts_total)
+                                   for w in d.ingest_workers]})
 
 
 def build(c: Capture) -> list[Family]:
@@ -203,6 +206,11 @@ def build(c: Capture) -> list[Family]:
     def one(name: str, text: str, value: float, type_: str = "gauge") -> Family:
         return F(name, text, (), type_, [((), value)])
 
+    workers = k["workers"]
+
+    def per_worker(name: str, text: str, col: int) -> Family:
+        return F(name, text, ("worker",), "counter", [((w[0],), w[col]) for w in workers])
+
     out += [
         opened, rejected, rejected_jobs,
         one("ncclwatch_daemon_reports", "Node reports applied", k["reports"], "counter"),
@@ -213,6 +221,15 @@ def build(c: Capture) -> list[Family]:
         one("ncclwatch_daemon_agents_connected", "Agents with an open stream",
             sum(1 for a in c.agents if a.connected)),
         one("ncclwatch_daemon_stacks_interned", "Distinct stacks held", k["stacks"]),
+        one("ncclwatch_daemon_ingest_workers", "Ingest worker processes listening for agents "
+            "(--ingest-workers; 0: the daemon process serves gRPC itself)",
+            sum(1 for w in workers if w[1])),
+        per_worker("ncclwatch_daemon_ingest_worker_reports",
+                   "Reports an ingest worker forwarded to the daemon's core", 2),
+        per_worker("ncclwatch_daemon_ingest_worker_cpu_seconds",
+                   "CPU time of an ingest worker (its processes so far, as each last said)", 3),
+        per_worker("ncclwatch_daemon_ingest_worker_restarts",
+                   "Ingest worker processes started again after one ended", 4),
         F("ncclwatch_build", "ncclwatch version", ("version",), "info", [((__version__,), 1)]),
     ]
     return out

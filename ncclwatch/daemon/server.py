@@ -66,6 +66,7 @@ class DaemonServer:
         self.grpc_port = 0
         self.http_port = 0
         self._server: grpc.aio.Server | None = None
+        self._pool = None  # ingestpool.IngestPool with ingest_workers
         self._http: HttpServer | None = None
         self._tick_task: asyncio.Task | None = None
         self._stopping = asyncio.Event()
@@ -73,32 +74,54 @@ class DaemonServer:
     async def start(self) -> None:
         cfg = self.daemon.config
         loop = asyncio.get_running_loop()
-        self._server = grpc.aio.server(options=SERVER_OPTIONS)
-        self._server.add_generic_rpc_handlers((CollectorService(self.daemon).handler(),))
-        try:
-            if cfg.tls:
-                self.grpc_port = self._server.add_secure_port(_grpc_addr(cfg.grpc),
-                                                              cfg.tls.credentials())
-            else:
-                self.grpc_port = self._server.add_insecure_port(_grpc_addr(cfg.grpc))
-        except RuntimeError:  # grpc's way of saying "cannot bind"
-            self.grpc_port = 0
-        if not self.grpc_port:
-            raise OSError(f"cannot listen for gRPC on {cfg.grpc}")
-        if self.local_socket and not self._server.add_insecure_port(f"unix:{self.local_socket}"):
-            raise OSError(f"cannot listen for gRPC on unix:{self.local_socket}")
-        await self._server.start()
+        if cfg.ingest_workers:
+            await self._start_workers()
+        else:
+            self._server = grpc.aio.server(options=SERVER_OPTIONS)
+            self._server.add_generic_rpc_handlers((CollectorService(self.daemon).handler(),))
+            try:
+                if cfg.tls:
+                    self.grpc_port = self._server.add_secure_port(_grpc_addr(cfg.grpc),
+                                                                  cfg.tls.credentials())
+                else:
+                    self.grpc_port = self._server.add_insecure_port(_grpc_addr(cfg.grpc))
+            except RuntimeError:  # grpc's way of saying "cannot bind"
+                self.grpc_port = 0
+            if not self.grpc_port:
+                raise OSError(f"cannot listen for gRPC on {cfg.grpc}")
+            if self.local_socket and not self._server.add_insecure_port(
+                    f"unix:{self.local_socket}"):
+                raise OSError(f"cannot listen for gRPC on unix:{self.local_socket}")
+            await self._server.start()
         host, port = split_hostport(cfg.http, 7471)
         self._http = HttpServer(self.daemon, host, port, loop_caller(loop), cfg.web)
         self.http_port = self._http.port
         self._http.start()
         self._tick_task = asyncio.create_task(self._ticks(), name="ncclwatch-detect")
         auth = " (basic auth)" if cfg.web and cfg.web.auth else ""
-        log.info("ncclwatch daemon: gRPC%s on %s:%d, HTTP on %s://%s:%d/%s",
+        workers = f", {cfg.ingest_workers} ingest workers" if cfg.ingest_workers else ""
+        log.info("ncclwatch daemon: gRPC%s on %s:%d%s, HTTP on %s://%s:%d/%s",
                  " (mTLS)" if cfg.tls else "", split_hostport(cfg.grpc, 7470)[0],
-                 self.grpc_port, self._http.scheme, host, self.http_port, auth)
-        if self.notifier:  # both ports listen now
+                 self.grpc_port, workers, self._http.scheme, host, self.http_port, auth)
+        if self.notifier:  # both ports listen now (every worker, with workers)
             self.notifier.ready(status_line(self.daemon))
+
+    async def _start_workers(self) -> None:
+        """``ingest_workers`` processes serve the gRPC port (ingestpool.py); this
+        process serves gRPC only on the local socket, if it has one."""
+        from ncclwatch.daemon.ingestpool import IngestPool
+
+        cfg = self.daemon.config
+        self._pool = IngestPool(self.daemon, cfg.ingest_workers, _grpc_addr(cfg.grpc), cfg.tls)
+        await self._pool.start()
+        self.grpc_port = self._pool.port
+        if self.local_socket:
+            self._server = grpc.aio.server(options=SERVER_OPTIONS)
+            self._server.add_generic_rpc_handlers((CollectorService(self.daemon).handler(),))
+            if not self._server.add_insecure_port(f"unix:{self.local_socket}"):
+                await self._pool.stop()
+                raise OSError(f"cannot listen for gRPC on unix:{self.local_socket}")
+            await self._server.start()
 
     async def _ticks(self) -> None:
         while not self._stopping.is_set():
@@ -121,6 +144,9 @@ class DaemonServer:
             await self._tick_task
         if self._server:
             await self._server.stop(grace)
+        if self._pool:
+            self._pool.grace = grace
+            await self._pool.stop()
         if self._http:
             await asyncio.to_thread(self._http.stop)
 
