@@ -53,6 +53,7 @@ from pathlib import Path
 
 import psutil
 
+from ncclwatch.agent.agent import JOB_INFO_EVERY  # as the real agent
 from ncclwatch.agent.delta import SNAPSHOT_EVERY
 from ncclwatch.shard import shard
 from ncclwatch.stacks import Frame, stack_id
@@ -61,7 +62,6 @@ from ncclwatch.v1 import collector_pb2 as pb
 ROOT = Path(__file__).resolve().parent.parent
 RANKS_PER_NODE = 8
 METHOD = "/ncclwatch.v1.CollectorService/Report"
-JOB_INFO_EVERY = 30  # as the real agent (ncclwatch/agent/agent.py)
 SITE = "/opt/venv/lib/python3.11/site-packages"
 #: A ReportResponse with nothing but ack_seq (tag + up to 10 varint bytes).
 ACK_ONLY_MAX = 11
@@ -213,6 +213,8 @@ class SimAgent:
         self.job, self.pool, self.rng = job, pool, rng
         self.protocol = protocol
         self.stream_reports = 0  # reports on the current stream (protocol 2: snapshots)
+        self.since_full = 0      # reports since one with every rank in full
+        self.job_phase = rng.randrange(JOB_INFO_EVERY)
         #: Per rank, the stack and state start (as -since) of its last full sample.
         self.last_full: list[tuple[str, float] | None] = [None] * RANKS_PER_NODE
         self.stack_change = stack_change
@@ -283,26 +285,30 @@ class SimAgent:
         self.in_stall = stall is not None
         parts = [self.header, field_varint(3, self.seq), field_double(4, t),
                  field_double(5, t + 1.7e9), field_double(11, self.interval)]
-        with_job = self.seq % JOB_INFO_EVERY == 1
+        # Job info on the first report, then every JOB_INFO_EVERY rounds at the
+        # agent's own phase (agents start at different times).
+        with_job = self.seq == 1 or (self.seq + self.job_phase) % JOB_INFO_EVERY == 1
         pool, rng = self.pool, self.rng
         v2 = self.protocol >= 2
         # Protocol 2 as ncclwatch.agent.delta sends it: the stream's first report
         # resets the slots, every SNAPSHOT_EVERY-th is all full samples, and in
-        # between a rank whose stack and state did not change goes as a brief.
-        snapshot = v2 and self.stream_reports % SNAPSHOT_EVERY == 0
+        # between a rank whose stack, state start and stack time did not change
+        # goes as a brief, one where only those moved as a RankChange.
+        snapshot = v2 and (self.stream_reports == 0 or self.since_full >= SNAPSHOT_EVERY - 1)
         if v2 and self.stream_reports == 0:
             parts.append(field_varint(13, 1))
         self.stream_reports += 1
+        self.since_full = 0 if snapshot or with_job else self.since_full + 1
         briefs: list[int] = []
         stills: list[float] = []
         stacks = []
         for i, rank in enumerate(self.ranks):
-            moved = with_job or snapshot
+            full = with_job or snapshot or self.last_full[i] is None
             still = 0.0
             if stall is not None:
                 if rank == 0:  # saving: a fresh stack each round (the daemon asks)
                     part, secs, age = pool.save, t - stall.start + 1.0, 0.0
-                    moved = True
+                    full = True
                 else:  # in barrier since the stall began, still, seen there once
                     part, secs = pool.barrier, t - stall.start
                     age = still = t - stall.start
@@ -313,14 +319,24 @@ class SimAgent:
                         self.since[i] = t
                     self.current[i] = j
                     self.taken[i] = t - 0.4
-                    moved = True
                 part = pool.normal[self.current[i]]
                 secs, age = t - self.since[i], max(0.0, t - self.taken[i])
             # What a brief would repeat: stack, state start and when the stack was taken.
             seen = (part.sid, round(t - secs, 3), round(t - age, 3))
-            if v2 and not moved and self.last_full[i] == seen:
-                briefs.append(i + 1)
-                stills.append(still)
+            if v2 and not full:
+                if self.last_full[i] == seen:
+                    briefs.append(i + 1)
+                    stills.append(still)
+                    continue
+                # Only the state moved (agent.delta WHY_CHANGE): a RankChange.
+                self.last_full[i] = seen
+                if part.sid not in self.sent:
+                    self.sent.add(part.sid)
+                    stacks.append(part.wire)
+                parts.append(field_bytes(14, b"".join([
+                    field_varint(1, i + 1), part.state, field_double(4, secs),
+                    field_double(5, age), field_double(7, still),
+                    varint(8 << 3 | 5), struct.pack("<f", 0.97), field_double(9, 1000.0)])))
                 continue
             self.last_full[i] = seen
             if part.sid not in self.sent:
@@ -378,11 +394,13 @@ def check_assembly() -> None:
     # waiters stay briefs in between with their progress reading (still).
     b.stalls.append(Stall(107.0, 109.0))
     in_stall = pb.ReportRequest.FromString(b.report(107.0)).report
-    assert len(in_stall.samples) == 8 and in_stall.samples[0].still_seconds == 0.0
+    assert len(in_stall.changes) == 8 and in_stall.changes[0].still_seconds == 0.0
+    assert in_stall.changes[0].slot == 1 and in_stall.changes[0].stack_id == b.pool.barrier.sid
+    assert in_stall.changes[0].op == pb.COLLECTIVE_OP_BARRIER
     waiting = pb.ReportRequest.FromString(b.report(108.0)).report
     assert not waiting.samples and list(waiting.briefs.still_seconds) == [1.0] * 8
     after = pb.ReportRequest.FromString(b.report(109.0)).report
-    assert len(after.samples) == 8 and not after.briefs.slot
+    assert len(after.changes) == 8 and not after.briefs.slot
     for t, r in ((107.0, in_stall), (108.0, waiting), (109.0, after)):
         assert not d.ingest(pb.ReportRequest(protocol_version=2, report=r), now=t).resync
     steady = pb.ReportRequest.FromString(b.report(110.0)).report

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ncclwatch.agent.delta import SNAPSHOT_EVERY, StreamDeltas, why_full
+from ncclwatch.agent.delta import BRIEF, CHANGE, FULL, SNAPSHOT_EVERY, StreamDeltas, how_sent
 from ncclwatch.agent.uplink import Uplink
 from ncclwatch.daemon import validate
 from ncclwatch.daemon.core import Daemon, DaemonConfig
@@ -81,16 +81,31 @@ def test_every_nth_report_of_a_stream_is_a_full_snapshot() -> None:
     assert [i for i, n in enumerate(fulls) if n == 4] == [0, SNAPSHOT_EVERY, 2 * SNAPSHOT_EVERY]
 
 
-@pytest.mark.parametrize("change,why", [
-    (dict(state=S.COMPUTE, op=Op.NONE), "changed"),
-    (dict(stack=SAVE_ID), "changed"),
-    (dict(since=100.5), "since"),
-    (dict(stack_at=100.9), "new_stack"),
-    (dict(rss=(1 << 30) + (64 << 20)), "memory"),
-    (dict(written=8 << 20), "writing"),
-    (dict(state=S.SAVING, op=Op.NONE, stack=SAVE_ID), "state"),
+def test_a_round_of_job_info_counts_as_the_snapshot() -> None:
+    d = StreamDeltas(snapshot_every=5)
+    _v2(d, _steady(1, 100.0))
+    for seq in (2, 3):
+        assert not _v2(d, _steady(seq, 100.0 + seq)).report.samples
+    with_job = _steady(4, 104.0)
+    for s in with_job.samples:
+        s.job.source = "test"
+    assert len(_v2(d, with_job).report.samples) == 4
+    fulls = [len(_v2(d, _steady(seq, 100.0 + seq)).report.samples) for seq in range(5, 11)]
+    assert fulls == [0, 0, 0, 0, 4, 0]  # five reports after the job info round, not after 1
+
+
+@pytest.mark.parametrize("change,how,why", [
+    (dict(state=S.COMPUTE, op=Op.NONE), CHANGE, "changed"),
+    (dict(stack=SAVE_ID), CHANGE, "changed"),
+    (dict(since=100.5), CHANGE, "since"),
+    (dict(stack_at=100.9), CHANGE, "new_stack"),
+    (dict(rss=(1 << 30) + (64 << 20)), FULL, "memory"),
+    (dict(written=8 << 20), FULL, "writing"),
+    (dict(state=S.SAVING, op=Op.NONE, stack=SAVE_ID), FULL, "state"),
+    (dict(still=3.0, cpu=0.2), BRIEF, ""),
 ])
-def test_a_rank_goes_in_full_when_anything_the_daemon_judges_by_moved(change, why) -> None:
+def test_a_rank_goes_in_full_or_as_a_change_when_what_the_daemon_reads_moved(
+        change, how, why) -> None:
     d = StreamDeltas()
     _v2(d, _steady(1, 100.0))
     kw = dict(state=S.COLLECTIVE, op=Op.ALL_REDUCE, since=90.0)
@@ -99,10 +114,19 @@ def test_a_rank_goes_in_full_when_anything_the_daemon_judges_by_moved(change, wh
     moved = _rank(2, state, op, since, 101.0, **kw)
     others = [_rank(r, S.COLLECTIVE, Op.ALL_REDUCE, 90.0, 101.0) for r in (0, 1, 3)]
     sent = d._sent[("job-1", 2, 1002)]
-    assert why_full(moved, sent, 101.0) == why
+    assert how_sent(moved, sent, 101.0) == (how, why)
     out = _v2(d, _round(2, others + [moved], 101.0)).report
-    assert [s.identity.rank for s in out.samples] == [2] and len(out.briefs.slot) == 3
-    assert out.samples[0].slot == sent.slot  # the rank keeps its slot
+    assert len(out.briefs.slot) == (3 if how != BRIEF else 4)
+    if how == FULL:
+        assert [s.identity.rank for s in out.samples] == [2] and not out.changes
+        assert out.samples[0].slot == sent.slot  # the rank keeps its slot
+    elif how == CHANGE:
+        assert not out.samples and [c.slot for c in out.changes] == [sent.slot]
+        c = out.changes[0]
+        assert (c.state, c.op, c.stack_id) == (moved.state, moved.op, moved.stack_id)
+        # Later rounds compare with the change: the same state again is a brief.
+        again = _rank(2, state, op, since, 102.0, **kw)
+        assert how_sent(again, sent, 102.0)[0] == BRIEF
 
 
 def test_a_rank_waiting_without_progress_goes_as_a_brief_with_its_reading() -> None:
@@ -242,6 +266,41 @@ def test_malformed_briefs_are_refused_whole(req, match) -> None:
     assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
 
 
+def _with_change(**fields) -> pb.ReportRequest:
+    req = report([], seq=2)
+    req.protocol_version = 2
+    req.report.changes.add(**{**dict(slot=1, state=pb.RANK_STATE_COLLECTIVE,
+                                     op=pb.COLLECTIVE_OP_BARRIER, state_seconds=3.0), **fields})
+    return req
+
+
+@pytest.mark.parametrize("req,match", [
+    (_with_change(slot=0), "slot 0"),
+    (_with_change(state=77), "unknown state 77"),
+    (_with_change(state_seconds=float("nan")), "state_seconds and stack_age_seconds"),
+    (_with_change(stack_age_seconds=-1.0), "state_seconds and stack_age_seconds"),
+    (_with_change(cpu_seconds=float("inf")), "cpu_seconds must be finite"),
+    (_with_change(stack_id="x" * 65), "stack_id too long"),
+])
+def test_malformed_changes_are_refused_whole(req, match) -> None:
+    with pytest.raises(ReportError, match=match) as e:
+        validate_request(req)
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_a_step_into_a_collective_goes_as_a_change_the_daemon_applies() -> None:
+    d, deltas = Daemon(DaemonConfig()), StreamDeltas()
+    d.ingest(_v2(deltas, _round(1, [_rank(r, S.COMPUTE, Op.NONE, 90.0, 100.0, stack=SAVE_ID)
+                                    for r in range(4)], 100.0)), now=100.0)
+    req = _v2(deltas, _steady(2, 101.0))  # every rank now in all_reduce since 90 s
+    assert not req.report.samples and len(req.report.changes) == 4
+    assert req.report.changes[0].ByteSize() < 80
+    assert not d.ingest(req, now=101.0).resync
+    job = d.table.jobs["job-1"]
+    assert job.waiting == {0, 1, 2, 3} and job.ranks[2].op is Op.ALL_REDUCE
+    assert job.ranks[2].since == pytest.approx(101.0 - 11.0)
+
+
 def test_briefs_need_protocol_2_and_protocol_1_stays_accepted() -> None:
     req = _with_briefs()
     req.protocol_version = 1
@@ -306,3 +365,26 @@ def test_a_steady_ranks_curve_keeps_only_the_last_span_of_points() -> None:
     assert len(every_snapshot) == int(CURVE_SPAN // SNAPSHOT_EVERY) + 1
     assert len(every_round) == int(CURVE_SPAN) + 1
     assert [p.written for p in every_round.recent()][-1] == 1199
+
+
+def test_a_resync_resends_job_info_to_the_daemon_that_lost_it() -> None:
+    """A daemon that forgot a job under a live stream gets its environment back."""
+    async def go():
+        async with Harness() as h:
+            sent_env = []
+            up = Uplink(h.target, {BARRIER_ID: stack_pb(BARRIER)},
+                        on_connect=lambda: sent_env.append("reset"))
+            task = asyncio.create_task(up.run())
+            for seq in range(1, 4):
+                up.submit(_steady(seq, 100.0 + seq))
+                await asyncio.sleep(0.2)
+            h.daemon.table.jobs.clear()  # forgotten (expired) under the live stream
+            up.submit(_steady(4, 104.0))
+            for _ in range(100):
+                if up.resyncs_total:
+                    break
+                await asyncio.sleep(0.02)
+            up.stop()
+            await task
+            assert up.resyncs_total == 1 and sent_env == ["reset", "reset"]
+    asyncio.run(go())

@@ -34,8 +34,9 @@ from ncclwatch.v1 import collector_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-#: Resend each rank's job info (env) every this many rounds.
-JOB_INFO_EVERY = 30
+#: Resend each rank's job info (env) every this many rounds. A daemon that
+#: lacks it gets it sooner: a new stream, or a resync it asks for, resends it.
+JOB_INFO_EVERY = 600
 #: Stacks kept for resending after a reconnect, beyond those in use.
 STACK_CACHE = 1024
 

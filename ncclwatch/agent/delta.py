@@ -8,8 +8,10 @@ daemon asks for start over with full samples, and every
 ``SNAPSHOT_EVERY``-th report is all full samples whatever changed (curve
 points for every rank, and a bound on how long any mistake can last).
 
-A rank goes as a brief only while nothing the daemon judges by moved since
-its last full sample: the rules are the ``WHY_FULL`` table. A rank waiting
+A rank goes in full when anything its forecasts read moved since its last
+full sample (``WHY_FULL``), as a ``RankChange`` when only its state, op,
+stack or their times moved (``WHY_CHANGE``: a step into a collective, a new
+dump), and as a brief otherwise. A rank waiting
 without progress is not among them: a brief carries its progress reading,
 which is all the daemon reads of a waiter between stack dumps (each dump is
 a full sample), so a stall of 100k ranks costs the daemon briefs, not 100k
@@ -23,8 +25,10 @@ from typing import Callable
 from ncclwatch.v1 import collector_pb2 as pb
 
 PROTOCOL_VERSION = 2
-#: Every Nth report of a stream carries every rank in full.
-SNAPSHOT_EVERY = 10
+#: At most this many reports of a stream from one that carried every rank in
+#: full to the next (a snapshot; the agent's job info refresh, every
+#: JOB_INFO_EVERY rounds, is one too).
+SNAPSHOT_EVERY = 30
 #: Memory (RSS, or GPU memory) moving more than this since the last full
 #: sample sends a full one: the daemon's memory forecasts need the curve.
 MEMORY_STEP_BYTES = 16 << 20
@@ -50,12 +54,16 @@ class Sent:
 
     def __init__(self, slot: int, s: pb.RankSample, now: float) -> None:
         self.slot = slot
-        self.state, self.op, self.stack_id = s.state, s.op, s.stack_id
-        self.since = now - s.state_seconds
-        self.stack_at = now - s.stack_age_seconds
+        self.changed(s, now)
         p = s.process
         self.rss, self.written = p.rss_bytes, p.io_write_bytes
         self.gpu = _gpu_bytes(s)
+
+    def changed(self, s: pb.RankSample, now: float) -> None:
+        """The stream sent the rank's state (a RankChange or a full sample)."""
+        self.state, self.op, self.stack_id = s.state, s.op, s.stack_id
+        self.since = now - s.state_seconds
+        self.stack_at = now - s.stack_age_seconds
 
 
 def _gpu_bytes(s: pb.RankSample) -> int:
@@ -67,10 +75,6 @@ Rule = tuple[str, Callable[[pb.RankSample, Sent, float], bool]]
 #: Why a rank goes in full although the stream has sent it before, first match.
 WHY_FULL: tuple[Rule, ...] = (
     ("state", lambda s, k, now: s.state in FULL_STATES),
-    ("changed", lambda s, k, now: (s.state, s.op, s.stack_id) != (k.state, k.op, k.stack_id)),
-    ("since", lambda s, k, now: abs(now - s.state_seconds - k.since) > SINCE_SLACK),
-    # A new look at the same stack: the daemon confirms stalls by when stacks were taken.
-    ("new_stack", lambda s, k, now: abs(now - s.stack_age_seconds - k.stack_at) > STACK_SLACK),
     ("job_info", lambda s, k, now: s.HasField("job")),
     ("flight_recorder", lambda s, k, now: s.HasField("flight_recorder")),
     ("no_progress_reading", lambda s, k, now: not s.HasField("still_seconds")
@@ -81,15 +85,29 @@ WHY_FULL: tuple[Rule, ...] = (
      or abs(_gpu_bytes(s) - k.gpu) > MEMORY_STEP_BYTES),
 )
 
+#: Why a rank goes as a RankChange (state, op, stack, their times, progress, CPU)
+#: when no WHY_FULL rule holds, first match; none: a brief will do.
+WHY_CHANGE: tuple[Rule, ...] = (
+    ("changed", lambda s, k, now: (s.state, s.op, s.stack_id) != (k.state, k.op, k.stack_id)),
+    ("since", lambda s, k, now: abs(now - s.state_seconds - k.since) > SINCE_SLACK),
+    # A new look at the same stack: the daemon confirms stalls by when stacks were taken.
+    ("new_stack", lambda s, k, now: abs(now - s.stack_age_seconds - k.stack_at) > STACK_SLACK),
+)
 
-def why_full(s: pb.RankSample, sent: Sent | None, now: float) -> str:
-    """The first reason ``s`` must go in full ("" : a brief will do)."""
+FULL, CHANGE, BRIEF = "full", "change", "brief"
+
+
+def how_sent(s: pb.RankSample, sent: Sent | None, now: float) -> tuple[str, str]:
+    """(FULL | CHANGE | BRIEF, the rule that decided it) for ``s`` on this stream."""
     if sent is None:
-        return "new"
+        return FULL, "new"
     for name, rule in WHY_FULL:
         if rule(s, sent, now):
-            return name
-    return ""
+            return FULL, name
+    for name, rule in WHY_CHANGE:
+        if rule(s, sent, now):
+            return CHANGE, name
+    return BRIEF, ""
 
 
 def rank_key(s: pb.RankSample) -> tuple[str, int, int]:
@@ -104,9 +122,10 @@ class StreamDeltas:
         self.snapshot_every = snapshot_every
         self._sent: dict[tuple[str, int, int], Sent] = {}
         self._next_slot = 1
-        self._reports = 0
+        self._since_full = 0  # reports since one that carried every rank in full
         self._reset = True
         self.briefs_total = 0
+        self.changes_total = 0
         self.full_total = 0
 
     def resync(self) -> None:
@@ -115,12 +134,12 @@ class StreamDeltas:
         self._next_slot = 1
         self._reset = True
 
-    def convert(self, report: pb.NodeReport, out: pb.NodeReport) -> list[pb.RankSample]:
+    def convert(self, report: pb.NodeReport, out: pb.NodeReport) -> list:
         """Fill ``out`` (header already copied) with ``report``'s ranks as full
-        samples or briefs; return the full samples (their stacks may need sending)."""
+        samples, changes or briefs; return the full samples and changes (their
+        stacks may need sending)."""
         now = report.agent_monotonic_seconds
-        snapshot = self._reset or self._reports % self.snapshot_every == 0
-        self._reports += 1
+        snapshot = self._reset or self._since_full >= self.snapshot_every - 1
         if self._reset:
             out.slots_reset = True
             self._reset = False
@@ -130,11 +149,22 @@ class StreamDeltas:
             key = rank_key(s)
             seen.add(key)
             k = sent.get(key)
-            if not snapshot and not why_full(s, k, now):
+            how = FULL if snapshot else how_sent(s, k, now)[0]
+            if how is BRIEF:
                 briefs.slot.append(k.slot)
                 briefs.still_seconds.append(s.still_seconds)
                 briefs.cpu_utilization.append(s.process.cpu_utilization)
                 briefs.cpu_seconds.append(s.process.cpu_seconds)
+                continue
+            if how is CHANGE:
+                p = s.process
+                full.append(out.changes.add(
+                    slot=k.slot, state=s.state, op=s.op, state_seconds=s.state_seconds,
+                    stack_age_seconds=s.stack_age_seconds, stack_id=s.stack_id,
+                    still_seconds=s.still_seconds, cpu_utilization=p.cpu_utilization,
+                    cpu_seconds=p.cpu_seconds))
+                k.changed(s, now)
+                self.changes_total += 1
                 continue
             slot = k.slot if k is not None else self._take_slot()
             f = out.samples.add()
@@ -145,8 +175,11 @@ class StreamDeltas:
         if report.full_round and len(sent) > len(seen):
             for key in [k for k in sent if k not in seen]:
                 del sent[key]  # ranks gone: the daemon drops their slots on the next snapshot
+        # A round of every rank in full (a snapshot, or the agent's job info
+        # refresh) starts the count to the next snapshot over.
+        self._since_full = 0 if len(out.samples) == len(report.samples) else self._since_full + 1
         self.briefs_total += len(out.briefs.slot)
-        self.full_total += len(full)
+        self.full_total += len(out.samples)
         return full
 
     def _take_slot(self) -> int:

@@ -210,8 +210,11 @@ class Uplink:
             self.last_error = ""
         sent.difference_update(resp.missing_stack_ids)
         if resp.resync and self._deltas is not None:
+            # The daemon lost our ranks (restarted under this stream, or forgot
+            # a job): full samples, job info included, as on a new stream.
             self.resyncs_total += 1
             self._deltas.resync()
+            self._on_connect()
         for cmd in resp.commands:
             self._on_command(cmd)
         for rej in resp.rejected_jobs:

@@ -368,6 +368,8 @@ class AgentRecord:
     #: Briefs named slots not held: ask the agent for full samples (once).
     resync: bool = False
     briefs_total: int = 0
+    changes_total: int = 0
+    #: Briefs and changes that named a slot not held.
     briefs_unresolved_total: int = 0
 
     def stale(self, now: float, staleness: float) -> bool:
@@ -449,7 +451,7 @@ class JobTable:
             agent.slots = {}
         # A full round of full samples names every live rank of the stream:
         # its slots replace the table (slots of ranks gone are dropped).
-        slots = agent.slots if briefs or not report.full_round else {}
+        slots = agent.slots if briefs or report.changes or not report.full_round else {}
         for slot in left_out_slots:
             slots[slot] = None
         agent.reports_total += 1
@@ -574,6 +576,9 @@ class JobTable:
             if s.slot:
                 slots[s.slot] = (job, rec, key)
         self.samples_total += len(report.samples)
+        if report.changes:
+            self._apply_changes(agent, report.changes, slots, reported, recv, agent_clock,
+                                missing)
         if briefs:
             self._apply_briefs(agent, report.briefs, slots, reported, recv)
         agent.slots = slots
@@ -594,6 +599,62 @@ class JobTable:
         else:
             agent.ranks |= reported
         return missing
+
+    def _resolve(self, agent: AgentRecord, slots: dict[int, Any], slot: int) -> Any:
+        """The (job, record, key) a slot names; None: skip it; False: not held."""
+        ent = slots.get(slot, False)
+        if ent:
+            job, rec, key = ent
+            if rec.gone_at is not None or rec.agent_id != agent.agent_id \
+                    or self.jobs.get(key[0]) is not job:
+                return False
+        return ent
+
+    def _apply_changes(self, agent: AgentRecord, changes, slots: dict[int, Any],
+                       reported: set[tuple[str, int]], recv: float, agent_clock: float,
+                       missing: list[str]) -> None:
+        """Ranks whose state, op, stack or state start moved: the state part of a
+        full sample (``apply``), without the process stats it would repeat."""
+        unresolved = 0
+        for c in changes:
+            ent = self._resolve(agent, slots, c.slot)
+            if not ent:
+                unresolved += ent is False
+                continue
+            job, rec, key = ent
+            state = _STATE_OF.get(c.state) or RankState.from_proto(c.state)
+            op = _OP_OF.get(c.op) or CollectiveOp.from_proto(c.op)
+            since = recv - c.state_seconds
+            since_agent = agent_clock - c.state_seconds
+            changed = state is not rec.state or op is not rec.op
+            if changed or since_agent > rec.since_agent + NEW_EPISODE:
+                changed = True
+                job.set_state(rec, state, op)
+                rec.since = since
+            elif since < rec.since:
+                rec.since = since
+            rec.since_agent = since_agent
+            cpu = c.cpu_utilization
+            rec.cpu_recent = _smooth(rec.cpu_recent, cpu, recv - rec.seen)
+            rec.seen = recv
+            rec.cpu_util = cpu
+            rec.cpu_seconds = c.cpu_seconds
+            sid = c.stack_id
+            if sid != rec.stack_id:
+                if sid and not self.stacks.touch(sid):
+                    missing.append(sid)
+                rec.stack_id = sid
+            rec.stack_at = recv - c.stack_age_seconds if state is not RankState.UNKNOWN else None
+            _progress(job, rec, c.still_seconds, changed, recv, agent.interval)
+            self.dirty.add(key[0])
+            job.last_update = recv
+            reported.add(key)
+        n = len(changes)
+        self.samples_total += n
+        agent.changes_total += n
+        if unresolved:
+            agent.briefs_unresolved_total += unresolved
+            agent.resync = True
 
     def _apply_briefs(self, agent: AgentRecord, b: pb.RankBriefs, slots: dict[int, Any],
                       reported: set[tuple[str, int]], recv: float) -> None:

@@ -87,11 +87,30 @@ def validate_request(req: pb.ReportRequest,
     for i, e in enumerate(r.exited):
         if not e.job_id or len(e.job_id) > MAX_JOB_ID or e.rank < -1:
             raise _bad(f"exited[{i}]: needs a job_id and a rank >= -1")
-    if r.HasField("briefs") or r.slots_reset:
+    if r.HasField("briefs") or r.slots_reset or r.changes:
         if req.protocol_version < 2:
-            raise _bad("briefs and slots need protocol_version 2")
-        _check_briefs(r.briefs, len(r.samples))
+            raise _bad("briefs, changes and slots need protocol_version 2")
+        _check_briefs(r.briefs, len(r.samples) + len(r.changes))
+        for i, c in enumerate(r.changes):
+            _check_change(i, c)
     return rejected
+
+
+def _check_change(i: int, c: pb.RankChange) -> None:
+    if not c.slot:
+        raise _bad(f"changes[{i}]: slot 0 names no rank")
+    if c.state not in _STATES or c.op not in _OPS:
+        raise _bad(f"changes[{i}]: unknown state {c.state} or op {c.op}")
+    for v in (c.state_seconds, c.stack_age_seconds):
+        if not 0 <= v < 1e9:  # NaN fails too
+            raise _bad(f"changes[{i}]: state_seconds and stack_age_seconds must be finite "
+                       f"and in [0, 1e9)")
+    for v in (c.still_seconds, c.cpu_utilization, c.cpu_seconds):
+        if not 0 <= v < 1e12:
+            raise _bad(f"changes[{i}]: still_seconds, cpu_utilization and cpu_seconds must "
+                       f"be finite and >= 0")
+    if len(c.stack_id) > 64:
+        raise _bad(f"changes[{i}]: stack_id too long")
 
 
 def _check_briefs(b: pb.RankBriefs, samples: int) -> None:
@@ -106,11 +125,17 @@ def _check_briefs(b: pb.RankBriefs, samples: int) -> None:
         raise _bad("briefs: slot 0 names no rank")
     if not n:
         return
+    if _in_range([*b.still_seconds, *b.cpu_utilization, *b.cpu_seconds]):
+        return  # one pass for all three (the hot path); the loop below names the bad one
     for name in ("still_seconds", "cpu_utilization", "cpu_seconds"):
-        values = getattr(b, name)
-        total = sum(values)  # NaN if any is NaN (min and max may step over one)
-        if not (min(values) >= 0 and max(values) < 1e12 and total == total):
+        if not _in_range(list(getattr(b, name))):
             raise _bad(f"briefs.{name} must be finite and >= 0")
+
+
+def _in_range(values: list[float]) -> bool:
+    """All finite, >= 0 and < 1e12: in C loops (min, max, sum), not a Python one."""
+    total = sum(values)  # NaN if any is NaN (min and max may step over one)
+    return min(values) >= 0 and max(values) < 1e12 and total == total
 
 
 def _check_stack(s: pb.Stack) -> None:

@@ -89,7 +89,7 @@ class ReportRequest(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., report: _Optional[_Union[NodeReport, _Mapping]] = ...) -> None: ...
 
 class NodeReport(_message.Message):
-    __slots__ = ("node", "agent_id", "seq", "agent_monotonic_seconds", "agent_wall_seconds", "full_round", "stacks", "samples", "exited", "health", "interval_seconds", "briefs", "slots_reset")
+    __slots__ = ("node", "agent_id", "seq", "agent_monotonic_seconds", "agent_wall_seconds", "full_round", "stacks", "samples", "exited", "health", "interval_seconds", "briefs", "slots_reset", "changes")
     NODE_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -103,6 +103,7 @@ class NodeReport(_message.Message):
     INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     BRIEFS_FIELD_NUMBER: _ClassVar[int]
     SLOTS_RESET_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
     node: str
     agent_id: str
     seq: int
@@ -116,7 +117,30 @@ class NodeReport(_message.Message):
     interval_seconds: float
     briefs: RankBriefs
     slots_reset: bool
-    def __init__(self, node: _Optional[str] = ..., agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., agent_monotonic_seconds: _Optional[float] = ..., agent_wall_seconds: _Optional[float] = ..., full_round: _Optional[bool] = ..., stacks: _Optional[_Iterable[_Union[Stack, _Mapping]]] = ..., samples: _Optional[_Iterable[_Union[RankSample, _Mapping]]] = ..., exited: _Optional[_Iterable[_Union[RankIdentity, _Mapping]]] = ..., health: _Optional[_Union[AgentHealth, _Mapping]] = ..., interval_seconds: _Optional[float] = ..., briefs: _Optional[_Union[RankBriefs, _Mapping]] = ..., slots_reset: _Optional[bool] = ...) -> None: ...
+    changes: _containers.RepeatedCompositeFieldContainer[RankChange]
+    def __init__(self, node: _Optional[str] = ..., agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., agent_monotonic_seconds: _Optional[float] = ..., agent_wall_seconds: _Optional[float] = ..., full_round: _Optional[bool] = ..., stacks: _Optional[_Iterable[_Union[Stack, _Mapping]]] = ..., samples: _Optional[_Iterable[_Union[RankSample, _Mapping]]] = ..., exited: _Optional[_Iterable[_Union[RankIdentity, _Mapping]]] = ..., health: _Optional[_Union[AgentHealth, _Mapping]] = ..., interval_seconds: _Optional[float] = ..., briefs: _Optional[_Union[RankBriefs, _Mapping]] = ..., slots_reset: _Optional[bool] = ..., changes: _Optional[_Iterable[_Union[RankChange, _Mapping]]] = ...) -> None: ...
+
+class RankChange(_message.Message):
+    __slots__ = ("slot", "state", "op", "state_seconds", "stack_age_seconds", "stack_id", "still_seconds", "cpu_utilization", "cpu_seconds")
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    STATE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STACK_AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STACK_ID_FIELD_NUMBER: _ClassVar[int]
+    STILL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CPU_UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    slot: int
+    state: RankState
+    op: CollectiveOp
+    state_seconds: float
+    stack_age_seconds: float
+    stack_id: str
+    still_seconds: float
+    cpu_utilization: float
+    cpu_seconds: float
+    def __init__(self, slot: _Optional[int] = ..., state: _Optional[_Union[RankState, str]] = ..., op: _Optional[_Union[CollectiveOp, str]] = ..., state_seconds: _Optional[float] = ..., stack_age_seconds: _Optional[float] = ..., stack_id: _Optional[str] = ..., still_seconds: _Optional[float] = ..., cpu_utilization: _Optional[float] = ..., cpu_seconds: _Optional[float] = ...) -> None: ...
 
 class RankBriefs(_message.Message):
     __slots__ = ("slot", "still_seconds", "cpu_utilization", "cpu_seconds")
