@@ -297,8 +297,13 @@ class SimAgent:
         snapshot = v2 and (self.stream_reports == 0 or self.since_full >= SNAPSHOT_EVERY - 1)
         if v2 and self.stream_reports == 0:
             parts.append(field_varint(13, 1))
+        if v2 and self.stream_reports == 0:  # a stream's snapshots at its own phase
+            self.since_full = self.rng.randrange(SNAPSHOT_EVERY)
+        elif snapshot or with_job:
+            self.since_full = 0
+        else:
+            self.since_full += 1
         self.stream_reports += 1
-        self.since_full = 0 if snapshot or with_job else self.since_full + 1
         briefs: list[int] = []
         stills: list[float] = []
         stacks = []

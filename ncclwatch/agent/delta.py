@@ -20,6 +20,7 @@ full samples a round, exactly when its verdict is due.
 
 from __future__ import annotations
 
+import random
 from typing import Callable
 
 from ncclwatch.v1 import collector_pb2 as pb
@@ -118,8 +119,12 @@ def rank_key(s: pb.RankSample) -> tuple[str, int, int]:
 class StreamDeltas:
     """One stream's table of what it sent in full, and the conversion."""
 
-    def __init__(self, snapshot_every: int = SNAPSHOT_EVERY) -> None:
+    def __init__(self, snapshot_every: int = SNAPSHOT_EVERY, phase: int | None = None) -> None:
         self.snapshot_every = snapshot_every
+        #: Reports counted as already past at the stream's start: the agents a
+        #: restarted daemon sees connect at once would otherwise snapshot in step,
+        #: every rank of the fleet in full in the same second, every 30 rounds.
+        self._phase = phase
         self._sent: dict[tuple[str, int, int], Sent] = {}
         self._next_slot = 1
         self._since_full = 0  # reports since one that carried every rank in full
@@ -139,8 +144,9 @@ class StreamDeltas:
         samples, changes or briefs; return the full samples and changes (their
         stacks may need sending)."""
         now = report.agent_monotonic_seconds
-        snapshot = self._reset or self._since_full >= self.snapshot_every - 1
-        if self._reset:
+        reset = self._reset
+        snapshot = reset or self._since_full >= self.snapshot_every - 1
+        if reset:
             out.slots_reset = True
             self._reset = False
         sent, full, briefs = self._sent, [], out.briefs
@@ -177,7 +183,13 @@ class StreamDeltas:
                 del sent[key]  # ranks gone: the daemon drops their slots on the next snapshot
         # A round of every rank in full (a snapshot, or the agent's job info
         # refresh) starts the count to the next snapshot over.
-        self._since_full = 0 if len(out.samples) == len(report.samples) else self._since_full + 1
+        if reset:
+            phase = self._phase
+            self._since_full = random.randrange(self.snapshot_every) if phase is None else phase
+        elif len(out.samples) == len(report.samples):
+            self._since_full = 0
+        else:
+            self._since_full += 1
         self.briefs_total += len(out.briefs.slot)
         self.full_total += len(out.samples)
         return full
