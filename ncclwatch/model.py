@@ -99,6 +99,10 @@ def rank_ranges(ranks) -> str:
     """[0, 1, 2, 5] -> '0-2,5': how rank lists read in messages; members
     with unknown rank (negative keys) follow as '?1,?2'."""
     ranks = sorted(ranks)
+    if ranks and ranks[0] >= 0 and ranks[-1] - ranks[0] == len(ranks) - 1 \
+            and len(set(ranks)) == len(ranks):
+        # One run (every rank but the culprit, say): no walk over 100k numbers.
+        return str(ranks[0]) if len(ranks) == 1 else f"{ranks[0]}-{ranks[-1]}"
     unknown = [rank_label(r) for r in sorted(r for r in ranks if r < 0)[::-1]]
     ranks = [r for r in ranks if r >= 0]
     out, i = [], 0

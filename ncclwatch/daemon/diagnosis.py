@@ -120,7 +120,11 @@ def evidence(job: Job, table: JobTable, f: Finding, b: Budget, now: float) -> Ev
             state = "idle"  # a Python frame with no CPU behind it: sleeping
         states.append(state)
     memory.sort(key=lambda m: (m.eta_seconds is None, m.eta_seconds or 0.0))
-    waiters = frozenset(job.ranks[r].state for r in f.waiting if r in job.ranks)
+    # The states the waiters are in, from the per-state indexes (C set operations
+    # over 100k waiters, not a Python walk).
+    waiting = set(f.waiting)
+    waiters = frozenset(s for s, members in job.by_state.items()
+                        if members and not members.isdisjoint(waiting))
     exited = tuple(r for r in f.unknown
                    if r in job.ranks and job.ranks[r].gone_at is not None)
     silent = tuple(r for r in f.unknown if r not in exited)

@@ -30,21 +30,19 @@ def hung(job: Job, now: float, cfg: DetectConfig):
     stack taken during the stillness (``still_at``): a stack from before it
     went still may be stale (the rank stepped on, then sat down elsewhere).
     Without readings (an older agent): in the collective past the ceiling.
+    Returns a selector over the waiting ranks: one comprehension, the
+    thresholds looked up once per op (100k waiting ranks are a tick's bulk).
     """
     policy = cfg.waits
-    thresholds: dict = {}  # per op: the same for every rank this tick
+    ceiling_at = now - cfg.hang_threshold
 
-    def long_enough(rec: RankRecord) -> bool:
-        if not rec.progress_known:
-            return now - rec.since >= cfg.hang_threshold
-        if rec.still_at is None:
-            return False
-        op = rec.still_op
-        t = thresholds.get(op)
-        if t is None:
-            t = thresholds[op] = job.waits.threshold(op, policy, now)
-        return now - rec.still_at >= t
-    return long_enough
+    def select(waiting: list[RankRecord]) -> list[RankRecord]:
+        ops = {rec.still_op for rec in waiting if rec.still_at is not None}
+        still_at = {op: now - job.waits.threshold(op, policy, now) for op in ops}
+        return [rec for rec in waiting
+                if ((rec.still_at is not None and rec.still_at <= still_at[rec.still_op])
+                    if rec.progress_known else rec.since <= ceiling_at)]
+    return select
 
 
 def detect(job: Job, table: JobTable, now: float, cfg: DetectConfig) -> list[Finding]:
