@@ -97,6 +97,7 @@ class Profile:
     big: tuple[int, int] | None      # jobs x ranks: ~100k ranks
     http_repeats: int
     http_scale_repeats: int = 10
+    replay_trials: int = 6           # stall trials of the 100k-rank core replay
 
 
 QUICK = Profile("quick", world=2048, trials=4, trials_slow=2, steady_seconds=0.0,
@@ -104,7 +105,8 @@ QUICK = Profile("quick", world=2048, trials=4, trials_slow=2, steady_seconds=0.0
                 http_scale_repeats=10)
 FULL = Profile("full", world=16384, trials=12, trials_slow=8,
                steady_seconds=CURVE_SPAN + 8, saturate_seconds=15, warmup=5,
-               many=(100, 160), big=(100, 1000), http_repeats=5, http_scale_repeats=20)
+               many=(100, 160), big=(100, 1000), http_repeats=5, http_scale_repeats=20,
+               replay_trials=12)
 
 
 # -- measuring ----------------------------------------------------------------
@@ -688,6 +690,8 @@ def measure(p: Profile) -> dict:
     step("sharded", sharded, *p.many, p)
     if p.big:
         step("big", many_jobs, *p.big, p, http=False, streams_per_channel=8, interval=10.0)
+    from bench import core_replay
+    step("core_replay", core_replay.run, 100_000, p.replay_trials)
     r["seconds"] = round(time.monotonic() - t0)
     r["checks"] = checks(r)
     return r
