@@ -8,6 +8,7 @@ checks that every field a verdict reads, and every verdict, is the same.
 from __future__ import annotations
 
 import asyncio
+import urllib.request
 
 import grpc
 import pytest
@@ -352,6 +353,13 @@ def test_an_agent_streams_briefs_to_a_real_daemon() -> None:
             assert agent.briefs_unresolved_total == 0 and up.resyncs_total == 0
             rec = h.daemon.table.jobs["job-1"].ranks[3]
             assert rec.state is S.COLLECTIVE and rec.cpu_util == pytest.approx(0.9)
+            url = f"http://127.0.0.1:{h.server.http_port}/metrics"
+            text = await asyncio.to_thread(lambda: urllib.request.urlopen(url).read().decode())
+            forms = {line.split('"')[1]: float(line.split()[-1]) for line in text.splitlines()
+                     if line.startswith("ncclwatch_daemon_rank_samples_by_form_total{")}
+            assert forms["brief"] == up.briefs_total and forms["change"] == 0
+            assert forms["full"] + forms["brief"] == 4 * 2 * SNAPSHOT_EVERY
+            assert "ncclwatch_daemon_resyncs_total 0" in text
     asyncio.run(go())
 
 
@@ -404,4 +412,5 @@ def test_a_resync_resends_job_info_to_the_daemon_that_lost_it() -> None:
             up.stop()
             await task
             assert up.resyncs_total == 1 and sent_env == ["reset", "reset"]
+            assert h.daemon.table.resyncs_total == 1
     asyncio.run(go())

@@ -107,6 +107,7 @@ class Daemon:
         if agent.resync:
             agent.resync = False
             resp.resync = True
+            self.table.resyncs_total += 1
         for job_id, e in rejected.items():
             resp.rejected_jobs.add(job_id=job_id, code=e.code.name, reason=e.message)
         while agent.commands:

@@ -423,6 +423,10 @@ class JobTable:
         self.reports_total = 0
         self.duplicates_total = 0
         self._fresh_agents: tuple[float, set[str]] | None = None
+        #: Rank samples applied by the form they came in (protocol 2), and the
+        #: resyncs asked for (briefs or changes naming slots not held).
+        self.forms_total = {"full": 0, "change": 0, "brief": 0}
+        self.resyncs_total = 0
 
     def apply(self, report: pb.NodeReport, recv: float, recv_wall: float | None = None,
               left_out: Collection[str] = (), left_out_slots: Collection[int] = ()) -> list[str]:
@@ -576,6 +580,7 @@ class JobTable:
             if s.slot:
                 slots[s.slot] = (job, rec, key)
         self.samples_total += len(report.samples)
+        self.forms_total["full"] += len(report.samples)
         if report.changes:
             self._apply_changes(agent, report.changes, slots, reported, recv, agent_clock,
                                 missing)
@@ -651,6 +656,7 @@ class JobTable:
             reported.add(key)
         n = len(changes)
         self.samples_total += n
+        self.forms_total["change"] += n
         agent.changes_total += n
         if unresolved:
             agent.briefs_unresolved_total += unresolved
@@ -707,6 +713,7 @@ class JobTable:
             reported.add(key)
         n = len(b.slot)
         self.samples_total += n
+        self.forms_total["brief"] += n
         agent.briefs_total += n
         if unresolved:
             agent.briefs_unresolved_total += unresolved
