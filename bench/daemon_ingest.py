@@ -844,6 +844,9 @@ def render(r: dict) -> str:
                 f"{b['memory']['bytes_per_rank'] / 1024:.1f} KiB per rank after "
                 f"{b['memory']['seconds_loaded']:.0f} s (curves "
                 f"{b['memory']['curve_points_min']}/{b['memory']['curve_points_max']} points)."]
+    if "core_replay" in r:
+        from bench import core_replay
+        out += ["", core_replay.render(r["core_replay"])]
     failed = [name for name, good in r["checks"].items() if not good]
     out += ["", "Checks: " + ("all hold (" + ", ".join(r["checks"]) + ")." if not failed
                                else "FAILED: " + ", ".join(failed) + ".")]
