@@ -57,7 +57,12 @@ def plan(trials: int, base: float) -> list[tuple[float, float]]:
 
 
 def run(world: int, trials: int) -> dict:
+    import logging
+
     from ncclwatch.daemon.core import Daemon, DaemonConfig
+
+    # The daemon logs each stall it opens; the replay opens one per trial.
+    logging.getLogger("ncclwatch").setLevel(logging.ERROR)
 
     job = fleet(1, world)[0]
     pool = Pool.build()
@@ -162,8 +167,6 @@ def render(r: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import logging
-    logging.getLogger("ncclwatch").setLevel(logging.ERROR)  # one line per stall otherwise
     ap = argparse.ArgumentParser(prog="python -m bench.core_replay", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--world", type=int, default=100_000)

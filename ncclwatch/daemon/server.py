@@ -11,6 +11,7 @@ from typing import Any, Callable
 import grpc
 
 from ncclwatch.daemon.core import Daemon
+from ncclwatch.daemon.heap import HeapPolicy
 from ncclwatch.daemon.http import HttpServer
 from ncclwatch.daemon.service import SERVER_OPTIONS, CollectorService
 from ncclwatch.sdnotify import Notifier
@@ -124,9 +125,11 @@ class DaemonServer:
             await self._server.start()
 
     async def _ticks(self) -> None:
+        heap = HeapPolicy()
         while not self._stopping.is_set():
             try:
                 self.daemon.tick()
+                heap.step()
             except Exception:
                 log.exception("detection tick failed")
             else:
