@@ -493,19 +493,7 @@ class JobTable:
                 rec = job.ranks[rank] = RankRecord(rank)
             elif rec.gone_at is not None:
                 rec.gone_at = None
-            state = _STATE_OF.get(s.state) or RankState.from_proto(s.state)
-            op = _OP_OF.get(s.op) or CollectiveOp.from_proto(s.op)
-            since = recv - s.state_seconds
-            since_agent = agent_clock - s.state_seconds
-            changed = state is not rec.state or op is not rec.op or rec.pid != pid
-            if changed or since_agent > rec.since_agent + NEW_EPISODE:
-                changed = True
-                job.set_state(rec, state, op)
-                rec.since = since
-            elif since < rec.since:
-                # Same state: keep the earliest anchor, immune to network jitter.
-                rec.since = since
-            rec.since_agent = since_agent
+            changed = self._take_state(job, rec, s, recv, agent_clock, missing, rec.pid != pid)
             p = s.process
             written = p.io_write_bytes
             if rec.seen and written >= rec.io_write_bytes and recv > rec.seen:
@@ -541,13 +529,6 @@ class JobTable:
                 rec.gpu = ()
             rec.limits = tuple(limits)
             rec.curve.add(recv, rec.rss_bytes, written, rec.files, rec.limits)  # downsampled
-            sid = s.stack_id
-            if sid != rec.stack_id:
-                if sid and not self.stacks.touch(sid):
-                    missing.append(sid)
-                rec.stack_id = sid
-            # The state is what the stack of stack_age_seconds ago showed.
-            rec.stack_at = recv - s.stack_age_seconds if state is not RankState.UNKNOWN else None
             if s.HasField("still_seconds"):
                 rec.progress_known = True
                 _progress(job, rec, s.still_seconds, changed, recv, agent.interval)
@@ -605,6 +586,32 @@ class JobTable:
             agent.ranks |= reported
         return missing
 
+    def _take_state(self, job: Job, rec: RankRecord, m: Any, recv: float, agent_clock: float,
+                    missing: list[str], moved: bool = False) -> bool:
+        """State, op, since and stack of a RankSample or a RankChange (the same
+        fields); True when the rank entered a new state (or ``moved``: a new pid)."""
+        state = _STATE_OF.get(m.state) or RankState.from_proto(m.state)
+        op = _OP_OF.get(m.op) or CollectiveOp.from_proto(m.op)
+        since = recv - m.state_seconds
+        since_agent = agent_clock - m.state_seconds
+        changed = moved or state is not rec.state or op is not rec.op
+        if changed or since_agent > rec.since_agent + NEW_EPISODE:
+            changed = True
+            job.set_state(rec, state, op)
+            rec.since = since
+        elif since < rec.since:
+            # Same state: keep the earliest anchor, immune to network jitter.
+            rec.since = since
+        rec.since_agent = since_agent
+        sid = m.stack_id
+        if sid != rec.stack_id:
+            if sid and not self.stacks.touch(sid):
+                missing.append(sid)
+            rec.stack_id = sid
+        # The state is what the stack of stack_age_seconds ago showed.
+        rec.stack_at = recv - m.stack_age_seconds if state is not RankState.UNKNOWN else None
+        return changed
+
     def _resolve(self, agent: AgentRecord, slots: dict[int, Any], slot: int) -> Any:
         """The (job, record, key) a slot names; None: skip it; False: not held."""
         ent = slots.get(slot, False)
@@ -627,29 +634,12 @@ class JobTable:
                 unresolved += ent is False
                 continue
             job, rec, key = ent
-            state = _STATE_OF.get(c.state) or RankState.from_proto(c.state)
-            op = _OP_OF.get(c.op) or CollectiveOp.from_proto(c.op)
-            since = recv - c.state_seconds
-            since_agent = agent_clock - c.state_seconds
-            changed = state is not rec.state or op is not rec.op
-            if changed or since_agent > rec.since_agent + NEW_EPISODE:
-                changed = True
-                job.set_state(rec, state, op)
-                rec.since = since
-            elif since < rec.since:
-                rec.since = since
-            rec.since_agent = since_agent
+            changed = self._take_state(job, rec, c, recv, agent_clock, missing)
             cpu = c.cpu_utilization
             rec.cpu_recent = _smooth(rec.cpu_recent, cpu, recv - rec.seen)
             rec.seen = recv
             rec.cpu_util = cpu
             rec.cpu_seconds = c.cpu_seconds
-            sid = c.stack_id
-            if sid != rec.stack_id:
-                if sid and not self.stacks.touch(sid):
-                    missing.append(sid)
-                rec.stack_id = sid
-            rec.stack_at = recv - c.stack_age_seconds if state is not RankState.UNKNOWN else None
             _progress(job, rec, c.still_seconds, changed, recv, agent.interval)
             self.dirty.add(key[0])
             job.last_update = recv
