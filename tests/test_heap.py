@@ -25,6 +25,7 @@ class Node:
 
 @pytest.fixture
 def thawed():
+    gc.unfreeze()  # an in-process daemon of an earlier test may have frozen the heap
     yield
     gc.unfreeze()
 
