@@ -156,13 +156,13 @@ class StreamDeltas:
             seen.add(key)
             k = sent.get(key)
             how = FULL if snapshot else how_sent(s, k, now)[0]
-            if how is BRIEF:
+            if how == BRIEF:
                 briefs.slot.append(k.slot)
                 briefs.still_seconds.append(s.still_seconds)
                 briefs.cpu_utilization.append(s.process.cpu_utilization)
                 briefs.cpu_seconds.append(s.process.cpu_seconds)
                 continue
-            if how is CHANGE:
+            if how == CHANGE:
                 p = s.process
                 full.append(out.changes.add(
                     slot=k.slot, state=s.state, op=s.op, state_seconds=s.state_seconds,

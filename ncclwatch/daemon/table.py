@@ -644,13 +644,8 @@ class JobTable:
             self.dirty.add(key[0])
             job.last_update = recv
             reported.add(key)
-        n = len(changes)
-        self.samples_total += n
-        self.forms_total["change"] += n
-        agent.changes_total += n
-        if unresolved:
-            agent.briefs_unresolved_total += unresolved
-            agent.resync = True
+        agent.changes_total += len(changes)
+        self._counted(agent, "change", len(changes), unresolved)
 
     def _apply_briefs(self, agent: AgentRecord, b: pb.RankBriefs, slots: dict[int, Any],
                       reported: set[tuple[str, int]], recv: float) -> None:
@@ -660,23 +655,17 @@ class JobTable:
         writes per rank. A slot the daemon does not hold (it restarted, or
         forgot the job) asks the agent to resync with full samples.
         """
-        jobs, agent_id, interval = self.jobs, agent.agent_id, agent.interval
-        dirty = self.dirty
+        interval, dirty, resolve = agent.interval, self.dirty, self._resolve
         unresolved = 0
         last_dt, a = -1.0, 1.0  # the smoothing weight, shared by ranks seen together
         none, device_wait, wait = CollectiveOp.NONE, RankState.DEVICE_WAIT, CollectiveOp.WAIT
         for slot, still, cpu, cpu_s in zip(b.slot, b.still_seconds, b.cpu_utilization,
                                            b.cpu_seconds):
-            ent = slots.get(slot, False)
+            ent = resolve(agent, slots, slot)
             if not ent:
-                if ent is False:
-                    unresolved += 1
-                continue  # None: a rank of a job this daemon left out
-            job, rec, key = ent
-            if rec.gone_at is not None or rec.agent_id != agent_id \
-                    or jobs.get(key[0]) is not job:
-                unresolved += 1
+                unresolved += ent is False  # None: a rank of a job this daemon left out
                 continue
+            job, rec, key = ent
             dt = recv - rec.seen
             if dt != last_dt:
                 last_dt = dt
@@ -701,10 +690,13 @@ class JobTable:
                     waits.progressed(op if op is not none else wait, recv)
             job.last_update = recv
             reported.add(key)
-        n = len(b.slot)
+        agent.briefs_total += len(b.slot)
+        self._counted(agent, "brief", len(b.slot), unresolved)
+
+    def _counted(self, agent: AgentRecord, form: str, n: int, unresolved: int) -> None:
+        """Count ``n`` samples of a protocol-2 form; slots not held ask for a resync."""
         self.samples_total += n
-        self.forms_total["brief"] += n
-        agent.briefs_total += n
+        self.forms_total[form] += n
         if unresolved:
             agent.briefs_unresolved_total += unresolved
             agent.resync = True
