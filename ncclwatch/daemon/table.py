@@ -726,10 +726,7 @@ class JobTable:
         if cached is not None and cached[0] == now:
             return cached[1]
         staleness = self.staleness
-        # AgentRecord.stale, inlined: one comprehension over every agent.
-        out = {aid for aid, a in self.agents.items()
-               if now - a.last_recv <= (staleness if staleness >= 3 * a.interval
-                                        else 3 * a.interval)}
+        out = {aid for aid, a in self.agents.items() if not a.stale(now, staleness)}
         self._fresh_agents = (now, out)
         return out
 
