@@ -117,8 +117,8 @@ def test_both_units_notify_and_are_watched() -> None:
         assert args.command == command and args.config == f"/etc/ncclwatch/{command}.toml"
 
 
-def test_readme_installs_where_execstart_points() -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_docs_install_where_execstart_points() -> None:
+    readme = (ROOT / "docs" / "deployment.md").read_text()
     section = readme.split("## Running under systemd", 1)[1].split("\n## ", 1)[0]
     assert "python3 -m venv /opt/ncclwatch" in section and INSTALLED in section
     for word in ("NCCLWATCH_AGENT_ARGS", "NCCLWATCH_DAEMON_ARGS", "systemctl enable --now",

@@ -236,12 +236,12 @@ def _up(port: int) -> bool:
 
 
 def _readme_scrape_config() -> dict:
-    """The HTTPS + basic auth scrape config from README "Security", as printed."""
+    """The HTTPS + basic auth scrape config from docs/security.md, as printed."""
     import yaml
 
     from tests.conftest import ROOT
 
-    section = (ROOT / "README.md").read_text().split("## Security", 1)[1].split("\n## ", 1)[0]
+    section = (ROOT / "docs" / "security.md").read_text()
     blocks = [b.split("```", 1)[0] for b in section.split("```yaml")[1:]]
     [block] = [b for b in blocks if "scheme: https" in b]
     return yaml.safe_load(block)
