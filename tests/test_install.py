@@ -125,3 +125,28 @@ def test_install_rejects_dest_for_several_kinds(capsys) -> None:
 
     assert main(["install", "rules", "dashboards", "--dest", "/nonexistent"]) == 2
     assert "--dest takes one KIND" in capsys.readouterr().err
+
+
+def test_containerfile_installs_the_wheel_where_units_and_manifests_expect() -> None:
+    """No container engine here: what the image does is read from its
+    Containerfile and checked against the units, the manifests and pyproject."""
+    text = (ROOT / "Containerfile").read_text()
+    lines = [ln for ln in re.sub(r"\\\n", " ", text).splitlines()
+             if ln.strip() and not ln.lstrip().startswith("#")]
+    bases = [ln.split()[1] for ln in lines if ln.startswith("FROM ")]
+    assert bases and all(re.fullmatch(r"docker\.io/library/python:\$\{PYTHON\}-slim", b)
+                         for b in bases), bases
+    python = re.search(r"^ARG PYTHON=(\d+\.\d+)$", text, re.M).group(1)
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert tuple(map(int, python.split("."))) >= tuple(map(int, requires[2:].split(".")))
+    # Only pip and venv run at build time: no curl/wget/apt downloads.
+    runs = [ln[4:] for ln in lines if ln.startswith("RUN ")]
+    for cmd in (c.strip() for r in runs for c in r.split("&&")):
+        assert re.match(r"(python -m (pip|venv)|/opt/ncclwatch/bin/pip install|rm )", cmd), cmd
+    # The venv is where the units' ExecStart= and Documentation= point.
+    assert f"python -m venv {VENV_PREFIX}" in text and f"PATH={VENV_PREFIX}/bin:" in text
+    user = re.search(r"^USER (\d+):(\d+)$", text, re.M)
+    assert user and int(user.group(1)) != 0
+    assert re.search(r'^ENTRYPOINT \["ncclwatch"\]$', text, re.M)
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert ".venv" in ignored and ".git" in ignored

@@ -275,7 +275,10 @@ def test_daemon_meets_the_restricted_pod_security_standard(letter: str) -> None:
     pod = one("Deployment", f"ncclwatch-daemon-{letter}")["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     sc = c["securityContext"]
-    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    user = re.search(r"^USER (\d+):(\d+)$", (ROOT / "Containerfile").read_text(), re.M)
+    assert (pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"]) \
+        == (int(user.group(1)), int(user.group(2)))  # the image's own user
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert sc["capabilities"] == {"drop": ["ALL"]}
     assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
