@@ -167,8 +167,8 @@ def test_prometheus_rule_holds_exactly_the_shipped_rules() -> None:
     shipped = [g for src in generate.RULE_SOURCES for g in yaml.safe_load(src.read_text())["groups"]]
     assert rule["spec"]["groups"] == shipped
     alerts = [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
-    text = generate.RULE_SOURCES[0].read_text()
-    assert alerts == re.findall(r"^\s*- alert: (\S+)", text, re.M) and len(alerts) >= 10
+    assert {"NCCLWatchDaemonDown", "NCCLWatchDaemonReplicaDown"} <= set(alerts)
+    assert len(alerts) == len(set(alerts)) >= 10
 
 
 def test_dashboards_are_configmaps_for_the_sidecar() -> None:
@@ -344,3 +344,44 @@ def test_podmonitor_scrapes_both_daemons_as_the_rules_expect() -> None:
     dep = one("Deployment", "ncclwatch-daemon-a")["spec"]["template"]["metadata"]["labels"]
     sanitized = {re.sub(r"[^a-zA-Z0-9_]", "_", k): v for k, v in dep.items()}
     assert sanitized[pod_label] == "a"
+
+
+def _metrics(port: int) -> str:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            return r.read().decode()
+    except OSError:
+        return ""
+
+
+def test_agent_with_the_daemonsets_env_reports_to_both_daemons(tmp_path: Path) -> None:
+    """The pod's environment, with the Services' names pointed at loopback and
+    spec.nodeName filled in as the kubelet does, run for real: one agent, the
+    two daemons of the pair (each from the ConfigMap's config), both see it."""
+    c = one("DaemonSet", "ncclwatch-agent")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value", "") for e in c["env"]}
+    assert env["NCCLWATCH_NODE"] == ""  # from the downward API
+    env["NCCLWATCH_NODE"] = "gpu-node-7"
+    daemons, http = [], {}
+    try:
+        for target in env["NCCLWATCH_COLLECTOR"].split(","):
+            host, port = target.rsplit(":", 1)
+            grpc, http[host] = free_port(), free_port()
+            sub = tmp_path / host
+            sub.mkdir()
+            daemons.append(Proc([need("ncclwatch"), "daemon", "--config",
+                                 str(_daemon_config(sub, grpc, http[host]))], name=host))
+            env["NCCLWATCH_COLLECTOR"] = env["NCCLWATCH_COLLECTOR"].replace(
+                target, f"127.0.0.1:{grpc}")
+        agent = Proc([need("ncclwatch"), *c["args"]], env=env, name="agent")
+        daemons.append(agent)
+        want = 'ncclwatch_agent_up{node="gpu-node-7"} 1.0'
+        deadline = time.time() + 60
+        while time.time() < deadline and not all(want in _metrics(p) for p in http.values()):
+            assert agent.alive(), agent.output()[-2000:]
+            time.sleep(0.5)
+        for host, port in http.items():
+            assert want in _metrics(port), (host, agent.output()[-2000:])
+    finally:
+        for proc in daemons:
+            proc.stop()
