@@ -84,7 +84,8 @@ def stale(out: Path = OUT) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m deploy.generate", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m deploy.generate",
+                                description=__doc__.split("\n")[0])
     p.add_argument("--check", action="store_true", help="exit 1 if a generated file is stale")
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)

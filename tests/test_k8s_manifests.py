@@ -164,7 +164,8 @@ def test_generation_notices_a_changed_source(tmp_path: Path) -> None:
 
 def test_prometheus_rule_holds_exactly_the_shipped_rules() -> None:
     rule = one("PrometheusRule", "ncclwatch")
-    shipped = [g for src in generate.RULE_SOURCES for g in yaml.safe_load(src.read_text())["groups"]]
+    shipped = [g for src in generate.RULE_SOURCES
+               for g in yaml.safe_load(src.read_text())["groups"]]
     assert rule["spec"]["groups"] == shipped
     alerts = [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
     assert {"NCCLWatchDaemonDown", "NCCLWatchDaemonReplicaDown"} <= set(alerts)
@@ -313,7 +314,8 @@ def test_daemon_config_ports_and_probes_match_a_real_daemon(tmp_path: Path) -> N
     probes = [c["readinessProbe"]["httpGet"], c["livenessProbe"]["httpGet"]]
     assert all(p["port"] == "http" for p in probes)
     grpc, http = free_port(), free_port()
-    daemon = Proc([need("ncclwatch"), "daemon", "--config", str(_daemon_config(tmp_path, grpc, http))],
+    config = _daemon_config(tmp_path, grpc, http)
+    daemon = Proc([need("ncclwatch"), "daemon", "--config", str(config)],
                   name="ncclwatch-daemon-k8s")
     try:
         deadline, status = time.time() + 30, None

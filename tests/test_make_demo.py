@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from importlib import metadata
 from pathlib import Path
 
 from tests.conftest import ROOT, need_system
@@ -18,14 +19,6 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-#: Distribution -> import name of every package the demo must not need.
-NOT_FOR_THE_DEMO = {
-    "lightning": "lightning", "pytorch-lightning": "pytorch_lightning",
-    "transformers": "transformers", "accelerate": "accelerate", "safetensors": "safetensors",
-    "deepspeed": "deepspeed", "pytest": "pytest", "hypothesis": "hypothesis",
-    "grpcio-tools": "grpc_tools", "grafana-foundation-sdk": "grafana_foundation_sdk",
-    "promql-parser": "promql_parser", "fusepy": "fuse", "kubernetes-validate": "kubernetes_validate",
-}
 #: Modules that need one of them and are not part of the demo (make proto; a test fixture).
 EXEMPT = {"ncclwatch.protogen", "ncclwatch.demo.throttlefs"}
 
@@ -52,17 +45,33 @@ def test_make_demo_installs_the_workload_extra_only(tmp_path: Path) -> None:
     assert _extras(test) == [{"test", "workload", "frameworks"}], test
 
 
-def test_the_blocklist_covers_every_extra_the_demo_skips() -> None:
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    demo = {re.split(r"[<>=!;\[ ]", r)[0] for r in extras["workload"]}
-    skipped = {re.split(r"[<>=!;\[ ]", r)[0] for name in ("test", "frameworks") for r in extras[name]}
-    assert skipped - demo == set(NOT_FOR_THE_DEMO), "update NOT_FOR_THE_DEMO"
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def not_for_the_demo() -> set[str]:
+    """Import names of the packages of the extras `make demo` skips (test,
+    frameworks), from the installed distributions' own top-level names."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+
+    def names(*groups: str) -> set[str]:
+        return {_norm(re.split(r"[<>=!;\[ ]", r)[0]) for g in groups for r in extras[g]}
+
+    skipped = names("test", "frameworks") - names("workload")
+    found: dict[str, set[str]] = {}
+    for module, dists in metadata.packages_distributions().items():
+        for dist in dists:
+            if _norm(dist) in skipped and not module.startswith("_"):
+                found.setdefault(_norm(dist), set()).add(module)
+    assert set(found) == skipped, f"not installed: {skipped - set(found)} (make test installs them)"
+    return set().union(*found.values())
 
 
 def test_demo_and_monitor_import_without_the_other_extras() -> None:
     script = textwrap.dedent(f"""
         import importlib, importlib.abc, pkgutil, sys
-        BLOCKED = {sorted(set(NOT_FOR_THE_DEMO.values()))!r}
+        BLOCKED = {sorted(not_for_the_demo())!r}
         class Block(importlib.abc.MetaPathFinder):
             def find_spec(self, name, path=None, target=None):
                 if name.split(".")[0] in BLOCKED:
