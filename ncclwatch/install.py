@@ -131,9 +131,13 @@ def main(args: argparse.Namespace) -> int:
             if k.keep_existing and target.exists() and not args.force:
                 print(f"kept {target} (exists; --force overwrites)")
                 continue
-            dest.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, target)
-            os.chmod(target, 0o644)
+            try:
+                dest.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src, target)
+                os.chmod(target, 0o644)
+            except OSError as e:  # typically not root for /etc: say so, no traceback
+                print(f"ncclwatch install: {target}: {e.strerror or e}", file=sys.stderr)
+                return 1
             print(f"installed {target}")
         if k.then and not args.list:
             print(f"next: {k.then}")

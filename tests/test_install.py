@@ -150,3 +150,13 @@ def test_containerfile_installs_the_wheel_where_units_and_manifests_expect() -> 
     assert re.search(r'^ENTRYPOINT \["ncclwatch"\]$', text, re.M)
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert ".venv" in ignored and ".git" in ignored
+
+
+def test_install_into_a_folder_it_cannot_write_is_a_clear_error(tmp_path: Path, capsys) -> None:
+    from ncclwatch.cli import main
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")  # a file where the destination folder would be
+    assert main(["install", "dashboards", "--dest", str(blocker / "sub")]) == 1
+    err = capsys.readouterr().err
+    assert str(blocker / "sub") in err and "Traceback" not in err
