@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 TORCH  := torch==2.13.0
 PROTOS := $(wildcard proto/ncclwatch/v1/*.proto)
 
-.PHONY: all venv system-deps proto runbooks dashboards certs test test-fast scenarios fuzz demo bench clean
+.PHONY: all venv system-deps proto runbooks dashboards manifests certs test test-fast scenarios fuzz demo bench clean
 
 all: test
 
@@ -21,12 +21,22 @@ $(STAMP): pyproject.toml constraints.txt
 
 venv: $(STAMP)
 
+# `make demo` needs the monitor and the workload extra (torch, numpy) only, not
+# the frameworks and test stack `make test` installs (1.3 GB): a stamp of its own.
+# After `make venv` it finds everything there already.
+DEMO_STAMP := $(VENV)/.installed-demo
+$(DEMO_STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -c constraints.txt "$(TORCH)" -e '.[workload]'
+	touch $@
+
 # Real tools the tests run (command:Debian package); installed when missing.
 # Slurm (tests/slurm.py): munged, slurmctld, slurmd; sbatch/srun/scontrol/sinfo.
 SYSTEM_DEPS := promtool:prometheus prometheus:prometheus \
 	prometheus-alertmanager:prometheus-alertmanager chromium:chromium systemd-analyze:systemd \
 	munged:munge slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client \
-	mpirun.openmpi:openmpi-bin mpiexec.mpich:mpich fusermount:fuse3
+	mpirun.openmpi:openmpi-bin mpiexec.mpich:mpich fusermount:fuse3 setpriv:util-linux
 # Shared libraries loaded at run time (soname:Debian package): fusepy needs libfuse 2.
 SYSTEM_LIBS := libfuse.so.2:libfuse2
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -54,6 +64,11 @@ runbooks: $(STAMP)
 dashboards: $(STAMP)
 	$(PY) -m dashboards.generate
 
+# deploy/kubernetes/{prometheusrule,grafana-dashboards}.yaml are generated from
+# dashboards/ by deploy/generate.py (tests check): rerun after changing the rules or dashboards.
+manifests: $(STAMP)
+	$(PY) -m deploy.generate
+
 # A test CA, a daemon certificate (localhost) and one for this node, in ./certs,
 # for trying mTLS (README "Security"). Rerun to add nodes: NODE=name make certs.
 NODE ?= $(shell hostname)
@@ -79,7 +94,7 @@ fuzz: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench.run $(BENCH_ARGS)
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(PY) -m ncclwatch.demo
 
 clean:

@@ -160,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     ce.add_argument("--node", action="append", default=[], metavar="NAME",
                     help="a node to make a client certificate for (repeatable); its agent "
                          "must report as this name")
+    from ncclwatch import install
+
+    install.add_parser(sub)
     return p
 
 
@@ -178,6 +181,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from ncclwatch import certs
 
             return certs.main(args)
+        if args.command == "install":
+            from ncclwatch import install
+
+            return install.main(args)
         options = {"run": RUN_OPTIONS, "daemon": DAEMON_OPTIONS, "agent": AGENT_OPTIONS}
         file = load_file(args.config, DEFAULT_FILES[args.command])
         cfg = resolve(options[args.command], args, file)

@@ -1,0 +1,1 @@
+"""Deployment objects: Kubernetes manifests and the generator of their copies of shipped files."""

@@ -1,0 +1,144 @@
+"""`ncclwatch install KIND`: put what a node needs besides code in place.
+
+The wheel carries the systemd units, example configs, alert and recording
+rules, Grafana dashboards, Kubernetes manifests and runbooks as data files
+under ``<prefix>/share/ncclwatch/`` (and the docs under
+``<prefix>/share/doc/ncclwatch/``; pyproject.toml ``data-files``), so no node
+needs a source checkout. This command finds them where pip put them (the
+installed distribution's RECORD, whatever the scheme: venv, --user,
+--prefix) or, in a source checkout or editable install, in the tree itself,
+and copies them to where each belongs. ``--root`` is prepended to every
+destination (DESTDIR: image builds, packaging, tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path, PurePosixPath
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Kind:
+    share: str                 # folder under <prefix>/share of the installed wheel
+    sources: tuple[str, ...]   # globs in a source checkout (pyproject.toml data-files)
+    dest: str                  # default destination
+    keep_existing: bool        # files people edit (configs): never overwritten without --force
+    then: str                  # the next step, printed after copying
+    help: str
+
+
+#: What can be installed. pyproject.toml's [tool.setuptools.data-files] ships the same
+#: globs to the same share folders (tests/test_install.py checks both agree).
+KINDS = {
+    "systemd": Kind("ncclwatch/systemd", ("systemd/*.service",), "/etc/systemd/system", False,
+                    "systemctl daemon-reload && systemctl enable --now ncclwatch-agent "
+                    "(or ncclwatch-daemon on the collector host)",
+                    "the agent and daemon units (they run /opt/ncclwatch/bin/ncclwatch)"),
+    "config": Kind("ncclwatch/config", ("systemd/examples/*.toml",), "/etc/ncclwatch", True,
+                   "set collector = in agent.toml",
+                   "example agent.toml and daemon.toml (kept if present, unless --force)"),
+    "rules": Kind("ncclwatch/prometheus",
+                  ("dashboards/prometheus/alerts.yaml", "dashboards/prometheus/rules.yaml",
+                   "dashboards/prometheus/alertmanager.example.yml"),
+                  "/etc/prometheus/ncclwatch", False,
+                  "add alerts.yaml and rules.yaml to Prometheus's rule_files",
+                  "Prometheus alerting and recording rules, an Alertmanager example"),
+    "dashboards": Kind("ncclwatch/grafana", ("dashboards/grafana/*.json",),
+                       "/var/lib/grafana/dashboards/ncclwatch", False,
+                       "point a Grafana dashboard provider at this folder",
+                       "the Grafana dashboards (JSON)"),
+    "kubernetes": Kind("ncclwatch/kubernetes", ("deploy/kubernetes/*.yaml",),
+                       "ncclwatch-kubernetes", False,
+                       "set the image in kustomization.yaml, then kubectl apply -k <dest>",
+                       "the Kubernetes manifests (kustomization)"),
+    "runbooks": Kind("doc/ncclwatch/runbooks", ("docs/runbooks/*.md",),
+                     "/usr/local/share/doc/ncclwatch/runbooks", False, "",
+                     "the alerts' runbooks (Markdown)"),
+}
+
+
+def _installed(share: str) -> list[Path]:
+    """Files pip installed under <data>/share/<share>/, from the RECORD of the
+    distribution this very module came from (another ncclwatch on sys.path,
+    such as an editable install's metadata, is not ours)."""
+    me = Path(__file__).resolve()
+    marker = ("share",) + PurePosixPath(share).parts
+    for dist in metadata.distributions(name="ncclwatch"):
+        files = list(dist.files or ())
+        if not any(str(f).endswith("ncclwatch/install.py")
+                   and Path(dist.locate_file(f)).resolve() == me for f in files):
+            continue
+        out = []
+        for f in files:
+            parts = PurePosixPath(str(f)).parts
+            for i in range(len(parts) - len(marker)):
+                if parts[i:i + len(marker)] == marker and len(parts) == i + len(marker) + 1:
+                    out.append(Path(dist.locate_file(f)).resolve())
+        return sorted(p for p in out if p.is_file())
+    return []
+
+
+def sources(kind: str) -> list[Path]:
+    """The files of one kind: from the installed wheel, else from the source tree."""
+    k = KINDS[kind]
+    found = _installed(k.share)
+    if not found:
+        found = sorted({p for g in k.sources for p in ROOT.glob(g) if p.is_file()})
+    return found
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    text = "copy the shipped units, configs, rules, dashboards, manifests or runbooks into place"
+    p = sub.add_parser("install", help=text, description=text + ": " + "; ".join(
+        f"{name}: {k.help}, to {k.dest}" for name, k in KINDS.items()))
+    p.add_argument("kinds", nargs="+", choices=[*KINDS, "all"], metavar="KIND",
+                   help=f"what to install: {', '.join(KINDS)} or all")
+    p.add_argument("--dest", metavar="DIR", help="destination folder (one KIND only; "
+                   "default: the KIND's usual place)")
+    p.add_argument("--root", metavar="DIR", default="/",
+                   help="prepended to every destination, like DESTDIR (default: /)")
+    p.add_argument("--force", action="store_true", help="overwrite configs that exist")
+    p.add_argument("--list", action="store_true",
+                   help="print what would be copied where, and copy nothing")
+
+
+def main(args: argparse.Namespace) -> int:
+    kinds = list(KINDS) if "all" in args.kinds else list(dict.fromkeys(args.kinds))
+    if args.dest and len(kinds) != 1:
+        print("ncclwatch install: --dest takes one KIND", file=sys.stderr)
+        return 2
+    for name in kinds:
+        k = KINDS[name]
+        files = sources(name)
+        if not files:
+            print(f"ncclwatch install: no {name} files found (a broken install?)", file=sys.stderr)
+            return 1
+        dest = Path(args.dest or k.dest)
+        dest = Path(args.root) / dest.relative_to(dest.anchor) if dest.is_absolute() \
+            else Path(args.root) / dest if args.root != "/" else dest
+        for src in files:
+            target = dest / src.name
+            if args.list:
+                print(f"{src} -> {target}")
+                continue
+            if k.keep_existing and target.exists() and not args.force:
+                print(f"kept {target} (exists; --force overwrites)")
+                continue
+            try:
+                dest.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src, target)
+                os.chmod(target, 0o644)
+            except OSError as e:  # typically not root for /etc: say so, no traceback
+                print(f"ncclwatch install: {target}: {e.strerror or e}", file=sys.stderr)
+                return 1
+            print(f"installed {target}")
+        if k.then and not args.list:
+            print(f"next: {k.then}")
+    return 0

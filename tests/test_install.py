@@ -1,0 +1,162 @@
+"""The wheel carries what a node needs besides code, and `ncclwatch install`
+lays it out from an installed wheel (no source checkout): units, configs,
+rules, dashboards, Kubernetes manifests, runbooks; the units' Documentation=
+is a file the wheel installs."""
+
+from __future__ import annotations
+
+import filecmp
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from ncclwatch import install
+from tests.conftest import ROOT
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+VENV_PREFIX = "/opt/ncclwatch"  # the venv the units' ExecStart= runs from
+
+
+def _run(*argv, **kw) -> subprocess.CompletedProcess:
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=300, **kw)
+    assert out.returncode == 0, f"{argv}: {out.stdout[-2000:]}{out.stderr[-2000:]}"
+    return out
+
+
+def _source_files(kind: str) -> list[Path]:
+    return sorted({p for g in install.KINDS[kind].sources for p in ROOT.glob(g)})
+
+
+def test_pyproject_ships_what_install_copies() -> None:
+    """pyproject's data-files and install.KINDS name the same files, to the same share folders."""
+    data_files = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "data-files"]
+    for name, kind in install.KINDS.items():
+        assert sorted(data_files[f"share/{kind.share}"]) == sorted(kind.sources), name
+        assert _source_files(name), f"{name}: no files match {kind.sources}"
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> tuple[Path, dict[str, str], Path]:
+    """A wheel built from a copy of this checkout, installed into a fresh venv
+    (dependencies from the test venv through PYTHONPATH, as in test_packaging)."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    src = tmp / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".venv", ".git", "artifacts", "build", "*.egg-info", "__pycache__", ".pytest_cache"))
+    _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(tmp / "dist"), str(src))
+    wheel = next((tmp / "dist").glob("ncclwatch-*.whl"))
+    venv = tmp / "venv"
+    _run(sys.executable, "-m", "venv", "--without-pip", str(venv))
+    _run(sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",
+         "--no-deps", "-q", str(wheel))
+    env = {**os.environ, "PYTHONPATH": sysconfig.get_paths()["purelib"]}
+    return wheel, env, venv
+
+
+def test_wheel_holds_every_kind_and_the_docs(installed) -> None:
+    wheel, _, _ = installed
+    names = set(zipfile.ZipFile(wheel).namelist())
+    data = "ncclwatch-0.1.0.data/data/share/"
+    for name, kind in install.KINDS.items():
+        for path in _source_files(name):
+            assert f"{data}{kind.share}/{path.name}" in names, (name, path.name)
+    assert f"{data}doc/ncclwatch/README.md" in names
+
+
+def test_units_documentation_is_installed_by_the_wheel(installed) -> None:
+    _, _, venv = installed
+    for unit in _source_files("systemd"):
+        (doc,) = re.findall(r"^Documentation=(.*)$", unit.read_text(), re.M)
+        for uri in doc.split():
+            assert uri.startswith(f"file://{VENV_PREFIX}/"), uri
+            local = venv / uri.removeprefix(f"file://{VENV_PREFIX}/")
+            assert local.is_file(), f"{unit.name}: {uri} is not installed by the wheel"
+
+
+def test_install_lays_out_every_kind_from_the_installed_wheel(installed, tmp_path: Path) -> None:
+    _, env, venv = installed
+    exe = str(venv / "bin" / "ncclwatch")
+    where = _run(str(venv / "bin" / "python"), "-c",
+                 "from ncclwatch import install; print(install.sources('systemd')[0])",
+                 env=env, cwd=tmp_path).stdout.strip()
+    assert where.startswith(str(venv / "share" / "ncclwatch")), where  # not this checkout
+    root = tmp_path / "root"
+    out = _run(exe, "install", "all", "--root", str(root), env=env, cwd=tmp_path).stdout
+    for name, kind in install.KINDS.items():
+        dest = Path(kind.dest)
+        dest = root / (dest.relative_to("/") if dest.is_absolute() else dest)
+        want = _source_files(name)
+        assert sorted(p.name for p in dest.iterdir()) == sorted(p.name for p in want), name
+        for src in want:
+            assert filecmp.cmp(src, dest / src.name, shallow=False), (name, src.name)
+            assert (dest / src.name).stat().st_mode & 0o777 == 0o644
+    assert (root / "etc/systemd/system/ncclwatch-agent.service").exists()
+    assert "next: systemctl daemon-reload" in out
+    # Configs are edited in place: a second run keeps them, --force replaces them.
+    agent = root / "etc/ncclwatch/agent.toml"
+    agent.write_text('collector = "mine:7470"\n')
+    again = _run(exe, "install", "config", "--root", str(root), env=env, cwd=tmp_path).stdout
+    assert f"kept {agent}" in again and agent.read_text() == 'collector = "mine:7470"\n'
+    _run(exe, "install", "config", "--root", str(root), "--force", env=env, cwd=tmp_path)
+    assert filecmp.cmp(agent, ROOT / "systemd/examples/agent.toml", shallow=False)
+    # --dest for one kind; --list copies nothing.
+    _run(exe, "install", "rules", "--dest", str(tmp_path / "rules"), env=env, cwd=tmp_path)
+    assert (tmp_path / "rules" / "alerts.yaml").exists()
+    listed = _run(exe, "install", "kubernetes", "--list", "--dest", str(tmp_path / "k"),
+                  env=env, cwd=tmp_path).stdout
+    assert "kustomization.yaml" in listed and not (tmp_path / "k").exists()
+
+
+def test_install_rejects_dest_for_several_kinds(capsys) -> None:
+    from ncclwatch.cli import main
+
+    assert main(["install", "rules", "dashboards", "--dest", "/nonexistent"]) == 2
+    assert "--dest takes one KIND" in capsys.readouterr().err
+
+
+def test_containerfile_installs_the_wheel_where_units_and_manifests_expect() -> None:
+    """No container engine here: what the image does is read from its
+    Containerfile and checked against the units, the manifests and pyproject."""
+    text = (ROOT / "Containerfile").read_text()
+    lines = [ln for ln in re.sub(r"\\\n", " ", text).splitlines()
+             if ln.strip() and not ln.lstrip().startswith("#")]
+    bases = [ln.split()[1] for ln in lines if ln.startswith("FROM ")]
+    assert bases and all(re.fullmatch(r"docker\.io/library/python:\$\{PYTHON\}-slim", b)
+                         for b in bases), bases
+    python = re.search(r"^ARG PYTHON=(\d+\.\d+)$", text, re.M).group(1)
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert tuple(map(int, python.split("."))) >= tuple(map(int, requires[2:].split(".")))
+    # Only pip and venv run at build time: no curl/wget/apt downloads.
+    runs = [ln[4:] for ln in lines if ln.startswith("RUN ")]
+    for cmd in (c.strip() for r in runs for c in r.split("&&")):
+        assert re.match(r"(python -m (pip|venv)|/opt/ncclwatch/bin/pip install|rm )", cmd), cmd
+    # The venv is where the units' ExecStart= and Documentation= point.
+    assert f"python -m venv {VENV_PREFIX}" in text and f"PATH={VENV_PREFIX}/bin:" in text
+    user = re.search(r"^USER (\d+):(\d+)$", text, re.M)
+    assert user and int(user.group(1)) != 0
+    assert re.search(r'^ENTRYPOINT \["ncclwatch"\]$', text, re.M)
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert ".venv" in ignored and ".git" in ignored
+
+
+def test_install_into_a_folder_it_cannot_write_is_a_clear_error(tmp_path: Path, capsys) -> None:
+    from ncclwatch.cli import main
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")  # a file where the destination folder would be
+    assert main(["install", "dashboards", "--dest", str(blocker / "sub")]) == 1
+    err = capsys.readouterr().err
+    assert str(blocker / "sub") in err and "Traceback" not in err

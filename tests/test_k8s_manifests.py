@@ -1,0 +1,389 @@
+"""deploy/kubernetes: every manifest against the Kubernetes schemas (kubernetes-validate,
+offline), the Prometheus Operator objects against the fields of their CRDs, the
+generated copies of the rules and dashboards, and the security context the
+deployment docs describe (docs/_incoming/i19-deploy.md)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import time
+import urllib.request
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from deploy import generate
+from ncclwatch.cli import AGENT_OPTIONS, DAEMON_OPTIONS, build_parser
+from ncclwatch.config import load_file, resolve
+from tests.conftest import ROOT, Proc, free_port, need
+
+K8S = ROOT / "deploy" / "kubernetes"
+# The oldest Kubernetes with securityContext.appArmorProfile (the agent sets it), and the newest.
+VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
+UNIT = ROOT / "systemd" / "ncclwatch-agent.service"
+
+
+def docs(name: str) -> list[dict]:
+    return [d for d in yaml.safe_load_all((K8S / name).read_text()) if d]
+
+
+def objects() -> list[tuple[str, dict]]:
+    return [(f.name, d) for f in sorted(K8S.glob("*.yaml")) if f.name != "kustomization.yaml"
+            for d in docs(f.name)]
+
+
+def one(kind: str, name: str) -> dict:
+    found = [d for _, d in objects() if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, (kind, name, len(found))
+    return found[0]
+
+
+def core(obj: dict) -> bool:
+    return not obj["apiVersion"].startswith("monitoring.coreos.com/")
+
+
+# -- schemas ----------------------------------------------------------------------
+
+def test_kustomization_lists_every_manifest() -> None:
+    k = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    on_disk = {f.name for f in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    assert sorted(k["resources"]) == sorted(on_disk)
+    assert k["namespace"] == one("Namespace", "ncclwatch")["metadata"]["name"]
+    assert [i["name"] for i in k["images"]] == ["ncclwatch"]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_core_manifest_validates_strictly(version: str) -> None:
+    checked = 0
+    for name, obj in objects():
+        if core(obj):
+            kubernetes_validate.validate(obj, version, strict=True)  # raises with the path
+            checked += 1
+    assert checked >= 12, checked
+
+
+def test_validation_catches_a_broken_manifest() -> None:
+    """The check above can fail: an unknown field and a wrong type are errors."""
+    ds = copy.deepcopy(one("DaemonSet", "ncclwatch-agent"))
+    ds["spec"]["template"]["spec"]["containers"][0]["securityContext"]["capabilitiez"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(ds, VERSIONS[-1], strict=True)
+    ds = copy.deepcopy(one("DaemonSet", "ncclwatch-agent"))
+    ds["spec"]["template"]["spec"]["hostPID"] = "yes"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(ds, VERSIONS[-1], strict=True)
+
+
+# kubernetes-validate has no CRD schemas: these are the fields of the Prometheus
+# Operator's monitoring.coreos.com/v1 PodMonitor and PrometheusRule that the
+# manifests use, typed as the operator's API reference documents them, with
+# nothing else allowed (a misspelt field fails).
+_STR = {"type": "string"}
+_MAP = {"type": "object", "additionalProperties": _STR}
+_META = {"type": "object", "required": ["name"], "additionalProperties": False,
+         "properties": {"name": _STR, "namespace": _STR, "labels": _MAP, "annotations": _MAP}}
+_SELECTOR = {"type": "object", "additionalProperties": False,
+             "properties": {"matchLabels": _MAP, "matchExpressions": {"type": "array"}}}
+_RELABEL = {"type": "object", "additionalProperties": False, "properties": {
+    "action": {"enum": ["replace", "keep", "drop", "labelmap", "labeldrop", "labelkeep",
+                        "hashmod", "lowercase", "uppercase", "keepequal", "dropequal"]},
+    "sourceLabels": {"type": "array", "items": {"type": "string",
+                                                "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$"}},
+    "separator": _STR, "targetLabel": _STR, "regex": _STR, "modulus": {"type": "integer"},
+    "replacement": _STR}}
+_DURATION = {"type": "string", "pattern": "^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?"
+                                          "(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"}
+CRD_SCHEMAS = {
+    "PodMonitor": {"type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+                   "additionalProperties": False, "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"}, "kind": {"const": "PodMonitor"},
+        "metadata": _META,
+        "spec": {"type": "object", "required": ["selector"], "additionalProperties": False,
+                 "properties": {
+            "selector": _SELECTOR, "jobLabel": _STR,
+            "namespaceSelector": {"type": "object", "additionalProperties": False, "properties": {
+                "any": {"type": "boolean"}, "matchNames": {"type": "array", "items": _STR}}},
+            "podMetricsEndpoints": {"type": "array", "items": {
+                "type": "object", "additionalProperties": False, "properties": {
+                    "port": _STR, "path": _STR, "scheme": {"enum": ["http", "https"]},
+                    "interval": _DURATION, "scrapeTimeout": _DURATION,
+                    "honorLabels": {"type": "boolean"},
+                    "relabelings": {"type": "array", "items": _RELABEL},
+                    "metricRelabelings": {"type": "array", "items": _RELABEL}}}}}}}},
+    "PrometheusRule": {"type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+                       "additionalProperties": False, "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "PrometheusRule"}, "metadata": _META,
+        "spec": {"type": "object", "additionalProperties": False, "properties": {
+            "groups": {"type": "array", "items": {
+                "type": "object", "required": ["name"], "additionalProperties": False,
+                "properties": {
+                    "name": {"type": "string", "minLength": 1}, "interval": _DURATION,
+                    "limit": {"type": "integer"}, "labels": _MAP,
+                    "rules": {"type": "array", "items": {
+                        "type": "object", "required": ["expr"], "additionalProperties": False,
+                        "oneOf": [{"required": ["alert"]}, {"required": ["record"]}],
+                        "properties": {
+                            "alert": _STR, "record": _STR,
+                            "expr": {"anyOf": [_STR, {"type": "integer"}]},
+                            "for": _DURATION, "keep_firing_for": _DURATION,
+                            "labels": _MAP, "annotations": _MAP}}}}}}}}}},
+}
+
+
+def test_operator_objects_match_their_crd_fields() -> None:
+    crds = [(n, o) for n, o in objects() if not core(o)]
+    assert sorted(o["kind"] for _, o in crds) == ["PodMonitor", "PrometheusRule"]
+    for _, obj in crds:
+        jsonschema.validate(obj, CRD_SCHEMAS[obj["kind"]])
+    bad = copy.deepcopy(one("PodMonitor", "ncclwatch-daemon"))
+    bad["spec"]["podMetricsEndpoints"][0]["honor_labels"] = True  # the Prometheus spelling
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, CRD_SCHEMAS["PodMonitor"])
+
+
+# -- generated copies ---------------------------------------------------------------
+
+def test_generated_files_are_current() -> None:
+    assert generate.stale() == [], "run `python -m deploy.generate` and commit"
+
+
+def test_generation_notices_a_changed_source(tmp_path: Path) -> None:
+    for name in generate.OUTPUTS:
+        (tmp_path / name).write_text((K8S / name).read_text().replace("ncclwatch", "nclwatch", 1))
+    assert sorted(generate.stale(tmp_path)) == sorted(generate.OUTPUTS)
+    assert generate.main(["--check", "--out", str(tmp_path)]) == 1
+    assert generate.main(["--out", str(tmp_path)]) == 0
+    assert generate.stale(tmp_path) == []
+
+
+def test_prometheus_rule_holds_exactly_the_shipped_rules() -> None:
+    rule = one("PrometheusRule", "ncclwatch")
+    shipped = [g for src in generate.RULE_SOURCES
+               for g in yaml.safe_load(src.read_text())["groups"]]
+    assert rule["spec"]["groups"] == shipped
+    alerts = [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert {"NCCLWatchDaemonDown", "NCCLWatchDaemonReplicaDown"} <= set(alerts)
+    assert len(alerts) == len(set(alerts)) >= 10
+
+
+def test_dashboards_are_configmaps_for_the_sidecar() -> None:
+    maps = docs("grafana-dashboards.yaml")
+    files = sorted((ROOT / "dashboards" / "grafana").glob("*.json"))
+    assert len(maps) == len(files) >= 2
+    for cm, path in zip(maps, files):
+        assert cm["kind"] == "ConfigMap" and cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert cm["data"] == {path.name: path.read_text()}
+        assert json.loads(cm["data"][path.name])["uid"] == path.stem
+        # One ConfigMap must fit the API's 1 MiB and kubectl apply's 256 KiB annotation.
+        assert len(yaml.safe_dump(cm)) < 256 * 1024
+
+
+# -- the agent DaemonSet --------------------------------------------------------------
+
+def _unit(key: str) -> str:
+    m = re.search(rf"^{key}=(.*)$", UNIT.read_text(), re.M)
+    assert m, key
+    return m.group(1).strip()
+
+
+def test_agent_daemonset_security_context() -> None:
+    ds = one("DaemonSet", "ncclwatch-agent")
+    pod = ds["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    sc = c["securityContext"]
+    assert pod["hostPID"] is True
+    assert not pod.get("hostNetwork") and not pod.get("hostIPC")
+    assert pod["automountServiceAccountToken"] is False
+    # The systemd unit's two capabilities, nothing else.
+    unit_caps = {cap.removeprefix("CAP_") for cap in _unit("CapabilityBoundingSet").split()}
+    assert sc["capabilities"]["drop"] == ["ALL"] and set(sc["capabilities"]) == {"drop", "add"}
+    assert set(sc["capabilities"]["add"]) == unit_caps == {"SYS_PTRACE", "DAC_READ_SEARCH"}
+    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["runAsUser"] == 0  # root: other users' ranks (the unit has no User= either)
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    # The runtime's AppArmor profile allows ptrace only of peers under that same profile.
+    assert sc["appArmorProfile"] == {"type": "Unconfined"}
+    # Read-only host mounts, exactly those the agent reads.
+    host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert sorted(host.values()) == ["/sys/fs/cgroup", "/var/log/pods"]
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    for name, path in host.items():
+        assert mounts[name]["readOnly"] is True and mounts[name]["mountPath"] == path
+    writable = [m["mountPath"] for m in c["volumeMounts"] if not m.get("readOnly")]
+    assert writable == ["/tmp"] and "emptyDir" in next(v for v in pod["volumes"]
+                                                        if v["name"] == "tmp")
+
+
+def test_agent_runs_on_gpu_nodes_within_the_units_limits() -> None:
+    pod = one("DaemonSet", "ncclwatch-agent")["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} \
+        in pod["tolerations"]
+    limits = pod["containers"][0]["resources"]["limits"]
+    assert _unit("MemoryMax") == "512M" and limits["memory"] == "512Mi"
+    assert _unit("CPUQuota") == "50%" and limits["cpu"] == "500m"
+
+
+def test_agent_env_is_real_config_and_reaches_both_daemons() -> None:
+    c = one("DaemonSet", "ncclwatch-agent")["spec"]["template"]["spec"]["containers"][0]
+    args = build_parser().parse_args(c["args"])
+    assert args.command == "agent"
+    known = {o.env for o in AGENT_OPTIONS}
+    ours = {e["name"]: e for e in c["env"] if e["name"].startswith("NCCLWATCH_")}
+    assert set(ours) <= known, set(ours) - known
+    assert ours["NCCLWATCH_NODE"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    env = {k: e["value"] for k, e in ours.items() if "value" in e}
+    cfg = resolve(AGENT_OPTIONS, args, {}, env=env)
+    services = {s["metadata"]["name"]: s for _, s in objects() if s["kind"] == "Service"}
+    targets = cfg["collector"].split(",")
+    assert len(targets) == 2
+    for target in targets:
+        host, port = target.rsplit(":", 1)
+        ports = {p["name"]: p["port"] for p in services[host]["spec"]["ports"]}
+        assert ports["grpc"] == int(port)
+
+
+# -- the daemon pair -------------------------------------------------------------------
+
+def _pods_selected(selector: dict) -> list[str]:
+    return [d["metadata"]["name"] for _, d in objects() if d["kind"] == "Deployment"
+            and selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()]
+
+
+def test_daemon_is_a_pair_that_differs_only_in_its_letter() -> None:
+    a, b = one("Deployment", "ncclwatch-daemon-a"), one("Deployment", "ncclwatch-daemon-b")
+    assert json.loads(json.dumps(a).replace("ncclwatch-daemon-a", "ncclwatch-daemon-b")
+                      .replace('"ncclwatch.io/replica": "a"', '"ncclwatch.io/replica": "b"')) == b
+    for letter in "ab":
+        svc = one("Service", f"ncclwatch-daemon-{letter}")
+        assert _pods_selected(svc["spec"]["selector"]) == [f"ncclwatch-daemon-{letter}"]
+        assert {p["name"]: p["port"] for p in svc["spec"]["ports"]} == {"grpc": 7470, "http": 7471}
+    both = one("Service", "ncclwatch-daemon")["spec"]["selector"]
+    assert _pods_selected(both) == ["ncclwatch-daemon-a", "ncclwatch-daemon-b"]
+    pdb = one("PodDisruptionBudget", "ncclwatch-daemon")["spec"]
+    assert pdb["maxUnavailable"] == 1 and len(_pods_selected(pdb["selector"]["matchLabels"])) == 2
+
+
+@pytest.mark.parametrize("letter", "ab")
+def test_daemon_meets_the_restricted_pod_security_standard(letter: str) -> None:
+    pod = one("Deployment", f"ncclwatch-daemon-{letter}")["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    sc = c["securityContext"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    user = re.search(r"^USER (\d+):(\d+)$", (ROOT / "Containerfile").read_text(), re.M)
+    assert (pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"]) \
+        == (int(user.group(1)), int(user.group(2)))  # the image's own user
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    assert not any(k in pod for k in ("hostPID", "hostNetwork", "hostIPC"))
+    assert not any("hostPath" in v for v in pod["volumes"])
+    assert pod["automountServiceAccountToken"] is False
+    assert "memory" in c["resources"]["limits"]
+
+
+def _daemon_config(tmp_path: Path, grpc: int, http: int) -> Path:
+    toml = one("ConfigMap", "ncclwatch-daemon")["data"]["daemon.toml"]
+    path = tmp_path / "daemon.toml"
+    path.write_text(toml.replace("0.0.0.0:7470", f"127.0.0.1:{grpc}")
+                    .replace("0.0.0.0:7471", f"127.0.0.1:{http}"))
+    return path
+
+
+def test_daemon_config_ports_and_probes_match_a_real_daemon(tmp_path: Path) -> None:
+    """The ConfigMap loads with the real config loader, its ports are the
+    container's, and the probes' path answers 200 on a real daemon."""
+    dep = one("Deployment", "ncclwatch-daemon-a")
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    args = build_parser().parse_args(c["args"])
+    assert args.command == "daemon" and args.config == "/etc/ncclwatch/daemon.toml"
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "config")
+    assert mount["mountPath"] == "/etc/ncclwatch" and mount["readOnly"] is True
+    toml = one("ConfigMap", "ncclwatch-daemon")["data"]["daemon.toml"]
+    (tmp_path / "as-shipped.toml").write_text(toml)
+    cfg = resolve(DAEMON_OPTIONS, args, load_file(str(tmp_path / "as-shipped.toml"), None), env={})
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert cfg["grpc"] == f"0.0.0.0:{ports['grpc']}" and cfg["http"] == f"0.0.0.0:{ports['http']}"
+    probes = [c["readinessProbe"]["httpGet"], c["livenessProbe"]["httpGet"]]
+    assert all(p["port"] == "http" for p in probes)
+    grpc, http = free_port(), free_port()
+    config = _daemon_config(tmp_path, grpc, http)
+    daemon = Proc([need("ncclwatch"), "daemon", "--config", str(config)],
+                  name="ncclwatch-daemon-k8s")
+    try:
+        deadline, status = time.time() + 30, None
+        while status is None and time.time() < deadline and daemon.alive():
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{http}{probes[0]['path']}",
+                                            timeout=5) as r:
+                    status = r.status
+            except OSError:
+                time.sleep(0.2)
+        assert status == 200, daemon.output()[-2000:]
+    finally:
+        daemon.stop()
+
+
+def test_podmonitor_scrapes_both_daemons_as_the_rules_expect() -> None:
+    pm = one("PodMonitor", "ncclwatch-daemon")["spec"]
+    assert _pods_selected(pm["selector"]["matchLabels"]) == ["ncclwatch-daemon-a",
+                                                            "ncclwatch-daemon-b"]
+    (ep,) = pm["podMetricsEndpoints"]
+    assert ep["port"] == "http" and ep["path"] == "/metrics" and ep["honorLabels"] is True
+    relabel = {r["targetLabel"]: r for r in ep["relabelings"]}
+    # The shipped alerts name the scrape job "ncclwatch" and tell replicas apart by `replica`.
+    alerts = generate.RULE_SOURCES[0].read_text()
+    assert f'up{{job="{relabel["job"]["replacement"]}"' in alerts and "replica" in alerts
+    (source,) = relabel["replica"]["sourceLabels"]
+    pod_label = source.removeprefix("__meta_kubernetes_pod_label_")
+    dep = one("Deployment", "ncclwatch-daemon-a")["spec"]["template"]["metadata"]["labels"]
+    sanitized = {re.sub(r"[^a-zA-Z0-9_]", "_", k): v for k, v in dep.items()}
+    assert sanitized[pod_label] == "a"
+
+
+def _metrics(port: int) -> str:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            return r.read().decode()
+    except OSError:
+        return ""
+
+
+def test_agent_with_the_daemonsets_env_reports_to_both_daemons(tmp_path: Path) -> None:
+    """The pod's environment, with the Services' names pointed at loopback and
+    spec.nodeName filled in as the kubelet does, run for real: one agent, the
+    two daemons of the pair (each from the ConfigMap's config), both see it."""
+    c = one("DaemonSet", "ncclwatch-agent")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value", "") for e in c["env"]}
+    assert env["NCCLWATCH_NODE"] == ""  # from the downward API
+    env["NCCLWATCH_NODE"] = "gpu-node-7"
+    daemons, http = [], {}
+    try:
+        for target in env["NCCLWATCH_COLLECTOR"].split(","):
+            host, port = target.rsplit(":", 1)
+            grpc, http[host] = free_port(), free_port()
+            sub = tmp_path / host
+            sub.mkdir()
+            daemons.append(Proc([need("ncclwatch"), "daemon", "--config",
+                                 str(_daemon_config(sub, grpc, http[host]))], name=host))
+            env["NCCLWATCH_COLLECTOR"] = env["NCCLWATCH_COLLECTOR"].replace(
+                target, f"127.0.0.1:{grpc}")
+        agent = Proc([need("ncclwatch"), *c["args"]], env=env, name="agent")
+        daemons.append(agent)
+        want = 'ncclwatch_agent_up{node="gpu-node-7"} 1.0'
+        deadline = time.time() + 60
+        while time.time() < deadline and not all(want in _metrics(p) for p in http.values()):
+            assert agent.alive(), agent.output()[-2000:]
+            time.sleep(0.5)
+        for host, port in http.items():
+            assert want in _metrics(port), (host, agent.output()[-2000:])
+    finally:
+        for proc in daemons:
+            proc.stop()
