@@ -333,6 +333,8 @@ function show(v) {
   for (const m of v.missing_evidence) item('missing', m);
   for (const c of v.collect_next_time) item('collect', c);
   for (const n of v.notes) item('notes', n);
+  for (const id of ['evidence', 'missing', 'collect', 'notes'])
+    $(id).parentElement.hidden = !$(id).children.length;
   const rc = v.root_cause;
   $('fix').textContent = rc ? rc.title + ': ' + rc.fix + (rc.example ? '\\n\\n' + rc.example : '')
                             : '-';
@@ -345,7 +347,8 @@ async function send(body, name) {
       maxBytes + ' bytes); run `ncclwatch diagnose FILE` where the file is';
     return;
   }
-  $('state').textContent = 'diagnosing ' + name + ' (' + body.size + ' bytes) ...';
+  const shown = name || 'pasted log';
+  $('state').textContent = 'diagnosing ' + shown + ' (' + body.size + ' bytes) ...';
   const headers = {'Content-Type': 'application/octet-stream'};
   if (name) headers['X-Log-Name'] = name;
   let resp, v;
@@ -359,7 +362,7 @@ async function send(body, name) {
   }
   $('state').textContent = '';
   if (!resp.ok) { $('error').textContent = 'refused (' + resp.status + '): ' + v.error; return; }
-  $('state').textContent = 'read ' + name + ': ' + v.inputs.lines + ' lines in ' +
+  $('state').textContent = 'read ' + shown + ': ' + v.inputs.lines + ' lines in ' +
     v.inputs.seconds + ' s';
   show(v);
 }
@@ -411,10 +414,10 @@ as it arrives and is not stored. <a href='/'>back to the jobs</a></p>
 <tr><th>initiator among</th><td id='among'></td></tr>
 <tr><th>collateral rank(s)</th><td id='collateral'></td></tr>
 </table>
-<h2>Evidence</h2><ul id='evidence'></ul>
-<h2>Notes</h2><ul id='notes'></ul>
-<h2>Missing evidence</h2><ul id='missing'></ul>
-<h2>Collect next time</h2><ul id='collect'></ul>
+<div><h2>Evidence</h2><ul id='evidence'></ul></div>
+<div><h2>Notes</h2><ul id='notes'></ul></div>
+<div><h2>Missing evidence</h2><ul id='missing'></ul></div>
+<div><h2>Collect next time</h2><ul id='collect'></ul></div>
 <h2>Fix</h2><pre id='fix'></pre>
 <h2>Full report</h2><pre id='report'></pre>
 </section>

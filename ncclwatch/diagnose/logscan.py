@@ -446,7 +446,12 @@ class Scanner:
         """One log read from a stream (the paste page's request body), plain text:
         read in chunks as a file is, never held whole, never written anywhere.
         A stream that is not text raises LogInputError."""
-        sniff = f.read(_SNIFF)
+        sniff = b""
+        while len(sniff) < _SNIFF:  # a stream may answer a read with less
+            b = f.read(_SNIFF - len(sniff))
+            if not b:
+                break
+            sniff += b
         if _is_fr_dump(sniff):
             raise LogInputError(f"{name}: a Flight Recorder dump (pickle); give dumps to "
                                 "`ncclwatch diagnose` on the command line")
