@@ -51,6 +51,13 @@ def _verdict(case: Path):
     return diagnose(_inputs(case)), json.loads((case / "expected.json").read_text())
 
 
+def _pending(want: dict) -> str | None:
+    """A case whose verdict waits on recognisers being added elsewhere (``"needs":
+    "<branch>"`` in expected.json): its miss is reported, not failed, until the
+    lead merges that branch and drops the key."""
+    return want.get("needs")
+
+
 def test_corpus_is_there():
     assert MADE, f"no cases under {CORPUS}: the corpus is part of the repository"
     assert len(REAL) >= MIN_REAL, f"{len(REAL)} public cases under {PUBLIC}, want {MIN_REAL}"
@@ -82,6 +89,9 @@ def test_case(case):
     d, want = _verdict(case)
     assert want["class"] in CLASS_BY_ID, f"{case.name}: unknown class {want['class']!r}"
     got = (d.cls, d.initiating, d.candidates)
+    if _pending(want) and not _right(d, want):
+        pytest.xfail(f"{case.name}: needs {_pending(want)}: got {got}, expected "
+                     f"{want['class']} {want.get('initiating_ranks')}")
     assert _right(d, want), (
         f"{case.name}: got {got} collateral {d.collateral}, expected {want['class']} "
         f"{want.get('initiating_ranks')} among {want.get('initiator_among')} collateral "
@@ -96,32 +106,41 @@ def test_case(case):
         assert r not in d.collateral, f"{case.name}: rank {r} both initiating and collateral"
 
 
-def _table(cases: list[Path]) -> tuple[list[str], list[str]]:
-    rows, wrong = [], []
+def _table(cases: list[Path]) -> tuple[list[str], list[str], list[str]]:
+    """Rows, the wrong cases, and the pending ones (wrong, waiting on ``needs``)."""
+    rows, wrong, pending = [], [], []
     for case in cases:
         d, want = _verdict(case)
         ok = _right(d, want)
-        wrong += [] if ok else [case.name]
+        if not ok:
+            (pending if _pending(want) else wrong).append(case.name)
         exp = f"{want['class']} {want.get('initiating_ranks', [])}"
         got = f"{d.cls} {d.initiating}"
         if "initiator_among" in want or d.candidates:
             exp += f" among {want.get('initiator_among')}"
             got += f" among {d.candidates}"
-        rows.append(f"| {case.name} | {exp} | {got} | {'ok' if ok else 'WRONG'} | "
+        mark = "ok" if ok else f"pending ({_pending(want)})" if _pending(want) else "WRONG"
+        if ok and _pending(want):
+            mark = f"ok (drop needs: {_pending(want)})"
+        rows.append(f"| {case.name} | {exp} | {got} | {mark} | "
                     f"{want.get('origin', '')[:70]} |")
-    return rows, wrong
+    return rows, wrong, pending
 
 
 def test_corpus_table(capsys):
     """Print the verdict of every case (the acceptance table), real logs apart, and check them."""
     head = "| case | expected | diagnosed | | origin |\n|---|---|---|---|---|"
-    made_rows, made_wrong = _table(MADE)
-    real_rows, real_wrong = _table(REAL)
+    made_rows, made_wrong, made_pending = _table(MADE)
+    real_rows, real_wrong, real_pending = _table(REAL)
     with capsys.disabled():
-        print(f"\n\nReal logs from public issues: {len(REAL) - len(real_wrong)}/{len(REAL)} right")
+        bad = len(real_wrong) + len(real_pending)
+        print(f"\n\nReal logs from public issues: {len(REAL) - bad}/{len(REAL)} right"
+              + (f", {len(real_pending)} pending on new recognisers: "
+                 f"{' '.join(real_pending)}" if real_pending else ""))
         print(head)
         print("\n".join(real_rows))
-        print(f"\nCases made here: {len(MADE) - len(made_wrong)}/{len(MADE)} right")
+        bad = len(made_wrong) + len(made_pending)
+        print(f"\nCases made here: {len(MADE) - bad}/{len(MADE)} right")
         print(head)
         print("\n".join(made_rows))
     assert not made_wrong + real_wrong, f"wrong verdicts: {made_wrong + real_wrong}"
