@@ -36,8 +36,11 @@ def _cases(root: Path) -> list[Path]:
 MADE = _cases(CORPUS)
 REAL = _cases(PUBLIC)
 CASES = MADE + REAL
-#: The issue asks for at least this many real, public logs.
-MIN_REAL = 40
+#: The issue asks for at least this many real, public logs (issue 21: 120), of them at
+#: least MIN_TORCH1 in the torch 1.x formats and MIN_NONE with no distributed failure.
+MIN_REAL = 120
+MIN_TORCH1 = 20
+MIN_NONE = 10
 #: Signs no case of the corpus shows yet (each says why).
 UNCOVERED: dict[str, str] = {}
 
@@ -64,6 +67,20 @@ def test_corpus_is_there():
     classes = {json.loads((c / "expected.json").read_text())["class"] for c in CASES}
     missing = set(CLASS_BY_ID) - classes - {"unknown"}
     assert not missing, f"no corpus case of class {sorted(missing)}"
+
+
+def _want(case: Path) -> dict:
+    return json.loads((case / "expected.json").read_text())
+
+
+def test_public_corpus_spans_eras_and_healthy_logs():
+    """Every torch era is represented, and logs without a failure keep ``none`` honest."""
+    torch1 = [c.name for c in REAL if _want(c).get("log_format", "").startswith("torch 1.")]
+    healthy = [c.name for c in REAL if _want(c)["class"] == "none"]
+    assert len(torch1) >= MIN_TORCH1, f"{len(torch1)} public logs in torch 1.x formats: {torch1}"
+    assert len(healthy) >= MIN_NONE, f"{len(healthy)} public logs expecting none: {healthy}"
+    for c in REAL:
+        assert _pending(_want(c)) in (None, "i21-diagnose"), f"{c.name}: unknown needs"
 
 
 def test_public_cases_cite_their_source():
@@ -134,7 +151,10 @@ def test_corpus_table(capsys):
     real_rows, real_wrong, real_pending = _table(REAL)
     with capsys.disabled():
         bad = len(real_wrong) + len(real_pending)
+        torch1 = sum(_want(c).get("log_format", "").startswith("torch 1.") for c in REAL)
+        healthy = sum(_want(c)["class"] == "none" for c in REAL)
         print(f"\n\nReal logs from public issues: {len(REAL) - bad}/{len(REAL)} right"
+              f" ({torch1} in torch 1.x formats, {healthy} without a failure)"
               + (f", {len(real_pending)} pending on new recognisers: "
                  f"{' '.join(real_pending)}" if real_pending else ""))
         print(head)
