@@ -14,12 +14,13 @@ with the test output, the two corpora apart.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 from ncclwatch.diagnose import diagnose
-from ncclwatch.diagnose.logscan import scan
+from ncclwatch.diagnose.logscan import rank_of_path, scan
 from ncclwatch.diagnose.logsigns import SIGNS
 from ncclwatch.diagnose.verdict import CLASS_BY_ID
 
@@ -81,6 +82,20 @@ def test_public_corpus_spans_eras_and_healthy_logs():
     assert len(healthy) >= MIN_NONE, f"{len(healthy)} public logs expecting none: {healthy}"
     for c in REAL:
         assert _pending(_want(c)) in (None, "i21-diagnose"), f"{c.name}: unknown needs"
+
+
+def test_case_names_do_not_decide_verdicts(tmp_path):
+    """A case directory named like ``..._rank0_...`` reads as a per-rank file name
+    (logscan.rank_of_path); the verdict must not come from the corpus's own naming."""
+    named = [c for c in CASES if any(rank_of_path(f"{c.name}/{f.name}") is not None
+                                     and rank_of_path(f"case/{f.name}") is None
+                                     for f in _inputs(c) if f.parent == c)]
+    for case in named:
+        neutral = tmp_path / case.name.replace("rank", "r") / "case"
+        shutil.copytree(case, neutral)
+        a, b = diagnose(_inputs(case)), diagnose(_inputs(neutral))
+        assert (a.cls, a.initiating, a.candidates, a.collateral) == \
+            (b.cls, b.initiating, b.candidates, b.collateral), case.name
 
 
 def test_public_cases_cite_their_source():
