@@ -68,6 +68,9 @@ _TLS_AGENT = (
 )
 _WEB_CONFIG = Option("web_config", str, None, "web config (YAML, Prometheus exporter-toolkit "
                      "format) for HTTPS and basic auth on /metrics, API and page", "FILE")
+_DIAGNOSE_MAX = Option("diagnose_max_bytes", positive_int, 256 << 20,
+                       "largest log (after gunzip) the paste page and POST /api/v1/diagnose "
+                       "read; a larger one is refused with 413", "BYTES")
 
 
 
@@ -88,7 +91,7 @@ DAEMON_OPTIONS = (
     Option("http", hostport, "0.0.0.0:7471", "listen address for /metrics, API, page",
            "HOST:PORT"),
     _WATCHDOG, _THRESHOLD, _HANG, _HANG_FLOOR, _STALENESS, _INGEST_WORKERS, *_TLS_SERVER,
-    _WEB_CONFIG, _LOG,
+    _WEB_CONFIG, _DIAGNOSE_MAX, _LOG,
 )
 AGENT_OPTIONS = (
     Option("collector", hostports, "127.0.0.1:7470", "the daemon's gRPC address; two or more, "
@@ -105,7 +108,7 @@ RUN_OPTIONS = (
     Option("http", hostport, "127.0.0.1:7471", "listen address for /metrics, API, page",
            "HOST:PORT"),
     _INTERVAL, _WATCHDOG, _THRESHOLD, _HANG, _HANG_FLOOR, _STALENESS, _SUSPECT, _SLOW, _PYSPY_TIMEOUT,
-    _CPU_BUDGET, *_TLS_SERVER, _LOG,
+    _CPU_BUDGET, *_TLS_SERVER, _DIAGNOSE_MAX, _LOG,
 )
 
 DEFAULT_FILES = {"daemon": "/etc/ncclwatch/daemon.toml", "agent": "/etc/ncclwatch/agent.toml",
@@ -285,7 +288,8 @@ def _daemon_config(cfg: dict[str, Any]):
                         hang_threshold=cfg["hang_threshold"], hang_floor=cfg["hang_floor"],
                         staleness=cfg["staleness"],
                         ingest_workers=cfg.get("ingest_workers", 0),
-                        tls=cfg.get("server_tls"), web=cfg.get("web"))
+                        tls=cfg.get("server_tls"), web=cfg.get("web"),
+                        diagnose_max_bytes=cfg.get("diagnose_max_bytes", 256 << 20))
 
 
 def _agent_config(cfg: dict[str, Any], collector: str | None = None):

@@ -14,12 +14,13 @@ with the test output, the two corpora apart.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 from ncclwatch.diagnose import diagnose
-from ncclwatch.diagnose.logscan import scan
+from ncclwatch.diagnose.logscan import rank_of_path, scan
 from ncclwatch.diagnose.logsigns import SIGNS
 from ncclwatch.diagnose.verdict import CLASS_BY_ID
 
@@ -36,8 +37,11 @@ def _cases(root: Path) -> list[Path]:
 MADE = _cases(CORPUS)
 REAL = _cases(PUBLIC)
 CASES = MADE + REAL
-#: The issue asks for at least this many real, public logs.
-MIN_REAL = 40
+#: The issue asks for at least this many real, public logs (issue 21: 120), of them at
+#: least MIN_TORCH1 in the torch 1.x formats and MIN_NONE with no distributed failure.
+MIN_REAL = 120
+MIN_TORCH1 = 20
+MIN_NONE = 10
 #: Signs no case of the corpus shows yet (each says why).
 UNCOVERED: dict[str, str] = {}
 
@@ -51,12 +55,47 @@ def _verdict(case: Path):
     return diagnose(_inputs(case)), json.loads((case / "expected.json").read_text())
 
 
+def _pending(want: dict) -> str | None:
+    """A case whose verdict waits on recognisers being added elsewhere (``"needs":
+    "<branch>"`` in expected.json): its miss is reported, not failed, until the
+    lead merges that branch and drops the key."""
+    return want.get("needs")
+
+
 def test_corpus_is_there():
     assert MADE, f"no cases under {CORPUS}: the corpus is part of the repository"
     assert len(REAL) >= MIN_REAL, f"{len(REAL)} public cases under {PUBLIC}, want {MIN_REAL}"
     classes = {json.loads((c / "expected.json").read_text())["class"] for c in CASES}
     missing = set(CLASS_BY_ID) - classes - {"unknown"}
     assert not missing, f"no corpus case of class {sorted(missing)}"
+
+
+def _want(case: Path) -> dict:
+    return json.loads((case / "expected.json").read_text())
+
+
+def test_public_corpus_spans_eras_and_healthy_logs():
+    """Every torch era is represented, and logs without a failure keep ``none`` honest."""
+    torch1 = [c.name for c in REAL if _want(c).get("log_format", "").startswith("torch 1.")]
+    healthy = [c.name for c in REAL if _want(c)["class"] == "none"]
+    assert len(torch1) >= MIN_TORCH1, f"{len(torch1)} public logs in torch 1.x formats: {torch1}"
+    assert len(healthy) >= MIN_NONE, f"{len(healthy)} public logs expecting none: {healthy}"
+    for c in REAL:
+        assert _pending(_want(c)) in (None, "i21-diagnose"), f"{c.name}: unknown needs"
+
+
+def test_case_names_do_not_decide_verdicts(tmp_path):
+    """A case directory named like ``..._rank0_...`` reads as a per-rank file name
+    (logscan.rank_of_path); the verdict must not come from the corpus's own naming."""
+    named = [c for c in CASES if any(rank_of_path(f"{c.name}/{f.name}") is not None
+                                     and rank_of_path(f"case/{f.name}") is None
+                                     for f in _inputs(c) if f.parent == c)]
+    for case in named:
+        neutral = tmp_path / case.name.replace("rank", "r") / "case"
+        shutil.copytree(case, neutral)
+        a, b = diagnose(_inputs(case)), diagnose(_inputs(neutral))
+        assert (a.cls, a.initiating, a.candidates, a.collateral) == \
+            (b.cls, b.initiating, b.candidates, b.collateral), case.name
 
 
 def test_public_cases_cite_their_source():
@@ -82,6 +121,9 @@ def test_case(case):
     d, want = _verdict(case)
     assert want["class"] in CLASS_BY_ID, f"{case.name}: unknown class {want['class']!r}"
     got = (d.cls, d.initiating, d.candidates)
+    if _pending(want) and not _right(d, want):
+        pytest.xfail(f"{case.name}: needs {_pending(want)}: got {got}, expected "
+                     f"{want['class']} {want.get('initiating_ranks')}")
     assert _right(d, want), (
         f"{case.name}: got {got} collateral {d.collateral}, expected {want['class']} "
         f"{want.get('initiating_ranks')} among {want.get('initiator_among')} collateral "
@@ -96,32 +138,44 @@ def test_case(case):
         assert r not in d.collateral, f"{case.name}: rank {r} both initiating and collateral"
 
 
-def _table(cases: list[Path]) -> tuple[list[str], list[str]]:
-    rows, wrong = [], []
+def _table(cases: list[Path]) -> tuple[list[str], list[str], list[str]]:
+    """Rows, the wrong cases, and the pending ones (wrong, waiting on ``needs``)."""
+    rows, wrong, pending = [], [], []
     for case in cases:
         d, want = _verdict(case)
         ok = _right(d, want)
-        wrong += [] if ok else [case.name]
+        if not ok:
+            (pending if _pending(want) else wrong).append(case.name)
         exp = f"{want['class']} {want.get('initiating_ranks', [])}"
         got = f"{d.cls} {d.initiating}"
         if "initiator_among" in want or d.candidates:
             exp += f" among {want.get('initiator_among')}"
             got += f" among {d.candidates}"
-        rows.append(f"| {case.name} | {exp} | {got} | {'ok' if ok else 'WRONG'} | "
+        mark = "ok" if ok else f"pending ({_pending(want)})" if _pending(want) else "WRONG"
+        if ok and _pending(want):
+            mark = f"ok (drop needs: {_pending(want)})"
+        rows.append(f"| {case.name} | {exp} | {got} | {mark} | "
                     f"{want.get('origin', '')[:70]} |")
-    return rows, wrong
+    return rows, wrong, pending
 
 
 def test_corpus_table(capsys):
     """Print the verdict of every case (the acceptance table), real logs apart, and check them."""
     head = "| case | expected | diagnosed | | origin |\n|---|---|---|---|---|"
-    made_rows, made_wrong = _table(MADE)
-    real_rows, real_wrong = _table(REAL)
+    made_rows, made_wrong, made_pending = _table(MADE)
+    real_rows, real_wrong, real_pending = _table(REAL)
     with capsys.disabled():
-        print(f"\n\nReal logs from public issues: {len(REAL) - len(real_wrong)}/{len(REAL)} right")
+        bad = len(real_wrong) + len(real_pending)
+        torch1 = sum(_want(c).get("log_format", "").startswith("torch 1.") for c in REAL)
+        healthy = sum(_want(c)["class"] == "none" for c in REAL)
+        print(f"\n\nReal logs from public issues: {len(REAL) - bad}/{len(REAL)} right"
+              f" ({torch1} in torch 1.x formats, {healthy} without a failure)"
+              + (f", {len(real_pending)} pending on new recognisers: "
+                 f"{' '.join(real_pending)}" if real_pending else ""))
         print(head)
         print("\n".join(real_rows))
-        print(f"\nCases made here: {len(MADE) - len(made_wrong)}/{len(MADE)} right")
+        bad = len(made_wrong) + len(made_pending)
+        print(f"\nCases made here: {len(MADE) - bad}/{len(MADE)} right")
         print(head)
         print("\n".join(made_rows))
     assert not made_wrong + real_wrong, f"wrong verdicts: {made_wrong + real_wrong}"

@@ -54,6 +54,8 @@ class DaemonConfig:
     #: Worker processes that serve the agents' gRPC and forward reports here
     #: (ingestpool.py); 0: this process serves gRPC itself.
     ingest_workers: int = 0
+    #: The largest log ``POST /api/v1/diagnose`` reads (after gunzip), bytes.
+    diagnose_max_bytes: int = 256 << 20
 
 
 class Daemon:

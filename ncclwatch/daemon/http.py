@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from ncclwatch.daemon import api, page
+from ncclwatch.daemon import api, page, pastepage
 from ncclwatch.daemon.core import Daemon
 from ncclwatch.daemon.export import DaemonCollector
 from ncclwatch.daemon.webconfig import WebConfig
@@ -91,6 +91,7 @@ class HttpServer:
                  web: WebConfig | None = None) -> None:
         collector = DaemonCollector(daemon, call)
         auth = web.auth if web else None
+        paste = pastepage.PastePage(daemon.config.diagnose_max_bytes)
 
         class Handler(BaseHTTPRequestHandler):
             server_version = "ncclwatch"
@@ -124,11 +125,25 @@ class HttpServer:
                         html = page.render(api.finish_jobs(call(lambda: api.collect_jobs(
                             daemon, q, detail_upto=page.RANK_ROWS))))
                         self._send(200, "text/html; charset=utf-8", html.encode())
+                    elif path == pastepage.PAGE_PATH:
+                        paste.handle_get(self)
                     else:
                         self._send(404, "text/plain", b"not found\n")
                 except Exception as e:  # a broken view must not kill the server
                     log.exception("HTTP %s failed", path)
                     self._send(500, "text/plain", f"internal error: {e}\n".encode())
+
+            def do_POST(self) -> None:  # noqa: N802 (stdlib name)
+                path = urlsplit(self.path).path.rstrip("/") or "/"
+                if auth and not auth.check(self.headers.get("Authorization")):
+                    pastepage.discard(self)  # unread, a body would reset the connection
+                    self._send(401, "text/plain", b"Unauthorized\n",
+                               {"WWW-Authenticate": 'Basic realm="ncclwatch", charset="UTF-8"'})
+                elif path == pastepage.API_PATH:
+                    paste.handle_post(self)
+                else:
+                    pastepage.discard(self)
+                    self._send(404, "text/plain", b"not found\n")
 
             def _json(self, obj: Any) -> None:
                 self._send(200, "application/json", "".join(json_chunks(obj)).encode())

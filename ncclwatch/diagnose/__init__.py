@@ -16,10 +16,10 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, BinaryIO, Iterable
 
 from ncclwatch import flightrec
-from ncclwatch.diagnose.logscan import LogInputError, ScanResult, scan
+from ncclwatch.diagnose.logscan import LogInputError, Scanner, ScanResult, scan
 from ncclwatch.diagnose.verdict import (CLASS_BY_ID, decide, gather_facts, root_cause, timeline,
                                         timeout_seconds)
 from ncclwatch.model import rank_ranges
@@ -101,9 +101,13 @@ def _flight_recorder(result: ScanResult) -> tuple[flightrec.FrAnalysis | None, d
     return analysis, analysis.to_json()
 
 
-def diagnose(paths: Iterable[str | os.PathLike]) -> Diagnosis:
+def diagnose(paths: Iterable[str | os.PathLike],
+             streams: Iterable[tuple[str, BinaryIO]] = ()) -> Diagnosis:
+    """``streams``: (name, binary stream) logs read as files are (the paste page)."""
     t0 = time.perf_counter()
     result = scan(paths)
+    for name, f in streams:
+        Scanner(result).scan_stream(name, f)
     fr, fr_json = _flight_recorder(result)
     facts = gather_facts(result, fr)
     finding = decide(facts)

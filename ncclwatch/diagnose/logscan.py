@@ -442,6 +442,25 @@ class Scanner:
                 self.r.skipped.append((name, f"read stopped early ({e}); the lines before "
                                              "it were used"))
 
+    def scan_stream(self, name: str, f: BinaryIO) -> None:
+        """One log read from a stream (the paste page's request body), plain text:
+        read in chunks as a file is, never held whole, never written anywhere.
+        A stream that is not text raises LogInputError."""
+        sniff = b""
+        while len(sniff) < _SNIFF:  # a stream may answer a read with less
+            b = f.read(_SNIFF - len(sniff))
+            if not b:
+                break
+            sniff += b
+        if _is_fr_dump(sniff):
+            raise LogInputError(f"{name}: a Flight Recorder dump (pickle); give dumps to "
+                                "`ncclwatch diagnose` on the command line")
+        if b"\x00" in sniff:
+            raise LogInputError(f"{name}: binary, not a log")
+        self.r.files.append(name)
+        year = _dt.datetime.now(_dt.timezone.utc).year
+        _FileScan(self, name, rank_of_path(name), year).run(f, sniff)
+
 
 class _FileScan:
     def __init__(self, scanner: Scanner, name: str, file_rank: int | None, year: int) -> None:

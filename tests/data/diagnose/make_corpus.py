@@ -422,7 +422,16 @@ issue or PR number, URL, which comment), and the verdict the thread supports,
 no more: where only waiting ranks speak, `initiating_ranks` is `[]` and
 `initiator_among` lists the ranks that did not report waiting. They are cited
 in the table at the end of this file, and tests/test_diagnose.py counts them
-apart from the cases made here.
+apart from the cases made here. Two optional keys: `log_format` names the
+torch release whose wording the log has (`torch 1.x` for the watchdog and
+error lines of torch 1.6-1.13: `[E ProcessGroupNCCL.cpp:NNN]` without a time
+stamp, WorkNCCL without NumelIn, sometimes without SeqNum), and
+`"needs": "i21-diagnose"` marks a case whose verdict waits on recognisers
+another branch adds (torch 1.x wording, gloo transport, c10d store, launcher
+prefixes): the test reports it as pending rather than failing, and the key is
+dropped once the case is right. Some public logs expect `none`: healthy NCCL
+and torchrun output, harmless warnings, nccl-tests runs, pasted into threads
+about something else.
 
 Real runs use gloo on CPU (torch 2.13), so they show gloo's messages
 (`Timed out waiting 10000ms for recv operation to complete`), never NCCL's
