@@ -28,8 +28,8 @@ from typing import BinaryIO, Iterable, Iterator
 
 import ahocorasick_rs
 
-from ncclwatch.diagnose import paste
-from ncclwatch.diagnose.logsigns import PG_TAG, SIGNS, Event, LogSign
+from ncclwatch.diagnose import logsigns, paste
+from ncclwatch.diagnose.logsigns import MAX_TRIGGER, PG_TAG, SIGNS, Event, LogSign
 from ncclwatch.stacks import Frame
 
 CHUNK = 8 << 20
@@ -132,7 +132,13 @@ class ScanResult:
 # -- sign matching ---------------------------------------------------------------------
 
 class _Matcher:
-    """All triggers of all signs in one automaton; patterns compiled once."""
+    """All triggers of all signs in one automaton; patterns compiled once.
+
+    ``ac`` finds whole triggers (used per line, overlapping). ``scan_ac`` (used over
+    whole chunks, leftmost-longest) also holds every prefix and suffix of every
+    trigger of at least FRAGMENT characters: a terminal that hard-wraps a line
+    inside a trigger leaves a prefix at the end of one line and the suffix at the
+    start of the next, one of them at least that long (logsigns.MAX_TRIGGER)."""
 
     def __init__(self, signs: Iterable[LogSign] = SIGNS) -> None:
         self.signs = tuple(signs)
@@ -147,8 +153,19 @@ class _Matcher:
                     self.by_trigger.append([])
                 self.by_trigger[index[t]].append(i)
         self.triggers = [t.encode() for t in triggers]
+        self._starts: set[bytes] | None = None
         self.ac = ahocorasick_rs.BytesAhoCorasick(self.triggers)
         self.patterns = [s.compile() for s in self.signs]
+        # Pattern index of scan_ac -> (whole trigger?, starts a trigger?, ends a trigger?).
+        roles: dict[bytes, list[bool]] = {t: [True, False, False] for t in self.triggers}
+        for t in self.triggers:
+            for n in range(logsigns.FRAGMENT, len(t)):
+                roles.setdefault(t[:n], [False, False, False])[1] = True
+                roles.setdefault(t[len(t) - n:], [False, False, False])[2] = True
+        self.scan_patterns = list(roles)
+        self.roles = [tuple(roles[p]) for p in self.scan_patterns]
+        self.scan_ac = ahocorasick_rs.BytesAhoCorasick(
+            self.scan_patterns, matchkind=ahocorasick_rs.MatchKind.LeftmostLongest)
 
     def signs_in(self, line: bytes) -> list[int]:
         """Indexes of the signs whose triggers occur in ``line``, in table order."""
@@ -156,6 +173,12 @@ class _Matcher:
         for t, _s, _e in self.ac.find_matches_as_indexes(line, overlapping=True):
             hit.update(self.by_trigger[t])
         return sorted(hit)
+
+    def starts_trigger(self, piece: bytes) -> bool:
+        """Whether ``piece`` is the start of a trigger, cut before its end."""
+        if self._starts is None:
+            self._starts = {t[:n] for t in self.triggers for n in range(1, len(t))}
+        return piece in self._starts
 
 
 _MATCHER: _Matcher | None = None
@@ -385,6 +408,13 @@ def _logical(chunk: bytes, ls: int, le: int, back: bool = True) -> tuple[bytes, 
     return first + b"".join(rest), end
 
 
+def _joined(chunk: bytes, start: int, end: int) -> bytes:
+    """The physical lines chunk[start:end] as one, each piece's paste decoration dropped."""
+    pieces = chunk[start:end].split(b"\n")
+    return pieces[0].rstrip(b"\r") + b"".join(
+        paste.undecorate(p.decode("utf-8", "replace").rstrip("\r")).encode() for p in pieces[1:])
+
+
 def _message_rank(fields: dict[str, str], pg: str | None,
                   pg_rank: int | None) -> tuple[int | None, str | None]:
     """The global rank a message names itself, if it names one: torch's ``[Rank N]``
@@ -398,6 +428,7 @@ def _message_rank(fields: dict[str, str], pg: str | None,
     return None, None
 
 
+_ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+), in (?P<func>.+?)\s*$')
 
 
@@ -496,6 +527,8 @@ class _FileScan:
     # A chunk holds whole lines; returns the number of the line after it.
     def _chunk(self, chunk: bytes, line_no: int) -> int:
         self.r.bytes_read += len(chunk)
+        if b"\x1b" in chunk:  # colours go first: a colour code may sit inside a trigger
+            chunk = _ANSI.sub(b"", chunk)
         for m in _PREFIX_SAMPLE.finditer(chunk, 0, 65536):
             self.r.ranks_seen.add(int(m.group(1)))
             self.task_is_rank = False
@@ -506,25 +539,54 @@ class _FileScan:
         if self.open:
             pos, cur_line = self._sequential(chunk, 0, line_no)
             cur_pos = pos
-        for t, s, _e in self.m.ac.find_matches_as_indexes(chunk):
+        for t, s, e in self.m.scan_ac.find_matches_as_indexes(chunk):
             if s < pos:
                 continue
             ls = chunk.rfind(b"\n", 0, s) + 1
             le = chunk.find(b"\n", s)
             if le < 0:
                 le = len(chunk)
-            cur_line += chunk.count(b"\n", cur_pos, ls)
-            cur_pos = ls
-            raw, le = _logical(chunk, ls, le)
+            first, last = ls, le
+            if not self.m.roles[t][0]:
+                cut = self._cut_trigger(chunk, t, s, e, ls, le, pos)
+                if cut is None:
+                    continue
+                first, last = cut
+            cur_line += chunk.count(b"\n", cur_pos, first)
+            cur_pos = first
+            if (first, last) == (ls, le):
+                raw, le = _logical(chunk, ls, le)
+            else:  # a trigger cut by a hard wrap: its pieces joined, and what follows
+                raw, le = _logical(chunk, first, last, back=False)
             self._line(raw, cur_line)
             pos = le + 1
             if self.open:
-                cur_pos, cur_line = pos, cur_line + 1 + chunk.count(b"\n", ls, le)
+                cur_pos, cur_line = pos, cur_line + 1 + chunk.count(b"\n", first, le)
                 pos, cur_line = self._sequential(chunk, pos, cur_line)
                 cur_pos = pos
         total = line_no + chunk.count(b"\n")
         self.r.lines_read += total - line_no
         return total
+
+    def _cut_trigger(self, chunk: bytes, t: int, s: int, e: int, ls: int, le: int,
+                     pos: int) -> tuple[int, int] | None:
+        """For a piece of a trigger found at chunk[s:e] (line ls..le): the lines to join
+        where a hard wrap cut the trigger there, (ls, le) where a whole trigger overlaps
+        the piece, else None."""
+        _whole, starts, ends = self.m.roles[t]
+        if starts and le < len(chunk) and self.m.starts_trigger(chunk[s:le].rstrip(b"\r")):
+            ne = chunk.find(b"\n", le + 1)
+            span = (ls, len(chunk) if ne < 0 else ne)
+            if self.m.signs_in(_joined(chunk, *span)):
+                return span
+        if ends and ls > 0 and (s == ls or not paste.undecorate(
+                chunk[ls:s].decode("utf-8", "replace")).strip()):
+            ps = chunk.rfind(b"\n", 0, ls - 1) + 1
+            if ps >= pos and self.m.signs_in(_joined(chunk, ps, le)):
+                return ps, le
+        if self.m.signs_in(chunk[max(ls, s - MAX_TRIGGER):min(le, e + MAX_TRIGGER)]):
+            return ls, le
+        return None
 
     def _sequential(self, chunk: bytes, pos: int, line_no: int) -> tuple[int, int]:
         """Line by line from ``pos`` while a traceback is open; returns (pos, line_no)."""
@@ -598,7 +660,7 @@ class _FileScan:
             self._finish(rank, "(traceback cut off at end of file)", line_no)
 
     def _line(self, raw: bytes, line_no: int) -> None:
-        text = self._decode(raw)
+        text = paste.unjson(self._decode(raw))
         tm = _TASK.match(text)
         self.task = int(tm.group(1)) if tm else None
         for part in paste.split_glued(text):
