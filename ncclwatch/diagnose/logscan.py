@@ -127,6 +127,9 @@ class ScanResult:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     bytes_read: int = 0
     lines_read: int = 0
+    #: Every sign matched: its first line (where, text) and how many lines matched it.
+    hits: dict[str, tuple[str, str]] = field(default_factory=dict)
+    hit_counts: dict[str, int] = field(default_factory=dict)
 
 
 # -- sign matching ---------------------------------------------------------------------
@@ -156,12 +159,16 @@ class _Matcher:
         self._starts: set[bytes] | None = None
         self.ac = ahocorasick_rs.BytesAhoCorasick(self.triggers)
         self.patterns = [s.compile() for s in self.signs]
-        # Pattern index of scan_ac -> (whole trigger?, starts a trigger?, ends a trigger?).
+        # Pattern index of scan_ac -> (whole trigger?, a trigger's start at a line's end?,
+        # a trigger's end at a line's start?). The pieces carry their newline, so they
+        # match only where a wrap could have cut (a word inside a line costs nothing).
         roles: dict[bytes, list[bool]] = {t: [True, False, False] for t in self.triggers}
         for t in self.triggers:
             for n in range(logsigns.FRAGMENT, len(t)):
-                roles.setdefault(t[:n], [False, False, False])[1] = True
-                roles.setdefault(t[len(t) - n:], [False, False, False])[2] = True
+                for eol in (b"\n", b"\r\n"):
+                    roles.setdefault(t[:n] + eol, [False, False, False])[1] = True
+                for bol in (b"\n", b"\n> "):
+                    roles.setdefault(bol + t[len(t) - n:], [False, False, False])[2] = True
         self.scan_patterns = list(roles)
         self.roles = [tuple(roles[p]) for p in self.scan_patterns]
         self.scan_ac = ahocorasick_rs.BytesAhoCorasick(
@@ -415,6 +422,51 @@ def _joined(chunk: bytes, start: int, end: int) -> bytes:
         paste.undecorate(p.decode("utf-8", "replace").rstrip("\r")).encode() for p in pieces[1:])
 
 
+#: At most this many pieces of one terminal-wrapped line are joined.
+WRAP_PIECES = 12
+
+
+def _wrap_span(chunk: bytes, ls: int, le: int) -> tuple[int, int]:
+    """The lines around ls..le that a terminal wrapped from one: every piece but the
+    last has one width (at least logsigns.MAX_TRIGGER columns). ls is a full-width
+    piece, or the last one (then the width is the piece's before it)."""
+    def width(a: int, b: int) -> int:
+        return len(chunk[a:b].rstrip(b"\r"))
+
+    def span(w: int, start: int, end: int) -> tuple[int, int]:
+        for _ in range(WRAP_PIECES):  # pieces before, each of that width
+            if start == 0:
+                break
+            ps = chunk.rfind(b"\n", 0, start - 1) + 1
+            if width(ps, start - 1) != w:
+                break
+            start = ps
+        pe = chunk.rfind(b"\n", 0, end) + 1
+        for _ in range(WRAP_PIECES):  # pieces after, while the one before is full width
+            if end >= len(chunk) or width(pe, end) != w:
+                break
+            ne = chunk.find(b"\n", end + 1)
+            pe, end = end + 1, len(chunk) if ne < 0 else ne
+        return start, end
+
+    first_end = chunk.find(b"\n", ls)
+    first_end = len(chunk) if first_end < 0 else first_end
+    w = width(ls, first_end)
+    if w >= MAX_TRIGGER and first_end < len(chunk):
+        ne = chunk.find(b"\n", first_end + 1)
+        if width(first_end + 1, len(chunk) if ne < 0 else ne) <= w:
+            got = span(w, ls, first_end)
+            if got != (ls, first_end):
+                return got[0], max(got[1], le)
+    if ls > 0:  # ls as the last piece
+        ps = chunk.rfind(b"\n", 0, ls - 1) + 1
+        pw = width(ps, ls - 1)
+        if pw >= max(w, MAX_TRIGGER):
+            got = span(pw, ps, ls - 1)
+            return got[0], max(first_end, le)
+    return ls, le
+
+
 def _message_rank(fields: dict[str, str], pg: str | None,
                   pg_rank: int | None) -> tuple[int | None, str | None]:
     """The global rank a message names itself, if it names one: torch's ``[Rank N]``
@@ -542,23 +594,42 @@ class _FileScan:
         for t, s, e in self.m.scan_ac.find_matches_as_indexes(chunk):
             if s < pos:
                 continue
-            ls = chunk.rfind(b"\n", 0, s) + 1
-            le = chunk.find(b"\n", s)
-            if le < 0:
-                le = len(chunk)
-            first, last = ls, le
-            if not self.m.roles[t][0]:
-                cut = self._cut_trigger(chunk, t, s, e, ls, le, pos)
+            if self.m.roles[t][0]:
+                ls = chunk.rfind(b"\n", 0, s) + 1
+                le = chunk.find(b"\n", s)
+                if le < 0:
+                    le = len(chunk)
+                first, last = ls, le
+            else:
+                cut = self._cut_trigger(chunk, t, s, e, pos)
                 if cut is None:
                     continue
                 first, last = cut
+                ls = first
+                le = chunk.find(b"\n", first)
+                le = len(chunk) if le < 0 else le
+            if last == le < len(chunk):  # another trigger may start here, cut at the end
+                ne = chunk.find(b"\n", le + 1)
+                ne = len(chunk) if ne < 0 else ne
+                if self._crosses(chunk, ls, le, ne):
+                    last = ne
             cur_line += chunk.count(b"\n", cur_pos, first)
             cur_pos = first
             if (first, last) == (ls, le):
                 raw, le = _logical(chunk, ls, le)
             else:  # a trigger cut by a hard wrap: its pieces joined, and what follows
-                raw, le = _logical(chunk, first, last, back=False)
-            self._line(raw, cur_line)
+                _raw, le = _logical(chunk, first, last, back=False)
+                raw = _joined(chunk, first, le)
+            matched, missed = self._line(raw, cur_line)
+            if missed and not self.open:
+                # A trigger whose pattern found too little: a narrow terminal wrapped the
+                # line (pieces of one width); read it whole for the signs not yet read.
+                a, b = _wrap_span(chunk, first, le)
+                if (a, b) != (first, le):
+                    whole = _joined(chunk, a, b)
+                    self._line(whole, cur_line - chunk.count(b"\n", a, first),
+                               only={self.m.signs[i].id for i in self.m.signs_in(whole)} - matched)
+                    le = max(le, b)
             pos = le + 1
             if self.open:
                 cur_pos, cur_line = pos, cur_line + 1 + chunk.count(b"\n", first, le)
@@ -568,25 +639,36 @@ class _FileScan:
         self.r.lines_read += total - line_no
         return total
 
-    def _cut_trigger(self, chunk: bytes, t: int, s: int, e: int, ls: int, le: int,
+    def _cut_trigger(self, chunk: bytes, t: int, s: int, e: int,
                      pos: int) -> tuple[int, int] | None:
-        """For a piece of a trigger found at chunk[s:e] (line ls..le): the lines to join
-        where a hard wrap cut the trigger there, (ls, le) where a whole trigger overlaps
-        the piece, else None."""
-        _whole, starts, ends = self.m.roles[t]
-        if starts and le < len(chunk) and self.m.starts_trigger(chunk[s:le].rstrip(b"\r")):
-            ne = chunk.find(b"\n", le + 1)
-            span = (ls, len(chunk) if ne < 0 else ne)
-            if self.m.signs_in(_joined(chunk, *span)):
-                return span
-        if ends and ls > 0 and (s == ls or not paste.undecorate(
-                chunk[ls:s].decode("utf-8", "replace")).strip()):
-            ps = chunk.rfind(b"\n", 0, ls - 1) + 1
-            if ps >= pos and self.m.signs_in(_joined(chunk, ps, le)):
+        """For a piece of a trigger at a line's end or start (chunk[s:e], newline
+        included): the span of the two lines where a hard wrap cut a trigger there; else
+        the span of the line if it holds a whole trigger the piece hid; else None."""
+        _whole, starts, _ends = self.m.roles[t]
+        if starts:  # "...Watchdog caught colle\n": the line ending here
+            le = chunk.rfind(b"\n", s, e)
+            ls = chunk.rfind(b"\n", 0, s) + 1
+        else:  # "\nctive operation timeout: ...": the line starting here
+            ls = s + 1
+            le = chunk.find(b"\n", ls)
+            le = len(chunk) if le < 0 else le
+            ps = chunk.rfind(b"\n", 0, s) + 1
+            if s > 0 and ps >= pos and self._crosses(chunk, ps, s, le):
                 return ps, le
-        if self.m.signs_in(chunk[max(ls, s - MAX_TRIGGER):min(le, e + MAX_TRIGGER)]):
+        # (Leftmost matching may have hidden another piece or a whole trigger.)
+        if le < len(chunk):
+            ne = chunk.find(b"\n", le + 1)
+            ne = len(chunk) if ne < 0 else ne
+            if self._crosses(chunk, ls, le, ne):
+                return ls, ne
+        if self.m.signs_in(chunk[ls:le]):
             return ls, le
         return None
+
+    def _crosses(self, chunk: bytes, a: int, cut: int, b: int) -> bool:
+        """Whether lines a..cut and cut+1..b joined hold a trigger neither holds alone."""
+        both = set(self.m.signs_in(_joined(chunk, a, b)))
+        return bool(both - set(self.m.signs_in(chunk[a:cut])) - set(self.m.signs_in(chunk[cut + 1:b])))
 
     def _sequential(self, chunk: bytes, pos: int, line_no: int) -> tuple[int, int]:
         """Line by line from ``pos`` while a traceback is open; returns (pos, line_no)."""
@@ -659,14 +741,21 @@ class _FileScan:
         for rank in list(self.open):
             self._finish(rank, "(traceback cut off at end of file)", line_no)
 
-    def _line(self, raw: bytes, line_no: int) -> None:
+    def _line(self, raw: bytes, line_no: int,
+              only: set[str] | None = None) -> tuple[set[str], set[str]]:
+        """Read one logical line; returns the signs matched, and those whose trigger it
+        holds but whose pattern did not match."""
         text = paste.unjson(self._decode(raw))
         tm = _TASK.match(text)
         self.task = int(tm.group(1)) if tm else None
+        matched: set[str] = set()
+        missed: set[str] = set()
         for part in paste.split_glued(text):
-            self._part(part, line_no)
+            missed |= self._part(part, line_no, only, matched)
+        return matched, missed - matched
 
-    def _part(self, text: str, line_no: int) -> None:
+    def _part(self, text: str, line_no: int, only: set[str] | None = None,
+              matched: set[str] | None = None) -> set[str]:
         rank, rest = split_prefix(text, self.task_is_rank)
         rank_from = "prefix" if rank is not None else None
         if rank is None and self.file_rank is not None:
@@ -680,16 +769,26 @@ class _FileScan:
         if rank is not None:
             self.r.ranks_seen.add(rank)
         pg, pg_rank = pg_of(rest)
+        missed: set[str] = set()
         for i in self.m.signs_in(text.encode()):
             sign = self.m.signs[i]
+            if only is not None and sign.id not in only:
+                continue
             mt = self.m.patterns[i].search(rest)
             if mt is None:
+                missed.add(sign.id)
                 continue
             fields = {k: v for k, v in mt.groupdict().items() if v is not None}
+            if matched is not None:
+                matched.add(sign.id)
+            if sign.id not in self.r.hits:
+                self.r.hits[sign.id] = (f"{self.name}:{line_no}", rest[:MAX_TEXT])
+            self.r.hit_counts[sign.id] = self.r.hit_counts.get(sign.id, 0) + 1
             ev_rank, ev_from = rank, rank_from
             if ev_rank is None:
                 ev_rank, ev_from = _message_rank(fields, pg, pg_rank)
             self._event(sign, fields, ev_rank, ts, rest, line_no, pg, pg_rank, ev_from)
+        return missed
 
     def _event(self, sign: LogSign, fields: dict[str, str], rank: int | None, ts: float | None,
                text: str, line_no: int, pg: str | None = None, pg_rank: int | None = None,

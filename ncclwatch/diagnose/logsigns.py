@@ -181,7 +181,7 @@ SIGNS: tuple[LogSign, ...] = (
     # sequence numbers, no SeqNum (and a TensorShape); "Caught collective operation
     # timeout" where the message is the exception's ("NCCL communicator was aborted").
     LogSign("nccl_watchdog_timeout", Event.TIMEOUT, ("aught collective operation timeout",),
-            _RANK_TAG + r"(?:Watchdog c|C)aught collective operation timeout: ?(?P<work>Work\w+)\("
+            _RANK_TAG + r"(?:Watchdog )?[Cc]?aught collective operation timeout: ?(?P<work>Work\w+)\("
             r"(?:SeqNum=(?P<seq>\d+), )?OpType=(?P<op>\w+)(?:, TensorShape=\[[^\]]*\])?"
             r"(?:, NumelIn=(?P<numel_in>\d+), NumelOut=(?P<numel_out>\d+))?"
             r"(?:, ?Timeout\(ms\)=(?P<timeout_ms>\d+))?(?:\) ran for (?P<ran_ms>\d+) milliseconds)?",
@@ -398,7 +398,7 @@ SIGNS: tuple[LogSign, ...] = (
     # A Python MemoryError as the exception line (anchored: "except MemoryError:" in a
     # traceback's source lines is not one), after a launcher's or a host's tag.
     LogSign("memory_error", Event.OOM, ("MemoryError",),
-            r"^(?:[\w.-]+: )?(?P<where>MemoryError)\b(?P<message>.*)",
+            r"^(?:\[[\w ,.=-]*\]:? ?|[\w.-]+: )*(?P<where>MemoryError)\b(?P<message>.*)",
             example="[rank0]: MemoryError"),
     # Kernel: "Out of memory: Killed process 12345 (python) total-vm:..." and the
     # cgroup variant "Memory cgroup out of memory: Killed process ..."

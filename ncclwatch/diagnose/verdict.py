@@ -22,8 +22,8 @@ from typing import Callable, Iterable, Sequence
 
 from ncclwatch.diagnose.logscan import DEFAULT_PG, Evidence, FailureEntry, PyTraceback, ScanResult
 from ncclwatch.diagnose.logsigns import (NETWORK_EXCEPTIONS, NETWORK_FAILURES, PEER_EXCEPTIONS,
-                                         SIGNAL_MEANING, TEARDOWN_EXCEPTIONS, TIMEOUT_EXCEPTIONS,
-                                         Event)
+                                         SIGNAL_MEANING, SIGNS, TEARDOWN_EXCEPTIONS,
+                                         TIMEOUT_EXCEPTIONS, Event)
 from ncclwatch.flightrec import FrAnalysis
 from ncclwatch.model import CHECKPOINT_STATES, CollectiveOp, RankState, rank_ranges
 from ncclwatch.remediation import ALL_BY_ID, RootCause
@@ -48,6 +48,7 @@ CLASSES: tuple[FailureClass, ...] = (
     FailureClass("unknown", "Failure evidence without a recognised pattern"),
 )
 CLASS_BY_ID = {c.id: c for c in CLASSES}
+SIGN_BY_ID = {s.id: s for s in SIGNS}
 
 #: NCCL's OpType names -> the c10d op (a barrier is an all-reduce of one element).
 _OPTYPE = {"ALLREDUCE": "all_reduce", "BROADCAST": "broadcast", "ALLGATHER": "all_gather",
@@ -1139,10 +1140,16 @@ def decide(facts: Facts) -> Finding:
                                        "TORCH_NCCL_DUMP_ON_TIMEOUT=1) to confirm which rank "
                                        "never started the collective")
             return finding
-    if facts.ranks and any(rf.tracebacks or rf.failure or rf.timeouts
-                           for rf in facts.ranks.values()):
+    failing = failure_signs(facts)
+    if failing or (facts.ranks and any(rf.tracebacks or rf.failure or rf.timeouts
+                                       for rf in facts.ranks.values())):
+        # Recall first: a log with any failure sign is never "no failure found".
+        ev = [(where, f"{sid}: {text[:200]}") for sid, (where, text) in failing[:6]]
+        named = ", ".join(f"{sid} ({facts.scan.hit_counts.get(sid, 1)} line(s))"
+                          for sid, _h in failing[:6])
         return Finding("unknown", [], [], "", "failure evidence found, but no known pattern "
-                       "explains it; see the evidence lines.", [],
+                       "explains it" + (f": {named}" if named else "")
+                       + "; see the evidence lines.", ev,
                        missing=["a line that points at a rank or a cause"],
                        collect=["every rank's log (torchrun --log-dir DIR --tee 3)",
                                 "Flight Recorder dumps (TORCH_NCCL_DUMP_ON_TIMEOUT=1)"])
@@ -1150,6 +1157,18 @@ def decide(facts: Facts) -> Finding:
     return Finding("none", [], [], "", "no failure found"
                    + (" (the job says it finished)" if finished else "") + ".",
                    [(e.where, e.text[:200]) for e in finished[:1]])
+
+
+def failure_signs(facts: Facts) -> list[tuple[str, tuple[str, str]]]:
+    """The failure signs the scan met (logsigns.LogSign.failure), first line of each, in
+    table order; NCCL warnings count only where they name a transport failing."""
+    out = [(sid, hit) for sid, hit in facts.scan.hits.items()
+           if SIGN_BY_ID[sid].failure]
+    warn = facts.scan.hits.get("nccl_warn")
+    if warn is not None and any(t in warn[1] for t in NETWORK_FAILURES):
+        out.append(("nccl_warn", warn))
+    order = {s.id: i for i, s in enumerate(SIGNS)}
+    return sorted(out, key=lambda kv: order[kv[0]])
 
 
 def root_cause(finding: Finding) -> RootCause | None:
