@@ -145,6 +145,8 @@ def test_every_sign_is_seen_in_the_corpus():
             seen.add("traceback")
         if r.failures:
             seen |= {"summary_host", "summary_rank", "summary_exitcode"}
+            if any(f.stamp for f in r.failures):
+                seen.add("summary_time")
             if any(f.signame for f in r.failures):
                 seen.add("summary_signal")
             if any(f.root for f in r.failures):

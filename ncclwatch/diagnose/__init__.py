@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from ncclwatch import flightrec
+from ncclwatch.diagnose import advice
 from ncclwatch.diagnose.logscan import LogInputError, ScanResult, scan
 from ncclwatch.diagnose.verdict import (CLASS_BY_ID, decide, gather_facts, root_cause, timeline,
                                         timeout_seconds)
@@ -47,6 +48,15 @@ class Diagnosis:
     #: What evidence the verdict lacked, and what to collect next time.
     missing_evidence: list[str] = field(default_factory=list)
     collect_next_time: list[str] = field(default_factory=list)
+    #: The ncclwatch metric and alert that would have caught it live (advice.py).
+    alert_next_time: list[dict[str, str]] = field(default_factory=list)
+    #: Failures that leave the same traces, and how to tell them apart.
+    rule_out: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        """Whether a failure was found (the CLI's exit code 1; "none" is 0)."""
+        return self.cls != "none"
 
     def to_json(self) -> dict[str, Any]:
         rc = self.root_cause
@@ -60,6 +70,7 @@ class Diagnosis:
             "notes": self.notes, "timeline": self.timeline, "timeout_seconds": self.timeout_s,
             "flight_recorder": self.flight_recorder, "inputs": self.inputs,
             "missing_evidence": self.missing_evidence, "collect_next_time": self.collect_next_time,
+            "alert_next_time": self.alert_next_time, "rule_out": self.rule_out,
         }
 
 
@@ -116,4 +127,5 @@ def diagnose(paths: Iterable[str | os.PathLike]) -> Diagnosis:
                      finding.initiating, finding.collateral, root_cause(finding),
                      finding.evidence, finding.notes, timeline(facts, finding),
                      timeout_seconds(facts), fr_json, inputs, finding.candidates,
-                     finding.missing, finding.collect)
+                     finding.missing, finding.collect, advice.fingerprints(finding.cls),
+                     advice.siblings(finding.cls))

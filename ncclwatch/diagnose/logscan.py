@@ -68,6 +68,9 @@ class Evidence:
     #: Where ``rank`` came from: "prefix" (launcher), "file" (per-rank file name),
     #: "message" (torch's ``[Rank N]`` of the default or an unnamed group), None.
     rank_from: str | None = None
+    #: The line's own time stamp (``ts`` falls back to the last stamp before it, for
+    #: ordering; a timeline shows only a line's own).
+    stamp: float | None = None
 
     @property
     def where(self) -> str:
@@ -87,6 +90,7 @@ class PyTraceback:
     #: exception ...") prints a traceback of its own: it is a PyTraceback of its own.
     exception: str = ""
     end_line: int = 0
+    stamp: float | None = None
 
     @property
     def where(self) -> str:
@@ -109,6 +113,8 @@ class FailureEntry:
     exitcode: int | None = None
     pid: int | None = None
     signame: str = ""
+    #: The table's "time : 2026-12-03_12:36:12" (when torchrun saw the failure).
+    stamp: float | None = None
 
     @property
     def where(self) -> str:
@@ -266,26 +272,44 @@ def pg_of(text: str) -> tuple[str | None, int | None]:
     return pg, int(m.group("rank"))
 
 
+_MONTHS = {m: i + 1 for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul",
+                                            "Aug", "Sep", "Oct", "Nov", "Dec"))}
+#: Time stamps a log line may start with, tried in order: ISO 8601 and Python
+#: logging (torch's ``[2024-05-01 10:00:00,123]``, Kubernetes, JSON "time"), glog
+#: (``W1203 12:33:03.313000``: c10d and torchrun), US dates (HF's logging
+#: ``12/03/2026 12:32:43``) and syslog / ``dmesg -T`` (``Dec  3 12:33:03``). A line
+#: with none (dmesg's seconds since boot included) has no time.
+STAMPS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("iso", _ISO), ("glog", _GLOG),
+    ("us", re.compile(r"\b(\d{2})/(\d{2})/(\d{4})[ ,T]+(\d{2}):(\d{2}):(\d{2})(?:[.,](\d{1,6}))?")),
+    ("syslog", re.compile(r"\b(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) {1,2}(\d{1,2}) "
+                          r"(\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,6}))?(?: (\d{4})\b)?")),
+)
+
+
 def parse_ts(text: str, year: int) -> float | None:
-    """Seconds since the epoch of the first timestamp on the line (UTC assumed)."""
-    m = _ISO.search(text)
-    if m:
-        y, mo, d, h, mi, s = (int(x) for x in m.groups()[:6])
-        frac = m.group(7) or "0"
+    """Seconds since the epoch of the first time stamp on the line (UTC assumed; a
+    stamp without a year takes the file's)."""
+    head = text[:300]
+    for kind, rx in STAMPS:
+        m = rx.search(head)
+        if m is None:
+            continue
+        g = m.groups()
+        if kind == "iso":
+            y, mo, d, h, mi, sec, frac = int(g[0]), int(g[1]), int(g[2]), *map(int, g[3:6]), g[6]
+        elif kind == "glog":
+            y, mo, d, h, mi, sec, frac = year, int(g[0]), int(g[1]), *map(int, g[2:5]), g[5]
+        elif kind == "us":
+            y, mo, d, h, mi, sec, frac = int(g[2]), int(g[0]), int(g[1]), *map(int, g[3:6]), g[6]
+        else:
+            y = int(g[6]) if g[6] else year
+            mo, d, h, mi, sec, frac = _MONTHS[g[0]], int(g[1]), *map(int, g[2:5]), g[5]
         try:
-            t = _dt.datetime(y, mo, d, h, mi, s, tzinfo=_dt.timezone.utc).timestamp()
-        except ValueError:
+            t = _dt.datetime(y, mo, d, h, mi, sec, tzinfo=_dt.timezone.utc).timestamp()
+        except (ValueError, OverflowError):
             return None
-        return t + int(frac) / 10 ** len(frac)
-    m = _GLOG.search(text)
-    if m:
-        mo, d, h, mi, s = (int(x) for x in m.groups()[:5])
-        frac = m.group(6)
-        try:
-            t = _dt.datetime(year, mo, d, h, mi, s, tzinfo=_dt.timezone.utc).timestamp()
-        except ValueError:
-            return None
-        return t + int(frac) / 10 ** len(frac)
+        return t + (int(frac) / 10 ** len(frac) if frac else 0.0)
     return None
 
 
@@ -534,6 +558,8 @@ class _FileScan:
         self.entry: FailureEntry | None = None
         self.root_next = False
         self.last_ts: float | None = None
+        self.stamp: float | None = None
+        self.summary_stamp: float | None = None
         #: srun task ids are ranks unless the file also has torchrun's rank prefixes.
         self.task_is_rank = True
         self.task: int | None = None
@@ -761,7 +787,7 @@ class _FileScan:
         if rank is None and self.file_rank is not None:
             rank, rank_from = self.file_rank, "file"
         rest = rest.strip()
-        ts = parse_ts(rest, self.year)
+        ts = self.stamp = parse_ts(text, self.year)
         if ts is None:
             ts = self.last_ts
         else:
@@ -799,7 +825,8 @@ class _FileScan:
                 if not self.open[rank].tb.frames:
                     return  # the same header twice: keep the open one
                 self._finish(rank, "(traceback truncated)", line_no)
-            self.open[rank] = _OpenTb(PyTraceback(self.name, line_no, rank, ts), line_no)
+            self.open[rank] = _OpenTb(PyTraceback(self.name, line_no, rank, ts,
+                                                  stamp=self.stamp), line_no)
             return
         if ev is Event.SUMMARY_ROOT:
             self.root_next = True
@@ -814,11 +841,16 @@ class _FileScan:
             self.r.ranks_seen.add(rank)
         self.r.evidence.append(Evidence(sign.id, ev, self.name, line_no, rank, ts,
                                         text[:MAX_TEXT], fields, self.task, pg, pg_rank,
-                                        rank_from))
+                                        rank_from, self.stamp))
 
     def _summary(self, sid: str, fields: dict[str, str], line_no: int) -> None:
+        if sid == "summary_time":  # printed above the host line of its entry
+            self.summary_stamp = parse_ts(fields.get("time", ""), self.year)
+            return
         if sid == "summary_host" or self.entry is None:
-            self.entry = FailureEntry(self.name, line_no, root=self.root_next)
+            self.entry = FailureEntry(self.name, line_no, root=self.root_next,
+                                      stamp=self.summary_stamp)
+            self.summary_stamp = None
             self.root_next = False
             self.r.failures.append(self.entry)
         e = self.entry
@@ -831,6 +863,7 @@ class _FileScan:
             e.exitcode, e.pid = int(fields["exitcode"]), int(fields["pid"])
         elif sid == "summary_signal":
             e.signame = fields.get("signame", "")
+
 
 
 def scan(paths: Iterable[str | os.PathLike]) -> ScanResult:

@@ -1180,9 +1180,10 @@ def timeline(facts: Facts, finding: Finding, limit: int = 40) -> list[dict]:
     keep: list[tuple[tuple, dict]] = []
     interesting = set(finding.initiating)
 
-    def add(order: tuple, rank: int | None, where: str, what: str) -> None:
-        keep.append((order, {"rank": rank, "where": where, "what": what[:240],
-                             "time": order[1] if order[0] is False else None}))
+    def add(order: tuple, rank: int | None, where: str, what: str,
+            stamp: float | None = None) -> None:
+        # The line's own stamp, never one inherited from an earlier line.
+        keep.append((order, {"rank": rank, "where": where, "what": what[:240], "time": stamp}))
 
     for r, rf in sorted(facts.ranks.items()):
         firsts: Sequence[Evidence] = [*rf.timeouts[:1], *rf.progress[:1], *rf.oom[:1],
@@ -1190,20 +1191,22 @@ def timeline(facts: Facts, finding: Finding, limit: int = 40) -> list[dict]:
         if r in interesting:
             firsts = [*firsts, *rf.checkpoint[-2:], *rf.checkpoint_done[-1:]]
         for e in firsts:
-            add(_order(e), r, e.where, e.text)
+            add(_order(e), r, e.where, e.text, e.stamp)
         for tb in rf.tracebacks[:1] + rf.tracebacks[-1:] if rf.tracebacks else []:
-            add(_order(tb), r, tb.where, f"traceback ending in {tb.exception}")
+            add(_order(tb), r, tb.where, f"traceback ending in {tb.exception}", tb.stamp)
     for e in facts.all_evidence(Event.MISSING_RANKS)[:3] + facts.all_evidence(Event.MISMATCH)[:3] \
             + facts.all_evidence(Event.HEARTBEAT)[:2] + facts.all_evidence(Event.FR_DUMP)[:2]:
-        add(_order(e), e.rank, e.where, e.text)
+        add(_order(e), e.rank, e.where, e.text, e.stamp)
     for e in facts.unattributed:
         if e.event in (Event.OOM, Event.NETWORK):
-            add(_order(e), None, e.where, e.text)
+            add(_order(e), None, e.where, e.text, e.stamp)
     for fe in facts.scan.failures:
         sig = f" {fe.signame}" if fe.signame else ""
         add((True, 0.0, fe.file, fe.line), fe.rank, fe.where,
             f"torchrun: rank {fe.rank} exitcode {fe.exitcode}{sig}"
-            + (" (named root cause)" if fe.root else ""))
+            + (" (named root cause)" if fe.root else ""), fe.stamp)
+    for e in facts.all_evidence(Event.EXIT)[:4]:
+        add(_order(e), e.rank, e.where, e.text, e.stamp)
     seen = set()
     out = []
     for _o, item in sorted(keep, key=lambda x: x[0]):
