@@ -88,7 +88,7 @@ def _flight_recorder(result: ScanResult) -> tuple[flightrec.FrAnalysis | None, d
             dump = flightrec.load_dump(path)
             age = (max((e.time_created_ns or 0 for e in dump.entries), default=0),
                    os.stat(path).st_mtime)
-        except (flightrec.FlightRecorderError, OSError) as e:
+        except (flightrec.FlightRecorderError, OSError, ValueError) as e:
             result.skipped.append((path, str(e)))
             continue
         if dump.rank is None:
@@ -121,6 +121,7 @@ def diagnose(paths: Iterable[str | os.PathLike]) -> Diagnosis:
     inputs = {"files": result.files, "flight_recorder_dumps": result.fr_dumps,
               "skipped": [{"path": p, "why": w} for p, w in result.skipped],
               "bytes": result.bytes_read, "lines": result.lines_read,
+              "bounded": list(result.bounded),
               "ranks_seen": rank_ranges(result.ranks_seen) if result.ranks_seen else "",
               "seconds": round(time.perf_counter() - t0, 3)}
     return Diagnosis(finding.cls, CLASS_BY_ID[finding.cls].title, finding.summary,

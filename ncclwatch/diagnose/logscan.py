@@ -33,6 +33,12 @@ from ncclwatch.diagnose.logsigns import MAX_TRIGGER, PG_TAG, SIGNS, Event, LogSi
 from ncclwatch.stacks import Frame
 
 CHUNK = 8 << 20
+#: A line longer than this is read in pieces of it (memory stays flat on a 1 GiB
+#: line); a trigger across a piece's edge is still found (the pieces overlap).
+MAX_LINE = 1 << 20
+#: Digits of a number a sign may capture (a rank, a sequence id, a timeout): a longer
+#: one is no number a job printed, and its line is skipped (and counted).
+MAX_DIGITS = 18
 #: A traceback whose exception line has not come after this many lines is
 #: closed as truncated (a killed process prints half a traceback).
 TRACEBACK_MAX_LINES = 3000
@@ -136,6 +142,8 @@ class ScanResult:
     #: Every sign matched: its first line (where, text) and how many lines matched it.
     hits: dict[str, tuple[str, str]] = field(default_factory=dict)
     hit_counts: dict[str, int] = field(default_factory=dict)
+    #: Bounds the input hit ("a line longer than 1 MiB ..."), once per kind and file.
+    bounded: list[str] = field(default_factory=list)
 
 
 # -- sign matching ---------------------------------------------------------------------
@@ -208,19 +216,19 @@ def matcher() -> _Matcher:
 
 #: `3: ` (srun --label, task id), then `[rank3]:` / `[default3]:` (torchrun) or a
 #: trainer's `[rank 3]`, in that order.
-_PREFIX = re.compile(r"^(?:\s*(?P<task>\d+): )?(?:\[(?P<role>[A-Za-z_]*?)(?P<rank>\d+)\]:"
-                     r"|\[[Rr]ank (?P<rank2>\d+)\]:?(?= ))?")
-_PREFIX_SAMPLE = re.compile(rb"\[(?:rank|default)(\d+)\]:")
+_PREFIX = re.compile(r"^(?:\s*(?P<task>\d{1,9}): )?(?:\[(?P<role>[A-Za-z_]*?)(?P<rank>\d{1,9})\]:"
+                     r"|\[[Rr]ank (?P<rank2>\d{1,9})\]:?(?= ))?")
+_PREFIX_SAMPLE = re.compile(rb"\[(?:rank|default)(\d{1,9})\]:")
 _PG_TAG = re.compile(PG_TAG)
 #: Process groups whose ranks are the global ranks.
 DEFAULT_PG = frozenset({"0", "default_pg"})
-_TASK = re.compile(r"^\s*(\d+): ")
+_TASK = re.compile(r"^\s*(\d{1,9}): ")
 _ISO = re.compile(r"(\d{4})-(\d{2})-(\d{2})[ T_](\d{2}):(\d{2}):(\d{2})(?:[.,](\d{1,6}))?")
 _GLOG = re.compile(r"\b[IWEF](\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2})\.(\d{1,6})")
 _FILE_RANK = (
-    re.compile(r"attempt_\d+/(\d+)/(?:stdout|stderr)\.log$"),  # torchrun --log-dir
-    re.compile(r"(?:^|[/_.\-])rank[_\-]?(\d+)(?:[/_.\-]|$)", re.I),
-    re.compile(r"(?:^|[/_.\-])(?:trace_rank_|node_?rank_?)(\d+)", re.I),
+    re.compile(r"attempt_\d+/(\d{1,9})/(?:stdout|stderr)\.log$"),  # torchrun --log-dir
+    re.compile(r"(?:^|[/_.\-])rank[_\-]?(\d{1,9})(?:[/_.\-]|$)", re.I),
+    re.compile(r"(?:^|[/_.\-])(?:trace_rank_|node_?rank_?)(\d{1,9})(?!\d)", re.I),
 )
 
 
@@ -321,17 +329,39 @@ def _is_fr_dump(head: bytes) -> bool:
 
 def expand(paths: Iterable[str | os.PathLike]) -> Iterator[Path]:
     """Every file under the given paths, in a stable order; missing paths raise."""
+    for path, _found in expand_found(paths):
+        yield path
+
+
+def expand_found(paths: Iterable[str | os.PathLike]) -> Iterator[tuple[Path, bool]]:
+    """(file, found in a directory rather than named) for every file under the paths."""
     for p in paths:
         path = Path(p)
         if path.is_dir():
             for root, dirs, files in os.walk(path):
                 dirs.sort()
                 for name in sorted(files):
-                    yield Path(root) / name
+                    yield Path(root) / name, True
         elif path.exists():
-            yield path
+            yield path, False
         else:
             raise LogInputError(f"{p}: no such file or directory")
+
+
+#: Files met in a directory that are not logs, by what they hold (not by name): a JSON
+#: or YAML document (a verdict, a config; JSON *lines* logs are logs), Python source.
+NOT_A_LOG: tuple[tuple[str, re.Pattern[bytes]], ...] = (
+    ("a JSON document, not a log", re.compile(rb"\A\s*[\[{]\s*(?:\n|\"[^\n]*\":\s*[\[{]?\s*\n)")),
+    ("Python source, not a log", re.compile(rb"\A(?:#![^\n]*python|(?:\"\"\"|import |from [\w.]+ import ))")),
+)
+
+
+def not_a_log(sniff: bytes) -> str | None:
+    """Why a file found in a directory is no log (None: read it)."""
+    for why, rx in NOT_A_LOG:
+        if rx.match(sniff):
+            return why
+    return None
 
 
 class _Gunzip:
@@ -505,7 +535,7 @@ def _message_rank(fields: dict[str, str], pg: str | None,
 
 
 _ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
-_FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+), in (?P<func>.+?)\s*$')
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d{1,9}), in (?P<func>.+?)\s*$')
 
 
 class Scanner:
@@ -516,11 +546,11 @@ class Scanner:
         self.m = matcher()
 
     def scan_paths(self, paths: Iterable[str | os.PathLike]) -> ScanResult:
-        for path in expand(paths):
-            self.scan_file(path)
+        for path, found in expand_found(paths):
+            self.scan_file(path, found)
         return self.r
 
-    def scan_file(self, path: Path) -> None:
+    def scan_file(self, path: Path, found: bool = False) -> None:
         name = str(path)
         try:
             f, sniff = _open(path)
@@ -536,6 +566,10 @@ class Scanner:
                 return
             if b"\x00" in sniff:
                 self.r.skipped.append((name, "binary, not a log or a Flight Recorder dump"))
+                return
+            why = not_a_log(sniff) if found else None
+            if why is not None:  # a named file is always read: the user said so
+                self.r.skipped.append((name, why))
                 return
             self.r.files.append(name)
             try:
@@ -566,6 +600,12 @@ class _FileScan:
         if file_rank is not None:
             self.r.ranks_seen.add(file_rank)
 
+    def _bound(self, what: str) -> None:
+        note = f"{self.name}: {what}"
+        kind = what.split(" (")[0]
+        if not any(b.startswith(f"{self.name}: {kind}") for b in self.r.bounded):
+            self.r.bounded.append(note)
+
     def _read(self, f: BinaryIO) -> bytes:
         """Up to CHUNK bytes; a stream that breaks (truncated .gz) keeps what it gave."""
         parts, n = [], 0
@@ -594,7 +634,15 @@ class _FileScan:
                 break
             cut = data.rfind(b"\n")
             if cut < 0:
-                carry = data
+                if len(data) > MAX_LINE:  # one huge line: read it in pieces that overlap
+                    self._bound(f"a line longer than {MAX_LINE >> 20} MiB (line {line_no}): "
+                                "read in pieces")
+                    keep = 4 * MAX_TRIGGER
+                    self._chunk(data, line_no)
+                    self.r.bytes_read -= keep  # read again at the start of the next piece
+                    carry = data[-keep:]
+                else:
+                    carry = data
                 continue
             line_no = self._chunk(data[: cut + 1], line_no)
             carry = data[cut + 1:]
@@ -771,7 +819,7 @@ class _FileScan:
               only: set[str] | None = None) -> tuple[set[str], set[str]]:
         """Read one logical line; returns the signs matched, and those whose trigger it
         holds but whose pattern did not match."""
-        text = paste.unjson(self._decode(raw))
+        text = paste.unjson(self._decode(raw[:MAX_LINE]))
         tm = _TASK.match(text)
         self.task = int(tm.group(1)) if tm else None
         matched: set[str] = set()
@@ -805,6 +853,10 @@ class _FileScan:
                 missed.add(sign.id)
                 continue
             fields = {k: v for k, v in mt.groupdict().items() if v is not None}
+            if any(len(v) > MAX_DIGITS and v.lstrip("-").isdigit() for v in fields.values()):
+                self._bound(f"a number of more than {MAX_DIGITS} digits (line {line_no}): "
+                            "the line was skipped")
+                continue
             if matched is not None:
                 matched.add(sign.id)
             if sign.id not in self.r.hits:

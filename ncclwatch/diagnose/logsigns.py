@@ -154,8 +154,8 @@ _N = r"-?\d+"
 #: `[Rank 3]`, `[PG 0 Rank 3]`, `[PG 0 (default_pg) Rank 3]`, `[PG ID 0 PG GUID 0(default_pg)
 #: Rank 3]`, `[PG ID 2 PG GUID 9 Rank 3]`. The rank is the one *inside that process
 #: group*; only the default group's equals the global rank (verdict.py decides).
-PG_TAG = (r"\[(?:PG (?:ID )?(?P<pg>\d+) ?(?:PG GUID (?P<pg_guid>[^\s(\]]+))?"
-          r"\s*(?:\((?P<pg_desc>[^)]*)\))? ?)?Rank (?P<rank>\d+)\]")
+PG_TAG = (r"\[(?:PG (?:ID )?(?P<pg>\d{1,9}) ?(?:PG GUID (?P<pg_guid>[^\s(\]]+))?"
+          r"\s*(?:\((?P<pg_desc>[^)]*)\))? ?)?Rank (?P<rank>\d{1,9})\]")
 _RANK_TAG = r"(?:" + PG_TAG + r"\s*)?"
 
 #: NCCL's own line prefix "host:pid:tid [cudaDev] " (anywhere: Ray and timestamps go first).

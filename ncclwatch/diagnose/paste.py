@@ -35,11 +35,11 @@ _DECORATION = [re.compile(rx) for _name, rx in DECORATION]
 #: Launcher prefixes that may stand after other decoration (a host, a Ray actor, a
 #: time): torchrun's ``[rank3]:`` / ``[default3]:``, ``[rank=3]`` (Determined, Ray
 #: actor names), searched near the start of the line.
-_LAUNCHER = re.compile(r"\[(?:rank|default)(?P<rank>\d+)\]:|\[rank=(?P<rank_eq>\d+)\]")
+_LAUNCHER = re.compile(r"\[(?:rank|default)(?P<rank>\d{1,9})\]:|\[rank=(?P<rank_eq>\d{1,9})\]")
 #: How far into a line a launcher prefix may start (after host, pid, time decoration).
 PREFIX_REACH = 240
 #: OpenMPI's --tag-output: ``[jobid,rank]<stdout>:``.
-_MPI = re.compile(r"^\[\d+,(?P<rank>\d+)\]<std(?:out|err|diag)>:\s?")
+_MPI = re.compile(r"^\[\d+,(?P<rank>\d{1,9})\]<std(?:out|err|diag)>:\s?")
 #: A progress bar that did not end its line: the next line's text follows it.
 _PROGRESS_TAIL = re.compile(r"\d+%\|[^|]*\||/s\]|/it\]")
 _PROGRESS_BAR = re.compile(r"\d+%\|[^|]*\|")
