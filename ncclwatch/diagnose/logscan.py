@@ -427,7 +427,8 @@ class _OpenTb:
         self.tb, self.since = tb, since
 
 
-def _logical(chunk: bytes, ls: int, le: int, back: bool = True) -> tuple[bytes, int]:
+def _logical(chunk: bytes, ls: int, le: int, back: bool = True,
+             wrapped: bool = False) -> tuple[bytes, int]:
     """The logical line around chunk[ls:le]: a hard-wrapped line's pieces joined (the
     wrap cut inside a word, so no separator; each piece's paste decoration, a quote or
     a viewer line number, dropped). ``back``: also join pieces before it. Returns
@@ -452,7 +453,7 @@ def _logical(chunk: bytes, ls: int, le: int, back: bool = True) -> tuple[bytes, 
         if end >= len(chunk):
             break
         if paste.ends_line(text(chunk.rfind(b"\n", 0, end) + 1, end),
-                           wrapped=start != ls or end != le):
+                           wrapped=wrapped or start != ls or end != le):
             break
         ne = chunk.find(b"\n", end + 1)
         if ne < 0:
@@ -692,7 +693,7 @@ class _FileScan:
             if (first, last) == (ls, le):
                 raw, le = _logical(chunk, ls, le)
             else:  # a trigger cut by a hard wrap: its pieces joined, and what follows
-                _raw, le = _logical(chunk, first, last, back=False)
+                _raw, le = _logical(chunk, first, last, back=False, wrapped=True)
                 raw = _joined(chunk, first, le)
             matched, missed = self._line(raw, cur_line)
             if missed and not self.open:
