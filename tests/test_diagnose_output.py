@@ -232,3 +232,10 @@ def test_memory_stays_flat_on_a_1gib_single_line(tmp_path):
     assert cls == "collective_hang"
     assert nbytes == (1 << 30) + 1 + len(WATCHDOG.format(r=1))
     assert rss_kib < 400 << 10  # 2.1 GiB before the bound; about 100 MiB after
+
+
+def test_sigkill_reads_as_the_oom_killers_usual_signature():
+    from ncclwatch.diagnose.rules.crash import SIGKILL_NOTE
+    d = diagnose([DATA / "cases" / "crash_sigkill"])
+    assert (d.cls, d.initiating) == ("rank_crash", [3])
+    assert SIGKILL_NOTE in d.notes and any("dmesg" in c for c in d.collect_next_time)

@@ -174,3 +174,46 @@ def test_a_failure_sign_alone_is_never_no_failure(tmp_path, sign):
     if d.cls == "unknown":
         assert any(f"{log}:{BEFORE + 1}" == w and sign.id in why for w, why in d.evidence), \
             (sign.id, d.evidence)
+
+
+# The five shapes of issue 21's misses (each was "no failure found"), in the formats of
+# the threads cited: pytorch/pytorch#118369 (a Lightning bar glued to torch 1.x lines),
+# open-r1#620 (hard wraps inside the words), torchtune#2676 (gloo's wait), the gloo
+# "Read error ... Connection reset by peer" of RVC-Project#1882, and Ray's NCCL lines of
+# ray-project/ray#59778 with NCCL's IB completion error of NVIDIA/nccl#1664.
+MISSES = {
+    "torch1x_glued_to_a_bar": (
+        "Epoch 0:   6%|██        | 32040/500150 [6:28:43<94:39:17,  1.37it/s, loss=2.6, "
+        "v_num=95nc][E ProcessGroupNCCL.cpp:458] [Rank 0] Watchdog caught collective operation "
+        "timeout: WorkNCCL(SeqNum=96120, OpType=ALLREDUCE, Timeout(ms)=1800000) ran for "
+        "25624887 milliseconds before timing out.\n"
+        "[E ProcessGroupNCCL.cpp:458] [Rank 7] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=64088, OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 25625251 "
+        "milliseconds before timing out.\n"),
+    "wrapped_inside_the_words": (
+        "[rank2]:[E424 01:11:21.160832730 ProcessGroupNCCL.cpp:629] [Rank 2] Watchdog caught col\n"
+        "lective operation timeout: WorkNCCL(SeqNum=4, OpType=BROADCAST, NumelIn=112, NumelOut=112"
+        ", Timeout(ms)=1800000) ran for 1800010 milliseconds before timing out.\n"),
+    "gloo_send_timeout": (
+        "[rank2]:     work.wait()\n"
+        "[rank2]: RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:"
+        "133] Timed out waiting 1800000ms for send operation to complete\n"),
+    "store_connection_reset": (
+        "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:589] Read error "
+        "[192.168.70.92]:25266: Connection reset by peer\n"),
+    "ray_ib_remote_error": (
+        "(RayWorkerWrapper pid=581, ip=10.225.128.18) k8s17:581:581 [0] NCCL INFO Channel 00/0 : "
+        "16[17000] -> 18[21000] via P2P/IPC comm 0x5609976f9470 nRanks 32\n"
+        "(RayWorkerWrapper pid=581, ip=10.225.128.18) k8s17:581:2506 [0] NCCL WARN NET/IBP:Got "
+        "completion from peer 7.6.13.83<36315> with status=12 opcode=32698 len=32696 vendor err "
+        "129 (Send)\n"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MISSES))
+def test_issue21_misses_are_not_no_failure(tmp_path, name):
+    log = tmp_path / "pasted.log"
+    log.write_text(MISSES[name])
+    d = diagnose([log])
+    assert d.cls != "none", (name, d.summary)
+    assert d.evidence, name

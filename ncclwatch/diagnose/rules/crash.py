@@ -44,5 +44,22 @@ def rule_crash(facts: Facts) -> Finding | None:
     notes = _inferred_notes(facts, initiating)
     if not facts.scan.failures and any("local rank" in c[3] for c in crashes):
         notes.append("the rank is torchrun's local rank: equal to the global rank on one node")
+    missing: list[str] = []
+    collect: list[str] = []
+    if any("SIGKILL" in c[3] for c in crashes if c[1] in initiating):
+        # torchrun's "exitcode : -9": nothing in the job sends SIGKILL; the kernel's OOM
+        # killer (host or cgroup memory) is its usual sender, then a scheduler's kill.
+        notes.append(SIGKILL_NOTE)
+        missing.append("the kernel log of the node (was it the OOM killer?)")
+        collect.append("dmesg -T (or journalctl -k) of the node: 'Out of memory: Killed "
+                       "process P' names the pid torchrun reports")
     return Finding("rank_crash", initiating, collateral, "rank_exited",
-                   why + "; the other ranks failed after it.", ev, notes)
+                   why + "; the other ranks failed after it.", ev, notes, missing=missing,
+                   collect=collect)
+
+
+#: What an exit by SIGKILL (-9) usually means.
+SIGKILL_NOTE = ("exit code -9 (SIGKILL) is the OOM killer's usual signature: the kernel killed "
+                "the process when the node or its cgroup ran out of host memory (a scheduler's "
+                "kill or a user's kill -9 are the other senders); no OOM-killer line is in "
+                "these logs")
