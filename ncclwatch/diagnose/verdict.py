@@ -145,7 +145,7 @@ def timeline(facts: Facts, finding: Finding, limit: int = 40) -> list[dict]:
 
     for r, rf in sorted(facts.ranks.items()):
         firsts: Sequence[Evidence] = [*rf.timeouts[:1], *rf.progress[:1], *rf.oom[:1],
-                                      *rf.network[:1], *rf.aborted[:1], *rf.peer_closed[:1]]
+                                      *rf.network[:1], *rf.aborted[:2], *rf.peer_closed[:1]]
         if r in interesting:
             firsts = [*firsts, *rf.checkpoint[-2:], *rf.checkpoint_done[-1:]]
         for e in firsts:
