@@ -8,6 +8,13 @@ the lines that hold one. Python tracebacks are the exception: after a
 ``Traceback`` line the scanner reads line by line, per rank, until the
 exception line, so the frames say what the rank was doing when it died.
 
+A terminal that hard-wrapped a line may have cut a trigger in two: the
+automaton also holds every trigger's prefixes anchored at a line's end and
+suffixes anchored at a line's start, so a cut costs nothing where there is
+none. Colours are removed before matching. Lines over MAX_LINE are read in
+pieces, and numbers over MAX_DIGITS digits skip their line (hostile input is
+data, never a crash).
+
 Ranks come from where launchers put them: torchrun's ``[rank3]:`` and
 ``[default3]:`` line prefixes, ``srun --label``'s ``3: ``, per-rank file
 names (``rank3.log``, torchrun's ``--log-dir .../attempt_0/3/stderr.log``),

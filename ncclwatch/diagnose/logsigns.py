@@ -1,9 +1,12 @@
 """Log signatures: which log lines are evidence of what (data, not code).
 
 Each row is one message some part of the stack prints when a distributed job
-fails: the NCCL watchdog (torch 2.2 to 2.14 wordings), gloo, c10d's
-``monitored_barrier`` and collective-mismatch checks, NCCL itself, the CUDA
-and CPU allocators, the kernel's OOM killer, and torchrun's failure summary.
+fails: the NCCL watchdog (torch 1.x to 2.14 wordings), gloo, the c10d store and
+elastic rendezvous, c10d's ``monitored_barrier`` and collective-mismatch
+checks, NCCL itself and its InfiniBand transport, the CUDA and CPU allocators,
+the kernel's OOM killer, and torchrun's failure summary. Each row carries an
+example line, and says whether it alone means the job failed (a log holding
+one is never "no failure found").
 ``triggers`` are plain substrings: the scanner finds them all in one pass
 over the bytes (Aho-Corasick), and only lines holding one are decoded and
 matched against ``pattern``. A row adds a message; the verdict rules

@@ -2,8 +2,9 @@
 
 Logs reach ``diagnose`` through terminals, issue trackers and log viewers:
 quoted with ``> ``, numbered by a viewer (``[80746] [rank0]:...``), tagged by
-MPI (``[1,0]<stdout>:``), Ray (``(RayWorkerWrapper pid=4009)``) or a
-cluster tool (``node.cn-d004 [stderr]``), timestamped, coloured (ANSI
+MPI (``[1,0]<stdout>:``), Ray (``(RayWorkerWrapper pid=4009)``, ``[repeated 7x
+across cluster]``), Kubernetes (CRI files, JSON log lines) or a cluster tool
+(``node.cn-d004 [stderr]``), timestamped, coloured (ANSI
 escapes, or their remnants ``[36m`` once the escape byte is lost),
 hard-wrapped at the terminal width (inside a word), and glued to the
 previous line when a progress bar did not end its line. The tables here
