@@ -188,7 +188,8 @@ class _Matcher:
             for n in range(logsigns.FRAGMENT, len(t)):
                 for eol in (b"\n", b"\r\n"):
                     roles.setdefault(t[:n] + eol, [False, False, False])[1] = True
-                for bol in (b"\n", b"\n> "):
+                # After a newline, a markdown quote, or a log viewer's "[88716] ".
+                for bol in (b"\n", b"\n> ", b"] "):
                     roles.setdefault(bol + t[len(t) - n:], [False, False, False])[2] = True
         self.scan_patterns = list(roles)
         self.roles = [tuple(roles[p]) for p in self.scan_patterns]
@@ -731,12 +732,14 @@ class _FileScan:
             le = chunk.rfind(b"\n", s, e)
             ls = chunk.rfind(b"\n", 0, s) + 1
         else:  # "\nctive operation timeout: ...": the line starting here
-            ls = s + 1
-            le = chunk.find(b"\n", ls)
+            ls = chunk.rfind(b"\n", 0, s + 1) + 1
+            le = chunk.find(b"\n", s + 1)
             le = len(chunk) if le < 0 else le
-            ps = chunk.rfind(b"\n", 0, s) + 1
-            if s > 0 and ps >= pos and self._crosses(chunk, ps, s, le):
-                return ps, le
+            head = chunk[ls:chunk.find(b" ", s) + 1 if chunk[s:s + 1] == b"]" else ls]
+            if ls > 0 and not paste.undecorate(head.decode("utf-8", "replace")).strip():
+                ps = chunk.rfind(b"\n", 0, ls - 1) + 1
+                if ps >= pos and self._crosses(chunk, ps, ls - 1, le):
+                    return ps, le
         # (Leftmost matching may have hidden another piece or a whole trigger.)
         if le < len(chunk):
             ne = chunk.find(b"\n", le + 1)
