@@ -763,6 +763,15 @@ class _FileScan:
             if le < 0:
                 le = n
             raw, end = _logical(chunk, pos, le, back=False)
+            if end == le < n and le - pos >= MAX_TRIGGER:
+                # A wrapped exception line whose rest holds the sign ("...third_party/gl" +
+                # "oo/.../unbound_buffer.cc:78] Timed out waiting ..."): one line.
+                ne = chunk.find(b"\n", le + 1)
+                ne = n if ne < 0 else ne
+                nxt = paste.undecorate(self._decode(chunk[le + 1:ne]))
+                if nxt and paste.continues(nxt) and self.m.signs_in(nxt.encode()) \
+                        and not paste.ends_line(self._decode(chunk[pos:le]).rstrip(), wrapped=True):
+                    raw, end = _joined(chunk, pos, ne), ne
             self._traceback_line(raw, line_no)
             pos, line_no = end + 1, line_no + 1 + chunk.count(b"\n", le, end)
             for rank, ot in list(self.open.items()):
