@@ -769,8 +769,11 @@ class _FileScan:
                 ne = chunk.find(b"\n", le + 1)
                 ne = n if ne < 0 else ne
                 nxt = paste.undecorate(self._decode(chunk[le + 1:ne]))
-                if nxt and paste.continues(nxt) and self.m.signs_in(nxt.encode()) \
-                        and not paste.ends_line(self._decode(chunk[pos:le]).rstrip(), wrapped=True):
+                _r, body = split_prefix(self._decode(chunk[pos:le]), self.task_is_rank)
+                body = body[1:] if body.startswith(" ") and not body.startswith("  ") else body
+                if nxt and not nxt[:1].isspace() and body and not body[:1].isspace() \
+                        and paste.continues(nxt) and self.m.signs_in(nxt.encode()) \
+                        and not paste.ends_line(body.rstrip(), wrapped=True):
                     raw, end = _joined(chunk, pos, ne), ne
             self._traceback_line(raw, line_no)
             pos, line_no = end + 1, line_no + 1 + chunk.count(b"\n", le, end)
