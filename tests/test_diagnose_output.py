@@ -239,3 +239,23 @@ def test_sigkill_reads_as_the_oom_killers_usual_signature():
     d = diagnose([DATA / "cases" / "crash_sigkill"])
     assert (d.cls, d.initiating) == ("rank_crash", [3])
     assert SIGKILL_NOTE in d.notes and any("dmesg" in c for c in d.collect_next_time)
+
+
+def test_a_stream_gets_the_same_verdict_as_its_file(tmp_path):
+    """The paste page's entry point: a stream (plain or gzip), read in chunks."""
+    import io
+
+    from ncclwatch.diagnose import diagnose_stream
+    for case in ("nccl_v2_2_checkpoint_misblamed", "slurm_two_nodes_hang"):
+        logs = [p for p in (DATA / "cases" / case).iterdir()
+                if p.name != "expected.json" and p.suffix in (".log", ".out")]
+        assert len(logs) == 1, logs
+        data = logs[0].read_bytes()
+        want = diagnose(logs)
+        for blob in (data, zlib.compress(data, 1, wbits=31)):  # plain and gzip
+            got = diagnose_stream(io.BufferedReader(io.BytesIO(blob), 4096), name="paste")
+            assert (got.cls, got.initiating, got.collateral, got.candidates) == \
+                (want.cls, want.initiating, want.collateral, want.candidates), case
+            assert got.inputs["files"] == ["paste"] and got.inputs["bytes"] == len(data)
+    bad = diagnose_stream(io.BytesIO(b"\x80\x04\x95binary"), name="paste")
+    assert bad.cls == "none" and bad.inputs["skipped"][0]["path"] == "paste"

@@ -16,17 +16,17 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, BinaryIO, Iterable
 
 from ncclwatch import flightrec
 from ncclwatch.diagnose import advice
-from ncclwatch.diagnose.logscan import LogInputError, ScanResult, scan
+from ncclwatch.diagnose.logscan import LogInputError, Scanner, ScanResult, scan
 from ncclwatch.diagnose.verdict import (CLASS_BY_ID, decide, gather_facts, root_cause, timeline,
                                         timeout_seconds)
 from ncclwatch.model import rank_ranges
 from ncclwatch.remediation import RootCause
 
-__all__ = ["Diagnosis", "LogInputError", "diagnose"]
+__all__ = ["Diagnosis", "LogInputError", "diagnose", "diagnose_stream"]
 
 
 @dataclass
@@ -113,8 +113,19 @@ def _flight_recorder(result: ScanResult) -> tuple[flightrec.FrAnalysis | None, d
 
 
 def diagnose(paths: Iterable[str | os.PathLike]) -> Diagnosis:
+    """The verdict for log files, directories of them and Flight Recorder dumps."""
     t0 = time.perf_counter()
-    result = scan(paths)
+    return _verdict(scan(paths), t0)
+
+
+def diagnose_stream(stream: BinaryIO, name: str = "pasted log") -> Diagnosis:
+    """The verdict for one log read from a binary stream (``read(n)``), plain or gzip:
+    a paste or an upload, read once in chunks and never held whole or written out."""
+    t0 = time.perf_counter()
+    return _verdict(Scanner().scan_stream(name, stream), t0)
+
+
+def _verdict(result: ScanResult, t0: float) -> Diagnosis:
     fr, fr_json = _flight_recorder(result)
     facts = gather_facts(result, fr)
     finding = decide(facts)

@@ -593,6 +593,50 @@ class Scanner:
                                              "it were used"))
 
 
+    def scan_stream(self, name: str, stream: BinaryIO) -> ScanResult:
+        """A log that is no file (a paste, an upload): read once in chunks, never held
+        whole; plain or gzip. Flight Recorder dumps are files only."""
+        first = stream.read(_SNIFF)
+        f: BinaryIO = _Prefixed(first, stream)  # type: ignore[assignment]
+        if first[:2] == b"\x1f\x8b":
+            f = _Gunzip(f)  # type: ignore[assignment]
+            try:
+                first = f.read(_SNIFF)
+            except (OSError, EOFError, zlib.error) as e:
+                self.r.skipped.append((name, f"cannot read: {e}"))
+                return self.r
+        else:
+            first = f.read(len(first))
+        if _is_fr_dump(first) or b"\x00" in first:
+            self.r.skipped.append((name, "binary, not a log (Flight Recorder dumps are read "
+                                         "from files)"))
+            return self.r
+        self.r.files.append(name)
+        fs = _FileScan(self, name, None, _dt.datetime.now(_dt.timezone.utc).year)
+        try:
+            fs.run(f, first)
+        except (OSError, EOFError, zlib.error) as e:
+            self.r.skipped.append((name, f"read stopped early ({e}); the lines before it were "
+                                         "used"))
+        return self.r
+
+
+class _Prefixed:
+    """A stream with bytes already read put back in front of it."""
+
+    def __init__(self, head: bytes, rest: BinaryIO) -> None:
+        self.head, self.rest = head, rest
+
+    def read(self, n: int) -> bytes:
+        if self.head:
+            out, self.head = self.head[:n], self.head[n:]
+            return out
+        return self.rest.read(n)
+
+    def close(self) -> None:
+        pass
+
+
 class _FileScan:
     def __init__(self, scanner: Scanner, name: str, file_rank: int | None, year: int) -> None:
         self.s, self.r, self.m = scanner, scanner.r, scanner.m
