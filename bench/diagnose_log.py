@@ -87,8 +87,10 @@ def measure(size: int) -> dict:
         wc_s = time.perf_counter() - t
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t = time.perf_counter()
+        # Exit status 1: a failure was found (the log holds one).
         out = subprocess.run([sys.executable, "-m", "ncclwatch", "diagnose", "--json", str(log)],
-                             check=True, capture_output=True, text=True)
+                             capture_output=True, text=True)
+        assert out.returncode == 1, out.stderr
         wall = time.perf_counter() - t
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         d_json = json.loads(out.stdout)
@@ -99,7 +101,8 @@ def measure(size: int) -> dict:
         log.unlink()
         t = time.perf_counter()
         out_gz = subprocess.run([sys.executable, "-m", "ncclwatch", "diagnose", "--json", str(gz)],
-                                check=True, capture_output=True, text=True)
+                                capture_output=True, text=True)
+        assert out_gz.returncode == 1, out_gz.stderr
         gz_wall = time.perf_counter() - t
         gz_json = json.loads(out_gz.stdout)
         gz_bytes = gz.stat().st_size

@@ -150,7 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
             "failure class, initiating vs collateral ranks, timeline, evidence, fix")
     dg = sub.add_parser("diagnose", help=text, description=text + ". PATH: log files "
                         "(plain or .gz), directories of them (torchrun --log-dir, Slurm "
-                        "output), kernel logs (dmesg), Flight Recorder dumps.")
+                        "output), kernel logs (dmesg), Flight Recorder dumps. Exit status: 0 "
+                        "no failure found, 1 a failure found (unknown included), 2 an input "
+                        "or usage error.")
     dg.add_argument("paths", nargs="+", metavar="PATH")
     dg.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
     text = "make a test CA, a daemon certificate and node certificates for mTLS"
@@ -209,7 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _diagnose(args: argparse.Namespace) -> int:
-    """Exit 0 with a verdict (even "none"); 2 when an input cannot be read."""
+    """Exit 0: no failure found ("none"); 1: a failure found (any other class, "unknown"
+    included); 2: an input cannot be read (usage errors exit 2 through argparse)."""
     import json
 
     from ncclwatch.diagnose import LogInputError, diagnose
@@ -224,7 +227,7 @@ def _diagnose(args: argparse.Namespace) -> int:
         print(json.dumps(d.to_json(), indent=1))
     else:
         sys.stdout.write(render.text(d))
-    return 0
+    return 1 if d.failed else 0
 
 
 def _security(command: str, cfg: dict[str, Any]) -> None:

@@ -117,19 +117,20 @@ def _glued_bar(lines, rng):
     return out
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
 def _hard_wrap(lines, rng):
-    """A terminal wraps one long line that holds a sign inside a word (not inside the
-    sign's trigger text: a trigger cut in two is not found, see the report)."""
+    """A terminal wraps one long line that holds a sign inside a word, the sign's trigger
+    text included (issue 21: a trigger cut in two is found). Colour codes take no
+    columns: the cut is at least WRAP_MIN visible columns in."""
     choices = []
     for i, ln in enumerate(lines):
-        if len(ln) < 100 or not any(t in ln for t in _TRIGGERS):
+        if len(ln) < 100 or not any(t in _ANSI.sub("", ln) for t in _TRIGGERS):
             continue
-        taken = set()
-        for t in _TRIGGERS:
-            for m in re.finditer(re.escape(t), ln):
-                taken.update(range(m.start(), m.end() + 1))
         cuts = [c for c in range(paste.WRAP_MIN + 1, len(ln) - 1)
-                if c not in taken and ln[c - 1].islower() and ln[c].islower()]
+                if len(_ANSI.sub("", ln[:c])) > paste.WRAP_MIN
+                and ln[c - 1].islower() and ln[c].islower()]
         if cuts:
             choices.append((i, cuts))
     if not choices:

@@ -147,18 +147,27 @@ def test_cli_json_and_missing_path(tmp_path):
     log = tmp_path / "job.log"
     log.write_text(_job_log())
     out = subprocess.run([sys.executable, "-m", "ncclwatch", "diagnose", "--json", str(log)],
-                         capture_output=True, text=True, check=True)
+                         capture_output=True, text=True)
+    assert out.returncode == 1, out.stderr  # 1: a failure found
     j = json.loads(out.stdout)
     assert j["class"] == "checkpoint_gather_timeout" and j["initiating_ranks"] == [0]
     assert j["collateral_ranks"] == [1, 2, 3]
     assert j["root_cause"]["id"] == "save_overruns_watchdog"
     assert any(e["where"].endswith(":201") for e in j["evidence"])  # the checkpoint line
     txt = subprocess.run([sys.executable, "-m", "ncclwatch", "diagnose", str(log)],
-                         capture_output=True, text=True, check=True).stdout
+                         capture_output=True, text=True).stdout
     assert "initiating rank(s): 0" in txt and "Fix (save_overruns_watchdog)" in txt
     bad = subprocess.run([sys.executable, "-m", "ncclwatch", "diagnose", str(tmp_path / "nope")],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "no such file" in bad.stderr
+    ok = tmp_path / "ok.log"
+    ok.write_text("".join(NOISE.format(r=i % 4) for i in range(50)))
+    fine = subprocess.run([sys.executable, "-m", "ncclwatch", "diagnose", str(ok)],
+                          capture_output=True, text=True)
+    assert fine.returncode == 0 and "No failure found" in fine.stdout  # 0: none found
+    usage = subprocess.run([sys.executable, "-m", "ncclwatch", "diagnose"],
+                           capture_output=True, text=True)
+    assert usage.returncode == 2
 
 
 FR_REAL = __import__("pathlib").Path(__file__).parent / "data" / "flightrec" / "real"

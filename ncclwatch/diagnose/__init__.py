@@ -19,13 +19,14 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Iterable
 
 from ncclwatch import flightrec
+from ncclwatch.diagnose import advice
 from ncclwatch.diagnose.logscan import LogInputError, Scanner, ScanResult, scan
 from ncclwatch.diagnose.verdict import (CLASS_BY_ID, decide, gather_facts, root_cause, timeline,
                                         timeout_seconds)
 from ncclwatch.model import rank_ranges
 from ncclwatch.remediation import RootCause
 
-__all__ = ["Diagnosis", "LogInputError", "diagnose"]
+__all__ = ["Diagnosis", "LogInputError", "diagnose", "diagnose_stream"]
 
 
 @dataclass
@@ -47,6 +48,15 @@ class Diagnosis:
     #: What evidence the verdict lacked, and what to collect next time.
     missing_evidence: list[str] = field(default_factory=list)
     collect_next_time: list[str] = field(default_factory=list)
+    #: The ncclwatch metric and alert that would have caught it live (advice.py).
+    alert_next_time: list[dict[str, str]] = field(default_factory=list)
+    #: Failures that leave the same traces, and how to tell them apart.
+    rule_out: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        """Whether a failure was found (the CLI's exit code 1; "none" is 0)."""
+        return self.cls != "none"
 
     def to_json(self) -> dict[str, Any]:
         rc = self.root_cause
@@ -60,6 +70,7 @@ class Diagnosis:
             "notes": self.notes, "timeline": self.timeline, "timeout_seconds": self.timeout_s,
             "flight_recorder": self.flight_recorder, "inputs": self.inputs,
             "missing_evidence": self.missing_evidence, "collect_next_time": self.collect_next_time,
+            "alert_next_time": self.alert_next_time, "rule_out": self.rule_out,
         }
 
 
@@ -77,7 +88,7 @@ def _flight_recorder(result: ScanResult) -> tuple[flightrec.FrAnalysis | None, d
             dump = flightrec.load_dump(path)
             age = (max((e.time_created_ns or 0 for e in dump.entries), default=0),
                    os.stat(path).st_mtime)
-        except (flightrec.FlightRecorderError, OSError) as e:
+        except (flightrec.FlightRecorderError, OSError, ValueError) as e:
             result.skipped.append((path, str(e)))
             continue
         if dump.rank is None:
@@ -103,21 +114,35 @@ def _flight_recorder(result: ScanResult) -> tuple[flightrec.FrAnalysis | None, d
 
 def diagnose(paths: Iterable[str | os.PathLike],
              streams: Iterable[tuple[str, BinaryIO]] = ()) -> Diagnosis:
-    """``streams``: (name, binary stream) logs read as files are (the paste page)."""
+    """The verdict for log files, directories of them and Flight Recorder dumps;
+    ``streams``: (name, binary stream) logs read as files are (the paste page)."""
     t0 = time.perf_counter()
     result = scan(paths)
     for name, f in streams:
         Scanner(result).scan_stream(name, f)
+    return _verdict(result, t0)
+
+
+def diagnose_stream(stream: BinaryIO, name: str = "pasted log") -> Diagnosis:
+    """The verdict for one log read from a binary stream (``read(n)``), plain or gzip:
+    a paste or an upload, read once in chunks and never held whole or written out."""
+    t0 = time.perf_counter()
+    return _verdict(Scanner().scan_stream(name, stream), t0)
+
+
+def _verdict(result: ScanResult, t0: float) -> Diagnosis:
     fr, fr_json = _flight_recorder(result)
     facts = gather_facts(result, fr)
     finding = decide(facts)
     inputs = {"files": result.files, "flight_recorder_dumps": result.fr_dumps,
               "skipped": [{"path": p, "why": w} for p, w in result.skipped],
               "bytes": result.bytes_read, "lines": result.lines_read,
+              "bounded": list(result.bounded),
               "ranks_seen": rank_ranges(result.ranks_seen) if result.ranks_seen else "",
               "seconds": round(time.perf_counter() - t0, 3)}
     return Diagnosis(finding.cls, CLASS_BY_ID[finding.cls].title, finding.summary,
                      finding.initiating, finding.collateral, root_cause(finding),
                      finding.evidence, finding.notes, timeline(facts, finding),
                      timeout_seconds(facts), fr_json, inputs, finding.candidates,
-                     finding.missing, finding.collect)
+                     finding.missing, finding.collect, advice.fingerprints(finding.cls),
+                     advice.siblings(finding.cls))

@@ -1,9 +1,12 @@
 """Log signatures: which log lines are evidence of what (data, not code).
 
 Each row is one message some part of the stack prints when a distributed job
-fails: the NCCL watchdog (torch 2.2 to 2.14 wordings), gloo, c10d's
-``monitored_barrier`` and collective-mismatch checks, NCCL itself, the CUDA
-and CPU allocators, the kernel's OOM killer, and torchrun's failure summary.
+fails: the NCCL watchdog (torch 1.x to 2.14 wordings), gloo, the c10d store and
+elastic rendezvous, c10d's ``monitored_barrier`` and collective-mismatch
+checks, NCCL itself and its InfiniBand transport, the CUDA and CPU allocators,
+the kernel's OOM killer, and torchrun's failure summary. Each row carries an
+example line, and says whether it alone means the job failed (a log holding
+one is never "no failure found").
 ``triggers`` are plain substrings: the scanner finds them all in one pass
 over the bytes (Aho-Corasick), and only lines holding one are decoded and
 matched against ``pattern``. A row adds a message; the verdict rules
@@ -69,6 +72,11 @@ class Event(str, enum.Enum):
     WORLD = "world"
     #: The job finished (torchrun and trainers say so).
     FINISHED = "finished"
+    #: The c10d store or the elastic rendezvous failed (a rank or the agent hosting the
+    #: store died, or the network between them): no rule names a class from it alone.
+    STORE = "store"
+    #: A launcher said the job failed without saying why (torchrun's ChildFailedError).
+    FAILED = "failed"
 
 
 @dataclass(frozen=True)
@@ -81,6 +89,13 @@ class LogSign:
     pattern: str
     #: Matched case-insensitively (messages whose case changed between versions).
     ignore_case: bool = False
+    #: A line in the format the sign is for (tests check the sign finds it, and still
+    #: finds it pasted, wrapped, coloured and prefixed by every launcher).
+    example: str = ""
+    #: Whether the sign alone says the job failed. A log holding one is never "no
+    #: failure found" (at least "unknown", with the line quoted). Context signs
+    #: (checkpoint and progress lines, NCCL's warnings of a job that went on) are not.
+    failure: bool = True
 
     def compile(self) -> re.Pattern[str]:
         return re.compile(self.pattern, re.IGNORECASE if self.ignore_case else 0)
@@ -107,11 +122,12 @@ SAVE_MESSAGES: tuple[tuple[str, str], ...] = (
     ("Retrieving full model state dict", "torchtune"),
     ("Retrieving optimizer state dict", "torchtune"),
     ("Saving the newly created merged model to", "LoRA merge-and-save scripts (PEFT merge_and_unload)"),
-    ("full_optim_state_dict``is being deprecated", "torch FSDP, printed by every rank gathering "
-     "the full optimizer state (FSDP.full_optim_state_dict)"),
-    ("full_optim_state_dict`` is being deprecated", "the same warning, later spacing"),
-    ("FSDP.state_dict_type() and FSDP.set_state_dict_type() are being deprecated",
-     "torch FSDP 2.4+, printed when a rank enters a state_dict_type() context to save"),
+    ("full_optim_state_dict``is being", "torch FSDP, printed by every rank gathering "
+     "the full optimizer state (FSDP.full_optim_state_dict``is being deprecated)"),
+    ("full_optim_state_dict`` is being", "the same warning, later spacing"),
+    ("set_state_dict_type() are being", 
+     "torch FSDP 2.4+, 'FSDP.state_dict_type() and FSDP.set_state_dict_type() are being "
+     "deprecated', printed when a rank enters a state_dict_type() context to save"),
     ("torch.save start", "the demo job of this project"),
 )
 #: What they print when it finished (the save is not what is stuck).
@@ -141,165 +157,320 @@ _N = r"-?\d+"
 #: `[Rank 3]`, `[PG 0 Rank 3]`, `[PG 0 (default_pg) Rank 3]`, `[PG ID 0 PG GUID 0(default_pg)
 #: Rank 3]`, `[PG ID 2 PG GUID 9 Rank 3]`. The rank is the one *inside that process
 #: group*; only the default group's equals the global rank (verdict.py decides).
-PG_TAG = (r"\[(?:PG (?:ID )?(?P<pg>\d+) ?(?:PG GUID (?P<pg_guid>[^\s(\]]+))?"
-          r"\s*(?:\((?P<pg_desc>[^)]*)\))? ?)?Rank (?P<rank>\d+)\]")
+PG_TAG = (r"\[(?:PG (?:ID )?(?P<pg>\d{1,9}) ?(?:PG GUID (?P<pg_guid>[^\s(\]]+))?"
+          r"\s*(?:\((?P<pg_desc>[^)]*)\))? ?)?Rank (?P<rank>\d{1,9})\]")
 _RANK_TAG = r"(?:" + PG_TAG + r"\s*)?"
 
 #: NCCL's own line prefix "host:pid:tid [cudaDev] " (anywhere: Ray and timestamps go first).
 _NCCL_PREFIX = (r"(?:(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+) (?:\[(?P<device>\d+)\] )?"
                 r"(?:[\w/.]+:\d+ )?)?")
 
+#: The longest trigger: a terminal of this width or more cuts a trigger at most once,
+#: and the scanner rejoins any single cut (logscan.py); the tests hold every row to it.
+MAX_TRIGGER = 40
+#: The shortest piece of a cut trigger the scanner looks for; a trigger of at least
+#: 2 * FRAGMENT - 1 characters leaves one piece that long wherever it is cut.
+FRAGMENT = 4
+MIN_TRIGGER = 2 * FRAGMENT - 1
+
+_WD = ("[rank2]:[E0521 03:30:06.553507662 ProcessGroupNCCL.cpp:757] [Rank 2] Watchdog caught "
+       "collective operation timeout: WorkNCCL(SeqNum=4412, OpType=ALLREDUCE, NumelIn=1, "
+       "NumelOut=1, Timeout(ms)=600000) ran for 600089 milliseconds before timing out.")
+
 SIGNS: tuple[LogSign, ...] = (
     # -- the NCCL watchdog (ProcessGroupNCCL.cpp) --------------------------------
-    LogSign("nccl_watchdog_timeout", Event.TIMEOUT, ("Watchdog caught collective operation timeout",),
-            _RANK_TAG + r"Watchdog caught collective operation timeout: ?(?P<work>Work\w+)\("
-            r"SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)"
+    # 2.x: "WorkNCCL(SeqNum=4412, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000)";
+    # 1.x: "WorkNCCL(SeqNum=316, OpType=ALLREDUCE, Timeout(ms)=1800000)" and, before
+    # sequence numbers, no SeqNum (and a TensorShape); "Caught collective operation
+    # timeout" where the message is the exception's ("NCCL communicator was aborted").
+    LogSign("nccl_watchdog_timeout", Event.TIMEOUT, ("aught collective operation timeout",),
+            _RANK_TAG + r"(?:Watchdog )?[Cc]?aught collective operation timeout: ?(?P<work>Work\w+)\("
+            r"(?:SeqNum=(?P<seq>\d+), )?OpType=(?P<op>\w+)(?:, TensorShape=\[[^\]]*\])?"
             r"(?:, NumelIn=(?P<numel_in>\d+), NumelOut=(?P<numel_out>\d+))?"
-            r"(?:, ?Timeout\(ms\)=(?P<timeout_ms>\d+))?(?:\) ran for (?P<ran_ms>\d+) milliseconds)?"),
+            r"(?:, ?Timeout\(ms\)=(?P<timeout_ms>\d+))?(?:\) ran for (?P<ran_ms>\d+) milliseconds)?",
+            example=_WD),
     # 2.4+: "[PG ID 0 PG GUID 0(default_pg) Rank 1] failure detected by watchdog at work
     # sequence id: 5 PG status: last enqueued work: 5, last completed work: 4"
     LogSign("nccl_watchdog_progress", Event.PROGRESS, ("detected by watchdog at work",),
             _RANK_TAG + r".*?detected by watchdog at work(?: sequence id)?: (?P<seq>\d+)"
             r"(?:.*?last enqueued (?:NCCL )?work: (?P<enqueued>" + _N + r"))?"
-            r"(?:.*?last completed (?:NCCL )?work: (?P<completed>" + _N + r"))?"),
+            r"(?:.*?last completed (?:NCCL )?work: (?P<completed>" + _N + r"))?",
+            example="[rank1]:[E1108 14:22:31.043329959 ProcessGroupNCCL.cpp:1785] [PG ID 0 PG GUID "
+            "0(default_pg) Rank 1] Exception (either an error or timeout) detected by watchdog at "
+            "work: 9803, last enqueued NCCL work: 9803, last completed NCCL work: 9802."),
     # 2.2-2.3: "Timeout at NCCL work: 5, last enqueued NCCL work: 5, last completed NCCL work: 4."
     LogSign("nccl_timeout_at_work", Event.PROGRESS, ("Timeout at NCCL work",),
             _RANK_TAG + r".*?Timeout at NCCL work: (?P<seq>\d+), last enqueued NCCL work: "
-            r"(?P<enqueued>" + _N + r"), last completed NCCL work: (?P<completed>" + _N + r")"),
+            r"(?P<enqueued>" + _N + r"), last completed NCCL work: (?P<completed>" + _N + r")",
+            example="[rank1]:[E0917 11:21:53.188609673 ProcessGroupNCCL.cpp:1709] [PG 0 "
+            "(default_pg) Rank 1] Timeout at NCCL work: 9141, last enqueued NCCL work: 9141, "
+            "last completed NCCL work: 9140."),
     # 2.8+: every rank dumps when one times out, and says how far it got itself:
     # "[PG ID 0 PG GUID 0(default_pg) Rank 5] Received a dump signal due to a collective
     # timeout from  rank 2 ... Last enqueued NCCL work: 4411, last completed NCCL work: 4411."
     LogSign("nccl_dump_signal", Event.DUMP_SIGNAL, ("Received a dump signal",),
             _RANK_TAG + r".*?Received a dump signal due to a collective timeout from\s+"
             r"(?:rank (?P<from_rank>\d+)|this local rank).*?Last enqueued NCCL work: "
-            r"(?P<enqueued>" + _N + r"), last completed NCCL work: (?P<completed>" + _N + r")"),
+            r"(?P<enqueued>" + _N + r"), last completed NCCL work: (?P<completed>" + _N + r")",
+            example="[rank5]:[E0521 03:30:06.924265579 ProcessGroupNCCL.cpp:1887] [PG ID 0 PG GUID "
+            "0(default_pg) Rank 5] Received a dump signal due to a collective timeout from  rank 2 "
+            "and we will try our best to dump the debug info. Last enqueued NCCL work: 4411, last "
+            "completed NCCL work: 4411."),
     # "[PG ID 0 PG GUID 0(default_pg) Rank 0] Observed flight recorder dump signal from
     # another rank via TCPStore.": this rank's own watchdog had nothing overdue.
     LogSign("nccl_dump_observed", Event.DUMP_SIGNAL, ("Observed flight recorder dump signal",),
-            _RANK_TAG + r".*?Observed flight recorder dump signal from (?P<observed>another rank)"),
+            _RANK_TAG + r".*?Observed flight recorder dump signal from (?P<observed>another rank)",
+            example="[rank5]:[E0521 03:30:06.924265579 ProcessGroupNCCL.cpp:1922] [PG ID 0 PG GUID "
+            "0(default_pg) Rank 5] Observed flight recorder dump signal from another rank via "
+            "TCPStore."),
     LogSign("nccl_watchdog_abort", Event.WATCHDOG_ABORT,
             ("we are taking the entire process down",),
-            _RANK_TAG + r".*we are taking the entire process down"),
+            _RANK_TAG + r".*we are taking the entire process down",
+            example="[rank1]:[E1108 14:22:31.151230734 ProcessGroupNCCL.cpp:636] [Rank 1] To avoid "
+            "data inconsistency, we are taking the entire process down."),
+    # 1.x-2.x, just before the line above: "[E ProcessGroupNCCL.cpp:456] Some NCCL operations
+    # have failed or timed out. Due to the asynchronous nature of CUDA kernels, ..."
+    LogSign("nccl_ops_failed", Event.WATCHDOG_ABORT, ("Some NCCL operations have failed",),
+            _RANK_TAG + r".*?Some NCCL operations have failed or timed out",
+            example="[E ProcessGroupNCCL.cpp:456] Some NCCL operations have failed or timed out. "
+            "Due to the asynchronous nature of CUDA kernels, subsequent GPU operations might run "
+            "on corrupted/incomplete data."),
+    # The watchdog's exception as Python sees it (1.x-2.x): "RuntimeError: NCCL communicator
+    # was aborted on rank 2.  Original reason for failure was: [Rank 2] Watchdog caught ..."
+    LogSign("nccl_comm_aborted", Event.WATCHDOG_ABORT, ("NCCL communicator was aborted",),
+            r"NCCL communicator was aborted on rank (?P<rank>\d+)",
+            example="RuntimeError: NCCL communicator was aborted on rank 2.  Original reason for "
+            "failure was: [Rank 2] Watchdog caught collective operation timeout: "
+            "WorkNCCL(SeqNum=10, OpType=BROADCAST, Timeout(ms)=1800000) ran for 1805457 "
+            "milliseconds before timing out."),
     LogSign("nccl_heartbeat", Event.HEARTBEAT,
             ("watchdog got stuck for", "Heartbeat monitor timed out", "heartbeat monitor timed out",
              "detected no heartbeat"),
             _RANK_TAG + r".*?(?:watchdog got stuck for (?P<stuck_s>\d+) seconds|"
-            r"[Hh]eartbeat monitor timed out|detected no heartbeat)"),
+            r"[Hh]eartbeat monitor timed out|detected no heartbeat)",
+            example="[rank1]:[E ProcessGroupNCCL.cpp:1316] [PG 0 Rank 1] Heartbeat monitor timed "
+            "out! Process will be terminated after dumping debug info. workMetaList_.size()=103"),
     LogSign("fr_dump", Event.FR_DUMP,
             ("flight recorder", "Flight Recorder", "FlightRecorder", "dump debug info",
              "dump_debug_info", "Dumping nccl trace", "nccl trace dump"),
             _RANK_TAG + r".*?(?P<what>(?:[Ff]light ?[Rr]ecorder|dump.debug.info|[Dd]umping nccl "
-            r"trace|nccl trace dump).*)"),
+            r"trace|nccl trace dump).*)",
+            example="[rank3]:[E0521 03:30:07.101265579 ProcessGroupNCCL.cpp:1595] [PG ID 0 PG GUID "
+            "0(default_pg) Rank 3] ProcessGroupNCCL preparing to dump debug info. Include stack "
+            "trace: 1",
+            failure=False),
     # -- c10d / gloo ---------------------------------------------------------------
     # "[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting
     # 10000ms for recv operation to complete"
     LogSign("gloo_timeout", Event.TIMEOUT, ("Timed out waiting",),
-            _RANK_TAG + r".*?Timed out waiting (?P<timeout_ms>\d+)ms for (?P<what>\w+) operation"),
+            _RANK_TAG + r".*?Timed out waiting (?P<timeout_ms>\d+)ms for (?P<what>[\w/]+) operation",
+            example="RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
+            "unbound_buffer.cc:78] Timed out waiting 60000ms for recv operation to complete"),
     # c10d's TCPStore wait (the startup barrier, a rank 0 that never came back):
     # "[c10d] waitForInput: socket SocketImpl(...) timed out after 1800000ms"
     LogSign("store_timeout", Event.TIMEOUT, ("timed out after",),
-            r"(?:waitForInput|[Ss]ocket|TCPStore|[Ss]tore).*?timed out after (?P<timeout_ms>\d+) ?ms"),
+            r"(?:waitForInput|[Ss]ocket|TCPStore|[Ss]tore).*?timed out after (?P<timeout_ms>\d+) ?ms",
+            example="[rank1]:[W516 14:34:56.854597329 socket.cpp:489] [c10d] waitForInput: socket "
+            "SocketImpl(fd=79, addr=[localhost]:41170, remote=[localhost]:29500) timed out after "
+            "1800000ms"),
+    # The TCPStore client's own timeout, as Python raises it: "RuntimeError: Socket Timeout".
+    LogSign("store_socket_timeout", Event.STORE, ("Socket Timeout",),
+            r"(?P<what>Socket Timeout)",
+            example="RuntimeError: Socket Timeout"),
+    # torchelastic's rendezvous: "RendezvousConnectionError: The connection to the C10d store
+    # has failed. See inner exception for details.", "The node 'cn136_961_0' has failed to send
+    # a keep-alive heartbeat to the rendezvous '159009' due to an error of type
+    # RendezvousTimeoutError."
+    LogSign("rendezvous_error", Event.STORE,
+            ("RendezvousTimeoutError", "RendezvousConnectionError", "RendezvousClosedError",
+             "connection to the C10d store has failed"),
+            r"(?P<what>Rendezvous(?:Timeout|Connection|Closed)Error|connection to the C10d store "
+            r"has failed)",
+            example="WARNING:torch.distributed.elastic.rendezvous.dynamic_rendezvous:The node "
+            "'cn136_961_0' has failed to send a keep-alive heartbeat to the rendezvous '159009' due "
+            "to an error of type RendezvousTimeoutError."),
     LogSign("monitored_barrier", Event.MISSING_RANKS, ("failed to pass monitoredBarrier",),
             r"(?:\[Rank (?P<rank>\d+)\]:? )?Ranks? (?P<missing>\d+(?:, ?\d+)*) failed to pass "
-            r"monitoredBarrier in (?P<timeout_ms>\d+) ms"),
+            r"monitoredBarrier in (?P<timeout_ms>\d+) ms",
+            example="[rank0]:[E1203 12:56:48.633118563 ProcessGroupGloo.cpp:67] [Rank 0]: Rank 2 "
+            "failed to pass monitoredBarrier in 10000 ms"),
     # ProcessGroupWrapper (TORCH_DISTRIBUTED_DEBUG=DETAIL), 1.10 to 2.14: "Rank 0 is running
     # inconsistent collective: CollectiveFingerPrint(OpType=BARRIER)", "Rank 1 is running
     # collective: CollectiveFingerPrint(SequenceNumber=3104, OpType=ALLREDUCE, TensorShape=[..]
     # ...), but Rank 0 is running collective: CollectiveFingerPrint(...)" (the second half
     # often cut off in a paste), "... but Rank 1 is running collective: REDUCE." (1.12).
-    LogSign("collective_mismatch", Event.MISMATCH, ("Detected mismatch between collectives",),
+    LogSign("collective_mismatch", Event.MISMATCH, ("mismatch between collectives",),
             r"Detected mismatch between collectives on ranks\. Rank (?P<rank>\d+) is running "
             r"(?:inconsistent )?collective: (?P<mine>CollectiveFingerPrint\(.*?)"
-            r"(?:,? but Rank (?P<other>\d+) is running collective: (?P<theirs>.*))?$"),
+            r"(?:,? but Rank (?P<other>\d+) is running collective: (?P<theirs>.*))?$",
+            example="  RuntimeError: Detected mismatch between collectives on ranks. Rank 1 is "
+            "running collective: CollectiveFingerPrint(SequenceNumber=1OpType=BARRIER), but Rank 2 "
+            "is running collective: CollectiveFingerPrint(SequenceNumber=0OpType=BARRIER)."),
     # NCCL's own check (2.4-2.7): "NCCL WARN Mismatched collective detected, please check
     # your collective calls at and around rank 39."
     LogSign("nccl_mismatch", Event.MISMATCH, ("Mismatched collective detected",),
-            r"Mismatched collective detected.*?around rank (?P<around>\d+)"),
+            r"Mismatched collective detected.*?around rank (?P<around>\d+)",
+            example="init.cc:1247 NCCL WARN Mismatched collective detected, please check your "
+            "collective calls at and around rank 39."),
+    # gloo: "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer
+    # [127.0.0.1]:10895", "pair.cc:589] Read error [192.168.70.92]:25266: Connection reset by
+    # peer"; errno names where a library prints them.
     LogSign("gloo_peer_closed", Event.PEER_CLOSED,
-            ("Connection closed by peer", "Connection reset by peer", "Broken pipe"),
-            _RANK_TAG + r".*?(?P<what>Connection (?:closed|reset) by peer|Broken pipe)"
-            r"(?: \[?(?P<peer>[\w.:-]+?)\]?:(?P<port>\d+))?"),
+            ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "ECONNRESET"),
+            _RANK_TAG + r".*?(?P<what>Connection (?:closed|reset) by peer|Broken pipe|ECONNRESET)"
+            r"(?: \[?(?P<peer>[\w.:-]+?)\]?:(?P<port>\d+))?",
+            example="RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection "
+            "closed by peer [127.0.0.1]:10895"),
     # -- NCCL ------------------------------------------------------------------------
     LogSign("nccl_warn", Event.NETWORK, ("NCCL WARN",),
             _NCCL_PREFIX + r"NCCL WARN (?!Cuda failure|Failed to CUDA|Mismatched collective)"
-            r"(?P<message>.*)"),
+            r"(?P<message>.*)",
+            example="vlm-sft-worker-0:41:211 [1] misc/socket.cc:50 NCCL WARN socketProgress: "
+            "Connection closed by remote peer vlm-sft-worker-1.vlm-sft.default.svc.cluster.local"
+            "<39082>",
+            failure=False),  # NCCL warns of jobs that go on; NETWORK_FAILURES says which fail
+    # InfiniBand verbs and the mlx5 driver (NET/IB): "NET/IBP:Got completion from peer
+    # 7.6.13.83<36315> with status=12 opcode=32698 len=32696 vendor err 129 (Send)",
+    # NCCL's "Call to ibv_modify_qp failed", libmlx5's "got completion with error".
+    LogSign("ib_error", Event.NETWORK,
+            ("Got completion from peer", "got completion with error", "ibv_poll_cq",
+             "ibv_post_send", "ibv_post_recv", "ibv_modify_qp", "ibv_create_qp", "ibv_reg_mr",
+             "IBV_WC_"),
+            _NCCL_PREFIX + r".*?(?P<message>(?:NET/IB\w*\s*:\s*)?(?:Got completion from peer|got "
+            r"completion with error|(?:Call to )?ibv_\w+|IBV_WC_\w+).*)",
+            example="worker-node1:2304:2340 [5] NCCL WARN NET/IBP:Got completion from peer "
+            "7.6.13.83<36315> with status=12 opcode=32698 len=32696 vendor err 129 (Send)"),
     # NCCL's CUDA calls failing: out of memory (an OOM of that GPU), or any other CUDA
     # error (the GPU or driver failed): "host:pid:tid [3] include/alloc.h:178 NCCL WARN
     # Cuda failure 'out of memory'", "... Cuda failure 2 'out of memory'", "Cuda failure
     # 999 'unknown error'". [3] is the CUDA device, not a rank.
     LogSign("nccl_cuda_oom", Event.OOM, ("NCCL WARN Cuda failure", "Failed to CUDA calloc"),
             _NCCL_PREFIX + r"NCCL WARN (?:Cuda failure (?:\d+ )?'(?P<where>out of memory)'|"
-            r"(?P<where2>Failed to CUDA calloc) (?P<bytes>\d+))"),
+            r"(?P<where2>Failed to CUDA calloc) (?P<bytes>\d+))",
+            example="gpu-node-7:48211:48290 [1] include/alloc.h:103 NCCL WARN Cuda failure 2 "
+            "'out of memory'"),
     LogSign("nccl_cuda_failure", Event.CUDA_ERROR, ("NCCL WARN Cuda failure",),
             _NCCL_PREFIX + r"NCCL WARN Cuda failure (?:(?P<code>\d+) )?'(?!out of memory)"
-            r"(?P<message>[^']*)'"),
+            r"(?P<message>[^']*)'",
+            example="gpu-l40s-02:14422:14422 [3] enqueue.cc:1545 NCCL WARN Cuda failure "
+            "'unspecified launch failure'"),
     LogSign("nccl_error", Event.NETWORK,
             ("ncclSystemError", "ncclRemoteError", "ncclInternalError", "ncclUnhandledCudaError",
              "ncclInvalidUsage", "NCCL error in:", "unhandled system error",
              "remote process exiting prematurely"),
             _RANK_TAG + r".*?(?P<code>ncclSystemError|ncclRemoteError|ncclInternalError|"
             r"ncclUnhandledCudaError|ncclInvalidUsage|NCCL error in:|unhandled system error|"
-            r"remote process exiting prematurely)(?P<message>.*)"),
+            r"remote process exiting prematurely)(?P<message>.*)",
+            example="ncclRemoteError: A call failed possibly due to a network error or a remote "
+            "process exiting prematurely."),
     LogSign("nccl_cuda_error", Event.NETWORK, ("unhandled cuda error",),
-            _RANK_TAG + r".*?(?P<code>unhandled cuda error)(?P<message>.*)", ignore_case=True),
+            _RANK_TAG + r".*?(?P<code>unhandled cuda error)(?P<message>.*)", ignore_case=True,
+            example="[rank3]: torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/"
+            "distributed/c10d/NCCLUtils.hpp:275, unhandled cuda error (run with NCCL_DEBUG=INFO "
+            "for details), NCCL version 2.20.5"),
     # -- memory ------------------------------------------------------------------------
     # "CUDA out of memory. Tried to allocate 982.00 MiB (GPU 2; 79.35 GiB total capacity" (<2.1)
     # and "... Tried to allocate 4.35 GiB. GPU 3 has a total capacity" (2.1+).
     LogSign("cuda_oom", Event.OOM, ("CUDA out of memory",),
             r"(?P<where>CUDA) out of memory\.(?: Tried to allocate (?P<size>[\d.]+ ?\w+))?"
-            r"(?:\.? \(?GPU (?P<device>\d+))?"),
+            r"(?:\.? \(?GPU (?P<device>\d+))?",
+            example="[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.35 "
+            "GiB. GPU 1 has a total capacity of 79.14 GiB of which 1.02 GiB is free."),
     # FSDP FULL_STATE_DICT: "UserWarning: Failed to clone() tensor with name X on rank 1. This
     # may mean that this state_dict entry could point to invalid memory ... Error: CUDA out of
     # memory" (the gathering rank; older torch names no rank, only the GPU).
     LogSign("fsdp_clone_failed", Event.OOM,
-            ("Failed to clone() tensor", "state_dict entry could point to invalid memory"),
+            ("Failed to clone() tensor", "could point to invalid memory"),
             r"(?P<where>state_dict clone\(\))?(?:Failed to clone\(\) tensor with name \S+?)?"
             r"(?: on rank (?P<rank>\d+))?\. This may mean that this state_dict entry"
-            r"(?:.*?CUDA out of memory.*?GPU (?P<device>\d+))?"),
+            r"(?:.*?CUDA out of memory.*?GPU (?P<device>\d+))?",
+            example="UserWarning: Failed to clone() tensor with name _fsdp_wrapped_module.w on "
+            "rank 1. This may mean that this state_dict entry could point to invalid memory "
+            "regions after returning from state_dict() call if this parameter is managed by FSDP."),
     LogSign("cpu_alloc_failed", Event.OOM, ("can't allocate memory",),
             r"(?P<where>DefaultCPUAllocator|CPUAllocator|\w+Allocator): can't allocate memory"
-            r"(?:: you tried to allocate (?P<bytes>\d+) bytes)?"),
+            r"(?:: you tried to allocate (?P<bytes>\d+) bytes)?",
+            example="[rank0]: RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == 0. "
+            "DefaultCPUAllocator: can't allocate memory: you tried to allocate 673185792 bytes. "
+            "Error code 12 (Cannot allocate memory)"),
     # The C/Rust allocator of a tokenizer or a data worker: "memory allocation of 2097152
     # bytes failed" (two ranks' lines often interleaved into one).
     LogSign("host_alloc_failed", Event.OOM, ("memory allocation of",),
-            r"(?P<where>memory allocation of) (?:memory allocation of )?(?P<bytes>\d+)"),
+            r"(?P<where>memory allocation of) (?:memory allocation of )?(?P<bytes>\d+)",
+            example="memory allocation of 2097152 bytes failed"),
+    # A Python MemoryError as the exception line (anchored: "except MemoryError:" in a
+    # traceback's source lines is not one), after a launcher's or a host's tag.
     LogSign("memory_error", Event.OOM, ("MemoryError",),
-            r"^(?P<where>MemoryError)\b(?P<message>.*)"),
+            r"^(?:\[[\w ,.=-]*\]:? ?|[\w.-]+: )*(?P<where>MemoryError)\b(?P<message>.*)",
+            example="[rank0]: MemoryError"),
     # Kernel: "Out of memory: Killed process 12345 (python) total-vm:..." and the
     # cgroup variant "Memory cgroup out of memory: Killed process ..."
     LogSign("oom_killer", Event.OOM, ("of memory: Killed process", "oom-kill:"),
             r"(?P<where>(?:Memory cgroup )?[Oo]ut of memory|oom-kill):"
-            r".*?(?:Killed process |pid=)(?P<pid>\d+)(?: \((?P<comm>[^)]*)\))?"),
+            r".*?(?:Killed process |pid=)(?P<pid>\d+)(?: \((?P<comm>[^)]*)\))?",
+            example="[1482015.999488] oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=/,"
+            "mems_allowed=0,global_oom,task_memcg=/user.slice,task=python3.11,pid=402287,uid=1000"),
     # -- torchrun (torch/distributed/elastic) ---------------------------------------------
     LogSign("torchrun_failed", Event.EXIT, ("failed (exitcode:",),
             r"failed \(exitcode: (?P<exitcode>" + _N + r")\)(?: local_rank: (?P<local_rank>\d+)"
-            r"(?: \(pid: (?P<pid>\d+)\))?)?"),
+            r"(?: \(pid: (?P<pid>\d+)\))?)?",
+            example="E1203 12:36:12.482000 21547 torch/distributed/elastic/multiprocessing/api.py:"
+            "1002] failed (exitcode: -6) local_rank: 3 (pid: 21555) of binary: /venv/bin/python"),
     LogSign("torchrun_teardown", Event.TEARDOWN, ("closing signal",),
-            r"Sending process (?P<pid>\d+) closing signal (?P<signame>SIG\w+)"),
-    LogSign("summary_host", Event.SUMMARY, ("  host      : ",), r"^\s*host\s+: (?P<host>\S+)"),
+            r"Sending process (?P<pid>\d+) closing signal (?P<signame>SIG\w+)",
+            example="W1203 12:36:12.416000 21547 torch/distributed/elastic/multiprocessing/api.py:"
+            "1028] Sending process 21552 closing signal SIGTERM",
+            failure=False),  # the teardown after a failure: the failure has its own line
+    # torchrun's own traceback after a worker failed, over its failure table.
+    LogSign("child_failed", Event.FAILED, ("ChildFailedError",),
+            r"(?P<what>ChildFailedError)",
+            example="torch.distributed.elastic.multiprocessing.errors.ChildFailedError: "),
+    # The failure table ("host : ...", "rank : 3 (local_rank: 3)", "exitcode : -9 (pid: N)",
+    # "traceback : Signal 9 (SIGKILL) received by PID N"): unanchored, since srun, pdsh and
+    # Ray put their tags in front.
+    LogSign("summary_host", Event.SUMMARY, ("  host      : ",),
+            r"(?:^|\s)host\s+: (?P<host>\S+)", example="  host      : localhost",
+            failure=False),
     LogSign("summary_rank", Event.SUMMARY, ("(local_rank: ",),
-            r"^\s*rank\s+: (?P<rank>\d+) \(local_rank: (?P<local_rank>\d+)\)"),
+            r"(?:^|\s)rank\s+: (?P<rank>\d+) \(local_rank: (?P<local_rank>\d+)\)",
+            example="  rank      : 0 (local_rank: 0)", failure=False),
     LogSign("summary_exitcode", Event.SUMMARY, ("  exitcode  : ",),
-            r"^\s*exitcode\s+: (?P<exitcode>" + _N + r") \(pid: (?P<pid>\d+)\)"),
+            r"(?:^|\s)exitcode\s+: (?P<exitcode>" + _N + r") \(pid: (?P<pid>\d+)\)",
+            example="  exitcode  : -9 (pid: 21552)", failure=False),
     LogSign("summary_signal", Event.SUMMARY, ("received by PID",),
-            r"Signal (?P<signal>\d+) \((?P<signame>SIG\w+)\) received by PID (?P<pid>\d+)"),
+            r"Signal (?P<signal>\d+) \((?P<signame>SIG\w+)\) received by PID (?P<pid>\d+)",
+            example="  traceback : Signal 9 (SIGKILL) received by PID 21552", failure=False),
+    LogSign("summary_time", Event.SUMMARY, ("  time      : ",),
+            r"(?:^|\s)time\s+: (?P<time>\S+)", example="  time      : 2026-12-03_12:36:12",
+            failure=False),
     LogSign("summary_root", Event.SUMMARY_ROOT, ("Root Cause (first observed failure)",),
-            r"Root Cause \(first observed failure\)"),
+            r"Root Cause \(first observed failure\)",
+            example="Root Cause (first observed failure):"),
     # -- trainers: built from the message tables below ------------------------------------
     LogSign("checkpoint_start", Event.CHECKPOINT, tuple(t for t, _w in SAVE_MESSAGES),
-            r"(?P<what>" + "|".join(re.escape(t) for t, _w in SAVE_MESSAGES) + r")(?P<target>.*)"),
+            r"(?P<what>" + "|".join(re.escape(t) for t, _w in SAVE_MESSAGES) + r")(?P<target>.*)",
+            example="[INFO|trainer.py:3984] 2024-10-21 08:03:20,122 >> Saving model checkpoint to "
+            "/ckpt/run-17/checkpoint-100", failure=False),
     LogSign("checkpoint_done", Event.CHECKPOINT_DONE, tuple(t for t, _w in SAVE_DONE_MESSAGES),
             r"(?P<what>" + "|".join(re.escape(t) for t, _w in SAVE_DONE_MESSAGES)
-            + r")(?P<target>.*)"),
+            + r")(?P<target>.*)",
+            example="2024-10-21 08:03:27 | Saved checkpoint to /ckpt/run-17/step_000100.pt "
+            "(4.1 GiB, 6.8 s)", failure=False),
     LogSign("busy", Event.BUSY, tuple(t for t, _w in BUSY_MESSAGES),
-            r"(?P<what>" + "|".join(re.escape(t) for t, _w in BUSY_MESSAGES) + r")(?P<detail>.*)"),
+            r"(?P<what>" + "|".join(re.escape(t) for t, _w in BUSY_MESSAGES) + r")(?P<detail>.*)",
+            example="Running tokenizer on dataset (num_proc=16): 12%", failure=False),
     LogSign("traceback", Event.TRACEBACK, ("Traceback (most recent call last)",),
-            r"Traceback \(most recent call last\)"),
+            r"Traceback \(most recent call last\)",
+            example="[rank2]: Traceback (most recent call last):", failure=False),
     LogSign("world_size", Event.WORLD, ("WORLD_SIZE=", "world_size=", "world size: ", "world_size: "),
-            r"(?:WORLD_SIZE|world[_ ]size)(?:=|: )(?P<world>\d+)"),
+            r"(?:WORLD_SIZE|world[_ ]size)(?:=|: )(?P<world>\d+)",
+            example="2024-11-08 14:02:51,892 INFO     [train_vlm.py:212] world_size=8 backend=nccl",
+            failure=False),
     LogSign("finished", Event.FINISHED,
             ("Local worker group finished", "raining completed", "raining finished"),
-            r"(?P<what>Local worker group finished|[Tt]raining (?:completed|finished))"),
+            r"(?P<what>Local worker group finished|[Tt]raining (?:completed|finished))",
+            example="12/03/2026 12:24:53 - INFO - trainer - Training completed. Do not forget to "
+            "share your model on huggingface.co/models =)", failure=False),
 )
 
 #: Exceptions that mean "this rank waited for others and gave up" (collateral),
@@ -341,10 +512,13 @@ SIGNAL_MEANING: dict[str, str] = {
 }
 
 
-def _check_unique() -> None:
+def _check_table() -> None:
     ids = [s.id for s in SIGNS]
     if len(ids) != len(set(ids)):
         raise AssertionError("duplicate log sign ids")
+    bad = [t for s in SIGNS for t in s.triggers if not MIN_TRIGGER <= len(t) <= MAX_TRIGGER]
+    if bad:
+        raise AssertionError(f"triggers not {MIN_TRIGGER}-{MAX_TRIGGER} characters long: {bad}")
 
 
-_check_unique()
+_check_table()

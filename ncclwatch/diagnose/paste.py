@@ -2,8 +2,9 @@
 
 Logs reach ``diagnose`` through terminals, issue trackers and log viewers:
 quoted with ``> ``, numbered by a viewer (``[80746] [rank0]:...``), tagged by
-MPI (``[1,0]<stdout>:``), Ray (``(RayWorkerWrapper pid=4009)``) or a
-cluster tool (``node.cn-d004 [stderr]``), timestamped, coloured (ANSI
+MPI (``[1,0]<stdout>:``), Ray (``(RayWorkerWrapper pid=4009)``, ``[repeated 7x
+across cluster]``), Kubernetes (CRI files, JSON log lines) or a cluster tool
+(``node.cn-d004 [stderr]``), timestamped, coloured (ANSI
 escapes, or their remnants ``[36m`` once the escape byte is lost),
 hard-wrapped at the terminal width (inside a word), and glued to the
 previous line when a progress bar did not end its line. The tables here
@@ -13,6 +14,7 @@ hold a sign, so none of this costs anything on the bulk of a log.
 
 from __future__ import annotations
 
+import json
 import re
 
 #: Decoration in front of the launcher's prefix, removed in this order.
@@ -21,20 +23,29 @@ DECORATION: tuple[tuple[str, str], ...] = (
     ("ansi remnant", r"(?<![\w\]])\[\d{1,3}(?:;\d{1,3})*m"),
     ("markdown quote or code", r"^[ \t]*(?:>[ \t]?)+|^`+"),
     ("viewer line number", r"^\[\d+\][ \t]"),
+    # Kubernetes' CRI log files: "2024-05-01T10:00:00.123456789Z stderr F <line>".
+    ("kubernetes CRI", r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d) "
+                       r"(?:stdout|stderr) [FP] "),
+    # Ray's actor tag without a rank in it: "(RayTrainWorker pid=4009, ip=10.0.0.7) ".
+    ("ray actor", r"^\s*\(\w+ pid=\d+(?:, ip=[\d.]+)?\)\s?"),
+    # Ray's log deduplication: "... [repeated 7x across cluster]".
+    ("ray repeat", r"\s*\[repeated \d+x across cluster\]\s*$"),
 )
 _DECORATION = [re.compile(rx) for _name, rx in DECORATION]
 
 #: Launcher prefixes that may stand after other decoration (a host, a Ray actor, a
 #: time): torchrun's ``[rank3]:`` / ``[default3]:``, ``[rank=3]`` (Determined, Ray
 #: actor names), searched near the start of the line.
-_LAUNCHER = re.compile(r"\[(?:rank|default)(?P<rank>\d+)\]:|\[rank=(?P<rank_eq>\d+)\]")
+_LAUNCHER = re.compile(r"\[(?:rank|default)(?P<rank>\d{1,9})\]:|\[rank=(?P<rank_eq>\d{1,9})\]")
 #: How far into a line a launcher prefix may start (after host, pid, time decoration).
 PREFIX_REACH = 240
 #: OpenMPI's --tag-output: ``[jobid,rank]<stdout>:``.
-_MPI = re.compile(r"^\[\d+,(?P<rank>\d+)\]<std(?:out|err|diag)>:\s?")
+_MPI = re.compile(r"^\[\d+,(?P<rank>\d{1,9})\]<std(?:out|err|diag)>:\s?")
 #: A progress bar that did not end its line: the next line's text follows it.
 _PROGRESS_TAIL = re.compile(r"\d+%\|[^|]*\||/s\]|/it\]")
 _PROGRESS_BAR = re.compile(r"\d+%\|[^|]*\|")
+#: The end of a progress bar with more text glued right after it.
+_GLUED_AFTER = re.compile(r"(?:\d+%\|[^|]*\|(?: *\d+/\d+ \[[^\]]*\])?|/s\]|/it\])(?=\S)")
 
 #: How a log line starts (launcher prefixes, timestamps, NCCL's host:pid:tid, Python's
 #: traceback lines, C++ frames). A line that starts otherwise, after a long line that
@@ -51,6 +62,33 @@ _LINE_START = re.compile("|".join(f"(?:{s})" for s in LINE_STARTS))
 WRAP_MIN = 60
 #: At most this many wrapped lines are joined to a line.
 WRAP_MAX = 4
+
+
+#: Keys of structured (JSON) log lines that hold the line the program printed:
+#: Docker's json-file "log", most collectors' "message"/"msg".
+JSON_TEXT_KEYS = ("log", "message", "msg", "MESSAGE", "textPayload")
+#: Keys holding the line's time.
+JSON_TIME_KEYS = ("time", "timestamp", "ts", "@timestamp", "asctime")
+
+
+def unjson(line: str) -> str:
+    """The printed line inside a structured log line (Docker, Kubernetes collectors,
+    JSON loggers), its time in front; other lines unchanged."""
+    core = line.strip()
+    if not (core.startswith("{") and core.endswith("}")):
+        return line
+    try:
+        obj = json.loads(core)
+    except ValueError:
+        return line
+    if not isinstance(obj, dict):
+        return line
+    text = next((obj[k] for k in JSON_TEXT_KEYS if isinstance(obj.get(k), str)), None)
+    if text is None:
+        return line
+    when = next((obj[k] for k in JSON_TIME_KEYS if isinstance(obj.get(k), str)), "")
+    text = text.rstrip("\n")
+    return f"{when} {text}" if when and when not in text else text
 
 
 def undecorate(line: str) -> str:
@@ -89,13 +127,24 @@ def launcher_prefix(line: str) -> tuple[int | None, str]:
 
 
 def split_glued(line: str) -> list[str]:
-    """A progress bar that did not end its line has the next line glued on: both parts."""
+    """A progress bar that did not end its line has the next line glued on: all parts.
+    A carriage return (tqdm redrawing its bar) ends a line too."""
+    if "\r" in line.rstrip("\r"):
+        segs = [seg for seg in line.split("\r") if seg.strip()]
+        return [p for seg in segs or [""] for p in split_glued(seg)]
     out, start = [], 0
     for m in _LAUNCHER.finditer(line, 1):
         if _PROGRESS_TAIL.search(line, start, m.start()):
             out.append(line[start:m.start()])
             start = m.start()
-    out.append(line[start:])
+    tail = line[start:]
+    bar = None
+    for bar in _GLUED_AFTER.finditer(tail):
+        pass
+    if bar is not None and bar.end() < len(tail):
+        out += [tail[:bar.end()], tail[bar.end():]]
+    else:
+        out.append(tail)
     return out
 
 

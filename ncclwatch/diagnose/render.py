@@ -1,12 +1,60 @@
-"""The text an operator reads: the verdict first, then why, then what to do."""
+"""The text an operator reads: the verdict first, then why, then what to do.
+
+Fits WIDTH columns: file paths are shown relative to the inputs' common folder,
+long lines are wrapped. Text from the logs (group names, file names, messages)
+is untrusted: control characters and newlines in it are escaped, so a log line
+can neither move the cursor nor forge a line of the verdict.
+"""
 
 from __future__ import annotations
 
 import datetime as _dt
+import os
+import re
+import textwrap
 
 from ncclwatch.diagnose import Diagnosis
 from ncclwatch.diagnose.verdict import who
 from ncclwatch.model import rank_ranges
+
+
+WIDTH = 100
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+
+def escape(text: str) -> str:
+    """Control characters (newlines included) as visible escapes."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def _fit(line: str) -> list[str]:
+    """One line of output within WIDTH columns (continuations indented)."""
+    if len(line) <= WIDTH:
+        return [line]
+    indent = len(line) - len(line.lstrip(" "))
+    return textwrap.wrap(line, WIDTH, subsequent_indent=" " * (indent + 4),
+                         break_long_words=True, break_on_hyphens=False) or [line[:WIDTH]]
+
+
+def _shortener(d: Diagnosis):
+    """Paths relative to the common folder of the inputs (rows must not repeat a long path)."""
+    paths = list(d.inputs.get("files", [])) + list(d.inputs.get("flight_recorder_dumps", []))
+    base = ""
+    if len(paths) > 1:
+        try:
+            base = os.path.commonpath(paths)
+        except ValueError:
+            base = ""
+    elif paths:
+        base = os.path.dirname(paths[0])
+    if base and not any(p == base for p in paths):
+        base = base.rstrip("/") + "/"
+    else:
+        base = ""
+
+    def short(where: str) -> str:
+        return where[len(base):] if base and where.startswith(base) else where
+    return base, short
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -15,12 +63,15 @@ def _ranks(ranks: list[int]) -> str:
 
 def _time(t: float | None) -> str:
     if t is None:
-        return "          "
+        return " " * 12
     return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).strftime("%H:%M:%S.%f")[:-3]
 
 
 def text(d: Diagnosis) -> str:
+    base, short = _shortener(d)
     lines = [f"{d.title} ({d.cls})", "", f"  {d.summary}", ""]
+    if base:
+        lines += [f"  (files under {base})", ""]
     if d.cls not in ("none",):
         among = ([f"  initiator among:    {_ranks(d.candidates)}  (the logs do not say "
                   "which)"] if d.candidates else [])
@@ -37,7 +88,7 @@ def text(d: Diagnosis) -> str:
     if d.evidence:
         lines.append("Evidence:")
         for where, why in d.evidence:
-            lines.append(f"  {where}" + (f"  {why}" if why else ""))
+            lines.append(f"  {short(where)}" + (f"  {why}" if why else ""))
         lines.append("")
     fr = d.flight_recorder
     if fr:
@@ -64,15 +115,30 @@ def text(d: Diagnosis) -> str:
             lines.append(f"  timeout_ms: {fr['timeout_ms']}")
         lines.append("")
     if d.timeline:
-        lines.append("Timeline:")
+        untimed = sum(1 for t in d.timeline if t["time"] is None)
+        lines.append("Timeline (UTC, each line's own stamp" + (
+            f"; {untimed} line(s) carry none and are left blank" if untimed else "") + "):")
         for t in d.timeline:
             r = "" if t["rank"] is None else f"rank {t['rank']}"
-            lines.append(f"  {_time(t['time'])}  {r:<8} {t['what'][:150]}  ({t['where']})")
+            head = f"  {_time(t['time'])}  {r:<8} "
+            where = f"  ({short(t['where'])})"
+            room = max(20, WIDTH - len(head) - len(where))
+            what = escape(t["what"])
+            what = what if len(what) <= room else what[:room - 3] + "..."
+            lines.append(head + what + where)
         lines.append("")
     for title, items in (("Missing evidence:", d.missing_evidence),
                          ("Collect next time:", d.collect_next_time)):
         if items:
             lines += [title, *(f"  - {m}" for m in items), ""]
+    if d.alert_next_time:
+        lines.append("Alert on it next time (ncclwatch, live):")
+        lines += [f"  - {a['alert']}: {a['metric']} ({a['why']})" for a in d.alert_next_time]
+        lines.append("")
+    if d.rule_out:
+        lines.append("Rule out before acting on it:")
+        lines += [f"  - {s['class']}: {s['tell']}" for s in d.rule_out]
+        lines.append("")
     rc = d.root_cause
     if rc is not None:
         lines += [f"Fix ({rc.id}): {rc.title}", f"  {rc.fix}", ""]
@@ -83,5 +149,10 @@ def text(d: Diagnosis) -> str:
                  f"{len(inp.get('flight_recorder_dumps', []))} Flight Recorder dump(s), "
                  f"{inp.get('lines', 0):,} lines in {inp.get('seconds', 0):.2f} s.")
     for s in inp.get("skipped", []):
-        lines.append(f"  skipped {s['path']}: {s['why']}")
-    return "\n".join(lines) + "\n"
+        lines.append(f"  skipped {short(s['path'])}: {s['why']}")
+    for b in inp.get("bounded", []):
+        lines.append(f"  bounded {short(b)}")
+    out: list[str] = []
+    for line in lines:
+        out += _fit(escape(line))
+    return "\n".join(out) + "\n"

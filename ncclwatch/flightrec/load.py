@@ -16,10 +16,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ncclwatch.flightrec.model import FlightRecorderError, FrDump, FrEntry, PgInfo
-from ncclwatch.safepickle import brief as _brief
+from ncclwatch.safepickle import brief as _safe_brief
 from ncclwatch.safepickle import load_plain
 
 MAX_DUMP_BYTES = 256 * 1024 * 1024
+#: Entries one dump may hold. torch's ring buffer holds TORCH_FR_BUFFER_SIZE entries
+#: (2,000 is the documented setting); a pickle can reuse one memoised entry millions of
+#: times in a few MB, and expanding them cost minutes and GiBs (issue 20).
+MAX_ENTRIES = 200_000
+#: Stack frames kept per entry.
+MAX_FRAMES = 256
+#: Digits of an integer field (an int64 has 19).
+MAX_DIGITS = 19
 SUPPORTED_MAJORS = (1, 2)
 
 # Backends whose FR entries carry a real state (from device events). gloo
@@ -28,11 +36,19 @@ _STATELESS_BACKENDS = frozenset({"gloo"})
 _P2P_OPS = frozenset({"send", "recv", "isend", "irecv"})
 
 
+def _brief(v: Any) -> str:
+    """A bounded repr for an error message (an int too long to print says so)."""
+    try:
+        return _safe_brief(v)
+    except ValueError:
+        return "<a number too long to print>"
+
+
 def parse_version(version: Any, where: str = "<dump>") -> tuple[int, int]:
     """``"2.10"`` -> (2, 10); FlightRecorderError for what this reader does not know."""
     if not isinstance(version, str):
         raise FlightRecorderError(f"{where}: 'version' is {_brief(version)}, expected a string like '2.10'")
-    m = re.fullmatch(r"\s*(\d+)\.(\d+)\s*", version)
+    m = re.fullmatch(r"\s*(\d{1,6})\.(\d{1,6})\s*", version)
     if not m:
         raise FlightRecorderError(f"{where}: unknown Flight Recorder version {_brief(version)}")
     major, minor = int(m.group(1)), int(m.group(2))
@@ -45,7 +61,7 @@ def parse_version(version: Any, where: str = "<dump>") -> tuple[int, int]:
 
 def rank_from_path(path: str) -> int | None:
     """``.../comm_lib_trace_rank_3`` -> 3; trailing digits of the file name."""
-    m = re.search(r"(\d+)$", os.path.basename(str(path)))
+    m = re.search(r"(?<!\d)(\d{1,9})$", os.path.basename(str(path)))
     return int(m.group(1)) if m else None
 
 
@@ -97,10 +113,12 @@ def _int(v: Any, what: str, where: str, *, allow_none: bool = False) -> int | No
     if isinstance(v, bool):
         return int(v)
     if isinstance(v, int):
+        if abs(v) >= 10 ** MAX_DIGITS:
+            raise FlightRecorderError(f"{where}: {what} has more than {MAX_DIGITS} digits")
         return v
-    if isinstance(v, str) and re.fullmatch(r"\s*-?\d+\s*", v):   # the JSON dump's and old tools' strings
+    if isinstance(v, str) and re.fullmatch(r"\s*-?\d{1,%d}\s*" % MAX_DIGITS, v):  # JSON dumps, old tools
         return int(v)
-    if isinstance(v, float) and v.is_integer():
+    if isinstance(v, float) and v.is_integer() and abs(v) < 10.0 ** MAX_DIGITS:
         return int(v)
     raise FlightRecorderError(f"{where}: {what} is {_brief(v)}, expected an integer")
 
@@ -108,6 +126,8 @@ def _int(v: Any, what: str, where: str, *, allow_none: bool = False) -> int | No
 def _text(v: Any, what: str, where: str) -> str:
     if isinstance(v, str):
         return v
+    if isinstance(v, int) and abs(v) >= 10 ** MAX_DIGITS:
+        raise FlightRecorderError(f"{where}: {what} is a number of more than {MAX_DIGITS} digits")
     if v is None or isinstance(v, (int, float)):
         return str(v)
     raise FlightRecorderError(f"{where}: {what} is {_brief(v)}, expected a string")
@@ -129,9 +149,13 @@ def _sizes(v: Any, what: str, where: str) -> tuple[tuple[int, ...], ...]:
 def _ranks(v: Any) -> tuple[int, ...]:
     """pg_config ranks: a string "[0, 1]" (2.x; parsed, never eval'd) or a list."""
     if isinstance(v, str):
-        return tuple(int(x) for x in re.findall(r"-?\d+", v))
+        nums = re.findall(r"-?\d+", v)
+        if any(len(x) > MAX_DIGITS for x in nums):
+            raise FlightRecorderError(f"pg_config ranks: a number of more than {MAX_DIGITS} digits")
+        return tuple(int(x) for x in nums)
     if isinstance(v, (list, tuple)):
-        return tuple(int(x) for x in v if isinstance(x, int) and not isinstance(x, bool))
+        return tuple(int(x) for x in v if isinstance(x, int) and not isinstance(x, bool)
+                     and abs(x) < 10 ** MAX_DIGITS)
     return ()
 
 
@@ -148,7 +172,7 @@ def _frames(v: Any, where: str) -> tuple[tuple[str, str, int], ...]:
     if not isinstance(v, (list, tuple)):
         return ()
     out = []
-    for f in v:
+    for f in v[:MAX_FRAMES]:
         if isinstance(f, dict):
             line = f.get("line", 0)
             out.append((_text(f.get("name", ""), "frame name", where),
@@ -191,6 +215,9 @@ def normalize(raw: Any, *, rank: int | None = None, where: str = "<dump>") -> Fr
         raw_entries = []
     if not isinstance(raw_entries, list):
         raise FlightRecorderError(f"{where}: 'entries' is a {type(raw_entries).__name__}, expected a list")
+    if len(raw_entries) > MAX_ENTRIES:
+        raise FlightRecorderError(f"{where}: {len(raw_entries):,} entries, over the limit of "
+                                  f"{MAX_ENTRIES:,} (torch keeps TORCH_FR_BUFFER_SIZE of them)")
 
     raw_status = raw.get("pg_status")
     if raw_status is not None and not isinstance(raw_status, dict):

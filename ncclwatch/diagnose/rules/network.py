@@ -1,0 +1,71 @@
+"""Rule: a transport (NCCL/gloo) error ended the job, not a crashed peer or a hang."""
+
+from __future__ import annotations
+
+from ncclwatch.diagnose.logscan import Evidence
+from ncclwatch.diagnose.logsigns import Event
+from ncclwatch.diagnose.facts import (Facts, Finding, _crashes, _job_failed, _order, exception_kind,
+                                      who)
+
+
+def _context_rank(facts: Facts, e: Evidence, within: int = 40) -> int | None:
+    """An NCCL line has no rank prefix (NCCL prints host:pid:tid): take the rank of
+    the next rank-prefixed evidence of the same node (srun task) a few lines on,
+    which is the same process's watchdog reporting what NCCL said."""
+    for o in facts.by_line.between(e.file, e.line + 1, e.line + within):
+        if o.rank is not None and o.task == e.task:
+            return o.rank
+    return None
+
+
+def rule_network(facts: Facts) -> Finding | None:
+    if not _job_failed(facts) or _crashes(facts) or any(rf.oom for rf in facts.ranks.values()):
+        return None  # warnings of a job that went on; or a rank died and its peers' errors follow
+    items: list[tuple[bool, tuple, int | None, str, str]] = []  # (remote, order, rank, where, text)
+    for e in facts.scan.evidence:
+        if e.event is not Event.NETWORK:
+            continue
+        rank = e.rank if e.rank is not None else _context_rank(facts, e)
+        remote = "ncclRemoteError" in e.text or "remote process" in e.text
+        items.append((remote, _order(e), rank, e.where, e.text))
+    for r, rf in facts.ranks.items():
+        for tb in rf.tracebacks:
+            if exception_kind(tb) == "network":
+                items.append((False, _order(tb), r, tb.where, tb.exception))
+    peers = [(r, tb) for r, rf in facts.ranks.items() for tb in rf.tracebacks
+             if exception_kind(tb) == "peer"]
+    if not items:
+        # gloo: every failing rank lost a peer, nobody timed out, nobody crashed: the
+        # connections broke under live processes. gloo names only ip:port, not the rank.
+        if peers and not any(rf.timeouts or rf.timeout_tracebacks()
+                             for rf in facts.ranks.values()):
+            ev = [(tb.where, f"rank {r}: {tb.exception[:200]}") for r, tb in peers[:4]]
+            reporting = sorted({r for r, _tb in peers})
+            return Finding("network_error", reporting, [], "nccl_network_error",
+                           f"{who(reporting)} lost connections to peers that did not "
+                           "crash; gloo's messages name only ip:port, so which link failed "
+                           "is not in the logs: every reporting rank counts as initiating.",
+                           ev)
+        return None
+    items.sort(key=lambda x: (x[0],) + x[1])
+    lead = items[0]
+    first_timeout = min((_order(e) for rf in facts.ranks.values() for e in rf.timeouts),
+                        default=None)
+    if first_timeout is not None and first_timeout[0] is False and lead[1][0] is False \
+            and first_timeout[1] < lead[1][1]:
+        return None  # the errors are the watchdog's teardown of a hang
+    initiating = sorted({it[2] for it in items if it[2] is not None and it[0] == lead[0]
+                         and (it[1][0] or lead[1][0] or it[1][1] - lead[1][1] < 5.0)})
+    ev = [(it[3], it[4][:240]) for it in items[:4]]
+    collateral = [r for r in facts.world if r not in initiating]
+    if not initiating:
+        return Finding("network_error", [], collateral, "nccl_network_error",
+                       "a transport error ended the job, but no line of it names a rank "
+                       f"(NCCL prints host:pid:tid): {lead[4][:160]}", ev,
+                       missing=["which rank the failing process was"],
+                       collect=["every rank's log with its rank prefix (torchrun --tee 3 or "
+                                "--log-dir; srun --label)", "NCCL_DEBUG=INFO with "
+                                "NCCL_DEBUG_SUBSYS=INIT,NET (maps host:pid and devices to ranks)"])
+    return Finding("network_error", initiating, collateral, "nccl_network_error",
+                   f"the first transport error came from "
+                   f"{who(initiating)}: {lead[4][:160]}", ev)
