@@ -31,7 +31,7 @@ from ncclwatch.sanitize import (COUNTS, MAX_ENV_VALUE, MAX_FRAME, MAX_LABEL, MAX
                                 clean, for_log, is_clean)
 from ncclwatch.stacks import Frame, Stack
 from ncclwatch.v1 import collector_pb2 as pb
-from tests.conftest import free_port
+from tests.conftest import free_port, py_spy_available
 
 # -- the sanitiser itself -------------------------------------------------------------
 
@@ -156,15 +156,23 @@ def test_a_field_that_cannot_be_built_is_dropped_and_counted_not_the_round() -> 
 
 # -- reproductions: real ranks, a real agent round ---------------------------------------
 
+#: Secrets a rank hides where env redaction never looked: a directory of its
+#: checkpoint path and the name of the function it waits in.
+PATH_TOKEN = "hf_abcdefghijklmnopqrstuvwxyz012345"
+FRAME_TOKEN = "ghp_abcdefghijklmnopqrstuvwxyz0123"
+
 _RANK = r"""
 import os, sys, time
 import torch.distributed
-d = sys.argv[1]
-f = open(os.path.join(os.fsencode(d), b"ck\xff\x1b[2J.pt"), "wb")
+d = os.path.join(os.fsencode(sys.argv[1]), b"%s")
+os.makedirs(d, exist_ok=True)
+f = open(os.path.join(d, b"ck\xff\x1b[2J.pt"), "wb")
 f.write(b"x" * 4096); f.flush()
 print("ready", flush=True)
-while True: time.sleep(1)
-"""
+def %s():
+    while True: time.sleep(0.05)
+%s()
+""" % (PATH_TOKEN, FRAME_TOKEN, FRAME_TOKEN)
 
 _SCONTROL = "#!/bin/sh\nprintf 'JobId=4242 JobName=tr\\377ain\\033[2Jno-stall UserId=an\\376a(1000) " \
             "GroupId=ana(1000)\\n'\n"
@@ -203,7 +211,9 @@ def hostile_node(tmp_path, monkeypatch):
 
 
 def test_hostile_bytes_of_one_rank_blind_nothing(hostile_node, caplog) -> None:
+    py_spy_available()
     pids = {p.pid for p in hostile_node}
+    stacks: list[pb.Stack] = []
 
     async def go() -> pb.NodeReport:
         agent = Agent(AgentConfig(collector=f"127.0.0.1:{free_port()}", interval=0.2,
@@ -215,10 +225,11 @@ def test_hostile_bytes_of_one_rank_blind_nothing(hostile_node, caplog) -> None:
             report = await agent.round()          # a round that fails raises here
             mine = [s for s in report.samples if s.identity.pid in pids]
             if len(mine) == 2 and all(s.HasField("process") and s.process.files_writing
-                                      for s in mine):
+                                      and s.stack_id in agent.stacks for s in mine):
                 break
             await asyncio.sleep(0.2)
         agent.stop()
+        stacks.extend(agent.stacks.values())
         return report
 
     caplog.set_level("DEBUG", logger="ncclwatch")
@@ -235,6 +246,11 @@ def test_hostile_bytes_of_one_rank_blind_nothing(hostile_node, caplog) -> None:
     sj = bad.job.scheduler_job
     assert (sj.job_name, sj.user, sj.source) == ("tr\\xffain\\x1b[2Jno-stall", "an\\xfea", "scontrol")
     assert report.node == "node\\x0aforged"
+    # a token in a checkpoint path or a function name never leaves the node
+    wire = report.SerializeToString() + b"".join(x.SerializeToString() for x in stacks)
+    assert PATH_TOKEN[:12].encode() not in wire and FRAME_TOKEN[:12].encode() not in wire
+    assert "<redacted>" in f.path
+    assert any("<redacted>" == fr.name for x in stacks for fr in x.frames), stacks
     assert report.health.texts_escaped_total >= 5
     # no log line of the agent carries a raw newline or escape from the job
     for rec in caplog.records:
