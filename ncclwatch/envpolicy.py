@@ -69,7 +69,7 @@ _SECRET_KEY_LAST = re.compile(
     r"(?i)(?:^|[_.-])(?:pass|passwd|password|pwd|pw|passphrase|secret|token|api_?key|apikey"
     r"|access_?key|private_?key|key|cred|creds|credentials?|auth|authorization|sig"
     r"|signature|session|cookie|jwt)$")
-_SECRET_KEY_ANY = re.compile(r"(?i)passw|secret|token|credential|api_?key|private_?key")
+_SECRET_KEY_ANY = re.compile(r"(?i)passw|secret|credential|api_?key|private_?key|auth_?token")
 
 
 def secret_key(key: str) -> bool:
@@ -259,7 +259,7 @@ def _redact_if_random(m: re.Match[str]) -> str:
 #: A secret with '/' in it (base64) is judged over at most this many adjacent
 #: path components: a 64-byte base64 key holds one or two '/', one of 300
 #: bytes a handful. Bounding the span keeps the judgement linear in the run.
-MAX_SPAN = 8
+MAX_SPAN = 6
 
 
 @dataclass(frozen=True, slots=True)
@@ -421,8 +421,10 @@ def local_env(env: Mapping[str, str]) -> dict[str, str]:
 #: A value's tail and head as a token could continue them across variables.
 _TAIL = re.compile(r"[A-Za-z0-9+/_=-]{1,128}$")
 _HEAD = re.compile(r"^[A-Za-z0-9+/_-]{1,128}")
-#: Joined pieces shorter than this cannot make a token any rule knows.
+#: Joined pieces shorter than this cannot make a token any rule knows; a piece
+#: shorter than _PIECE_MIN is a word (``INFO``, ``eth0``), not half a key.
 _SPLIT_MIN = 16
+_PIECE_MIN = 6
 #: Values looked at for split keys (the allowlist keeps a process's count small).
 _SPLIT_MAX_VALUES = 64
 
@@ -435,15 +437,18 @@ def split_secrets(values: dict[str, str]) -> dict[str, str]:
     halves redacted apart, both halves go. Bounded: 128 characters a piece,
     at most ``_SPLIT_MAX_VALUES`` values."""
     names = [k for k in sorted(values)][:_SPLIT_MAX_VALUES]
-    tails = {k: m.group(0) for k in names if (m := _TAIL.search(values[k]))}
-    heads = {k: m.group(0) for k in names if (m := _HEAD.match(values[k]))}
+    tails = {k: m.group(0) for k in names
+             if (m := _TAIL.search(values[k])) and len(m.group(0)) >= _PIECE_MIN}
+    heads = {k: m.group(0) for k in names
+             if (m := _HEAD.match(values[k])) and len(m.group(0)) >= _PIECE_MIN}
+    alone = {p: redact_value(p) for p in {*tails.values(), *heads.values()}}
     cut_tail: set[str] = set()
     cut_head: set[str] = set()
     for a, tail in tails.items():
         for b, head in heads.items():
             if a == b or len(tail) + len(head) < _SPLIT_MIN or REDACTED in tail + head:
                 continue
-            if redact_value(tail + head) != redact_value(tail) + redact_value(head):
+            if redact_value(tail + head) != alone[tail] + alone[head]:
                 cut_tail.add(a)
                 cut_head.add(b)
     out = dict(values)
@@ -457,10 +462,16 @@ def split_secrets(values: dict[str, str]) -> dict[str, str]:
     return out
 
 
+#: Allowlisted variables kept per process (by name order): a process with
+#: thousands of NCCL_* variables costs the agent no more than this.
+MAX_VARIABLES = 256
+
+
 def filter_env(env: Mapping[str, str]) -> dict[str, str]:
     """The allowlisted, redacted subset of a process environment: names and
     values as safe text (ncclwatch.sanitize), each value redacted alone, then
     keys split across two values redacted too."""
-    out = {clean(k, MAX_NAME): clean(redact_value(v[:4 * MAX_ENV_VALUE]), MAX_ENV_VALUE)
-           for k, v in env.items() if is_allowed(k)}
+    names = sorted(k for k in env if is_allowed(k))[:MAX_VARIABLES]
+    out = {clean(k, MAX_NAME): clean(redact_value(env[k][:4 * MAX_ENV_VALUE]), MAX_ENV_VALUE)
+           for k in names}
     return split_secrets(out)
