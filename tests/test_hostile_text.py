@@ -269,3 +269,22 @@ def test_no_ncclwatch_log_line_can_be_forged_by_its_arguments(caplog) -> None:
     logging.getLogger("ncclwatch.agent.x").info("rank %d of %(x)s" if False else "rank %d", 3)
     (a, b) = [r.getMessage() for r in caplog.records]
     assert a == "job j\\x0aERROR forged on n\\xff: /p/\\x1b[2J" and b == "rank 3"
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.dictionaries(_TEXT.map(lambda t: "NCCL_" + t), _TEXT, max_size=8),
+       st.dictionaries(_TEXT, _TEXT, max_size=4))
+def test_a_discovered_environment_is_safe_text_whatever_its_bytes(allowed, other) -> None:
+    """What discovery keeps of an environment (RankProcess.env) is valid,
+    escaped, capped text, and the identity it builds from the raw bytes can
+    be sent."""
+    from ncclwatch.jobid import identify
+    env = {**other, **allowed, "RANK": "0", "WORLD_SIZE": "1",
+           "NCCLWATCH_JOB_ID": next(iter(allowed.values()), "j") or "j"}
+    ident = identify(env, "n")
+    assert ident is not None
+    proc = RankProcess.of(1, 1.0, ident, env)
+    for k, v in proc.env.items():
+        assert is_clean(k) and is_clean(v) and len(v) <= MAX_ENV_VALUE
+    pb.RankIdentity.FromString(sample_pb(RankTracker(proc, 0.0), 1.0, (), {}, True)
+                               .identity.SerializeToString())
