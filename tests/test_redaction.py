@@ -116,20 +116,27 @@ OTHER_UNITS = ["a/B", "=a:", "eyJ", "eyJaaaaaaaa.", "a.b.", "xox", "a", "1", "f0
                "--a ", "bearer ", "token:", "a=", "-", "_/"]
 
 
-def _seconds(value: str) -> float:
+def _seconds(value: str, tries: int) -> float:
     best = float("inf")
-    for _ in range(2):
+    for _ in range(tries):
         t = time.perf_counter()
         redact_value(value)
         best = min(best, time.perf_counter() - t)
     return best
 
 
-def _ratio(unit: str, small: int, big: int) -> tuple[float, float, float]:
-    a = _seconds(unit * (small // len(unit)))
-    b = _seconds(unit * (big // len(unit)))
-    # A floor on the small time: a few microseconds are all noise on a busy machine.
-    return b / max(a, 0.002), a, b
+def _ratio(unit: str, small: int, big: int, bound: float) -> tuple[float, float, float]:
+    """(big time / small time, small, big); measured again once when over the
+    bound (a busy machine), the best of each kept."""
+    a = b = float("inf")
+    for tries in (1, 2):
+        a = min(a, _seconds(unit * (small // len(unit)), 2))
+        b = min(b, _seconds(unit * (big // len(unit)), 1))
+        # A floor on the small time: microseconds are all noise on a busy machine.
+        ratio = b / max(a, 0.002)
+        if ratio < bound:
+            break
+    return ratio, a, b
 
 
 @pytest.mark.parametrize("unit,small,big", [(u, 64 << 10, 1 << 20) for u in ISSUE_UNITS]
@@ -137,7 +144,7 @@ def _ratio(unit: str, small: int, big: int) -> tuple[float, float, float]:
 def test_redaction_time_grows_linearly_up_to_1_mb(unit, small, big) -> None:
     """16x the bytes: linear is ~16x the time, quadratic 256x. The bound is
     wide (a shared CI core), the print says what it was."""
-    ratio, a, b = _ratio(unit, small, big)
+    ratio, a, b = _ratio(unit, small, big, 64)
     print(f"{unit!r}: {small >> 10} KiB {a * 1000:.1f} ms, {big >> 10} KiB {b * 1000:.1f} ms, "
           f"x{ratio:.1f}")
     assert ratio < 64, f"{unit!r}: {small} B {a:.3f} s, {big} B {b:.3f} s"
@@ -147,7 +154,7 @@ def test_redaction_time_grows_linearly_up_to_1_mb(unit, small, big) -> None:
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.text(alphabet="aZ09/:,;=@.-_+?&#% eyJhfxo", min_size=1, max_size=6))
 def test_redaction_time_is_linear_for_any_repeated_shape(unit) -> None:
-    ratio, a, b = _ratio(unit, 16 * 1024, 128 * 1024)
+    ratio, a, b = _ratio(unit, 16 * 1024, 128 * 1024, 40)
     assert ratio < 40, f"{unit!r}: 16 KiB {a:.4f} s, 128 KiB {b:.4f} s"
 
 
