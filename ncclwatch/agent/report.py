@@ -71,16 +71,19 @@ class AgentHealthCounts:
 # redacted. Paths and frames repeat from round to round: the result is cached.
 
 
-@functools.lru_cache(maxsize=4096)
 def sent_path(path: str) -> str:
     """A file path as it leaves the node: redacted, escaped, capped."""
-    return clean(redact_value(path[:4 * MAX_PATH]), MAX_PATH)
+    return _sent(path[:4 * MAX_PATH], MAX_PATH)
 
 
-@functools.lru_cache(maxsize=8192)
 def sent_frame(text: str) -> str:
     """A frame's function or file name as it leaves the node."""
-    return clean(redact_value(text[:4 * MAX_FRAME]), MAX_FRAME)
+    return _sent(text[:4 * MAX_FRAME], MAX_FRAME)
+
+
+@functools.lru_cache(maxsize=2048)        # keys cut to 16 KiB: at most 32 MiB, ~1 in practice
+def _sent(text: str, cap: int) -> str:
+    return clean(redact_value(text), cap)
 
 
 def sent_env(env: dict[str, str]) -> dict[str, str]:
