@@ -144,38 +144,50 @@ def test_the_dump_watcher_never_opens_a_fifo_a_symlink_or_a_device(tmp_path) -> 
 
 
 def test_open_regular_checks_the_opened_file_even_when_the_name_is_swapped(tmp_path) -> None:
-    """Swap a regular file and a FIFO under one name as fast as possible while
-    opening it: every open returns a regular file or nothing, never blocks."""
+    """Swap a regular file, a FIFO and a symlink under one name as fast as
+    possible while opening it: every open returns that regular file or
+    nothing, and never blocks (a FIFO opened by name for reading would)."""
     name = tmp_path / "swap"
     regular, fifo = tmp_path / "r", tmp_path / "f"
     regular.write_bytes(b"x" * 10)
     os.mkfifo(fifo)
+    ino = regular.stat().st_ino
     stop = threading.Event()
 
     def swapper():
         i = 0
         while not stop.is_set():
-            tmp = tmp_path / f"l{i % 2}"
+            tmp = tmp_path / f"l{i % 3}"
             try:
-                os.symlink(fifo if i % 2 else regular, tmp)
+                if i % 3 == 0:
+                    os.link(regular, tmp)
+                elif i % 3 == 1:
+                    os.link(fifo, tmp)
+                else:
+                    os.symlink(regular, tmp)
                 os.replace(tmp, name)
             except FileExistsError:
                 pass
             i += 1
     t = threading.Thread(target=swapper, daemon=True)
     t.start()
-    opened = 0
+    opened, refused = 0, 0
     try:
-        deadline = time.monotonic() + 1.0
+        deadline = time.monotonic() + 1.5
         while time.monotonic() < deadline:
             try:
                 got = rankfs.open_regular(str(name))
             except OSError:
+                continue                         # a symlink (ELOOP) or mid-swap
+            if got is None:
+                refused += 1                     # the FIFO: named, checked, never opened
                 continue
-            if got is not None:                     # only ever a regular file, and never the
-                opened += 1                         # symlink followed (O_NOFOLLOW): none here
-                os.close(got[0])
+            fd, st = got
+            os.close(fd)
+            assert st.st_ino == ino
+            opened += 1
     finally:
         stop.set()
         t.join()
-    assert opened == 0
+    print(f"opened the regular file {opened} times, refused the FIFO {refused} times")
+    assert opened > 0 and refused > 0
