@@ -288,3 +288,28 @@ def test_a_discovered_environment_is_safe_text_whatever_its_bytes(allowed, other
         assert is_clean(k) and is_clean(v) and len(v) <= MAX_ENV_VALUE
     pb.RankIdentity.FromString(sample_pb(RankTracker(proc, 0.0), 1.0, (), {}, True)
                                .identity.SerializeToString())
+
+
+def test_the_hostile_text_counters_reach_metrics() -> None:
+    """The agent's counts travel in its health and the daemon exports them per node."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from ncclwatch.daemon.core import Daemon
+    from ncclwatch.daemon.export import DaemonCollector
+
+    ident = RankIdentity("job-\udcff", "explicit", 0, 0, 1)
+    t = RankTracker(RankProcess(7, 1.0, ident, {"NCCL_DEBUG_FILE": "/x/\udcfe"}), 0.0)
+    health = AgentHealthCounts(fields_dropped_total=2, texts_escaped_total=5,
+                               texts_truncated_total=1)
+    r = build_report(node="node-h", agent_id="agent-h", seq=1, now=1.0, wall=time.time(),
+                     interval=1.0, samples=[sample_pb(t, 1.0, (), {}, True)], exited=[],
+                     health=health, ranks_watched=1)
+    d = Daemon()
+    d.ingest(pb.ReportRequest(protocol_version=1, report=r))
+    got = {(s.name, s.labels.get("node")): s.value
+           for fam in text_string_to_metric_families(DaemonCollector(d).exposition().decode())
+           for s in fam.samples if s.name.startswith("ncclwatch_agent_")}
+    assert got[("ncclwatch_agent_fields_dropped_total", "node-h")] == 2
+    assert got[("ncclwatch_agent_texts_escaped_total", "node-h")] == 5
+    assert got[("ncclwatch_agent_texts_truncated_total", "node-h")] == 1
+    assert "job-\\xff" in d.table.jobs
