@@ -135,12 +135,16 @@ def for_log(value: object, cap: int = MAX_LOG) -> str:
 # Log messages are format strings written here; their arguments are often a
 # process's text (job ids, node names, paths, errors naming paths). Every
 # argument of a record from an ``ncclwatch`` logger is escaped as it is made,
-# so a newline in a job id cannot start a forged line in the journal.
+# so a newline in a job id cannot start a forged line in the journal, and
+# loses token formats and credential pairs (envpolicy.redact_patterns).
 
 
 def _escape_arg(arg: object) -> object:
     if isinstance(arg, (str, bytes, bytearray, BaseException)):
-        return for_log(arg if not isinstance(arg, BaseException) else str(arg))
+        from ncclwatch.envpolicy import redact_patterns   # envpolicy imports this module
+        text = to_text(arg if not isinstance(arg, BaseException) else str(arg))
+        # token formats and credential pairs go (a token in a path), run ids stay
+        return for_log(redact_patterns(text[:4 * MAX_LOG]))
     return arg
 
 

@@ -313,3 +313,17 @@ def test_the_hostile_text_counters_reach_metrics() -> None:
     assert got[("ncclwatch_agent_texts_escaped_total", "node-h")] == 5
     assert got[("ncclwatch_agent_texts_truncated_total", "node-h")] == 1
     assert "job-\\xff" in d.table.jobs
+
+
+def test_log_arguments_lose_tokens_but_keep_run_ids(caplog) -> None:
+    import logging
+
+    from ncclwatch.sanitize import install_log_escaping
+    install_log_escaping()
+    caplog.set_level("DEBUG")
+    logging.getLogger("ncclwatch.agent.ckptsize").debug(
+        "no size from %s (job %s)", "/ck/ghp_abcdefghijklmnopqrstuvwxyz0123/m.pt",
+        "Xk3jQ9vLm2Np8Rt5Wz7Yb4Hc6Df1Gs0A")
+    (msg,) = [r.getMessage() for r in caplog.records]
+    assert "ghp_abcdefghij" not in msg and "<redacted>" in msg
+    assert "Xk3jQ9vLm2Np8Rt5Wz7Yb4Hc6Df1Gs0A" in msg
