@@ -317,7 +317,7 @@ def _redact_random_spans(m: re.Match[str]) -> str:
         return REDACTED if looks_random(parts[0]) else parts[0]
     n = len(parts)
     judged = run.rstrip("=").split("/")       # '=' padding ends only the last part
-    kinds_run = {_kind(c) for c in run}
+    kinds_run = {k for k, table in _DROP_KIND.items() if len(run.translate(table)) < len(run)}
     if not any(all(k in kinds_run for k in r.needs) for r in RANDOM_RUN_RULES):
         return run                             # no span can hold what any rule needs
     # prefix sums over components: chars, alnum, structure, components with U/L/D
