@@ -276,6 +276,9 @@ def _job_timeouts(from_file: Any, flags: list[str]) -> dict[str, float]:
 
 
 def _setup_logging(level: str) -> None:
+    from ncclwatch.sanitize import install_log_escaping
+
+    install_log_escaping()   # arguments (job ids, node names, paths) are escaped
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)

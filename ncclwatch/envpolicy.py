@@ -3,8 +3,15 @@
 Only allowlisted names are ever read into a sample, and their values are
 redacted where they carry data or look like credentials: query-string values
 and URL fragments always (structural), token formats, URLs with user info,
-``password=`` pairs, and any embedded run of token characters with no word
-structure. The rules are data.
+``key=value`` / ``key: value`` / ``--key value`` pairs whose key says secret,
+authorization schemes, any embedded run of token characters with no word
+structure, and keys split across two variables. The agent redacts paths and
+stack frames with the same ``redact_value``. The rules are data.
+
+Every rule is linear in the value: a pattern starts only where its run
+starts and never backtracks into it (possessive quantifiers), and spans of
+a run are judged from prefix sums (a 4.5 KB path-like value once took
+minutes; tests/test_redaction.py checks the growth up to 1 MB).
 """
 
 from __future__ import annotations
@@ -12,6 +19,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Mapping
+
+from ncclwatch.sanitize import MAX_ENV_VALUE, MAX_NAME, clean
 
 #: Exact names: rank/launcher identity and ncclwatch's own hints.
 ALLOWED_NAMES: frozenset[str] = frozenset(
@@ -48,27 +57,99 @@ LOCAL_USE_NAMES: frozenset[str] = frozenset(
     """.split()
 )
 
-#: Names that are never read, even under an allowed prefix.
-SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION)", re.I)
+#: Names that are never read, even under an allowed prefix: any that holds one
+#: of these (``NCCL_IB_SECRET_THING``) ...
+SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION|PRIVATE"
+                         r"|SIGNATURE)", re.I)
+#: ... or one of these as a whole word between ``_``, ``.`` or ``-``
+#: (``NCCL_CRED``, ``TORCH_NCCL_PWD``; not ``NCCL_IB_PCI_RELAXED_ORDERING``).
+SECRET_NAME_WORDS: frozenset[str] = frozenset(
+    "PASS PWD PW PASSPHRASE CRED CREDS SIG JWT BEARER APIKEY PAT".split())
+_NAME_WORD = re.compile(r"[_.-]")
 
 REDACTED = "<redacted>"
 
-#: (pattern, replacement) for value parts that look like credentials.
-SECRET_VALUE_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+#: Key names (of ``key=value``, ``key: value``, ``--key value``) whose value is a
+#: secret: the key's last word is one of these (``client_secret``, ``access_key``,
+#: ``pass``, ``X-Goog-Signature``) or it holds one of the strong words anywhere.
+_SECRET_KEY_LAST = re.compile(
+    r"(?i)(?:^|[_.-])(?:pass|passwd|password|pwd|pw|passphrase|secret|token|api_?key|apikey"
+    r"|access_?key|private_?key|key|cred|creds|credentials?|auth|authorization|sig"
+    r"|signature|session|cookie|jwt)$")
+_SECRET_KEY_ANY = re.compile(r"(?i)passw|secret|credential|api_?key|private_?key|auth_?token")
+
+
+def secret_key(key: str) -> bool:
+    """A key (of a pair or an option) that says its value is a secret."""
+    return bool(_SECRET_KEY_LAST.search(key) or _SECRET_KEY_ANY.search(key))
+
+
+def _pair(m: re.Match[str]) -> str:
+    return m.group(1) + m.group(2) + REDACTED if secret_key(m.group(1)) else m.group(0)
+
+
+def _flag(m: re.Match[str]) -> str:
+    return m.group(1) + m.group(2) + m.group(3) + REDACTED if secret_key(m.group(2)) \
+        else m.group(0)
+
+
+def _userinfo(m: re.Match[str]) -> str:
+    """``user:password@host`` without a scheme, inside a run free of ``\\s/@<>``
+    that an ``@host`` follows: the credential starts at the run or after one
+    of ``,;=`` and is a user name, ``:``, and a password up to the ``@``."""
+    run, start = m.group(0), m.start()
+    text = m.string
+    begin = 0 if start == 0 or text[start - 1].isspace() else None
+    for c in _USER_START.finditer(run):
+        if c.start() == 0 and begin is None:
+            continue                      # after '/', '@', '<' or '>': not a start
+        if c.end() < len(run):            # a password of at least one character
+            return run[:c.start()] + REDACTED
+    return run
+
+
+def _jwt(m: re.Match[str]) -> str:
+    """``a.b.c`` runs: a JWT is ``eyJ`` at a word start of ``a`` with 8+ after it."""
+    head = m.group(1)
+    for e in _EYJ.finditer(head):
+        if len(head) - e.end() >= 8:
+            return m.group(0)[:e.start()] + REDACTED
+    return m.group(0)
+
+
+_USER_START = re.compile(r"(?:^|(?<=[,;=]))[^:,;=]++:")
+_EYJ = re.compile(r"\beyJ")
+
+#: (pattern, replacement) for value parts that look like credentials. Each
+#: pattern starts only where its run starts and never backtracks into a run
+#: (possessive quantifiers), so every rule is linear in the value.
+SECRET_VALUE_PATTERNS: tuple[tuple[re.Pattern[str], object], ...] = (
     # scheme://user:password@host -> scheme://<redacted>@host
-    (re.compile(r"(?<=://)[^/@\s]+(?=@)"), REDACTED),
+    (re.compile(r"(?<=://)[^/@\s]++(?=@)"), REDACTED),
     # user:password@host without a scheme (MASTER_ADDR, host lists)
-    (re.compile(r"(?:^|(?<=[\s,;=]))[^\s/@:,;=<>]+:[^\s/@<>]+(?=@[\w.\[-])"), REDACTED),
-    # key=value pairs whose key says secret (query strings, option lists)
-    (re.compile(r"(?i)\b(password|passwd|pwd|token|secret|api_?key|key)=[^&;,\s]+"),
-     r"\1=" + REDACTED),
+    (re.compile(r"(?<![^\s/@<>])[^\s/@<>]++(?=@[\w.\[-])"), _userinfo),
+    # Authorization schemes, any case: "Bearer x", "basic dXNlcjpw", "token ghp_.."
+    (re.compile(r"(?i)\b(bearer|basic|token|digest)([ \t]++)[A-Za-z0-9._~+/=-]++"),
+     r"\1\2" + REDACTED),
+    # --password x, --api-key=x, -token x
+    (re.compile(r"(?<![\w-])(--?)([A-Za-z][\w.-]*+)(=|[ \t]++)[^\s]++"), _flag),
+    # key=value, key: value, key = value whose key says secret (query strings,
+    # option lists, YAML-ish "token: x"); the key stays, so the value says what it was
+    (re.compile(r"(?<![\w.-])([A-Za-z_][\w.-]*+)([ \t]*+[=:][ \t]*+)[^\s&;,]++"), _pair),
     # Token formats, wherever they sit (a token inside a path: /tmp/fr_ghp_...).
     (re.compile(r"(?:AKIA|ASIA)[0-9A-Z]{16}"), REDACTED),              # AWS access key id
     (re.compile(r"hf_[A-Za-z0-9]{20,}"), REDACTED),                    # Hugging Face token
     (re.compile(r"gh[pousr]_[A-Za-z0-9]{20,}"), REDACTED),             # GitHub token
+    (re.compile(r"github_pat_[A-Za-z0-9_]{20,}"), REDACTED),           # GitHub fine-grained
+    (re.compile(r"glpat-[A-Za-z0-9_-]{20,}"), REDACTED),               # GitLab token
+    (re.compile(r"npm_[A-Za-z0-9]{30,}"), REDACTED),                   # npm token
     (re.compile(r"xox[abposr]-[A-Za-z0-9-]{10,}"), REDACTED),          # Slack token
     (re.compile(r"(?<![A-Za-z])sk-[A-Za-z0-9_-]{20,}"), REDACTED),     # sk- API keys
-    (re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*"), REDACTED),  # JWT
+    (re.compile(r"(?<![A-Za-z])[rsp]k_(?:live|test)_[A-Za-z0-9]{16,}"), REDACTED),  # Stripe
+    (re.compile(r"AIza[0-9A-Za-z_-]{35}"), REDACTED),                  # Google API key
+    # JWT: three dot-separated runs, the first holding "eyJ" at a word start
+    (re.compile(r"(?<![A-Za-z0-9_-])([A-Za-z0-9_-]++)\.[A-Za-z0-9_-]{8,}+\.[A-Za-z0-9_-]*+"),
+     _jwt),
 )
 
 #: Structural rules, whatever the names say: every value of a query string
@@ -119,12 +200,21 @@ RANDOM_RUN_RULES: tuple[RandomRunRule, ...] = (
 _HEX_KEY = re.compile(r"(?<![0-9a-fA-F])(?=[0-9a-fA-F]*[a-fA-F])(?=[0-9a-fA-F]*[0-9])[0-9a-fA-F]{32,}(?![0-9a-fA-F])")
 
 
+#: str.translate tables that drop one character kind (counts at C speed).
+_DROP_KIND = {
+    "U": str.maketrans("", "", "ABCDEFGHIJKLMNOPQRSTUVWXYZ"),
+    "L": str.maketrans("", "", "abcdefghijklmnopqrstuvwxyz"),
+    "D": str.maketrans("", "", "0123456789"),
+}
+
+
 def _kind(c: str) -> str:
     return "U" if c.isupper() else "L" if c.islower() else "D" if c.isdigit() else "O"
 
 
 def is_allowed(name: str) -> bool:
-    if SECRET_NAME.search(name):
+    if SECRET_NAME.search(name) or not SECRET_NAME_WORDS.isdisjoint(
+            _NAME_WORD.split(name.upper())):
         return False
     return name in ALLOWED_NAMES or name.startswith(ALLOWED_PREFIXES)
 
@@ -173,27 +263,122 @@ def _redact_if_random(m: re.Match[str]) -> str:
     return REDACTED if looks_random(m.group(0)) else m.group(0)
 
 
+#: A secret with '/' in it (base64) is judged over at most this many adjacent
+#: path components: a 64-byte base64 key holds one or two '/', one of 300
+#: bytes a handful. Bounding the span keeps the judgement linear in the run.
+MAX_SPAN = 6
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """What RANDOM_RUN_RULES look at in a run (``looks_random``'s inputs)."""
+
+    length: int
+    kinds: frozenset[str]       # of U, L, D present
+    alnum: int
+    structure: int
+    switches: float
+
+
+def _judge(shape: _Shape) -> bool:
+    return any(shape.length >= r.min_len and all(k in shape.kinds for k in r.needs)
+               and shape.structure <= r.max_structure * shape.alnum
+               and shape.switches >= r.min_switches for r in RANDOM_RUN_RULES)
+
+
+def _letters(core: str) -> tuple[int, str, str, int]:
+    """(count, first kind, last kind, kind changes) of the non-separator characters."""
+    n, first, last, changes = 0, "", "", 0
+    for c in core:
+        k = _kind(c)
+        if k == "O":
+            continue
+        if n and k != last:
+            changes += 1
+        if not n:
+            first = k
+        n, last = n + 1, k
+    return n, first, last, changes
+
+
 def _redact_random_spans(m: re.Match[str]) -> str:
     """Within a run that holds '/', the spans of whole components that look
     random (a base64 secret with '/' in it, inside a path of names) go.
 
-    The smallest random spans are found first; a hit then takes its neighbours
-    along while they are not plain names (lower-case letters or digits only), so
-    a secret's short pieces go with it and ``/ckpt/`` or ``/x.pt`` stay.
+    The smallest random spans (up to MAX_SPAN components) are found first; a
+    hit then takes its neighbours along while they are not plain names
+    (lower-case letters or digits only), so a secret's short pieces go with it
+    and ``/ckpt/`` or ``/x.pt`` stay. Linear: each component's shape is read
+    once, a span's shape is summed from prefix sums.
     """
-    parts = m.group(0).split("/")
+    run = m.group(0)
+    parts = run.split("/")
     if len(parts) == 1:
         return REDACTED if looks_random(parts[0]) else parts[0]
     n = len(parts)
+    judged = run.rstrip("=").split("/")       # '=' padding ends only the last part
+    kinds_run = {k for k, table in _DROP_KIND.items() if len(run.translate(table)) < len(run)}
+    if not any(all(k in kinds_run for k in r.needs) for r in RANDOM_RUN_RULES):
+        return run                             # no span can hold what any rule needs
+    # prefix sums over components: chars, alnum, structure, components with U/L/D
+    switches = any(r.min_switches > 0 for r in RANDOM_RUN_RULES)
+    length = [0] * (n + 1)
+    alnum = [0] * (n + 1)
+    struct = [0] * (n + 1)
+    has = {k: [0] * (n + 1) for k in "ULD"}
+    letters = []
+    for i, p in enumerate(judged):
+        counts = {k: len(p) - len(p.translate(table)) for k, table in _DROP_KIND.items()}
+        length[i + 1] = length[i] + len(p)
+        alnum[i + 1] = alnum[i] + sum(counts.values())
+        struct[i + 1] = struct[i] + (sum(_structure(seg) for seg in _SEGMENT.split(p))
+                                     if p else 0)
+        for k in "ULD":
+            has[k][i + 1] = has[k][i] + (counts[k] > 0)
+        if switches:
+            letters.append(_letters(p))
+
+    def shape(i: int, j: int) -> _Shape | None:
+        """The shape of parts[i..j] joined, stripped of outer '/' (None: empty)."""
+        while i <= j and not judged[i]:
+            i += 1
+        while j >= i and not judged[j]:
+            j -= 1
+        if i > j:
+            return None
+        if i == j and _UUID.fullmatch(judged[i]):
+            return _Shape(0, frozenset(), 0, 0, 0.0)
+        chars = length[j + 1] - length[i] + (j - i)
+        kinds = frozenset(k for k in "ULD" if has[k][j + 1] - has[k][i])
+        sw = 0.0
+        if switches:
+            count, changes, last = 0, 0, ""
+            for k in range(i, j + 1):
+                c, first, lst, ch = letters[k]
+                if not c:
+                    continue
+                changes += ch + (1 if last and first != last else 0)
+                count, last = count + c, lst
+            sw = changes / max(1, count - 1)
+        return _Shape(chars, kinds, alnum[j + 1] - alnum[i], struct[j + 1] - struct[i], sw)
+
     hit = [False] * n
-    for length in range(1, n + 1):
-        for i in range(n - length + 1):
-            span = range(i, i + length)
-            if any(hit[k] for k in span) and length > 1:
+    min_len = min(r.min_len for r in RANDOM_RUN_RULES)
+    for span in range(1, min(n, MAX_SPAN) + 1):
+        hits = [0] * (n + 1)                 # hits before this pass, as prefix sums
+        for k in range(n):
+            hits[k + 1] = hits[k] + hit[k]
+        marked_to = -1                       # the last part marked in this pass
+        for i in range(n - span + 1):
+            j = i + span - 1
+            if span > 1 and (i <= marked_to or hits[j + 1] - hits[i]
+                             or length[j + 1] - length[i] + span - 1 < min_len):
                 continue
-            if looks_random("/".join(parts[i:i + length])):
-                for k in span:
+            sh = shape(i, j)
+            if sh is not None and _judge(sh):
+                for k in range(i, j + 1):
                     hit[k] = True
+                marked_to = j
     plain = [p == "" or p.isdigit() or (p.isalpha() and p.islower()) for p in parts]
     for k in list(range(n)) + list(reversed(range(n))):       # grow hits both ways
         if hit[k]:
@@ -214,14 +399,11 @@ def looks_random(run: str) -> bool:
     core = run.rstrip("=").strip("/")
     if _UUID.fullmatch(core):
         return False
-    kinds = [_kind(c) for c in core]
-    alnum = len(kinds) - kinds.count("O")
-    structure = sum(_structure(segment) for segment in _SEGMENT.split(core))
-    letters = [k for k in kinds if k != "O"]          # separators are not switches
-    switches = sum(a != b for a, b in zip(letters, letters[1:])) / max(1, len(letters) - 1)
-    return any(len(core) >= r.min_len and all(k in kinds for k in r.needs)
-               and structure <= r.max_structure * alnum and switches >= r.min_switches
-               for r in RANDOM_RUN_RULES)
+    count, _, _, changes = _letters(core)
+    kinds = frozenset(_kind(c) for c in core) - {"O"}
+    return _judge(_Shape(len(core), kinds, count,
+                         sum(_structure(segment) for segment in _SEGMENT.split(core)),
+                         changes / max(1, count - 1)))
 
 
 def _structure(segment: str) -> int:
@@ -243,6 +425,60 @@ def local_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: env[k] for k in LOCAL_USE_NAMES if k in env}
 
 
+#: A value's tail and head as a token could continue them across variables.
+_TAIL = re.compile(r"[A-Za-z0-9+/_=-]{1,128}$")
+_HEAD = re.compile(r"^[A-Za-z0-9+/_-]{1,128}")
+#: Joined pieces shorter than this cannot make a token any rule knows; a piece
+#: shorter than _PIECE_MIN is a word (``INFO``, ``eth0``), not half a key.
+_SPLIT_MIN = 16
+_PIECE_MIN = 6
+#: Values looked at for split keys (the allowlist keeps a process's count small).
+_SPLIT_MAX_VALUES = 64
+
+
+def split_secrets(values: dict[str, str]) -> dict[str, str]:
+    """Redact a key split across two variables (``NCCL_X_A=hf_abcd``,
+    ``NCCL_X_B=efgh...``): neither half looks like a key alone, the two joined
+    do. For every ordered pair, the tail of one value and the head of the other
+    are joined and redacted; where the joined redaction differs from the
+    halves redacted apart, both halves go. Bounded: 128 characters a piece,
+    at most ``_SPLIT_MAX_VALUES`` values."""
+    names = [k for k in sorted(values)][:_SPLIT_MAX_VALUES]
+    tails = {k: m.group(0) for k in names
+             if (m := _TAIL.search(values[k])) and len(m.group(0)) >= _PIECE_MIN}
+    heads = {k: m.group(0) for k in names
+             if (m := _HEAD.match(values[k])) and len(m.group(0)) >= _PIECE_MIN}
+    alone = {p: redact_value(p) for p in {*tails.values(), *heads.values()}}
+    cut_tail: set[str] = set()
+    cut_head: set[str] = set()
+    for a, tail in tails.items():
+        for b, head in heads.items():
+            if a == b or len(tail) + len(head) < _SPLIT_MIN or REDACTED in tail + head:
+                continue
+            if redact_value(tail + head) != alone[tail] + alone[head]:
+                cut_tail.add(a)
+                cut_head.add(b)
+    out = dict(values)
+    for k in cut_tail | cut_head:
+        v = out[k]
+        if k in cut_tail:
+            v = v[:len(v) - len(tails[k])] + REDACTED
+        if k in cut_head and v.startswith(heads[k]):
+            v = REDACTED + v[len(heads[k]):]
+        out[k] = v.replace(REDACTED + REDACTED, REDACTED)
+    return out
+
+
+#: Allowlisted variables kept per process (by name order): a process with
+#: thousands of NCCL_* variables costs the agent no more than this.
+MAX_VARIABLES = 256
+
+
 def filter_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The allowlisted, redacted subset of a process environment."""
-    return {k: redact_value(v) for k, v in env.items() if is_allowed(k)}
+    """The allowlisted, redacted subset of a process environment: names and
+    values as safe text (ncclwatch.sanitize), each value redacted alone, then
+    keys split across two values redacted too."""
+    names = sorted(k for k in env if is_allowed(k))[:MAX_VARIABLES]
+    out = {clean(k, MAX_NAME): clean(redact_value(env[k][:4 * MAX_ENV_VALUE]), MAX_ENV_VALUE)
+           for k in names}
+    return split_secrets(out)

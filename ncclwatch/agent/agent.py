@@ -27,6 +27,7 @@ from ncclwatch.agent.sample import ProcessSampler
 from ncclwatch.agent.scheduler import SchedulerLookup
 from ncclwatch.agent.tracker import RankTracker
 from ncclwatch.agent.uplink import Uplinks
+from ncclwatch.sanitize import COUNTS, for_log, install_log_escaping
 from ncclwatch.sdnotify import Notifier
 from ncclwatch.signatures import DEFAULT_CLASSIFIER, Classifier
 from ncclwatch.tls import ClientTLS
@@ -58,6 +59,7 @@ class Agent:
                  pyspy: PySpy | None = None, classifier: Classifier = DEFAULT_CLASSIFIER,
                  discovery: Discovery | None = None, notifier: Notifier | None = None,
                  scheduler: SchedulerLookup | None = None) -> None:
+        install_log_escaping()      # a rank's text never forges a log line
         self.config = config
         self.notifier = notifier
         self.agent_id = uuid.uuid4().hex
@@ -131,15 +133,16 @@ class Agent:
                     t.forced = True
                     hit += 1
             if hit:
-                log.debug("daemon asked for stacks of %s (%s)", job, cmd.dump_stacks.reason)
+                log.debug("daemon asked for stacks of %s (%s)", for_log(job),
+                          for_log(cmd.dump_stacks.reason))
                 self._wake.set()
         elif cmd.HasField("dump_flight_recorder"):
             job = cmd.dump_flight_recorder.job_id
             procs = [t.proc for t in self.trackers.values() if t.proc.identity.job_id == job]
             n = self.frprobe.request(procs)
             if n:
-                log.info("asked %d rank(s) of %s for a Flight Recorder dump (%s)", n, job,
-                         cmd.dump_flight_recorder.reason)
+                log.info("asked %d rank(s) of %s for a Flight Recorder dump (%s)", n,
+                         for_log(job), for_log(cmd.dump_flight_recorder.reason))
 
     def _on_connect(self) -> None:
         # A new stream may be a new daemon: send every rank's job info again.
@@ -192,7 +195,7 @@ class Agent:
                 self.trackers[pid] = RankTracker(proc, now)
                 log.info("watching rank %s of job %s (pid %d, rank from %s)",
                          proc.identity.rank if proc.identity.known else "?",
-                         proc.identity.job_id, pid, proc.identity.rank_source)
+                         for_log(proc.identity.job_id), pid, for_log(proc.identity.rank_source))
         for pid, t in list(self.trackers.items()):
             sample = self.sampler.sample(pid)
             if sample is None:  # exited between scan and sample
@@ -201,7 +204,11 @@ class Agent:
                 del self.trackers[pid]
                 continue
             t.observe_process(sample, time.monotonic())
-            self._name_job(t)
+            try:
+                self._name_job(t)
+            except Exception as e:  # noqa: BLE001 - one rank's strange job must not fail the round
+                COUNTS.fields_dropped_total += 1
+                log.debug("no scheduler job for pid %d: %s", pid, for_log(repr(e)))
         return self.gpu.read() if self.gpu.up else EMPTY
 
     def _name_job(self, t: RankTracker) -> None:
@@ -240,7 +247,12 @@ class Agent:
         refresh = self.rounds % JOB_INFO_EVERY == 0
         for t in self.trackers.values():
             with_job = refresh or not t.env_sent
-            samples.append(sample_pb(t, now, by_pid.get(t.pid, ()), devices, with_job))
+            try:
+                samples.append(sample_pb(t, now, by_pid.get(t.pid, ()), devices, with_job))
+            except Exception as e:  # noqa: BLE001 - one rank never fails the round
+                COUNTS.fields_dropped_total += 1
+                log.debug("left pid %d out of this round: %s", t.pid, for_log(repr(e)))
+                continue
             t.env_sent = True
             t.flight_recorder = None  # sent once per dump
         self._trim_stacks()
@@ -257,6 +269,9 @@ class Agent:
             queue_length=self.uplink.queue_length,
             # py-spy runs as our child: its CPU is our cost too.
             cpu_seconds_total=cpu.user + cpu.system + cpu.children_user + cpu.children_system,
+            fields_dropped_total=COUNTS.fields_dropped_total,
+            texts_escaped_total=COUNTS.escaped_total,
+            texts_truncated_total=COUNTS.truncated_total,
         )
         exited, self._exited = self._exited, []
         return build_report(node=self.config.node, agent_id=self.agent_id, seq=self.seq,

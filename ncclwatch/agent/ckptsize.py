@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 from dataclasses import dataclass
 
+from ncclwatch.agent import rankfs
 from ncclwatch.ckpthead import (MAX_HEAD_BYTES, HeaderError, HeaderIncomplete, HeaderSize,
                                 expected_size)
 
@@ -163,12 +163,14 @@ class SizeReader:
         """Up to n bytes from the start of the rank's open file, never blocking
         on it (O_NONBLOCK), never through a path that may name another file."""
         try:
-            own = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            # O_PATH first: a FIFO or device the rank holds is never opened.
+            got = rankfs.open_regular(f"/proc/{pid}/fd/{fd}")
         except OSError:
             return None
+        if got is None:
+            return None
+        own, _ = got
         try:
-            if not stat.S_ISREG(os.fstat(own).st_mode):
-                return None
             self.reads_total += 1
             data = os.pread(own, n, 0)
             self.bytes_read_total += len(data)

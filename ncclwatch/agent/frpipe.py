@@ -22,9 +22,11 @@ blocking: ``O_WRONLY | O_NONBLOCK``; ENXIO means no process holds it open),
 and poll until the file was rewritten and is a complete pickle.
 
 The paths here are the ones the training process sees. The agent runs as root
-next to other users' processes, possibly in other mount namespaces; resolving
-them through ``/proc/<pid>/root`` (and relative ones through
-``/proc/<pid>/cwd``) is the caller's concern for later, not done here. Writing
+next to other users' processes, possibly in other mount namespaces: callers
+name them through ``/proc/<pid>/root`` (``frprobe``), and the dump watcher
+resolves such names inside the rank's root (``rankfs.open_regular``:
+``openat2(RESOLVE_IN_ROOT)``, O_PATH first, ``O_NOFOLLOW``, the opened file
+checked with ``fstat``, never the name). Writing
 one byte into a FIFO is harmless; this module never writes anything else, and
 refuses a path that is not a FIFO (a regular file, a device, a symlink).
 
@@ -43,6 +45,7 @@ import stat
 import time
 from collections.abc import Mapping, Sequence
 
+from ncclwatch.agent import rankfs
 from ncclwatch.flightrec import (
     MAX_DUMP_BYTES,
     FlightRecorderError,
@@ -204,24 +207,26 @@ def trigger(pipe: str) -> bool:
 # ------------------------------------------------------------------ watcher
 
 
-def _signature(path: str) -> tuple[int, int, int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    if not stat.S_ISREG(st.st_mode):
-        return None
+def _sig(st: os.stat_result) -> tuple[int, int, int, int]:
     return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_ctime_ns)
 
 
-def _read_regular(path: str, max_bytes: int) -> bytes | None:
+def _signature(path: str) -> tuple[int, int, int, int] | None:
+    """The dump file's identity, judged on the file (O_PATH + fstat), never
+    following a last symlink: None unless it is a regular file."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        got = rankfs.open_regular(path)
     except OSError:
         return None
+    if got is None:
+        return None
+    fd, st = got
+    os.close(fd)
+    return _sig(st)
+
+
+def _read_open(fd: int, max_bytes: int) -> bytes | None:
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
         chunks, left = [], max_bytes + 1
         while left > 0:
             b = os.read(fd, min(left, 1 << 20))
@@ -232,8 +237,6 @@ def _read_regular(path: str, max_bytes: int) -> bytes | None:
         return b"".join(chunks)
     except OSError:
         return None
-    finally:
-        os.close(fd)
 
 
 class DumpWatcher:
@@ -257,12 +260,24 @@ class DumpWatcher:
 
     def poll(self) -> FrDump | None:
         for path in self.paths:
-            sig = _signature(path)
-            if sig is None or sig == self._seen[path]:
+            # One open per look: the file that is judged (a regular file, not a
+            # symlink, FIFO or device a rank swapped in) is the file that is read.
+            try:
+                got = rankfs.open_regular(path)
+            except OSError:
                 continue
-            data = _read_regular(path, self.max_bytes)
-            if data is None or _signature(path) != sig:
-                continue                 # changed while reading: still being written
+            if got is None:
+                continue
+            fd, st = got
+            try:
+                sig = _sig(st)
+                if sig == self._seen[path]:
+                    continue
+                data = _read_open(fd, self.max_bytes)
+                if data is None or _sig(os.fstat(fd)) != sig:
+                    continue             # changed while reading: still being written
+            finally:
+                os.close(fd)
             if len(data) > self.max_bytes:
                 self._seen[path] = sig   # never going to load; wait for the next rewrite
                 log.warning("%s: over %d bytes, ignored", path, self.max_bytes)

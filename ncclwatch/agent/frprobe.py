@@ -25,6 +25,7 @@ from typing import Iterable
 from ncclwatch.agent import frpipe
 from ncclwatch.agent.discover import RankProcess
 from ncclwatch.flightrec import FrDump, summarize
+from ncclwatch.sanitize import MAX_LABEL, clean
 from ncclwatch.v1 import collector_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -60,16 +61,18 @@ def _env_with_home(proc: RankProcess) -> dict[str, str]:
 
 def summary_pb(dump: FrDump, written_at: float, now_wall: float) -> pb.FlightRecorderSummary:
     """The compact summary the daemon gets (per group: seq ids, pending op, timeout)."""
-    out = pb.FlightRecorderSummary(version=dump.version,
+    out = pb.FlightRecorderSummary(version=clean(dump.version, MAX_LABEL),
                                    dump_age_seconds=max(0.0, now_wall - written_at))
     for p in summarize(dump):
         pending_s = 0.0
         if p.pending_since_ns:
             pending_s = max(0.0, written_at - p.pending_since_ns / 1e9)
         out.groups.append(pb.ProcessGroupProgress(
-            pg_id=p.pg_id, pg_name=p.pg_name, pg_desc=p.pg_desc, ranks=list(p.ranks),
+            # Names inside a dump are the job's text: escaped and capped like any.
+            pg_id=clean(p.pg_id, MAX_LABEL), pg_name=clean(p.pg_name, MAX_LABEL),
+            pg_desc=clean(p.pg_desc, MAX_LABEL), ranks=list(p.ranks),
             last_enqueued=p.last_enqueued, last_started=p.last_started,
-            last_completed=p.last_completed, pending_op=p.pending_op,
+            last_completed=p.last_completed, pending_op=clean(p.pending_op, MAX_LABEL),
             pending_seq=p.pending_seq,
             pending_timeout_ms=p.pending_timeout_ms or p.timeout_ms or 0,
             pending_seconds=pending_s))
@@ -140,10 +143,8 @@ class FlightRecorderProbe:
                 dump = None
                 p.deadline = 0.0
             if dump is not None:
-                try:
-                    written = os.stat(dump.path).st_mtime
-                except OSError:
-                    written = time.time()
+                sig = frpipe._signature(dump.path)      # the file, inside the rank's root
+                written = sig[0] / 1e9 if sig is not None else time.time()
                 out[pid] = summary_pb(dump, written, time.time())
                 self.dumps_total += 1
                 del self._pending[pid]

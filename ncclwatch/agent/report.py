@@ -7,14 +7,22 @@ frames a stream has not seen yet.
 
 from __future__ import annotations
 
+import functools
+import logging
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence, TypeVar
 
 from ncclwatch.agent.discover import RankProcess
 from ncclwatch.agent.gpu import GpuDevice, GpuProcessMemory
 from ncclwatch.agent.tracker import RankTracker
+from ncclwatch.envpolicy import redact_value
+from ncclwatch.sanitize import (COUNTS, MAX_ENV_VALUE, MAX_FRAME, MAX_LABEL, MAX_NAME, MAX_PATH,
+                                clean)
 from ncclwatch.stacks import Stack
 from ncclwatch.v1 import collector_pb2 as pb
+
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 #: Reports as built here (full samples only); streams send them as protocol 2
 #: with briefs (``delta``), or as this to a daemon that speaks only 1.
@@ -49,19 +57,64 @@ class AgentHealthCounts:
     reports_dropped_total: int = 0
     queue_length: int = 0
     cpu_seconds_total: float = 0.0
+    #: Hostile text (ncclwatch.sanitize): a rank's field left out of a round
+    #: because it could not be encoded, strings escaped, strings cut to a cap.
+    fields_dropped_total: int = 0
+    texts_escaped_total: int = 0
+    texts_truncated_total: int = 0
+
+
+# -- text that leaves the node -------------------------------------------------------
+#
+# Every string of a report is a process's bytes: made valid, safe text by the
+# sanitiser and, where it can hold a credential (paths, frames, env values),
+# redacted. Paths and frames repeat from round to round: the result is cached.
+
+
+def sent_path(path: str) -> str:
+    """A file path as it leaves the node: redacted, escaped, capped."""
+    return _sent(path[:4 * MAX_PATH], MAX_PATH)
+
+
+def sent_frame(text: str) -> str:
+    """A frame's function or file name as it leaves the node."""
+    return _sent(text[:4 * MAX_FRAME], MAX_FRAME)
+
+
+@functools.lru_cache(maxsize=2048)        # keys cut to 16 KiB: at most 32 MiB, ~1 in practice
+def _sent(text: str, cap: int) -> str:
+    return clean(redact_value(text), cap)
+
+
+def sent_env(env: dict[str, str]) -> dict[str, str]:
+    """Env names and (already redacted) values, escaped and capped."""
+    return {clean(k, MAX_NAME): clean(v, MAX_ENV_VALUE) for k, v in env.items()}
+
+
+def _field(what: str, build: Callable[[], _T]) -> _T | None:
+    """One field of one rank: a failure drops the field for this round, counted,
+    never the round."""
+    try:
+        return build()
+    except Exception as e:  # noqa: BLE001 - hostile input must not fail a round
+        COUNTS.fields_dropped_total += 1
+        log.debug("left %s out of a sample: %s", what, clean(repr(e), 200))
+        return None
 
 
 def identity_pb(proc: RankProcess) -> pb.RankIdentity:
     i = proc.identity
-    return pb.RankIdentity(job_id=i.job_id, rank=i.rank, local_rank=i.local_rank,
-                           world_size=i.world_size, pid=proc.pid, rank_source=i.rank_source)
+    return pb.RankIdentity(job_id=clean(i.job_id, MAX_LABEL), rank=i.rank,
+                           local_rank=i.local_rank, world_size=i.world_size, pid=proc.pid,
+                           rank_source=clean(i.rank_source, MAX_NAME))
 
 
 def stack_pb(stack: Stack) -> pb.Stack:
     return pb.Stack(
-        id=stack.id,
-        thread_name=stack.thread_name,
-        frames=[pb.Frame(name=f.name, filename=f.filename, line=f.line) for f in stack.frames],
+        id=clean(stack.id, MAX_NAME),
+        thread_name=clean(stack.thread_name, MAX_NAME),
+        frames=[pb.Frame(name=sent_frame(f.name), filename=sent_frame(f.filename), line=f.line)
+                for f in stack.frames],
     )
 
 
@@ -76,45 +129,66 @@ def sample_pb(t: RankTracker, now: float, gpu: Sequence[GpuProcessMemory],
         stack_id=t.stack_id,
     )
     if t.sample is not None:
-        p = t.sample
         s.still_seconds = t.still_seconds(now)
-        s.process.CopyFrom(pb.ProcessStats(
-            cpu_seconds=p.cpu_seconds, cpu_utilization=t.cpu_util, rss_bytes=p.rss_bytes,
-            io_read_bytes=p.io_read_bytes, io_write_bytes=p.io_write_bytes,
-            num_threads=p.num_threads,
-            files_writing=[pb.OpenFile(path=f.path, size_bytes=f.size_bytes,
-                                       previous_path=f.previous_path,
-                                       previous_size_bytes=f.previous_size_bytes,
-                                       expected_size_bytes=f.expected_size_bytes,
-                                       expected_source=f.expected_source,
-                                       copy_source_path=f.copy_source_path,
-                                       header_error=f.header_error[:200])
-                           for f in p.files_writing],
-            vms_bytes=p.vms_bytes,
-            memory_limits=[pb.MemoryLimit(kind=LIMIT_KINDS[m.kind], used_bytes=m.used_bytes,
-                                          limit_bytes=m.limit_bytes)
-                           for m in p.memory_limits],
-        ))
+        process = _field("process stats", lambda: _process_pb(t))
+        if process is not None:
+            s.process.CopyFrom(process)
     for g in gpu:
         d = devices.get(g.device_index)
         s.gpu.append(pb.GpuMemory(
             device_index=g.device_index, used_bytes=g.used_bytes,
-            device_uuid=d.uuid if d else "", device_total_bytes=d.total_bytes if d else 0,
+            device_uuid=clean(d.uuid, MAX_NAME) if d else "",
+            device_total_bytes=d.total_bytes if d else 0,
             device_used_bytes=d.used_bytes if d else 0))
     if t.flight_recorder is not None:
-        s.flight_recorder.CopyFrom(t.flight_recorder)
+        fr = t.flight_recorder
+        if _field("flight recorder summary", fr.SerializeToString) is not None:
+            s.flight_recorder.CopyFrom(fr)
     if with_job:
-        s.job.CopyFrom(pb.JobInfo(
-            source=t.proc.identity.job_source,
-            env=t.proc.env,
-            watchdog_timeout_seconds=declared_timeout(t.proc.env),
-        ))
-        sj = t.scheduler_job
-        if sj is not None:
-            s.job.scheduler_job.CopyFrom(pb.SchedulerJob(
-                scheduler=sj.scheduler, job_id=sj.job_id, job_name=sj.name, user=sj.user,
-                source=sj.source))
+        job = _field("job info", lambda: _job_pb(t))
+        if job is not None:
+            s.job.CopyFrom(job)
     return s
+
+
+def _process_pb(t: RankTracker) -> pb.ProcessStats:
+    p = t.sample
+    out = pb.ProcessStats(
+        cpu_seconds=p.cpu_seconds, cpu_utilization=t.cpu_util, rss_bytes=p.rss_bytes,
+        io_read_bytes=p.io_read_bytes, io_write_bytes=p.io_write_bytes,
+        num_threads=p.num_threads,
+        vms_bytes=p.vms_bytes,
+        memory_limits=[pb.MemoryLimit(kind=LIMIT_KINDS[m.kind], used_bytes=m.used_bytes,
+                                      limit_bytes=m.limit_bytes)
+                       for m in p.memory_limits],
+    )
+    for f in p.files_writing:
+        one = _field("an open file", lambda f=f: pb.OpenFile(
+            path=sent_path(f.path), size_bytes=f.size_bytes,
+            previous_path=sent_path(f.previous_path),
+            previous_size_bytes=f.previous_size_bytes,
+            expected_size_bytes=f.expected_size_bytes,
+            expected_source=clean(f.expected_source, MAX_NAME),
+            copy_source_path=sent_path(f.copy_source_path),
+            header_error=clean(redact_value(f.header_error[:800]), 200)))
+        if one is not None:
+            out.files_writing.append(one)
+    out.SerializeToString()       # whatever slipped through fails here, not in the round
+    return out
+
+
+def _job_pb(t: RankTracker) -> pb.JobInfo:
+    env = t.proc.env
+    out = pb.JobInfo(source=clean(t.proc.identity.job_source, MAX_NAME), env=sent_env(env),
+                     watchdog_timeout_seconds=declared_timeout(env))
+    sj = t.scheduler_job
+    if sj is not None:
+        out.scheduler_job.CopyFrom(pb.SchedulerJob(
+            scheduler=clean(sj.scheduler, MAX_NAME), job_id=clean(sj.job_id, MAX_LABEL),
+            job_name=clean(sj.name, MAX_LABEL), user=clean(sj.user, MAX_LABEL),
+            source=clean(sj.source, MAX_NAME)))
+    out.SerializeToString()
+    return out
 
 
 def build_report(*, node: str, agent_id: str, seq: int, now: float, wall: float,
@@ -122,13 +196,13 @@ def build_report(*, node: str, agent_id: str, seq: int, now: float, wall: float,
                  exited: Iterable[RankProcess], health: AgentHealthCounts,
                  ranks_watched: int) -> pb.NodeReport:
     return pb.NodeReport(
-        node=node, agent_id=agent_id, seq=seq,
+        node=clean(node, MAX_LABEL), agent_id=agent_id, seq=seq,
         agent_monotonic_seconds=now, agent_wall_seconds=wall,
         interval_seconds=interval, full_round=True,
         samples=list(samples),
         exited=[identity_pb(p) for p in exited],
         health=pb.AgentHealth(
-            version=health.version, ranks_watched=ranks_watched, nvml_up=health.nvml_up,
+            version=clean(health.version, MAX_NAME), ranks_watched=ranks_watched, nvml_up=health.nvml_up,
             gpus_expected=health.gpus_expected,
             pyspy_runs_total=health.pyspy_runs_total,
             pyspy_failures_total=health.pyspy_failures_total,
@@ -136,6 +210,9 @@ def build_report(*, node: str, agent_id: str, seq: int, now: float, wall: float,
             reports_dropped_total=health.reports_dropped_total,
             queue_length=health.queue_length,
             cpu_seconds_total=health.cpu_seconds_total,
+            fields_dropped_total=health.fields_dropped_total,
+            texts_escaped_total=health.texts_escaped_total,
+            texts_truncated_total=health.texts_truncated_total,
         ),
     )
 

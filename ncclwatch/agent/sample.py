@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from ncclwatch.agent import rankfs
 from ncclwatch.agent.ckptsize import SizeReader
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ class ProcessSampler:
     def __init__(self, cgroup_root: str = CGROUP_ROOT) -> None:
         self._procs: dict[int, psutil.Process] = {}
         self._cgroups: dict[int, str | None] = {}
-        self._previous: dict[tuple[str, str], tuple[float, str, int]] = {}
+        self._previous: dict[tuple[int, str, str], tuple[float, str, int]] = {}
         self._cgroup_root = cgroup_root
         self._host_available: tuple[float, int] = (-1e9, 0)
         self.sizes = SizeReader()
@@ -117,7 +118,8 @@ class ProcessSampler:
                 # Linux: /proc/PID/status, the main thread's own count (read
                 # in the same oneshot as num_threads).
                 switches = proc.num_ctx_switches().voluntary
-                files = self._with_previous(self._files_writing(proc)) if with_files else ()
+                files = self._with_previous(proc, self._files_writing(proc)) \
+                    if with_files else ()
                 limits = self._limits(proc, mem)
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             self.forget(pid)
@@ -159,15 +161,17 @@ class ProcessSampler:
                 readers.append(f)
                 continue
             try:
-                size = os.stat(f.path).st_size
+                # The file the rank holds, not what its name means here (another
+                # mount namespace, or a name swapped since): its fd.
+                size = os.stat(f"/proc/{proc.pid}/fd/{f.fd}").st_size
             except OSError:
-                continue  # deleted or moved between listing and stat
+                continue  # closed between listing and stat
             writing.append((f.fd, OpenFile(f.path, size)))
         # Files open for reading matter only as copy sources of a file written.
         reading: list[tuple[int, str, int]] = []
         for f in readers[:MAX_READERS] if writing else ():
             try:
-                reading.append((f.fd, f.path, os.stat(f.path).st_size))
+                reading.append((f.fd, f.path, os.stat(f"/proc/{proc.pid}/fd/{f.fd}").st_size))
             except OSError:
                 continue
         writing.sort(key=lambda w: -w[1].size_bytes)
@@ -215,19 +219,28 @@ class ProcessSampler:
 
     # -- previous checkpoint -----------------------------------------------------
 
-    def _with_previous(self, files: tuple[OpenFile, ...]) -> tuple[OpenFile, ...]:
-        return tuple(self._previous_of(f) for f in files)
+    def _with_previous(self, proc: psutil.Process,
+                       files: tuple[OpenFile, ...]) -> tuple[OpenFile, ...]:
+        if not files:
+            return files
+        try:
+            uid: int | None = proc.uids().real
+        except (psutil.AccessDenied, AttributeError):
+            uid = None
+        return tuple(self._previous_of(proc.pid, uid, f) for f in files)
 
-    def _previous_of(self, f: OpenFile) -> OpenFile:
+    def _previous_of(self, pid: int, uid: int | None, f: OpenFile) -> OpenFile:
+        """The newest sibling the rank itself sees (its mount namespace, through
+        /proc/PID/root) and its user owns: never a host file of the same name."""
         directory, name = os.path.split(f.path)
         suffix = os.path.splitext(name)[1]
-        if not suffix:
+        if not suffix or not directory.startswith("/"):
             return f
-        key = (directory, suffix)
+        key = (pid, directory, suffix)
         now = time.monotonic()
         cached = self._previous.get(key)
         if cached is None or now - cached[0] > PREVIOUS_TTL or cached[1] == f.path:
-            path, size = _newest_sibling(directory, suffix, exclude=f.path)
+            path, size = rankfs.newest_sibling(pid, directory, suffix, exclude=f.path, uid=uid)
             cached = self._previous[key] = (now, path, size)
             if len(self._previous) > 256:
                 self._previous.pop(next(iter(self._previous)))
@@ -248,24 +261,3 @@ def _cgroup_dir(pid: int, root: str) -> str | None:
     except (OSError, ValueError):
         pass
     return None
-
-
-def _newest_sibling(directory: str, suffix: str, exclude: str) -> tuple[str, int]:
-    """The most recently modified other ``*suffix`` file in ``directory``."""
-    best: tuple[float, str, int] | None = None
-    try:
-        with os.scandir(directory) as it:
-            for e in it:
-                if not e.name.endswith(suffix) or e.path == exclude:
-                    continue
-                try:
-                    st = e.stat()
-                except OSError:
-                    continue
-                if not e.is_file() or st.st_size == 0:
-                    continue
-                if best is None or st.st_mtime > best[0]:
-                    best = (st.st_mtime, e.path, st.st_size)
-    except OSError:
-        return "", 0
-    return (best[1], best[2]) if best else ("", 0)

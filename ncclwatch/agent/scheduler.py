@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from ncclwatch.envpolicy import redact_value
+from ncclwatch.sanitize import clean
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +124,11 @@ class SchedulerLookup:
             return None
         self.queries_total += 1
         try:
+            # A job name is any bytes the user gave sbatch: undecodable ones
+            # are kept as surrogate escapes for the sanitiser, never an error.
             r = self._run(s.query(job_id), capture_output=True, text=True,
-                          timeout=self.timeout, stdin=subprocess.DEVNULL)
+                          errors="surrogateescape", timeout=self.timeout,
+                          stdin=subprocess.DEVNULL)
         except (OSError, subprocess.SubprocessError) as e:
             self.failures_total += 1
             log.debug("%s for job %s failed: %s", s.client, job_id, e)
@@ -133,11 +137,12 @@ class SchedulerLookup:
         if not (name or user):
             self.failures_total += 1
             log.debug("%s for job %s: no answer (%d) %s", s.client, job_id, r.returncode,
-                      r.stderr.strip()[:200])
+                      clean(r.stderr.strip(), 200, count=False))
             return None
         return (name, user)
 
 
 def _clip(value: str) -> str:
-    """Names are the user's text: redacted like any value that leaves the node, bounded."""
-    return redact_value(value.strip())[:MAX_FIELD]
+    """Names are the user's text: redacted like any value that leaves the node,
+    escaped (ncclwatch.sanitize) and bounded."""
+    return clean(redact_value(value.strip()[:4 * MAX_FIELD]), MAX_FIELD)

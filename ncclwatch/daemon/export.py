@@ -346,6 +346,12 @@ _AGENT_FAMILIES: tuple[tuple[str, str, str, Callable[[AgentRecord], float]], ...
      lambda a: a.gaps_total),
     ("ncclwatch_agent_cpu_seconds", "CPU time of the agent and its py-spy children", "counter",
      lambda a: a.health.cpu_seconds_total),
+    ("ncclwatch_agent_fields_dropped", "Fields of a rank left out of a round: text that "
+     "could not be encoded", "counter", lambda a: a.health.fields_dropped_total),
+    ("ncclwatch_agent_texts_escaped", "Strings from ranks with undecodable bytes or control "
+     "characters, escaped", "counter", lambda a: a.health.texts_escaped_total),
+    ("ncclwatch_agent_texts_truncated", "Strings from ranks cut to their length cap", "counter",
+     lambda a: a.health.texts_truncated_total),
 )
 
 

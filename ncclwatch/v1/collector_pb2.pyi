@@ -354,7 +354,7 @@ class Frame(_message.Message):
     def __init__(self, name: _Optional[str] = ..., filename: _Optional[str] = ..., line: _Optional[int] = ...) -> None: ...
 
 class AgentHealth(_message.Message):
-    __slots__ = ("version", "ranks_watched", "nvml_up", "pyspy_runs_total", "pyspy_failures_total", "pyspy_seconds_total", "reports_dropped_total", "queue_length", "cpu_seconds_total", "gpus_expected")
+    __slots__ = ("version", "ranks_watched", "nvml_up", "pyspy_runs_total", "pyspy_failures_total", "pyspy_seconds_total", "reports_dropped_total", "queue_length", "cpu_seconds_total", "gpus_expected", "fields_dropped_total", "texts_escaped_total", "texts_truncated_total")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     RANKS_WATCHED_FIELD_NUMBER: _ClassVar[int]
     NVML_UP_FIELD_NUMBER: _ClassVar[int]
@@ -365,6 +365,9 @@ class AgentHealth(_message.Message):
     QUEUE_LENGTH_FIELD_NUMBER: _ClassVar[int]
     CPU_SECONDS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     GPUS_EXPECTED_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_DROPPED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    TEXTS_ESCAPED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    TEXTS_TRUNCATED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     version: str
     ranks_watched: int
     nvml_up: bool
@@ -375,7 +378,10 @@ class AgentHealth(_message.Message):
     queue_length: int
     cpu_seconds_total: float
     gpus_expected: int
-    def __init__(self, version: _Optional[str] = ..., ranks_watched: _Optional[int] = ..., nvml_up: _Optional[bool] = ..., pyspy_runs_total: _Optional[int] = ..., pyspy_failures_total: _Optional[int] = ..., pyspy_seconds_total: _Optional[float] = ..., reports_dropped_total: _Optional[int] = ..., queue_length: _Optional[int] = ..., cpu_seconds_total: _Optional[float] = ..., gpus_expected: _Optional[int] = ...) -> None: ...
+    fields_dropped_total: int
+    texts_escaped_total: int
+    texts_truncated_total: int
+    def __init__(self, version: _Optional[str] = ..., ranks_watched: _Optional[int] = ..., nvml_up: _Optional[bool] = ..., pyspy_runs_total: _Optional[int] = ..., pyspy_failures_total: _Optional[int] = ..., pyspy_seconds_total: _Optional[float] = ..., reports_dropped_total: _Optional[int] = ..., queue_length: _Optional[int] = ..., cpu_seconds_total: _Optional[float] = ..., gpus_expected: _Optional[int] = ..., fields_dropped_total: _Optional[int] = ..., texts_escaped_total: _Optional[int] = ..., texts_truncated_total: _Optional[int] = ...) -> None: ...
 
 class ReportResponse(_message.Message):
     __slots__ = ("ack_seq", "missing_stack_ids", "commands", "rejected_jobs", "resync")

@@ -34,13 +34,41 @@ SECRETS = {
     "NCCL_DEBUG_FILE": "https://acct.blob.core.windows.net/logs/nccl.%h.%p?sv=2022-11-02"
                        "&se=2026-12-31&sp=cw&sig=Xq7PzR2mK9vLw3NbT8yHc4Jd6Fg1Se5Ua0Oi%3D#Tk9frag",
     "TORCH_FR_DUMP_TEMP_FILE": "/scratch/fr/Qm9vYmFyQmF6UXV4NzEyMzQ1Njc4OTBh/trace_",
+    # Issue 20: variants that passed, credential names, a key split across two variables.
+    "NCCL_OPTS": "--password Sw0rdfishZ9 --lr 3",
+    "TORCH_NCCL_CLIENT": "client_secret=ClientS3cretV4lue&x=1",
+    "NCCL_HDR": "Authorization: bearer lowercasetokenvalue123",
+    "TORCH_DISTRIBUTED_CFG": "token: YamlT0kenValue",
+    "NCCL_CRED": "plain-cred-value",
+    "TORCH_NCCL_PWD": "plain-pwd-value",
+    "NCCL_SPLIT_A": "hf_abcdefghij",
+    "NCCL_SPLIT_B": "klmnopqrstuvwxyz987654",
 }
+#: Where the rank hides secrets that env redaction never looked at: a directory
+#: of the checkpoint it writes, the name of the function it waits in.
+PATH_TOKEN = "ghp_Pathtokenabcdefghijklmnopqrst01"
+FRAME_TOKEN = "hf_Frametokenabcdefghijklmnopqrst01"
 #: The parts that must never appear anywhere (a value may keep its harmless rest).
 NEEDLES = ["AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI", "hf_abcdefghijklmnop",
            "0123456789abcdef0123456789abcdef01234567", "plain-secret-under-an-allowed-prefix",
            "S3cr3tPassw0rd", "Hunter2Hunter2", "ghp_abcdefghijklmnop", "MasterPw9876",
            "Xq7PzR2mK9vLw3NbT8yHc4Jd6Fg1Se5Ua0Oi", "2026-12-31", "Tk9frag",
-           "Qm9vYmFyQmF6UXV4NzEyMzQ1Njc4OTBh"]
+           "Qm9vYmFyQmF6UXV4NzEyMzQ1Njc4OTBh", "Sw0rdfishZ9", "ClientS3cretV4lue",
+           "lowercasetokenvalue123", "YamlT0kenValue", "plain-cred-value", "plain-pwd-value",
+           "hf_abcdefghij", "klmnopqrstuvwxyz987654", "Pathtokenabcdefghij",
+           "Frametokenabcdefghij"]
+
+_RANK = f"""
+import os, sys, time
+import torch.distributed
+d = os.path.join(sys.argv[1], "{PATH_TOKEN}")
+os.makedirs(d, exist_ok=True)
+f = open(os.path.join(d, "ck.pt"), "wb")
+f.write(b"x" * 4096); f.flush()
+def {FRAME_TOKEN}():
+    while True: time.sleep(0.2)
+{FRAME_TOKEN}()
+"""
 
 
 class RecordingProxy:
@@ -92,13 +120,14 @@ def test_no_secret_leaves_the_node(tmp_path) -> None:
         mon.procs.append(Proc([need("ncclwatch"), "agent", "--collector",
                                f"127.0.0.1:{proxy.port}", "--interval", "0.5",
                                "--log-level", "debug"], name="ncclwatch-agent"))
-        rank = Proc([sys.executable, "-c", "import torch.distributed, time\nwhile True: time.sleep(0.2)"],
+        rank = Proc([sys.executable, "-c", _RANK, str(tmp_path)],
                     env={"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
                          "MASTER_PORT": "29777", **SECRETS}, name="fake-rank")
         deadline, job = time.time() + 30, None
         while time.time() < deadline:
             job = mon.job_of({rank.popen.pid})
-            if job and job["ranks"][0]["state"] != "unknown" and job["env"]:
+            if job and job["ranks"][0]["state"] != "unknown" and job["env"] \
+                    and "ck.pt" in str(job):
                 break
             time.sleep(0.3)
         assert job, f"the agent never reported the rank:\n{mon.output()[-3000:]}"
@@ -107,6 +136,7 @@ def test_no_secret_leaves_the_node(tmp_path) -> None:
             "wire": proxy.data.decode("latin-1"),
             "/metrics": mon.get("/metrics"),
             "/api/v1/jobs": mon.get("/api/v1/jobs"),
+            "/api/v1/jobs?ranks=1": mon.get("/api/v1/jobs?ranks=1"),
             "/api/v1/incidents": mon.get("/api/v1/incidents"),
             "/": mon.get("/"),
         }
@@ -116,6 +146,8 @@ def test_no_secret_leaves_the_node(tmp_path) -> None:
         assert "mlx5_0" in surfaces["/api/v1/jobs"]
         assert "acct.blob.core.windows.net/logs/nccl.%h.%p?sv=" in surfaces["/api/v1/jobs"]
         assert "/scratch/fr/" in surfaces["/api/v1/jobs"]
+        assert "ck.pt" in surfaces["/api/v1/jobs?ranks=1"]      # the path, less its token
+        assert "NCCL_OPTS" in surfaces["/api/v1/jobs"] and "NCCL_CRED" not in surfaces["wire"]
     finally:
         for p in reversed(mon.procs):
             p.stop()

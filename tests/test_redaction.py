@@ -1,0 +1,165 @@
+"""Redaction (issue 20, item 2): the variants that passed unredacted, names,
+keys split across variables, and time linear in the value up to 1 MB."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from ncclwatch.agent.report import sent_frame, sent_path
+from ncclwatch.envpolicy import REDACTED, filter_env, is_allowed, redact_value
+
+# -- the 17 variants that passed -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("value,secret", [
+    ("pass=Hunter2Hunter2", "Hunter2"),
+    ("db?x=1 pass=Hunter2Hunter2", "Hunter2"),
+    ("client_secret=s3cr3tValue9", "s3cr3tValue9"),
+    ("CLIENT_SECRET=s3cr3tValue9", "s3cr3tValue9"),
+    ("access_key=plainkeyvalue", "plainkeyvalue"),
+    ("aws_secret_access_key = abcdEFGHijkl", "abcdEFGHijkl"),
+    ("token: sw0rdfish", "sw0rdfish"),
+    ("auth_token:sw0rdfish", "sw0rdfish"),
+    ("--password sw0rdfish", "sw0rdfish"),
+    ("train.py --api-key=sw0rdfish --lr 3", "sw0rdfish"),
+    ("-token sw0rdfish", "sw0rdfish"),
+    ("bearer abcdefghijklmnopqrstuvwxyz", "abcdefghijklmnop"),
+    ("Authorization: Bearer abcdefghijklmnopqrstuvwxyz", "abcdefghijklmnop"),
+    ("BEARER xyz123", "xyz123"),
+    ("glpat-abcdefghijklmnopqrst", "abcdefghijklmnopqrst"),
+    ("/tmp/x_glpat-abcdefghijklmnopqrst/log", "abcdefghijklmnopqrst"),
+    ("npm_abcdefghijklmnopqrstuvwxyz0123456789", "abcdefghijklmnopqrstuvwxyz"),
+    ("Basic dXNlcjpwYQ==", "dXNlcjpwYQ"),
+    ("basic dXM6cA", "dXM6cA"),
+    ("token ghp_abc", "ghp_abc"),
+    ("github_pat_11ABCDEFG0abcdefghijklmn", "11ABCDEFG0abcdefghij"),
+    ("AIzaSyA1234567890abcdefghijklmnopqrstu", "AIzaSyA1234567890"),
+    ("sk_live_abcdefghijklmnop1234", "abcdefghijklmnop1234"),
+])
+def test_credential_variants_are_redacted(value, secret) -> None:
+    out = redact_value(value)
+    assert secret not in out and REDACTED in out, out
+
+
+@pytest.mark.parametrize("value", [
+    "INFO", "expandable_segments:True", "mlx5_0:1,mlx5_1:1", "eth0,^docker0",
+    "/tmp/nccl_%h_%p.log", "WARN", "NVL", "Ring,Tree", "SUBSYS=INIT,NET", "key_file_dir",
+    "monkey=1", "tokens=4096", "/scratch/checkpoints/step=1000/model.pt",
+    "https://store.example:2379/run", "10.0.0.1:29500",
+])
+def test_configuration_values_stay_readable(value) -> None:
+    assert redact_value(value) == value
+
+
+@pytest.mark.parametrize("name", ["NCCL_CRED", "TORCH_NCCL_PWD", "NCCL_PASS", "NCCL_IB_CREDS",
+                                  "TORCH_DISTRIBUTED_PASSPHRASE", "NCCL_PRIVATE_X",
+                                  "TORCH_NCCL_STORE_PW", "NCCL_X_SIG"])
+def test_credential_names_are_dropped_even_under_an_allowed_prefix(name) -> None:
+    assert not is_allowed(name)
+    assert filter_env({name: "v", "NCCL_DEBUG": "INFO"}) == {"NCCL_DEBUG": "INFO"}
+
+
+@pytest.mark.parametrize("name", ["NCCL_DEBUG", "NCCL_IB_PCI_RELAXED_ORDERING", "NCCL_P2P_LEVEL",
+                                  "TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_BYPASS_X"])
+def test_ordinary_names_are_kept(name) -> None:
+    assert is_allowed(name)
+
+
+@pytest.mark.parametrize("a,b", [
+    ("hf_abcdefghij", "klmnopqrstuvwxyz012345"),                         # a token format
+    ("wJalrXUtnFEMI/K7", "MDENG/bPxRfiC"),                                 # a base64 secret
+    ("Xq7PzR2mK9", "vLw3NbT8yHc4"),
+    ("/tmp/run-0123456789abcdef", "0123456789abcdef01234567"),             # a hex key
+])
+def test_a_key_split_across_two_variables_is_redacted(a, b) -> None:
+    env = {"NCCL_X_PART_A": a, "NCCL_X_PART_B": b, "NCCL_DEBUG": "INFO"}
+    assert redact_value(a) == a and redact_value(b) == b          # neither looks like one alone
+    out = filter_env(env)
+    joined = a + b
+    for v in out.values():
+        for n in range(len(joined) - 12):
+            assert joined[n:n + 12] not in v or joined[n:n + 12] in "/tmp/run-", out
+    assert out["NCCL_DEBUG"] == "INFO"
+
+
+def test_an_ordinary_environment_is_kept_whole() -> None:
+    env = {"NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_HCA": "mlx5_0:1,mlx5_1:1",
+           "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "WORLD_SIZE": "16", "RANK": "3",
+           "NCCL_DEBUG_FILE": "/scratch/logs/nccl.%h.%p.log", "CUDA_VISIBLE_DEVICES": "0,1,2,3",
+           "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/scratch/fr/trace_", "TORCHELASTIC_RUN_ID": "llama-7b",
+           "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "SLURM_JOB_ID": "123456",
+           "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "SLURM_JOB_NAME": "pretrain_llama_70b"}
+    assert filter_env(env) == env
+
+
+def test_paths_and_frames_are_redacted_like_env_values() -> None:
+    assert "ghp_abcdefghij" not in sent_path("/ckpt/ghp_abcdefghijklmnopqrstuvwxyz0123/m.pt")
+    assert sent_path("/ckpt/run-7/model-00001-of-00004.safetensors") == \
+        "/ckpt/run-7/model-00001-of-00004.safetensors"
+    assert sent_frame("hf_abcdefghijklmnopqrstuvwxyz0123") == REDACTED
+    assert sent_frame("_wrapped_call_impl") == "_wrapped_call_impl"
+    assert sent_frame("/usr/lib/python3/site-packages/torch/distributed/distributed_c10d.py") \
+        == "/usr/lib/python3/site-packages/torch/distributed/distributed_c10d.py"
+
+
+# -- linear time ------------------------------------------------------------------------------
+
+#: Units whose repetition was superlinear: 'ab/' cubic (113 s at 2.4 KB),
+#: 'a:,' and 'eyJ-' quadratic; and the shapes with the most work per byte.
+ISSUE_UNITS = ["ab/", "a:,", "eyJ-", "aB/", "Ab1/"]
+#: Shapes of every other rule (checked to 256 KiB, to keep the suite quick).
+OTHER_UNITS = ["a/B", "=a:", "eyJ", "eyJaaaaaaaa.", "a.b.", "xox", "a", "1", "f0", "a@", ":a@",
+               "?a=", "&a", "#", "://a", "a=b,", "key=", "sk-", "hf_", "Xk3/", "Zz9+", "a ",
+               "--a ", "bearer ", "token:", "a=", "-", "_/"]
+
+
+def _seconds(value: str, tries: int) -> float:
+    best = float("inf")
+    for _ in range(tries):
+        t = time.perf_counter()
+        redact_value(value)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def _ratio(unit: str, small: int, big: int, bound: float) -> tuple[float, float, float]:
+    """(big time / small time, small, big); measured again once when over the
+    bound (a busy machine), the best of each kept."""
+    a = b = float("inf")
+    for tries in (1, 2):
+        a = min(a, _seconds(unit * (small // len(unit)), 2))
+        b = min(b, _seconds(unit * (big // len(unit)), 1))
+        # A floor on the small time: microseconds are all noise on a busy machine.
+        ratio = b / max(a, 0.002)
+        if ratio < bound:
+            break
+    return ratio, a, b
+
+
+@pytest.mark.parametrize("unit,small,big", [(u, 64 << 10, 1 << 20) for u in ISSUE_UNITS]
+                         + [(u, 16 << 10, 256 << 10) for u in OTHER_UNITS])
+def test_redaction_time_grows_linearly_up_to_1_mb(unit, small, big) -> None:
+    """16x the bytes: linear is ~16x the time, quadratic 256x. The bound is
+    wide (a shared CI core), the print says what it was."""
+    ratio, a, b = _ratio(unit, small, big, 64)
+    print(f"{unit!r}: {small >> 10} KiB {a * 1000:.1f} ms, {big >> 10} KiB {b * 1000:.1f} ms, "
+          f"x{ratio:.1f}")
+    assert ratio < 64, f"{unit!r}: {small} B {a:.3f} s, {big} B {b:.3f} s"
+    assert b < 30, f"{unit!r}: {big} B took {b:.1f} s"
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.text(alphabet="aZ09/:,;=@.-_+?&#% eyJhfxo", min_size=1, max_size=6))
+def test_redaction_time_is_linear_for_any_repeated_shape(unit) -> None:
+    ratio, a, b = _ratio(unit, 16 * 1024, 128 * 1024, 40)
+    assert ratio < 40, f"{unit!r}: 16 KiB {a:.4f} s, 128 KiB {b:.4f} s"
+
+
+def test_a_process_with_thousands_of_variables_costs_a_bounded_amount() -> None:
+    from ncclwatch.envpolicy import MAX_VARIABLES
+    env = {f"NCCL_V{i:05d}": "x" * 100 for i in range(5000)}
+    out = filter_env(env)
+    assert len(out) == MAX_VARIABLES and "NCCL_V00000" in out
