@@ -30,7 +30,8 @@ from dataclasses import dataclass, field, replace
 
 import psutil
 
-from ncclwatch.agent import launchers
+from ncclwatch.agent import container as containers, launchers
+from ncclwatch.agent.container import NONE as NO_CONTAINER, ContainerInfo
 from ncclwatch.agent.pyspy import find_pyspy
 from ncclwatch.envpolicy import filter_env, local_env
 from ncclwatch.jobid import (
@@ -60,11 +61,13 @@ class RankProcess:
     env: dict[str, str]  # allowlisted and redacted: what is reported
     #: Raw paths the agent uses itself (envpolicy.LOCAL_USE_NAMES); never reported.
     local: dict[str, str] = field(default_factory=dict)
+    #: The container (and Kubernetes pod) it runs in; empty on the host.
+    container: ContainerInfo = NO_CONTAINER
 
     @classmethod
     def of(cls, pid: int, create_time: float, identity: RankIdentity,
-           env: Mapping[str, str]) -> "RankProcess":
-        return cls(pid, create_time, identity, filter_env(env), local_env(env))
+           env: Mapping[str, str], container: ContainerInfo = NO_CONTAINER) -> "RankProcess":
+        return cls(pid, create_time, identity, filter_env(env), local_env(env), container)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -88,8 +91,9 @@ class Discovery:
 
     def __init__(self, host: str, own_pid: int | None = None,
                  ranks: frozenset[int] | None = None, pyspy: str | None = None,
-                 proc: str = "/proc") -> None:
+                 proc: str = "/proc", pods_root: str = containers.PODS_LOG_ROOT) -> None:
         self._host = host
+        self._pods_root = pods_root
         # Only these global ranks (None: all): lets two agents split one job's
         # ranks, as two nodes would. Unnumbered members go with ranks=None only.
         self._ranks = ranks
@@ -162,7 +166,8 @@ class Discovery:
             if spawn:
                 identity = self._spawn_identity(pid, ppid, env, seen, now)
                 if identity is not None:
-                    seen.rank = RankProcess.of(pid, create_time, identity, env)
+                    seen.rank = RankProcess.of(pid, create_time, identity, env,
+                                               self._container(pid, env))
                     return seen
                 if seen.recheck:
                     return seen
@@ -172,7 +177,7 @@ class Discovery:
                 return seen
             if identity.rank_source in (NODE_LOCAL_SOURCE, UNKNOWN_SOURCE):
                 seen.node_local = node_local_fields(env)
-            seen.rank = RankProcess.of(pid, create_time, identity, env)
+            seen.rank = RankProcess.of(pid, create_time, identity, env, self._container(pid, env))
             return seen
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             return _Seen(0.0)
@@ -180,6 +185,10 @@ class Discovery:
             self.errors_total += 1
             log.debug("cannot read pid %d: %s", pid, e)
             return _Seen(0.0)
+
+    def _container(self, pid: int, env: Mapping[str, str]) -> ContainerInfo:
+        """The container a rank runs in, read once per rank (agent.container)."""
+        return containers.inspect(pid, env, proc=self._proc, pods_root=self._pods_root)
 
     def _spawn_identity(self, pid: int, ppid: int, env: dict[str, str], seen: _Seen,
                         now: float) -> RankIdentity | None:
@@ -295,8 +304,9 @@ class Discovery:
                     known = rank < size
                     ident = replace(child, rank=rank if known else UNKNOWN_RANK, local_rank=0,
                                     rank_source=CHILDREN_SOURCE if known else UNKNOWN_SOURCE)
-                    self._parents[ppid] = RankProcess.of(ppid, proc.create_time(), ident,
-                                                         proc.environ())
+                    env = proc.environ()
+                    self._parents[ppid] = RankProcess.of(ppid, proc.create_time(), ident, env,
+                                                         self._container(ppid, env))
             except (psutil.Error, OSError):
                 self.errors_total += 1
         return self._parents[ppid]

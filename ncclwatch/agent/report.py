@@ -53,8 +53,14 @@ class AgentHealthCounts:
 
 def identity_pb(proc: RankProcess) -> pb.RankIdentity:
     i = proc.identity
-    return pb.RankIdentity(job_id=i.job_id, rank=i.rank, local_rank=i.local_rank,
-                           world_size=i.world_size, pid=proc.pid, rank_source=i.rank_source)
+    out = pb.RankIdentity(job_id=i.job_id, rank=i.rank, local_rank=i.local_rank,
+                          world_size=i.world_size, pid=proc.pid, rank_source=i.rank_source)
+    c = proc.container
+    if c:
+        out.container.CopyFrom(pb.ContainerInfo(
+            container_pid=c.container_pid, hostname=c.hostname, container_id=c.container_id,
+            runtime=c.runtime, pod_uid=c.pod_uid, namespace=c.namespace, pod=c.pod))
+    return out
 
 
 def stack_pb(stack: Stack) -> pb.Stack:

@@ -17,12 +17,14 @@ import dataclasses
 import logging
 import os
 import resource
+import stat
 import time
 from dataclasses import dataclass
 
 import psutil
 
 from ncclwatch.agent.ckptsize import SizeReader
+from ncclwatch.agent.container import open_in_root, other_mount_ns
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +81,7 @@ class ProcessSampler:
     def __init__(self, cgroup_root: str = CGROUP_ROOT) -> None:
         self._procs: dict[int, psutil.Process] = {}
         self._cgroups: dict[int, str | None] = {}
-        self._previous: dict[tuple[str, str], tuple[float, str, int]] = {}
+        self._previous: dict[tuple[str, str, str], tuple[float, str, int]] = {}
         self._cgroup_root = cgroup_root
         self._host_available: tuple[float, int] = (-1e9, 0)
         self.sizes = SizeReader()
@@ -117,7 +119,8 @@ class ProcessSampler:
                 # Linux: /proc/PID/status, the main thread's own count (read
                 # in the same oneshot as num_threads).
                 switches = proc.num_ctx_switches().voluntary
-                files = self._with_previous(self._files_writing(proc)) if with_files else ()
+                files = (self._with_previous(proc.pid, self._files_writing(proc))
+                         if with_files else ())
                 limits = self._limits(proc, mem)
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             self.forget(pid)
@@ -159,15 +162,18 @@ class ProcessSampler:
                 readers.append(f)
                 continue
             try:
-                size = os.stat(f.path).st_size
+                # Through the fd, not the path: a rank in a container names
+                # paths of its own mount namespace (the same path on the host
+                # is another file, or none).
+                size = os.stat(f"/proc/{proc.pid}/fd/{f.fd}").st_size
             except OSError:
-                continue  # deleted or moved between listing and stat
+                continue  # closed between listing and stat
             writing.append((f.fd, OpenFile(f.path, size)))
         # Files open for reading matter only as copy sources of a file written.
         reading: list[tuple[int, str, int]] = []
         for f in readers[:MAX_READERS] if writing else ():
             try:
-                reading.append((f.fd, f.path, os.stat(f.path).st_size))
+                reading.append((f.fd, f.path, os.stat(f"/proc/{proc.pid}/fd/{f.fd}").st_size))
             except OSError:
                 continue
         writing.sort(key=lambda w: -w[1].size_bytes)
@@ -215,19 +221,24 @@ class ProcessSampler:
 
     # -- previous checkpoint -----------------------------------------------------
 
-    def _with_previous(self, files: tuple[OpenFile, ...]) -> tuple[OpenFile, ...]:
-        return tuple(self._previous_of(f) for f in files)
+    def _with_previous(self, pid: int, files: tuple[OpenFile, ...]) -> tuple[OpenFile, ...]:
+        if not files:
+            return files
+        # A rank in another mount namespace (a container): its directory is
+        # read through its own root, following no symlink (container.open_in_root).
+        inside = pid if other_mount_ns(pid) else None
+        return tuple(self._previous_of(f, inside) for f in files)
 
-    def _previous_of(self, f: OpenFile) -> OpenFile:
+    def _previous_of(self, f: OpenFile, inside: int | None = None) -> OpenFile:
         directory, name = os.path.split(f.path)
         suffix = os.path.splitext(name)[1]
         if not suffix:
             return f
-        key = (directory, suffix)
+        key = (f"{inside}:" if inside else "", directory, suffix)
         now = time.monotonic()
         cached = self._previous.get(key)
         if cached is None or now - cached[0] > PREVIOUS_TTL or cached[1] == f.path:
-            path, size = _newest_sibling(directory, suffix, exclude=f.path)
+            path, size = _newest_sibling(directory, suffix, exclude=f.path, inside=inside)
             cached = self._previous[key] = (now, path, size)
             if len(self._previous) > 256:
                 self._previous.pop(next(iter(self._previous)))
@@ -250,22 +261,33 @@ def _cgroup_dir(pid: int, root: str) -> str | None:
     return None
 
 
-def _newest_sibling(directory: str, suffix: str, exclude: str) -> tuple[str, int]:
-    """The most recently modified other ``*suffix`` file in ``directory``."""
+def _newest_sibling(directory: str, suffix: str, exclude: str,
+                    inside: int | None = None) -> tuple[str, int]:
+    """The most recently modified other ``*suffix`` file in ``directory``
+    (as process ``inside`` sees it, when it runs in another mount namespace)."""
     best: tuple[float, str, int] | None = None
+    fd = None
+    if inside is not None:
+        fd = open_in_root(inside, directory, directory=True)
+        if fd is None:
+            return "", 0
     try:
-        with os.scandir(directory) as it:
+        with os.scandir(fd if fd is not None else directory) as it:
             for e in it:
-                if not e.name.endswith(suffix) or e.path == exclude:
+                path = os.path.join(directory, e.name)
+                if not e.name.endswith(suffix) or path == exclude:
                     continue
                 try:
-                    st = e.stat()
+                    st = e.stat(follow_symlinks=fd is None)
                 except OSError:
                     continue
-                if not e.is_file() or st.st_size == 0:
+                if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
                     continue
                 if best is None or st.st_mtime > best[0]:
-                    best = (st.st_mtime, e.path, st.st_size)
+                    best = (st.st_mtime, path, st.st_size)
     except OSError:
         return "", 0
+    finally:
+        if fd is not None:
+            os.close(fd)
     return (best[1], best[2]) if best else ("", 0)
