@@ -26,6 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 #: Names a hostile image may plant for the agent to run.
 TOOL_NAMES = ("py-spy", "python", "python3", "nsenter", "sh", "cat", "ps")
+#: Size of ``<ckpt>/previous.pt``, the previous checkpoint made inside.
+PREVIOUS_BYTES = 65536
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,8 @@ def script(c: Container, argv: list[str], env: dict[str, str], marker: Path | No
         f'mount --bind {shlex.quote(str(site))} "$R/site"',
         f'mount --bind {shlex.quote(str(ROOT))} "$R/src"',
         'mount -t tmpfs ckpt "$R/ckpt"',
+        # The previous checkpoint, beside the one the job will write.
+        f'head -c {PREVIOUS_BYTES} /dev/zero > "$R/ckpt/previous.pt"',
         # The host's interpreter path does not exist in here.
         f"mount -t tmpfs hidden {shlex.quote(str(base))}",
         f"hostname {shlex.quote(c.hostname)}",

@@ -149,10 +149,7 @@ class ProcessSampler:
 
     def _files_writing(self, proc: psutil.Process) -> tuple[OpenFile, ...]:
         """The files open for writing, biggest first, each with its expected size."""
-        try:
-            handles = proc.open_files()
-        except (psutil.AccessDenied, OSError):
-            return ()
+        handles = open_files(proc.pid)
         writing: list[tuple[int, OpenFile]] = []
         readers = []
         for f in handles:
@@ -161,21 +158,11 @@ class ProcessSampler:
             if f.mode not in _WRITE_MODES:
                 readers.append(f)
                 continue
-            try:
-                # Through the fd, not the path: a rank in a container names
-                # paths of its own mount namespace (the same path on the host
-                # is another file, or none).
-                size = os.stat(f"/proc/{proc.pid}/fd/{f.fd}").st_size
-            except OSError:
-                continue  # closed between listing and stat
-            writing.append((f.fd, OpenFile(f.path, size)))
+            writing.append((f.fd, OpenFile(f.path, f.size)))
         # Files open for reading matter only as copy sources of a file written.
         reading: list[tuple[int, str, int]] = []
         for f in readers[:MAX_READERS] if writing else ():
-            try:
-                reading.append((f.fd, f.path, os.stat(f"/proc/{proc.pid}/fd/{f.fd}").st_size))
-            except OSError:
-                continue
+            reading.append((f.fd, f.path, f.size))
         writing.sort(key=lambda w: -w[1].size_bytes)
         out = []
         for fd, f in writing[:MAX_FILES]:
@@ -246,6 +233,57 @@ class ProcessSampler:
         if not path or path == f.path:
             return f
         return dataclasses.replace(f, previous_path=path, previous_size_bytes=size)
+
+
+@dataclass(frozen=True, slots=True)
+class _Handle:
+    fd: int
+    path: str   # as the process names it (in its own mount namespace)
+    mode: str
+    size: int
+
+
+def _mode(flags: int) -> str:
+    """open(2) flags as psutil's mode letters."""
+    acc = flags & os.O_ACCMODE
+    if acc == os.O_RDONLY:
+        return "r"
+    if acc == os.O_WRONLY:
+        return "a" if flags & os.O_APPEND else "w"
+    return "a+" if flags & os.O_APPEND else "r+"
+
+
+def open_files(pid: int, proc: str = "/proc") -> list[_Handle]:
+    """The regular files a process holds open, statted through its fds.
+
+    psutil's ``open_files()`` keeps only paths that are files on the agent's
+    own filesystem: a rank in a container writes to paths of its mount
+    namespace (a tmpfs only it sees) and would show none. Each fd is statted
+    through /proc/PID/fd/N, the very file the rank holds.
+    """
+    base = f"{proc}/{pid}/fd"
+    try:
+        fds = os.listdir(base)
+    except OSError:
+        return []
+    out = []
+    for name in fds:
+        try:
+            path = os.readlink(f"{base}/{name}")
+            if not path.startswith("/"):
+                continue  # socket:[..], pipe:[..], anon_inode:..
+            st = os.stat(f"{base}/{name}")
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            with open(f"{proc}/{pid}/fdinfo/{name}") as f:
+                flags = next((int(line.split()[1], 8) for line in f
+                              if line.startswith("flags:")), 0)
+        except (OSError, ValueError):
+            continue  # closed meanwhile
+        if path.endswith(" (deleted)"):
+            continue  # unlinked: no checkpoint anyone will read (as psutil skipped them)
+        out.append(_Handle(int(name), path, _mode(flags), st.st_size))
+    return sorted(out, key=lambda h: h.fd)
 
 
 def _cgroup_dir(pid: int, root: str) -> str | None:
