@@ -19,6 +19,7 @@ the host, as a node agent does.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 import uuid
@@ -67,9 +68,16 @@ def _stop(c: Container, job: Job) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     (ARTIFACTS / "container-torchrun.log").write_text(job.proc.output())
     if c.cgroup:
+        procs = Path(c.cgroup, "cgroup.procs")
         deadline = time.time() + 10
-        while time.time() < deadline and Path(c.cgroup, "cgroup.procs").read_text().strip():
+        while time.time() < deadline and procs.read_text().split():
             time.sleep(0.2)
+        for pid in procs.read_text().split():  # still there: the container's, by pid
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.5)
         remove_cgroup(c.cgroup)
 
 
