@@ -30,13 +30,13 @@ from dataclasses import dataclass, field, replace
 
 import psutil
 
-from ncclwatch.agent import container as containers, launchers
+from ncclwatch.agent import container as containers, launchers, raytrain
 from ncclwatch.agent.container import NONE as NO_CONTAINER, ContainerInfo
 from ncclwatch.agent.pyspy import find_pyspy
 from ncclwatch.envpolicy import filter_env, local_env
 from ncclwatch.jobid import (
-    NODE_LOCAL_SOURCE, UNKNOWN_RANK, UNKNOWN_SOURCE, RankIdentity, identify, job_of, node_local_fields,
-    rank_of,
+    MAX_JOB_ID_LEN, NODE_LOCAL_SOURCE, UNKNOWN_RANK, UNKNOWN_SOURCE, RankIdentity, identify, job_of,
+    node_local_fields, rank_of,
 )
 
 log = logging.getLogger(__name__)
@@ -84,6 +84,8 @@ class _Seen:
     launcher: str = ""         # a LAUNCHERS row: never a rank
     recheck: bool = False      # look again next round
     node_local: tuple[int, int, int] | None = None   # Lightning child: node, local, world
+    ray_since: float = 0.0     # a Ray Train worker with torch loaded, since (agent clock)
+    settled: bool = False      # its identity is final (a Ray worker's, once its store is seen)
 
 
 class Discovery:
@@ -127,6 +129,7 @@ class Discovery:
                     and seen.create_time and now - seen.create_time < YOUNG):
                 seen.recheck = True  # a launcher's child caught between fork and exec
             self._seen[pid] = seen
+        self._settle_ray(now)
         return _one_per_rank(self._resolve())
 
     def _reused(self, pid: int, create_time: float) -> bool:
@@ -150,6 +153,8 @@ class Discovery:
             if seen.launcher:
                 return seen
             env = proc.environ()
+            if env.get("RAY_JOB_ID"):
+                return self._ray_worker(pid, cmdline, env, seen, now)
             spawn = launchers.is_spawn_child(cmdline)
             shown = rank_of(env)
             if shown is None and not spawn:
@@ -185,6 +190,56 @@ class Discovery:
             self.errors_total += 1
             log.debug("cannot read pid %d: %s", pid, e)
             return _Seen(0.0)
+
+    def _ray_worker(self, pid: int, cmdline: list[str], env: dict[str, str], seen: _Seen,
+                    now: float) -> _Seen:
+        """A Ray process: a train worker is a member of its Ray job once torch is
+        loaded; its rank is settled in ``_resolve`` from the job's TCPStore."""
+        old = self._seen.get(pid)
+        if old is not None and old.settled and old.create_time == seen.create_time:
+            return old
+        if not raytrain.is_train_worker(cmdline, env):
+            # A pooled worker may still become one (its title changes).
+            seen.recheck = raytrain.may_become_worker(cmdline, env)
+            return seen
+        seen.recheck = True
+        maps = launchers.read_maps(pid, self._proc)
+        if maps is None or not launchers.torch_loaded(maps):
+            return seen
+        job = raytrain.job_id(env, self._host, self._proc)
+        if job is None:
+            return seen
+        seen.ray_since = old.ray_since if old is not None and old.ray_since else now
+        identity = RankIdentity(job_id=f"{raytrain.JOB_SOURCE}:{job}"[:MAX_JOB_ID_LEN],
+                                job_source=raytrain.JOB_SOURCE, rank=UNKNOWN_RANK,
+                                local_rank=-1, world_size=0, rank_source=UNKNOWN_SOURCE)
+        if old is not None and old.rank is not None and old.rank.identity.job_id == identity.job_id:
+            seen.rank = old.rank  # keep what the store showed so far
+        else:
+            seen.rank = RankProcess.of(pid, seen.create_time, identity, env,
+                                       self._container(pid, env))
+        return seen
+
+    def _settle_ray(self, now: float) -> None:
+        """Rank 0 of each Ray job: the worker serving its TCPStore (raytrain).
+
+        The others stay members of unknown rank; a worker is settled (no longer
+        re-read) once a store of its job is seen, or after SPAWN_PATIENCE."""
+        jobs: dict[str, list[int]] = {}
+        for pid, seen in self._seen.items():
+            if seen.ray_since and seen.rank is not None and not seen.settled:
+                jobs.setdefault(seen.rank.identity.job_id, []).append(pid)
+        for job_id, pids in jobs.items():
+            members = [p for p, s in self._seen.items()
+                       if s.ray_since and s.rank is not None and s.rank.identity.job_id == job_id]
+            servers = raytrain.store_servers(members, self._proc)
+            for pid in pids:
+                seen = self._seen[pid]
+                if pid in servers:
+                    seen.rank = replace(seen.rank, identity=replace(
+                        seen.rank.identity, rank=0, rank_source=raytrain.STORE_SOURCE))
+                if servers or now - seen.ray_since >= SPAWN_PATIENCE:
+                    seen.settled, seen.recheck = True, False
 
     def _container(self, pid: int, env: Mapping[str, str]) -> ContainerInfo:
         """The container a rank runs in, read once per rank (agent.container)."""

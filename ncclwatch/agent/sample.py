@@ -96,7 +96,9 @@ class ProcessSampler:
             self._host_available = (now, value)
         return value
 
-    def sample(self, pid: int, *, with_files: bool = True) -> ProcessSample | None:
+    def sample(self, pid: int, *, with_files: bool = True, tid: int = 0) -> ProcessSample | None:
+        """``tid``: the rank's own thread when not the main one: progress is its
+        read/write calls and switches alone (thread_progress)."""
         proc = self._procs.get(pid)
         if proc is None:
             try:
@@ -129,6 +131,10 @@ class ProcessSampler:
             self.errors_total += 1
             log.debug("cannot sample pid %d: %s", pid, e)
             return None
+        if tid:
+            own = thread_progress(pid, tid)
+            if own is not None:
+                calls, switches = own, 0
         return ProcessSample(
             pid=pid,
             cpu_seconds=cpu.user + cpu.system,
@@ -233,6 +239,20 @@ class ProcessSampler:
         if not path or path == f.path:
             return f
         return dataclasses.replace(f, previous_path=path, previous_size_bytes=size)
+
+
+def thread_progress(pid: int, tid: int, proc: str = "/proc") -> int | None:
+    """Progress events of one thread: its read/write syscalls (task io) plus
+    its voluntary switches; None if the thread is gone or unreadable."""
+    try:
+        with open(f"{proc}/{pid}/task/{tid}/io") as f:
+            io = dict(line.split(":", 1) for line in f if ":" in line)
+        with open(f"{proc}/{pid}/task/{tid}/status") as f:
+            vol = next((int(line.split()[1]) for line in f
+                        if line.startswith("voluntary_ctxt_switches")), 0)
+        return int(io["syscr"]) + int(io["syscw"]) + vol
+    except (OSError, KeyError, ValueError):
+        return None
 
 
 @dataclass(frozen=True, slots=True)
