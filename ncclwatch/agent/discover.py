@@ -14,7 +14,13 @@ Who is a rank (each rule decided once per pid):
   (py-spy ``--locals``), Lightning's children's NODE_RANK/LOCAL_RANK and,
   for Lightning's rank 0, which has no variables at all, its children's;
 - a member of a job whose number none of that shows is a rank with
-  ``UNKNOWN_RANK``: still watched, never numbered by guess.
+  ``UNKNOWN_RANK``: still watched, never numbered by guess;
+- a Ray Train worker (``agent.raytrain``) is a member of its Ray job, rank 0
+  once it is seen serving the job's TCPStore, the others unnumbered.
+
+A rank in a container is read through /proc like any other; what the
+container shows of it (its own pid, hostname, cgroup id, Kubernetes pod)
+is read once per rank (``agent.container``).
 
 Forked children of a rank (DataLoader workers, compile workers) inherit its
 environment and are skipped: a rank is the oldest process of its (job,
