@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ncclwatch.agent.raytrain import (
-    gcs_address, is_train_worker, job_id, may_become_worker, store_servers,
+    gcs_address, is_ray_process, is_train_worker, job_id, may_become_worker, store_servers,
 )
 from ncclwatch.agent.sample import thread_progress
 from ncclwatch.stacks import Frame, Stack, ThreadDump, main_thread
@@ -30,6 +30,9 @@ PAD = [""] * 200  # Ray's titles come padded with empty argv slots
 ])
 def test_titles(cmdline, env, worker, idle) -> None:
     assert is_train_worker(cmdline, env) is worker
+    # A process a Ray task started (torchrun under Ray) is no Ray process: its
+    # environment is read the usual way.
+    assert is_ray_process(cmdline, env) is (bool(env) and cmdline[0].startswith("ray::"))
     assert may_become_worker(cmdline, env) is idle
 
 

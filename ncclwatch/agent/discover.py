@@ -159,10 +159,13 @@ class Discovery:
             if seen.launcher:
                 return seen
             env = proc.environ()
-            if env.get("RAY_JOB_ID"):
+            shown = rank_of(env)
+            if (shown is None or shown[0] == UNKNOWN_RANK) and raytrain.is_ray_process(cmdline,
+                                                                                     env):
+                # A Ray actor whose rank Ray sets in-process (one whose env
+                # names its rank, or a child process, goes the usual way).
                 return self._ray_worker(pid, cmdline, env, seen, now)
             spawn = launchers.is_spawn_child(cmdline)
-            shown = rank_of(env)
             if shown is None and not spawn:
                 return seen  # no rank variables, no spawn child: no rank
             maps = launchers.read_maps(pid, self._proc)

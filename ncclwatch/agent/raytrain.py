@@ -37,6 +37,11 @@ def title(cmdline: list[str]) -> str:
     return " ".join(cmdline).strip()
 
 
+def is_ray_process(cmdline: list[str], env: Mapping[str, str]) -> bool:
+    """A Ray worker process (``ray::<actor or task>`` title, Ray's own env)."""
+    return bool(env.get("RAY_JOB_ID")) and title(cmdline).startswith("ray::")
+
+
 def is_train_worker(cmdline: list[str], env: Mapping[str, str]) -> bool:
     return bool(env.get("RAY_JOB_ID")) and title(cmdline).startswith(TRAIN_WORKER_TITLES)
 
