@@ -144,6 +144,18 @@ def test_a_symlinked_hostname_is_never_followed(tmp_path) -> None:
     assert read_in_root(5, "/etc2/hostname", proc=str(proc)) == "x\n"
 
 
+@pytest.mark.parametrize("written,shown", [
+    ("trainer-0", "trainer-0"), ("Node_7.local", "Node_7.local"),
+    ("\x1b[2Jpwned", ""), ("<b>x</b>", ""), ("a" * 300, ""), ("", ""),
+])
+def test_a_hostname_is_shown_only_when_it_is_one(tmp_path, written, shown) -> None:
+    """The container's /etc/hostname is the image's to write: no terminal
+    escapes or markup reach ``ncclwatch status`` or the page."""
+    proc = _proc_tree(tmp_path, 9, status="NSpid:\t9\t1\n", uts="uts:[4026532999]",
+                      cgroup="0::/\n", hostname=written)
+    assert inspect(9, {}, proc=str(proc), pods_root=str(tmp_path)).hostname == shown
+
+
 def test_describe_and_the_api_view() -> None:
     view = container_view((32, "trainer-0", CID, "containerd", UID, "ml-team", "trainer-0"))
     assert view == {"pid": 32, "hostname": "trainer-0", "id": CID, "runtime": "containerd",

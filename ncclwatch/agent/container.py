@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 #: The kubelet's per-pod log directories on the node.
 PODS_LOG_ROOT = "/var/log/pods"
-MAX_HOSTNAME = 253
 MAX_NAME = 253
 
 
@@ -78,6 +77,9 @@ POD_NAME_VARIABLES = ("POD_NAME", "MY_POD_NAME", "K8S_POD_NAME", "KUBERNETES_POD
 POD_NAMESPACE_VARIABLES = ("POD_NAMESPACE", "MY_POD_NAMESPACE", "K8S_POD_NAMESPACE",
                            "KUBERNETES_NAMESPACE")
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+#: A hostname as an image may set it; anything else (control characters for
+#: an operator's terminal, markup) is not shown at all.
+_HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,252})?$")
 
 
 def container_of_cgroup(text: str) -> tuple[str, str, str]:
@@ -216,7 +218,8 @@ def inspect(pid: int, env: Mapping[str, str], *, proc: str = "/proc",
     uts = _ns(pid, "uts", proc)
     if uts and uts != _ns("self", "uts", proc):
         hostname = read_in_root(pid, "/etc/hostname", 512, proc).strip()
-        hostname = hostname.splitlines()[0][:MAX_HOSTNAME] if hostname else ""
+        hostname = hostname.splitlines()[0] if hostname else ""
+        hostname = hostname if _HOSTNAME.match(hostname) else ""
     ns, pod = pod_of(uid, pods_root)
     if not pod:
         ns_env, pod_env = pod_from_env(env)
