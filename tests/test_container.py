@@ -253,3 +253,14 @@ def test_open_files_through_the_fds(tmp_path) -> None:
     finally:
         for f in (w, a, r, gone):
             f.close()
+
+
+def test_the_agent_takes_the_kubelet_pod_directory_from_its_config() -> None:
+    from ncclwatch.cli import AGENT_OPTIONS, build_parser
+    from ncclwatch.config import resolve
+    args = build_parser().parse_args(["agent"])
+    assert resolve(AGENT_OPTIONS, args, {}, env={})["pods_log_dir"] == "/var/log/pods"
+    args = build_parser().parse_args(["agent", "--pods-log-dir", "/host/var/log/pods"])
+    assert resolve(AGENT_OPTIONS, args, {}, env={})["pods_log_dir"] == "/host/var/log/pods"
+    assert resolve(AGENT_OPTIONS, build_parser().parse_args(["agent"]), {},
+                   env={"NCCLWATCH_PODS_LOG_DIR": "/k/pods"})["pods_log_dir"] == "/k/pods"
