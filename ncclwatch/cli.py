@@ -101,6 +101,8 @@ AGENT_OPTIONS = (
     Option("node", str, socket.gethostname(), "node name to report as", "NAME"),
     Option("ranks", rank_set, None, "watch only these global ranks, e.g. 0-3 (default: all; "
            "for splitting one host's ranks between agents)", "RANGES"),
+    Option("pods_log_dir", str, "/var/log/pods", "the kubelet's pod log directories "
+           "(<namespace>_<pod>_<uid>), read-only: names the Kubernetes pod of each rank", "DIR"),
     _SUSPECT, _SLOW, _PYSPY_TIMEOUT, _MAX_QUEUE, *_TLS_AGENT, _LOG,
 )
 RUN_OPTIONS = (
@@ -348,7 +350,8 @@ async def _agent(cfg: dict[str, Any]) -> int:
 
     config = _agent_config(cfg)
     notifier = Notifier()
-    agent = Agent(config, discovery=Discovery(config.node, ranks=cfg["ranks"]),
+    agent = Agent(config, discovery=Discovery(config.node, ranks=cfg["ranks"],
+                                              pods_root=cfg["pods_log_dir"]),
                   notifier=notifier)
     _stop_on_signals(agent.stop, notifier)
     _warn_ptrace()

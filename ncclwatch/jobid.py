@@ -3,7 +3,8 @@
 The job id must be the same for every rank of a job on every node and
 differ between jobs, with no coordination: it comes from the first source in
 JOB_ID_SOURCES that the environment has (an explicit id, the launcher's run
-id, the scheduler's job id, the PMIx namespace, else the rendezvous address;
+id, the scheduler's job id, the PMIx namespace, a Kubernetes JobSet's or
+Kubeflow job's name, else the rendezvous address;
 discovery may add the launcher process as a last, node-local source).
 
 The rank comes from the first row of RANK_VARIABLES the environment fills.
@@ -66,6 +67,25 @@ def _pmix(env: Mapping[str, str], host: str) -> str | None:
     return env.get("PMIX_NAMESPACE") or None
 
 
+def _jobset(env: Mapping[str, str], host: str) -> str | None:
+    # Kubernetes JobSet (and Kubeflow Trainer, built on it): the JobSet's name,
+    # from the downward API (label jobset.sigs.k8s.io/jobset-name), in its namespace.
+    name = env.get("JOBSET_NAME")
+    if not name:
+        return None
+    ns = env.get("POD_NAMESPACE")
+    return f"{ns}/{name}" if ns else name
+
+
+def _kubeflow(env: Mapping[str, str], host: str) -> str | None:
+    # Kubeflow PyTorchJob / Trainer: torchrun's defaults as PET_* variables;
+    # the master service's name holds the job's, the same in every pod.
+    addr, port = env.get("PET_MASTER_ADDR"), env.get("PET_MASTER_PORT")
+    if not addr or not port or addr.startswith(_LOOPBACK):
+        return None
+    return f"{addr}:{port}/{env.get('PET_NNODES', '?')}"
+
+
 def _master(env: Mapping[str, str], host: str) -> str | None:
     addr, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
     if not addr or not port:
@@ -81,6 +101,8 @@ JOB_ID_SOURCES: tuple[tuple[str, Callable[[Mapping[str, str], str], str | None]]
     ("torchelastic", _torchelastic),
     ("slurm", _slurm),
     ("pmix", _pmix),
+    ("jobset", _jobset),
+    ("kubeflow", _kubeflow),
     ("master", _master),
 )
 

@@ -103,12 +103,27 @@ def _frame(f: dict[str, Any]) -> Frame:
     )
 
 
+#: Main threads that only host the rank's own thread: (innermost frame name,
+#: its file's ending, name prefix of the thread that runs the training). A Ray
+#: actor's main thread waits for tasks while Ray Train runs the user's loop
+#: in "TrainingThread(<fn>)".
+HOSTED_THREADS: tuple[tuple[str, str, str], ...] = (
+    ("main_loop", "ray/_private/worker.py", "TrainingThread"),
+)
+
+
 def main_thread(threads: list[ThreadDump], pid: int) -> ThreadDump | None:
-    """The rank's main thread: the one whose OS thread id is the pid."""
-    for t in threads:
-        if t.os_thread_id == pid:
-            return t
-    for t in threads:
-        if t.thread_name == "MainThread":
-            return t
-    return threads[0] if threads else None
+    """The rank's main thread: the one whose OS thread id is the pid (or the
+    thread it hosts the training in, HOSTED_THREADS)."""
+    main = next((t for t in threads if t.os_thread_id == pid), None)
+    if main is None:
+        main = next((t for t in threads if t.thread_name == "MainThread"),
+                    threads[0] if threads else None)
+    if main is not None and main.stack.frames:
+        top = main.stack.frames[0]
+        for name, path, thread in HOSTED_THREADS:
+            if top.name.endswith(name) and top.filename.endswith(path):
+                hosted = next((t for t in threads if t.thread_name.startswith(thread)), None)
+                if hosted is not None:
+                    return hosted
+    return main

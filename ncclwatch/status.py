@@ -10,6 +10,7 @@ import urllib.request
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from ncclwatch.agent.container import describe as describe_container
 from ncclwatch.model import SIZE_SOURCES, rank_ranges, scheduler_label
 
 DEFAULT_DAEMON = "http://127.0.0.1:7471"
@@ -124,8 +125,9 @@ def render(view: dict[str, Any]) -> str:
                     out.append(f"  forecast: rank {m['rank']} reaches its {m['device']} memory "
                                f"limit in {m['eta_seconds']:.0f}s")
             for c in s["culprits"]:
+                where = describe_container(c.get("container"))
                 out.append(f"  culprit: rank {c.get('member', c['rank'])} on {c['host']} "
-                           f"(pid {c['pid']}) "
+                           f"(pid {c['pid']}{'; ' + where if where else ''}) "
                            f"{c['state']} for {c['for_seconds']:.0f}s")
                 for f in (c.get("stack") or {}).get("frames", [])[:8]:
                     out.append(f"      {f['name']} ({f['file']}:{f['line']})")

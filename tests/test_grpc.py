@@ -196,7 +196,8 @@ def test_http_endpoints_serve_the_stall() -> None:
                             (("job", "job-1"), ("kind", "checkpoint_gather")))] == 1
             assert samples[("ncclwatch_stall_culprit_info",
                             (("host", "node-a"), ("job", "job-1"), ("kind", "checkpoint_gather"),
-                             ("rank", "0"), ("state", "saving")))] == 1
+                             ("namespace", ""), ("pod", ""), ("rank", "0"),
+                             ("state", "saving")))] == 1
             assert samples[("ncclwatch_watchdog_timeout_seconds", (("job", "job-1"),))] == 90
             assert samples[("ncclwatch_ranks", (("job", "job-1"), ("state", "collective")))] == 3
             view = json.loads(jobs)

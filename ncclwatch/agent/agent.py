@@ -30,6 +30,7 @@ from ncclwatch.agent.uplink import Uplinks
 from ncclwatch.sanitize import COUNTS, for_log, install_log_escaping
 from ncclwatch.sdnotify import Notifier
 from ncclwatch.signatures import DEFAULT_CLASSIFIER, Classifier
+from ncclwatch.stacks import main_thread
 from ncclwatch.tls import ClientTLS
 from ncclwatch.v1 import collector_pb2 as pb
 
@@ -197,7 +198,7 @@ class Agent:
                          proc.identity.rank if proc.identity.known else "?",
                          for_log(proc.identity.job_id), pid, for_log(proc.identity.rank_source))
         for pid, t in list(self.trackers.items()):
-            sample = self.sampler.sample(pid)
+            sample = self.sampler.sample(pid, tid=t.progress_tid)
             if sample is None:  # exited between scan and sample
                 self._exited.append(t.proc)
                 self.frprobe.forget(pid)
@@ -234,6 +235,11 @@ class Agent:
         if seen is None:
             return
         c, stack = seen
+        # A rank hosted in another thread (a Ray actor's TrainingThread): its
+        # progress is that thread's, not the busy process's (Ray's own I/O).
+        main = main_thread(threads, t.pid)
+        if main is not None and main.os_thread_id not in (0, t.pid):
+            t.progress_tid = main.os_thread_id
         sid = stack.id
         if sid not in self.stacks:
             self.stacks[sid] = stack_pb(stack)

@@ -14,7 +14,13 @@ Who is a rank (each rule decided once per pid):
   (py-spy ``--locals``), Lightning's children's NODE_RANK/LOCAL_RANK and,
   for Lightning's rank 0, which has no variables at all, its children's;
 - a member of a job whose number none of that shows is a rank with
-  ``UNKNOWN_RANK``: still watched, never numbered by guess.
+  ``UNKNOWN_RANK``: still watched, never numbered by guess;
+- a Ray Train worker (``agent.raytrain``) is a member of its Ray job, rank 0
+  once it is seen serving the job's TCPStore, the others unnumbered.
+
+A rank in a container is read through /proc like any other; what the
+container shows of it (its own pid, hostname, cgroup id, Kubernetes pod)
+is read once per rank (``agent.container``).
 
 Forked children of a rank (DataLoader workers, compile workers) inherit its
 environment and are skipped: a rank is the oldest process of its (job,
@@ -30,12 +36,13 @@ from dataclasses import dataclass, field, replace
 
 import psutil
 
-from ncclwatch.agent import launchers
+from ncclwatch.agent import container as containers, launchers, raytrain
+from ncclwatch.agent.container import NONE as NO_CONTAINER, ContainerInfo
 from ncclwatch.agent.pyspy import find_pyspy
 from ncclwatch.envpolicy import filter_env, local_env
 from ncclwatch.jobid import (
-    NODE_LOCAL_SOURCE, UNKNOWN_RANK, UNKNOWN_SOURCE, RankIdentity, identify, job_of, node_local_fields,
-    rank_of,
+    MAX_JOB_ID_LEN, NODE_LOCAL_SOURCE, UNKNOWN_RANK, UNKNOWN_SOURCE, RankIdentity, identify, job_of,
+    node_local_fields, rank_of,
 )
 
 log = logging.getLogger(__name__)
@@ -60,11 +67,13 @@ class RankProcess:
     env: dict[str, str]  # allowlisted and redacted: what is reported
     #: Raw paths the agent uses itself (envpolicy.LOCAL_USE_NAMES); never reported.
     local: dict[str, str] = field(default_factory=dict)
+    #: The container (and Kubernetes pod) it runs in; empty on the host.
+    container: ContainerInfo = NO_CONTAINER
 
     @classmethod
     def of(cls, pid: int, create_time: float, identity: RankIdentity,
-           env: Mapping[str, str]) -> "RankProcess":
-        return cls(pid, create_time, identity, filter_env(env), local_env(env))
+           env: Mapping[str, str], container: ContainerInfo = NO_CONTAINER) -> "RankProcess":
+        return cls(pid, create_time, identity, filter_env(env), local_env(env), container)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -81,6 +90,8 @@ class _Seen:
     launcher: str = ""         # a LAUNCHERS row: never a rank
     recheck: bool = False      # look again next round
     node_local: tuple[int, int, int] | None = None   # Lightning child: node, local, world
+    ray_since: float = 0.0     # a Ray Train worker with torch loaded, since (agent clock)
+    settled: bool = False      # its identity is final (a Ray worker's, once its store is seen)
 
 
 class Discovery:
@@ -88,8 +99,9 @@ class Discovery:
 
     def __init__(self, host: str, own_pid: int | None = None,
                  ranks: frozenset[int] | None = None, pyspy: str | None = None,
-                 proc: str = "/proc") -> None:
+                 proc: str = "/proc", pods_root: str = containers.PODS_LOG_ROOT) -> None:
         self._host = host
+        self._pods_root = pods_root
         # Only these global ranks (None: all): lets two agents split one job's
         # ranks, as two nodes would. Unnumbered members go with ranks=None only.
         self._ranks = ranks
@@ -123,6 +135,7 @@ class Discovery:
                     and seen.create_time and now - seen.create_time < YOUNG):
                 seen.recheck = True  # a launcher's child caught between fork and exec
             self._seen[pid] = seen
+        self._settle_ray(now)
         return _one_per_rank(self._resolve())
 
     def _reused(self, pid: int, create_time: float) -> bool:
@@ -146,8 +159,13 @@ class Discovery:
             if seen.launcher:
                 return seen
             env = proc.environ()
-            spawn = launchers.is_spawn_child(cmdline)
             shown = rank_of(env)
+            if (shown is None or shown[0] == UNKNOWN_RANK) and raytrain.is_ray_process(cmdline,
+                                                                                     env):
+                # A Ray actor whose rank Ray sets in-process (one whose env
+                # names its rank, or a child process, goes the usual way).
+                return self._ray_worker(pid, cmdline, env, seen, now)
+            spawn = launchers.is_spawn_child(cmdline)
             if shown is None and not spawn:
                 return seen  # no rank variables, no spawn child: no rank
             maps = launchers.read_maps(pid, self._proc)
@@ -162,7 +180,8 @@ class Discovery:
             if spawn:
                 identity = self._spawn_identity(pid, ppid, env, seen, now)
                 if identity is not None:
-                    seen.rank = RankProcess.of(pid, create_time, identity, env)
+                    seen.rank = RankProcess.of(pid, create_time, identity, env,
+                                               self._container(pid, env))
                     return seen
                 if seen.recheck:
                     return seen
@@ -172,7 +191,7 @@ class Discovery:
                 return seen
             if identity.rank_source in (NODE_LOCAL_SOURCE, UNKNOWN_SOURCE):
                 seen.node_local = node_local_fields(env)
-            seen.rank = RankProcess.of(pid, create_time, identity, env)
+            seen.rank = RankProcess.of(pid, create_time, identity, env, self._container(pid, env))
             return seen
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             return _Seen(0.0)
@@ -180,6 +199,60 @@ class Discovery:
             self.errors_total += 1
             log.debug("cannot read pid %d: %s", pid, e)
             return _Seen(0.0)
+
+    def _ray_worker(self, pid: int, cmdline: list[str], env: dict[str, str], seen: _Seen,
+                    now: float) -> _Seen:
+        """A Ray process: a train worker is a member of its Ray job once torch is
+        loaded; its rank is settled in ``_resolve`` from the job's TCPStore."""
+        old = self._seen.get(pid)
+        if old is not None and old.settled and old.create_time == seen.create_time:
+            return old
+        if not raytrain.is_train_worker(cmdline, env):
+            # A pooled worker may still become one (its title changes).
+            seen.recheck = raytrain.may_become_worker(cmdline, env)
+            return seen
+        seen.recheck = True
+        maps = launchers.read_maps(pid, self._proc)
+        if maps is None or not launchers.torch_loaded(maps):
+            return seen
+        job = raytrain.job_id(env, self._host, self._proc)
+        if job is None:
+            return seen
+        seen.ray_since = old.ray_since if old is not None and old.ray_since else now
+        identity = RankIdentity(job_id=f"{raytrain.JOB_SOURCE}:{job}"[:MAX_JOB_ID_LEN],
+                                job_source=raytrain.JOB_SOURCE, rank=UNKNOWN_RANK,
+                                local_rank=-1, world_size=0, rank_source=UNKNOWN_SOURCE)
+        if old is not None and old.rank is not None and old.rank.identity.job_id == identity.job_id:
+            seen.rank = old.rank  # keep what the store showed so far
+        else:
+            seen.rank = RankProcess.of(pid, seen.create_time, identity, env,
+                                       self._container(pid, env))
+        return seen
+
+    def _settle_ray(self, now: float) -> None:
+        """Rank 0 of each Ray job: the worker serving its TCPStore (raytrain).
+
+        The others stay members of unknown rank; a worker is settled (no longer
+        re-read) once a store of its job is seen, or after SPAWN_PATIENCE."""
+        jobs: dict[str, list[int]] = {}
+        for pid, seen in self._seen.items():
+            if seen.ray_since and seen.rank is not None and not seen.settled:
+                jobs.setdefault(seen.rank.identity.job_id, []).append(pid)
+        for job_id, pids in jobs.items():
+            members = [p for p, s in self._seen.items()
+                       if s.ray_since and s.rank is not None and s.rank.identity.job_id == job_id]
+            servers = raytrain.store_servers(members, self._proc)
+            for pid in pids:
+                seen = self._seen[pid]
+                if pid in servers:
+                    seen.rank = replace(seen.rank, identity=replace(
+                        seen.rank.identity, rank=0, rank_source=raytrain.STORE_SOURCE))
+                if servers or now - seen.ray_since >= SPAWN_PATIENCE:
+                    seen.settled, seen.recheck = True, False
+
+    def _container(self, pid: int, env: Mapping[str, str]) -> ContainerInfo:
+        """The container a rank runs in, read once per rank (agent.container)."""
+        return containers.inspect(pid, env, proc=self._proc, pods_root=self._pods_root)
 
     def _spawn_identity(self, pid: int, ppid: int, env: dict[str, str], seen: _Seen,
                         now: float) -> RankIdentity | None:
@@ -295,8 +368,9 @@ class Discovery:
                     known = rank < size
                     ident = replace(child, rank=rank if known else UNKNOWN_RANK, local_rank=0,
                                     rank_source=CHILDREN_SOURCE if known else UNKNOWN_SOURCE)
-                    self._parents[ppid] = RankProcess.of(ppid, proc.create_time(), ident,
-                                                         proc.environ())
+                    env = proc.environ()
+                    self._parents[ppid] = RankProcess.of(ppid, proc.create_time(), ident, env,
+                                                         self._container(ppid, env))
             except (psutil.Error, OSError):
                 self.errors_total += 1
         return self._parents[ppid]

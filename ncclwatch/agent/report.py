@@ -104,9 +104,17 @@ def _field(what: str, build: Callable[[], _T]) -> _T | None:
 
 def identity_pb(proc: RankProcess) -> pb.RankIdentity:
     i = proc.identity
-    return pb.RankIdentity(job_id=clean(i.job_id, MAX_LABEL), rank=i.rank,
-                           local_rank=i.local_rank, world_size=i.world_size, pid=proc.pid,
-                           rank_source=clean(i.rank_source, MAX_NAME))
+    out = pb.RankIdentity(job_id=clean(i.job_id, MAX_LABEL), rank=i.rank,
+                          local_rank=i.local_rank, world_size=i.world_size, pid=proc.pid,
+                          rank_source=clean(i.rank_source, MAX_NAME))
+    c = proc.container
+    if c:
+        out.container.CopyFrom(pb.ContainerInfo(
+            container_pid=c.container_pid, hostname=clean(c.hostname, MAX_LABEL),
+            container_id=clean(c.container_id, MAX_LABEL), runtime=clean(c.runtime, MAX_NAME),
+            pod_uid=clean(c.pod_uid, MAX_LABEL), namespace=clean(c.namespace, MAX_LABEL),
+            pod=clean(c.pod, MAX_LABEL)))
+    return out
 
 
 def stack_pb(stack: Stack) -> pb.Stack:

@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import os
 import resource
+import stat
 import time
 from dataclasses import dataclass
 
@@ -95,7 +96,9 @@ class ProcessSampler:
             self._host_available = (now, value)
         return value
 
-    def sample(self, pid: int, *, with_files: bool = True) -> ProcessSample | None:
+    def sample(self, pid: int, *, with_files: bool = True, tid: int = 0) -> ProcessSample | None:
+        """``tid``: the rank's own thread when not the main one: progress is its
+        read/write calls and switches alone (thread_progress)."""
         proc = self._procs.get(pid)
         if proc is None:
             try:
@@ -128,6 +131,10 @@ class ProcessSampler:
             self.errors_total += 1
             log.debug("cannot sample pid %d: %s", pid, e)
             return None
+        if tid:
+            own = thread_progress(pid, tid)
+            if own is not None:
+                calls, switches = own, 0
         return ProcessSample(
             pid=pid,
             cpu_seconds=cpu.user + cpu.system,
@@ -148,10 +155,7 @@ class ProcessSampler:
 
     def _files_writing(self, proc: psutil.Process) -> tuple[OpenFile, ...]:
         """The files open for writing, biggest first, each with its expected size."""
-        try:
-            handles = proc.open_files()
-        except (psutil.AccessDenied, OSError):
-            return ()
+        handles = open_files(proc.pid)
         writing: list[tuple[int, OpenFile]] = []
         readers = []
         for f in handles:
@@ -160,20 +164,11 @@ class ProcessSampler:
             if f.mode not in _WRITE_MODES:
                 readers.append(f)
                 continue
-            try:
-                # The file the rank holds, not what its name means here (another
-                # mount namespace, or a name swapped since): its fd.
-                size = os.stat(f"/proc/{proc.pid}/fd/{f.fd}").st_size
-            except OSError:
-                continue  # closed between listing and stat
-            writing.append((f.fd, OpenFile(f.path, size)))
+            writing.append((f.fd, OpenFile(f.path, f.size)))
         # Files open for reading matter only as copy sources of a file written.
         reading: list[tuple[int, str, int]] = []
         for f in readers[:MAX_READERS] if writing else ():
-            try:
-                reading.append((f.fd, f.path, os.stat(f"/proc/{proc.pid}/fd/{f.fd}").st_size))
-            except OSError:
-                continue
+            reading.append((f.fd, f.path, f.size))
         writing.sort(key=lambda w: -w[1].size_bytes)
         out = []
         for fd, f in writing[:MAX_FILES]:
@@ -248,6 +243,71 @@ class ProcessSampler:
         if not path or path == f.path:
             return f
         return dataclasses.replace(f, previous_path=path, previous_size_bytes=size)
+
+
+def thread_progress(pid: int, tid: int, proc: str = "/proc") -> int | None:
+    """Progress events of one thread: its read/write syscalls (task io) plus
+    its voluntary switches; None if the thread is gone or unreadable."""
+    try:
+        with open(f"{proc}/{pid}/task/{tid}/io") as f:
+            io = dict(line.split(":", 1) for line in f if ":" in line)
+        with open(f"{proc}/{pid}/task/{tid}/status") as f:
+            vol = next((int(line.split()[1]) for line in f
+                        if line.startswith("voluntary_ctxt_switches")), 0)
+        return int(io["syscr"]) + int(io["syscw"]) + vol
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Handle:
+    fd: int
+    path: str   # as the process names it (in its own mount namespace)
+    mode: str
+    size: int
+
+
+def _mode(flags: int) -> str:
+    """open(2) flags as psutil's mode letters."""
+    acc = flags & os.O_ACCMODE
+    if acc == os.O_RDONLY:
+        return "r"
+    if acc == os.O_WRONLY:
+        return "a" if flags & os.O_APPEND else "w"
+    return "a+" if flags & os.O_APPEND else "r+"
+
+
+def open_files(pid: int, proc: str = "/proc") -> list[_Handle]:
+    """The regular files a process holds open, statted through its fds.
+
+    psutil's ``open_files()`` keeps only paths that are files on the agent's
+    own filesystem: a rank in a container writes to paths of its mount
+    namespace (a tmpfs only it sees) and would show none. Each fd is statted
+    through /proc/PID/fd/N, the very file the rank holds.
+    """
+    base = f"{proc}/{pid}/fd"
+    try:
+        fds = os.listdir(base)
+    except OSError:
+        return []
+    out = []
+    for name in fds:
+        try:
+            path = os.readlink(f"{base}/{name}")
+            if not path.startswith("/"):
+                continue  # socket:[..], pipe:[..], anon_inode:..
+            st = os.stat(f"{base}/{name}")
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            with open(f"{proc}/{pid}/fdinfo/{name}") as f:
+                flags = next((int(line.split()[1], 8) for line in f
+                              if line.startswith("flags:")), 0)
+        except (OSError, ValueError):
+            continue  # closed meanwhile
+        if path.endswith(" (deleted)"):
+            continue  # unlinked: no checkpoint anyone will read (as psutil skipped them)
+        out.append(_Handle(int(name), path, _mode(flags), st.st_size))
+    return sorted(out, key=lambda h: h.fd)
 
 
 def _cgroup_dir(pid: int, root: str) -> str | None:

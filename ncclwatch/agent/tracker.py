@@ -26,6 +26,7 @@ class RankTracker:
         "cpu_util", "_cpu_at", "quiet_since", "quiet_at_last_dump", "forced",
         "env_sent", "repeats", "prev_state", "flight_recorder", "scheduler_job",
         "still_since", "still_at_last_dump", "events_at_dump", "files_at_dump",
+        "progress_tid",
     )
 
     def __init__(self, proc: RankProcess, now: float) -> None:
@@ -33,6 +34,9 @@ class RankTracker:
         self.state = RankState.UNKNOWN
         self.op = CollectiveOp.NONE
         self.state_since = now
+        #: The thread whose progress is the rank's, when not its main thread (a
+        #: Ray Train worker's TrainingThread, stacks.HOSTED_THREADS); 0: the process.
+        self.progress_tid = 0
         self.stack_id = ""
         self.stack_at: float | None = None
         self.sample: ProcessSample | None = None

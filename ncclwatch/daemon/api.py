@@ -215,6 +215,7 @@ def _rank(r: int, rec, fresh: bool, now: float, wall: float) -> dict[str, Any]:
         "rank": r if r >= 0 else None, "member": rank_label(r),
         "identified_by": rec.rank_source or "env:RANK",
         "local_rank": rec.local_rank, "host": rec.node, "pid": rec.pid,
+        "container": container_view(rec.container),
         "state": rec.state.value if fresh else "unknown",
         "op": rec.op.value if rec.op.value != "none" else None,
         "for_seconds": round(now - rec.since, 1),
@@ -261,7 +262,9 @@ def incident_view(d: Daemon, inc: Incident, now: float | None = None) -> dict[st
                      "min_remaining_seconds": round(inc.min_remaining, 1)},
         "culprits": [dict(rank=c.rank if c.rank >= 0 else None, member=rank_label(c.rank),
                           identified_by=_identified_by(job, c.rank),
-                          host=c.node, pid=c.pid, state=c.state.value,
+                          host=c.node, pid=c.pid,
+                          container=container_view(_rec_container(job, c.rank)),
+                          state=c.state.value,
                           op=c.op.value if c.op.value != "none" else None,
                           for_seconds=round(c.for_seconds, 1),
                           **_culprit_progress(job, c.rank),
@@ -334,6 +337,22 @@ def rank_groups(d: Daemon, job, now: float) -> list[dict[str, Any]]:
 def _keys(keys) -> list[int | str]:
     """Rank numbers, and '?1'-style labels for members whose rank is unknown."""
     return [k if k >= 0 else rank_label(k) for k in keys]
+
+
+def container_view(c: tuple | None) -> dict[str, Any] | None:
+    """The container a rank runs in (None: on the host): its own pid there,
+    hostname, runtime's id, and Kubernetes pod."""
+    if not c:
+        return None
+    pid, hostname, cid, runtime, uid, namespace, pod = c
+    return {"pid": pid or None, "hostname": hostname or None, "id": cid or None,
+            "runtime": runtime or None, "pod_uid": uid or None,
+            "namespace": namespace or None, "pod": pod or None}
+
+
+def _rec_container(job, key: int) -> tuple | None:
+    rec = job.ranks.get(key) if job else None
+    return rec.container if rec else None
 
 
 def _identified_by(job, key: int) -> str:

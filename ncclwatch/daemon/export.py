@@ -92,8 +92,9 @@ def build(c: Capture) -> list[Family]:
     waiting = F("ncclwatch_stall_waiting_ranks", "Ranks blocked waiting in the stall",
                 ("job", "kind"))
     culprit = F("ncclwatch_stall_culprit_info",
-                "The rank(s) the others wait for, with host and state",
-                ("job", "kind", "rank", "host", "state"))
+                "The rank(s) the others wait for, with host and state (and the "
+                "Kubernetes namespace and pod of a rank in one, else empty)",
+                ("job", "kind", "rank", "host", "state", "namespace", "pod"))
     timeout = F("ncclwatch_watchdog_timeout_seconds",
                 "Process-group (watchdog) timeout assumed for the job", ("job",))
     remaining = F("ncclwatch_watchdog_remaining_seconds",
@@ -164,7 +165,9 @@ def build(c: Capture) -> list[Family]:
             if not inc:
                 continue
             for cu in inc.finding.culprits:
-                culprit.add((job_id, kind.value, rank_label(cu.rank), cu.node, cu.state.value), 1)
+                ns, pod = _pod_of(culprit_recs.get(cu.rank))
+                culprit.add((job_id, kind.value, rank_label(cu.rank), cu.node, cu.state.value,
+                             ns, pod), 1)
                 _culprit_memory(rank_mem, job_id, culprit_recs.get(cu.rank), shown)
             dx = inc.diagnosis
             cause.add((job_id, kind.value, dx.root_cause.id), 1)
@@ -300,6 +303,12 @@ class DaemonCollector(Collector):
     def exposition(self) -> bytes:
         """/metrics: the capture on the loop, the rest in the calling thread."""
         return encode(self.families())
+
+
+def _pod_of(rec) -> tuple[str, str]:
+    """(namespace, pod) of a culprit in a Kubernetes pod, else ("", "")."""
+    c = rec.container if rec is not None else None
+    return (c[5], c[6]) if c else ("", "")
 
 
 def _culprit_memory(fam: Family, job_id: str, rec, shown: set) -> None:

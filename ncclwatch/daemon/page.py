@@ -11,6 +11,7 @@ from typing import Any
 from urllib.parse import quote
 
 from ncclwatch import __version__
+from ncclwatch.agent.container import describe as describe_container
 from ncclwatch.model import SIZE_SOURCES, scheduler_label
 
 #: Jobs up to this many ranks are shown rank by rank; larger ones by state.
@@ -68,13 +69,19 @@ def _job(job: dict[str, Any]) -> str:
                    "each rank (API, paged)</a></p>")
         return "".join(out)
     rows = "".join(
-        f"<tr><td>{r['member']}</td><td>{escape(r['host'])}</td><td>{r['pid']}</td>"
+        f"<tr><td>{r['member']}</td><td>{escape(r['host'])}</td>"
+        f"<td>{r['pid']}{_in_container(r)}</td>"
         f"<td>{escape(r['state'])}{' / ' + escape(r['op']) if r['op'] else ''}</td>"
         f"<td>{r['for_seconds']:.0f}s</td><td>{r['cpu_utilization']:.2f}</td>"
         f"<td>{r['rss_bytes'] / 2**20:.0f} MiB</td></tr>" for r in job["ranks"])
     out.append("<table><tr><th>rank</th><th>host</th><th>pid</th><th>state</th>"
                f"<th>for</th><th>cpu</th><th>rss</th></tr>{rows}</table>")
     return "".join(out)
+
+
+def _in_container(r: dict[str, Any]) -> str:
+    text = describe_container(r.get("container"))
+    return f"<span class='container'>; {escape(text)}</span>" if text else ""
 
 
 def _stall(s: dict[str, Any]) -> str:
@@ -92,7 +99,8 @@ def _stall(s: dict[str, Any]) -> str:
                           for f in c.get("files_writing", []))
         who = f"rank {c['rank']}" if c["rank"] is not None else f"unidentified rank {c['member']}"
         out.append(f"<p class='culprit' data-rank='{c['member']}'>culprit: <b>{who}</b> "
-                   f"on <b>{escape(c['host'])}</b> (pid {c['pid']}), {escape(c['state'])} for "
+                   f"on <b>{escape(c['host'])}</b> (pid {c['pid']}{_in_container(c)}), "
+                   f"{escape(c['state'])} for "
                    f"{c['for_seconds']:.0f}s{'; writing ' + files if files else ''}</p>")
         out.append(_stack(c.get("stack")))
     fr = s.get("flight_recorder")

@@ -215,7 +215,7 @@ class RankRecord:
         "rank", "local_rank", "node", "agent_id", "pid", "state", "op", "since",
         "stack_id", "seen", "cpu_util", "cpu_recent", "cpu_seconds", "rss_bytes", "io_write_bytes", "write_rate",
         "files", "gpu", "gone_at", "vms_bytes", "limits", "curve", "stack_at",
-        "rank_source",
+        "rank_source", "container",
         "still_since", "still_at", "still_op", "since_agent", "progress_known",
         "file_first",
     )
@@ -257,6 +257,9 @@ class RankRecord:
         self.stack_at: float | None = None
         # How the agent identified the rank ("env:RANK", "spawn_index", "unknown", ...).
         self.rank_source = ""
+        # (container pid, hostname, container id, runtime, pod uid, namespace,
+        # pod) of a rank in a container (ContainerInfo), None on the host.
+        self.container: tuple[int, str, str, str, str, str, str] | None = None
 
         # Since when the rank has made no progress, whatever its state (daemon
         # clock); None: it made some in its last round, or no reading.
@@ -502,6 +505,12 @@ class JobTable:
             rec.io_write_bytes = written
             rec.local_rank = ident.local_rank
             rec.rank_source = ident.rank_source
+            if ident.HasField("container"):
+                c = ident.container
+                rec.container = (c.container_pid, c.hostname, c.container_id, c.runtime,
+                                 c.pod_uid, c.namespace, c.pod)
+            else:
+                rec.container = None
             rec.node = node
             rec.agent_id = agent_id
             rec.pid = pid

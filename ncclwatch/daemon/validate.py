@@ -163,6 +163,11 @@ def _check_sample(i: int, s: pb.RankSample, world_size_of: Callable[[str], int |
         raise _bad(f"samples[{i}]: rank {rank} out of range for world size {world}")
     if len(ident.rank_source) > 64:
         raise _bad(f"samples[{i}]: rank_source too long")
+    if ident.HasField("container"):
+        c = ident.container
+        if c.container_pid < 0 or max(len(c.hostname), len(c.container_id), len(c.runtime),
+                                      len(c.pod_uid), len(c.namespace), len(c.pod)) > 253:
+            raise _bad(f"samples[{i}]: container fields out of bounds")
     known = world_size_of(job_id)
     if known is None:
         known = new_jobs.setdefault(job_id, world)

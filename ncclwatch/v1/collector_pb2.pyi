@@ -155,20 +155,40 @@ class RankBriefs(_message.Message):
     def __init__(self, slot: _Optional[_Iterable[int]] = ..., still_seconds: _Optional[_Iterable[float]] = ..., cpu_utilization: _Optional[_Iterable[float]] = ..., cpu_seconds: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class RankIdentity(_message.Message):
-    __slots__ = ("job_id", "rank", "local_rank", "world_size", "pid", "rank_source")
+    __slots__ = ("job_id", "rank", "local_rank", "world_size", "pid", "rank_source", "container")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     RANK_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rank: int
     local_rank: int
     world_size: int
     pid: int
     rank_source: str
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., world_size: _Optional[int] = ..., pid: _Optional[int] = ..., rank_source: _Optional[str] = ...) -> None: ...
+    container: ContainerInfo
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., world_size: _Optional[int] = ..., pid: _Optional[int] = ..., rank_source: _Optional[str] = ..., container: _Optional[_Union[ContainerInfo, _Mapping]] = ...) -> None: ...
+
+class ContainerInfo(_message.Message):
+    __slots__ = ("container_pid", "hostname", "container_id", "runtime", "pod_uid", "namespace", "pod")
+    CONTAINER_PID_FIELD_NUMBER: _ClassVar[int]
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_FIELD_NUMBER: _ClassVar[int]
+    POD_UID_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    POD_FIELD_NUMBER: _ClassVar[int]
+    container_pid: int
+    hostname: str
+    container_id: str
+    runtime: str
+    pod_uid: str
+    namespace: str
+    pod: str
+    def __init__(self, container_pid: _Optional[int] = ..., hostname: _Optional[str] = ..., container_id: _Optional[str] = ..., runtime: _Optional[str] = ..., pod_uid: _Optional[str] = ..., namespace: _Optional[str] = ..., pod: _Optional[str] = ...) -> None: ...
 
 class RankSample(_message.Message):
     __slots__ = ("identity", "state", "op", "state_seconds", "stack_age_seconds", "stack_id", "process", "gpu", "job", "flight_recorder", "still_seconds", "slot")

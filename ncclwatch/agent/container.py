@@ -1,0 +1,248 @@
+"""Where a rank runs when it runs in a container, seen from the host's /proc.
+
+A rank in a container has two pids (``NSpid`` in /proc/PID/status: the
+host's, then its own namespace's), a hostname of its own (its UTS namespace;
+the container's /etc/hostname), a cgroup that names the container (and, on
+Kubernetes, the pod) as the runtime named it, and paths that exist only in
+its mount namespace (read through /proc/PID/root and /proc/PID/fd).
+
+Nothing here runs a program: every fact is read from /proc, and a file
+inside the container is opened one component at a time with O_NOFOLLOW so
+that a symlink in a hostile image cannot make the agent read a host file.
+
+Kubernetes: the pod UID is in the cgroup path; the kubelet's log directory
+``/var/log/pods/<namespace>_<pod>_<uid>`` names the pod, else the pod's own
+environment (``POD_NAME``/``POD_NAMESPACE`` from the downward API).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+#: The kubelet's per-pod log directories on the node.
+PODS_LOG_ROOT = "/var/log/pods"
+MAX_NAME = 253
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerInfo:
+    """The container a rank runs in; every field empty: the host's own process."""
+
+    container_pid: int = 0      # its pid in its own PID namespace (0: the agent's namespace)
+    hostname: str = ""          # its UTS name, when it differs from the host's
+    container_id: str = ""      # from the cgroup
+    runtime: str = ""           # docker | containerd | crio | podman | kubernetes
+    pod_uid: str = ""
+    namespace: str = ""         # Kubernetes namespace
+    pod: str = ""               # Kubernetes pod name
+
+    def __bool__(self) -> bool:
+        return any((self.container_pid, self.hostname, self.container_id, self.pod_uid,
+                    self.namespace, self.pod))
+
+
+NONE = ContainerInfo()
+
+_ID = r"(?P<id>[0-9a-f]{64})"
+#: (runtime, pattern over one cgroup path): the first match names the container.
+#: systemd drivers name a scope ``<runtime>-<id>.scope``; cgroupfs drivers use
+#: a directory per runtime; Kubernetes' cgroupfs driver puts the bare id under
+#: the pod's directory.
+CONTAINER_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (runtime, re.compile(p)) for runtime, p in (
+        ("containerd", rf"cri-containerd-{_ID}\.scope"),
+        ("containerd", rf":cri-containerd:{_ID}"),            # containerd, systemd v1 style
+        ("crio", rf"crio-{_ID}\.scope"),                       # crio-conmon-<id> is not it
+        ("docker", rf"docker-{_ID}\.scope"),
+        ("docker", rf"/docker/{_ID}(?:/|$)"),
+        ("podman", rf"libpod-{_ID}\.scope"),
+        ("podman", rf"/libpod_parent/libpod-{_ID}"),
+        ("kubernetes", rf"/kubepods/(?:[a-z]+/)?pod[0-9a-f-]{{36}}/{_ID}(?:/|$)"),
+    ))
+
+_UID = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}"
+#: Kubernetes pod UID in a cgroup path (systemd driver writes '-' as '_').
+POD_PATTERNS: tuple[re.Pattern[str], ...] = (
+    re.compile(rf"kubepods[a-z-]*-pod(?P<uid>{_UID})\.slice"),
+    re.compile(rf"/kubepods/(?:[a-z]+/)?pod(?P<uid>{_UID})(?:/|$)"),
+)
+
+#: Pod environment that names the pod (the downward API's usual names),
+#: in order of preference.
+POD_NAME_VARIABLES = ("POD_NAME", "MY_POD_NAME", "K8S_POD_NAME", "KUBERNETES_POD_NAME")
+POD_NAMESPACE_VARIABLES = ("POD_NAMESPACE", "MY_POD_NAMESPACE", "K8S_POD_NAMESPACE",
+                           "KUBERNETES_NAMESPACE")
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+#: A hostname as an image may set it; anything else (control characters for
+#: an operator's terminal, markup) is not shown at all.
+_HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,252})?$")
+
+
+def container_of_cgroup(text: str) -> tuple[str, str, str]:
+    """(runtime, container id, pod uid) from /proc/PID/cgroup's text ("" when absent)."""
+    runtime = cid = uid = ""
+    for line in text.splitlines():
+        path = line.split(":", 2)[-1]
+        if not cid:
+            for name, pat in CONTAINER_PATTERNS:
+                m = pat.search(path)
+                if m:
+                    runtime, cid = name, m.group("id")
+                    break
+        if not uid:
+            for pat in POD_PATTERNS:
+                m = pat.search(path)
+                if m:
+                    uid = m.group("uid").replace("_", "-")
+                    break
+    if uid and runtime in ("", "kubernetes"):
+        runtime = "kubernetes"
+    return runtime, cid, uid
+
+
+def pod_of(uid: str, root: str = PODS_LOG_ROOT) -> tuple[str, str]:
+    """(namespace, pod) of a pod UID from the kubelet's ``<ns>_<pod>_<uid>`` directories."""
+    if not uid:
+        return "", ""
+    suffix = "_" + uid
+    try:
+        with os.scandir(root) as it:
+            for e in it:
+                if e.name.endswith(suffix):
+                    ns, sep, pod = e.name[:-len(suffix)].partition("_")
+                    if sep and _NAME.match(ns) and _NAME.match(pod):
+                        return ns, pod
+    except OSError:
+        pass
+    return "", ""
+
+
+def pod_from_env(env: Mapping[str, str]) -> tuple[str, str]:
+    """(namespace, pod) the pod's own environment declares (downward API)."""
+    ns = next((env[v] for v in POD_NAMESPACE_VARIABLES if env.get(v)), "")
+    pod = next((env[v] for v in POD_NAME_VARIABLES if env.get(v)), "")
+    # A pod's HOSTNAME is its name (unless spec.hostname overrides it).
+    if not pod and env.get("KUBERNETES_SERVICE_HOST"):
+        pod = env.get("HOSTNAME", "")
+    return (ns if _NAME.match(ns) else ""), (pod if _NAME.match(pod) else "")
+
+
+def nspid(status_text: str) -> int:
+    """The innermost pid from /proc/PID/status's NSpid line (0: no inner namespace)."""
+    for line in status_text.splitlines():
+        if line.startswith("NSpid:"):
+            pids = line.split()[1:]
+            return int(pids[-1]) if len(pids) > 1 else 0
+    return 0
+
+
+def _ns(pid: int | str, kind: str, proc: str) -> str:
+    try:
+        return os.readlink(f"{proc}/{pid}/ns/{kind}")
+    except OSError:
+        return ""
+
+
+def other_mount_ns(pid: int, proc: str = "/proc") -> bool:
+    """The process sees another filesystem tree than the agent."""
+    theirs = _ns(pid, "mnt", proc)
+    return bool(theirs) and theirs != _ns("self", "mnt", proc)
+
+
+def open_in_root(pid: int, path: str, *, directory: bool = False,
+                 proc: str = "/proc") -> int | None:
+    """An fd for ``path`` as the process sees it, following no symlink at all.
+
+    Each component is opened relative to the previous one with O_NOFOLLOW:
+    a symlink anywhere (``/etc/hostname -> /etc/shadow`` in a hostile image)
+    fails the open instead of leading to the host's file.
+    """
+    parts = [p for p in path.split("/") if p]
+    if not path.startswith("/") or any(p == ".." for p in parts):
+        return None
+    try:
+        fd = os.open(f"{proc}/{pid}/root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+            if not last or directory:
+                flags |= os.O_DIRECTORY
+            nxt = os.open(part, flags, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        if not directory and not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return None
+        return fd
+    except OSError:
+        os.close(fd)
+        return None
+
+
+def read_in_root(pid: int, path: str, limit: int = 4096, proc: str = "/proc") -> str:
+    fd = open_in_root(pid, path, proc=proc)
+    if fd is None:
+        return ""
+    try:
+        return os.read(fd, limit).decode(errors="replace")
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+
+
+def inspect(pid: int, env: Mapping[str, str], *, proc: str = "/proc",
+            pods_root: str = PODS_LOG_ROOT) -> ContainerInfo:
+    """What the host shows of the container ``pid`` runs in (NONE: not in one).
+
+    ``env``: the process's raw environment (only the pod variables are read).
+    """
+    try:
+        with open(f"{proc}/{pid}/status") as f:
+            inner = nspid(f.read())
+    except (OSError, ValueError):
+        inner = 0
+    try:
+        with open(f"{proc}/{pid}/cgroup") as f:
+            runtime, cid, uid = container_of_cgroup(f.read())
+    except OSError:
+        runtime = cid = uid = ""
+    hostname = ""
+    uts = _ns(pid, "uts", proc)
+    if uts and uts != _ns("self", "uts", proc):
+        hostname = read_in_root(pid, "/etc/hostname", 512, proc).strip()
+        hostname = hostname.splitlines()[0] if hostname else ""
+        hostname = hostname if _HOSTNAME.match(hostname) else ""
+    ns, pod = pod_of(uid, pods_root)
+    if not pod:
+        ns_env, pod_env = pod_from_env(env)
+        if pod_env and (uid or env.get("KUBERNETES_SERVICE_HOST") or ns_env):
+            ns, pod = ns_env, pod_env
+    return ContainerInfo(container_pid=inner, hostname=hostname, container_id=cid,
+                         runtime=runtime, pod_uid=uid, namespace=ns[:MAX_NAME],
+                         pod=pod[:MAX_NAME])
+
+
+def describe(view: Mapping[str, object] | None) -> str:
+    """The API's ``container`` object in words, for the page and ``ncclwatch status``:
+    ``pid 32 in container trainer-0 (containerd 4c15c0c881a4), pod ml/trainer-0``."""
+    if not view:
+        return ""
+    parts = []
+    where = "in container"
+    if view.get("hostname"):
+        where += f" {view['hostname']}"
+    if view.get("id"):
+        where += f" ({view.get('runtime') or 'runtime'} {str(view['id'])[:12]})"
+    parts.append(f"pid {view['pid']} {where}" if view.get("pid") else where)
+    if view.get("pod"):
+        ns = f"{view['namespace']}/" if view.get("namespace") else ""
+        parts.append(f"pod {ns}{view['pod']}")
+    return ", ".join(parts)

@@ -1,0 +1,141 @@
+"""Ray Train workers, identified from outside the process.
+
+Ray starts each training worker as an actor process (title
+``ray::RayTrainWorker``) and sets RANK/WORLD_SIZE in it after it started:
+its initial environment, the one /proc shows, names no rank. What the
+outside does show:
+
+- the title, and Ray's own variables (``RAY_JOB_ID``, ``RAY_RAYLET_PID``);
+- the cluster: the raylet's ``--gcs-address`` (the worker's parent): with the
+  Ray job id it names the job the same on every node, and differs between
+  clusters;
+- the job's TCPStore: torch's ``env://`` rendezvous (Ray Train's) runs the
+  store server in rank 0, which also holds a client connection to it, and
+  every other rank connects to it. The worker listening on a port it is
+  connected to itself, with another worker of the job connected there too,
+  is rank 0. Every other worker is a member of unknown rank: a rank number
+  is never guessed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+
+#: Process titles of Ray Train's worker actors (V2 and V1 name the class alike).
+TRAIN_WORKER_TITLES = ("ray::RayTrainWorker",)
+#: Titles of pooled Ray workers that may still become a train worker.
+IDLE_TITLES = ("ray::IDLE",)
+#: rank_source of the worker that serves the job's TCPStore.
+STORE_SOURCE = "tcpstore_server"
+JOB_SOURCE = "ray"
+
+_LISTEN, _ESTABLISHED = "0A", "01"
+
+
+def title(cmdline: list[str]) -> str:
+    return " ".join(cmdline).strip()
+
+
+def is_ray_process(cmdline: list[str], env: Mapping[str, str]) -> bool:
+    """A Ray worker process (``ray::<actor or task>`` title, Ray's own env)."""
+    return bool(env.get("RAY_JOB_ID")) and title(cmdline).startswith("ray::")
+
+
+def is_train_worker(cmdline: list[str], env: Mapping[str, str]) -> bool:
+    return bool(env.get("RAY_JOB_ID")) and title(cmdline).startswith(TRAIN_WORKER_TITLES)
+
+
+def may_become_worker(cmdline: list[str], env: Mapping[str, str]) -> bool:
+    return bool(env.get("RAY_JOB_ID")) and title(cmdline).startswith(IDLE_TITLES)
+
+
+def gcs_address(env: Mapping[str, str], proc: str = "/proc") -> str:
+    """The cluster's GCS address from the raylet's command line (else RAY_ADDRESS)."""
+    raylet = env.get("RAY_RAYLET_PID", "")
+    if raylet.isdigit():
+        try:
+            with open(f"{proc}/{raylet}/cmdline", "rb") as f:
+                for arg in f.read().split(b"\0"):
+                    if arg.startswith(b"--gcs-address="):
+                        return arg.split(b"=", 1)[1].decode(errors="replace")
+        except OSError:
+            pass
+    return env.get("RAY_ADDRESS", "")
+
+
+def job_id(env: Mapping[str, str], host: str, proc: str = "/proc") -> str | None:
+    """``<gcs address>/<ray job id>``: one id per Ray job across its nodes."""
+    job = env.get("RAY_JOB_ID")
+    if not job:
+        return None
+    cluster = gcs_address(env, proc) or f"{host}/raylet{env.get('RAY_RAYLET_PID', '?')}"
+    return f"{cluster}/{job}"
+
+
+def socket_inodes(pid: int, proc: str = "/proc") -> set[str]:
+    base = f"{proc}/{pid}/fd"
+    out = set()
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return out
+    for name in names:
+        try:
+            link = os.readlink(f"{base}/{name}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            out.add(link[8:-1])
+    return out
+
+
+def tcp_table(pid: int, proc: str = "/proc") -> list[tuple[int, int, str, str]]:
+    """(local port, remote port, state, inode) of the TCP sockets in the pid's network namespace."""
+    rows = []
+    for name in ("tcp", "tcp6"):
+        try:
+            with open(f"{proc}/{pid}/net/{name}") as f:
+                lines = f.readlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            p = line.split()
+            if len(p) < 10:
+                continue
+            try:
+                rows.append((int(p[1].rsplit(":", 1)[1], 16), int(p[2].rsplit(":", 1)[1], 16),
+                             p[3], p[9]))
+            except (ValueError, IndexError):
+                continue
+    return rows
+
+
+def store_servers(pids: Iterable[int], proc: str = "/proc") -> dict[int, int]:
+    """{pid: store port} for the workers among ``pids`` that serve a TCPStore the
+    others use: a port the worker listens on and is itself connected to, with at
+    least one other of ``pids`` connected to it as well."""
+    pids = list(pids)
+    if len(pids) < 2:
+        return {}
+    table = tcp_table(pids[0], proc)
+    owner = {}
+    for pid in pids:
+        for ino in socket_inodes(pid, proc):
+            owner[ino] = pid
+    listens: dict[int, int] = {}               # port -> pid
+    connects: dict[int, set[int]] = {}         # remote port -> pids connected to it
+    for local, remote, state, ino in table:
+        pid = owner.get(ino)
+        if pid is None:
+            continue
+        if state == _LISTEN:
+            listens[local] = pid
+        elif state == _ESTABLISHED:
+            connects.setdefault(remote, set()).add(pid)
+    out = {}
+    for port, pid in listens.items():
+        clients = connects.get(port, set())
+        if pid in clients and len(clients - {pid}) >= 1:
+            out[pid] = port
+    return out

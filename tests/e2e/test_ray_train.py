@@ -1,0 +1,137 @@
+"""End to end: a real Ray Train TorchTrainer (3 CPU workers, gloo) watched by ncclwatch.
+
+Ray starts the workers as actor processes (``ray::RayTrainWorker``) and sets
+their RANK inside them after start: nothing in their initial environment
+names a rank. ncclwatch finds them by title and Ray's own variables, groups
+them by Ray job (the cluster's GCS address and the job id), names rank 0 as
+the worker serving the job's TCPStore and leaves the others unnumbered. Rank
+0 then saves slowly while the others wait in a barrier: the stall is found
+with rank 0 the saving culprit, the delay printed. Every process Ray started
+is ended by pid at the end (``ray stop`` would not know this test's cluster
+from another's, and workers leave the driver's process group).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+
+import psutil
+import pytest
+
+from tests.conftest import ARTIFACTS, ROOT, Job, Monitor, Proc, need, record
+
+pytestmark = pytest.mark.e2e
+
+PG_TIMEOUT = 75
+SAVE_SECONDS = 40
+WORKERS = 3
+
+
+class _Tree:
+    """Every descendant of the driver ever seen, by (pid, create time)."""
+
+    def __init__(self, root: int) -> None:
+        self.root = root
+        self.seen: dict[int, float] = {}
+
+    def snapshot(self) -> None:
+        try:
+            kids = psutil.Process(self.root).children(recursive=True)
+        except psutil.Error:
+            return
+        for k in kids:
+            try:
+                self.seen.setdefault(k.pid, k.create_time())
+            except psutil.Error:
+                pass
+
+    def kill(self) -> list[int]:
+        """SIGKILL every one still alive (the same process: its create time matches)."""
+        left = []
+        for pid, created in self.seen.items():
+            try:
+                p = psutil.Process(pid)
+                if p.create_time() == created and p.status() != psutil.STATUS_ZOMBIE:
+                    left.append(pid)
+                    p.kill()
+            except psutil.Error:
+                pass
+        return left
+
+
+def _job_seen(mon: Monitor, tree: _Tree, pids: dict[int, int], timeout: float) -> dict:
+    deadline, last = time.time() + timeout, None
+    while time.time() < deadline:
+        tree.snapshot()
+        for j in mon.jobs()["jobs"]:
+            live = {r["pid"]: r for r in j["ranks"] if not r["gone"]}
+            if set(live) != set(pids.values()):
+                continue
+            last = j
+            r0 = live[pids[0]]
+            others = [live[pids[r]] for r in range(1, WORKERS)]
+            if (r0["rank"], r0["identified_by"]) == (0, "tcpstore_server") and all(
+                    (o["rank"], o["identified_by"]) == (None, "unknown") for o in others):
+                return j
+        time.sleep(0.5)
+    pytest.fail(f"ncclwatch never showed the Ray Train workers {pids} as one job with rank 0 "
+                f"named; last {last}\n{mon.output()[-3000:]}")
+
+
+def test_ray_train_workers_are_found_and_rank_0_named_saving(ncclwatch_run, tmp_path) -> None:
+    need("py-spy")
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        pytest.fail("ray is missing: it is a test extra (pip install -c constraints.txt "
+                    "'ray[train]'; make test installs it)")
+    mon = ncclwatch_run()
+    env = {"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+           "RAY_DEDUP_LOGS": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+    proc = Proc([sys.executable, "-m", "tests.workloads.ray_train_job", "--go",
+                 str(tmp_path / "go"), "--dir", str(tmp_path), "--workers", str(WORKERS),
+                 "--save-seconds", str(SAVE_SECONDS), "--pg-timeout", str(PG_TIMEOUT)],
+                env=env, name="ray-train")
+    job, tree = Job(proc, WORKERS), _Tree(proc.popen.pid)
+    try:
+        ready = job.wait_marker("ready", 300, count=WORKERS)
+        tree.snapshot()
+        pids = {m["rank"]: m["pid"] for m in ready}
+        seen = _job_seen(mon, tree, pids, 90)
+        assert seen["job"].startswith("ray:"), seen["job"]
+        t_found = time.time()
+        (tmp_path / "go").touch()
+        save = job.wait_marker("save_start", 60)[0]
+        job.wait_marker("wait_start", 30, count=WORKERS - 1)
+        stall, deadline = None, save["t"] + 40
+        while time.time() < deadline and stall is None:
+            j = mon.job_of(set(pids.values()))
+            stall = next((s for s in (j or {}).get("stalls", [])
+                          if s["kind"] == "checkpoint_gather" and s["active"]), None)
+            if stall is None:
+                time.sleep(0.25)
+        delay = time.time() - save["t"]
+        assert stall is not None, (f"no checkpoint_gather within 40s of the save:\n"
+                                   f"{mon.get('/api/v1/jobs')[:4000]}\n{mon.output()[-3000:]}")
+        culprits = [(c["rank"], c["pid"], c["state"]) for c in stall["culprits"]]
+        assert culprits == [(0, pids[0], "saving")], stall["culprits"]
+        frames = [f["name"] for f in stall["culprits"][0]["stack"]["frames"]]
+        assert any(f.endswith("_save") or f == "save" for f in frames), frames
+        # The others wait under their labels: their numbers are never guessed.
+        assert all(isinstance(w, str) and w.startswith("?")
+                   for w in stall["waiting"]["ranks"]), stall["waiting"]
+        record("ray_train_slow_save", {"detection_delay_s": round(delay, 2),
+                                       "found_after_ready_s": round(t_found - max(
+                                           m["t"] for m in ready), 1)})
+        assert delay < PG_TIMEOUT - 20, f"detected {delay:.1f}s after the save: past the budget"
+    finally:
+        tree.snapshot()
+        proc.stop(signal.SIGTERM, timeout=20)
+        left = tree.kill()
+        ARTIFACTS.mkdir(exist_ok=True)
+        (ARTIFACTS / "ray-train.log").write_text(proc.output())
+        time.sleep(1)
+        alive = tree.kill()
+        assert not alive, f"Ray processes left running: {alive} (killed {left})"

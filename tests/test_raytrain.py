@@ -1,0 +1,156 @@
+"""Ray Train workers from outside: title, Ray's env, the cluster's GCS address,
+rank 0 as the TCPStore server (recorded /proc trees), and the rank's own
+thread inside a Ray actor (py-spy dumps)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from ncclwatch.agent.raytrain import (
+    gcs_address, is_ray_process, is_train_worker, job_id, may_become_worker, store_servers,
+)
+from ncclwatch.agent.sample import thread_progress
+from ncclwatch.stacks import Frame, Stack, ThreadDump, main_thread
+
+RAY_ENV = {"RAY_JOB_ID": "01000000", "RAY_RAYLET_PID": "9799"}
+PAD = [""] * 200  # Ray's titles come padded with empty argv slots
+
+
+@pytest.mark.parametrize("cmdline,env,worker,idle", [
+    (["ray::RayTrainWorker", *PAD], RAY_ENV, True, False),
+    (["ray::RayTrainWorker.run_train_fn"], RAY_ENV, True, False),
+    (["ray::IDLE", *PAD], RAY_ENV, False, True),
+    (["ray::TrainController.run"], RAY_ENV, False, False),
+    (["ray::RayTrainWorker"], {}, False, False),               # no Ray env: not Ray's
+    (["/venv/bin/python", "train.py"], RAY_ENV, False, False),
+])
+def test_titles(cmdline, env, worker, idle) -> None:
+    assert is_train_worker(cmdline, env) is worker
+    # A process a Ray task started (torchrun under Ray) is no Ray process: its
+    # environment is read the usual way.
+    assert is_ray_process(cmdline, env) is (bool(env) and cmdline[0].startswith("ray::"))
+    assert may_become_worker(cmdline, env) is idle
+
+
+def _proc(tmp: Path) -> Path:
+    proc = tmp / "proc"
+    (proc / "9799").mkdir(parents=True)
+    (proc / "9799" / "cmdline").write_bytes(
+        b"/venv/ray/raylet\0--node_ip_address=10.0.0.5\0--gcs-address=10.0.0.1:6379\0")
+    return proc
+
+
+def test_the_job_is_named_by_the_cluster_and_the_ray_job(tmp_path) -> None:
+    proc = _proc(tmp_path)
+    assert gcs_address(RAY_ENV, str(proc)) == "10.0.0.1:6379"
+    assert job_id(RAY_ENV, "node-1", str(proc)) == "10.0.0.1:6379/01000000"
+    # No raylet to read: RAY_ADDRESS, else a node-local name (never another cluster's).
+    env = {"RAY_JOB_ID": "02000000", "RAY_RAYLET_PID": "1", "RAY_ADDRESS": "10.0.0.2:6379"}
+    assert job_id(env, "node-1", str(proc)) == "10.0.0.2:6379/02000000"
+    assert job_id({"RAY_JOB_ID": "03000000"}, "node-1", str(proc)) == "node-1/raylet?/03000000"
+    assert job_id({}, "node-1", str(proc)) is None
+
+
+def _tcp6(rows: list[tuple[int, int, str, int]]) -> str:
+    head = "  sl  local_address remote_address st tx_queue rx_queue tr tm->when retrnsmt uid timeout inode\n"
+    addr = "0000000000000000FFFF00000200000A"
+    lines = [f"   {i}: {addr}:{lp:04X} {addr}:{rp:04X} {st} 00000000:00000000 00:00000000 "
+             f"00000000     0        0 {ino} 1 0000000000000000 20 4 0 10 -1"
+             for i, (lp, rp, st, ino) in enumerate(rows)]
+    return head + "\n".join(lines) + "\n"
+
+
+def _worker(proc: Path, pid: int, inodes: list[int], table: str) -> None:
+    d = proc / str(pid)
+    (d / "fd").mkdir(parents=True)
+    (d / "net").mkdir()
+    for i, ino in enumerate(inodes):
+        os.symlink(f"socket:[{ino}]", d / "fd" / str(10 + i))
+    os.symlink("/dev/null", d / "fd" / "0")
+    (d / "net" / "tcp6").write_text(table)
+    (d / "net" / "tcp").write_text("  sl  local_address\n")
+
+
+#: As recorded from a 3-worker TorchTrainer: worker 100 serves the store on
+#: 38047 (and is its own client), 200 and 300 connect to it; each also listens
+#: for gloo pairs and Ray's gRPC (connected by others, never by itself).
+STORE_ROWS = [
+    (38047, 0, "0A", 1), (34884, 38047, "01", 2),                  # 100: listen + self client
+    (38047, 34874, "01", 3), (38047, 34884, "01", 4), (38047, 34900, "01", 5),
+    (43209, 0, "0A", 6), (43209, 60906, "01", 7),                   # 100: Ray's gRPC server
+    (34874, 38047, "01", 11), (38017, 0, "0A", 12), (38017, 48674, "01", 13),   # 200
+    (34900, 38047, "01", 21), (45791, 0, "0A", 22),                 # 300
+    (48674, 38017, "01", 23),                                       # 300 -> 200's gloo pair
+]
+
+
+def test_rank_0_is_the_worker_serving_the_store(tmp_path) -> None:
+    proc = tmp_path / "proc"
+    table = _tcp6(STORE_ROWS)
+    _worker(proc, 100, [1, 2, 3, 4, 5, 6, 7], table)
+    _worker(proc, 200, [11, 12, 13], table)
+    _worker(proc, 300, [21, 22, 23], table)
+    assert store_servers([100, 200, 300], str(proc)) == {100: 38047}
+    # Before the process group exists (no store yet): nobody is numbered.
+    assert store_servers([200, 300], str(proc)) == {}
+    assert store_servers([100], str(proc)) == {}
+
+
+def test_a_listener_others_connect_to_is_no_store_without_its_own_client(tmp_path) -> None:
+    """gloo's pair listeners: others connect, the owner does not."""
+    proc = tmp_path / "proc"
+    rows = [(41063, 0, "0A", 1), (41063, 55470, "01", 2),
+            (55470, 41063, "01", 11), (55484, 41063, "01", 21)]
+    table = _tcp6(rows)
+    _worker(proc, 100, [1, 2], table)
+    _worker(proc, 200, [11], table)
+    _worker(proc, 300, [21], table)
+    assert store_servers([100, 200, 300], str(proc)) == {}
+
+
+def _dump(name: str, tid: int, frames: list[tuple[str, str]]) -> ThreadDump:
+    return ThreadDump(thread_id=tid, os_thread_id=tid, thread_name=name, active=False,
+                      stack=Stack(tuple(Frame(n, f, 1) for n, f in frames), name))
+
+
+def test_a_ray_actor_hosts_the_rank_in_its_training_thread() -> None:
+    main = _dump("MainThread", 10, [("Worker.main_loop", "/v/ray/_private/worker.py"),
+                                    ("<module>", "/v/ray/_private/workers/default_worker.py")])
+    gc = _dump("PythonGCThread", 11, [("wait", "/py/threading.py")])
+    train = _dump("TrainingThread(train_fn)", 12, [("barrier", "/v/torch/distributed/c10d.py"),
+                                                   ("train_fn", "/job/train.py")])
+    assert main_thread([main, gc, train], 10) is train
+    # A plain process keeps its main thread; a Ray actor without one too.
+    plain = _dump("MainThread", 10, [("barrier", "/v/torch/distributed/c10d.py")])
+    assert main_thread([plain, gc], 10) is plain
+    assert main_thread([main, gc], 10) is main
+
+
+def test_thread_progress_counts_one_threads_calls() -> None:
+    stop = threading.Event()
+    tids: list[int] = []
+
+    def idle() -> None:
+        tids.append(threading.get_native_id())
+        stop.wait()
+
+    t = threading.Thread(target=idle)
+    t.start()
+    while not tids:
+        pass
+    try:
+        before = thread_progress(os.getpid(), tids[0])
+        for _ in range(200):  # this thread's reads are not the idle thread's
+            fd = os.open("/proc/self/stat", os.O_RDONLY)
+            os.read(fd, 10)
+            os.close(fd)
+        after = thread_progress(os.getpid(), tids[0])
+        assert before is not None and after is not None and after - before < 20
+        assert thread_progress(os.getpid(), 1 << 30) is None
+    finally:
+        stop.set()
+        t.join()
