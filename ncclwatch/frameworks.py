@@ -57,7 +57,9 @@ DEFAULT = BY_ID["torch"]
 
 def detect(files: Iterable[str] = (), modules: Iterable[str] = ()) -> Framework:
     """The most specific framework any frame file or loaded module names."""
-    files = [f.replace("\\", "/") for f in files if f]
+    # Rooted, so that short paths ("lightning/pytorch/...", as the API shows
+    # frames below site-packages) match the same patterns as full ones.
+    files = ["/" + f.replace("\\", "/").lstrip("/") for f in files if f]
     tops = {m.partition(".")[0] for m in modules}
     for fw in FRAMEWORKS:
         if tops.intersection(fw.modules) and fw is not DEFAULT:

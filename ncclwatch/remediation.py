@@ -572,3 +572,10 @@ def fixes_for(framework: str, root_cause: str) -> list[Fix]:
         if fix is not None:
             out.append(fix)
     return out
+
+
+def fixes_view(framework: str, root_cause: str) -> list[dict[str, str]]:
+    """The fixes as ``/api/v1/jobs`` shows them (and the page and status render)."""
+    return [{"remedy": f.remedy, "title": REMEDIES[f.remedy], "framework": f.framework,
+             "text": f.text, "lang": f.lang, "snippet": f.snippet}
+            for f in fixes_for(framework, root_cause)]

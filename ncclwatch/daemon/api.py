@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
+from ncclwatch import advice, frameworks, remediation
 from ncclwatch.daemon import progress
 from ncclwatch.daemon.core import Daemon
 from ncclwatch.daemon.incidents import TRACE_FIELDS, Incident
@@ -249,6 +250,18 @@ def incident_view(d: Daemon, inc: Incident, now: float | None = None) -> dict[st
         groups.setdefault(rec.stack_id if rec else "", []).append(r)
     dx = inc.diagnosis
     rc = dx.root_cause
+    culprits = [dict(rank=c.rank if c.rank >= 0 else None, member=rank_label(c.rank),
+                     identified_by=_identified_by(job, c.rank),
+                     host=c.node, pid=c.pid, state=c.state.value,
+                     op=c.op.value if c.op.value != "none" else None,
+                     for_seconds=round(c.for_seconds, 1),
+                     **_culprit_progress(job, c.rank),
+                     stack=stack_view(d, c.stack_id)) for c in f.culprits]
+    waiting_stacks = [{"ranks": _keys(ranks), "stack": stack_view(d, sid)}
+                      for sid, ranks in sorted(groups.items(), key=lambda x: x[1])]
+    # The job's framework, from the frames of the stacks it shows (i22).
+    fw = frameworks.from_stacks([c["stack"] for c in culprits]
+                                + [w["stack"] for w in waiting_stacks])
     return {
         "id": inc.id, "kind": inc.kind.value, "active": inc.active, "summary": f.summary,
         "started_at": round(inc.started_wall, 3), "detected_at": round(inc.detected_wall, 3),
@@ -259,24 +272,20 @@ def incident_view(d: Daemon, inc: Incident, now: float | None = None) -> dict[st
                      "remaining_seconds": round(inc.budget.remaining, 1),
                      "remaining_at_detection_seconds": round(inc.budget_at_detection.remaining, 1),
                      "min_remaining_seconds": round(inc.min_remaining, 1)},
-        "culprits": [dict(rank=c.rank if c.rank >= 0 else None, member=rank_label(c.rank),
-                          identified_by=_identified_by(job, c.rank),
-                          host=c.node, pid=c.pid, state=c.state.value,
-                          op=c.op.value if c.op.value != "none" else None,
-                          for_seconds=round(c.for_seconds, 1),
-                          **_culprit_progress(job, c.rank),
-                          stack=stack_view(d, c.stack_id)) for c in f.culprits],
+        "culprits": culprits,
         "unknown_ranks": list(f.unknown),
         "waiting": {"ranks": _keys(f.waiting), "ops": [o.value for o in f.waiting_ops],
-                    "stacks": [{"ranks": _keys(ranks), "stack": stack_view(d, sid)}
-                               for sid, ranks in sorted(groups.items(), key=lambda x: x[1])]},
+                    "stacks": waiting_stacks},
         "at_risk": inc.at_risk,
         "at_risk_since": (round(inc.started_wall + (inc.at_risk_since - inc.started_at), 3)
                           if inc.at_risk_since is not None else None),
         "diagnosis": {"root_cause": rc.id, "title": rc.title, "cause": dx.sentence,
                       "fix": rc.fix, "example": rc.example,
                       "runbook": f"docs/runbooks/{inc.kind.value}.md#{rc.id}",
-                      "history": list(inc.root_causes)},
+                      "history": list(inc.root_causes),
+                      "framework": {"id": fw.id, "name": fw.name},
+                      "fixes": remediation.fixes_view(fw.id, rc.id)},
+        "advice": advice.view(dx.advice),
         "forecast": forecast_view(dx),
         "flight_recorder": progress.view(job, inc.started_at, now) if job else None,
         "rank_groups": rank_groups(d, job, now) if job else [],

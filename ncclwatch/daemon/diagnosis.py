@@ -11,12 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ncclwatch.advice import Advice, advise
 from ncclwatch.daemon.budget import Budget
 from ncclwatch.daemon.detect import Finding
 from ncclwatch.daemon.forecast import MemoryForecast, WriteForecast, memory_forecasts, write_forecast
 from ncclwatch.daemon.table import Job, JobTable
 from ncclwatch.model import SIZE_SOURCES, RankState, StallKind, rank_label, rank_ranges
 from ncclwatch.remediation import BY_ID, RootCause
+from ncclwatch.savefit import seconds, size  # noqa: F401 - the shared words
 
 #: Without a forecast that says otherwise, a stall is at risk once this
 #: share of the watchdog budget is used up. "Otherwise" is a write forecast
@@ -66,6 +68,8 @@ class Diagnosis:
     sentence: str
     at_risk: bool
     evidence: Evidence = field(repr=False)
+    #: What to do with the running job now (advice.py).
+    advice: Advice | None = None
 
     @property
     def checkpoint_eta(self) -> float | None:
@@ -138,7 +142,8 @@ def diagnose(job: Job, table: JobTable, f: Finding, b: Budget, now: float) -> Di
                or (e.overrun is not None and e.overrun > 0)
                or e.memory_runs_out is not None
                or (b.remaining < RISK_FRACTION * b.timeout and not e.fits_budget))
-    return Diagnosis(rc, rc.cause.format_map(facts(e, now)), at_risk, e)
+    words = facts(e, now)
+    return Diagnosis(rc, rc.cause.format_map(words), at_risk, e, advise(e, words))
 
 
 def facts(e: Evidence, now: float) -> dict[str, str]:
@@ -173,20 +178,3 @@ def facts(e: Evidence, now: float) -> dict[str, str]:
         "mem_rate": size(m.rate_bytes_per_second) if m else "?",
         "mem_eta": seconds(m.eta_seconds) if m and m.eta_seconds is not None else "?",
     }
-
-
-def seconds(x: float) -> str:
-    x = max(0.0, x)
-    if x < 120:
-        return f"{x:.0f}s"
-    if x < 7200:
-        return f"{x / 60:.1f}min"
-    return f"{x / 3600:.1f}h"
-
-
-def size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
-        n /= 1024
-    return f"{n:.1f}TiB"
