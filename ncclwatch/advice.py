@@ -28,7 +28,7 @@ class Advice:
 
 
 #: Dump before anything else: a stopped or killed job keeps no trace.
-DUMP = ("take the Flight Recorder dump first (on each rank's node: "
+DUMP = ("Take the Flight Recorder dump first (on each rank's node: "
         "`echo 1 > $TORCH_NCCL_DEBUG_INFO_PIPE_FILE<rank>.pipe`; the daemon page keeps the "
         "stacks)")
 
@@ -45,7 +45,7 @@ RULES: tuple[Rule, ...] = (
     ("stop_cleanly", lambda e: e.overrun is not None and e.overrun > 0,
      "Stop the job cleanly now: the save needs {eta} more, the watchdog fires in "
      "{remaining} ({overrun} too late) and the job dies with this checkpoint half-written. "
-     + DUMP[0].upper() + DUMP[1:] + ", then stop it (scancel, or SIGTERM to the launcher) "
+     + DUMP + ", then stop it (scancel, or SIGTERM to the launcher) "
      "and restart from the previous checkpoint with the fix below.",
      lambda e: e.budget.remaining, "watchdog_fires"),
     ("let_it_run", lambda e: e.overrun is not None,
@@ -54,7 +54,7 @@ RULES: tuple[Rule, ...] = (
      lambda e: e.write.eta_seconds, "save_ends"),
     ("dump_now", lambda e: True,
      "Take the Flight Recorder dump now, before the watchdog (in {remaining}) ends the job "
-     "and the trace with it: " + DUMP.removeprefix("take the Flight Recorder dump first ")
+     "and the trace with it: " + DUMP.removeprefix("Take the Flight Recorder dump first ")
      + ". Nothing forecasts the end of this stall.",
      lambda e: e.budget.remaining, "watchdog_fires"),
 )
