@@ -106,6 +106,10 @@ def render(view: dict[str, Any]) -> str:
             out.append(f"STALL {s['kind']} in {j['job']} ({risk}): {s['summary']}")
             if dx:
                 out.append(f"  root cause ({dx['root_cause']}): {dx['cause']}")
+            now = s.get("advice")
+            if now:
+                out.append(f"  NOW: {now['headline']}")
+                out.append(f"       {now['text']}")
             w = s["watchdog"]
             out.append(f"  watchdog: {w['remaining_seconds']:.0f}s of {w['timeout_seconds']:.0f}s "
                        f"left; stalled {s['duration_seconds']:.0f}s")
@@ -136,6 +140,11 @@ def render(view: dict[str, Any]) -> str:
                 out.append(f"  {fr['sentence']} ({fr['dumps']} dump(s), "
                            f"{fr['oldest_dump_age_seconds']:.0f}s old)")
             out.append(f"  fix: {s['fix']}")
+            fw = dx.get("framework")
+            for fx in dx.get("fixes", []):
+                out.append(f"  fix for {fw['name'] if fw else fx['framework']}: {fx['title']}. "
+                           f"{fx['text']}")
+                out += [f"      {line}" for line in fx["snippet"].splitlines()]
             if dx.get("runbook"):
                 out.append(f"  runbook: {dx['runbook']}")
         for w in j.get("config_warnings", []):

@@ -114,3 +114,14 @@ def test_nothing_forecast_says_take_the_dump_now() -> None:
     assert a["action"] == "dump_now", a
     assert a["headline"].startswith("TAKE THE FLIGHT RECORDER DUMP NOW")
     assert a["decide_within_seconds"] == pytest.approx(s["watchdog"]["remaining_seconds"], abs=2)
+
+
+def test_status_says_what_to_do_now_and_the_framework_fix() -> None:
+    from ncclwatch import status
+
+    d, now = _drive_with_stack(FRAME_OF["deepspeed"])
+    text = status.render(api.jobs_view(d, now=now))
+    assert "NOW: STOP THE JOB CLEANLY NOW (" in text
+    assert "fix for DeepSpeed: Save sharded" in text
+    assert '"stage3_gather_16bit_weights_on_model_save": false' in text
+    assert text.index("NOW:") < text.index("culprit:")
