@@ -83,12 +83,20 @@ _INGEST_WORKERS = Option("ingest_workers", _workers, 0,
                          "forward reports to this one, which keeps the job table, detection "
                          "and HTTP: ingest on more than one core (0: serve gRPC here)", "N")
 
+_EXTERNAL_URL = Option("external_url", str, None,
+                       "URL operators reach this daemon's page at (behind a proxy or DNS "
+                       "name); alerts link to each job's part of it (default: "
+                       "http(s)://<this host>:<http port>)", "URL")
+_RUNBOOK_URL = Option("runbook_url", str, None,
+                      "base URL of the runbooks alerts link to (default: the ones this "
+                      "daemon serves at <external-url>/runbooks/)", "URL")
+
 DAEMON_OPTIONS = (
     Option("grpc", hostport, "0.0.0.0:7470", "listen address for agents", "HOST:PORT"),
     Option("http", hostport, "0.0.0.0:7471", "listen address for /metrics, API, page",
            "HOST:PORT"),
     _WATCHDOG, _THRESHOLD, _HANG, _HANG_FLOOR, _STALENESS, _INGEST_WORKERS, *_TLS_SERVER,
-    _WEB_CONFIG, _LOG,
+    _WEB_CONFIG, _EXTERNAL_URL, _RUNBOOK_URL, _LOG,
 )
 AGENT_OPTIONS = (
     Option("collector", hostports, "127.0.0.1:7470", "the daemon's gRPC address; two or more, "
@@ -278,7 +286,9 @@ def _daemon_config(cfg: dict[str, Any]):
                         hang_threshold=cfg["hang_threshold"], hang_floor=cfg["hang_floor"],
                         staleness=cfg["staleness"],
                         ingest_workers=cfg.get("ingest_workers", 0),
-                        tls=cfg.get("server_tls"), web=cfg.get("web"))
+                        tls=cfg.get("server_tls"), web=cfg.get("web"),
+                        external_url=cfg.get("external_url") or "",
+                        runbook_url=cfg.get("runbook_url") or "")
 
 
 def _agent_config(cfg: dict[str, Any], collector: str | None = None):

@@ -107,6 +107,22 @@ def _placeholders(template: str) -> str:
     return template.replace("{", "<").replace("}", ">")
 
 
+#: Pages not generated from the table, shipped in the package (the copy in
+#: docs/runbooks must stay the same: tests check).
+STATIC = Path(__file__).resolve().parent / "runbook_pages"
+
+
+def page(name: str) -> str | None:
+    """The runbook ``name`` (``<kind>.md``) as the daemon serves it at /runbooks/."""
+    for kind in StallKind:
+        if name == f"{kind.value}.md":
+            return render(kind)
+    path = STATIC / name
+    if "/" not in name and name.endswith(".md") and path.is_file():
+        return path.read_text()
+    return None
+
+
 def generate(out: Path = OUT) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = []

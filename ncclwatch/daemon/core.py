@@ -54,6 +54,10 @@ class DaemonConfig:
     #: Worker processes that serve the agents' gRPC and forward reports here
     #: (ingestpool.py); 0: this process serves gRPC itself.
     ingest_workers: int = 0
+    #: How operators reach the daemon's page (alerts link to it; "": this host).
+    external_url: str = ""
+    #: Base of the runbook pages alerts link to ("": <external_url>/runbooks/).
+    runbook_url: str = ""
 
 
 class Daemon:

@@ -11,6 +11,7 @@ from typing import Any
 from urllib.parse import quote
 
 from ncclwatch import __version__
+from ncclwatch.daemon.links import job_anchor
 from ncclwatch.model import SIZE_SOURCES, scheduler_label
 
 #: Jobs up to this many ranks are shown rank by rank; larger ones by state.
@@ -50,7 +51,7 @@ def _job(job: dict[str, Any]) -> str:
     stalled = bool(job["stalls"])
     sj = job.get("scheduler_job")
     named = f"<p class='scheduler-job'>{escape(scheduler_label(sj))}</p>" if sj else ""
-    head = (f"<h2>job {escape(job['job'])} — "
+    head = (f"<h2 id='{escape(job_anchor(job['job']))}'>job {escape(job['job'])} — "
             f"<span class='{'bad' if stalled else 'ok'}'>{'STALLED' if stalled else 'ok'}</span></h2>"
             + named + f"<p>{job['ranks_reporting']}/{job['world_size']} ranks on "
             f"{escape(', '.join(job['nodes']))}; watchdog timeout {w['timeout_seconds']:.0f}s "
