@@ -158,6 +158,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "output), kernel logs (dmesg), Flight Recorder dumps.")
     dg.add_argument("paths", nargs="+", metavar="PATH")
     dg.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    text = ("before the job (or in CI): will a full checkpoint on one rank fit the watchdog "
+            "timeout on this storage? Measures the directory's sustained write rate; exit 0 "
+            "fits, 1 does not, 3 fits under --margin, 2 usage")
+    from ncclwatch import preflight  # noqa: PLC0415 - light: no torch, no grpc
+    pf = sub.add_parser("preflight", help=text, description=text)
+    preflight.add_arguments(pf)
     text = "make a test CA, a daemon certificate and node certificates for mTLS"
     ce = sub.add_parser("certs", help=text, description=text + " (ECDSA P-256, one year; an "
                         "existing CA in --out is reused, so nodes can be added later)")
@@ -182,6 +188,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _status(args)
         if args.command == "diagnose":
             return _diagnose(args)
+        if args.command == "preflight":
+            from ncclwatch import preflight  # noqa: PLC0415
+
+            return preflight.main(args)
         if args.command == "certs":
             from ncclwatch import certs
 

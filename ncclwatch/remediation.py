@@ -78,8 +78,7 @@ ROOT_CAUSES: tuple[RootCause, ...] = (
         "save_overruns_watchdog", StallKind.CHECKPOINT_GATHER,
         "The checkpoint write will outlast the watchdog",
         "rank {rank} is writing {expected} at {rate}/s ({written} done, size from the "
-        "{expected_source}): it needs {eta} more, the watchdog fires in {remaining}, "
-        "about {overrun} too late; {waiting_n} rank(s) wait in {ops}.",
+        "{expected_source}): the rest {fit}; {waiting_n} rank(s) wait in {ops}.",
         "Save sharded with torch.distributed.checkpoint so every rank writes its part "
         "(dcp.save / dcp.async_save), or FSDP SHARDED_STATE_DICT. Until then: let the "
         "other ranks wait on a gloo group with a long timeout instead of the next NCCL "
@@ -90,9 +89,7 @@ ROOT_CAUSES: tuple[RootCause, ...] = (
         "save_within_budget", StallKind.CHECKPOINT_GATHER,
         "A one-rank checkpoint write that fits the budget",
         "rank {rank} is writing {expected} at {rate}/s (size from the {expected_source}): "
-        "it needs {eta} more and the "
-        "watchdog has {remaining} left, so it should finish with {margin} to spare; "
-        "{waiting_n} rank(s) wait in {ops}.",
+        "the rest {fit}; {waiting_n} rank(s) wait in {ops}.",
         "Nothing to do now. The pattern does not scale: as the model or the storage "
         "latency grows this save will reach the watchdog; plan for sharded checkpoints "
         "(torch.distributed.checkpoint).",

@@ -18,7 +18,7 @@ from ncclwatch.daemon.forecast import MemoryForecast, WriteForecast, memory_fore
 from ncclwatch.daemon.table import Job, JobTable
 from ncclwatch.model import SIZE_SOURCES, RankState, StallKind, rank_label, rank_ranges
 from ncclwatch.remediation import BY_ID, RootCause
-from ncclwatch.savefit import seconds, size  # noqa: F401 - the shared words
+from ncclwatch.savefit import Fit, seconds, size  # noqa: F401 - the shared words
 
 #: Without a forecast that says otherwise, a stall is at risk once this
 #: share of the watchdog budget is used up. "Otherwise" is a write forecast
@@ -172,6 +172,9 @@ def facts(e: Evidence, now: float) -> dict[str, str]:
         "eta": seconds(w.eta_seconds) if w and w.eta_seconds is not None else "?",
         "overrun": seconds(e.overrun) if e.overrun is not None else "?",
         "margin": seconds(-e.overrun) if e.overrun is not None else "?",
+        # The same words as `ncclwatch preflight` (savefit.Fit).
+        "fit": (Fit(w.eta_seconds, max(b.remaining, 0.0)).words()
+                if w and w.eta_seconds is not None else "?"),
         "device": m.device.replace("_", " ") if m else "?",
         "mem_used": size(m.used_bytes) if m else "?",
         "mem_limit": size(m.limit_bytes) if m else "?",
