@@ -112,7 +112,11 @@ def render(view: dict[str, Any]) -> str:
                 out.append(f"       {now['text']}")
             w = s["watchdog"]
             out.append(f"  watchdog: {w['remaining_seconds']:.0f}s of {w['timeout_seconds']:.0f}s "
-                       f"left; stalled {s['duration_seconds']:.0f}s")
+                       f"left")
+            anchors = (s.get("clock") or {}).get("anchors", [])
+            if anchors:  # every duration from one reading, each naming its anchor
+                out.append("  clock: " + "; ".join(
+                    f"{a['what']} {a['seconds_ago']:.0f}s ago" for a in anchors))
             ck = (s.get("forecast") or {}).get("checkpoint")
             if ck:
                 size = (f"{ck['expected_bytes'] / 2**20:.1f} MiB (size from "
@@ -124,7 +128,7 @@ def render(view: dict[str, Any]) -> str:
                 out.append(f"  forecast: save ends in {ck['eta_seconds']:.0f}s "
                            f"(overrun {ck['overrun_seconds']:+.0f}s vs the watchdog)")
             for m in (s.get("forecast") or {}).get("memory", []):
-                if m.get("eta_seconds") is not None:
+                if m.get("eta_seconds") is not None and m.get("applies", True):
                     out.append(f"  forecast: rank {m['rank']} reaches its {m['device']} memory "
                                f"limit in {m['eta_seconds']:.0f}s")
             for c in s["culprits"]:

@@ -15,6 +15,7 @@ import pytest
 from ncclwatch.agent.gpu import RecordedGpuReader
 from ncclwatch.daemon.core import Daemon, DaemonConfig
 from ncclwatch.daemon.export import make_registry
+from ncclwatch.daemon.forecast import memory_forecasts
 from ncclwatch.model import CollectiveOp, RankState, StallKind
 from ncclwatch.v1 import collector_pb2 as pb
 from tests.factories import report, sample
@@ -234,7 +235,12 @@ def test_gpu_memory_forecast_from_recorded_nvml_readings() -> None:
     gpu = [m for m in dx.evidence.memory if m.device == "gpu0"][0]
     rate = _fit(ts, dev_used)
     assert gpu.rate_bytes_per_second == pytest.approx(rate, rel=1e-6)
-    assert gpu.eta_seconds == pytest.approx((total - dev_used[-1]) / rate, rel=1e-6)
+    # The raw forecast is the fit's; the one the diagnosis uses is a countdown
+    # smoothed toward it (smooth.py): never later than the raw one here.
+    rec = d.table.jobs["job-1"].ranks[0]
+    raw = [m for m in memory_forecasts(rec, 100.0 + len(readings) - 1) if m.device == "gpu0"][0]
+    assert raw.eta_seconds == pytest.approx((total - dev_used[-1]) / rate, rel=1e-6)
+    assert 0 <= gpu.eta_seconds <= raw.eta_seconds
     assert dx.root_cause.id == "gather_out_of_memory"
     assert "gpu0 memory" in dx.sentence
 

@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from ncclwatch import advice, frameworks, remediation
-from ncclwatch.daemon import progress
+from ncclwatch.daemon import clock, progress
 from ncclwatch.daemon.core import Daemon
 from ncclwatch.daemon.incidents import TRACE_FIELDS, Incident
 from ncclwatch.model import rank_label, rank_ranges
@@ -254,7 +254,9 @@ def incident_view(d: Daemon, inc: Incident, now: float | None = None) -> dict[st
                      identified_by=_identified_by(job, c.rank),
                      host=c.node, pid=c.pid, state=c.state.value,
                      op=c.op.value if c.op.value != "none" else None,
-                     for_seconds=round(c.for_seconds, 1),
+                     # at the view's one clock (clock.py), not the last tick's
+                     for_seconds=round(now - job.ranks[c.rank].since
+                                       if job and c.rank in job.ranks else c.for_seconds, 1),
                      **_culprit_progress(job, c.rank),
                      stack=stack_view(d, c.stack_id)) for c in f.culprits]
     waiting_stacks = [{"ranks": _keys(ranks), "stack": stack_view(d, sid)}
@@ -287,6 +289,7 @@ def incident_view(d: Daemon, inc: Incident, now: float | None = None) -> dict[st
                       "fixes": remediation.fixes_view(fw.id, rc.id)},
         "advice": advice.view(dx.advice),
         "forecast": forecast_view(dx),
+        "clock": clock.view(inc, job, now),
         "flight_recorder": progress.view(job, inc.started_at, now) if job else None,
         "rank_groups": rank_groups(d, job, now) if job else [],
         "env": {k: v for k, v in (job.env if job else {}).items() if k.startswith(RELEVANT_ENV)},
@@ -315,6 +318,9 @@ def forecast_view(dx) -> dict[str, Any]:
             "overrun_seconds": None if ev.overrun is None else round(ev.overrun, 1)},
         "memory": [{"rank": _keys([m.rank])[0], "device": m.device, "used_bytes": m.used_bytes,
                     "limit_bytes": m.limit_bytes,
+                    # hidden on the page and in status when it does not bear on the
+                    # stall (a host-memory ETA during a save that ends first)
+                    "applies": ev.memory_applies(m),
                     "growth_bytes_per_second": round(m.rate_bytes_per_second, 1),
                     "eta_seconds": None if m.eta_seconds is None else round(m.eta_seconds, 1)}
                    for m in ev.memory],

@@ -8,12 +8,13 @@ memory growth against the nearest limit, its CPU use. The rules are a table
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ncclwatch.advice import Advice, advise
 from ncclwatch.daemon.budget import Budget
 from ncclwatch.daemon.detect import Finding
+from ncclwatch.daemon.smooth import Smoother
 from ncclwatch.daemon.forecast import MemoryForecast, WriteForecast, memory_forecasts, write_forecast
 from ncclwatch.daemon.table import Job, JobTable
 from ncclwatch.model import SIZE_SOURCES, RankState, StallKind, rank_label, rank_ranges
@@ -53,6 +54,15 @@ class Evidence:
         """The file's own size and its rate say the save ends in time."""
         return (self.write is not None and self.write.exact and self.overrun is not None
                 and self.overrun <= 0)
+
+    def memory_applies(self, m: MemoryForecast) -> bool:
+        """A memory forecast that matters to this stall: the bound is reached before
+        the watchdog fires and before the write ends (a host-memory ETA during a
+        write-bound save that ends first is not shown)."""
+        if m.eta_seconds is None or m.eta_seconds >= max(self.budget.remaining, 0):
+            return False
+        w = self.write
+        return w is None or w.eta_seconds is None or m.eta_seconds < w.eta_seconds
 
     @property
     def memory_runs_out(self) -> MemoryForecast | None:
@@ -110,7 +120,8 @@ RULES: dict[StallKind, tuple[Rule, ...]] = {
 }
 
 
-def evidence(job: Job, table: JobTable, f: Finding, b: Budget, now: float) -> Evidence:
+def evidence(job: Job, table: JobTable, f: Finding, b: Budget, now: float,
+             smooth: Smoother | None = None) -> Evidence:
     write, memory, states = None, [], []
     for c in f.culprits:
         rec = job.ranks.get(c.rank)
@@ -123,6 +134,13 @@ def evidence(job: Job, table: JobTable, f: Finding, b: Budget, now: float) -> Ev
         if rec.state is RankState.COMPUTE and max(rec.cpu_util, rec.cpu_recent) < IDLE_CPU:
             state = "idle"  # a Python frame with no CPU behind it: sleeping
         states.append(state)
+    if smooth is not None:  # one countdown per forecast, not a new guess each tick
+        key = (job.job_id, f.kind.value)
+        if write is not None:
+            write = replace(write, eta_seconds=smooth.update(key + ("write",),
+                                                             write.eta_seconds, now))
+        memory = [replace(m, eta_seconds=smooth.update(key + ("memory", m.rank, m.device),
+                                                       m.eta_seconds, now)) for m in memory]
     memory.sort(key=lambda m: (m.eta_seconds is None, m.eta_seconds or 0.0))
     # The states the waiters are in, from the per-state indexes (C set operations
     # over 100k waiters, not a Python walk).
@@ -135,8 +153,9 @@ def evidence(job: Job, table: JobTable, f: Finding, b: Budget, now: float) -> Ev
     return Evidence(f, b, write, tuple(memory), tuple(states), waiters, exited, silent)
 
 
-def diagnose(job: Job, table: JobTable, f: Finding, b: Budget, now: float) -> Diagnosis:
-    e = evidence(job, table, f, b, now)
+def diagnose(job: Job, table: JobTable, f: Finding, b: Budget, now: float,
+             smooth: Smoother | None = None) -> Diagnosis:
+    e = evidence(job, table, f, b, now, smooth)
     rc = next(BY_ID[rid] for rid, applies in RULES[f.kind] if applies(e))
     at_risk = (rc.always_at_risk
                or (e.overrun is not None and e.overrun > 0)
