@@ -95,10 +95,10 @@ def _job(job: dict[str, Any]) -> str:
     w = job["watchdog"]
     stalled = bool(job["stalls"])
     sj = job.get("scheduler_job")
-    named = f" <small class='scheduler-job'>{escape(scheduler_label(sj))}</small>" if sj else ""
+    named = f"<p class='scheduler-job'>{escape(scheduler_label(sj))}</p>" if sj else ""
     out = [f"<section class='job' id='{escape(job_anchor(job['job']))}'>"
            f"<h2>job {escape(job['job'])} — <span class='{'bad' if stalled else 'ok'}'>"
-           f"{'STALLED' if stalled else 'ok'}</span>{named}</h2>"
+           f"{'STALLED' if stalled else 'ok'}</span></h2>{named}"
            f"<p><small>{job['ranks_reporting']}/{job['world_size']} ranks on "
            f"{escape(_nodes(job['nodes']))}; watchdog timeout {w['timeout_seconds']:.0f}s "
            f"({escape(w['timeout_source'])})</small></p>"]

@@ -27,7 +27,7 @@ from tests.e2e.test_checkpoint_stall import _job_id
 pytestmark = pytest.mark.e2e
 
 PG_TIMEOUT = 60
-PAGE = "NCCLWatchWatchdogForecastOverrun"
+PAGE = "NCCLWatchStallAtRisk"  # the page; it inhibits the forecast alerts behind it
 
 
 def _daemon(name: str) -> tuple[Proc, str, int]:
@@ -89,7 +89,7 @@ def ha_pair(tmp_path):
 def _page_notifications(hook: Webhook, job_id: str) -> list[dict]:
     return [n for n in hook.notifications if n["path"] == "/pager"
             and n["groupLabels"].get("alertname") == PAGE
-            and n["groupLabels"].get("job") == job_id]
+            and n["groupLabels"].get("job_id") == job_id]
 
 
 def _firing_alerts(prom: str, job_id: str) -> list[dict]:
