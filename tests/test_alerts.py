@@ -123,6 +123,11 @@ def test_at_risk_and_confirmed_hangs_page() -> None:
     assert "$value | humanizeDuration" in risk["annotations"]["summary"]  # time left
     assert "ncclwatch_stall_advice_info" in risk["annotations"]["description"]
     assert by_name["NCCLWatchCollectiveHang"]["labels"]["severity"] == "critical"
+    for rule in _alerts():  # every stall alert says what to do now
+        if re.search(r'kind="(\w+)"', rule["expr"]) or rule["alert"] == "NCCLWatchStallAtRisk":
+            if "ncclwatch_stall_culprit_info" in rule["expr"] or "stall_active" in rule["expr"] \
+                    or rule["alert"] == "NCCLWatchStallAtRisk":
+                assert "ncclwatch_stall_advice_info" in rule["annotations"]["advice"], rule["alert"]
 
 
 def test_the_daemon_exports_the_links_the_rules_use() -> None:
