@@ -167,7 +167,7 @@ def test_the_page_survives_kill_9_of_one_daemon_and_fires_and_resolves_once(
     for n in pages:
         assert len(n["alerts"]) == 1, n["alerts"]  # one alert: the pair deduplicated
         labels = n["alerts"][0]["labels"]
-        assert labels["job"] == job_id and "replica" not in labels and "instance" not in labels
+        assert labels["job_id"] == job_id and "replica" not in labels and "instance" not in labels
     # One replica down is a warning, not a page (NCCLWatchDaemonDown waits for both).
     while time.time() < t_kill + 70:
         time.sleep(1)
