@@ -81,11 +81,12 @@ def headline(a: Advice) -> str:
     return verb[a.action] + left
 
 
-def view(a: Advice | None) -> dict | None:
-    """The advice as ``/api/v1/jobs`` shows it."""
+def view(a: Advice | None, runbook: str = "") -> dict | None:
+    """The advice as ``/api/v1/jobs`` shows it (``runbook``: the kind's page)."""
     if a is None:
         return None
     return {"action": a.action, "headline": headline(a), "text": a.text,
             "decide_within_seconds": (None if a.decide_within_seconds is None
                                       else round(a.decide_within_seconds, 1)),
-            "until": a.until}
+            "until": a.until,
+            "runbook_url": f"{runbook}#what-to-do-now" if runbook else None}

@@ -120,8 +120,10 @@ def test_status_says_what_to_do_now_and_the_framework_fix() -> None:
     from ncclwatch import status
 
     d, now = _drive_with_stack(FRAME_OF["deepspeed"])
-    text = status.render(api.jobs_view(d, now=now))
+    text = status.render(api.jobs_view(d, now=now), "http://daemon.example:7471")
     assert "NOW: STOP THE JOB CLEANLY NOW (" in text
+    assert "runbook: http://daemon.example:7471/runbooks/checkpoint_gather.md#save_overruns" in text
+    assert "  fix: " not in text  # DeepSpeed's own rows, not torch's generic words
     assert "fix for DeepSpeed: Save sharded" in text
     assert '"stage3_gather_16bit_weights_on_model_save": false' in text
     assert text.index("NOW:") < text.index("culprit:")

@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from ncclwatch import advice, frameworks, remediation
-from ncclwatch.daemon import clock, progress
+from ncclwatch.daemon import clock, links, progress
 from ncclwatch.daemon.core import Daemon
 from ncclwatch.daemon.incidents import TRACE_FIELDS, Incident
 from ncclwatch.model import rank_label, rank_ranges
@@ -284,10 +284,11 @@ def incident_view(d: Daemon, inc: Incident, now: float | None = None) -> dict[st
         "diagnosis": {"root_cause": rc.id, "title": rc.title, "cause": dx.sentence,
                       "fix": rc.fix, "example": rc.example,
                       "runbook": f"docs/runbooks/{inc.kind.value}.md#{rc.id}",
+                      "runbook_url": f"{_runbook_base(d)}{inc.kind.value}.md#{rc.id}",
                       "history": list(inc.root_causes),
                       "framework": {"id": fw.id, "name": fw.name},
                       "fixes": remediation.fixes_view(fw.id, rc.id)},
-        "advice": advice.view(dx.advice),
+        "advice": advice.view(dx.advice, f"{_runbook_base(d)}{inc.kind.value}.md"),
         "forecast": forecast_view(dx),
         "clock": clock.view(inc, job, now),
         "flight_recorder": progress.view(job, inc.started_at, now) if job else None,
@@ -297,6 +298,12 @@ def incident_view(d: Daemon, inc: Incident, now: float | None = None) -> dict[st
         "trace_fields": list(TRACE_FIELDS),
         "trace": [list(p) for p in inc.trace],
     }
+
+
+def _runbook_base(d: Daemon) -> str:
+    """Where the runbooks are for operators: --runbook-url, else this daemon's own
+    (relative: it works through whatever address the reader used)."""
+    return links.runbook_base(d.config.runbook_url, "")
 
 
 #: Env variables shown with an incident (the job view has all allowlisted ones).

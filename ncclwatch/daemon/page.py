@@ -138,7 +138,8 @@ def _stall(job_id: str, s: dict[str, Any]) -> str:
     used = 1 - max(w["remaining_seconds"], 0) / w["timeout_seconds"] if w["timeout_seconds"] else 0
     risk = ("<span class='bad'>AT RISK</span>" if s["at_risk"]
             else "<span class='ok'>within budget</span>")
-    runbook = f"/runbooks/{quote(s['kind'])}.md"
+    # The runbook where operators keep it (--runbook-url), else this daemon's copy.
+    runbook = (dx.get("runbook_url") or f"/runbooks/{s['kind']}.md").partition("#")[0]
     out = [f"<div class='stall{'' if s['at_risk'] else ' calm'}' data-kind='{escape(s['kind'])}'>"
            f"<div class='verdict'>{risk} <b>{escape(s['kind'])}</b>: "
            f"{escape(dx['title'])} <small>({escape(dx['root_cause'])})</small></div>"]
@@ -149,7 +150,7 @@ def _stall(job_id: str, s: dict[str, Any]) -> str:
         out.append(f"<div class='now act-{escape(now['action'])}'><b>"
                    f"{escape(now['headline'].partition(' (')[0])}</b>{left}"
                    f"<small>{escape(now['text'])} <a style='color:#fff' "
-                   f"href='{runbook}#what-to-do-now'>what to do now</a></small></div>")
+                   f"href='{escape(runbook)}#what-to-do-now'>what to do now</a></small></div>")
     out.append(f"<p class='budget'>watchdog budget: <meter min='0' max='1' low='0.5' "
                f"high='0.75' optimum='0' value='{used:.3f}'></meter> "
                f"<b class='remaining'>{w['remaining_seconds']:.0f}s</b> of "
@@ -194,7 +195,7 @@ def _stall(job_id: str, s: dict[str, Any]) -> str:
 def _fixes(dx: dict[str, Any], runbook: str, key: str) -> str:
     """The fix in the job's framework (for the next run), first one unfolded."""
     fw = dx.get("framework") or {"name": "PyTorch"}
-    link = (f"<a href='{runbook}#{quote(dx['root_cause'])}'>runbook</a>")
+    link = f"<a href='{escape(runbook)}#{quote(dx['root_cause'])}'>runbook</a>"
     fixes = dx.get("fixes") or []
     if not fixes:
         example = f"<pre>{escape(dx['example'])}</pre>" if dx.get("example") else ""

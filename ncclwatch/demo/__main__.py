@@ -128,7 +128,7 @@ def _watch(base: str, job: subprocess.Popen, lines: list[str], args) -> int:
                      f"after {anchors['culprit_began']['what']}"
                      if {"opened", "culprit_began"} <= set(anchors) else "")
             _say(f"!! ncclwatch ALERT {delay}")
-            _say(status.render({"jobs": [stalls[0][0]], "agents": view["agents"]}))
+            _say(status.render({"jobs": [stalls[0][0]], "agents": view["agents"]}, base))
             _say("=" * 78)
             last_print = time.time()
         elif stalls and time.time() - last_print >= 5:
