@@ -157,6 +157,8 @@ def test_alertmanager_example_config_is_valid() -> None:
 
 @pytest.mark.parametrize("labels,receiver", [
     ({"alertname": "NCCLWatchWatchdogForecastOverrun", "severity": "critical"}, "ncclwatch-pager"),
+    ({"alertname": "NCCLWatchStallAtRisk", "severity": "critical"}, "ncclwatch-pager"),
+    ({"alertname": "NCCLWatchCollectiveHang", "severity": "critical"}, "ncclwatch-pager"),
     ({"alertname": "NCCLWatchRankLost", "severity": "critical"}, "ncclwatch-pager"),
     ({"alertname": "NCCLWatchCheckpointGatherStall", "severity": "warning"}, "ncclwatch-chat"),
     ({"alertname": "NCCLWatchJobConfigDefeatsWatchdog", "severity": "info"}, "ncclwatch-ticket"),
