@@ -136,8 +136,11 @@ def evidence(job: Job, table: JobTable, f: Finding, b: Budget, now: float,
         states.append(state)
     if smooth is not None:  # one countdown per forecast, not a new guess each tick
         key = (job.job_id, f.kind.value)
-        if write is not None:
-            write = replace(write, eta_seconds=smooth.update(key + ("write",),
+        # A write forecast only once its rate is a fit: the first seconds' estimates
+        # (forecast.write_rate) are what calls an overrun early, taken as they are;
+        # a new rate source starts a new countdown.
+        if write is not None and write.rate_source == "fit":
+            write = replace(write, eta_seconds=smooth.update(key + ("write", write.path),
                                                              write.eta_seconds, now))
         memory = [replace(m, eta_seconds=smooth.update(key + ("memory", m.rank, m.device),
                                                        m.eta_seconds, now)) for m in memory]
