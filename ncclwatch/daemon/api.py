@@ -255,8 +255,7 @@ def incident_view(d: Daemon, inc: Incident, now: float | None = None) -> dict[st
                      host=c.node, pid=c.pid, state=c.state.value,
                      op=c.op.value if c.op.value != "none" else None,
                      # at the view's one clock (clock.py), not the last tick's
-                     for_seconds=round(now - job.ranks[c.rank].since
-                                       if job and c.rank in job.ranks else c.for_seconds, 1),
+                     for_seconds=round(_for_seconds(job, c, now), 1),
                      **_culprit_progress(job, c.rank),
                      stack=stack_view(d, c.stack_id)) for c in f.culprits]
     waiting_stacks = [{"ranks": _keys(ranks), "stack": stack_view(d, sid)}
@@ -298,6 +297,12 @@ def incident_view(d: Daemon, inc: Incident, now: float | None = None) -> dict[st
         "trace_fields": list(TRACE_FIELDS),
         "trace": [list(p) for p in inc.trace],
     }
+
+
+def _for_seconds(job, c, now: float) -> float:
+    """How long the culprit has been doing what it does, at the view's clock."""
+    rec = job.ranks.get(c.rank) if job else None
+    return max(0.0, now - rec.since) if rec is not None and rec.since > 0 else c.for_seconds
 
 
 def _runbook_base(d: Daemon) -> str:
