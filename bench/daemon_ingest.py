@@ -159,11 +159,11 @@ def series_scopes(text: str) -> dict:
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             scope = ("per_rank" if "rank" in s.labels else "per_node" if "node" in s.labels
-                     else "per_job" if "job" in s.labels else "global")
+                     else "per_job" if "job_id" in s.labels else "global")
             scopes[scope] += 1
             scopes["total"] += 1
             if s.name == "ncclwatch_stall_active" and s.value:
-                scopes["stall_active"][s.labels["job"]] = s.labels["kind"]
+                scopes["stall_active"][s.labels["job_id"]] = s.labels["kind"]
     return scopes
 
 

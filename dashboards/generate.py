@@ -8,16 +8,17 @@ output is stable (sorted keys, fixed uids and panel ids), so regenerating an
 unchanged source is byte-identical; tests/test_dashboards.py fails when the
 committed files differ from a fresh generation (run ``make dashboards``).
 
-Every query selects by ``instance=~"$instance"`` (the daemon's scrape
-target) and ``replica=~"$replica|"``: with a highly available pair (two
-daemons that judge the same jobs, told apart by a ``replica`` target label)
-the dashboards show one replica, picked in the single-select ``replica``
-variable, so nothing is counted twice; without one the variable is empty and
-the matcher selects the series that have no ``replica`` label. Per-job metrics also select ``job=~"$job"``: the daemon's ``job``
-label is the training job, so Prometheus must scrape the daemon with
-``honor_labels: true`` (see dashboards/README.md). Agent and daemon
-self-metrics have no training job; their panels select ``node=~"$node"``
-or nothing more, and are listed as exclusions of target-job-rule in .lint.
+Every query selects by ``job=~"$job"`` (the Prometheus scrape job of the
+daemons, the label Prometheus gives every target), ``instance=~"$instance"``
+(the daemon's scrape target) and ``replica=~"$replica|"``: with a highly
+available pair (two daemons that judge the same jobs, told apart by a
+``replica`` target label) the dashboards show one replica, picked in the
+single-select ``replica`` variable, so nothing is counted twice; without one
+the variable is empty and the matcher selects the series that have no
+``replica`` label. Per-job metrics also select ``job_id=~"$job_id"``: the
+training job, a label of its own, so no ``honor_labels`` is needed. Agent and
+daemon self-metrics have no training job; their panels select
+``node=~"$node"`` or nothing more.
 """
 
 from __future__ import annotations
@@ -42,12 +43,10 @@ TAGS = ["ncclwatch"]
 DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 
 # Selectors. J: per-job metrics; N: per-node agent metrics; I: daemon-wide.
-J = '{job=~"$job", instance=~"$instance", replica=~"$replica|"}'
-N = '{instance=~"$instance", replica=~"$replica|", node=~"$node"}'
-I = '{instance=~"$instance", replica=~"$replica|"}'
+J = '{job=~"$job", instance=~"$instance", replica=~"$replica|", job_id=~"$job_id"}'
+N = '{job=~"$job", instance=~"$instance", replica=~"$replica|", node=~"$node"}'
+I = '{job=~"$job", instance=~"$instance", replica=~"$replica|"}'
 
-NO_JOB_REASON = ("agent and daemon self-metrics carry no training-job label; the "
-                 "dashboards' job variable is the daemon's `job` label (the training job)")
 
 # Threshold colours.
 GREEN, YELLOW, ORANGE, RED, BLUE = "green", "yellow", "orange", "red", "blue"
@@ -201,26 +200,30 @@ class Board:
             db.DatasourceVariable("datasource").label("Data source").type("prometheus")
             .description("The Prometheus that scrapes the ncclwatch daemon(s)"))
         self.d = self.d.with_variable(self._query_var(
-            "instance", "Instance", "label_values(ncclwatch_build_info, instance)",
+            "job", "Job", "label_values(ncclwatch_build_info, job)",
+            "The Prometheus scrape job of the ncclwatch daemon(s)", include_all=True))
+        self.d = self.d.with_variable(self._query_var(
+            "instance", "Instance", 'label_values(ncclwatch_build_info{job=~"$job"}, instance)',
             "The ncclwatch daemon(s), by scrape target", include_all=True))
         # One replica of an HA pair (never All: the pair's series would count twice).
         self.d = self.d.with_variable(
             db.QueryVariable("replica").label("Replica")
             .description("Daemon replica of a highly available pair (the `replica` target "
                          "label); empty without one")
-            .query('label_values(ncclwatch_build_info{instance=~"$instance"}, replica)')
+            .query('label_values(ncclwatch_build_info{job=~"$job", instance=~"$instance"}, '
+                   'replica)')
             .datasource(DS).refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
             .sort(dm.VariableSort.ALPHABETICAL_CASE_INSENSITIVE_ASC)
             .multi(False).include_all(False))
         self.d = self.d.with_variable(self._query_var(
-            "job", "Job", 'label_values(ncclwatch_job_world_size{instance=~"$instance", '
-            'replica=~"$replica|"}, job)',
+            "job_id", "Training job", 'label_values(ncclwatch_job_world_size{job=~"$job", '
+            'instance=~"$instance", replica=~"$replica|"}, job_id)',
             "Training job id, as the daemon derives it from the ranks' environment",
             include_all=job_all))
         if node:
             self.d = self.d.with_variable(self._query_var(
-                "node", "Node", 'label_values(ncclwatch_agent_up{instance=~"$instance", '
-                'replica=~"$replica|"}, node)',
+                "node", "Node", 'label_values(ncclwatch_agent_up{job=~"$job", '
+                'instance=~"$instance", replica=~"$replica|"}, node)',
                 "GPU node, by its agent", include_all=True))
 
     @staticmethod
@@ -252,7 +255,7 @@ def _job_link(title: str) -> dm.DynamicConfigValue:
     return dm.DynamicConfigValue("links", [{
         "title": title,
         "url": (f"/d/{JOB_UID}/{JOB_UID}?${{datasource:queryparam}}"
-                "&var-instance=${__data.fields.instance}&var-job=${__data.fields.job}"
+                "&var-instance=${__data.fields.instance}&var-job_id=${__data.fields.job_id}"
                 "&${__url_time_range}"),
         "targetBlank": False,
     }])
@@ -272,12 +275,12 @@ def fleet() -> Board:
            [q(f"sum(ncclwatch_stall_active{J})")], thresholds=steps(GREEN, (1, RED)))
     b.stat("Jobs at risk",
            "Jobs with a stall forecast to (or that may) reach the NCCL watchdog timeout.",
-           "short", [q(f"count(max by (instance, job) (ncclwatch_stall_at_risk{J}) > 0) "
+           "short", [q(f"count(max by (instance, job_id) (ncclwatch_stall_at_risk{J}) > 0) "
                        "or vector(0)")], thresholds=steps(GREEN, (1, RED)))
     b.stat("Jobs with config warnings",
            "Jobs whose environment has a setting that defeats the watchdog or the evidence "
            "(see the job dashboard).", "short",
-           [q(f"count(max by (instance, job) (ncclwatch_job_config_warning{J})) or vector(0)")],
+           [q(f"count(max by (instance, job_id) (ncclwatch_job_config_warning{J})) or vector(0)")],
            thresholds=steps(GREEN, (1, YELLOW)))
     b.stat("Agents up", "Nodes whose agent reports in time.", "short",
            [q(f"sum(ncclwatch_agent_up{N})")], thresholds=steps(BLUE), job_scoped=False)
@@ -294,19 +297,19 @@ def fleet() -> Board:
          "Ranks of the selected jobs by state, stacked (unknown: not reporting).", "short",
          [q(f"sum by (state) (ncclwatch_ranks{J})", "{{state}}")], stack=True)
 
-    at_risk = (f"min by (instance, job) (ncclwatch_watchdog_remaining_seconds{J})"
-               " * on (instance, job) group_right ()"
-               f" (max by (instance, job, kind, root_cause) (ncclwatch_stall_root_cause_info{J})"
-               " * on (instance, job, kind) group_left ()"
-               f" (max by (instance, job, kind) (ncclwatch_stall_at_risk{J}) > 0))")
+    at_risk = (f"min by (instance, job_id) (ncclwatch_watchdog_remaining_seconds{J})"
+               " * on (instance, job_id) group_right ()"
+               f" (max by (instance, job_id, kind, root_cause) (ncclwatch_stall_root_cause_info{J})"
+               " * on (instance, job_id, kind) group_left ()"
+               f" (max by (instance, job_id, kind) (ncclwatch_stall_at_risk{J}) > 0))")
     b.table("At-risk jobs and root cause",
             "Stalls forecast to reach the watchdog, with the diagnosed root cause and the "
             "watchdog budget left. Click a job for its dashboard.", "s",
             [q(at_risk, table_format=True)],
             transformations=[organize(exclude=["Time"],
-                                      order=["job", "kind", "root_cause", "Value", "instance"],
+                                      order=["job_id", "kind", "root_cause", "Value", "instance"],
                                       rename={"Value": "budget left", "root_cause": "root cause"})],
-            overrides=[("job", [_job_link("Job dashboard")]),
+            overrides=[("job_id", [_job_link("Job dashboard")]),
                        ("budget left", [dm.DynamicConfigValue("custom.cellOptions",
                                                               {"type": "color-text"})])],
             thresholds=steps(RED, (120, YELLOW), (300, GREEN)),
@@ -315,8 +318,8 @@ def fleet() -> Board:
     b.ts("Watchdog budget left (share of timeout)",
          "Per job: the watchdog budget left over the timeout (1: nobody blocked; 0: the "
          "watchdog fires). Red under 20%.", "percentunit",
-         [q(f"min by (instance, job) (ncclwatch_watchdog_remaining_seconds{J}"
-            f" / ncclwatch_watchdog_timeout_seconds{J})", "{{job}}")],
+         [q(f"min by (instance, job_id) (ncclwatch_watchdog_remaining_seconds{J}"
+            f" / ncclwatch_watchdog_timeout_seconds{J})", "{{job_id}}")],
          max_val=1, thresholds=steps(RED, (0.2, YELLOW), (0.5, GREEN)),
          threshold_style=cm.GraphTresholdsStyleMode.DASHED_AND_AREA)
     b.ts("Incidents opened",
@@ -408,7 +411,7 @@ def job() -> Board:
 
     b.row("Stall")
     b.timeline("Stall timeline", "When each kind of stall was active in the job.", "none",
-               [q(f"max by (job, kind) (ncclwatch_stall_active{J})", "{{job}} {{kind}}")],
+               [q(f"max by (job_id, kind) (ncclwatch_stall_active{J})", "{{job_id}} {{kind}}")],
                mappings=[_value_map(**{"0": ("ok", GREEN), "1": ("stalled", RED)})])
     b.stat("Watchdog budget left",
            "Timeout minus how long the longest-blocked rank has been blocked. Red under "
@@ -432,34 +435,34 @@ def job() -> Board:
            [q(f"max(ncclwatch_stall_waiting_ranks{J})")], thresholds=steps(GREEN, (1, ORANGE)))
     b.stat("World size", "Ranks in the job.", "short",
            [q(f"max(ncclwatch_job_world_size{J})")], thresholds=steps(BLUE))
-    culprits = (f"max by (instance, job, kind, rank, host, state) (ncclwatch_stall_culprit_info{J})"
-                " * on (instance, job, kind) group_left (root_cause)"
-                f" max by (instance, job, kind, root_cause) (ncclwatch_stall_root_cause_info{J})")
+    culprits = (f"max by (instance, job_id, kind, rank, host, state) (ncclwatch_stall_culprit_info{J})"
+                " * on (instance, job_id, kind) group_left (root_cause)"
+                f" max by (instance, job_id, kind, root_cause) (ncclwatch_stall_root_cause_info{J})")
     b.table("Culprits",
             "The rank(s) the others wait for in each active stall, with host, state and the "
             "diagnosed root cause (runbooks: docs/runbooks/).", "none",
             [q(culprits, table_format=True)],
             transformations=[organize(
                 exclude=["Time", "Value", "instance"],
-                order=["job", "kind", "rank", "host", "state", "root_cause"],
+                order=["job_id", "kind", "rank", "host", "state", "root_cause"],
                 rename={"root_cause": "root cause"})],
             no_value="no stall", h=6)
 
     b.row("Watchdog budget and forecast")
     b.ts("Watchdog budget",
          "The job's watchdog timeout and the budget left (timeout minus the longest block).",
-         "s", [q(f"max by (job) (ncclwatch_watchdog_timeout_seconds{J})", "{{job}} timeout"),
-               q(f"min by (job) (ncclwatch_watchdog_remaining_seconds{J})", "{{job}} remaining")],
+         "s", [q(f"max by (job_id) (ncclwatch_watchdog_timeout_seconds{J})", "{{job_id}} timeout"),
+               q(f"min by (job_id) (ncclwatch_watchdog_remaining_seconds{J})", "{{job_id}} remaining")],
          thresholds=steps(RED, (120, GREEN)),
          threshold_style=cm.GraphTresholdsStyleMode.DASHED)
     b.ts("Save and memory forecast",
          "Forecast seconds until the culprit's checkpoint write ends, the forecast overrun of "
          "the watchdog (above 0: too late), and until a culprit reaches a memory bound.", "s",
-         [q(f"max by (job) (ncclwatch_checkpoint_eta_seconds{J})", "{{job}} save ETA"),
-          q(f"max by (job) (ncclwatch_watchdog_forecast_overrun_seconds{J})",
-            "{{job}} overrun"),
-          q(f"min by (job, rank, device) (ncclwatch_memory_exhaustion_eta_seconds{J})",
-            "{{job}} rank {{rank}} {{device}} memory exhausted")],
+         [q(f"max by (job_id) (ncclwatch_checkpoint_eta_seconds{J})", "{{job_id}} save ETA"),
+          q(f"max by (job_id) (ncclwatch_watchdog_forecast_overrun_seconds{J})",
+            "{{job_id}} overrun"),
+          q(f"min by (job_id, rank, device) (ncclwatch_memory_exhaustion_eta_seconds{J})",
+            "{{job_id}} rank {{rank}} {{device}} memory exhausted")],
          min_val=None, thresholds=steps(GREEN, (0, RED)),
          threshold_style=cm.GraphTresholdsStyleMode.LINE)
 
@@ -477,35 +480,35 @@ def job() -> Board:
     b.ts("Rank memory",
          "Memory each culprit rank holds (host RSS, or its use of one GPU) and the largest "
          "any rank of the job holds, per device kind.", "bytes",
-         [q(f"max by (job, rank, device) (ncclwatch_culprit_memory_bytes{J})",
-            "{{job}} culprit rank {{rank}} {{device}}"),
-          q(f"max by (job, device) (ncclwatch_job_rank_memory_max_bytes{J})",
-            "{{job}} largest rank ({{device}})")])
+         [q(f"max by (job_id, rank, device) (ncclwatch_culprit_memory_bytes{J})",
+            "{{job_id}} culprit rank {{rank}} {{device}}"),
+          q(f"max by (job_id, device) (ncclwatch_job_rank_memory_max_bytes{J})",
+            "{{job_id}} largest rank ({{device}})")])
 
     b.row("Checkpoint save")
     b.ts("Checkpoint written vs expected",
          "Size of the checkpoint file the culprit is writing, and its expected size (the "
          "previous checkpoint, or the gathered bytes).", "bytes",
-         [q(f"max by (job) (ncclwatch_checkpoint_written_bytes{J})", "{{job}} written"),
-          q(f"max by (job) (ncclwatch_checkpoint_expected_bytes{J})", "{{job}} expected")],
+         [q(f"max by (job_id) (ncclwatch_checkpoint_written_bytes{J})", "{{job_id}} written"),
+          q(f"max by (job_id) (ncclwatch_checkpoint_expected_bytes{J})", "{{job_id}} expected")],
          w=8)
     b.ts("Checkpoint write rate", "The culprit's recent checkpoint write rate.", "Bps",
-         [q(f"max by (job) (ncclwatch_checkpoint_write_rate_bytes_per_second{J})", "{{job}}")],
+         [q(f"max by (job_id) (ncclwatch_checkpoint_write_rate_bytes_per_second{J})", "{{job_id}}")],
          w=8)
     b.ts("Save progress", "Bytes written over the expected size of the checkpoint.",
          "percentunit",
-         [q(f"max by (job) (ncclwatch_checkpoint_written_bytes{J})"
-            f" / max by (job) (ncclwatch_checkpoint_expected_bytes{J})", "{{job}}")],
+         [q(f"max by (job_id) (ncclwatch_checkpoint_written_bytes{J})"
+            f" / max by (job_id) (ncclwatch_checkpoint_expected_bytes{J})", "{{job_id}}")],
          w=8, max_val=1)
 
     b.row("Configuration")
     b.table("Config warnings",
             "Settings in the job's environment that defeat the watchdog or the evidence "
             "(`ncclwatch status` explains each code).", "none",
-            [q(f"max by (job, code, severity) (ncclwatch_job_config_warning{J})",
+            [q(f"max by (job_id, code, severity) (ncclwatch_job_config_warning{J})",
                table_format=True)],
             transformations=[organize(exclude=["Time", "Value"],
-                                      order=["job", "severity", "code"])],
+                                      order=["job_id", "severity", "code"])],
             no_value="no warnings", h=6)
 
     b.annotation("Incidents opened",
@@ -513,8 +516,8 @@ def job() -> Board:
                  " > 0", RED, "incident opened: {{kind}} (any job of this daemon)",
                  job_scoped=False)
     b.annotation("Stall started or ended",
-                 f"sum by (job, kind) (changes(ncclwatch_stall_active{J}[$__rate_interval])) > 0",
-                 ORANGE, "{{job}}: {{kind}} stall started or ended", job_scoped=True)
+                 f"sum by (job_id, kind) (changes(ncclwatch_stall_active{J}[$__rate_interval])) > 0",
+                 ORANGE, "{{job_id}}: {{kind}} stall started or ended", job_scoped=True)
     return b
 
 
@@ -522,11 +525,9 @@ BOARDS = {"ncclwatch-fleet.json": fleet, "ncclwatch-job.json": job}
 
 
 def lint_config(boards: Sequence[Board]) -> dict:
-    """The .lint file: target-job-rule exclusions for the panels without a job matcher."""
-    return {"exclusions": {"target-job-rule": {
-        "reason": NO_JOB_REASON,
-        "entries": [{"dashboard": b.title, "panel": title} for b in boards for title in b.no_job],
-    }}}
+    """The .lint file: no exclusions. Every query selects the scrape ``job``; the
+    training job is ``job_id`` (``Board.no_job``: the panels without one)."""
+    return {"exclusions": {}}
 
 
 def dumps(obj: dict) -> str:

@@ -158,7 +158,8 @@ def _promql_string(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
-def panel_queries(path: str | Path, *, job: str | Sequence[str] | None = None,
+def panel_queries(path: str | Path, *, job_id: str | Sequence[str] | None = None,
+                  job: str | Sequence[str] | None = None,
                   instance: str | Sequence[str] | None = None,
                   node: str | Sequence[str] | None = None,
                   replica: str | None = None,
@@ -167,7 +168,8 @@ def panel_queries(path: str | Path, *, job: str | Sequence[str] | None = None,
                   annotations: bool = False) -> list[tuple[str, str]]:
     """(panel title, PromQL) for every target of the dashboard at ``path``.
 
-    Variables are interpolated as Grafana would: ``job``/``instance``/``node``
+    Variables are interpolated as Grafana would: ``job_id`` (the training
+    job), ``job`` (the daemons' scrape job)/``instance``/``node``
     (or any other in ``values``) as regex-escaped literals, None for "All"
     (the variable's allValue, ``.+``; a single-select variable without All, like
     ``replica``, is empty as in Grafana when it has no options); ``$__rate_interval`` as
@@ -177,7 +179,8 @@ def panel_queries(path: str | Path, *, job: str | Sequence[str] | None = None,
     (title ``annotation: NAME``).
     """
     dash = load(path)
-    given: dict[str, str | Sequence[str] | None] = {"job": job, "instance": instance,
+    given: dict[str, str | Sequence[str] | None] = {"job_id": job_id, "job": job,
+                                                    "instance": instance,
                                                     "node": node, "replica": replica,
                                                     **(values or {})}
     templates = {t.get("name"): t for t in (dash.get("templating") or {}).get("list") or []}

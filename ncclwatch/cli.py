@@ -86,12 +86,20 @@ _INGEST_WORKERS = Option("ingest_workers", _workers, 0,
                          "forward reports to this one, which keeps the job table, detection "
                          "and HTTP: ingest on more than one core (0: serve gRPC here)", "N")
 
+_EXTERNAL_URL = Option("external_url", str, None,
+                       "URL operators reach this daemon's page at (behind a proxy or DNS "
+                       "name); alerts link to each job's part of it (default: "
+                       "http(s)://<this host>:<http port>)", "URL")
+_RUNBOOK_URL = Option("runbook_url", str, None,
+                      "base URL of the runbooks alerts link to (default: the ones this "
+                      "daemon serves at <external-url>/runbooks/)", "URL")
+
 DAEMON_OPTIONS = (
     Option("grpc", hostport, "0.0.0.0:7470", "listen address for agents", "HOST:PORT"),
     Option("http", hostport, "0.0.0.0:7471", "listen address for /metrics, API, page",
            "HOST:PORT"),
     _WATCHDOG, _THRESHOLD, _HANG, _HANG_FLOOR, _STALENESS, _INGEST_WORKERS, *_TLS_SERVER,
-    _WEB_CONFIG, _DIAGNOSE_MAX, _LOG,
+    _WEB_CONFIG, _DIAGNOSE_MAX, _EXTERNAL_URL, _RUNBOOK_URL, _LOG,
 )
 AGENT_OPTIONS = (
     Option("collector", hostports, "127.0.0.1:7470", "the daemon's gRPC address; two or more, "
@@ -157,6 +165,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "or usage error.")
     dg.add_argument("paths", nargs="+", metavar="PATH")
     dg.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    text = ("before the job (or in CI): will a full checkpoint on one rank fit the watchdog "
+            "timeout on this storage? Measures the directory's sustained write rate; exit 0 "
+            "fits, 1 does not, 3 fits under --margin, 2 usage")
+    from ncclwatch import preflight  # noqa: PLC0415 - light: no torch, no grpc
+    pf = sub.add_parser("preflight", help=text, description=text)
+    preflight.add_arguments(pf)
     text = "make a test CA, a daemon certificate and node certificates for mTLS"
     ce = sub.add_parser("certs", help=text, description=text + " (ECDSA P-256, one year; an "
                         "existing CA in --out is reused, so nodes can be added later)")
@@ -184,6 +198,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _status(args)
         if args.command == "diagnose":
             return _diagnose(args)
+        if args.command == "preflight":
+            from ncclwatch import preflight  # noqa: PLC0415
+
+            return preflight.main(args)
         if args.command == "certs":
             from ncclwatch import certs
 
@@ -297,7 +315,9 @@ def _daemon_config(cfg: dict[str, Any]):
                         staleness=cfg["staleness"],
                         ingest_workers=cfg.get("ingest_workers", 0),
                         tls=cfg.get("server_tls"), web=cfg.get("web"),
-                        diagnose_max_bytes=cfg.get("diagnose_max_bytes", 256 << 20))
+                        diagnose_max_bytes=cfg.get("diagnose_max_bytes", 256 << 20),
+                        external_url=cfg.get("external_url") or "",
+                        runbook_url=cfg.get("runbook_url") or "")
 
 
 def _agent_config(cfg: dict[str, Any], collector: str | None = None):

@@ -78,8 +78,7 @@ ROOT_CAUSES: tuple[RootCause, ...] = (
         "save_overruns_watchdog", StallKind.CHECKPOINT_GATHER,
         "The checkpoint write will outlast the watchdog",
         "rank {rank} is writing {expected} at {rate}/s ({written} done, size from the "
-        "{expected_source}): it needs {eta} more, the watchdog fires in {remaining}, "
-        "about {overrun} too late; {waiting_n} rank(s) wait in {ops}.",
+        "{expected_source}): the rest {fit}; {waiting_n} rank(s) wait in {ops}.",
         "Save sharded with torch.distributed.checkpoint so every rank writes its part "
         "(dcp.save / dcp.async_save), or FSDP SHARDED_STATE_DICT. Until then: let the "
         "other ranks wait on a gloo group with a long timeout instead of the next NCCL "
@@ -90,9 +89,7 @@ ROOT_CAUSES: tuple[RootCause, ...] = (
         "save_within_budget", StallKind.CHECKPOINT_GATHER,
         "A one-rank checkpoint write that fits the budget",
         "rank {rank} is writing {expected} at {rate}/s (size from the {expected_source}): "
-        "it needs {eta} more and the "
-        "watchdog has {remaining} left, so it should finish with {margin} to spare; "
-        "{waiting_n} rank(s) wait in {ops}.",
+        "the rest {fit}; {waiting_n} rank(s) wait in {ops}.",
         "Nothing to do now. The pattern does not scale: as the model or the storage "
         "latency grows this save will reach the watchdog; plan for sharded checkpoints "
         "(torch.distributed.checkpoint).",
@@ -274,3 +271,308 @@ ALL_BY_ID: dict[str, RootCause] = {**BY_ID, **{rc.id: rc for rc in POSTMORTEM_CA
 
 def for_kind(kind: StallKind) -> list[RootCause]:
     return [rc for rc in ROOT_CAUSES if rc.kind is kind]
+
+
+# -- the fix in the job's own framework ------------------------------------------
+#
+# A root cause says *what* to change (save sharded, write in the background,
+# gather to host memory, give the save a longer timeout); each framework has
+# its own way to say it. ``FIXES`` is that table, framework x remedy; every
+# snippet is checked by the framework's own code in tests/test_framework_fixes.py
+# (a strategy constructed, a config parsed and validated), so a wrong key fails.
+
+#: What each remedy means, framework-free (its heading in the runbooks).
+REMEDIES: dict[str, str] = {
+    "sharded_save": "Save sharded: every rank writes its own part, nothing is gathered",
+    "async_save": "Save asynchronously: the write runs in the background",
+    "offload_gather": "If one full file is needed: gather to host memory on rank 0 only",
+    "checkpoint_timeout": "Give the save a timeout longer than it takes",
+    "sharded_load": "Load sharded: every rank reads its own part",
+}
+
+#: The remedies for each root cause, most effective first (none: not a save).
+REMEDIES_FOR: dict[str, tuple[str, ...]] = {
+    "gather_out_of_memory": ("sharded_save", "offload_gather"),
+    "save_overruns_watchdog": ("sharded_save", "async_save", "checkpoint_timeout"),
+    "save_within_budget": ("sharded_save", "async_save"),
+    "slow_state_dict_gather": ("sharded_save", "offload_gather"),
+    "slow_save": ("sharded_save", "async_save", "checkpoint_timeout"),
+    "restore_out_of_memory": ("sharded_load",),
+    "slow_restore": ("sharded_load", "checkpoint_timeout"),
+}
+
+
+@dataclass(frozen=True)
+class Fix:
+    framework: str          # frameworks.FRAMEWORKS id
+    remedy: str             # a REMEDIES key
+    text: str
+    #: python | yaml | json | toml | argv (what the tests parse it as)
+    lang: str = "python"
+    snippet: str = ""
+
+
+FIXES: tuple[Fix, ...] = (
+    # -- PyTorch (also FSDP2 and DCP users: they call these functions themselves)
+    Fix("torch", "sharded_save",
+        "Save with torch.distributed.checkpoint: every rank writes its shard, no rank "
+        "waits for another's write.", "python", """\
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict
+
+model_sd, optim_sd = get_state_dict(model, optimizer)
+dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=f"/ckpt/step{step}")
+# one file for export, offline: python -m torch.distributed.checkpoint.format_utils dcp_to_torch /ckpt/step1000 model.pt"""),
+    Fix("torch", "async_save",
+        "dcp.async_save stages the state in host memory and writes it in a background "
+        "thread; training continues.", "python", """\
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict
+
+if pending is not None:
+    pending.result()              # the previous save must be done first
+model_sd, optim_sd = get_state_dict(model, optimizer)
+pending = dcp.async_save({"model": model_sd, "optim": optim_sd},
+                         checkpoint_id=f"/ckpt/step{step}")"""),
+    Fix("torch", "offload_gather",
+        "Gather the full state dict shard by shard into rank 0's host memory "
+        "(cpu_offload=True), never whole on a GPU; give that host more memory than the "
+        "model state, optimizer included.", "python", """\
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+                                                          cpu_offload=True))
+if dist.get_rank() == 0:
+    torch.save(sd, path)"""),
+    Fix("torch", "checkpoint_timeout",
+        "If rank 0 must write alone, let the others wait on a gloo group of their own "
+        "with a long timeout, not in the next NCCL collective (whose watchdog fires at "
+        "the process-group timeout).", "python", """\
+import datetime
+import torch.distributed as dist
+
+ckpt_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(hours=2))
+if dist.get_rank() == 0:
+    torch.save(full_state, path)
+dist.barrier(group=ckpt_group)"""),
+    Fix("torch", "sharded_load",
+        "Load with torch.distributed.checkpoint: every rank reads its own shard in "
+        "parallel; a full file loads with mmap=True, without a second copy.", "python", """\
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+model_sd, optim_sd = get_state_dict(model, optimizer)
+dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id="/ckpt/step1000")
+set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)"""),
+    # -- torch FSDP1 (FullyShardedDataParallel): its own state-dict switch
+    Fix("torch_fsdp1", "sharded_save",
+        "Switch the FSDP module to SHARDED_STATE_DICT and save with dcp: each rank "
+        "writes its own shard.", "python", """\
+import torch.distributed.checkpoint as dcp
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, StateDictType
+
+with FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):
+    dcp.save({"model": model.state_dict()}, checkpoint_id=f"/ckpt/step{step}")"""),
+    Fix("torch_fsdp1", "offload_gather",
+        "A full state dict gathered to rank 0 only, offloaded to its host memory.",
+        "python", """\
+from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel as FSDP, StateDictType
+
+cfg = FullStateDictConfig(offload_to_cpu=True, rank0_only=True)
+with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, cfg):
+    sd = model.state_dict()"""),
+    # -- Lightning
+    Fix("lightning", "sharded_save",
+        "FSDPStrategy(state_dict_type=\"sharded\"): every rank writes its own shard "
+        "into the checkpoint directory.", "python", """\
+from lightning.pytorch import Trainer
+from lightning.pytorch.strategies import FSDPStrategy
+
+strategy = FSDPStrategy(state_dict_type="sharded")
+trainer = Trainer(strategy=strategy)"""),
+    Fix("lightning", "async_save",
+        "AsyncCheckpointIO writes the checkpoint in a background thread.", "python", """\
+from lightning.pytorch import Trainer
+from lightning.pytorch.plugins.io import AsyncCheckpointIO
+
+trainer = Trainer(plugins=[AsyncCheckpointIO()])"""),
+    Fix("lightning", "offload_gather",
+        "Lightning's full state dict is already gathered to rank 0 only and offloaded to "
+        "its host memory: give that host more memory than the model state, or save "
+        "sharded.", "python", """\
+from lightning.pytorch.strategies import FSDPStrategy
+
+strategy = FSDPStrategy(state_dict_type="sharded")"""),
+    Fix("lightning", "checkpoint_timeout",
+        "Lightning makes one process group: raise its timeout above the save time.",
+        "python", """\
+import datetime
+from lightning.pytorch.strategies import FSDPStrategy
+
+strategy = FSDPStrategy(state_dict_type="sharded", timeout=datetime.timedelta(hours=2))"""),
+    Fix("lightning", "sharded_load",
+        "A sharded checkpoint directory loads shard by shard on every rank with the same "
+        "strategy: trainer.fit(model, ckpt_path=dir).", "python", """\
+from lightning.pytorch.strategies import FSDPStrategy
+
+strategy = FSDPStrategy(state_dict_type="sharded")"""),
+    # -- transformers Trainer
+    Fix("transformers", "sharded_save",
+        "fsdp_config state_dict_type SHARDED_STATE_DICT: Trainer checkpoints are written "
+        "by every rank (a single file for export: trainer.accelerator.get_state_dict "
+        "after training, or accelerate merge-weights offline).", "python", """\
+from transformers import TrainingArguments
+
+args = TrainingArguments(output_dir="/ckpt/run", fsdp=True,
+                         fsdp_config={"state_dict_type": "SHARDED_STATE_DICT"})"""),
+    Fix("transformers", "checkpoint_timeout",
+        "ddp_timeout is the process-group timeout the Trainer sets: raise it above the "
+        "save time.", "python", """\
+from transformers import TrainingArguments
+
+args = TrainingArguments(output_dir="/ckpt/run", ddp_timeout=7200)"""),
+    Fix("transformers", "sharded_load",
+        "With SHARDED_STATE_DICT, resume_from_checkpoint loads each rank's shard.",
+        "python", """\
+from transformers import TrainingArguments
+
+args = TrainingArguments(output_dir="/ckpt/run", fsdp=True,
+                         fsdp_config={"state_dict_type": "SHARDED_STATE_DICT"})
+# trainer.train(resume_from_checkpoint=True)"""),
+    # -- accelerate (the config file accelerate launch reads)
+    Fix("accelerate", "sharded_save",
+        "fsdp_state_dict_type: SHARDED_STATE_DICT in the accelerate config: "
+        "accelerator.save_state writes one shard per rank.", "yaml", """\
+distributed_type: FSDP
+fsdp_config:
+  fsdp_version: 2
+  fsdp_state_dict_type: SHARDED_STATE_DICT"""),
+    Fix("accelerate", "offload_gather",
+        "A full state dict gathered to rank 0 only, offloaded to its host memory.",
+        "python", """\
+from accelerate import Accelerator, FullyShardedDataParallelPlugin
+from torch.distributed.fsdp import FullStateDictConfig
+
+plugin = FullyShardedDataParallelPlugin(
+    fsdp_version=1, state_dict_type="FULL_STATE_DICT",
+    state_dict_config=FullStateDictConfig(offload_to_cpu=True, rank0_only=True))
+accelerator = Accelerator(fsdp_plugin=plugin)"""),
+    Fix("accelerate", "checkpoint_timeout",
+        "InitProcessGroupKwargs sets the process-group timeout accelerate creates.",
+        "python", """\
+import datetime
+from accelerate import Accelerator, InitProcessGroupKwargs
+
+accelerator = Accelerator(kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(hours=2))])"""),
+    Fix("accelerate", "sharded_load",
+        "With SHARDED_STATE_DICT, accelerator.load_state reads each rank's shard.", "yaml", """\
+distributed_type: FSDP
+fsdp_config:
+  fsdp_version: 2
+  fsdp_state_dict_type: SHARDED_STATE_DICT"""),
+    # -- DeepSpeed
+    Fix("deepspeed", "sharded_save",
+        "ZeRO-3 with stage3_gather_16bit_weights_on_model_save false: "
+        "engine.save_checkpoint writes per-rank shards and nothing is gathered; make one "
+        "file offline with `python zero_to_fp32.py CKPT_DIR OUT_DIR` (the script "
+        "DeepSpeed writes beside the checkpoint).", "json", """\
+{
+  "zero_optimization": {
+    "stage": 3,
+    "stage3_gather_16bit_weights_on_model_save": false
+  }
+}"""),
+    Fix("deepspeed", "checkpoint_timeout",
+        "deepspeed.init_distributed(timeout=...) sets the process-group timeout.",
+        "python", """\
+import datetime
+import deepspeed
+
+deepspeed.init_distributed(dist_backend="nccl", timeout=datetime.timedelta(hours=2))"""),
+    Fix("deepspeed", "sharded_load",
+        "engine.load_checkpoint(dir) reads each rank's ZeRO shard; keep "
+        "stage3_gather_16bit_weights_on_model_save false.", "json", """\
+{
+  "zero_optimization": {
+    "stage": 3,
+    "stage3_gather_16bit_weights_on_model_save": false
+  }
+}"""),
+    # -- Megatron-LM (command-line flags of pretrain_gpt.py and friends)
+    Fix("megatron", "sharded_save",
+        "torch_dist checkpoints are written by every rank in parallel.", "argv",
+        "--ckpt-format torch_dist --ckpt-fully-parallel-save"),
+    Fix("megatron", "async_save",
+        "--async-save writes torch_dist checkpoints in the background.", "argv",
+        "--ckpt-format torch_dist --async-save"),
+    Fix("megatron", "checkpoint_timeout",
+        "The process-group timeout, in minutes.", "argv", "--distributed-timeout-minutes 120"),
+    Fix("megatron", "sharded_load",
+        "Every rank reads its part of a torch_dist checkpoint.", "argv",
+        "--ckpt-format torch_dist --ckpt-fully-parallel-load"),
+    # -- NeMo 2 (MegatronStrategy arguments)
+    Fix("nemo", "sharded_save",
+        "torch_dist checkpoints, saved by every rank in parallel.", "python", """\
+from nemo import lightning as nl
+
+strategy = nl.MegatronStrategy(save_ckpt_format="torch_dist", ckpt_parallel_save=True)"""),
+    Fix("nemo", "async_save",
+        "ckpt_async_save writes the checkpoint in the background.", "python", """\
+from nemo import lightning as nl
+
+strategy = nl.MegatronStrategy(save_ckpt_format="torch_dist", ckpt_async_save=True)"""),
+    # -- torchtitan (the job's TOML config)
+    Fix("torchtitan", "async_save",
+        "checkpoint.async_mode writes DCP checkpoints in the background "
+        "(async_with_pinned_mem: staged in pinned host memory, fastest).", "toml", """\
+[checkpoint]
+async_mode = "async_with_pinned_mem\""""),
+    Fix("torchtitan", "checkpoint_timeout",
+        "comm.train_timeout_seconds is the process-group timeout after the first step: "
+        "raise it above the save time.", "toml", """\
+[comm]
+train_timeout_seconds = 3600"""),
+    # -- torchtune (the recipe's YAML config)
+    Fix("torchtune", "async_save",
+        "enable_async_checkpointing writes intermediate checkpoints with dcp.async_save.",
+        "yaml", "enable_async_checkpointing: True"),
+    # -- Composer
+    Fix("composer", "sharded_save",
+        "state_dict_type sharded: every rank writes its own shard.", "python", """\
+from composer import Trainer
+
+trainer = Trainer(model=model, parallelism_config={"fsdp": {"state_dict_type": "sharded"}})"""),
+    Fix("composer", "checkpoint_timeout",
+        "dist_timeout is the process-group timeout, in seconds.", "python", """\
+from composer import Trainer
+
+trainer = Trainer(model=model, dist_timeout=7200.0)"""),
+)
+
+#: Frameworks whose users call torch's own functions: they fall back to its rows.
+TORCH_FAMILY = frozenset({"torch", "torch_fsdp1", "torch_fsdp2", "torch_dcp"})
+
+_FIX_BY: dict[tuple[str, str], Fix] = {(f.framework, f.remedy): f for f in FIXES}
+
+
+def fixes_for(framework: str, root_cause: str) -> list[Fix]:
+    """The framework's fixes for a root cause, in REMEDIES_FOR order.
+
+    A torch-family job gets torch's row where its own has none; another
+    framework gets only its own rows (a Trainer user does not write dcp code).
+    """
+    out = []
+    for remedy in REMEDIES_FOR.get(root_cause, ()):
+        fix = _FIX_BY.get((framework, remedy))
+        if fix is None and framework in TORCH_FAMILY:
+            fix = _FIX_BY.get(("torch", remedy))
+        if fix is not None:
+            out.append(fix)
+    return out
+
+
+def fixes_view(framework: str, root_cause: str) -> list[dict[str, str]]:
+    """The fixes as ``/api/v1/jobs`` shows them (and the page and status render)."""
+    return [{"remedy": f.remedy, "title": REMEDIES[f.remedy], "framework": f.framework,
+             "text": f.text, "lang": f.lang, "snippet": f.snippet}
+            for f in fixes_for(framework, root_cause)]

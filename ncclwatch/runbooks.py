@@ -10,8 +10,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from ncclwatch import advice, frameworks
 from ncclwatch.model import StallKind
-from ncclwatch.remediation import for_kind
+from ncclwatch.remediation import FIXES, REMEDIES, REMEDIES_FOR, for_kind
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "runbooks"
@@ -53,13 +54,73 @@ def render(kind: StallKind) -> str:
         if rc.always_at_risk:
             lines += ["**Risk:** the job dies at the watchdog unless someone acts.", ""]
         lines += ["**Fix:** " + rc.fix, ""]
-        if rc.example:
+        if rc.example and rc.id not in REMEDIES_FOR:
             lines += ["```python", rc.example, "```", ""]
+        remedies = REMEDIES_FOR.get(rc.id, ())
+        if remedies:
+            lines += ["**In your framework:** " + ", ".join(
+                f"[{REMEDIES[r].partition(':')[0].lower()}](#fix-{r})" for r in remedies)
+                + " (below, for each framework).", ""]
+    lines += _framework_fixes(kind)
+    lines += _now()
     return "\n".join(lines).rstrip() + "\n"
+
+
+#: Code-fence language of each snippet kind.
+_FENCE = {"python": "python", "yaml": "yaml", "json": "json", "toml": "toml", "argv": "sh"}
+
+
+def _framework_fixes(kind: StallKind) -> list[str]:
+    """Per remedy the kind's root causes use, each framework's way
+    (remediation.FIXES, every snippet checked in tests)."""
+    used = {r for rc in for_kind(kind) for r in REMEDIES_FOR.get(rc.id, ())}
+    out = []
+    for remedy in REMEDIES:
+        rows = [f for f in FIXES if f.remedy == remedy]
+        if remedy not in used or not rows:
+            continue
+        if not out:
+            out += ['<a id="fixes-by-framework"></a>', "## Fixes by framework", "",
+                    "ncclwatch reads the job's framework from its stacks and shows only "
+                    "that framework's rows (`diagnosis.fixes` in `/api/v1/jobs`).", ""]
+        out += [f'<a id="fix-{remedy}"></a>', f"### {REMEDIES[remedy]}", ""]
+        for f in rows:
+            out += [f"**{frameworks.BY_ID[f.framework].name}:** {f.text}", ""]
+            if f.snippet:
+                out += [f"```{_FENCE[f.lang]}", f.snippet, "```", ""]
+    return out
+
+
+def _now() -> list[str]:
+    """What to do with the running job, as ncclwatch decides it (advice.RULES)."""
+    out = ['<a id="what-to-do-now"></a>', "## What to do now", "",
+           "ncclwatch says one of these in `ncclwatch status`, the page, `/api/v1/jobs` "
+           "(`advice`) and the alerts, with the time left to decide:", ""]
+    for action, _, text, _, until in advice.RULES:
+        head = advice.headline(advice.Advice(action, "", None, until))
+        out += [f"- **{head}** (time left: until {until.replace('_', ' ')}): "
+                + _placeholders(text), ""]
+    return out
 
 
 def _placeholders(template: str) -> str:
     return template.replace("{", "<").replace("}", ">")
+
+
+#: Pages not generated from the table, shipped in the package (the copy in
+#: docs/runbooks must stay the same: tests check).
+STATIC = Path(__file__).resolve().parent / "runbook_pages"
+
+
+def page(name: str) -> str | None:
+    """The runbook ``name`` (``<kind>.md``) as the daemon serves it at /runbooks/."""
+    for kind in StallKind:
+        if name == f"{kind.value}.md":
+            return render(kind)
+    path = STATIC / name
+    if "/" not in name and name.endswith(".md") and path.is_file():
+        return path.read_text()
+    return None
 
 
 def generate(out: Path = OUT) -> list[Path]:

@@ -8,10 +8,11 @@ import ssl
 import urllib.error
 import urllib.request
 from typing import Any
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 
 from ncclwatch.agent.container import describe as describe_container
 from ncclwatch.model import SIZE_SOURCES, rank_ranges, scheduler_label
+from ncclwatch.savefit import seconds
 
 DEFAULT_DAEMON = "http://127.0.0.1:7471"
 
@@ -83,7 +84,7 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def render(view: dict[str, Any]) -> str:
+def render(view: dict[str, Any], daemon: str = "") -> str:
     jobs = view.get("jobs", [])
     if not jobs:
         n = sum(1 for a in view.get("agents", []) if a.get("connected"))
@@ -107,9 +108,17 @@ def render(view: dict[str, Any]) -> str:
             out.append(f"STALL {s['kind']} in {j['job']} ({risk}): {s['summary']}")
             if dx:
                 out.append(f"  root cause ({dx['root_cause']}): {dx['cause']}")
+            now = s.get("advice")
+            if now:
+                out.append(f"  NOW: {now['headline']}")
+                out.append(f"       {now['text']}")
             w = s["watchdog"]
             out.append(f"  watchdog: {w['remaining_seconds']:.0f}s of {w['timeout_seconds']:.0f}s "
-                       f"left; stalled {s['duration_seconds']:.0f}s")
+                       f"left")
+            anchors = (s.get("clock") or {}).get("anchors", [])
+            if anchors:  # every duration from one reading, each naming its anchor
+                out.append("  clock: " + "; ".join(
+                    f"{a['what']} {a['seconds_ago']:.0f}s ago" for a in anchors))
             ck = (s.get("forecast") or {}).get("checkpoint")
             if ck:
                 size = (f"{ck['expected_bytes'] / 2**20:.1f} MiB (size from "
@@ -118,12 +127,14 @@ def render(view: dict[str, Any]) -> str:
                 out.append(f"  checkpoint: {ck['written_bytes'] / 2**20:.1f} MiB of {size} written "
                            f"at {ck['write_bytes_per_second'] / 2**20:.2f} MiB/s")
             if ck and ck.get("eta_seconds") is not None:
-                out.append(f"  forecast: save ends in {ck['eta_seconds']:.0f}s "
-                           f"(overrun {ck['overrun_seconds']:+.0f}s vs the watchdog)")
+                over = ck["overrun_seconds"]
+                out.append(f"  forecast: save ends in {seconds(ck['eta_seconds'])}, "
+                           + (f"{seconds(over)} after the watchdog fires" if over > 0 else
+                              f"{seconds(-over)} before the watchdog fires"))
             for m in (s.get("forecast") or {}).get("memory", []):
-                if m.get("eta_seconds") is not None:
+                if m.get("eta_seconds") is not None and m.get("applies", True):
                     out.append(f"  forecast: rank {m['rank']} reaches its {m['device']} memory "
-                               f"limit in {m['eta_seconds']:.0f}s")
+                               f"limit in {seconds(m['eta_seconds'])}")
             for c in s["culprits"]:
                 where = describe_container(c.get("container"))
                 out.append(f"  culprit: rank {c.get('member', c['rank'])} on {c['host']} "
@@ -137,9 +148,15 @@ def render(view: dict[str, Any]) -> str:
             if fr and fr.get("sentence"):
                 out.append(f"  {fr['sentence']} ({fr['dumps']} dump(s), "
                            f"{fr['oldest_dump_age_seconds']:.0f}s old)")
-            out.append(f"  fix: {s['fix']}")
-            if dx.get("runbook"):
-                out.append(f"  runbook: {dx['runbook']}")
+            fw = dx.get("framework")
+            if not dx.get("fixes"):  # no framework rows: the root cause's own words
+                out.append(f"  fix: {s['fix']}")
+            for fx in dx.get("fixes", []):
+                out.append(f"  fix for {fw['name'] if fw else fx['framework']}: {fx['title']}. "
+                           f"{fx['text']}")
+                out += [f"      {line}" for line in fx["snippet"].splitlines()]
+            if dx.get("runbook_url") or dx.get("runbook"):
+                out.append(f"  runbook: {urljoin(daemon, dx.get('runbook_url') or dx['runbook'])}")
         for w in j.get("config_warnings", []):
             out.append("")
             out.append(f"{w['severity'].upper()} {j['job']} ({w['code']}): {w['message']}")
@@ -160,5 +177,5 @@ def _ranks_text(items: list[int | str]) -> str:
 
 def main(daemon: str, as_json: bool, *, ca: str | None = None, auth: str | None = None) -> int:
     view = fetch(daemon, ca=ca, auth=auth)
-    print(json.dumps(view, indent=1) if as_json else render(view))
+    print(json.dumps(view, indent=1) if as_json else render(view, split_credentials(daemon)[0]))
     return 0

@@ -19,7 +19,10 @@ from tests.conftest import need_system
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "dashboards" / "prometheus"
 ALERTS = RULES / "alerts.yaml"
-RUNBOOK_BASE = "https://github.com/ncclwatch/ncclwatch/blob/main/"
+#: How every runbook_url starts: the daemon's runbook base, else the repository path.
+RUNBOOK_PREFIX = ('{{ with query "ncclwatch_daemon_info" }}{{ . | first | label "runbook_base" }}'
+                  '{{ else }}docs/runbooks/{{ end }}')
+DAEMON_URL = '{{ with query "ncclwatch_daemon_info" }}{{ . | first | label "url" }}/'
 KINDS = ("checkpoint_gather", "checkpoint_restore", "collective_hang", "desync", "rank_lost")
 
 
@@ -77,22 +80,66 @@ def test_stall_alerts_name_job_culprit_host_and_budget() -> None:
     assert set(by_kind) == set(KINDS), "one alert per stall kind"
     for kind, rule in by_kind.items():
         text = rule["annotations"]["summary"] + rule["annotations"]["description"]
-        assert "$labels.job" in text, kind
+        assert "$labels.job_id" in text, kind
         assert "humanizeDuration" in text, f"{kind}: remaining seconds missing"
         if kind != "rank_lost":  # no culprit from missing data
             assert "$labels.rank" in text and "$labels.host" in text, kind
-        assert rule["annotations"]["runbook_url"].endswith(f"docs/runbooks/{kind}.md"), kind
+        assert rule["annotations"]["runbook_url"] == RUNBOOK_PREFIX + f"{kind}.md", kind
 
 
 def test_runbook_links_resolve_to_files_and_anchors() -> None:
     for rule in _alerts():
         url = rule["annotations"]["runbook_url"]
-        assert url.startswith(RUNBOOK_BASE), url
-        path, _, anchor = url[len(RUNBOOK_BASE):].partition("#")
-        page = ROOT / path
-        assert page.exists(), f"{rule['alert']}: {path} missing"
-        if anchor:
-            assert f'<a id="{anchor}"></a>' in page.read_text(), f"{url}: no such anchor"
+        assert url.startswith(RUNBOOK_PREFIX), url
+        path, _, anchor = url[len(RUNBOOK_PREFIX):].partition("#")
+        pages = ([f"{k}.md" for k in KINDS] if path == "{{ $labels.kind }}.md" else [path])
+        for name in pages:
+            page = ROOT / "docs" / "runbooks" / name
+            assert page.exists(), f"{rule['alert']}: {name} missing"
+            if anchor:
+                assert f'<a id="{anchor}"></a>' in page.read_text(), f"{url}: no such anchor"
+
+
+def test_every_alert_links_to_the_daemon_page_of_its_job() -> None:
+    for rule in _alerts():
+        url = rule["annotations"].get("daemon_url", "")
+        assert url.startswith(DAEMON_URL), rule["alert"]
+        about_a_job = "$labels.job_id" in rule["annotations"]["summary"]
+        assert ("#job-{{ $labels.job_id | urlquery }}" in url) == about_a_job, rule["alert"]
+
+
+def test_the_training_job_label_is_job_id_and_job_is_the_scrape_job() -> None:
+    text = ALERTS.read_text()
+    assert "$labels.job " not in text and "$labels.job}" not in text
+    assert re.findall(r'\bjob="([^"]*)"', text) == ["ncclwatch"] * text.count('job="')
+    assert "(job)" not in text and "honor_labels: true" not in text
+
+
+def test_at_risk_and_confirmed_hangs_page() -> None:
+    by_name = {r["alert"]: r for r in _alerts()}
+    risk = by_name["NCCLWatchStallAtRisk"]
+    assert risk["labels"]["severity"] == "critical"
+    assert "ncclwatch_stall_at_risk" in risk["expr"]
+    assert "$value | humanizeDuration" in risk["annotations"]["summary"]  # time left
+    assert "ncclwatch_stall_advice_info" in risk["annotations"]["description"]
+    assert by_name["NCCLWatchCollectiveHang"]["labels"]["severity"] == "critical"
+    for rule in _alerts():  # every stall alert says what to do now
+        if re.search(r'kind="(\w+)"', rule["expr"]) or rule["alert"] == "NCCLWatchStallAtRisk":
+            if "ncclwatch_stall_culprit_info" in rule["expr"] or "stall_active" in rule["expr"] \
+                    or rule["alert"] == "NCCLWatchStallAtRisk":
+                assert "ncclwatch_stall_advice_info" in rule["annotations"]["advice"], rule["alert"]
+
+
+def test_the_daemon_exports_the_links_the_rules_use() -> None:
+    from ncclwatch.daemon.core import Daemon, DaemonConfig
+    from ncclwatch.daemon.export import DaemonCollector
+
+    d = Daemon(DaemonConfig(http="0.0.0.0:7471", external_url="https://ncclwatch.example/"))
+    text = DaemonCollector(d).exposition().decode()
+    assert ('ncclwatch_daemon_info{url="https://ncclwatch.example",'
+            'runbook_base="https://ncclwatch.example/runbooks/"} 1.0') in text
+    d = Daemon(DaemonConfig(runbook_url="https://wiki.example/rb"))
+    assert 'runbook_base="https://wiki.example/rb/"' in DaemonCollector(d).exposition().decode()
 
 
 def amtool() -> str:
@@ -110,6 +157,8 @@ def test_alertmanager_example_config_is_valid() -> None:
 
 @pytest.mark.parametrize("labels,receiver", [
     ({"alertname": "NCCLWatchWatchdogForecastOverrun", "severity": "critical"}, "ncclwatch-pager"),
+    ({"alertname": "NCCLWatchStallAtRisk", "severity": "critical"}, "ncclwatch-pager"),
+    ({"alertname": "NCCLWatchCollectiveHang", "severity": "critical"}, "ncclwatch-pager"),
     ({"alertname": "NCCLWatchRankLost", "severity": "critical"}, "ncclwatch-pager"),
     ({"alertname": "NCCLWatchCheckpointGatherStall", "severity": "warning"}, "ncclwatch-chat"),
     ({"alertname": "NCCLWatchJobConfigDefeatsWatchdog", "severity": "info"}, "ncclwatch-ticket"),
@@ -118,7 +167,31 @@ def test_alertmanager_example_routes_by_severity(labels: dict, receiver: str) ->
     severities = {r["alert"]: r["labels"]["severity"] for r in _alerts()}
     assert severities[labels["alertname"]] == labels["severity"], "routing test is stale"
     out = subprocess.run([amtool(), "config", "routes", "test", f"--config.file={AM_EXAMPLE}",
-                          *(f"{k}={v}" for k, v in labels.items()), "job=j1"],
+                          *(f"{k}={v}" for k, v in labels.items()), "job_id=j1"],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.strip() == receiver
+
+
+def test_the_daemon_serves_the_runbooks_alerts_link_to() -> None:
+    """runbook_base defaults to <daemon>/runbooks/: every page an alert names is there,
+    the same text as docs/runbooks (the health page is shipped in the package)."""
+    import urllib.error
+    import urllib.request
+
+    from ncclwatch.daemon.core import Daemon
+    from ncclwatch.daemon.http import HttpServer
+
+    srv = HttpServer(Daemon(), "127.0.0.1", 0, lambda fn: fn())
+    srv.start()
+    try:
+        names = {re.sub(r"#.*", "", r["annotations"]["runbook_url"][len(RUNBOOK_PREFIX):])
+                 for r in _alerts()} - {"{{ $labels.kind }}.md"} | {f"{k}.md" for k in KINDS}
+        for name in sorted(names):
+            with urllib.request.urlopen(f"http://127.0.0.1:{srv.port}/runbooks/{name}") as r:
+                assert r.read().decode() == (ROOT / "docs" / "runbooks" / name).read_text(), name
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"http://127.0.0.1:{srv.port}/runbooks/../../etc/passwd")
+        assert err.value.code == 404
+    finally:
+        srv.stop()

@@ -64,8 +64,9 @@ def test_dashboard_settings(name: str, uid: str) -> None:
     assert d["time"] == {"from": "now-1h", "to": "now"}
     assert d["editable"] is False
     names = [t["name"] for t in d["templating"]["list"]]
-    assert names[:4] == ["datasource", "instance", "replica", "job"]
-    replica = d["templating"]["list"][2]  # HA: one replica, never both (nor All)
+    # job: the scrape job (the linter's convention); job_id: the training job
+    assert names[:5] == ["datasource", "job", "instance", "replica", "job_id"]
+    replica = d["templating"]["list"][3]  # HA: one replica, never both (nor All)
     assert replica["multi"] is False and replica["includeAll"] is False
     ds = d["templating"]["list"][0]
     assert ds["type"] == "datasource" and ds["query"] == "prometheus"
@@ -96,11 +97,11 @@ def test_fleet_table_links_to_the_job_dashboard() -> None:
     d = _load("ncclwatch-fleet.json")
     table = next(p for p in iter_panels(d) if p["title"] == "At-risk jobs and root cause")
     assert "stall_root_cause_info" in table["targets"][0]["expr"]
-    (override,) = [o for o in table["fieldConfig"]["overrides"] if o["matcher"]["options"] == "job"]
+    (override,) = [o for o in table["fieldConfig"]["overrides"] if o["matcher"]["options"] == "job_id"]
     (links,) = [p["value"] for p in override["properties"] if p["id"] == "links"]
     url = links[0]["url"]
     assert url.startswith(f"/d/{generate.JOB_UID}/")
-    assert "var-job=${__data.fields.job}" in url and "var-instance=${__data.fields.instance}" in url
+    assert "var-job_id=${__data.fields.job_id}" in url and "var-instance=${__data.fields.instance}" in url
 
 
 # --- the linter --------------------------------------------------------------------
@@ -231,17 +232,12 @@ def test_every_rule_has_a_negative_test() -> None:
         assert (fn.__doc__ or "").strip(), f"{name} needs a docstring"
 
 
-def test_exclusions_cover_exactly_the_panels_without_a_training_job() -> None:
-    """Without .lint, only target-job-rule fires, on exactly the listed panels."""
-    config = load_config(GRAFANA)
-    entries = config["exclusions"]["target-job-rule"]["entries"]
-    listed = {(e["dashboard"], e["panel"]) for e in entries}
-    fired = set()
+def test_no_exclusions_every_query_selects_the_scrape_job() -> None:
+    """The training job is job_id, so every query can select the scrape job:
+    the linter passes without a single exclusion."""
+    assert load_config(GRAFANA)["exclusions"] == {}
     for name in FILES:
-        for p in lint(_load(name)):
-            assert p.rule == "target-job-rule", str(p)
-            fired.add((p.dashboard, p.panel))
-    assert fired == listed
+        assert lint(_load(name)) == [], name
 
 
 def test_promql_parser_is_real() -> None:
@@ -319,15 +315,18 @@ def test_every_metric_is_exported_by_the_daemon(name: str, exported: dict[str, s
     assert len(used) >= 10
 
 
-def test_excluded_panels_use_only_metrics_without_a_job_label(exported) -> None:
-    entries = load_config(GRAFANA)["exclusions"]["target-job-rule"]["entries"]
-    listed = {(e["dashboard"], e["panel"]) for e in entries}
-    for name in FILES:
-        d = _load(name)
+def test_panels_without_a_training_job_use_only_metrics_without_one(exported) -> None:
+    """Per-job panels select job_id; the others use only metrics that have none."""
+    for fname, make in generate.BOARDS.items():
+        board = make()
+        d = _load(fname)
         for title, _, t, _ in iter_targets(d):
-            per_job = {m for m in metric_names(t["expr"]) if "job" in exported[m]}
-            if (d["title"], title) in listed:
-                assert not per_job, f"{title}: {per_job} have a job label: select by $job"
+            per_job = {m for m in metric_names(t["expr"]) if "job_id" in exported[m]}
+            assert "job" not in set().union(*(exported[m] for m in metric_names(t["expr"])))
+            if title in board.no_job:
+                assert not per_job, f"{title}: {per_job} have a job_id label: select by $job_id"
+            elif per_job:
+                assert 'job_id=~"$job_id"' in t["expr"], title
 
 
 # --- panel_queries ----------------------------------------------------------------
@@ -335,13 +334,13 @@ def test_excluded_panels_use_only_metrics_without_a_job_label(exported) -> None:
 def test_panel_queries_fill_every_variable() -> None:
     for name in FILES:
         d = _load(name)
-        queries = panel_queries(GRAFANA / name, job="job-1", instance="127.0.0.1:7471")
+        queries = panel_queries(GRAFANA / name, job_id="job-1", instance="127.0.0.1:7471")
         assert len(queries) == sum(len(p["targets"]) for p in iter_panels(d))
         for title, expr in queries:
             assert "$" not in expr and "[[" not in expr, (title, expr)
             promql_parser.parse(expr)
             if "ncclwatch_stall_active" in expr:
-                assert 'job=~"job-1"' in expr
+                assert 'job_id=~"job-1"' in expr and 'job=~".+"' in expr
             assert 'instance=~"127\\\\.0\\\\.0\\\\.1:7471"' in expr, expr
             assert 'replica=~"|"' in expr, expr  # no HA pair: series without the label
         assert all("[1m]" in e for _, e in queries if "rate(" in e)
@@ -352,8 +351,8 @@ def test_panel_queries_fill_every_variable() -> None:
 def test_panel_queries_default_to_all_and_escape_regex_values() -> None:
     q = dict(panel_queries(GRAFANA / "ncclwatch-job.json"))
     assert 'job=~".+"' in q["World size"] and 'instance=~".+"' in q["World size"]
-    q = dict(panel_queries(GRAFANA / "ncclwatch-job.json", job=["10.0.0.1:29500/4", "b"]))
-    assert 'job=~"10\\\\.0\\\\.0\\\\.1:29500/4|b"' in q["World size"]
+    q = dict(panel_queries(GRAFANA / "ncclwatch-job.json", job_id=["10.0.0.1:29500/4", "b"]))
+    assert 'job_id=~"10\\\\.0\\\\.0\\\\.1:29500/4|b"' in q["World size"]
     q = dict(panel_queries(GRAFANA / "ncclwatch-job.json", replica="b"))
     assert 'replica=~"b|"' in q["World size"]
     fleet = dict(panel_queries(GRAFANA / "ncclwatch-fleet.json", node="gpu-1",

@@ -15,6 +15,7 @@ import pytest
 from ncclwatch.agent.gpu import RecordedGpuReader
 from ncclwatch.daemon.core import Daemon, DaemonConfig
 from ncclwatch.daemon.export import make_registry
+from ncclwatch.daemon.forecast import memory_forecasts
 from ncclwatch.model import CollectiveOp, RankState, StallKind
 from ncclwatch.v1 import collector_pb2 as pb
 from tests.factories import report, sample
@@ -87,14 +88,14 @@ def test_slow_save_forecast_to_overrun_the_watchdog() -> None:
     overrun = dx.checkpoint_eta - inc.budget.remaining
     assert overrun > 0
     m = _metrics(d)
-    assert m[("ncclwatch_watchdog_forecast_overrun_seconds", (("job", "job-1"),))] == \
+    assert m[("ncclwatch_watchdog_forecast_overrun_seconds", (("job_id", "job-1"),))] == \
         pytest.approx(overrun)
-    assert m[("ncclwatch_checkpoint_eta_seconds", (("job", "job-1"),))] == \
+    assert m[("ncclwatch_checkpoint_eta_seconds", (("job_id", "job-1"),))] == \
         pytest.approx(dx.checkpoint_eta)
-    assert m[("ncclwatch_stall_at_risk", (("job", "job-1"), ("kind", "checkpoint_gather")))] == 1
-    assert m[("ncclwatch_stall_root_cause_info", (("job", "job-1"), ("kind", "checkpoint_gather"),
+    assert m[("ncclwatch_stall_at_risk", (("job_id", "job-1"), ("kind", "checkpoint_gather")))] == 1
+    assert m[("ncclwatch_stall_root_cause_info", (("job_id", "job-1"), ("kind", "checkpoint_gather"),
                                                   ("root_cause", "save_overruns_watchdog")))] == 1
-    job = (("job", "job-1"),)
+    job = (("job_id", "job-1"),)
     assert m[("ncclwatch_checkpoint_written_bytes", job)] == 12 * rate
     assert m[("ncclwatch_checkpoint_expected_bytes", job)] == prev
     assert m[("ncclwatch_checkpoint_write_rate_bytes_per_second", job)] == \
@@ -117,7 +118,7 @@ def test_fast_enough_save_is_within_budget_and_not_at_risk() -> None:
     assert not inc.at_risk and inc.at_risk_since is None
     assert inc.diagnosis.evidence.overrun < -60
     m = _metrics(d)
-    assert m[("ncclwatch_stall_at_risk", (("job", "job-1"), ("kind", "checkpoint_gather")))] == 0
+    assert m[("ncclwatch_stall_at_risk", (("job_id", "job-1"), ("kind", "checkpoint_gather")))] == 0
 
 
 def test_write_past_the_previous_size_is_at_its_end_not_unknown() -> None:
@@ -154,7 +155,7 @@ def test_unknown_size_is_not_forecast_and_turns_risky_with_the_budget() -> None:
     assert inc.diagnosis.checkpoint_eta is None
     assert not inc.at_risk  # 61 s of 90 s left: no evidence yet that it will not finish
     m = _metrics(d)
-    assert ("ncclwatch_checkpoint_eta_seconds", (("job", "job-1"),)) not in m
+    assert ("ncclwatch_checkpoint_eta_seconds", (("job_id", "job-1"),)) not in m
     d2, _ = _drive(lambda i: _rank0(S.SAVING, i, file_size=(i + 1) * MB, seconds=i), 50)
     assert _incident(d2).at_risk  # under half the budget left
 
@@ -204,7 +205,7 @@ def test_address_space_limit_forecast_names_memory_as_root_cause() -> None:
     assert dx.at_risk
     m = _metrics(d)
     key = ("ncclwatch_memory_exhaustion_eta_seconds",
-           (("device", "address_space"), ("job", "job-1"), ("rank", "0")))
+           (("device", "address_space"), ("job_id", "job-1"), ("rank", "0")))
     assert m[key] == pytest.approx(m0.eta_seconds)
     assert "address space memory" in dx.sentence
 
@@ -234,7 +235,12 @@ def test_gpu_memory_forecast_from_recorded_nvml_readings() -> None:
     gpu = [m for m in dx.evidence.memory if m.device == "gpu0"][0]
     rate = _fit(ts, dev_used)
     assert gpu.rate_bytes_per_second == pytest.approx(rate, rel=1e-6)
-    assert gpu.eta_seconds == pytest.approx((total - dev_used[-1]) / rate, rel=1e-6)
+    # The raw forecast is the fit's; the one the diagnosis uses is a countdown
+    # smoothed toward it (smooth.py): never later than the raw one here.
+    rec = d.table.jobs["job-1"].ranks[0]
+    raw = [m for m in memory_forecasts(rec, 100.0 + len(readings) - 1) if m.device == "gpu0"][0]
+    assert raw.eta_seconds == pytest.approx((total - dev_used[-1]) / rate, rel=1e-6)
+    assert 0 <= gpu.eta_seconds <= raw.eta_seconds
     assert dx.root_cause.id == "gather_out_of_memory"
     assert "gpu0 memory" in dx.sentence
 

@@ -193,13 +193,13 @@ def test_http_endpoints_serve_the_stall() -> None:
             samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                        for fam in text_string_to_metric_families(metrics) for s in fam.samples}
             assert samples[("ncclwatch_stall_active",
-                            (("job", "job-1"), ("kind", "checkpoint_gather")))] == 1
+                            (("job_id", "job-1"), ("kind", "checkpoint_gather")))] == 1
             assert samples[("ncclwatch_stall_culprit_info",
-                            (("host", "node-a"), ("job", "job-1"), ("kind", "checkpoint_gather"),
+                            (("host", "node-a"), ("job_id", "job-1"), ("kind", "checkpoint_gather"),
                              ("namespace", ""), ("pod", ""), ("rank", "0"),
                              ("state", "saving")))] == 1
-            assert samples[("ncclwatch_watchdog_timeout_seconds", (("job", "job-1"),))] == 90
-            assert samples[("ncclwatch_ranks", (("job", "job-1"), ("state", "collective")))] == 3
+            assert samples[("ncclwatch_watchdog_timeout_seconds", (("job_id", "job-1"),))] == 90
+            assert samples[("ncclwatch_ranks", (("job_id", "job-1"), ("state", "collective")))] == 3
             view = json.loads(jobs)
             stall = view["jobs"][0]["stalls"][0]
             assert stall["culprits"][0]["rank"] == 0

@@ -336,7 +336,7 @@ def test_podmonitor_scrapes_both_daemons_as_the_rules_expect() -> None:
     assert _pods_selected(pm["selector"]["matchLabels"]) == ["ncclwatch-daemon-a",
                                                             "ncclwatch-daemon-b"]
     (ep,) = pm["podMetricsEndpoints"]
-    assert ep["port"] == "http" and ep["path"] == "/metrics" and ep["honorLabels"] is True
+    assert ep["port"] == "http" and ep["path"] == "/metrics" and "honorLabels" not in ep
     relabel = {r["targetLabel"]: r for r in ep["relabelings"]}
     # The shipped alerts name the scrape job "ncclwatch" and tell replicas apart by `replica`.
     alerts = generate.RULE_SOURCES[0].read_text()

@@ -272,7 +272,7 @@ def test_the_api_and_metrics_show_the_learned_threshold() -> None:
     reg = CollectorRegistry()
     reg.register(DaemonCollector(f.d))
     # Scraped now (time.monotonic()): far past the feed's clock, so still warmed.
-    assert reg.get_sample_value("ncclwatch_hang_threshold_seconds", {"job": JOB}) == 5.0
+    assert reg.get_sample_value("ncclwatch_hang_threshold_seconds", {"job_id": JOB}) == 5.0
 
 
 def test_a_still_rank_whose_stack_predates_its_stillness_is_not_placed_in_the_op() -> None:

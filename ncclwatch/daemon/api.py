@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
-from ncclwatch.daemon import progress
+from ncclwatch import advice, frameworks, remediation
+from ncclwatch.daemon import clock, links, progress
 from ncclwatch.daemon.core import Daemon
 from ncclwatch.daemon.incidents import TRACE_FIELDS, Incident
 from ncclwatch.model import rank_label, rank_ranges
@@ -250,6 +251,21 @@ def incident_view(d: Daemon, inc: Incident, now: float | None = None) -> dict[st
         groups.setdefault(rec.stack_id if rec else "", []).append(r)
     dx = inc.diagnosis
     rc = dx.root_cause
+    culprits = [dict(rank=c.rank if c.rank >= 0 else None, member=rank_label(c.rank),
+                     identified_by=_identified_by(job, c.rank),
+                     host=c.node, pid=c.pid,
+                     container=container_view(_rec_container(job, c.rank)),
+                     state=c.state.value,
+                     op=c.op.value if c.op.value != "none" else None,
+                     # at the view's one clock (clock.py), not the last tick's
+                     for_seconds=round(_for_seconds(job, c, now), 1),
+                     **_culprit_progress(job, c.rank),
+                     stack=stack_view(d, c.stack_id)) for c in f.culprits]
+    waiting_stacks = [{"ranks": _keys(ranks), "stack": stack_view(d, sid)}
+                      for sid, ranks in sorted(groups.items(), key=lambda x: x[1])]
+    # The job's framework, from the frames of the stacks it shows (i22).
+    fw = frameworks.from_stacks([c["stack"] for c in culprits]
+                                + [w["stack"] for w in waiting_stacks])
     return {
         "id": inc.id, "kind": inc.kind.value, "active": inc.active, "summary": f.summary,
         "started_at": round(inc.started_wall, 3), "detected_at": round(inc.detected_wall, 3),
@@ -260,27 +276,23 @@ def incident_view(d: Daemon, inc: Incident, now: float | None = None) -> dict[st
                      "remaining_seconds": round(inc.budget.remaining, 1),
                      "remaining_at_detection_seconds": round(inc.budget_at_detection.remaining, 1),
                      "min_remaining_seconds": round(inc.min_remaining, 1)},
-        "culprits": [dict(rank=c.rank if c.rank >= 0 else None, member=rank_label(c.rank),
-                          identified_by=_identified_by(job, c.rank),
-                          host=c.node, pid=c.pid,
-                          container=container_view(_rec_container(job, c.rank)),
-                          state=c.state.value,
-                          op=c.op.value if c.op.value != "none" else None,
-                          for_seconds=round(c.for_seconds, 1),
-                          **_culprit_progress(job, c.rank),
-                          stack=stack_view(d, c.stack_id)) for c in f.culprits],
+        "culprits": culprits,
         "unknown_ranks": list(f.unknown),
         "waiting": {"ranks": _keys(f.waiting), "ops": [o.value for o in f.waiting_ops],
-                    "stacks": [{"ranks": _keys(ranks), "stack": stack_view(d, sid)}
-                               for sid, ranks in sorted(groups.items(), key=lambda x: x[1])]},
+                    "stacks": waiting_stacks},
         "at_risk": inc.at_risk,
         "at_risk_since": (round(inc.started_wall + (inc.at_risk_since - inc.started_at), 3)
                           if inc.at_risk_since is not None else None),
         "diagnosis": {"root_cause": rc.id, "title": rc.title, "cause": dx.sentence,
                       "fix": rc.fix, "example": rc.example,
                       "runbook": f"docs/runbooks/{inc.kind.value}.md#{rc.id}",
-                      "history": list(inc.root_causes)},
+                      "runbook_url": f"{_runbook_base(d)}{inc.kind.value}.md#{rc.id}",
+                      "history": list(inc.root_causes),
+                      "framework": {"id": fw.id, "name": fw.name},
+                      "fixes": remediation.fixes_view(fw.id, rc.id)},
+        "advice": advice.view(dx.advice, f"{_runbook_base(d)}{inc.kind.value}.md"),
         "forecast": forecast_view(dx),
+        "clock": clock.view(inc, job, now),
         "flight_recorder": progress.view(job, inc.started_at, now) if job else None,
         "rank_groups": rank_groups(d, job, now) if job else [],
         "env": {k: v for k, v in (job.env if job else {}).items() if k.startswith(RELEVANT_ENV)},
@@ -288,6 +300,18 @@ def incident_view(d: Daemon, inc: Incident, now: float | None = None) -> dict[st
         "trace_fields": list(TRACE_FIELDS),
         "trace": [list(p) for p in inc.trace],
     }
+
+
+def _for_seconds(job, c, now: float) -> float:
+    """How long the culprit has been doing what it does, at the view's clock."""
+    rec = job.ranks.get(c.rank) if job else None
+    return max(0.0, now - rec.since) if rec is not None and rec.since > 0 else c.for_seconds
+
+
+def _runbook_base(d: Daemon) -> str:
+    """Where the runbooks are for operators: --runbook-url, else this daemon's own
+    (relative: it works through whatever address the reader used)."""
+    return links.runbook_base(d.config.runbook_url, "")
 
 
 #: Env variables shown with an incident (the job view has all allowlisted ones).
@@ -309,6 +333,9 @@ def forecast_view(dx) -> dict[str, Any]:
             "overrun_seconds": None if ev.overrun is None else round(ev.overrun, 1)},
         "memory": [{"rank": _keys([m.rank])[0], "device": m.device, "used_bytes": m.used_bytes,
                     "limit_bytes": m.limit_bytes,
+                    # hidden on the page and in status when it does not bear on the
+                    # stall (a host-memory ETA during a save that ends first)
+                    "applies": ev.memory_applies(m),
                     "growth_bytes_per_second": round(m.rate_bytes_per_second, 1),
                     "eta_seconds": None if m.eta_seconds is None else round(m.eta_seconds, 1)}
                    for m in ev.memory],

@@ -16,6 +16,7 @@ import grpc
 
 from ncclwatch.daemon.budget import Budget, BudgetConfig, budget
 from ncclwatch.daemon.detect import DetectConfig, detect_job
+from ncclwatch.daemon.smooth import Smoother
 from ncclwatch.daemon.diagnosis import diagnose
 from ncclwatch.daemon.incidents import Incidents
 from ncclwatch.daemon.table import JobTable
@@ -56,6 +57,10 @@ class DaemonConfig:
     ingest_workers: int = 0
     #: The largest log ``POST /api/v1/diagnose`` reads (after gunzip), bytes.
     diagnose_max_bytes: int = 256 << 20
+    #: How operators reach the daemon's page (alerts link to it; "": this host).
+    external_url: str = ""
+    #: Base of the runbook pages alerts link to ("": <external_url>/runbooks/).
+    runbook_url: str = ""
 
 
 class Daemon:
@@ -79,6 +84,8 @@ class Daemon:
         self._escalated: dict[str, float] = {}
         self._fr_asked: dict[str, float] = {}
         self.started_at = time.monotonic()
+        #: Forecasts as countdowns, not a new guess each tick (smooth.py).
+        self.smooth = Smoother()
 
     # -- ingest --------------------------------------------------------------
 
@@ -201,6 +208,7 @@ class Daemon:
             self.budgets.pop(job_id, None)
             self._escalated.pop(job_id, None)
             self._fr_asked.pop(job_id, None)
+            self.smooth.forget(job_id)
         for job_id, job in table.jobs.items():
             # Jobs with nobody in a collective need no work beyond their budget.
             if job_id not in table.dirty and not job.waiting \
@@ -216,7 +224,7 @@ class Daemon:
             if len(findings) < len(found):
                 kept = {id(f) for f in findings}
                 self._ask_to_confirm(job_id, now, [f for f in found if id(f) not in kept])
-            judged = [(f, diagnose(job, table, f, b, now)) for f in findings]
+            judged = [(f, diagnose(job, table, f, b, now, self.smooth)) for f in findings]
             for inc in self.incidents.update(job, judged, b, now, wall):
                 log.warning("stall %s in job %s: %s; watchdog budget %.0fs of %.0fs left",
                             inc.kind.value, job_id, inc.diagnosis.sentence, b.remaining,

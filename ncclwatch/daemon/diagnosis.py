@@ -8,15 +8,18 @@ memory growth against the nearest limit, its CPU use. The rules are a table
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from ncclwatch.advice import Advice, advise
 from ncclwatch.daemon.budget import Budget
 from ncclwatch.daemon.detect import Finding
+from ncclwatch.daemon.smooth import Smoother
 from ncclwatch.daemon.forecast import MemoryForecast, WriteForecast, memory_forecasts, write_forecast
 from ncclwatch.daemon.table import Job, JobTable
 from ncclwatch.model import SIZE_SOURCES, RankState, StallKind, rank_label, rank_ranges
 from ncclwatch.remediation import BY_ID, RootCause
+from ncclwatch.savefit import Fit, seconds, size  # noqa: F401 - the shared words
 
 #: Without a forecast that says otherwise, a stall is at risk once this
 #: share of the watchdog budget is used up. "Otherwise" is a write forecast
@@ -52,6 +55,15 @@ class Evidence:
         return (self.write is not None and self.write.exact and self.overrun is not None
                 and self.overrun <= 0)
 
+    def memory_applies(self, m: MemoryForecast) -> bool:
+        """A memory forecast that matters to this stall: the bound is reached before
+        the watchdog fires and before the write ends (a host-memory ETA during a
+        write-bound save that ends first is not shown)."""
+        if m.eta_seconds is None or m.eta_seconds >= max(self.budget.remaining, 0):
+            return False
+        w = self.write
+        return w is None or w.eta_seconds is None or m.eta_seconds < w.eta_seconds
+
     @property
     def memory_runs_out(self) -> MemoryForecast | None:
         m = self.memory[0] if self.memory else None
@@ -66,6 +78,8 @@ class Diagnosis:
     sentence: str
     at_risk: bool
     evidence: Evidence = field(repr=False)
+    #: What to do with the running job now (advice.py).
+    advice: Advice | None = None
 
     @property
     def checkpoint_eta(self) -> float | None:
@@ -106,7 +120,8 @@ RULES: dict[StallKind, tuple[Rule, ...]] = {
 }
 
 
-def evidence(job: Job, table: JobTable, f: Finding, b: Budget, now: float) -> Evidence:
+def evidence(job: Job, table: JobTable, f: Finding, b: Budget, now: float,
+             smooth: Smoother | None = None) -> Evidence:
     write, memory, states = None, [], []
     for c in f.culprits:
         rec = job.ranks.get(c.rank)
@@ -119,6 +134,16 @@ def evidence(job: Job, table: JobTable, f: Finding, b: Budget, now: float) -> Ev
         if rec.state is RankState.COMPUTE and max(rec.cpu_util, rec.cpu_recent) < IDLE_CPU:
             state = "idle"  # a Python frame with no CPU behind it: sleeping
         states.append(state)
+    if smooth is not None:  # one countdown per forecast, not a new guess each tick
+        key = (job.job_id, f.kind.value)
+        # A write forecast only once its rate is a fit: the first seconds' estimates
+        # (forecast.write_rate) are what calls an overrun early, taken as they are;
+        # a new rate source starts a new countdown.
+        if write is not None and write.rate_source == "fit":
+            write = replace(write, eta_seconds=smooth.update(key + ("write", write.path),
+                                                             write.eta_seconds, now))
+        memory = [replace(m, eta_seconds=smooth.update(key + ("memory", m.rank, m.device),
+                                                       m.eta_seconds, now)) for m in memory]
     memory.sort(key=lambda m: (m.eta_seconds is None, m.eta_seconds or 0.0))
     # The states the waiters are in, from the per-state indexes (C set operations
     # over 100k waiters, not a Python walk).
@@ -131,14 +156,16 @@ def evidence(job: Job, table: JobTable, f: Finding, b: Budget, now: float) -> Ev
     return Evidence(f, b, write, tuple(memory), tuple(states), waiters, exited, silent)
 
 
-def diagnose(job: Job, table: JobTable, f: Finding, b: Budget, now: float) -> Diagnosis:
-    e = evidence(job, table, f, b, now)
+def diagnose(job: Job, table: JobTable, f: Finding, b: Budget, now: float,
+             smooth: Smoother | None = None) -> Diagnosis:
+    e = evidence(job, table, f, b, now, smooth)
     rc = next(BY_ID[rid] for rid, applies in RULES[f.kind] if applies(e))
     at_risk = (rc.always_at_risk
                or (e.overrun is not None and e.overrun > 0)
                or e.memory_runs_out is not None
                or (b.remaining < RISK_FRACTION * b.timeout and not e.fits_budget))
-    return Diagnosis(rc, rc.cause.format_map(facts(e, now)), at_risk, e)
+    words = facts(e, now)
+    return Diagnosis(rc, rc.cause.format_map(words), at_risk, e, advise(e, words))
 
 
 def facts(e: Evidence, now: float) -> dict[str, str]:
@@ -167,26 +194,12 @@ def facts(e: Evidence, now: float) -> dict[str, str]:
         "eta": seconds(w.eta_seconds) if w and w.eta_seconds is not None else "?",
         "overrun": seconds(e.overrun) if e.overrun is not None else "?",
         "margin": seconds(-e.overrun) if e.overrun is not None else "?",
+        # The same words as `ncclwatch preflight` (savefit.Fit).
+        "fit": (Fit(w.eta_seconds, max(b.remaining, 0.0)).words()
+                if w and w.eta_seconds is not None else "?"),
         "device": m.device.replace("_", " ") if m else "?",
         "mem_used": size(m.used_bytes) if m else "?",
         "mem_limit": size(m.limit_bytes) if m else "?",
         "mem_rate": size(m.rate_bytes_per_second) if m else "?",
         "mem_eta": seconds(m.eta_seconds) if m and m.eta_seconds is not None else "?",
     }
-
-
-def seconds(x: float) -> str:
-    x = max(0.0, x)
-    if x < 120:
-        return f"{x:.0f}s"
-    if x < 7200:
-        return f"{x / 60:.1f}min"
-    return f"{x / 3600:.1f}h"
-
-
-def size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
-        n /= 1024
-    return f"{n:.1f}TiB"

@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 from ncclwatch import __version__
+from ncclwatch.daemon import links
 from ncclwatch.daemon.core import Daemon
 from ncclwatch.daemon.detect import DETECTED_KINDS
 from ncclwatch.daemon.table import AgentRecord
@@ -54,6 +55,8 @@ class Capture:
     staleness: float
     fresh: Callable[[Any, float], bool]
     counters: dict[str, Any]
+    #: (external URL, runbook base) for ncclwatch_daemon_info.
+    links: tuple[str, str] = ("", "")
 
 
 def capture(d: Daemon, now: float | None = None) -> Capture:
@@ -67,7 +70,10 @@ def capture(d: Daemon, now: float | None = None) -> Capture:
                     for _, inc in incs if inc for cu in inc.finding.culprits}
         jobs.append((job_id, job.world_size, list(job.ranks.values()), d.budget_of(job_id, now),
                      incs, list(job.warnings), culprits, d.hang_threshold_of(job, now)))
+    cfg = d.config
+    url = links.external_url(cfg.external_url, cfg.http, bool(cfg.web and cfg.web.ssl_context))
     return Capture(now=now, jobs=jobs, agents=list(table.agents.values()),
+                   links=(url, links.runbook_base(cfg.runbook_url, url)),
                    staleness=table.staleness, fresh=table.fresh, counters={
                        "opened": dict(d.incidents.opened_total),
                        "rejected": dict(d.rejected_total),
@@ -86,54 +92,60 @@ def build(c: Capture) -> list[Family]:
     now = c.now
     F = Family
     active = F("ncclwatch_stall_active", "1 while a stall of this kind is active in the job",
-               ("job", "kind"))
+               ("job_id", "kind"))
     duration = F("ncclwatch_stall_duration_seconds",
-                 "Seconds since the first waiting rank blocked (0 when inactive)", ("job", "kind"))
+                 "Seconds since the first waiting rank blocked (0 when inactive)", ("job_id", "kind"))
     waiting = F("ncclwatch_stall_waiting_ranks", "Ranks blocked waiting in the stall",
-                ("job", "kind"))
+                ("job_id", "kind"))
     culprit = F("ncclwatch_stall_culprit_info",
                 "The rank(s) the others wait for, with host and state (and the "
                 "Kubernetes namespace and pod of a rank in one, else empty)",
-                ("job", "kind", "rank", "host", "state", "namespace", "pod"))
+                ("job_id", "kind", "rank", "host", "state", "namespace", "pod"))
     timeout = F("ncclwatch_watchdog_timeout_seconds",
-                "Process-group (watchdog) timeout assumed for the job", ("job",))
+                "Process-group (watchdog) timeout assumed for the job", ("job_id",))
     remaining = F("ncclwatch_watchdog_remaining_seconds",
-                  "Timeout minus how long the longest-blocked rank has been blocked", ("job",))
+                  "Timeout minus how long the longest-blocked rank has been blocked", ("job_id",))
     hang = F("ncclwatch_hang_threshold_seconds",
              "Seconds a rank may sit still in a collective before a hang is flagged: learned "
-             "from the job's normal waits, between --hang-floor and --hang-threshold", ("job",))
+             "from the job's normal waits, between --hang-floor and --hang-threshold", ("job_id",))
     ranks = F("ncclwatch_ranks", "Ranks of the job by state (unknown: not reporting)",
-              ("job", "state"))
-    world = F("ncclwatch_job_world_size", "World size of the job", ("job",))
+              ("job_id", "state"))
+    world = F("ncclwatch_job_world_size", "World size of the job", ("job_id",))
     at_risk = F("ncclwatch_stall_at_risk",
-                "1 while the stall is forecast to (or may) reach the watchdog", ("job", "kind"))
+                "1 while the stall is forecast to (or may) reach the watchdog", ("job_id", "kind"))
+    action = F("ncclwatch_stall_advice_info",
+               "What to do with the running job now: stop_now, stop_cleanly, let_it_run or "
+               "dump_now (advice.py)", ("job_id", "kind", "action"))
+    decide = F("ncclwatch_stall_decide_within_seconds",
+               "Seconds left to act on the advice (until memory runs out, the watchdog fires "
+               "or the save should end)", ("job_id", "kind"))
     cause = F("ncclwatch_stall_root_cause_info", "The diagnosed root cause of the stall",
-              ("job", "kind", "root_cause"))
+              ("job_id", "kind", "root_cause"))
     eta = F("ncclwatch_checkpoint_eta_seconds",
-            "Forecast seconds until the culprit's checkpoint write ends", ("job",))
+            "Forecast seconds until the culprit's checkpoint write ends", ("job_id",))
     overrun = F("ncclwatch_watchdog_forecast_overrun_seconds",
                 "Forecast save time minus the watchdog budget left (>0: the watchdog "
-                "fires first)", ("job",))
+                "fires first)", ("job_id",))
     mem_eta = F("ncclwatch_memory_exhaustion_eta_seconds",
                 "Forecast seconds until a culprit rank reaches a memory bound",
-                ("job", "rank", "device"))
+                ("job_id", "rank", "device"))
     written = F("ncclwatch_checkpoint_written_bytes",
-                "Size of the checkpoint file the culprit is writing", ("job",))
+                "Size of the checkpoint file the culprit is writing", ("job_id",))
     expected = F("ncclwatch_checkpoint_expected_bytes",
                  "Expected size of that checkpoint (its own header or copy source, else the "
                  "previous checkpoint, else the memory gathered)",
-                 ("job",))
+                 ("job_id",))
     write_rate = F("ncclwatch_checkpoint_write_rate_bytes_per_second",
-                   "The culprit's recent checkpoint write rate", ("job",))
+                   "The culprit's recent checkpoint write rate", ("job_id",))
     rank_mem = F("ncclwatch_culprit_memory_bytes",
                  "Memory a culprit rank holds (host RSS, or its use of one GPU)",
-                 ("job", "rank", "device"))
+                 ("job_id", "rank", "device"))
     max_mem = F("ncclwatch_job_rank_memory_max_bytes",
                 "The largest memory any rank of the job holds, per device kind",
-                ("job", "device"))
+                ("job_id", "device"))
     warn = F("ncclwatch_job_config_warning",
              "1 per setting in the job's environment that defeats the watchdog or "
-             "the evidence", ("job", "code", "severity"))
+             "the evidence", ("job_id", "code", "severity"))
     shown: set[tuple[str, int]] = set()
     shown_write: set[str] = set()
     unknown = RankState.UNKNOWN
@@ -171,6 +183,10 @@ def build(c: Capture) -> list[Family]:
                 _culprit_memory(rank_mem, job_id, culprit_recs.get(cu.rank), shown)
             dx = inc.diagnosis
             cause.add((job_id, kind.value, dx.root_cause.id), 1)
+            if dx.advice is not None:
+                action.add((job_id, kind.value, dx.advice.action), 1)
+                if dx.advice.decide_within_seconds is not None:
+                    decide.add((job_id, kind.value), dx.advice.decide_within_seconds)
             if dx.checkpoint_eta is not None:
                 eta.add((job_id,), dx.checkpoint_eta)
                 overrun.add((job_id,), dx.evidence.overrun)
@@ -189,7 +205,7 @@ def build(c: Capture) -> list[Family]:
         for w in warnings:
             warn.add((job_id, w.code, w.severity), 1)
     out = [active, duration, waiting, culprit, timeout, remaining, hang, ranks, world,
-           at_risk, cause, eta, overrun, mem_eta, written, expected, write_rate,
+           at_risk, action, decide, cause, eta, overrun, mem_eta, written, expected, write_rate,
            rank_mem, max_mem, warn]
     out += _agent_families(_latest_per_node(c.agents), now, c.staleness)
     k = c.counters
@@ -241,6 +257,9 @@ def build(c: Capture) -> list[Family]:
         per_worker("ncclwatch_daemon_ingest_worker_restarts",
                    "Ingest worker processes started again after one ended", 4),
         F("ncclwatch_build", "ncclwatch version", ("version",), "info", [((__version__,), 1)]),
+        F("ncclwatch_daemon", "Where operators reach this daemon's page (url) and the "
+          "runbooks alerts link to (runbook_base): --external-url, --runbook-url",
+          ("url", "runbook_base"), "info", [(c.links, 1)]),
     ]
     return out
 

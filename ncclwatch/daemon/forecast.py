@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from ncclwatch.daemon.table import CURVE_DETAIL, Point, RankRecord
+from ncclwatch.savefit import save_seconds
 
 #: Seconds of curve a rate is fitted over (the curve keeps detail that long).
 WINDOW = 15.0
@@ -124,11 +125,7 @@ def write_forecast(rec: RankRecord, now: float) -> WriteForecast | None:
         # Past the previous checkpoint's size (zip records, a few new keys):
         # the write is at its end, not of unknown length.
         expected, source = size, "previous_checkpoint"
-    eta = None
-    if expected is not None and expected <= size:
-        eta = 0.0
-    elif expected is not None and rate > 0:
-        eta = (expected - size) / rate
+    eta = save_seconds(expected, size, rate)
     return WriteForecast(rank=rec.rank, path=path, written_bytes=size, expected_bytes=expected,
                          expected_source=source, previous_path=prev_path if prev_size else "",
                          rate_bytes_per_second=rate, eta_seconds=eta, rate_source=rate_source)

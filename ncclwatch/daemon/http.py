@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from ncclwatch import runbooks
 from ncclwatch.daemon import api, page, pastepage
 from ncclwatch.daemon.core import Daemon
 from ncclwatch.daemon.export import DaemonCollector
@@ -117,6 +118,12 @@ class HttpServer:
                         self._json(api.finish_jobs(call(lambda: api.collect_jobs(daemon, q))))
                     elif path == "/api/v1/incidents":
                         self._json(call(lambda: api.incidents_view(daemon)))
+                    elif path.startswith("/runbooks/"):  # i22: alerts link here
+                        text = runbooks.page(path.removeprefix("/runbooks/"))
+                        if text is None:
+                            self._send(404, "text/plain", b"no such runbook\n")
+                        else:
+                            self._send(200, "text/plain; charset=utf-8", text.encode())
                     elif path == "/healthz":
                         # A round trip through the event loop: a wedged loop fails it.
                         self._send(200, "text/plain", call(lambda: b"ok\n"))

@@ -1,7 +1,12 @@
-"""The landing page at ``/``: what an operator needs in the first minute.
+"""The landing page at ``/``: what an operator needs in the first minute, first.
 
-Server-rendered from the same view as /api/v1/jobs, refreshing itself; no
-JavaScript, so it works through any proxy and in a terminal browser.
+Server-rendered from the same view as /api/v1/jobs. Each stall opens with
+what fits in one screen (1400x1000): the verdict, what to do now and the
+time left to decide, the budget and the forecast, the culprit, why, and the
+fix in the job's own framework. Stacks come once, folded; runbooks are links
+(the daemon serves them at /runbooks/). A few lines of script refresh the
+live part in place every 2 s, keeping folds as the reader left them; without
+script the page reloads itself. Large jobs are shown by state, not by rank.
 """
 
 from __future__ import annotations
@@ -12,37 +17,78 @@ from urllib.parse import quote
 
 from ncclwatch import __version__
 from ncclwatch.agent.container import describe as describe_container
+from ncclwatch.daemon.links import job_anchor
 from ncclwatch.model import SIZE_SOURCES, scheduler_label
+from ncclwatch.savefit import seconds
 
 #: Jobs up to this many ranks are shown rank by rank; larger ones by state.
 RANK_ROWS = 64
+#: Stack groups shown per stall (the rest: the API).
+MAX_GROUPS = 24
+#: Fixes shown unfolded (the first, most effective; the others folded).
+OPEN_FIXES = 1
 
 _CSS = """
-body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
-h1{font-size:1.3em}h2{font-size:1.1em;margin-top:1.5em}
-table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 8px;text-align:left}
-.stall{border:2px solid #c00;padding:.5em 1em;margin:.8em 0;background:#fff5f5}
-.ok{color:#070}.bad{color:#c00;font-weight:bold}pre{background:#f6f6f6;padding:.5em;overflow:auto}
-small{color:#666}
+body{font:14px/1.4 system-ui,sans-serif;margin:0 1.2em 1em;color:#222}
+header{padding:.4em 0;border-bottom:1px solid #ddd;margin-bottom:.4em}
+h2{font-size:1.15em;margin:.5em 0 .2em}
+table{border-collapse:collapse;margin:.4em 0}td,th{border:1px solid #ccc;padding:1px 8px;text-align:left}
+.stall{border:2px solid #c00;padding:.4em .9em;margin:.5em 0;background:#fff5f5}
+.stall.calm{border-color:#d9a400;background:#fffbea}
+.verdict{font-size:1.05em}
+.now{margin:.35em 0;padding:.35em .7em;border-radius:4px;color:#fff;background:#b00000}
+.now.act-let_it_run{background:#2d7a2d}.now.act-dump_now{background:#a35200}
+.now b{font-size:1.15em}.now .left{font-weight:bold;margin-left:.6em}
+.now small{display:block;color:#fff;opacity:.92}
+.fix{border-left:4px solid #1a5fb4;background:#f3f7ff;padding:.2em .7em;margin:.4em 0}
+.fix pre{margin:.2em 0;background:#fff}
+.ok{color:#070}.bad{color:#c00;font-weight:bold}
+pre{background:#f6f6f6;padding:.4em;overflow:auto;margin:.2em 0;font-size:12.5px}
+p{margin:.2em 0}small{color:#666}summary{cursor:pointer}
+"""
+
+#: Refresh #live in place; a fold the reader opened or closed stays so.
+_SCRIPT = """
+(function(){
+  var folds={};
+  document.addEventListener('toggle',function(e){
+    var d=e.target;if(d.dataset&&d.dataset.key){folds[d.dataset.key]=d.open;}},true);
+  function tick(){
+    fetch(location.pathname+location.search,{cache:'no-store'}).then(function(r){
+      return r.ok?r.text():null;}).then(function(text){
+      if(!text){return;}
+      var next=new DOMParser().parseFromString(text,'text/html').getElementById('live');
+      var live=document.getElementById('live');
+      if(!next||!live){return;}
+      next.querySelectorAll('details[data-key]').forEach(function(d){
+        if(d.dataset.key in folds){d.open=folds[d.dataset.key];}});
+      live.replaceWith(next);
+    }).catch(function(){}).then(function(){setTimeout(tick,2000);});
+  }
+  setTimeout(tick,2000);
+})();
 """
 
 
 def render(view: dict[str, Any]) -> str:
     parts = [
-        "<!doctype html><html><head><meta charset='utf-8'>",
-        "<meta http-equiv='refresh' content='2'><title>ncclwatch</title>",
+        "<!doctype html><html><head><meta charset='utf-8'><title>ncclwatch</title>",
+        "<noscript><meta http-equiv='refresh' content='5'></noscript>",
         f"<style>{_CSS}</style></head><body>",
-        f"<h1>ncclwatch <small>{escape(__version__)}</small></h1>",
-        "<p><a href='/metrics'>/metrics</a> · <a href='/api/v1/jobs'>/api/v1/jobs</a> · "
-        "<a href='/api/v1/incidents'>/api/v1/incidents</a></p>",
+        f"<header><b>ncclwatch</b> <small>{escape(__version__)}</small> · "
+        "<a href='/metrics'>/metrics</a> · <a href='/api/v1/jobs'>/api/v1/jobs</a> · "
+        "<a href='/api/v1/incidents'>/api/v1/incidents</a> · "
+        "<a href='/runbooks/checkpoint_gather.md'>runbooks</a></header>",
+        "<main id='live'>",
     ]
     if not view["jobs"]:
         parts.append("<p>No training jobs seen yet. Agents connected: "
                      f"{sum(1 for a in view['agents'] if a['connected'])}.</p>")
-    for job in view["jobs"]:
+    # Stalled jobs first: the one that needs a person goes above the fold.
+    for job in sorted(view["jobs"], key=lambda j: not j["stalls"]):
         parts.append(_job(job))
     parts.append(_agents(view["agents"]))
-    parts.append("</body></html>")
+    parts.append(f"</main><script id='refresh'>{_SCRIPT}</script></body></html>")
     return "".join(parts)
 
 
@@ -51,22 +97,25 @@ def _job(job: dict[str, Any]) -> str:
     stalled = bool(job["stalls"])
     sj = job.get("scheduler_job")
     named = f"<p class='scheduler-job'>{escape(scheduler_label(sj))}</p>" if sj else ""
-    head = (f"<h2>job {escape(job['job'])} — "
-            f"<span class='{'bad' if stalled else 'ok'}'>{'STALLED' if stalled else 'ok'}</span></h2>"
-            + named + f"<p>{job['ranks_reporting']}/{job['world_size']} ranks on "
-            f"{escape(', '.join(job['nodes']))}; watchdog timeout {w['timeout_seconds']:.0f}s "
-            f"({escape(w['timeout_source'])}), <b>{w['remaining_seconds']:.0f}s left</b></p>")
-    out = [head]
+    out = [f"<section class='job' id='{escape(job_anchor(job['job']))}'>"
+           f"<h2>job {escape(job['job'])} — <span class='{'bad' if stalled else 'ok'}'>"
+           f"{'STALLED' if stalled else 'ok'}</span></h2>{named}"
+           f"<p><small>{job['ranks_reporting']}/{job['world_size']} ranks on "
+           f"{escape(_nodes(job['nodes']))}; watchdog timeout {w['timeout_seconds']:.0f}s "
+           f"({escape(w['timeout_source'])})</small></p>"]
     for s in job["stalls"]:
-        out.append(_stall(s))
+        out.append(_stall(job["job"], s))
+    key = escape(f"{job['job']}|ranks")
     if "ranks" not in job:  # a large job: its ranks by state (per rank: the API)
         rows = "".join(
             f"<tr><td>{escape(g['state'])}{' / ' + escape(g['op']) if g['op'] else ''}</td>"
             f"<td>{g['count']}</td><td>{escape(g['ranks'])}</td></tr>"
             for g in job["rank_states"])
-        out.append("<table><tr><th>state</th><th>ranks</th><th>which</th></tr>"
-                   f"{rows}</table><p><a href='/api/v1/jobs?job={quote(job['job'])}&amp;ranks=1'>"
-                   "each rank (API, paged)</a></p>")
+        out.append(f"<details data-key='{key}'{'' if stalled else ' open'}><summary>ranks by "
+                   f"state ({job['world_size']})</summary><table><tr><th>state</th>"
+                   f"<th>ranks</th><th>which</th></tr>{rows}</table><p><a href='/api/v1/jobs?"
+                   f"job={quote(job['job'])}&amp;ranks=1'>each rank (API, paged)</a></p>"
+                   "</details></section>")
         return "".join(out)
     rows = "".join(
         f"<tr><td>{r['member']}</td><td>{escape(r['host'])}</td>"
@@ -74,8 +123,10 @@ def _job(job: dict[str, Any]) -> str:
         f"<td>{escape(r['state'])}{' / ' + escape(r['op']) if r['op'] else ''}</td>"
         f"<td>{r['for_seconds']:.0f}s</td><td>{r['cpu_utilization']:.2f}</td>"
         f"<td>{r['rss_bytes'] / 2**20:.0f} MiB</td></tr>" for r in job["ranks"])
-    out.append("<table><tr><th>rank</th><th>host</th><th>pid</th><th>state</th>"
-               f"<th>for</th><th>cpu</th><th>rss</th></tr>{rows}</table>")
+    out.append(f"<details data-key='{key}'{'' if stalled else ' open'}><summary>ranks "
+               f"({len(job['ranks'])})</summary><table><tr><th>rank</th><th>host</th>"
+               "<th>pid</th><th>state</th><th>for</th><th>cpu</th><th>rss</th></tr>"
+               f"{rows}</table></details></section>")
     return "".join(out)
 
 
@@ -84,15 +135,33 @@ def _in_container(r: dict[str, Any]) -> str:
     return f"<span class='container'>; {escape(text)}</span>" if text else ""
 
 
-def _stall(s: dict[str, Any]) -> str:
-    w, dx = s["watchdog"], s["diagnosis"]
+def _nodes(nodes: list[str]) -> str:
+    return ", ".join(nodes) if len(nodes) <= 8 else f"{', '.join(nodes[:8])} and {len(nodes) - 8} more"
+
+
+def _stall(job_id: str, s: dict[str, Any]) -> str:
+    w, dx, now = s["watchdog"], s["diagnosis"], s.get("advice")
+    key = f"{job_id}|{s['kind']}"
     used = 1 - max(w["remaining_seconds"], 0) / w["timeout_seconds"] if w["timeout_seconds"] else 0
-    risk = "<span class='bad'>AT RISK</span> " if s["at_risk"] else ""
-    out = [f"<div class='stall' data-kind='{escape(s['kind'])}'>{risk}"
-           f"<b>{escape(s['kind'])}</b>: {escape(s['summary'])}<br>",
-           f"watchdog budget: <meter min='0' max='1' low='0.5' high='0.75' optimum='0' "
-           f"value='{used:.3f}'></meter> <b class='remaining'>{w['remaining_seconds']:.0f}s</b> "
-           f"of {w['timeout_seconds']:.0f}s left (stalled {s['duration_seconds']:.0f}s)"]
+    risk = ("<span class='bad'>AT RISK</span>" if s["at_risk"]
+            else "<span class='ok'>within budget</span>")
+    # The runbook where operators keep it (--runbook-url), else this daemon's copy.
+    runbook = (dx.get("runbook_url") or f"/runbooks/{s['kind']}.md").partition("#")[0]
+    out = [f"<div class='stall{'' if s['at_risk'] else ' calm'}' data-kind='{escape(s['kind'])}'>"
+           f"<div class='verdict'>{risk} <b>{escape(s['kind'])}</b>: "
+           f"{escape(dx['title'])} <small>({escape(dx['root_cause'])})</small></div>"]
+    if now:
+        left = ("" if now["decide_within_seconds"] is None else
+                f"<span class='left'>{escape(now['headline'].partition(' (')[2].rstrip(')'))}"
+                "</span>")
+        out.append(f"<div class='now act-{escape(now['action'])}'><b>"
+                   f"{escape(now['headline'].partition(' (')[0])}</b>{left}"
+                   f"<small>{escape(now['text'])} <a style='color:#fff' "
+                   f"href='{escape(runbook)}#what-to-do-now'>what to do now</a></small></div>")
+    out.append(f"<p class='budget'>watchdog budget: <meter min='0' max='1' low='0.5' "
+               f"high='0.75' optimum='0' value='{used:.3f}'></meter> "
+               f"<b class='remaining'>{w['remaining_seconds']:.0f}s</b> of "
+               f"{w['timeout_seconds']:.0f}s left</p>")
     out.append(_forecast(s["forecast"], w["remaining_seconds"]))
     for c in s["culprits"]:
         files = ", ".join(f"{escape(f['path'])} ({f['size_bytes'] / 2**20:.1f} MiB)"
@@ -102,7 +171,13 @@ def _stall(s: dict[str, Any]) -> str:
                    f"on <b>{escape(c['host'])}</b> (pid {c['pid']}{_in_container(c)}), "
                    f"{escape(c['state'])} for "
                    f"{c['for_seconds']:.0f}s{'; writing ' + files if files else ''}</p>")
-        out.append(_stack(c.get("stack")))
+    out.append(f"<p class='why'><b>Why:</b> {escape(dx['cause'])}</p>")
+    out.append(_fixes(dx, runbook, key))
+    anchors = (s.get("clock") or {}).get("anchors", [])
+    if anchors:
+        out.append("<p class='clock'><small>clock: " + " · ".join(
+            f"{escape(a['what'])} {a['seconds_ago']:.0f}s ago" for a in anchors)
+            + "</small></p>")
     fr = s.get("flight_recorder")
     if fr and fr.get("sentence"):
         out.append(f"<p class='flight-recorder'>{escape(fr['sentence'])} "
@@ -111,19 +186,39 @@ def _stall(s: dict[str, Any]) -> str:
     if s["unknown_ranks"]:
         out.append(f"<p class='bad'>unknown ranks (exited or not reporting, never guessed as "
                    f"culprits): {escape(', '.join(map(str, s['unknown_ranks'])))}</p>")
-    out.append("<details open><summary>ranks grouped by stack (outliers first)</summary>")
-    for g in s["rank_groups"]:
-        op = f" / {escape(g['op'])}" if g["op"] else ""
-        out.append(f"<p class='group'>{g['count']} rank(s) {escape(g['ranks'])}: "
-                   f"{escape(g['state'])}{op}</p>{_stack(g['stack'])}")
-    out.append("</details>")
-    out.append(f"<p><b>Why:</b> {escape(dx['cause'])}<br><b>Fix:</b> {escape(dx['fix'])}"
-               f"<br><small>runbook: {escape(dx['runbook'])}</small></p>")
-    if dx.get("example"):
-        out.append(f"<pre>{escape(dx['example'])}</pre>")
+    shown = set()
+    for c in s["culprits"]:
+        st = c.get("stack")
+        if st:
+            shown.add(st["id"])
+        out.append(_stack(f"culprit's stack: rank {c['member']}", st, f"{key}|stack|{c['member']}"))
+    out.append(_groups(s["rank_groups"], shown, key))
     if s["env"]:
         env = " ".join(f"{escape(k)}={escape(v)}" for k, v in sorted(s["env"].items()))
         out.append(f"<p><small>env: {env}</small></p>")
+    out.append("</div>")
+    return "".join(out)
+
+
+def _fixes(dx: dict[str, Any], runbook: str, key: str) -> str:
+    """The fix in the job's framework (for the next run), first one unfolded."""
+    fw = dx.get("framework") or {"name": "PyTorch"}
+    link = f"<a href='{escape(runbook)}#{quote(dx['root_cause'])}'>runbook</a>"
+    fixes = dx.get("fixes") or []
+    if not fixes:
+        example = f"<pre>{escape(dx['example'])}</pre>" if dx.get("example") else ""
+        return (f"<div class='fix'><b>Fix:</b> {escape(dx['fix'])} <small>({link})</small>"
+                f"{example}</div>")
+    out = [f"<div class='fix'><b>Fix in {escape(fw['name'])}</b> <small>(for the next run; "
+           f"{link})</small>"]
+    for i, f in enumerate(fixes):
+        body = (f"{escape(f['text'])}"
+                + (f"<pre>{escape(f['snippet'])}</pre>" if f["snippet"] else ""))
+        if i < OPEN_FIXES:
+            out.append(f"<p><b>{escape(f['title'])}.</b> {body}</p>")
+        else:
+            out.append(f"<details data-key='{escape(key)}|fix|{escape(f['remedy'])}'><summary>"
+                       f"<b>{escape(f['title'])}</b></summary>{body}</details>")
     out.append("</div>")
     return "".join(out)
 
@@ -135,35 +230,62 @@ def _forecast(f: dict[str, Any], remaining: float) -> str:
         size = (f"{ck['expected_bytes'] / 2**20:.1f} MiB (size from the "
                 f"{escape(SIZE_SOURCES.get(ck.get('expected_source') or '', 'unknown source'))})"
                 if ck["expected_bytes"] is not None else "unknown size")
-        eta = f"{ck['eta_seconds']:.0f}s more" if ck["eta_seconds"] is not None else "ETA unknown"
+        eta = (f"{seconds(ck['eta_seconds'])} more" if ck["eta_seconds"] is not None
+               else "ETA unknown")
         over = ""
         if ck["overrun_seconds"] is not None:
-            over = (f", <span class='bad'>{ck['overrun_seconds']:.0f}s past the watchdog</span>"
-                    if ck["overrun_seconds"] > 0 else
-                    f", {-ck['overrun_seconds']:.0f}s to spare")
-        out.append(f"<p class='forecast'>save: {ck['written_bytes'] / 2**20:.1f} MiB of {size} at "
-                   f"{ck['write_bytes_per_second'] / 2**20:.2f} MiB/s: {eta}{over}</p>")
+            over = (f", <span class='bad'>{seconds(ck['overrun_seconds'])} past the watchdog"
+                    "</span>" if ck["overrun_seconds"] > 0 else
+                    f", {seconds(-ck['overrun_seconds'])} to spare")
+        out.append(f"<p class='forecast'>forecast: save {ck['written_bytes'] / 2**20:.1f} MiB of "
+                   f"{size} at {ck['write_bytes_per_second'] / 2**20:.2f} MiB/s: {eta}{over}</p>")
     for m in f.get("memory", []):
-        if m["eta_seconds"] is not None:
-            bad = " bad" if m["eta_seconds"] < remaining else ""
-            out.append(f"<p class='forecast{bad}'>rank {m['rank']} {escape(m['device'])} memory: "
-                       f"{m['used_bytes'] / 2**30:.2f} of {m['limit_bytes'] / 2**30:.2f} GiB, "
-                       f"full in about {m['eta_seconds']:.0f}s</p>")
+        # Only the forecasts that bear on this stall (diagnosis.Evidence.memory_applies).
+        if m["eta_seconds"] is not None and m.get("applies", True):
+            out.append(f"<p class='forecast bad'>forecast: rank {m['rank']} "
+                       f"{escape(m['device'])} memory: {m['used_bytes'] / 2**30:.2f} of "
+                       f"{m['limit_bytes'] / 2**30:.2f} GiB, full in about "
+                       f"{seconds(m['eta_seconds'])}</p>")
     return "".join(out)
 
 
-def _stack(stack: dict[str, Any] | None) -> str:
+def _stack(title: str, stack: dict[str, Any] | None, key: str) -> str:
+    """One stack, folded."""
     if not stack:
-        return "<pre>(stack not yet received)</pre>"
+        return f"<p><small>{escape(title)}: not yet received</small></p>"
     lines = "\n".join(f"{escape(f['name'])} ({escape(f['file'])}:{f['line']})"
                       for f in stack["frames"])
-    return f"<pre>{lines}</pre>"
+    return (f"<details data-key='{escape(key)}'><summary>{escape(title)} "
+            f"({len(stack['frames'])} frames)</summary><pre>{lines}</pre></details>")
+
+
+def _groups(groups: list[dict[str, Any]], shown: set[str], key: str) -> str:
+    """Ranks grouped by stack, outliers first; a stack already shown is not repeated."""
+    out = [f"<details data-key='{escape(key)}|groups'><summary>ranks grouped by stack "
+           f"({len(groups)} group(s), outliers first)</summary>"]
+    for i, g in enumerate(groups[:MAX_GROUPS]):
+        op = f" / {escape(g['op'])}" if g["op"] else ""
+        st = g.get("stack")
+        line = (f"<p class='group'>{g['count']} rank(s) {escape(g['ranks'])}: "
+                f"{escape(g['state'])}{op}")
+        if st and st["id"] in shown:
+            out.append(line + " <small>(the culprit's stack, above)</small></p>")
+        else:
+            out.append(line + "</p>" + _stack("stack", st, f"{key}|group|{i}"))
+    if len(groups) > MAX_GROUPS:
+        out.append(f"<p><small>and {len(groups) - MAX_GROUPS} more group(s): "
+                   "/api/v1/jobs</small></p>")
+    out.append("</details>")
+    return "".join(out)
 
 
 def _agents(agents: list[dict[str, Any]]) -> str:
     rows = "".join(
         f"<tr><td>{escape(a['node'])}</td><td>{'yes' if a['connected'] else 'no'}</td>"
         f"<td>{a['last_report_seconds']:.0f}s ago</td><td>{a['ranks_watched']}</td>"
-        f"<td>{'yes' if a['nvml_up'] else 'no'}</td></tr>" for a in agents)
-    return ("<h2>agents</h2><table><tr><th>node</th><th>connected</th><th>last report</th>"
-            f"<th>ranks</th><th>NVML</th></tr>{rows}</table>")
+        f"<td>{'yes' if a['nvml_up'] else 'no'}</td></tr>" for a in agents[:RANK_ROWS])
+    more = (f"<p><small>and {len(agents) - RANK_ROWS} more (API)</small></p>"
+            if len(agents) > RANK_ROWS else "")
+    return (f"<details data-key='agents'><summary>agents ({len(agents)})</summary><table><tr>"
+            f"<th>node</th><th>connected</th><th>last report</th><th>ranks</th><th>NVML</th>"
+            f"</tr>{rows}</table>{more}</details>")

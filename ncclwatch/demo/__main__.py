@@ -112,21 +112,23 @@ def _pump(job: subprocess.Popen, lines: list[str]) -> None:
 
 
 def _watch(base: str, job: subprocess.Popen, lines: list[str], args) -> int:
-    save_at = alerted = None
+    alerted = None
     last_print = 0.0
     while job.poll() is None:
         time.sleep(0.5)
-        if save_at is None and any("phase=save_start" in line for line in lines):
-            save_at = time.time()
         view = _get(base + "/api/v1/jobs")
         stalls = [(j, s) for j in view["jobs"] for s in j["stalls"]]
         if stalls and alerted is None:
             alerted = time.time()
             _say()
             _say("=" * 78)
-            delay = f"{alerted - save_at:.0f}s after torch.save began" if save_at else ""
+            # The incident's own clock (one reading, named anchors), not this loop's.
+            anchors = {a["id"]: a for a in (stalls[0][1].get("clock") or {}).get("anchors", [])}
+            delay = (f"opened {anchors['opened']['at'] - anchors['culprit_began']['at']:.0f}s "
+                     f"after {anchors['culprit_began']['what']}"
+                     if {"opened", "culprit_began"} <= set(anchors) else "")
             _say(f"!! ncclwatch ALERT {delay}")
-            _say(status.render({"jobs": [stalls[0][0]], "agents": view["agents"]}))
+            _say(status.render({"jobs": [stalls[0][0]], "agents": view["agents"]}, base))
             _say("=" * 78)
             last_print = time.time()
         elif stalls and time.time() - last_print >= 5:

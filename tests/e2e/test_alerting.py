@@ -101,8 +101,8 @@ def alerting_stack(tmp_path):
             "rule_files": [str(RULES / "alerts.yaml"), str(RULES / "rules.yaml")],
             "alerting": {"alertmanagers": [
                 {"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
-            # honor_labels: ncclwatch's `job` label is the training job (README).
-            "scrape_configs": [{"job_name": "ncclwatch", "honor_labels": True,
+            # A plain scrape: the training job is `job_id`, `job` stays the scrape job's.
+            "scrape_configs": [{"job_name": "ncclwatch",
                                 "static_configs": [{"targets": [metrics_hostport]}]}],
         }))
         prom = Proc([need_system("prometheus", "prometheus"), f"--config.file={prom_cfg}",
@@ -151,16 +151,23 @@ def test_checkpoint_stall_pages_through_alertmanager_before_the_watchdog(
     page = []
     while time.time() < deadline and not page:
         assert job.proc.alive(), job.proc.output()[-3000:]
-        page = hook.firing("NCCLWatchWatchdogForecastOverrun", "/pager")
+        page = hook.firing("NCCLWatchStallAtRisk", "/pager")
         time.sleep(0.5)
     assert page, f"no page within the budget; webhook got {hook.notifications}"
     t_page, alert = page[0]
     host = mon.job_of(pids)["stalls"][0]["culprits"][0]["host"]
-    assert alert["labels"]["job"] == job_id and alert["labels"]["severity"] == "critical"
-    assert f"checkpoint write of rank 0 on {host} in job {job_id}" in \
-        alert["annotations"]["description"]
-    assert alert["annotations"]["runbook_url"].endswith(
-        "docs/runbooks/checkpoint_gather.md#save_overruns_watchdog")
+    labels, ann = alert["labels"], alert["annotations"]
+    assert labels["job_id"] == job_id and labels["job"] == "ncclwatch"
+    assert labels["severity"] == "critical" and labels["kind"] == "checkpoint_gather"
+    assert "left to act" in ann["summary"] and "Do now: " in ann["description"], ann
+    # Links: the daemon's own page of the job, and the runbook it serves.
+    assert ann["runbook_url"] == f"{mon.http}/runbooks/checkpoint_gather.md#what-to-do-now"
+    anchor = "job-" + urllib.parse.quote_plus(job_id, safe="")
+    assert ann["daemon_url"] == f"{mon.http}/#{anchor}", ann
+    with urllib.request.urlopen(ann["daemon_url"], timeout=10) as r:
+        assert f"id='{anchor}'" in r.read().decode()
+    with urllib.request.urlopen(ann["runbook_url"], timeout=10) as r:
+        assert '<a id="what-to-do-now"></a>' in r.read().decode()
     lead = t_save + PG_TIMEOUT - t_page
     record("alertmanager_page", {"page_after_save_start_s": round(t_page - t_save, 1),
                                  "lead_before_watchdog_s": round(lead, 1)})
@@ -173,8 +180,8 @@ def test_checkpoint_stall_pages_through_alertmanager_before_the_watchdog(
         stall = _am_alerts(am, "NCCLWatchCheckpointGatherStall")
         time.sleep(0.5)
     assert stall, _get_json(f"{am}/api/v2/alerts")
-    assert {k: stall[0]["labels"][k] for k in ("job", "rank", "host", "kind", "severity")} == {
-        "job": job_id, "rank": "0", "host": host, "kind": "checkpoint_gather",
+    assert {k: stall[0]["labels"][k] for k in ("job_id", "rank", "host", "kind", "severity")} == {
+        "job_id": job_id, "rank": "0", "host": host, "kind": "checkpoint_gather",
         "severity": "warning"}
     assert "Root cause: save_overruns_watchdog" in stall[0]["annotations"]["description"]
     assert stall[0]["status"]["state"] == "suppressed" and stall[0]["status"]["inhibitedBy"]
@@ -184,7 +191,7 @@ def test_checkpoint_stall_pages_through_alertmanager_before_the_watchdog(
     # Grafana's view of the same moment: every panel must have data.
     from dashboards.queries import panel_queries  # noqa: PLC0415 - the repo's dashboards/
     empty, checked = [], 0
-    scope = {"job": job_id, "instance": mon.http.removeprefix("http://"), "node": host}
+    scope = {"job_id": job_id, "instance": mon.http.removeprefix("http://"), "node": host}
     paths = sorted(DASHBOARDS.glob("*.json"))
     assert len(paths) >= 2, f"no dashboards in {DASHBOARDS}: run `make dashboards`"
     for path in paths:

@@ -125,7 +125,7 @@ def test_agent_killed_its_ranks_go_unknown_and_come_back(procs, torch_job) -> No
     t_unknown = None
     while time.time() < t_kill + STALENESS + 10:
         m = mon.metrics()
-        if _value(m, "ncclwatch_ranks", job=job_id, state="unknown") == 2:
+        if _value(m, "ncclwatch_ranks", job_id=job_id, state="unknown") == 2:
             t_unknown = time.time()
             break
         time.sleep(0.3)
@@ -138,10 +138,10 @@ def test_agent_killed_its_ranks_go_unknown_and_come_back(procs, torch_job) -> No
     deadline = time.time() + 30
     while time.time() < deadline:
         m = mon.metrics()
-        if _value(m, "ncclwatch_ranks", job=job_id, state="unknown") == 0:
+        if _value(m, "ncclwatch_ranks", job_id=job_id, state="unknown") == 0:
             break
         time.sleep(0.3)
-    assert _value(m, "ncclwatch_ranks", job=job_id, state="unknown") == 0, mon.output()[-2000:]
+    assert _value(m, "ncclwatch_ranks", job_id=job_id, state="unknown") == 0, mon.output()[-2000:]
     assert _value(m, "ncclwatch_agent_up") == 1
 
 

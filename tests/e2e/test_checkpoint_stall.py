@@ -52,7 +52,7 @@ def _job_id(mon: Monitor, pids: set[int], timeout: float = 30.0) -> str:
 def _wait_stall(mon: Monitor, job: str, kind: str, deadline: float) -> dict:
     while time.time() < deadline:
         m = mon.metrics()
-        if _value(m, "ncclwatch_stall_active", job=job, kind=kind) == 1:
+        if _value(m, "ncclwatch_stall_active", job_id=job, kind=kind) == 1:
             return m
         time.sleep(0.25)
     return {}
@@ -75,16 +75,16 @@ def test_slow_save_culprit_named_before_the_watchdog(ncclwatch_run, torch_job, t
     assert m, (f"no checkpoint_gather stall within {DETECT_WITHIN + 5:.0f}s of torch.save:\n"
                f"{mon.get('/api/v1/jobs')[:3000]}\n{mon.output()[-3000:]}")
     delay = detected - save["t"]
-    culprits = _series(m, "ncclwatch_stall_culprit_info", job=job_id, kind="checkpoint_gather")
+    culprits = _series(m, "ncclwatch_stall_culprit_info", job_id=job_id, kind="checkpoint_gather")
     assert [(c["rank"], c["state"]) for c, _ in culprits] == [("0", "saving")], culprits
-    assert _value(m, "ncclwatch_watchdog_timeout_seconds", job=job_id) == PG_TIMEOUT
-    assert _value(m, "ncclwatch_ranks", job=job_id, state="collective") == 3
+    assert _value(m, "ncclwatch_watchdog_timeout_seconds", job_id=job_id) == PG_TIMEOUT
+    assert _value(m, "ncclwatch_ranks", job_id=job_id, state="collective") == 3
     first_wait = min(w["t"] for w in waits)
     lead = (first_wait + PG_TIMEOUT) - detected
-    r1 = _value(m, "ncclwatch_watchdog_remaining_seconds", job=job_id)
+    r1 = _value(m, "ncclwatch_watchdog_remaining_seconds", job_id=job_id)
     time.sleep(3)
     m2 = mon.metrics()
-    r2 = _value(m2, "ncclwatch_watchdog_remaining_seconds", job=job_id)
+    r2 = _value(m2, "ncclwatch_watchdog_remaining_seconds", job_id=job_id)
     assert r1 is not None and r2 is not None and 0 < r2 < r1 < PG_TIMEOUT, (r1, r2)
     assert r1 - r2 == pytest.approx(3, abs=1.5)
     # The budget never claims more time than the job really has left.
@@ -141,9 +141,9 @@ def test_fast_save_reports_no_stall(ncclwatch_run, torch_job) -> None:
     while job.proc.alive():
         m = mon.metrics()
         for kind in ("checkpoint_gather", "checkpoint_restore"):
-            assert _value(m, "ncclwatch_stall_active", job=job_id, kind=kind) in (0, None), \
+            assert _value(m, "ncclwatch_stall_active", job_id=job_id, kind=kind) in (0, None), \
                 mon.get("/api/v1/jobs")
-        seen_collective |= bool(_value(m, "ncclwatch_ranks", job=job_id, state="collective"))
+        seen_collective |= bool(_value(m, "ncclwatch_ranks", job_id=job_id, state="collective"))
         time.sleep(0.25)
     assert job.proc.popen.returncode == 0, job.proc.output()[-3000:]
     assert len(job.markers("save_end")) == 1
@@ -161,13 +161,13 @@ def test_fsdp_full_state_dict_gather_culprit(ncclwatch_run, torch_job) -> None:
     start = job.wait_marker("gather_start", timeout=120, count=4)
     m = _wait_stall(mon, job_id, "checkpoint_gather", max(s["t"] for s in start) + 25)
     assert m, f"no stall seen:\n{mon.get('/api/v1/jobs')[:3000]}"
-    culprits = _series(m, "ncclwatch_stall_culprit_info", job=job_id, kind="checkpoint_gather")
+    culprits = _series(m, "ncclwatch_stall_culprit_info", job_id=job_id, kind="checkpoint_gather")
     assert [(c["rank"], c["state"]) for c, _ in culprits] == [("0", "gathering_state_dict")]
     view = mon.job_of(job.pids())
     waiting = {r["rank"]: r for r in view["ranks"] if r["rank"] != 0}
     assert all(r["state"] == "gathering_state_dict" and r["op"] for r in waiting.values()), \
         waiting
-    assert _value(m, "ncclwatch_watchdog_timeout_seconds", job=job_id) == PG_TIMEOUT
+    assert _value(m, "ncclwatch_watchdog_timeout_seconds", job_id=job_id) == PG_TIMEOUT
     record("fsdp_gather", {"detection_delay_s":
                            round(time.time() - max(s["t"] for s in start), 2)})
 
@@ -185,7 +185,7 @@ def test_killing_ranks_mid_sampling_gives_no_crash_and_no_stall(ncclwatch_run, t
     gone = False
     while time.time() < deadline:
         m = mon.metrics()
-        assert _value(m, "ncclwatch_stall_active", job=job_id, kind="checkpoint_gather") in (0, None)
+        assert _value(m, "ncclwatch_stall_active", job_id=job_id, kind="checkpoint_gather") in (0, None)
         view = mon.job_of(job.pids())
         if view is None or all(r["gone"] for r in view["ranks"]):
             gone = True

@@ -27,7 +27,7 @@ from tests.e2e.test_checkpoint_stall import _job_id
 pytestmark = pytest.mark.e2e
 
 PG_TIMEOUT = 60
-PAGE = "NCCLWatchWatchdogForecastOverrun"
+PAGE = "NCCLWatchStallAtRisk"  # the page; it inhibits the forecast alerts behind it
 
 
 def _daemon(name: str) -> tuple[Proc, str, int]:
@@ -67,7 +67,7 @@ def ha_pair(tmp_path):
         "rule_files": [str(RULES / "alerts.yaml"), str(RULES / "rules.yaml")],
         "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
         # README "High availability": both daemons, one `replica` label each.
-        "scrape_configs": [{"job_name": "ncclwatch", "honor_labels": True, "static_configs": [
+        "scrape_configs": [{"job_name": "ncclwatch", "static_configs": [
             {"targets": [a_http], "labels": {"replica": "a"}},
             {"targets": [b_http], "labels": {"replica": "b"}}]}],
     }))
@@ -89,11 +89,11 @@ def ha_pair(tmp_path):
 def _page_notifications(hook: Webhook, job_id: str) -> list[dict]:
     return [n for n in hook.notifications if n["path"] == "/pager"
             and n["groupLabels"].get("alertname") == PAGE
-            and n["groupLabels"].get("job") == job_id]
+            and n["groupLabels"].get("job_id") == job_id]
 
 
 def _firing_alerts(prom: str, job_id: str) -> list[dict]:
-    return _query(prom, f'ALERTS{{alertname="{PAGE}",alertstate="firing",job="{job_id}"}}')
+    return _query(prom, f'ALERTS{{alertname="{PAGE}",alertstate="firing",job_id="{job_id}"}}')
 
 
 def test_the_page_survives_kill_9_of_one_daemon_and_fires_and_resolves_once(
@@ -117,17 +117,17 @@ def test_the_page_survives_kill_9_of_one_daemon_and_fires_and_resolves_once(
     pages = _page_notifications(hook, job_id)
     assert pages, f"no page within the budget; webhook got {hook.notifications}"
     t_page = time.time()
-    overrun = _query(prom, f'ncclwatch_watchdog_forecast_overrun_seconds{{job="{job_id}"}}')
+    overrun = _query(prom, f'ncclwatch_watchdog_forecast_overrun_seconds{{job_id="{job_id}"}}')
     assert sorted(s["metric"]["replica"] for s in overrun) == ["a", "b"], overrun
     firing = _firing_alerts(prom, job_id)
     assert len(firing) == 1, firing
     assert "instance" not in firing[0]["metric"] and "replica" not in firing[0]["metric"]
     # Both replicas export the stall; the dashboards pick one and count it once.
-    both = _query(prom, f'sum(ncclwatch_stall_active{{job="{job_id}"}})')
+    both = _query(prom, f'sum(ncclwatch_stall_active{{job_id="{job_id}"}})')
     assert float(both[0]["value"][1]) == 2, both
     from dashboards.queries import panel_queries  # noqa: PLC0415 - the repo's dashboards/
     for replica in ("a", "b"):
-        q = dict(panel_queries(DASHBOARDS / "ncclwatch-fleet.json", job=job_id,
+        q = dict(panel_queries(DASHBOARDS / "ncclwatch-fleet.json", job_id=job_id,
                                replica=replica))
         stalls = _query(prom, q["Active stalls"])
         assert float(stalls[0]["value"][1]) == 1, (replica, stalls)
@@ -146,7 +146,7 @@ def test_the_page_survives_kill_9_of_one_daemon_and_fires_and_resolves_once(
     while time.time() < t_save + PG_TIMEOUT - 3 and job.proc.alive():
         firing = _firing_alerts(prom, job_id)
         assert len(firing) == 1, f"{time.time() - t_kill:.0f}s after the kill: {firing}"
-        left = _query(prom, f'ncclwatch_watchdog_forecast_overrun_seconds{{job="{job_id}"}}')
+        left = _query(prom, f'ncclwatch_watchdog_forecast_overrun_seconds{{job_id="{job_id}"}}')
         assert [s["metric"]["replica"] for s in left] == ["b"], left
         checked += 1
         time.sleep(1.0)
@@ -167,7 +167,7 @@ def test_the_page_survives_kill_9_of_one_daemon_and_fires_and_resolves_once(
     for n in pages:
         assert len(n["alerts"]) == 1, n["alerts"]  # one alert: the pair deduplicated
         labels = n["alerts"][0]["labels"]
-        assert labels["job"] == job_id and "replica" not in labels and "instance" not in labels
+        assert labels["job_id"] == job_id and "replica" not in labels and "instance" not in labels
     # One replica down is a warning, not a page (NCCLWatchDaemonDown waits for both).
     while time.time() < t_kill + 70:
         time.sleep(1)

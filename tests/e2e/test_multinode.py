@@ -67,6 +67,6 @@ def test_two_agents_merge_one_job_and_losing_one_is_rank_lost(ncclwatch_split, t
     assert lost["diagnosis"]["root_cause"] == "agent_silent"
     assert "checkpoint_gather" not in stalls  # its culprit is no longer seen: no guess
     m = mon.metrics()
-    assert m[("ncclwatch_ranks", (("job", job_id), ("state", "unknown")))] == 2
+    assert m[("ncclwatch_ranks", (("job_id", job_id), ("state", "unknown")))] == 2
     assert m[("ncclwatch_agent_up", (("node", "node-b"),))] == 0
     assert m[("ncclwatch_agent_up", (("node", "node-a"),))] == 1

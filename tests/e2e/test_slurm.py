@@ -95,7 +95,7 @@ def _monitor(ncclwatch_run, slurm: SlurmCluster) -> Monitor:
 
 def _stall_active(mon: Monitor, job_id: str) -> bool:
     return any(n == "ncclwatch_stall_active" and v == 1 and
-               dict(lab) == {"job": job_id, "kind": "checkpoint_gather"}
+               dict(lab) == {"job_id": job_id, "kind": "checkpoint_gather"}
                for (n, lab), v in mon.metrics().items())
 
 
