@@ -280,6 +280,10 @@ def gather_facts(scan: ScanResult, fr: FrAnalysis | None = None) -> Facts:
         e.fields.get("pid", f"exit{i}") for i, e in enumerate(exits)}
     if stopped:
         world |= set(range(len(failed | stopped)))
+    # The deepspeed launcher's exit line shows the last worker it spawned on a node,
+    # local rank N: a node ran N + 1 workers, so ranks 0..N exist.
+    world |= {r for e in exits if e.fields.get("last_local_rank")
+              for r in range(int(e.fields["last_local_rank"]) + 1)}
     # A failure "rank 12 (local_rank: 4)" puts node base 8; with 8 workers per node
     # (the highest local rank anywhere + 1) that node holds ranks 8-15.
     per_node = 1 + max([fe.local_rank for fe in scan.failures if fe.local_rank is not None]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from ncclwatch.diagnose.logscan import Evidence
 from ncclwatch.diagnose.logsigns import Event
 from ncclwatch.diagnose.facts import (Facts, Finding, _crashes, _inferred_notes, _oom_killed,
@@ -84,7 +86,14 @@ def _what_died(e: Evidence) -> tuple[str, list[int]]:
     what = (f"the deepspeed launcher: a worker exits with return code {code}"
             + (f", {sig}" if sig != str(code) else ""))
     last = e.fields.get("last_local_rank")
-    return what, list(range(int(last) + 1)) if last is not None else []
+    if last is None or _HOST_TAG.match(e.text):
+        return what, []  # a host's tag (pdsh, multi-node): local ranks are not global ones
+    return what, list(range(int(last) + 1))
+
+
+#: pdsh's "worker-1: " (or an address) before the launcher's own "[2023-10-13 ...": the
+#: deepspeed runner started the launcher on several nodes.
+_HOST_TAG = re.compile(r"\s*[\w.-]+: \[")
 
 
 def _shown(e: Evidence) -> str:
