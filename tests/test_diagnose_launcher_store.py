@@ -89,7 +89,8 @@ def test_store_based_barrier_in_both_wordings(tmp_path):
     d = _diagnose(tmp_path, v1)
     # Rank 0 counted itself; the barrier saw 1 of 2: rank 1 never joined.
     assert (d.cls, d.initiating, d.collateral) == ("collective_hang", [1], [0]), d.summary
-    assert "store-based barrier" in d.summary
+    assert "store-based barrier" in d.summary and "1800 s" in d.summary
+    assert any("counted 1 of 2 ranks: 1 never arrived" in n for n in d.notes), d.notes
     v2 = ("[rank3]: torch.distributed.DistStoreError: Timed out initializing process group in "
           "store based barrier on rank 3, for key: store_based_barrier_key:1 (world_size=4, "
           "num_workers_joined=3, timeout=0:30:00 error=Wait timeout)")

@@ -374,6 +374,9 @@ def timeout_seconds(facts: Facts) -> float | None:
         for e in rf.timeouts:
             if e.fields.get("timeout_ms"):
                 return int(e.fields["timeout_ms"]) / 1000.0
+            hms = e.fields.get("timeout", "").split(":")  # a timedelta: "0:30:00"
+            if len(hms) == 3 and all(x.replace(".", "", 1).isdigit() for x in hms):
+                return int(hms[0]) * 3600 + int(hms[1]) * 60 + float(hms[2])
     for e in facts.all_evidence(Event.MISSING_RANKS):
         if e.fields.get("timeout_ms"):
             return int(e.fields["timeout_ms"]) / 1000.0

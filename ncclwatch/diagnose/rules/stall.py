@@ -11,6 +11,25 @@ from ncclwatch.diagnose.facts import (Facts, Finding, RankFacts, _first_where, _
 
 
 def rule_stall(facts: Facts) -> Finding | None:
+    finding = _rule_stall(facts)
+    if finding is not None and finding.cls == "collective_hang":
+        finding.notes += _barrier_counts(facts)
+    return finding
+
+
+def _barrier_counts(facts: Facts) -> list[str]:
+    """The store-based barrier counts who arrived: say how many never did."""
+    out = []
+    for e in facts.all_evidence(Event.TIMEOUT):
+        f = e.fields
+        if e.sign == "store_barrier_timeout" and f.get("world") and f.get("joined"):
+            world, joined = int(f["world"]), int(f["joined"])
+            out.append(f"the store-based barrier ({f.get('key', '?')}) counted {joined} of "
+                       f"{world} ranks: {world - joined} never arrived")
+    return sorted(set(out))
+
+
+def _rule_stall(facts: Facts) -> Finding | None:
     waiting = facts.waiting
     if not waiting:
         return _stall_unranked(facts)
