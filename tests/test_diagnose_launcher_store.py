@@ -65,6 +65,13 @@ def test_deepspeed_exit_after_a_hang_is_not_a_crash(tmp_path):
             ("collective_hang", [], [2], [0, 1]), (code, d.summary)
 
 
+def test_deepspeed_single_worker_that_timed_out_is_a_hang(tmp_path):
+    """A node's one worker whose watchdog fired: the -6 is the watchdog's abort, not a
+    crash of rank 0 (the rank it waited for is on another node, or its own GPU)."""
+    d = _diagnose(tmp_path, _wd(0), _kill(1), _ds_exit(0, -6))
+    assert (d.cls, d.collateral) == ("collective_hang", [0]), d.summary
+
+
 def test_deepspeed_exit_on_several_nodes_names_no_global_ranks(tmp_path):
     d = _diagnose(tmp_path, _kill(249, "worker-1: "), _ds_exit(7, -11, "worker-1: "))
     assert (d.cls, d.initiating, d.candidates) == ("rank_crash", [], [])

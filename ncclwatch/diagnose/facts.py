@@ -641,8 +641,10 @@ def _crashes(facts: Facts) -> list[tuple[tuple, int, str, str]]:
         # the deepspeed launcher's line names its only worker when that is local rank 0.
         for e in facts.all_evidence(Event.EXIT):
             code, lr = int(e.fields["exitcode"]), e.fields.get("local_rank")
-            only = lr is None and e.fields.get("last_local_rank") == "0"
-            if only and (code < 0 or not _anyone_waited(facts)):
+            only = lr is None and e.fields.get("last_local_rank") == "0" and (
+                SIGNAL_MEANING.get(exit_name(code)) in ("crashed", "killed")
+                or not _anyone_waited(facts))  # else the exit of a rank that waited
+            if only:
                 lr = "0"
             if (code < 0 or only) and lr is not None and int(lr) not in {o[1] for o in out}:
                 sig = exit_name(code)
