@@ -280,6 +280,10 @@ def gather_facts(scan: ScanResult, fr: FrAnalysis | None = None) -> Facts:
         e.fields.get("pid", f"exit{i}") for i, e in enumerate(exits)}
     if stopped:
         world |= set(range(len(failed | stopped)))
+    # The deepspeed launcher's exit line shows the last worker it spawned on a node,
+    # local rank N: a node ran N + 1 workers, so ranks 0..N exist.
+    world |= {r for e in exits if e.fields.get("last_local_rank")
+              for r in range(int(e.fields["last_local_rank"]) + 1)}
     # A failure "rank 12 (local_rank: 4)" puts node base 8; with 8 workers per node
     # (the highest local rank anywhere + 1) that node holds ranks 8-15.
     per_node = 1 + max([fe.local_rank for fe in scan.failures if fe.local_rank is not None]
@@ -300,6 +304,8 @@ def gather_facts(scan: ScanResult, fr: FrAnalysis | None = None) -> Facts:
             world |= set(stuck.waiting_ranks) | set(stuck.missing_ranks)
     f.world = sorted(world)
     f.world_known = bool(scan.world_sizes or stopped or scan.failures or fr is not None)
+    if scan.world_sizes and world and max(world) >= max(scan.world_sizes):
+        f.world_known = False  # a rank above the world size printed: a group's size
     return f
 
 
@@ -347,6 +353,9 @@ def who(ranks: Sequence[int], one: str = "", many: str = "") -> str:
 
 
 def _op_of(e: Evidence) -> str:
+    if e.sign == "store_barrier_timeout":
+        return ("the store-based barrier of process-group creation"
+                + (f" ({e.fields['key']})" if e.fields.get("key") else ""))
     op = e.fields.get("op")
     if op:
         if op == "ALLREDUCE" and e.fields.get("numel_in") == "1":
@@ -365,6 +374,9 @@ def timeout_seconds(facts: Facts) -> float | None:
         for e in rf.timeouts:
             if e.fields.get("timeout_ms"):
                 return int(e.fields["timeout_ms"]) / 1000.0
+            hms = e.fields.get("timeout", "").split(":")  # a timedelta: "0:30:00"
+            if len(hms) == 3 and all(x.replace(".", "", 1).isdigit() for x in hms):
+                return int(hms[0]) * 3600 + int(hms[1]) * 60 + float(hms[2])
     for e in facts.all_evidence(Event.MISSING_RANKS):
         if e.fields.get("timeout_ms"):
             return int(e.fields["timeout_ms"]) / 1000.0
@@ -593,7 +605,7 @@ def _job_failed(facts: Facts) -> bool:
     return bool(facts.scan.failures or any(
         e.event in (Event.EXIT, Event.TIMEOUT, Event.WATCHDOG_ABORT, Event.MISSING_RANKS,
                     Event.HEARTBEAT)
-        or e.sign in ("nccl_error", "nccl_cuda_error")
+        or e.sign in ("nccl_error", "nccl_cuda_error", "store_get_failed")
         or (e.event is Event.NETWORK and any(t in e.text for t in NETWORK_FAILURES))
         for e in facts.scan.evidence)
         or any(exception_kind(t) not in ("teardown", "truncated") for t in facts.scan.tracebacks))
@@ -625,13 +637,21 @@ def _crashes(facts: Facts) -> list[tuple[tuple, int, str, str]]:
                 out.append(((True, 0.0, fe.file, fe.line), r, fe.where,
                             f"rank {r} exited with {sig} (exitcode {fe.exitcode}, pid {fe.pid})"))
     if not facts.scan.failures:
-        # torchrun's "failed (exitcode: -9) local_rank: 0 (pid: N)" without the summary.
+        # torchrun's "failed (exitcode: -9) local_rank: 0 (pid: N)" without the summary;
+        # the deepspeed launcher's line names its only worker when that is local rank 0.
         for e in facts.all_evidence(Event.EXIT):
             code, lr = int(e.fields["exitcode"]), e.fields.get("local_rank")
-            if code < 0 and lr is not None and int(lr) not in {o[1] for o in out}:
-                sig = signal.Signals(-code).name if -code in signal.valid_signals() else str(code)
+            only = lr is None and e.fields.get("last_local_rank") == "0" and (
+                SIGNAL_MEANING.get(exit_name(code)) in ("crashed", "killed")
+                or not _anyone_waited(facts))  # else the exit of a rank that waited
+            if only:
+                lr = "0"
+            if (code < 0 or only) and lr is not None and int(lr) not in {o[1] for o in out}:
+                sig = exit_name(code)
                 out.append(((True, 0.0, e.file, e.line), int(lr), e.where,
-                            f"local rank {lr} exited with {sig} (exitcode {code})"))
+                            f"local rank {lr} exited with {sig} (exitcode {code})"
+                            + (" (the deepspeed launcher's only worker on its node)"
+                               if only else "")))
     out.sort()
     return out
 
@@ -640,6 +660,25 @@ def _unranked_crash(facts: Facts) -> list[Evidence]:
     """Lines that say some process died of its own failure, with no rank anywhere:
     an allocator failing, the OOM killer, a worker killed by a signal."""
     out = [e for e in facts.unattributed if e.event in (Event.OOM, Event.CUDA_ERROR)]
+    waited = _anyone_waited(facts)
     out += [e for e in facts.all_evidence(Event.EXIT) if e.fields.get("local_rank") is None
-            and int(e.fields["exitcode"]) != 0]
+            and int(e.fields["exitcode"]) != 0
+            # A launcher's exit line after ranks timed out is their exit (code 1, or -6
+            # from the watchdog's abort), not a crash: only a crash signal still counts.
+            and (not waited or SIGNAL_MEANING.get(exit_name(int(e.fields["exitcode"])))
+                 in ("crashed", "killed"))]
     return sorted(out, key=_order)
+
+
+def exit_name(code: int) -> str:
+    """SIGSEGV for -11 (a worker killed by a signal), else the code itself."""
+    if code < 0 and -code in {s.value for s in signal.Signals}:
+        return signal.Signals(-code).name
+    return str(code)
+
+
+def _anyone_waited(facts: Facts) -> bool:
+    """Some rank, named or not, timed out waiting for others."""
+    return bool(facts.waiting) or any(
+        e.event in (Event.TIMEOUT, Event.PROGRESS, Event.WATCHDOG_ABORT, Event.HEARTBEAT)
+        for e in facts.unattributed)

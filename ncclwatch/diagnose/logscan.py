@@ -764,7 +764,9 @@ class _FileScan:
                 a, b = _wrap_span(chunk, first, le)
                 if (a, b) != (first, le):
                     whole = _joined(chunk, a, b)
-                    self._line(whole, cur_line - chunk.count(b"\n", a, first),
+                    # Cited at the trigger's line: the run may reach back over lines that
+                    # only happen to be as wide (a log's own lines of that width).
+                    self._line(whole, cur_line,
                                only={self.m.signs[i].id for i in self.m.signs_in(whole)} - matched)
                     le = max(le, b)
             pos = le + 1

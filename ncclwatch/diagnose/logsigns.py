@@ -289,6 +289,29 @@ SIGNS: tuple[LogSign, ...] = (
             example="WARNING:torch.distributed.elastic.rendezvous.dynamic_rendezvous:The node "
             "'cn136_961_0' has failed to send a keep-alive heartbeat to the rendezvous '159009' due "
             "to an error of type RendezvousTimeoutError."),
+    # The store-based barrier that ends init_process_group and new_group (torch 1.8-2.x):
+    # "RuntimeError: Timed out initializing process group in store based barrier on rank: 7,
+    # for key: store_based_barrier_key:32 (world_size=8, worker_count=4, timeout=0:00:30)";
+    # 2.x: "... on rank 7, for key: ... (world_size=8, num_workers_joined=4, timeout=...".
+    # The rank is global and waited; world_size - worker_count ranks never arrived.
+    LogSign("store_barrier_timeout", Event.TIMEOUT, ("in store based barrier",),
+            r"in store based barrier on rank:? (?P<rank>\d+)(?:, for key: (?P<key>[^\s(]+))?"
+            r"(?: \(world_size=(?P<world>\d+), (?:worker_count|num_workers_joined)="
+            r"(?P<joined>\d+))?(?:, timeout=(?P<timeout>[\d:.]+))?",
+            example="RuntimeError: Timed out initializing process group in store based barrier on "
+            "rank: 7, for key: store_based_barrier_key:32 (world_size=8, worker_count=4, "
+            "timeout=0:00:30)"),
+    # A rank setting up an NCCL communicator gets the ncclUniqueId from the c10d store
+    # (rank 0 put it there): "[15] is setting up NCCL communicator and retrieving
+    # ncclUniqueId from [0] via c10d key-value store by key '0', but store->get('0') got
+    # error: Connection reset by peer" (2.x; 1.x "retreiving", "got exception: Socket
+    # Timeout"). The rank in brackets is the one that asked, not the cause.
+    LogSign("store_get_failed", Event.STORE, ("via c10d key-value store",),
+            r"via c10d key-value store(?: by key '(?P<key>[^']*)')?.*?got (?:error|exception): ?"
+            r"(?P<error>.*)",
+            example="[rank15]: torch.distributed.DistBackendError: [15] is setting up NCCL "
+            "communicator and retrieving ncclUniqueId from [0] via c10d key-value store by key "
+            "'0', but store->get('0') got error: Connection reset by peer"),
     LogSign("monitored_barrier", Event.MISSING_RANKS, ("failed to pass monitoredBarrier",),
             r"(?:\[Rank (?P<rank>\d+)\]:? )?Ranks? (?P<missing>\d+(?:, ?\d+)*) failed to pass "
             r"monitoredBarrier in (?P<timeout_ms>\d+) ms",
@@ -421,6 +444,18 @@ SIGNS: tuple[LogSign, ...] = (
             example="W1203 12:36:12.416000 21547 torch/distributed/elastic/multiprocessing/api.py:"
             "1028] Sending process 21552 closing signal SIGTERM",
             failure=False),  # the teardown after a failure: the failure has its own line
+    # The deepspeed launcher (launch.py sigkill_handler) when a worker exits non-zero:
+    # "[2023-07-10 04:26:35,999] [ERROR] [launch.py:324:sigkill_handler] ['/venv/bin/python',
+    # '-u', 'train.py', '--local_rank=1', ...] exits with return code = -11". The command
+    # is the LAST worker it spawned on the node (a loop variable), whichever worker failed:
+    # its local rank is the node's worker count - 1, not the failed one's. The exit code
+    # is the failed worker's.
+    LogSign("deepspeed_exit", Event.EXIT, ("exits with return code",),
+            r"(?:'--local_rank=(?P<last_local_rank>\d+)'.*?)?exits with return code = "
+            r"(?P<exitcode>" + _N + r")",
+            example="[2023-07-10 04:26:35,999] [ERROR] [launch.py:324:sigkill_handler] ['/venv/"
+            "bin/python3.10', '-u', 'trainCLM.py', '--local_rank=1', '--deepspeed', 'ds.json'] "
+            "exits with return code = -11"),
     # torchrun's own traceback after a worker failed, over its failure table.
     LogSign("child_failed", Event.FAILED, ("ChildFailedError",),
             r"(?P<what>ChildFailedError)",

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
+from ncclwatch.diagnose.logscan import Evidence
 from ncclwatch.diagnose.logsigns import Event
 from ncclwatch.diagnose.facts import (Facts, Finding, _crashes, _inferred_notes, _oom_killed,
-                                      _unranked_crash, who)
+                                      _unranked_crash, exit_name, who)
+from ncclwatch.model import rank_ranges
 
 
 def rule_crash(facts: Facts) -> Finding | None:
@@ -17,11 +21,16 @@ def rule_crash(facts: Facts) -> Finding | None:
         waiting = facts.waiting
         silent = [r for r in facts.world if r not in waiting]
         kind = "ran out of memory" if lines[0].event is Event.OOM else "died"
+        what, among = _what_died(lines[0])
+        candidates = silent if waiting else among
         return Finding("rank_crash", [], waiting, "rank_exited",
-                       f"a process {kind} ({lines[0].text[:160]}), but no line names its "
-                       "rank" + (f"; it is among {who(silent)}" if silent and waiting else "")
-                       + ".", [(e.where, e.text[:240]) for e in lines[:4]],
-                       candidates=silent if waiting else [],
+                       f"a process {kind} ({what}), but no line names its rank"
+                       + (f"; it is among {who(silent)}" if silent and waiting else "")
+                       + (f"; it is among local ranks {rank_ranges(among)} (the launcher "
+                          "names the last worker it spawned, not the failed one)"
+                          if among and not waiting else "")
+                       + ".", [(e.where, _shown(e)) for e in lines[:4]],
+                       candidates=candidates,
                        missing=["the rank of the process that died"],
                        collect=["torchrun's failure summary ('rank : N (local_rank: N)', "
                                 "'exitcode : -9 (pid: P)') or every rank's log with its "
@@ -43,7 +52,8 @@ def rule_crash(facts: Facts) -> Finding | None:
     collateral = [r for r in facts.world if r not in initiating]
     notes = _inferred_notes(facts, initiating)
     if not facts.scan.failures and any("local rank" in c[3] for c in crashes):
-        notes.append("the rank is torchrun's local rank: equal to the global rank on one node")
+        notes.append("the rank is the launcher's local rank (torchrun, deepspeed): equal to "
+                     "the global rank on one node")
     missing: list[str] = []
     collect: list[str] = []
     if any("SIGKILL" in c[3] for c in crashes if c[1] in initiating):
@@ -63,3 +73,33 @@ SIGKILL_NOTE = ("exit code -9 (SIGKILL) is the OOM killer's usual signature: the
                 "the process when the node or its cgroup ran out of host memory (a scheduler's "
                 "kill or a user's kill -9 are the other senders); no OOM-killer line is in "
                 "these logs")
+
+
+def _what_died(e: Evidence) -> tuple[str, list[int]]:
+    """What a rank-less death line says, and the local ranks it must be among. The
+    deepspeed launcher prints the command of the last worker it spawned (local rank
+    N, so the node ran workers 0-N) with the failed worker's return code."""
+    if e.sign != "deepspeed_exit":
+        return e.text[:160], []
+    code = int(e.fields["exitcode"])
+    sig = exit_name(code)
+    what = (f"the deepspeed launcher: a worker exits with return code {code}"
+            + (f", {sig}" if sig != str(code) else ""))
+    last = e.fields.get("last_local_rank")
+    if last is None or _HOST_TAG.match(e.text):
+        return what, []  # a host's tag (pdsh, multi-node): local ranks are not global ones
+    return what, list(range(int(last) + 1))
+
+
+#: pdsh's "worker-1: " (or an address) before the launcher's own "[2023-10-13 ...": the
+#: deepspeed runner started the launcher on several nodes.
+_HOST_TAG = re.compile(r"\s*[\w.-]+: \[")
+
+
+def _shown(e: Evidence) -> str:
+    """The evidence text; a deepspeed launcher line is mostly the command: keep its end."""
+    if e.sign == "deepspeed_exit" and len(e.text) > 240:
+        last = e.fields.get("last_local_rank")
+        return (e.text[:120] + " ... " + (f"'--local_rank={last}' ... " if last else "")
+                + f"exits with return code = {e.fields['exitcode']}")
+    return e.text[:240]

@@ -34,6 +34,8 @@ def rule_network(facts: Facts) -> Finding | None:
                 items.append((False, _order(tb), r, tb.where, tb.exception))
     peers = [(r, tb) for r, rf in facts.ranks.items() for tb in rf.tracebacks
              if exception_kind(tb) == "peer"]
+    if not items and (store := _store_lost(facts)):
+        return store
     if not items:
         # gloo: every failing rank lost a peer, nobody timed out, nobody crashed: the
         # connections broke under live processes. gloo names only ip:port, not the rank.
@@ -69,3 +71,35 @@ def rule_network(facts: Facts) -> Finding | None:
     return Finding("network_error", initiating, collateral, "nccl_network_error",
                    f"the first transport error came from "
                    f"{who(initiating)}: {lead[4][:160]}", ev)
+
+
+#: What a c10d store client's error says when its connection broke (not a timeout).
+_STORE_BROKE = ("Connection reset by peer", "Broken pipe", "Connection closed by peer",
+                "ECONNRESET", "Connection refused")
+
+
+def _store_lost(facts: Facts) -> Finding | None:
+    """A rank lost its connection to the c10d store (store->get ... Connection reset by
+    peer) and nothing timed out or crashed: the store's host (rank 0's process, or
+    torchrun's agent) went away or the network between them dropped the connection.
+    The rank that reports it is where the line is printed, not the cause."""
+    lost = [e for e in facts.all_evidence(Event.STORE) if e.sign == "store_get_failed"
+            and any(t in e.fields.get("error", "") for t in _STORE_BROKE)]
+    if not lost or any(rf.timeouts or rf.progress or rf.timeout_tracebacks()
+                       for rf in facts.ranks.values()):
+        return None
+    e = lost[0]
+    reporting = sorted({x.rank for x in lost if x.rank is not None})
+    return Finding("network_error", [], reporting, "nccl_network_error",
+                   f"the connection to the c10d store broke ({e.fields.get('error', '')[:80]}) "
+                   + (f"under {who(reporting)}" if reporting else "")
+                   + " while setting up NCCL: the store's host (rank 0's process or "
+                   "torchrun's agent) went away, or the network between them dropped it; "
+                   "no line says which.", [(x.where, x.text[:240]) for x in lost[:4]],
+                   ["rule out a crashed rank 0 (or agent) before blaming the network: its "
+                    "log is not here"],
+                   missing=["the log of rank 0 (the store's host) around that time"],
+                   collect=["rank 0's log and torchrun's agent log (the store host)",
+                            "TORCH_CPP_LOG_LEVEL=INFO TORCH_DISTRIBUTED_DEBUG=DETAIL (the "
+                            "store's own connection messages)", "the network path between "
+                            "the nodes and MASTER_ADDR:MASTER_PORT (firewall, interface)"])

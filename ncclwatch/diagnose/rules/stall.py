@@ -5,14 +5,34 @@ from __future__ import annotations
 
 from ncclwatch.diagnose.logsigns import Event
 from ncclwatch.model import RankState
-from ncclwatch.diagnose.facts import (Facts, Finding, RankFacts, _first_where, _missing, _waited_op,
+from ncclwatch.diagnose.facts import (Facts, Finding, RankFacts, _first_where, _missing, _op_of,
+                                      _waited_op,
                                       timeout_seconds, who)
 
 
 def rule_stall(facts: Facts) -> Finding | None:
+    finding = _rule_stall(facts)
+    if finding is not None and finding.cls == "collective_hang":
+        finding.notes += _barrier_counts(facts)
+    return finding
+
+
+def _barrier_counts(facts: Facts) -> list[str]:
+    """The store-based barrier counts who arrived: say how many never did."""
+    out = []
+    for e in facts.all_evidence(Event.TIMEOUT):
+        f = e.fields
+        if e.sign == "store_barrier_timeout" and f.get("world") and f.get("joined"):
+            world, joined = int(f["world"]), int(f["joined"])
+            out.append(f"the store-based barrier ({f.get('key', '?')}) counted {joined} of "
+                       f"{world} ranks: {world - joined} never arrived")
+    return sorted(set(out))
+
+
+def _rule_stall(facts: Facts) -> Finding | None:
     waiting = facts.waiting
     if not waiting:
-        return None
+        return _stall_unranked(facts)
     missing, ev, how, candidates = _missing(facts)
     missing = [r for r in missing if r not in waiting] or missing
     ev = list(ev)
@@ -123,3 +143,28 @@ def _stall_unnamed(facts: Facts, waiting: list[int], candidates: list[int], op: 
                             "Flight Recorder dumps: TORCH_NCCL_TRACE_BUFFER_SIZE=2000 and "
                             "TORCH_NCCL_DUMP_ON_TIMEOUT=1 (files under "
                             "TORCH_NCCL_DEBUG_INFO_TEMP_FILE), read with ncclwatch diagnose"])
+
+
+def _stall_unranked(facts: Facts) -> Finding | None:
+    """Timeouts whose lines name no rank (a pasted line without its prefix, gloo's
+    "Timed out waiting 1800000ms for send operation"): a rank waited for another that
+    never joined; neither is named. Earlier rules had their chance at a crash or a
+    transport error, so a wait is all these logs say."""
+    lines = [e for e in facts.unattributed if e.event is Event.TIMEOUT]
+    if not lines:
+        return None
+    e = lines[0]
+    op = _op_of(e) or (f"a gloo {e.fields['what']}" if e.fields.get("what") else "a collective")
+    tmo = (f"{int(e.fields['timeout_ms']) / 1000:g} s" if e.fields.get("timeout_ms")
+           else "process-group")
+    return Finding("collective_hang", [], [], "rank_never_joined",
+                   f"a rank waited in {op} until the {tmo} timeout; no line names it or the "
+                   "rank it waited for, which never joined (its log is not here).",
+                   [(x.where, x.text[:240]) for x in lines[:4]],
+                   missing=["the rank prefix of the waiting line", "the log of any rank "
+                            "that did not time out"],
+                   collect=["every rank's log with its rank prefix (torchrun --log-dir DIR "
+                            "--tee 3, or srun --label)",
+                            "Flight Recorder dumps: TORCH_NCCL_TRACE_BUFFER_SIZE=2000 and "
+                            "TORCH_NCCL_DUMP_ON_TIMEOUT=1, read with ncclwatch diagnose",
+                            "py-spy dump of every rank while it hangs (which rank is elsewhere)"])
