@@ -122,6 +122,16 @@ def _jwt(m: re.Match[str]) -> str:
 _USER_START = re.compile(r"(?:^|(?<=[,;=]))[^:,;=]++:")
 _EYJ = re.compile(r"\beyJ")
 
+def _scheme(m: re.Match[str]) -> str:
+    """The credential after an authorization scheme, unless it is a plain word:
+    "Basic dXM6cA" goes, "basic auth" and "token for rank 3" (prose in a log
+    line) stay. A credential has a digit, a capital or a symbol, or is long."""
+    cred = m.group(3)
+    if len(cred) < 16 and cred.isalpha() and cred.islower():
+        return m.group(0)
+    return m.group(1) + m.group(2) + REDACTED
+
+
 #: (pattern, replacement) for value parts that look like credentials. Each
 #: pattern starts only where its run starts and never backtracks into a run
 #: (possessive quantifiers), so every rule is linear in the value.
@@ -131,8 +141,8 @@ SECRET_VALUE_PATTERNS: tuple[tuple[re.Pattern[str], object], ...] = (
     # user:password@host without a scheme (MASTER_ADDR, host lists)
     (re.compile(r"(?<![^\s/@<>])[^\s/@<>]++(?=@[\w.\[-])"), _userinfo),
     # Authorization schemes, any case: "Bearer x", "basic dXNlcjpw", "token ghp_.."
-    (re.compile(r"(?i)\b(bearer|basic|token|digest)([ \t]++)[A-Za-z0-9._~+/=-]++"),
-     r"\1\2" + REDACTED),
+    (re.compile(r"(?i)\b(bearer|basic|token|digest)([ \t]++)([A-Za-z0-9._~+/=-]++)"),
+     _scheme),
     # --password x, --api-key=x, -token x
     (re.compile(r"(?<![\w-])(--?)([A-Za-z][\w.-]*+)(=|[ \t]++)[^\s]++"), _flag),
     # key=value, key: value, key = value whose key says secret (query strings,

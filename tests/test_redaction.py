@@ -49,6 +49,8 @@ def test_credential_variants_are_redacted(value, secret) -> None:
     "/tmp/nccl_%h_%p.log", "WARN", "NVL", "Ring,Tree", "SUBSYS=INIT,NET", "key_file_dir",
     "monkey=1", "tokens=4096", "/scratch/checkpoints/step=1000/model.pt",
     "https://store.example:2379/run", "10.0.0.1:29500",
+    # prose after a scheme word (the daemon's own log line), not a credential
+    "HTTP on https://127.0.0.1:7471/ (basic auth)", "waiting for the token from rank 0",
 ])
 def test_configuration_values_stay_readable(value) -> None:
     assert redact_value(value) == value
