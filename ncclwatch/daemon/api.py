@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -171,7 +172,7 @@ def _job_head(d: Daemon, job_id: str, job, now: float, wall: float) -> dict[str,
         "scheduler_job": job.scheduler_job,
         "ranks_reporting": job.live_ranks, "nodes": sorted(job.nodes),
         "watchdog": {"timeout_seconds": b.timeout, "timeout_source": b.source,
-                     "remaining_seconds": round(b.remaining, 1),
+                     "remaining_seconds": _down(b.remaining),
                      "longest_blocked_rank": b.blocked_rank,
                      "longest_blocked_seconds": round(b.blocked_seconds, 1)},
         "hang_threshold": hang_threshold_view(d, job, now),
@@ -239,6 +240,12 @@ def hang_threshold_view(d: Daemon, job, now: float) -> dict[str, Any]:
             "ceiling_seconds": policy.ceiling, "by_op": job.waits.view(policy, now)}
 
 
+def _down(seconds: float) -> float:
+    """Seconds of budget to one decimal, rounded down: shown time is never more
+    than the time there is."""
+    return math.floor(seconds * 10) / 10
+
+
 def incident_view(d: Daemon, inc: Incident, now: float | None = None) -> dict[str, Any]:
     now = time.monotonic() if now is None else now
     f = inc.finding
@@ -249,6 +256,7 @@ def incident_view(d: Daemon, inc: Incident, now: float | None = None) -> dict[st
         groups.setdefault(rec.stack_id if rec else "", []).append(r)
     dx = inc.diagnosis
     rc = dx.root_cause
+    left = inc.budget.aged(now) if inc.active else inc.budget  # as it stands now
     return {
         "id": inc.id, "kind": inc.kind.value, "active": inc.active, "summary": f.summary,
         "started_at": round(inc.started_wall, 3), "detected_at": round(inc.detected_wall, 3),
@@ -256,9 +264,9 @@ def incident_view(d: Daemon, inc: Incident, now: float | None = None) -> dict[st
         "duration_seconds": round((inc.ended_at or now) - inc.started_at, 1),
         "detection_delay_seconds": round(inc.detected_at - inc.started_at, 1),
         "watchdog": {"timeout_seconds": inc.budget.timeout,
-                     "remaining_seconds": round(inc.budget.remaining, 1),
+                     "remaining_seconds": _down(left.remaining),
                      "remaining_at_detection_seconds": round(inc.budget_at_detection.remaining, 1),
-                     "min_remaining_seconds": round(inc.min_remaining, 1)},
+                     "min_remaining_seconds": _down(min(inc.min_remaining, left.remaining))},
         "culprits": [dict(rank=c.rank if c.rank >= 0 else None, member=rank_label(c.rank),
                           identified_by=_identified_by(job, c.rank),
                           host=c.node, pid=c.pid, state=c.state.value,

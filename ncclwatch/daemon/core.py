@@ -323,8 +323,9 @@ class Daemon:
         return job.waits.current(ops, self.detect_cfg.waits, now)
 
     def budget_of(self, job_id: str, now: float) -> Budget:
+        """The job's budget at ``now``: the last tick's, aged to ``now``."""
         b = self.budgets.get(job_id)
         if b is None:
             b = self.budgets[job_id] = budget(self.table.jobs[job_id], self.table, now,
                                               self.budget_cfg)
-        return b
+        return b.aged(now)

@@ -30,6 +30,9 @@ GONE_JOB_TTL = 120.0
 #: A state's start moving later by more than this on the agent's clock: a new
 #: episode of it (the agent re-anchors a wait it saw the rank progress out of).
 NEW_EPISODE = 0.5
+#: Seconds of reports the transit-free clock offset is the minimum over
+#: (AgentRecord.clock_offset).
+CLOCK_WINDOW = 30.0
 #: Evidence curve per rank: points at least this far apart, this many kept.
 CURVE_STEP = 0.9
 CURVE_POINTS = 90
@@ -372,8 +375,39 @@ class AgentRecord:
     #: Briefs and changes that named a slot not held.
     briefs_unresolved_total: int = 0
 
+    #: (receipt, recv - agent clock) of recent reports, offsets increasing:
+    #: the sliding minimum of ``clock_offset``.
+    _offsets: collections.deque = field(default_factory=collections.deque)
+    _last_clock: float = 0.0
+
     def stale(self, now: float, staleness: float) -> bool:
         return now - self.last_recv > max(staleness, 3 * self.interval)
+
+    def clock_offset(self, recv: float, agent_clock: float) -> float:
+        """Daemon time minus agent time, with as little transit in it as the
+        reports allow.
+
+        ``recv - agent_clock`` holds the clocks' offset plus this report's
+        transit (queueing in the agent, the network, the daemon's loop): an
+        anchor at ``recv`` puts every age in the report that much late, and a
+        late start makes the watchdog budget err large. Each report bounds the
+        offset from above; the smallest bound of the last CLOCK_WINDOW seconds
+        wins (a window, not all time: two hosts' clocks drift, a paused VM's
+        stops). An agent clock that went back (a new agent process) starts afresh.
+        """
+        off = recv - agent_clock
+        q = self._offsets
+        if agent_clock <= 0 or agent_clock < self._last_clock:
+            q.clear()
+        self._last_clock = agent_clock
+        if agent_clock <= 0:
+            return off  # no clock in the report: anchor at receipt
+        while q and q[-1][1] >= off:
+            q.pop()
+        q.append((recv, off))
+        while q[0][0] < recv - CLOCK_WINDOW:
+            q.popleft()
+        return q[0][1]
 
 
 class StackStore:
@@ -473,6 +507,7 @@ class JobTable:
             node = agent.node
         agent_id = agent.agent_id
         agent_clock = report.agent_monotonic_seconds
+        anchor = agent.clock_offset(recv, agent_clock) + agent_clock  # <= recv
         jobs = self.jobs
         job: Job | None = None
         for s in report.samples:
@@ -493,7 +528,7 @@ class JobTable:
                 rec = job.ranks[rank] = RankRecord(rank)
             elif rec.gone_at is not None:
                 rec.gone_at = None
-            changed = self._take_state(job, rec, s, recv, agent_clock, missing, rec.pid != pid)
+            changed = self._take_state(job, rec, s, anchor, agent_clock, missing, rec.pid != pid)
             p = s.process
             written = p.io_write_bytes
             if rec.seen and written >= rec.io_write_bytes and recv > rec.seen:
@@ -563,8 +598,8 @@ class JobTable:
         self.samples_total += len(report.samples)
         self.forms_total["full"] += len(report.samples)
         if report.changes:
-            self._apply_changes(agent, report.changes, slots, reported, recv, agent_clock,
-                                missing)
+            self._apply_changes(agent, report.changes, slots, reported, recv, anchor,
+                                agent_clock, missing)
         if briefs:
             self._apply_briefs(agent, report.briefs, slots, reported, recv)
         agent.slots = slots
@@ -586,13 +621,17 @@ class JobTable:
             agent.ranks |= reported
         return missing
 
-    def _take_state(self, job: Job, rec: RankRecord, m: Any, recv: float, agent_clock: float,
+    def _take_state(self, job: Job, rec: RankRecord, m: Any, anchor: float, agent_clock: float,
                     missing: list[str], moved: bool = False) -> bool:
         """State, op, since and stack of a RankSample or a RankChange (the same
-        fields); True when the rank entered a new state (or ``moved``: a new pid)."""
+        fields); True when the rank entered a new state (or ``moved``: a new pid).
+
+        ``anchor``: the daemon time the report's ages count back from, the
+        moment the agent built it as best known (AgentRecord.clock_offset),
+        never later than its receipt."""
         state = _STATE_OF.get(m.state) or RankState.from_proto(m.state)
         op = _OP_OF.get(m.op) or CollectiveOp.from_proto(m.op)
-        since = recv - m.state_seconds
+        since = anchor - m.state_seconds
         since_agent = agent_clock - m.state_seconds
         changed = moved or state is not rec.state or op is not rec.op
         if changed or since_agent > rec.since_agent + NEW_EPISODE:
@@ -609,7 +648,7 @@ class JobTable:
                 missing.append(sid)
             rec.stack_id = sid
         # The state is what the stack of stack_age_seconds ago showed.
-        rec.stack_at = recv - m.stack_age_seconds if state is not RankState.UNKNOWN else None
+        rec.stack_at = anchor - m.stack_age_seconds if state is not RankState.UNKNOWN else None
         return changed
 
     def _resolve(self, agent: AgentRecord, slots: dict[int, Any], slot: int) -> Any:
@@ -623,8 +662,8 @@ class JobTable:
         return ent
 
     def _apply_changes(self, agent: AgentRecord, changes, slots: dict[int, Any],
-                       reported: set[tuple[str, int]], recv: float, agent_clock: float,
-                       missing: list[str]) -> None:
+                       reported: set[tuple[str, int]], recv: float, anchor: float,
+                       agent_clock: float, missing: list[str]) -> None:
         """Ranks whose state, op, stack or state start moved: the state part of a
         full sample (``apply``), without the process stats it would repeat."""
         unresolved = 0
@@ -634,7 +673,7 @@ class JobTable:
                 unresolved += ent is False
                 continue
             job, rec, key = ent
-            changed = self._take_state(job, rec, c, recv, agent_clock, missing)
+            changed = self._take_state(job, rec, c, anchor, agent_clock, missing)
             cpu = c.cpu_utilization
             rec.cpu_recent = _smooth(rec.cpu_recent, cpu, recv - rec.seen)
             rec.seen = recv
