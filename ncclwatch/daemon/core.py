@@ -164,6 +164,23 @@ class Daemon:
 
     # -- commands --------------------------------------------------------------
 
+    def operator_request_stacks(self, job_id: str, reason: str,
+                                names: frozenset[str] | None) -> int:
+        """A DumpStacks call: under mTLS (``names``: what the caller's
+        certificate proves) only for a job with a live rank on the caller's
+        node; raise ReportError (NOT_FOUND, PERMISSION_DENIED) otherwise."""
+        job = self.table.jobs.get(job_id)
+        if job is None:
+            raise ReportError(grpc.StatusCode.NOT_FOUND, f"unknown job {job_id!r}")
+        if names is not None and not any(r.node in names for r in job.ranks.values()
+                                         if r.gone_at is None):
+            self.table.identity_refusals_total["dump_stacks"] += 1
+            shown = ", ".join(repr(n) for n in sorted(names)) or "no name"
+            raise ReportError(grpc.StatusCode.PERMISSION_DENIED,
+                              f"certificate for {shown} cannot ask for stacks of job "
+                              f"{job_id!r}: none of its ranks runs on that node")
+        return self.request_stacks(job_id, reason)
+
     def request_stacks(self, job_id: str, reason: str) -> int:
         """Queue a DumpStacks command for every agent with ranks of the job."""
         return self._command(job_id, pb.Command(

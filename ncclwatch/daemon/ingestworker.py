@@ -125,7 +125,11 @@ class Worker:
             self.link.send(L.CLOSE, sid)
 
     async def dump_stacks(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        kind, body = await self.ask(L.DUMP, next(self.ids), raw)
+        sid, names = next(self.ids), peer_names(context)
+        # The caller's certificate names first (DumpStacks is scoped to them).
+        self.link.send(L.OPEN, sid, L.encode_json(
+            {"peer": context.peer(), "names": None if names is None else sorted(names)}))
+        kind, body = await self.ask(L.DUMP, sid, raw)
         if kind == L.ERR:
             code, message = L.decode_error(body)
             await context.abort(grpc.StatusCode[code], message)

@@ -301,6 +301,9 @@ class Job:
     #: How the batch scheduler names the job (scheduler, job_id, job_name, user,
     #: source), as the agent found it; None: not under a scheduler, or not yet known.
     scheduler_job: dict[str, str] | None = None
+    #: A ranked member set the job-level facts (env, timeout, scheduler names,
+    #: Flight Recorder timeout): members without a rank may no longer replace them.
+    facts_ranked: bool = False
 
     #: (node, pid) -> key of a member whose rank is unknown: -1, -2, ... in
     #: order of arrival, so such a member has a row, can wait or be a culprit.
@@ -461,6 +464,8 @@ class JobTable:
         #: resyncs asked for (briefs or changes naming slots not held).
         self.forms_total = {"full": 0, "change": 0, "brief": 0}
         self.resyncs_total = 0
+        #: Parts of reports refused because the node does not own them, by what.
+        self.identity_refusals_total: collections.Counter[str] = collections.Counter()
 
     def apply(self, report: pb.NodeReport, recv: float, recv_wall: float | None = None,
               left_out: Collection[str] = (), left_out_slots: Collection[int] = ()) -> list[str]:
@@ -570,15 +575,22 @@ class JobTable:
             elif rec.progress_known:
                 rec.progress_known = False
                 rec.still_since = rec.still_at = None
-            if s.HasField("flight_recorder"):
+            # A member without a rank proves no place in the job: it may fill in
+            # job-level facts nobody ranked gave, never replace them.
+            facts = ident.rank >= 0 or not job.facts_ranked
+            if not facts and (s.HasField("flight_recorder") or s.HasField("job")):
+                self.identity_refusals_total["rankless_job_facts"] += 1
+            if facts and s.HasField("flight_recorder"):
+                job.facts_ranked |= ident.rank >= 0
                 fr = s.flight_recorder
                 job.flight_recorder[rank] = (recv - fr.dump_age_seconds, fr)
                 for g in fr.groups:
                     if g.pending_timeout_ms and (is_default_group(g.pg_name, g.pg_desc)
                                                  or not job.fr_timeout):
                         job.fr_timeout = g.pending_timeout_ms / 1000.0
-            if s.HasField("job"):
+            if facts and s.HasField("job"):
                 info = s.job
+                job.facts_ranked |= ident.rank >= 0
                 job.source = info.source
                 env = dict(info.env)
                 if env != job.env:
@@ -606,11 +618,16 @@ class JobTable:
 
         for ident in report.exited:
             rank = ident.rank
+            job = self.jobs.get(ident.job_id)
             if rank < 0:
-                job = self.jobs.get(ident.job_id)
                 rank = job.key_of(rank, node, ident.pid, create=False) if job else None
                 if rank is None:
                     continue
+            rec = job.ranks.get(rank) if job else None
+            if rec is not None and rec.node and rec.node != node:
+                # Only the node that reports a rank may say it exited.
+                self.identity_refusals_total["exited"] += 1
+                continue
             self._gone(ident.job_id, rank, ident.pid, recv)
         if report.full_round:
             kept = {jr for jr in agent.ranks if jr[0] in left_out} if left_out else set()
