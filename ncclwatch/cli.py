@@ -14,6 +14,7 @@ import tempfile
 from typing import Any, Sequence
 
 from ncclwatch import __version__
+from ncclwatch.daemon.bounds import bound_options, bounds_from
 from ncclwatch.config import (ConfigError, Option, add_options, hostport, hostports,
                               load_file, positive_float, positive_int, rank_set, resolve)
 
@@ -88,7 +89,7 @@ DAEMON_OPTIONS = (
     Option("http", hostport, "0.0.0.0:7471", "listen address for /metrics, API, page",
            "HOST:PORT"),
     _WATCHDOG, _THRESHOLD, _HANG, _HANG_FLOOR, _STALENESS, _INGEST_WORKERS, *_TLS_SERVER,
-    _WEB_CONFIG, _LOG,
+    _WEB_CONFIG, *bound_options(), _LOG,
 )
 AGENT_OPTIONS = (
     Option("collector", hostports, "127.0.0.1:7470", "the daemon's gRPC address; two or more, "
@@ -105,7 +106,7 @@ RUN_OPTIONS = (
     Option("http", hostport, "127.0.0.1:7471", "listen address for /metrics, API, page",
            "HOST:PORT"),
     _INTERVAL, _WATCHDOG, _THRESHOLD, _HANG, _HANG_FLOOR, _STALENESS, _SUSPECT, _SLOW, _PYSPY_TIMEOUT,
-    _CPU_BUDGET, *_TLS_SERVER, _LOG,
+    _CPU_BUDGET, *_TLS_SERVER, *bound_options(), _LOG,
 )
 
 DEFAULT_FILES = {"daemon": "/etc/ncclwatch/daemon.toml", "agent": "/etc/ncclwatch/agent.toml",
@@ -278,7 +279,8 @@ def _daemon_config(cfg: dict[str, Any]):
                         hang_threshold=cfg["hang_threshold"], hang_floor=cfg["hang_floor"],
                         staleness=cfg["staleness"],
                         ingest_workers=cfg.get("ingest_workers", 0),
-                        tls=cfg.get("server_tls"), web=cfg.get("web"))
+                        tls=cfg.get("server_tls"), web=cfg.get("web"),
+                        bounds=bounds_from(cfg))
 
 
 def _agent_config(cfg: dict[str, Any], collector: str | None = None):
