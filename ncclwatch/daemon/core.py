@@ -160,7 +160,7 @@ class Daemon:
         if not samples:
             return
         agent = table.agents.get(report.agent_id)
-        mine = {j for j, _ in agent.ranks} if agent is not None else set()
+        mine = agent.jobs if agent is not None else set()
         n = len(samples)
         ids = dict.fromkeys(s.identity.job_id for s in samples)
         new_keys: dict[str, set] = {}

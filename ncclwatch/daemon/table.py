@@ -367,6 +367,9 @@ class AgentRecord:
     connected: bool = False
     health: pb.AgentHealth = field(default_factory=pb.AgentHealth)
     ranks: set[tuple[str, int]] = field(default_factory=set)
+    #: Jobs this agent reported that the table still holds (live or gone, until
+    #: they expire): what bounds.max_jobs_per_agent counts.
+    jobs: set[str] = field(default_factory=set)
     commands: collections.deque = field(default_factory=lambda: collections.deque(maxlen=64))
     #: Protocol 2: slot -> (job, rank record, (job id, rank)) of this agent's
     #: stream; None: a rank of a job left out of the report (briefs skip it).
@@ -537,6 +540,7 @@ class JobTable:
                 if job is None:
                     job = jobs[job_id] = Job(job_id, ident.world_size, recv)
                 self.dirty.add(job.job_id)
+                agent.jobs.add(job.job_id)
             rank, pid = ident.rank, ident.pid
             if rank < 0:
                 rank = job.key_of(rank, node, pid)
@@ -816,7 +820,10 @@ class JobTable:
             if all(r.gone_at is not None or not self.fresh(r, now) for r in job.ranks.values()):
                 dead.append(job_id)
         for job_id in dead:
-            del self.jobs[job_id]
+            job = self.jobs.pop(job_id)
+            for aid in {r.agent_id for r in job.ranks.values()}:
+                if (agent := self.agents.get(aid)) is not None:
+                    agent.jobs.discard(job_id)
         for agent_id in [a for a, rec in self.agents.items()
                          if not rec.connected and now - rec.last_recv > GONE_JOB_TTL]:
             del self.agents[agent_id]
