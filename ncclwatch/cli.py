@@ -14,6 +14,7 @@ import tempfile
 from typing import Any, Sequence
 
 from ncclwatch import __version__
+from ncclwatch import termsafe
 from ncclwatch.daemon.bounds import bound_options, bounds_from
 from ncclwatch.config import (ConfigError, Option, add_options, hostport, hostports,
                               load_file, positive_float, positive_int, rank_set, resolve)
@@ -267,6 +268,7 @@ def _setup_logging(level: str) -> None:
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
+    termsafe.install()  # job ids, node names: no forged lines, no escapes
 
 
 def _daemon_config(cfg: dict[str, Any]):

@@ -10,6 +10,7 @@ import urllib.request
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from ncclwatch import termsafe
 from ncclwatch.model import SIZE_SOURCES, rank_ranges, scheduler_label
 
 DEFAULT_DAEMON = "http://127.0.0.1:7471"
@@ -83,6 +84,11 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 
 def render(view: dict[str, Any]) -> str:
+    """The terminal text of a /api/v1/jobs view. Every string in it (job ids,
+    Slurm names, hosts, stack frames, paths, sentences that quote them) is
+    escaped first (termsafe): nothing a job chose can move the cursor,
+    clear the screen or forge a line."""
+    view = termsafe.deep(view)
     jobs = view.get("jobs", [])
     if not jobs:
         n = sum(1 for a in view.get("agents", []) if a.get("connected"))
