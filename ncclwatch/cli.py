@@ -85,12 +85,19 @@ _INGEST_WORKERS = Option("ingest_workers", _workers, 0,
                          "forward reports to this one, which keeps the job table, detection "
                          "and HTTP: ingest on more than one core (0: serve gRPC here)", "N")
 
+def _allowed_hosts(default: str) -> Option:
+    return Option("allowed_hosts", str, default,
+                  "Host headers the HTTP side answers, comma-separated (the --http host is "
+                  "added); others get 403, so a page that rebinds its DNS name to this "
+                  "address cannot read it. Empty: any Host", "HOSTS")
+
+
 DAEMON_OPTIONS = (
     Option("grpc", hostport, "0.0.0.0:7470", "listen address for agents", "HOST:PORT"),
     Option("http", hostport, "0.0.0.0:7471", "listen address for /metrics, API, page",
            "HOST:PORT"),
     _WATCHDOG, _THRESHOLD, _HANG, _HANG_FLOOR, _STALENESS, _INGEST_WORKERS, *_TLS_SERVER,
-    _WEB_CONFIG, *bound_options(), _LOG,
+    _WEB_CONFIG, _allowed_hosts(""), *bound_options(), _LOG,
 )
 AGENT_OPTIONS = (
     Option("collector", hostports, "127.0.0.1:7470", "the daemon's gRPC address; two or more, "
@@ -107,7 +114,8 @@ RUN_OPTIONS = (
     Option("http", hostport, "127.0.0.1:7471", "listen address for /metrics, API, page",
            "HOST:PORT"),
     _INTERVAL, _WATCHDOG, _THRESHOLD, _HANG, _HANG_FLOOR, _STALENESS, _SUSPECT, _SLOW, _PYSPY_TIMEOUT,
-    _CPU_BUDGET, *_TLS_SERVER, *bound_options(), _LOG,
+    _CPU_BUDGET, *_TLS_SERVER, _allowed_hosts("localhost,127.0.0.1,::1"), *bound_options(),
+    _LOG,
 )
 
 DEFAULT_FILES = {"daemon": "/etc/ncclwatch/daemon.toml", "agent": "/etc/ncclwatch/agent.toml",
@@ -282,6 +290,7 @@ def _daemon_config(cfg: dict[str, Any]):
                         staleness=cfg["staleness"],
                         ingest_workers=cfg.get("ingest_workers", 0),
                         tls=cfg.get("server_tls"), web=cfg.get("web"),
+                        allowed_hosts=cfg.get("allowed_hosts") or "",
                         bounds=bounds_from(cfg))
 
 

@@ -72,12 +72,35 @@ class JobsQuery:
             limit = int(q["limit"])
         cursor = None
         if q.get("cursor"):
-            try:
-                job, rank = json.loads(base64.urlsafe_b64decode(q["cursor"].encode()))
-                cursor = (str(job), None if rank is None else int(rank))
-            except (ValueError, TypeError, binascii.Error):
-                raise ValueError("cursor: not one this API gave out") from None
+            cursor = _parse_cursor(q["cursor"])
         return cls(job=q.get("job") or None, ranks=detail, limit=limit, cursor=cursor)
+
+
+#: A cursor's rank key: a rank, or a rank-less member's key (-1, -2, ...).
+_KEY_RANGE = range(-(1 << 31), 1 << 31)
+MAX_CURSOR = 1024
+
+
+def _parse_cursor(text: str) -> tuple[str, int | None]:
+    """``[job, rank key or null]`` as _cursor wrote it, or ValueError (HTTP 400):
+    not JSON, not that shape, a float (``Infinity``, ``NaN``, ``1.5``), a key
+    out of range, an overlong cursor."""
+    bad = ValueError("cursor: not one this API gave out")
+    if len(text) > MAX_CURSOR:
+        raise bad
+    try:
+        got = json.loads(base64.urlsafe_b64decode(text.encode()),
+                         parse_constant=_no_constant)
+    except (ValueError, TypeError, binascii.Error, RecursionError):
+        raise bad from None
+    if not (isinstance(got, list) and len(got) == 2 and isinstance(got[0], str)
+            and (got[1] is None or type(got[1]) is int and got[1] in _KEY_RANGE)):
+        raise bad
+    return got[0], got[1]
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a cursor value")
 
 
 def _cursor(job: str, rank: int | None) -> str:

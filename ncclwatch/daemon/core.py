@@ -55,6 +55,8 @@ class DaemonConfig:
     #: Worker processes that serve the agents' gRPC and forward reports here
     #: (ingestpool.py); 0: this process serves gRPC itself.
     ingest_workers: int = 0
+    #: Host headers HTTP serves (http.allowed_hosts: comma list; "": any).
+    allowed_hosts: str = ""
     #: What one report, agent or job may cost (bounds.py).
     bounds: Bounds = field(default_factory=Bounds)
 
