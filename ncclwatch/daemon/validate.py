@@ -31,6 +31,9 @@ _isfinite = math.isfinite
 _OPS = frozenset(pb.CollectiveOp.values())
 DEFAULT_BOUNDS = Bounds()
 MAX_ENV_NAME = 256
+#: Seconds since boot no machine reaches (317 years): the daemon anchors ages
+#: on the agent's clock (table.AgentRecord.clock_offset), so it must be one.
+MAX_CLOCK = 1e10
 
 
 class ReportError(Exception):
@@ -76,6 +79,9 @@ def validate_request(req: pb.ReportRequest,
         v = getattr(r, name)
         if not math.isfinite(v) or v < 0:
             raise _bad(f"report.{name} must be finite and >= 0, got {v}")
+    if r.agent_monotonic_seconds > MAX_CLOCK:
+        raise _bad(f"report.agent_monotonic_seconds {r.agent_monotonic_seconds:g} is not a "
+                   f"monotonic clock (over {MAX_CLOCK:g})", "age")
     if r.interval_seconds > bounds.max_interval_seconds:
         raise _bad(f"report.interval_seconds {r.interval_seconds:g} over "
                    f"{bounds.max_interval_seconds:g} (max_interval_seconds)", "interval")
