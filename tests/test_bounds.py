@@ -254,3 +254,17 @@ def test_bounds_come_from_flags_environment_and_toml(tmp_path) -> None:
         assert (hits["jobs_per_agent"], hits["path_length"], hits["env_length"]) == (1, 1, 1)
     finally:
         proc.stop()
+
+
+def test_an_agent_clock_that_is_no_monotonic_clock_is_refused() -> None:
+    """The daemon anchors ages on the agent's clock: 1e300 would put a wait's
+    start at 0 (float cancellation) and age every rank of the agent."""
+    async def go():
+        async with Harness() as h:
+            req = report([sample("j", 0, 1, RankState.COMPUTE)])
+            req.report.agent_monotonic_seconds = 1e300
+            err = await h.refused(req)
+            assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "is not a monotonic clock" in err.details()
+            assert (await asyncio.to_thread(h.hits))["age"] == 1
+    _run(go())

@@ -146,3 +146,15 @@ def test_transit_of_a_late_report_is_not_counted_as_budget() -> None:
     d.tick(now=1005.0)
     assert d.table.jobs[JOB].ranks[1].since == 990.0
     assert d.budget_of(JOB, 1005.0).remaining == TIMEOUT - 15.0
+
+
+def test_a_clock_that_stopped_is_not_taken_for_transit() -> None:
+    """A suspended host's monotonic clock stops: its offset jumps by the
+    pause. That is not transit to take out (it would date waits a minute
+    early); the offset starts afresh."""
+    d = Daemon(DaemonConfig(stall_threshold=5.0))
+    d.ingest(_report(1, 500.0, 10.0, 10.0), now=1000.0)
+    later = _report(2, 501.0, 1.0, 11.0)  # 60 s the agent's clock missed; a new wait
+    later.report.samples[1].op = pb.COLLECTIVE_OP_ALL_REDUCE
+    d.ingest(later, now=1061.0)
+    assert d.table.jobs[JOB].ranks[1].since == 1060.0  # not 1000.0

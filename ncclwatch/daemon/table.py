@@ -33,6 +33,8 @@ NEW_EPISODE = 0.5
 #: Seconds of reports the transit-free clock offset is the minimum over
 #: (AgentRecord.clock_offset).
 CLOCK_WINDOW = 30.0
+#: A transit longer than this is taken for a clock that stopped or jumped.
+CLOCK_JUMP = 10.0
 #: Evidence curve per rank: points at least this far apart, this many kept.
 CURVE_STEP = 0.9
 CURVE_POINTS = 90
@@ -399,11 +401,14 @@ class AgentRecord:
         late start makes the watchdog budget err large. Each report bounds the
         offset from above; the smallest bound of the last CLOCK_WINDOW seconds
         wins (a window, not all time: two hosts' clocks drift, a paused VM's
-        stops). An agent clock that went back (a new agent process) starts afresh.
+        stops). An agent clock that went back (a new agent process), or fell
+        behind by more than CLOCK_JUMP (a suspended host: its waits would be
+        dated that much early), starts afresh.
         """
         off = recv - agent_clock
         q = self._offsets
-        if agent_clock <= 0 or agent_clock < self._last_clock:
+        if agent_clock <= 0 or agent_clock < self._last_clock \
+                or (q and off - q[0][1] > CLOCK_JUMP):
             q.clear()
         self._last_clock = agent_clock
         if agent_clock <= 0:
