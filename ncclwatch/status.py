@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import ssl
 import urllib.error
 import urllib.request
@@ -101,7 +102,7 @@ def render(view: dict[str, Any]) -> str:
         rows.append([j["job"], scheduler_label(j.get("scheduler_job")) or "-",
                      f"{j['ranks_reporting']}/{j['world_size']}",
                      ",".join(j["nodes"]), stalls,
-                     f"{w['remaining_seconds']:.0f}s/{w['timeout_seconds']:.0f}s"])
+                     f"{_left(w)}s/{w['timeout_seconds']:.0f}s"])
     out.append(_table(rows, ["JOB", "SCHEDULER JOB", "RANKS", "NODES", "STALL",
                              "WATCHDOG LEFT"]))
     for j in jobs:
@@ -113,7 +114,7 @@ def render(view: dict[str, Any]) -> str:
             if dx:
                 out.append(f"  root cause ({dx['root_cause']}): {dx['cause']}")
             w = s["watchdog"]
-            out.append(f"  watchdog: {w['remaining_seconds']:.0f}s of {w['timeout_seconds']:.0f}s "
+            out.append(f"  watchdog: {_left(w)}s of {w['timeout_seconds']:.0f}s "
                        f"left; stalled {s['duration_seconds']:.0f}s")
             ck = (s.get("forecast") or {}).get("checkpoint")
             if ck:
@@ -154,6 +155,11 @@ def render(view: dict[str, Any]) -> str:
             out.append(f"{j['job']} ranks: " + "; ".join(
                 f"{k}: {v}" for k, v in sorted(states.items())))
     return "\n".join(out)
+
+
+def _left(w: dict[str, Any]) -> int:
+    """Whole seconds of budget, rounded down: never more time than there is."""
+    return math.floor(w["remaining_seconds"])
 
 
 def _ranks_text(items: list[int | str]) -> str:

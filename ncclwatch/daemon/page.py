@@ -6,6 +6,7 @@ JavaScript, so it works through any proxy and in a terminal browser.
 
 from __future__ import annotations
 
+import math
 from html import escape
 from typing import Any
 from urllib.parse import quote
@@ -54,7 +55,7 @@ def _job(job: dict[str, Any]) -> str:
             f"<span class='{'bad' if stalled else 'ok'}'>{'STALLED' if stalled else 'ok'}</span></h2>"
             + named + f"<p>{job['ranks_reporting']}/{job['world_size']} ranks on "
             f"{escape(', '.join(job['nodes']))}; watchdog timeout {w['timeout_seconds']:.0f}s "
-            f"({escape(w['timeout_source'])}), <b>{w['remaining_seconds']:.0f}s left</b></p>")
+            f"({escape(w['timeout_source'])}), <b>{math.floor(w['remaining_seconds'])}s left</b></p>")
     out = [head]
     for s in job["stalls"]:
         out.append(_stall(s))
@@ -84,7 +85,7 @@ def _stall(s: dict[str, Any]) -> str:
     out = [f"<div class='stall' data-kind='{escape(s['kind'])}'>{risk}"
            f"<b>{escape(s['kind'])}</b>: {escape(s['summary'])}<br>",
            f"watchdog budget: <meter min='0' max='1' low='0.5' high='0.75' optimum='0' "
-           f"value='{used:.3f}'></meter> <b class='remaining'>{w['remaining_seconds']:.0f}s</b> "
+           f"value='{used:.3f}'></meter> <b class='remaining'>{math.floor(w['remaining_seconds'])}s</b> "
            f"of {w['timeout_seconds']:.0f}s left (stalled {s['duration_seconds']:.0f}s)"]
     out.append(_forecast(s["forecast"], w["remaining_seconds"]))
     for c in s["culprits"]:
