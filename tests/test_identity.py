@@ -47,7 +47,7 @@ def _node_a_job(seq: int = 1) -> pb.ReportRequest:
     return req
 
 
-async def _stall(h: TLSHarness, timeout: float = 10.0) -> None:
+async def _stall(h: TLSHarness, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while ("job-1", StallKind.CHECKPOINT_GATHER) not in h.daemon.incidents.active:
         assert time.monotonic() < deadline, "no stall opened for node-a's job"
