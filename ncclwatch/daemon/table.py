@@ -384,16 +384,23 @@ class AgentRecord:
     briefs_unresolved_total: int = 0
 
     #: (receipt, recv - agent clock) of recent reports, offsets increasing:
-    #: the sliding minimum of ``clock_offset``.
+    #: the sliding minimum of ``clock_offset`` (an upper bound on the offset).
     _offsets: collections.deque = field(default_factory=collections.deque)
+    #: (receipt, a lower bound on the offset) from timed acknowledgements,
+    #: bounds decreasing: their sliding maximum.
+    _lows: collections.deque = field(default_factory=collections.deque)
+    #: seq -> recv - agent clock of recent reports, for their timed acks.
+    _by_seq: dict = field(default_factory=dict)
     _last_clock: float = 0.0
 
     def stale(self, now: float, staleness: float) -> bool:
         return now - self.last_recv > max(staleness, 3 * self.interval)
 
-    def clock_offset(self, recv: float, agent_clock: float) -> float:
-        """Daemon time minus agent time, with as little transit in it as the
-        reports allow.
+    def clock_offset(self, recv: float, agent_clock: float, seq: int = 0,
+                     timed_seq: int = 0, round_trip: float = 0.0) -> float:
+        """Daemon time minus agent time, no larger than it truly is when the
+        agent times its acknowledgements, and with as little transit in it
+        as the reports allow when it does not.
 
         ``recv - agent_clock`` holds the clocks' offset plus this report's
         transit (queueing in the agent, the network, the daemon's loop): an
@@ -401,15 +408,22 @@ class AgentRecord:
         late start makes the watchdog budget err large. Each report bounds the
         offset from above; the smallest bound of the last CLOCK_WINDOW seconds
         wins (a window, not all time: two hosts' clocks drift, a paused VM's
-        stops). An agent clock that went back (a new agent process), or fell
-        behind by more than CLOCK_JUMP (a suspended host: its waits would be
-        dated that much early), starts afresh.
+        stops). A timed acknowledgement (report ``timed_seq`` was acknowledged
+        ``round_trip`` after it was built) bounds that report's transit, so
+        its ``recv - clock - round_trip`` bounds the offset from below: the
+        largest such bound of the window is the offset used, and ages count
+        back from no later than the truth, whatever the transit. An agent
+        clock that went back (a new agent process), or fell behind by more
+        than CLOCK_JUMP (a suspended host: its waits would be dated that much
+        early), starts afresh.
         """
         off = recv - agent_clock
-        q = self._offsets
+        q, lows = self._offsets, self._lows
         if agent_clock <= 0 or agent_clock < self._last_clock \
                 or (q and off - q[0][1] > CLOCK_JUMP):
             q.clear()
+            lows.clear()
+            self._by_seq.clear()
         self._last_clock = agent_clock
         if agent_clock <= 0:
             return off  # no clock in the report: anchor at receipt
@@ -418,7 +432,21 @@ class AgentRecord:
         q.append((recv, off))
         while q[0][0] < recv - CLOCK_WINDOW:
             q.popleft()
-        return q[0][1]
+        timed = self._by_seq.pop(timed_seq, None) if timed_seq else None
+        if seq:
+            self._by_seq[seq] = off
+            if len(self._by_seq) > 128:
+                del self._by_seq[next(iter(self._by_seq))]
+        # A bound far below the upper one (a round trip of more than
+        # CLOCK_JUMP) says little and may come from a clock that jumped.
+        if timed is not None and 0 <= round_trip <= CLOCK_JUMP:
+            low = timed - round_trip
+            while lows and lows[-1][1] <= low:
+                lows.pop()
+            lows.append((recv, low))
+        while lows and lows[0][0] < recv - CLOCK_WINDOW:
+            lows.popleft()
+        return min(lows[0][1], q[0][1]) if lows else q[0][1]
 
 
 def _text_of(st: Stack) -> int:
@@ -534,7 +562,8 @@ class JobTable:
             node = agent.node
         agent_id = agent.agent_id
         agent_clock = report.agent_monotonic_seconds
-        anchor = agent.clock_offset(recv, agent_clock) + agent_clock  # <= recv
+        anchor = agent.clock_offset(recv, agent_clock, report.seq, report.timed_seq,
+                                    report.timed_round_trip_seconds) + agent_clock  # <= recv
         jobs = self.jobs
         job: Job | None = None
         for s in report.samples:

@@ -75,7 +75,8 @@ def validate_request(req: pb.ReportRequest,
         raise _bad("report.node must be a host name of 1-255 characters")
     if not r.agent_id or len(r.agent_id) > 64:
         raise _bad("report.agent_id must be 1-64 characters")
-    for name in ("agent_monotonic_seconds", "agent_wall_seconds", "interval_seconds"):
+    for name in ("agent_monotonic_seconds", "agent_wall_seconds", "interval_seconds",
+                 "timed_round_trip_seconds"):
         v = getattr(r, name)
         if not math.isfinite(v) or v < 0:
             raise _bad(f"report.{name} must be finite and >= 0, got {v}")
