@@ -14,6 +14,8 @@ import tempfile
 from typing import Any, Sequence
 
 from ncclwatch import __version__
+from ncclwatch import termsafe
+from ncclwatch.daemon.bounds import bound_options, bounds_from
 from ncclwatch.config import (ConfigError, Option, add_options, hostport, hostports,
                               load_file, positive_float, positive_int, rank_set, resolve)
 
@@ -93,13 +95,20 @@ _EXTERNAL_URL = Option("external_url", str, None,
 _RUNBOOK_URL = Option("runbook_url", str, None,
                       "base URL of the runbooks alerts link to (default: the ones this "
                       "daemon serves at <external-url>/runbooks/)", "URL")
+def _allowed_hosts(default: str) -> Option:
+    return Option("allowed_hosts", str, default,
+                  "Host headers the HTTP side answers, comma-separated (the --http host is "
+                  "added); others get 403, so a page that rebinds its DNS name to this "
+                  "address cannot read it. Empty: any Host", "HOSTS")
+
 
 DAEMON_OPTIONS = (
     Option("grpc", hostport, "0.0.0.0:7470", "listen address for agents", "HOST:PORT"),
     Option("http", hostport, "0.0.0.0:7471", "listen address for /metrics, API, page",
            "HOST:PORT"),
     _WATCHDOG, _THRESHOLD, _HANG, _HANG_FLOOR, _STALENESS, _INGEST_WORKERS, *_TLS_SERVER,
-    _WEB_CONFIG, _DIAGNOSE_MAX, _EXTERNAL_URL, _RUNBOOK_URL, _LOG,
+    _WEB_CONFIG, _DIAGNOSE_MAX, _EXTERNAL_URL, _RUNBOOK_URL, _allowed_hosts(""),
+    *bound_options(), _LOG,
 )
 AGENT_OPTIONS = (
     Option("collector", hostports, "127.0.0.1:7470", "the daemon's gRPC address; two or more, "
@@ -118,7 +127,8 @@ RUN_OPTIONS = (
     Option("http", hostport, "127.0.0.1:7471", "listen address for /metrics, API, page",
            "HOST:PORT"),
     _INTERVAL, _WATCHDOG, _THRESHOLD, _HANG, _HANG_FLOOR, _STALENESS, _SUSPECT, _SLOW, _PYSPY_TIMEOUT,
-    _CPU_BUDGET, *_TLS_SERVER, _DIAGNOSE_MAX, _LOG,
+    _CPU_BUDGET, *_TLS_SERVER, _DIAGNOSE_MAX, _allowed_hosts("localhost,127.0.0.1,::1"),
+    *bound_options(), _LOG,
 )
 
 DEFAULT_FILES = {"daemon": "/etc/ncclwatch/daemon.toml", "agent": "/etc/ncclwatch/agent.toml",
@@ -302,6 +312,7 @@ def _setup_logging(level: str) -> None:
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
+    termsafe.install()  # job ids, node names: no forged lines, no escapes
 
 
 def _daemon_config(cfg: dict[str, Any]):
@@ -317,7 +328,9 @@ def _daemon_config(cfg: dict[str, Any]):
                         tls=cfg.get("server_tls"), web=cfg.get("web"),
                         diagnose_max_bytes=cfg.get("diagnose_max_bytes", 256 << 20),
                         external_url=cfg.get("external_url") or "",
-                        runbook_url=cfg.get("runbook_url") or "")
+                        runbook_url=cfg.get("runbook_url") or "",
+                        allowed_hosts=cfg.get("allowed_hosts") or "",
+                        bounds=bounds_from(cfg))
 
 
 def _agent_config(cfg: dict[str, Any], collector: str | None = None):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import ssl
 import urllib.error
 import urllib.request
@@ -11,6 +12,7 @@ from typing import Any
 from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 
 from ncclwatch.agent.container import describe as describe_container
+from ncclwatch import termsafe
 from ncclwatch.model import SIZE_SOURCES, rank_ranges, scheduler_label
 from ncclwatch.savefit import seconds
 
@@ -85,6 +87,11 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 
 def render(view: dict[str, Any], daemon: str = "") -> str:
+    """The terminal text of a /api/v1/jobs view. Every string in it (job ids,
+    Slurm names, hosts, stack frames, paths, sentences that quote them) is
+    escaped first (termsafe): nothing a job chose can move the cursor,
+    clear the screen or forge a line."""
+    view = termsafe.deep(view)
     jobs = view.get("jobs", [])
     if not jobs:
         n = sum(1 for a in view.get("agents", []) if a.get("connected"))
@@ -97,7 +104,7 @@ def render(view: dict[str, Any], daemon: str = "") -> str:
         rows.append([j["job"], scheduler_label(j.get("scheduler_job")) or "-",
                      f"{j['ranks_reporting']}/{j['world_size']}",
                      ",".join(j["nodes"]), stalls,
-                     f"{w['remaining_seconds']:.0f}s/{w['timeout_seconds']:.0f}s"])
+                     f"{_left(w)}s/{w['timeout_seconds']:.0f}s"])
     out.append(_table(rows, ["JOB", "SCHEDULER JOB", "RANKS", "NODES", "STALL",
                              "WATCHDOG LEFT"]))
     for j in jobs:
@@ -113,7 +120,7 @@ def render(view: dict[str, Any], daemon: str = "") -> str:
                 out.append(f"  NOW: {now['headline']}")
                 out.append(f"       {now['text']}")
             w = s["watchdog"]
-            out.append(f"  watchdog: {w['remaining_seconds']:.0f}s of {w['timeout_seconds']:.0f}s "
+            out.append(f"  watchdog: {_left(w)}s of {w['timeout_seconds']:.0f}s "
                        f"left")
             anchors = (s.get("clock") or {}).get("anchors", [])
             if anchors:  # every duration from one reading, each naming its anchor
@@ -167,6 +174,11 @@ def render(view: dict[str, Any], daemon: str = "") -> str:
             out.append(f"{j['job']} ranks: " + "; ".join(
                 f"{k}: {v}" for k, v in sorted(states.items())))
     return "\n".join(out)
+
+
+def _left(w: dict[str, Any]) -> int:
+    """Whole seconds of budget, rounded down: never more time than there is."""
+    return math.floor(w["remaining_seconds"])
 
 
 def _ranks_text(items: list[int | str]) -> str:

@@ -94,10 +94,13 @@ def test_a_new_wait_at_the_same_stack_gets_a_new_start() -> None:
     t.observe_process(_ps(2.7, 1000), 3.0)          # then sat still from 2.0
     assert t.still and not t.quiet
     t.observe_stack(AR, "ar", 3.1)                 # the same line again: a new wait
-    assert t.state_since == 2.0
+    # ... that began in [1.0, 2.0] (it progressed in that interval, maybe only at
+    # its start): the earliest, 1.0, even before the dump at 1.1 (which showed
+    # all_reduce too, perhaps already the new one).
+    assert t.still_from == 1.0 and t.state_since == 1.0
     t.observe_process(_ps(3.6, 1000), 4.0)
     t.observe_stack(AR, "ar", 4.1)                 # no progress since: the same wait
-    assert t.state_since == 2.0 and t.repeats == 2
+    assert t.state_since == 1.0 and t.repeats == 2
 
 
 def test_policy_looks_again_when_progress_stops_and_not_while_it_goes_on() -> None:

@@ -13,6 +13,8 @@ rank with none over a round is *still*, whatever CPU it burns.
 
 from __future__ import annotations
 
+import math
+
 from ncclwatch.agent.discover import RankProcess
 from ncclwatch.agent.sample import ProcessSample
 from ncclwatch.model import QUIET_CPU, STILL_EVENTS_PER_S, CollectiveOp, RankState
@@ -27,6 +29,7 @@ class RankTracker:
         "env_sent", "repeats", "prev_state", "flight_recorder", "scheduler_job",
         "still_since", "still_at_last_dump", "events_at_dump", "files_at_dump",
         "progress_tid",
+        "_cpu_before", "quiet_from", "still_from",
     )
 
     def __init__(self, proc: RankProcess, now: float) -> None:
@@ -61,6 +64,12 @@ class RankTracker:
         self.events_at_dump: int | None = None
         #: The files the rank had open for writing when the last stack was taken.
         self.files_at_dump: frozenset[str] = frozenset()
+        #: The process sample before the last one (its time).
+        self._cpu_before: float | None = None
+        #: The earliest the present quiet (still) spell can have begun: the start
+        #: of the last interval that was not quiet (still), in which it set in.
+        self.quiet_from: float | None = None
+        self.still_from: float | None = None
 
     @property
     def pid(self) -> int:
@@ -92,29 +101,35 @@ class RankTracker:
         return any(f.path not in self.files_at_dump for f in self.sample.files_writing)
 
     def observe_process(self, sample: ProcessSample, now: float) -> None:
-        prev, prev_at = self.sample, self._cpu_at
-        self.sample, self._cpu_at = sample, now
+        prev, prev_at, before = self.sample, self._cpu_at, self._cpu_before
+        self.sample, self._cpu_at, self._cpu_before = sample, now, prev_at
         if prev is None or prev_at is None or now <= prev_at:
             return
+        # A spell that shows over [prev_at, now] may have set in anywhere in the
+        # interval before (busy on average, not throughout): ``*_from``.
+        # No sample before: it may have set in any time before (-inf: unbounded).
+        began = before if before is not None else -math.inf
         self.cpu_util = max(0.0, (sample.cpu_seconds - prev.cpu_seconds) / (now - prev_at))
         if self.cpu_util < QUIET_CPU:
             if self.quiet_since is None:
                 self.quiet_since = prev_at  # quiet over the whole last interval
+                self.quiet_from = began
         else:
-            self.quiet_since = None
+            self.quiet_since = self.quiet_from = None
         events = sample.progress_events - prev.progress_events
         if events < STILL_EVENTS_PER_S * (now - prev_at):
             if self.still_since is None:
                 self.still_since = prev_at  # still over the whole last interval
+                self.still_from = began
         else:
-            self.still_since = None
+            self.still_since = self.still_from = None
 
     def observe_stack(self, c: Classification, stack_id: str, now: float) -> None:
         self.repeats = self.repeats + 1 if stack_id == self.stack_id else 0
         self.prev_state = self.state
-        if (c.state, c.op) != (self.state, self.op) or self.stack_at is None \
-                or self._new_wait(c):
-            self.state_since = self._start_estimate(now, c)
+        same = (c.state, c.op) == (self.state, self.op) and self.stack_at is not None
+        if not same or self._new_wait(c):
+            self.state_since = self._start_estimate(now, c, new_wait=same)
             self.state, self.op = c.state, c.op
         self.stack_id = stack_id
         self.stack_at = now
@@ -140,15 +155,27 @@ class RankTracker:
         plain_wait = c.state in (RankState.COLLECTIVE, RankState.DEVICE_WAIT)
         return plain_wait and self.progressed_since_dump()
 
-    def _start_estimate(self, now: float, c: Classification) -> float:
+    def _start_estimate(self, now: float, c: Classification, new_wait: bool = False) -> float:
+        """The earliest moment the evidence allows: the last dump that showed
+        another state, tightened only by marks that are themselves earliest
+        bounds (``quiet_from``/``still_from``, not ``*_since``: a wait that set
+        in mid-interval leaves that interval busy on average). A new wait in
+        the same state (``new_wait``) may have begun before the last dump,
+        which showed that state too: only the marks bound it."""
         waiting = c.op is not CollectiveOp.NONE or c.state is not RankState.COMPUTE
         if self.stack_at is None:
-            # First look: if it has been quiet or still, it may have waited that long.
-            marks = [m for m in (self.quiet_since, self.still_since) if m is not None]
+            # First look: if it has been quiet or still, it may have waited that
+            # long (at least: since the agent's first samples, for all it knows).
+            marks = [max(f, s) if f == -math.inf else f  # type: ignore[type-var]
+                     for f, s in ((self.quiet_from, self.quiet_since),
+                                  (self.still_from, self.still_since)) if f is not None]
             return min(marks) if (waiting and marks) else now
         start = self.stack_at
-        if waiting and self.quiet_since is not None:
-            start = max(start, self.quiet_since)
-        if waiting and self.still_since is not None:
-            start = max(start, self.still_since)
+        if new_wait and waiting:
+            marks = [m for m in (self.quiet_from, self.still_from) if m is not None]
+            return max(marks) if marks else start
+        if waiting and self.quiet_from is not None:
+            start = max(start, self.quiet_from)
+        if waiting and self.still_from is not None:
+            start = max(start, self.still_from)
         return start

@@ -23,6 +23,7 @@ import asyncio
 import collections
 import logging
 import random
+import time
 from typing import Callable
 
 import grpc
@@ -104,6 +105,9 @@ class Uplink:
         self._deltas: delta.StreamDeltas | None = None
         self.briefs_total = 0
         self.resyncs_total = 0
+        #: (seq, seconds from its build to its acknowledgement) of the latest
+        #: report acknowledged on the current stream (None: none yet).
+        self._timed: tuple[int, float] | None = None
 
     @property
     def queue_length(self) -> int:
@@ -171,6 +175,7 @@ class Uplink:
         self.last_error = msg
 
     async def _session(self) -> bool:
+        self._timed = None  # a new stream (perhaps to another daemon): untimed
         sent: set[str] = set()
         inflight: collections.deque[pb.NodeReport] = collections.deque()
         got_reply = False
@@ -181,12 +186,22 @@ class Uplink:
                 call = stub.Report(self._requests(sent, inflight, live))
                 async for resp in call:
                     while inflight and inflight[0].seq <= resp.ack_seq:
-                        inflight.popleft()
+                        acked = inflight.popleft()
+                        if acked.seq == resp.ack_seq:
+                            self._time_ack(acked)
                     got_reply = self._on_reply(resp, sent, got_reply)
         finally:
             live[0] = False
             self._requeue(inflight)
         return got_reply
+
+    def _time_ack(self, acked: pb.NodeReport) -> None:
+        """How long after it was built a report's acknowledgement came back:
+        the next report tells the daemon (a bound on that report's transit,
+        which the daemon takes out of its wait starts; table.clock_offset)."""
+        rtt = time.monotonic() - acked.agent_monotonic_seconds
+        if acked.agent_monotonic_seconds > 0 and 0 <= rtt < 60.0:
+            self._timed = (acked.seq, rtt)
 
     def _channel(self) -> grpc.aio.Channel:
         if self.tls is None:
@@ -253,6 +268,8 @@ class Uplink:
                 self.briefs_total += len(out.briefs.slot)
             # This stream's own queue and drops: each daemon sees its own link.
             out.health.queue_length = len(self._queue)
+            if self._timed is not None:
+                out.timed_seq, out.timed_round_trip_seconds = self._timed
             out.health.reports_dropped_total = self.dropped_total
             for s in full:
                 sid = s.stack_id

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -72,12 +73,35 @@ class JobsQuery:
             limit = int(q["limit"])
         cursor = None
         if q.get("cursor"):
-            try:
-                job, rank = json.loads(base64.urlsafe_b64decode(q["cursor"].encode()))
-                cursor = (str(job), None if rank is None else int(rank))
-            except (ValueError, TypeError, binascii.Error):
-                raise ValueError("cursor: not one this API gave out") from None
+            cursor = _parse_cursor(q["cursor"])
         return cls(job=q.get("job") or None, ranks=detail, limit=limit, cursor=cursor)
+
+
+#: A cursor's rank key: a rank, or a rank-less member's key (-1, -2, ...).
+_KEY_RANGE = range(-(1 << 31), 1 << 31)
+MAX_CURSOR = 1024
+
+
+def _parse_cursor(text: str) -> tuple[str, int | None]:
+    """``[job, rank key or null]`` as _cursor wrote it, or ValueError (HTTP 400):
+    not JSON, not that shape, a float (``Infinity``, ``NaN``, ``1.5``), a key
+    out of range, an overlong cursor."""
+    bad = ValueError("cursor: not one this API gave out")
+    if len(text) > MAX_CURSOR:
+        raise bad
+    try:
+        got = json.loads(base64.urlsafe_b64decode(text.encode()),
+                         parse_constant=_no_constant)
+    except (ValueError, TypeError, binascii.Error, RecursionError):
+        raise bad from None
+    if not (isinstance(got, list) and len(got) == 2 and isinstance(got[0], str)
+            and (got[1] is None or type(got[1]) is int and got[1] in _KEY_RANGE)):
+        raise bad
+    return got[0], got[1]
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a cursor value")
 
 
 def _cursor(job: str, rank: int | None) -> str:
@@ -172,7 +196,7 @@ def _job_head(d: Daemon, job_id: str, job, now: float, wall: float) -> dict[str,
         "scheduler_job": job.scheduler_job,
         "ranks_reporting": job.live_ranks, "nodes": sorted(job.nodes),
         "watchdog": {"timeout_seconds": b.timeout, "timeout_source": b.source,
-                     "remaining_seconds": round(b.remaining, 1),
+                     "remaining_seconds": _down(b.remaining),
                      "longest_blocked_rank": b.blocked_rank,
                      "longest_blocked_seconds": round(b.blocked_seconds, 1)},
         "hang_threshold": hang_threshold_view(d, job, now),
@@ -241,6 +265,12 @@ def hang_threshold_view(d: Daemon, job, now: float) -> dict[str, Any]:
             "ceiling_seconds": policy.ceiling, "by_op": job.waits.view(policy, now)}
 
 
+def _down(seconds: float) -> float:
+    """Seconds of budget to one decimal, rounded down: shown time is never more
+    than the time there is."""
+    return math.floor(seconds * 10) / 10
+
+
 def incident_view(d: Daemon, inc: Incident, now: float | None = None) -> dict[str, Any]:
     now = time.monotonic() if now is None else now
     f = inc.finding
@@ -266,6 +296,7 @@ def incident_view(d: Daemon, inc: Incident, now: float | None = None) -> dict[st
     # The job's framework, from the frames of the stacks it shows (i22).
     fw = frameworks.from_stacks([c["stack"] for c in culprits]
                                 + [w["stack"] for w in waiting_stacks])
+    left = inc.budget.aged(now) if inc.active else inc.budget  # as it stands now
     return {
         "id": inc.id, "kind": inc.kind.value, "active": inc.active, "summary": f.summary,
         "started_at": round(inc.started_wall, 3), "detected_at": round(inc.detected_wall, 3),
@@ -273,9 +304,9 @@ def incident_view(d: Daemon, inc: Incident, now: float | None = None) -> dict[st
         "duration_seconds": round((inc.ended_at or now) - inc.started_at, 1),
         "detection_delay_seconds": round(inc.detected_at - inc.started_at, 1),
         "watchdog": {"timeout_seconds": inc.budget.timeout,
-                     "remaining_seconds": round(inc.budget.remaining, 1),
+                     "remaining_seconds": _down(left.remaining),
                      "remaining_at_detection_seconds": round(inc.budget_at_detection.remaining, 1),
-                     "min_remaining_seconds": round(inc.min_remaining, 1)},
+                     "min_remaining_seconds": _down(min(inc.min_remaining, left.remaining))},
         "culprits": culprits,
         "unknown_ranks": list(f.unknown),
         "waiting": {"ranks": _keys(f.waiting), "ops": [o.value for o in f.waiting_ops],

@@ -5,6 +5,11 @@ timeout comes from the most specific source: the job's own Flight Recorder
 (the pending collective's timeout_ms, exact), what the job declares
 (NCCLWATCH_WATCHDOG_TIMEOUT_SECONDS in its environment), a per-job override
 in the daemon's config, then the daemon default (600 s, NCCL's default).
+
+The budget errs small, never large: a wait's start is the earliest moment
+the evidence allows (the agent's tracker and the table's receive anchor both
+take it so), and a budget read between ticks is aged to the moment it is
+read (``Budget.at``), not shown as it stood at the last tick.
 """
 
 from __future__ import annotations
@@ -31,6 +36,17 @@ class Budget:
     blocked_rank: int | None    # the longest-blocked rank
     blocked_seconds: float
     remaining: float
+    #: Daemon monotonic time the budget was computed at.
+    at: float = 0.0
+
+    def aged(self, now: float) -> "Budget":
+        """The budget as it stands at ``now`` (>= ``at``): a blocked rank's wait
+        goes on between ticks, so its remaining time keeps falling."""
+        dt = now - self.at
+        if self.blocked_rank is None or dt <= 0:
+            return self
+        return Budget(self.timeout, self.source, self.blocked_rank,
+                      self.blocked_seconds + dt, self.remaining - dt, now)
 
 
 def timeout_for(job: Job, cfg: BudgetConfig) -> tuple[float, str]:
@@ -51,4 +67,4 @@ def budget(job: Job, table: JobTable, now: float, cfg: BudgetConfig) -> Budget:
         rec = job.ranks[r]
         if rec.gone_at is None and now - rec.since > worst_for:
             worst, worst_for = r, now - rec.since
-    return Budget(timeout, source, worst, worst_for, timeout - worst_for)
+    return Budget(timeout, source, worst, worst_for, timeout - worst_for, now)

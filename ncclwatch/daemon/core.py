@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from ncclwatch.daemon.bounds import Bounds
 from ncclwatch.daemon.budget import Budget, BudgetConfig, budget
 from ncclwatch.daemon.detect import DetectConfig, detect_job
 from ncclwatch.daemon.smooth import Smoother
@@ -61,12 +62,19 @@ class DaemonConfig:
     external_url: str = ""
     #: Base of the runbook pages alerts link to ("": <external_url>/runbooks/).
     runbook_url: str = ""
+    #: Host headers HTTP serves (http.allowed_hosts: comma list; "": any).
+    allowed_hosts: str = ""
+    #: What one report, agent or job may cost (bounds.py).
+    bounds: Bounds = field(default_factory=Bounds)
 
 
 class Daemon:
     def __init__(self, config: DaemonConfig | None = None) -> None:
         self.config = config or DaemonConfig()
         self.table = JobTable(staleness=self.config.staleness)
+        self.table.stacks.max_bytes = self.config.bounds.max_stored_stack_bytes
+        #: Hits of each bound (bounds.BOUND_LABELS), counted where refused.
+        self.bound_hits_total: collections.Counter[str] = collections.Counter()
         self.incidents = Incidents()
         self.detect_cfg = DetectConfig(stall_threshold=self.config.stall_threshold,
                                        hang_threshold=self.config.hang_threshold,
@@ -100,11 +108,14 @@ class Daemon:
         try:
             if cert_names is not None:
                 self._check_identity(req.report, cert_names)
-            rejected = validate_request(req, self.table.world_size)
+            rejected = validate_request(req, self.table.world_size, self.config.bounds)
         except ReportError as e:
             self.rejected_total[e.code.name] += 1
+            if e.bound:
+                self.bound_hits_total[e.bound] += 1
             raise
         self._check_ownership(req.report, now, rejected)
+        self._check_bounds(req.report, rejected)
         dropped: list[int] = []
         if rejected:
             dropped = self._drop_jobs(req.report, rejected)
@@ -151,6 +162,60 @@ class Daemon:
                     f"rank {ident.rank} of job {ident.job_id!r} is already "
                     f"reported by node {rec.node!r}; node {node!r} cannot claim it")
 
+    def _check_bounds(self, report: pb.NodeReport, rejected: dict[str, ReportError]) -> None:
+        """Jobs, jobs per agent, ranks per job: a job whose samples would pass
+        a bound is left out of the report (RESOURCE_EXHAUSTED in rejected_jobs);
+        what the daemon already tracks is never pushed out by newcomers."""
+        b, table = self.config.bounds, self.table
+        samples = report.samples
+        if not samples:
+            return
+        agent = table.agents.get(report.agent_id)
+        mine = agent.jobs if agent is not None else set()
+        n = len(samples)
+        ids = dict.fromkeys(s.identity.job_id for s in samples)
+        new_keys: dict[str, set] = {}
+        for job_id in ids:
+            job = table.jobs.get(job_id)
+            if job_id in rejected or (job is not None and job_id in mine
+                                      and len(job.ranks) + n <= b.max_ranks_per_job):
+                continue  # the steady case: nothing here can pass a bound
+            new_keys[job_id] = set()
+        if not new_keys:
+            return
+        for s in samples:  # one pass: the ranks each job to check would gain
+            ident = s.identity
+            keys = new_keys.get(ident.job_id)
+            if keys is None:
+                continue
+            job = table.jobs.get(ident.job_id)
+            if ident.rank >= 0:
+                if job is None or ident.rank not in job.ranks:
+                    keys.add(ident.rank)
+            elif job is None or (report.node, ident.pid) not in job.unknown_keys:
+                keys.add((report.node, ident.pid))
+        jobs_left = b.max_jobs - len(table.jobs)
+        agent_jobs = set(mine)
+        for job_id, keys in new_keys.items():
+            job = table.jobs.get(job_id)
+            why = ""
+            if job is None and jobs_left <= 0:
+                why, bound = f"the daemon tracks {len(table.jobs)} jobs (max_jobs " \
+                             f"{b.max_jobs})", "jobs"
+            elif job_id not in agent_jobs and len(agent_jobs) >= b.max_jobs_per_agent:
+                why, bound = f"agent {report.agent_id[:8]} reports {len(agent_jobs)} jobs " \
+                             f"(max_jobs_per_agent {b.max_jobs_per_agent})", "jobs_per_agent"
+            elif (len(job.ranks) if job else 0) + len(keys) > b.max_ranks_per_job:
+                why, bound = f"job {job_id!r} would have over {b.max_ranks_per_job} ranks " \
+                             f"(max_ranks_per_job)", "ranks_per_job"
+            if why:
+                self.bound_hits_total[bound] += 1
+                rejected[job_id] = ReportError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                               f"job {job_id!r} left out: {why}", bound)
+                continue
+            jobs_left -= job is None
+            agent_jobs.add(job_id)
+
     def _drop_jobs(self, report: pb.NodeReport, rejected: dict[str, ReportError]) -> list[int]:
         """Take the rejected jobs' samples and exits out of the report, counted;
         return the slots of the samples taken out."""
@@ -172,6 +237,23 @@ class Daemon:
             agent.connected = False
 
     # -- commands --------------------------------------------------------------
+
+    def operator_request_stacks(self, job_id: str, reason: str,
+                                names: frozenset[str] | None) -> int:
+        """A DumpStacks call: under mTLS (``names``: what the caller's
+        certificate proves) only for a job with a live rank on the caller's
+        node; raise ReportError (NOT_FOUND, PERMISSION_DENIED) otherwise."""
+        job = self.table.jobs.get(job_id)
+        if job is None:
+            raise ReportError(grpc.StatusCode.NOT_FOUND, f"unknown job {job_id!r}")
+        if names is not None and not any(r.node in names for r in job.ranks.values()
+                                         if r.gone_at is None):
+            self.table.identity_refusals_total["dump_stacks"] += 1
+            shown = ", ".join(repr(n) for n in sorted(names)) or "no name"
+            raise ReportError(grpc.StatusCode.PERMISSION_DENIED,
+                              f"certificate for {shown} cannot ask for stacks of job "
+                              f"{job_id!r}: none of its ranks runs on that node")
+        return self.request_stacks(job_id, reason)
 
     def request_stacks(self, job_id: str, reason: str) -> int:
         """Queue a DumpStacks command for every agent with ranks of the job."""
@@ -333,8 +415,9 @@ class Daemon:
         return job.waits.current(ops, self.detect_cfg.waits, now)
 
     def budget_of(self, job_id: str, now: float) -> Budget:
+        """The job's budget at ``now``: the last tick's, aged to ``now``."""
         b = self.budgets.get(job_id)
         if b is None:
             b = self.budgets[job_id] = budget(self.table.jobs[job_id], self.table, now,
                                               self.budget_cfg)
-        return b
+        return b.aged(now)

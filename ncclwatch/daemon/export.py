@@ -24,6 +24,7 @@ from prometheus_client.utils import floatToGoString
 
 from ncclwatch import __version__
 from ncclwatch.daemon import links
+from ncclwatch.daemon.bounds import BOUND_LABELS
 from ncclwatch.daemon.core import Daemon
 from ncclwatch.daemon.detect import DETECTED_KINDS
 from ncclwatch.daemon.table import AgentRecord
@@ -59,6 +60,10 @@ class Capture:
     links: tuple[str, str] = ("", "")
 
 
+#: What ncclwatch_daemon_identity_refusals_total counts (all exported, 0 or not).
+IDENTITY_REFUSALS = ("exited", "rankless_job_facts", "dump_stacks")
+
+
 def capture(d: Daemon, now: float | None = None) -> Capture:
     """On the event loop: O(jobs + incidents), plus list copies of ranks and agents."""
     now = time.monotonic() if now is None else now
@@ -78,6 +83,9 @@ def capture(d: Daemon, now: float | None = None) -> Capture:
                        "opened": dict(d.incidents.opened_total),
                        "rejected": dict(d.rejected_total),
                        "rejected_jobs": dict(d.rejected_jobs_total),
+                       "bound_hits": {**d.bound_hits_total, "stored_stack_bytes":
+                                      table.stacks.evicted_for_bytes_total},
+                       "identity": dict(table.identity_refusals_total),
                        "reports": table.reports_total, "samples": table.samples_total,
                        "forms": dict(table.forms_total), "resyncs": table.resyncs_total,
                        "detect": d.detect_seconds_total, "jobs": len(table.jobs),
@@ -222,6 +230,17 @@ def build(c: Capture) -> list[Family]:
                       "contradicts what the daemon knows), by gRPC status", ("code",), "counter")
     for code, n in sorted(k["rejected_jobs"].items()):
         rejected_jobs.add((code,), n)
+    bound_hits = F("ncclwatch_daemon_bound_hits",
+                   "Reports, jobs or stacks refused (stacks: evicted) for passing a bound of "
+                   "the daemon's config (max_*), by bound", ("bound",), "counter")
+    for label in BOUND_LABELS.values():
+        bound_hits.add((label,), k["bound_hits"].get(label, 0))
+    identity = F("ncclwatch_daemon_identity_refusals",
+                 "Parts of reports refused because the sending node does not own them: "
+                 "exits of its ranks, job facts from rank-less members, DumpStacks calls",
+                 ("what",), "counter")
+    for what in IDENTITY_REFUSALS:
+        identity.add((what,), k["identity"].get(what, 0))
 
     def one(name: str, text: str, value: float, type_: str = "gauge") -> Family:
         return F(name, text, (), type_, [((), value)])
@@ -232,7 +251,7 @@ def build(c: Capture) -> list[Family]:
         return F(name, text, ("worker",), "counter", [((w[0],), w[col]) for w in workers])
 
     out += [
-        opened, rejected, rejected_jobs,
+        opened, rejected, rejected_jobs, bound_hits, identity,
         one("ncclwatch_daemon_reports", "Node reports applied", k["reports"], "counter"),
         one("ncclwatch_daemon_rank_samples", "Rank samples applied", k["samples"], "counter"),
         F("ncclwatch_daemon_rank_samples_by_form",

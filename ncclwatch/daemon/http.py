@@ -10,6 +10,11 @@ With a web config (webconfig.py) it speaks HTTPS, the TLS handshake done in
 the connection's own thread (a slow or plain-HTTP client cannot stall the
 accept loop), and asks for basic auth on everything but /healthz, which
 liveness probes must reach without credentials.
+
+``allowed_hosts`` (on by default for ``run``, which serves without auth on
+loopback) answers 403 to a request whose Host header names another host:
+a web page that rebinds its own DNS name to 127.0.0.1 cannot read the API.
+HEAD is answered for every GET route (headers, no body).
 """
 
 from __future__ import annotations
@@ -87,20 +92,60 @@ class _TLSServer(ThreadingHTTPServer):
             conn.close()
 
 
+def host_of(header: str) -> str:
+    """The host part of a Host header, lower case: ``[::1]:7471`` -> ``::1``."""
+    h = header.strip().lower()
+    if h.startswith("["):
+        return h[1:].partition("]")[0]
+    if h.count(":") == 1:
+        h = h.partition(":")[0]
+    return h.rstrip(".")
+
+
+def allowed_hosts(names: str | Any, listen_host: str) -> frozenset[str] | None:
+    """The Host allowlist from a setting ("a,b", a list; empty: any host), with
+    the host the server listens on added; None: every Host is served."""
+    items = names if isinstance(names, (list, tuple, set, frozenset)) else \
+        str(names or "").split(",")
+    hosts = {host_of(n) for n in items if str(n).strip()}
+    if not hosts:
+        return None
+    if listen_host not in ("", "0.0.0.0", "::"):
+        hosts.add(host_of(listen_host if ":" not in listen_host else f"[{listen_host}]"))
+    return frozenset(hosts)
+
+
 class HttpServer:
     def __init__(self, daemon: Daemon, host: str, port: int, call: Call,
-                 web: WebConfig | None = None) -> None:
+                 web: WebConfig | None = None, hosts: frozenset[str] | None = None) -> None:
+        """``hosts``: the Host allowlist (allowed_hosts), None: any Host."""
         collector = DaemonCollector(daemon, call)
         auth = web.auth if web else None
         paste = pastepage.PastePage(daemon.config.diagnose_max_bytes)
+        self.hosts_refused_total = 0
+        server = self
 
         class Handler(BaseHTTPRequestHandler):
             server_version = "ncclwatch"
             timeout = CLIENT_TIMEOUT
+            head = False
+
+            def do_HEAD(self) -> None:  # noqa: N802 (stdlib name)
+                self.head = True
+                try:
+                    self.do_GET()
+                finally:
+                    self.head = False
 
             def do_GET(self) -> None:  # noqa: N802 (stdlib name)
                 url = urlsplit(self.path)
                 path = url.path.rstrip("/") or "/"
+                shown = self.headers.get("Host")
+                if hosts is not None and shown is not None and host_of(shown) not in hosts:
+                    server.hosts_refused_total += 1
+                    self._send(403, "text/plain", b"forbidden: this daemon does not serve "
+                               b"that Host (allowed_hosts)\n")
+                    return
                 if auth and path not in OPEN_PATHS \
                         and not auth.check(self.headers.get("Authorization")):
                     self._send(401, "text/plain", b"Unauthorized\n",
@@ -164,7 +209,8 @@ class HttpServer:
                 self.send_header("Content-Length", str(len(body)))
                 self.send_header("Cache-Control", "no-store")
                 self.end_headers()
-                self.wfile.write(body)
+                if not self.head:
+                    self.wfile.write(body)
 
             def log_message(self, fmt: str, *args: Any) -> None:
                 log.debug("http %s " + fmt, self.address_string(), *args)

@@ -354,8 +354,13 @@ class IngestPool:
             return err(e.code, e.message)
         if not req.job_id:
             return err(grpc.StatusCode.INVALID_ARGUMENT, "job_id is required")
+        st = p.streams.pop(sid, None)  # the OPEN the worker sent with the caller's names
+        if st is None and self.daemon.config.tls is not None:
+            return err(grpc.StatusCode.PERMISSION_DENIED, "caller's certificate not forwarded")
         try:
-            n = self.daemon.request_stacks(req.job_id, req.reason or "operator request")
-        except KeyError:
-            return err(grpc.StatusCode.NOT_FOUND, f"unknown job {req.job_id!r}")
+            n = self.daemon.operator_request_stacks(req.job_id,
+                                                    req.reason or "operator request",
+                                                    st.names if st else None)
+        except ReportError as e:
+            return err(e.code, e.message)
         p.link.send(L.OK, sid, pb.DumpStacksResponse(agents=n).SerializeToString())

@@ -125,7 +125,11 @@ class Worker:
             self.link.send(L.CLOSE, sid)
 
     async def dump_stacks(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        kind, body = await self.ask(L.DUMP, next(self.ids), raw)
+        sid, names = next(self.ids), peer_names(context)
+        # The caller's certificate names first (DumpStacks is scoped to them).
+        self.link.send(L.OPEN, sid, L.encode_json(
+            {"peer": context.peer(), "names": None if names is None else sorted(names)}))
+        kind, body = await self.ask(L.DUMP, sid, raw)
         if kind == L.ERR:
             code, message = L.decode_error(body)
             await context.abort(grpc.StatusCode[code], message)
@@ -190,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from ncclwatch import termsafe
+    termsafe.install()  # node names in its log lines: escaped, as the core's
     # The core says when to stop (by closing the link); a terminal's ^C or a
     # systemd stop signals the whole group, and the core's answer is what counts.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -11,6 +11,7 @@ script the page reloads itself. Large jobs are shown by state, not by rank.
 
 from __future__ import annotations
 
+import math
 from html import escape
 from typing import Any
 from urllib.parse import quote
@@ -160,7 +161,7 @@ def _stall(job_id: str, s: dict[str, Any]) -> str:
                    f"href='{escape(runbook)}#what-to-do-now'>what to do now</a></small></div>")
     out.append(f"<p class='budget'>watchdog budget: <meter min='0' max='1' low='0.5' "
                f"high='0.75' optimum='0' value='{used:.3f}'></meter> "
-               f"<b class='remaining'>{w['remaining_seconds']:.0f}s</b> of "
+               f"<b class='remaining'>{math.floor(w['remaining_seconds'])}s</b> of "
                f"{w['timeout_seconds']:.0f}s left</p>")
     out.append(_forecast(s["forecast"], w["remaining_seconds"]))
     for c in s["culprits"]:

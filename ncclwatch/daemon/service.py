@@ -118,9 +118,10 @@ class CollectorService:
         if not req.job_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "job_id is required")
         try:
-            n = self.daemon.request_stacks(req.job_id, req.reason or "operator request")
-        except KeyError:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown job {req.job_id!r}")
+            n = self.daemon.operator_request_stacks(req.job_id, req.reason or "operator request",
+                                                    peer_names(context))
+        except ReportError as e:
+            await context.abort(e.code, e.message)
         return pb.DumpStacksResponse(agents=n).SerializeToString()
 
     def handler(self) -> grpc.GenericRpcHandler:

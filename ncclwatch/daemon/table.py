@@ -30,6 +30,11 @@ GONE_JOB_TTL = 120.0
 #: A state's start moving later by more than this on the agent's clock: a new
 #: episode of it (the agent re-anchors a wait it saw the rank progress out of).
 NEW_EPISODE = 0.5
+#: Seconds of reports the transit-free clock offset is the minimum over
+#: (AgentRecord.clock_offset).
+CLOCK_WINDOW = 30.0
+#: A transit longer than this is taken for a clock that stopped or jumped.
+CLOCK_JUMP = 10.0
 #: Evidence curve per rank: points at least this far apart, this many kept.
 CURVE_STEP = 0.9
 CURVE_POINTS = 90
@@ -301,6 +306,9 @@ class Job:
     #: How the batch scheduler names the job (scheduler, job_id, job_name, user,
     #: source), as the agent found it; None: not under a scheduler, or not yet known.
     scheduler_job: dict[str, str] | None = None
+    #: A ranked member set the job-level facts (env, timeout, scheduler names,
+    #: Flight Recorder timeout): members without a rank may no longer replace them.
+    facts_ranked: bool = False
 
     #: (node, pid) -> key of a member whose rank is unknown: -1, -2, ... in
     #: order of arrival, so such a member has a row, can wait or be a culprit.
@@ -364,6 +372,9 @@ class AgentRecord:
     connected: bool = False
     health: pb.AgentHealth = field(default_factory=pb.AgentHealth)
     ranks: set[tuple[str, int]] = field(default_factory=set)
+    #: Jobs this agent reported that the table still holds (live or gone, until
+    #: they expire): what bounds.max_jobs_per_agent counts.
+    jobs: set[str] = field(default_factory=set)
     commands: collections.deque = field(default_factory=lambda: collections.deque(maxlen=64))
     #: Protocol 2: slot -> (job, rank record, (job id, rank)) of this agent's
     #: stream; None: a rank of a job left out of the report (briefs skip it).
@@ -375,16 +386,88 @@ class AgentRecord:
     #: Briefs and changes that named a slot not held.
     briefs_unresolved_total: int = 0
 
+    #: (receipt, recv - agent clock) of recent reports, offsets increasing:
+    #: the sliding minimum of ``clock_offset`` (an upper bound on the offset).
+    _offsets: collections.deque = field(default_factory=collections.deque)
+    #: (receipt, a lower bound on the offset) from timed acknowledgements,
+    #: bounds decreasing: their sliding maximum.
+    _lows: collections.deque = field(default_factory=collections.deque)
+    #: seq -> recv - agent clock of recent reports, for their timed acks.
+    _by_seq: dict = field(default_factory=dict)
+    _last_clock: float = 0.0
+
     def stale(self, now: float, staleness: float) -> bool:
         return now - self.last_recv > max(staleness, 3 * self.interval)
+
+    def clock_offset(self, recv: float, agent_clock: float, seq: int = 0,
+                     timed_seq: int = 0, round_trip: float = 0.0) -> float:
+        """Daemon time minus agent time, no larger than it truly is when the
+        agent times its acknowledgements, and with as little transit in it
+        as the reports allow when it does not.
+
+        ``recv - agent_clock`` holds the clocks' offset plus this report's
+        transit (queueing in the agent, the network, the daemon's loop): an
+        anchor at ``recv`` puts every age in the report that much late, and a
+        late start makes the watchdog budget err large. Each report bounds the
+        offset from above; the smallest bound of the last CLOCK_WINDOW seconds
+        wins (a window, not all time: two hosts' clocks drift, a paused VM's
+        stops). A timed acknowledgement (report ``timed_seq`` was acknowledged
+        ``round_trip`` after it was built) bounds that report's transit, so
+        its ``recv - clock - round_trip`` bounds the offset from below: the
+        largest such bound of the window is the offset used, and ages count
+        back from no later than the truth, whatever the transit. An agent
+        clock that went back (a new agent process), or fell behind by more
+        than CLOCK_JUMP (a suspended host: its waits would be dated that much
+        early), starts afresh.
+        """
+        off = recv - agent_clock
+        q, lows = self._offsets, self._lows
+        if agent_clock <= 0 or agent_clock < self._last_clock \
+                or (q and off - q[0][1] > CLOCK_JUMP):
+            q.clear()
+            lows.clear()
+            self._by_seq.clear()
+        self._last_clock = agent_clock
+        if agent_clock <= 0:
+            return off  # no clock in the report: anchor at receipt
+        while q and q[-1][1] >= off:
+            q.pop()
+        q.append((recv, off))
+        while q[0][0] < recv - CLOCK_WINDOW:
+            q.popleft()
+        timed = self._by_seq.pop(timed_seq, None) if timed_seq else None
+        if seq:
+            self._by_seq[seq] = off
+            if len(self._by_seq) > 128:
+                del self._by_seq[next(iter(self._by_seq))]
+        # A bound far below the upper one (a round trip of more than
+        # CLOCK_JUMP) says little and may come from a clock that jumped.
+        if timed is not None and 0 <= round_trip <= CLOCK_JUMP:
+            low = timed - round_trip
+            while lows and lows[-1][1] <= low:
+                lows.pop()
+            lows.append((recv, low))
+        while lows and lows[0][0] < recv - CLOCK_WINDOW:
+            lows.popleft()
+        return min(lows[0][1], q[0][1]) if lows else q[0][1]
+
+
+def _text_of(st: Stack) -> int:
+    return len(st.thread_name) + sum(len(f.name) + len(f.filename) for f in st.frames)
 
 
 class StackStore:
     """Interned stacks by id, bounded LRU."""
 
-    def __init__(self, limit: int = MAX_STACKS) -> None:
+    def __init__(self, limit: int = MAX_STACKS, max_bytes: int = 64 << 20) -> None:
         self._stacks: collections.OrderedDict[str, Stack] = collections.OrderedDict()
         self._limit = limit
+        #: Text (names, file names) of the stacks kept, and its bound: by
+        #: count alone 30 reports of 9 MB stacks took 270 MiB (issue 20).
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        #: Stacks evicted to stay under ``max_bytes`` (a bound hit each).
+        self.evicted_for_bytes_total = 0
 
     def __contains__(self, sid: str) -> bool:
         return sid in self._stacks
@@ -396,12 +479,16 @@ class StackStore:
         if s.id in self._stacks:
             self._stacks.move_to_end(s.id)
             return
-        self._stacks[s.id] = Stack(
+        st = self._stacks[s.id] = Stack(
             frames=tuple(Frame(f.name, f.filename, f.line) for f in s.frames),
             thread_name=s.thread_name,
         )
+        self.bytes += _text_of(st)
         while len(self._stacks) > self._limit:
-            self._stacks.popitem(last=False)
+            self.bytes -= _text_of(self._stacks.popitem(last=False)[1])
+        while self.bytes > self.max_bytes and len(self._stacks) > 1:
+            self.bytes -= _text_of(self._stacks.popitem(last=False)[1])
+            self.evicted_for_bytes_total += 1
 
     def get(self, sid: str) -> Stack | None:
         return self._stacks.get(sid)
@@ -430,6 +517,8 @@ class JobTable:
         #: resyncs asked for (briefs or changes naming slots not held).
         self.forms_total = {"full": 0, "change": 0, "brief": 0}
         self.resyncs_total = 0
+        #: Parts of reports refused because the node does not own them, by what.
+        self.identity_refusals_total: collections.Counter[str] = collections.Counter()
 
     def apply(self, report: pb.NodeReport, recv: float, recv_wall: float | None = None,
               left_out: Collection[str] = (), left_out_slots: Collection[int] = ()) -> list[str]:
@@ -476,6 +565,8 @@ class JobTable:
             node = agent.node
         agent_id = agent.agent_id
         agent_clock = report.agent_monotonic_seconds
+        anchor = agent.clock_offset(recv, agent_clock, report.seq, report.timed_seq,
+                                    report.timed_round_trip_seconds) + agent_clock  # <= recv
         jobs = self.jobs
         job: Job | None = None
         for s in report.samples:
@@ -486,6 +577,7 @@ class JobTable:
                 if job is None:
                     job = jobs[job_id] = Job(job_id, ident.world_size, recv)
                 self.dirty.add(job.job_id)
+                agent.jobs.add(job.job_id)
             rank, pid = ident.rank, ident.pid
             if rank < 0:
                 rank = job.key_of(rank, node, pid)
@@ -496,7 +588,7 @@ class JobTable:
                 rec = job.ranks[rank] = RankRecord(rank)
             elif rec.gone_at is not None:
                 rec.gone_at = None
-            changed = self._take_state(job, rec, s, recv, agent_clock, missing, rec.pid != pid)
+            changed = self._take_state(job, rec, s, anchor, agent_clock, missing, rec.pid != pid)
             p = s.process
             written = p.io_write_bytes
             if rec.seen and written >= rec.io_write_bytes and recv > rec.seen:
@@ -544,15 +636,22 @@ class JobTable:
             elif rec.progress_known:
                 rec.progress_known = False
                 rec.still_since = rec.still_at = None
-            if s.HasField("flight_recorder"):
+            # A member without a rank proves no place in the job: it may fill in
+            # job-level facts nobody ranked gave, never replace them.
+            facts = ident.rank >= 0 or not job.facts_ranked
+            if not facts and (s.HasField("flight_recorder") or s.HasField("job")):
+                self.identity_refusals_total["rankless_job_facts"] += 1
+            if facts and s.HasField("flight_recorder"):
+                job.facts_ranked |= ident.rank >= 0
                 fr = s.flight_recorder
                 job.flight_recorder[rank] = (recv - fr.dump_age_seconds, fr)
                 for g in fr.groups:
                     if g.pending_timeout_ms and (is_default_group(g.pg_name, g.pg_desc)
                                                  or not job.fr_timeout):
                         job.fr_timeout = g.pending_timeout_ms / 1000.0
-            if s.HasField("job"):
+            if facts and s.HasField("job"):
                 info = s.job
+                job.facts_ranked |= ident.rank >= 0
                 job.source = info.source
                 env = dict(info.env)
                 if env != job.env:
@@ -572,19 +671,24 @@ class JobTable:
         self.samples_total += len(report.samples)
         self.forms_total["full"] += len(report.samples)
         if report.changes:
-            self._apply_changes(agent, report.changes, slots, reported, recv, agent_clock,
-                                missing)
+            self._apply_changes(agent, report.changes, slots, reported, recv, anchor,
+                                agent_clock, missing)
         if briefs:
             self._apply_briefs(agent, report.briefs, slots, reported, recv)
         agent.slots = slots
 
         for ident in report.exited:
             rank = ident.rank
+            job = self.jobs.get(ident.job_id)
             if rank < 0:
-                job = self.jobs.get(ident.job_id)
                 rank = job.key_of(rank, node, ident.pid, create=False) if job else None
                 if rank is None:
                     continue
+            rec = job.ranks.get(rank) if job else None
+            if rec is not None and rec.node and rec.node != node:
+                # Only the node that reports a rank may say it exited.
+                self.identity_refusals_total["exited"] += 1
+                continue
             self._gone(ident.job_id, rank, ident.pid, recv)
         if report.full_round:
             kept = {jr for jr in agent.ranks if jr[0] in left_out} if left_out else set()
@@ -595,13 +699,17 @@ class JobTable:
             agent.ranks |= reported
         return missing
 
-    def _take_state(self, job: Job, rec: RankRecord, m: Any, recv: float, agent_clock: float,
+    def _take_state(self, job: Job, rec: RankRecord, m: Any, anchor: float, agent_clock: float,
                     missing: list[str], moved: bool = False) -> bool:
         """State, op, since and stack of a RankSample or a RankChange (the same
-        fields); True when the rank entered a new state (or ``moved``: a new pid)."""
+        fields); True when the rank entered a new state (or ``moved``: a new pid).
+
+        ``anchor``: the daemon time the report's ages count back from, the
+        moment the agent built it as best known (AgentRecord.clock_offset),
+        never later than its receipt."""
         state = _STATE_OF.get(m.state) or RankState.from_proto(m.state)
         op = _OP_OF.get(m.op) or CollectiveOp.from_proto(m.op)
-        since = recv - m.state_seconds
+        since = anchor - m.state_seconds
         since_agent = agent_clock - m.state_seconds
         changed = moved or state is not rec.state or op is not rec.op
         if changed or since_agent > rec.since_agent + NEW_EPISODE:
@@ -618,7 +726,7 @@ class JobTable:
                 missing.append(sid)
             rec.stack_id = sid
         # The state is what the stack of stack_age_seconds ago showed.
-        rec.stack_at = recv - m.stack_age_seconds if state is not RankState.UNKNOWN else None
+        rec.stack_at = anchor - m.stack_age_seconds if state is not RankState.UNKNOWN else None
         return changed
 
     def _resolve(self, agent: AgentRecord, slots: dict[int, Any], slot: int) -> Any:
@@ -632,8 +740,8 @@ class JobTable:
         return ent
 
     def _apply_changes(self, agent: AgentRecord, changes, slots: dict[int, Any],
-                       reported: set[tuple[str, int]], recv: float, agent_clock: float,
-                       missing: list[str]) -> None:
+                       reported: set[tuple[str, int]], recv: float, anchor: float,
+                       agent_clock: float, missing: list[str]) -> None:
         """Ranks whose state, op, stack or state start moved: the state part of a
         full sample (``apply``), without the process stats it would repeat."""
         unresolved = 0
@@ -643,7 +751,7 @@ class JobTable:
                 unresolved += ent is False
                 continue
             job, rec, key = ent
-            changed = self._take_state(job, rec, c, recv, agent_clock, missing)
+            changed = self._take_state(job, rec, c, anchor, agent_clock, missing)
             cpu = c.cpu_utilization
             rec.cpu_recent = _smooth(rec.cpu_recent, cpu, recv - rec.seen)
             rec.seen = recv
@@ -755,7 +863,10 @@ class JobTable:
             if all(r.gone_at is not None or not self.fresh(r, now) for r in job.ranks.values()):
                 dead.append(job_id)
         for job_id in dead:
-            del self.jobs[job_id]
+            job = self.jobs.pop(job_id)
+            for aid in {r.agent_id for r in job.ranks.values()}:
+                if (agent := self.agents.get(aid)) is not None:
+                    agent.jobs.discard(job_id)
         for agent_id in [a for a, rec in self.agents.items()
                          if not rec.connected and now - rec.last_recv > GONE_JOB_TTL]:
             del self.agents[agent_id]

@@ -12,6 +12,7 @@ from typing import Callable
 
 import grpc
 
+from ncclwatch.daemon.bounds import Bounds
 from ncclwatch.stacks import Frame, stack_id
 from ncclwatch.v1 import collector_pb2 as pb
 
@@ -28,26 +29,34 @@ MAX_FILES = 64
 _STATES = frozenset(pb.RankState.values())
 _isfinite = math.isfinite
 _OPS = frozenset(pb.CollectiveOp.values())
+DEFAULT_BOUNDS = Bounds()
+MAX_ENV_NAME = 256
+#: Seconds since boot no machine reaches (317 years): the daemon anchors ages
+#: on the agent's clock (table.AgentRecord.clock_offset), so it must be one.
+MAX_CLOCK = 1e10
 
 
 class ReportError(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    """``bound``: the label (bounds.BOUND_LABELS) of the bound it hit, if any."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, bound: str = "") -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.bound = bound
 
 
-def _bad(msg: str) -> ReportError:
-    return ReportError(grpc.StatusCode.INVALID_ARGUMENT, msg)
+def _bad(msg: str, bound: str = "") -> ReportError:
+    return ReportError(grpc.StatusCode.INVALID_ARGUMENT, msg, bound)
 
 
-def _too_big(msg: str) -> ReportError:
-    return ReportError(grpc.StatusCode.RESOURCE_EXHAUSTED, msg)
+def _too_big(msg: str, bound: str = "") -> ReportError:
+    return ReportError(grpc.StatusCode.RESOURCE_EXHAUSTED, msg, bound)
 
 
 def validate_request(req: pb.ReportRequest,
                      world_size_of: Callable[[str], int | None] = lambda job: None,
-                     ) -> dict[str, ReportError]:
+                     bounds: Bounds = DEFAULT_BOUNDS) -> dict[str, ReportError]:
     """Raise ReportError unless ``req`` may be applied; return the jobs it may not.
 
     A malformed report is refused whole. A well-formed one whose samples of
@@ -66,21 +75,32 @@ def validate_request(req: pb.ReportRequest,
         raise _bad("report.node must be a host name of 1-255 characters")
     if not r.agent_id or len(r.agent_id) > 64:
         raise _bad("report.agent_id must be 1-64 characters")
-    for name in ("agent_monotonic_seconds", "agent_wall_seconds", "interval_seconds"):
+    for name in ("agent_monotonic_seconds", "agent_wall_seconds", "interval_seconds",
+                 "timed_round_trip_seconds"):
         v = getattr(r, name)
         if not math.isfinite(v) or v < 0:
             raise _bad(f"report.{name} must be finite and >= 0, got {v}")
+    if r.agent_monotonic_seconds > MAX_CLOCK:
+        raise _bad(f"report.agent_monotonic_seconds {r.agent_monotonic_seconds:g} is not a "
+                   f"monotonic clock (over {MAX_CLOCK:g})", "age")
+    if r.interval_seconds > bounds.max_interval_seconds:
+        raise _bad(f"report.interval_seconds {r.interval_seconds:g} over "
+                   f"{bounds.max_interval_seconds:g} (max_interval_seconds)", "interval")
     if len(r.samples) > MAX_SAMPLES:
         raise _too_big(f"{len(r.samples)} samples in one report (max {MAX_SAMPLES})")
     if len(r.stacks) > MAX_STACKS:
         raise _too_big(f"{len(r.stacks)} stacks in one report (max {MAX_STACKS})")
+    text = 0
     for s in r.stacks:
-        _check_stack(s)
+        text += _check_stack(s, bounds)
+    if text > bounds.max_report_stack_bytes:
+        raise _too_big(f"{text} bytes of stack text in one report (max_report_stack_bytes "
+                       f"{bounds.max_report_stack_bytes})", "report_stack_bytes")
     seen: set[tuple[str, int]] = set()
     new_jobs: dict[str, int] = {}  # jobs first seen in this very report
     rejected: dict[str, ReportError] = {}
     for i, s in enumerate(r.samples):
-        key = _check_sample(i, s, world_size_of, new_jobs, rejected)
+        key = _check_sample(i, s, world_size_of, new_jobs, rejected, bounds)
         if key in seen:
             raise _bad(f"samples[{i}]: rank {key[1]} of job {key[0]!r} appears twice")
         seen.add(key)
@@ -92,19 +112,19 @@ def validate_request(req: pb.ReportRequest,
             raise _bad("briefs, changes and slots need protocol_version 2")
         _check_briefs(r.briefs, len(r.samples) + len(r.changes))
         for i, c in enumerate(r.changes):
-            _check_change(i, c)
+            _check_change(i, c, bounds.max_age_seconds)
     return rejected
 
 
-def _check_change(i: int, c: pb.RankChange) -> None:
+def _check_change(i: int, c: pb.RankChange, max_age: float) -> None:
     if not c.slot:
         raise _bad(f"changes[{i}]: slot 0 names no rank")
     if c.state not in _STATES or c.op not in _OPS:
         raise _bad(f"changes[{i}]: unknown state {c.state} or op {c.op}")
     for v in (c.state_seconds, c.stack_age_seconds):
-        if not 0 <= v < 1e9:  # NaN fails too
+        if not 0 <= v <= max_age:  # NaN fails too
             raise _bad(f"changes[{i}]: state_seconds and stack_age_seconds must be finite "
-                       f"and in [0, 1e9)")
+                       f"and in [0, {max_age:g}] (max_age_seconds)", "age")
     for v in (c.still_seconds, c.cpu_utilization, c.cpu_seconds):
         if not 0 <= v < 1e12:
             raise _bad(f"changes[{i}]: still_seconds, cpu_utilization and cpu_seconds must "
@@ -138,28 +158,40 @@ def _in_range(values: list[float]) -> bool:
     return min(values) >= 0 and max(values) < 1e12 and total == total
 
 
-def _check_stack(s: pb.Stack) -> None:
+def _check_stack(s: pb.Stack, bounds: Bounds) -> int:
+    """Check one stack; return the characters of text it holds."""
     if len(s.frames) > MAX_FRAMES:
         raise _too_big(f"stack {s.id[:16]!r} has {len(s.frames)} frames (max {MAX_FRAMES})")
+    text = len(s.thread_name)
     for f in s.frames:
-        if len(f.name) > MAX_STRING or len(f.filename) > MAX_STRING:
-            raise _too_big(f"stack {s.id[:16]!r}: frame name/filename over {MAX_STRING} chars")
+        a, b = len(f.name), len(f.filename)
+        if a > MAX_STRING or b > min(MAX_STRING, bounds.max_path):
+            raise _too_big(f"stack {s.id[:16]!r}: frame name/filename over {MAX_STRING} chars",
+                           "path_length" if b > bounds.max_path else "")
+        text += a + b
+    if text > bounds.max_stack_bytes:
+        raise _too_big(f"stack {s.id[:16]!r}: {text} bytes of text (max_stack_bytes "
+                       f"{bounds.max_stack_bytes})", "stack_bytes")
     expect = stack_id(Frame(f.name, f.filename, f.line) for f in s.frames)
     if s.id != expect:
         raise _bad(f"stack id {s.id[:32]!r} does not match its frames (expected {expect})")
+    return text
 
 
 def _check_sample(i: int, s: pb.RankSample, world_size_of: Callable[[str], int | None],
-                  new_jobs: dict[str, int], rejected: dict[str, ReportError]) -> tuple[str, int]:
+                  new_jobs: dict[str, int], rejected: dict[str, ReportError],
+                  bounds: Bounds = DEFAULT_BOUNDS) -> tuple[str, int]:
     # Runs for every sample: each field is read once, messages built only on error.
     ident = s.identity
     job_id, world, rank = ident.job_id, ident.world_size, ident.rank
     if not job_id or len(job_id) > MAX_JOB_ID:
         raise _bad(f"samples[{i}]: job_id must be 1-{MAX_JOB_ID} characters")
     # world_size 0: unknown (PMIx); rank -1: a member whose rank is unknown.
-    if not 0 <= world <= MAX_WORLD_SIZE:
-        raise _bad(f"samples[{i}]: world_size {world} out of range 0..{MAX_WORLD_SIZE}")
-    if not (rank == -1 or 0 <= rank < (world or MAX_WORLD_SIZE)):
+    top = min(MAX_WORLD_SIZE, bounds.max_ranks_per_job)
+    if not 0 <= world <= top:
+        raise _bad(f"samples[{i}]: world_size {world} out of range 0..{top} "
+                   f"(max_ranks_per_job)", "ranks_per_job" if world > 0 else "")
+    if not (rank == -1 or 0 <= rank < (world or top)):
         raise _bad(f"samples[{i}]: rank {rank} out of range for world size {world}")
     if len(ident.rank_source) > 64:
         raise _bad(f"samples[{i}]: rank_source too long")
@@ -179,12 +211,15 @@ def _check_sample(i: int, s: pb.RankSample, world_size_of: Callable[[str], int |
         raise _bad(f"samples[{i}]: pid must be > 0")
     if s.state not in _STATES or s.op not in _OPS:
         raise _bad(f"samples[{i}]: unknown state {s.state} or op {s.op}")
+    max_age = bounds.max_age_seconds
     v = s.state_seconds
-    if not _isfinite(v) or not 0 <= v < 1e9:
-        raise _bad(f"samples[{i}]: state_seconds must be finite and in [0, 1e9), got {v}")
+    if not 0 <= v <= max_age:  # NaN fails too
+        raise _bad(f"samples[{i}]: state_seconds must be finite and in [0, {max_age:g}] "
+                   f"(max_age_seconds), got {v}", "age")
     v = s.stack_age_seconds
-    if not _isfinite(v) or not 0 <= v < 1e9:
-        raise _bad(f"samples[{i}]: stack_age_seconds must be finite and in [0, 1e9), got {v}")
+    if not 0 <= v <= max_age:
+        raise _bad(f"samples[{i}]: stack_age_seconds must be finite and in [0, {max_age:g}] "
+                   f"(max_age_seconds), got {v}", "age")
     if len(s.stack_id) > 64:
         raise _bad(f"samples[{i}]: stack_id too long")
     p = s.process
@@ -195,6 +230,19 @@ def _check_sample(i: int, s: pb.RankSample, world_size_of: Callable[[str], int |
     files, env = len(p.files_writing), len(s.job.env) if has_job else 0
     if files > MAX_FILES or env > MAX_ENV:
         raise _too_big(f"samples[{i}]: too many files ({files}) or env entries ({env})")
+    if files:
+        top = bounds.max_path
+        for f in p.files_writing:
+            if max(len(f.path), len(f.previous_path), len(f.copy_source_path)) > top:
+                raise _too_big(f"samples[{i}]: a path of process.files_writing over {top} "
+                               f"characters (max_path)", "path_length")
+    if env:
+        top = bounds.max_env_value
+        for k, v in s.job.env.items():
+            if len(k) > MAX_ENV_NAME or len(v) > top:
+                raise _too_big(f"samples[{i}]: job.env entry {k[:32]!r}: name over "
+                               f"{MAX_ENV_NAME} or value over {top} characters "
+                               f"(max_env_value)", "env_length")
     if has_job:
         timeout = s.job.watchdog_timeout_seconds
         if not _isfinite(timeout) or timeout < 0:
@@ -204,7 +252,7 @@ def _check_sample(i: int, s: pb.RankSample, world_size_of: Callable[[str], int |
                                              sj.source)):
             raise _too_big(f"samples[{i}]: job.scheduler_job field over {MAX_JOB_ID} chars")
     if s.HasField("flight_recorder"):
-        _check_flight_recorder(i, s.flight_recorder, world)
+        _check_flight_recorder(i, s.flight_recorder, world, bounds)
     return (job_id, rank if rank >= 0 else -1 - ident.pid)
 
 
@@ -213,13 +261,21 @@ MAX_PROCESS_GROUPS = 256
 MAX_TIMEOUT_MS = 366 * 86400 * 1000
 
 
-def _check_flight_recorder(i: int, fr: pb.FlightRecorderSummary, world: int) -> None:
+def _check_flight_recorder(i: int, fr: pb.FlightRecorderSummary, world: int,
+                           bounds: Bounds = DEFAULT_BOUNDS) -> None:
     """Rare (one per dump) and read by the cross-rank analysis: check it all."""
     where = f"samples[{i}].flight_recorder"
-    if not _isfinite(fr.dump_age_seconds) or not 0 <= fr.dump_age_seconds < 1e9:
-        raise _bad(f"{where}: dump_age_seconds must be finite and in [0, 1e9)")
-    if len(fr.groups) > MAX_PROCESS_GROUPS or len(fr.version) > 32:
-        raise _too_big(f"{where}: {len(fr.groups)} process groups (max {MAX_PROCESS_GROUPS})")
+    if not 0 <= fr.dump_age_seconds <= bounds.max_age_seconds:
+        raise _bad(f"{where}: dump_age_seconds must be finite and in "
+                   f"[0, {bounds.max_age_seconds:g}] (max_age_seconds)", "age")
+    groups = min(MAX_PROCESS_GROUPS, bounds.max_flight_recorder_groups)
+    if len(fr.groups) > groups or len(fr.version) > 32:
+        raise _too_big(f"{where}: {len(fr.groups)} process groups (max_flight_recorder_groups "
+                       f"{groups})", "flight_recorder_groups" if len(fr.groups) > groups else "")
+    listed = sum(len(g.ranks) for g in fr.groups)
+    if listed > bounds.max_flight_recorder_ranks:
+        raise _too_big(f"{where}: its groups list {listed} ranks (max_flight_recorder_ranks "
+                       f"{bounds.max_flight_recorder_ranks})", "flight_recorder_ranks")
     for g in fr.groups:
         if max(len(g.pg_id), len(g.pg_name), len(g.pg_desc), len(g.pending_op)) > 256:
             raise _too_big(f"{where}: a process-group name or op over 256 characters")

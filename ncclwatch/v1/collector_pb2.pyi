@@ -89,7 +89,7 @@ class ReportRequest(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., report: _Optional[_Union[NodeReport, _Mapping]] = ...) -> None: ...
 
 class NodeReport(_message.Message):
-    __slots__ = ("node", "agent_id", "seq", "agent_monotonic_seconds", "agent_wall_seconds", "full_round", "stacks", "samples", "exited", "health", "interval_seconds", "briefs", "slots_reset", "changes")
+    __slots__ = ("node", "agent_id", "seq", "agent_monotonic_seconds", "agent_wall_seconds", "full_round", "stacks", "samples", "exited", "health", "interval_seconds", "briefs", "slots_reset", "changes", "timed_seq", "timed_round_trip_seconds")
     NODE_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -104,6 +104,8 @@ class NodeReport(_message.Message):
     BRIEFS_FIELD_NUMBER: _ClassVar[int]
     SLOTS_RESET_FIELD_NUMBER: _ClassVar[int]
     CHANGES_FIELD_NUMBER: _ClassVar[int]
+    TIMED_SEQ_FIELD_NUMBER: _ClassVar[int]
+    TIMED_ROUND_TRIP_SECONDS_FIELD_NUMBER: _ClassVar[int]
     node: str
     agent_id: str
     seq: int
@@ -118,7 +120,9 @@ class NodeReport(_message.Message):
     briefs: RankBriefs
     slots_reset: bool
     changes: _containers.RepeatedCompositeFieldContainer[RankChange]
-    def __init__(self, node: _Optional[str] = ..., agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., agent_monotonic_seconds: _Optional[float] = ..., agent_wall_seconds: _Optional[float] = ..., full_round: _Optional[bool] = ..., stacks: _Optional[_Iterable[_Union[Stack, _Mapping]]] = ..., samples: _Optional[_Iterable[_Union[RankSample, _Mapping]]] = ..., exited: _Optional[_Iterable[_Union[RankIdentity, _Mapping]]] = ..., health: _Optional[_Union[AgentHealth, _Mapping]] = ..., interval_seconds: _Optional[float] = ..., briefs: _Optional[_Union[RankBriefs, _Mapping]] = ..., slots_reset: _Optional[bool] = ..., changes: _Optional[_Iterable[_Union[RankChange, _Mapping]]] = ...) -> None: ...
+    timed_seq: int
+    timed_round_trip_seconds: float
+    def __init__(self, node: _Optional[str] = ..., agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., agent_monotonic_seconds: _Optional[float] = ..., agent_wall_seconds: _Optional[float] = ..., full_round: _Optional[bool] = ..., stacks: _Optional[_Iterable[_Union[Stack, _Mapping]]] = ..., samples: _Optional[_Iterable[_Union[RankSample, _Mapping]]] = ..., exited: _Optional[_Iterable[_Union[RankIdentity, _Mapping]]] = ..., health: _Optional[_Union[AgentHealth, _Mapping]] = ..., interval_seconds: _Optional[float] = ..., briefs: _Optional[_Union[RankBriefs, _Mapping]] = ..., slots_reset: _Optional[bool] = ..., changes: _Optional[_Iterable[_Union[RankChange, _Mapping]]] = ..., timed_seq: _Optional[int] = ..., timed_round_trip_seconds: _Optional[float] = ...) -> None: ...
 
 class RankChange(_message.Message):
     __slots__ = ("slot", "state", "op", "state_seconds", "stack_age_seconds", "stack_id", "still_seconds", "cpu_utilization", "cpu_seconds")

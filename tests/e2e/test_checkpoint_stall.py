@@ -83,12 +83,18 @@ def test_slow_save_culprit_named_before_the_watchdog(ncclwatch_run, torch_job, t
     lead = (first_wait + PG_TIMEOUT) - detected
     r1 = _value(m, "ncclwatch_watchdog_remaining_seconds", job_id=job_id)
     time.sleep(3)
+    # The truth is taken before the scrape: the budget is read during it, when
+    # at most this much was left (taken after, a slow scrape under load would
+    # shrink the truth and blame the budget).
+    true_left = (first_wait + PG_TIMEOUT) - time.time()
     m2 = mon.metrics()
     r2 = _value(m2, "ncclwatch_watchdog_remaining_seconds", job_id=job_id)
     assert r1 is not None and r2 is not None and 0 < r2 < r1 < PG_TIMEOUT, (r1, r2)
     assert r1 - r2 == pytest.approx(3, abs=1.5)
-    # The budget never claims more time than the job really has left.
-    true_left = (first_wait + PG_TIMEOUT) - time.time()
+    # The budget never claims more time than the job really has left: the wait's
+    # start is the earliest the evidence allows (issue 20), so the budget reads
+    # below the truth; the 1 s is margin, not an error the design allows.
+    print(f"budget {r2:.2f}s, truth {true_left:.2f}s, margin {true_left - r2:+.2f}s")
     assert r2 <= true_left + 1.0, (r2, true_left)
 
     # The API and the status command tell the same story, with rank 0's stack.
