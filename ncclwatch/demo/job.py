@@ -122,17 +122,34 @@ def full_state_dict(model: nn.Module) -> dict:
         full_state_dict=True, cpu_offload=True))
 
 
-def _wait_op(args, saver: int):
-    """The collective the non-saving ranks wait in after the save."""
+def _wait_op(args, saver: int, model: nn.Module | None = None, opt=None):
+    """The collective the non-saving ranks wait in after the save.
+
+    The NCCL-shaped ones block where no c10d frame is on the Python stack:
+    ``work.wait()`` of an async collective, a wait on its future, and DDP's
+    next backward (the reducer's bucket all_reduce waits in C++).
+    """
     t, obj = torch.zeros(1024), [None]
+
+    def async_wait() -> None:
+        work = dist.all_reduce(t, async_op=True)
+        work.wait()
+
+    def future_wait() -> None:
+        dist.all_reduce(t, async_op=True).get_future().wait()
+
     return {
         "barrier": lambda: dist.barrier(),
         "broadcast": lambda: dist.broadcast(t, src=saver),
         "broadcast_object_list": lambda: dist.broadcast_object_list(obj, src=saver),
+        "async-wait": async_wait,
+        "future-wait": future_wait,
+        "ddp-backward": lambda: train(model, opt, 1, "next step"),
     }[args.wait_op]
 
 
-def save_rank0(args, state: dict, throttled: bool, step: int = 200) -> None:
+def save_rank0(args, state: dict, throttled: bool, step: int = 200,
+               model: nn.Module | None = None, opt=None) -> None:
     """One rank writes, the others wait in a collective (the common bad pattern).
 
     Unless --no-previous-checkpoint, an earlier checkpoint of the same state
@@ -140,7 +157,7 @@ def save_rank0(args, state: dict, throttled: bool, step: int = 200) -> None:
     ``ckpt-step{N}.pt`` files, and the previous one says how big the next is.
     """
     saver = args.saver
-    wait = _wait_op(args, saver)
+    wait = _wait_op(args, saver, model, opt)
     if RANK == saver:
         size = sum(t.numel() * t.element_size() for t in state.values())
         directory = ckpt_dir(args)
@@ -177,7 +194,7 @@ def scenario_save(args, throttled: bool) -> None:
     # cpu_offload keeps the gathered state on rank 0 only; another saver
     # writes its own (DDP: identical) replica.
     state = full_state_dict(model) if args.saver == 0 else model.module.state_dict()
-    save_rank0(args, state, throttled)
+    save_rank0(args, state, throttled, model=model, opt=opt)
     train(model, opt, args.steps, "train after checkpoint")
 
 
@@ -600,7 +617,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ckpt-dir", default=tempfile.gettempdir())
     p.add_argument("--saver", type=int, default=0, help="the rank that writes the checkpoint")
     p.add_argument("--wait-op", default="barrier",
-                   choices=["barrier", "broadcast", "broadcast_object_list"],
+                   choices=["barrier", "broadcast", "broadcast_object_list", "async-wait",
+                            "future-wait", "ddp-backward"],
                    help="where the other ranks wait during the save")
     p.add_argument("--no-previous-checkpoint", dest="previous_checkpoint",
                    action="store_false",
