@@ -28,6 +28,8 @@ from ncclwatch.agent.scheduler import SchedulerLookup
 from ncclwatch.agent.tracker import RankTracker
 from ncclwatch.agent.uplink import Uplinks
 from ncclwatch.sdnotify import Notifier
+from ncclwatch.model import STILL_EVENTS_PER_S
+from ncclwatch.native_signatures import classify_native_rank
 from ncclwatch.signatures import DEFAULT_CLASSIFIER, Classifier
 from ncclwatch.tls import ClientTLS
 from ncclwatch.v1 import collector_pb2 as pb
@@ -163,6 +165,9 @@ class Agent:
                                      over_budget=self.cpu_cores > self.config.policy.cpu_budget)
         if due and self.pyspy.available:
             await asyncio.gather(*(self._dump(t) for t in due))
+        native = self.config.policy.native_due(self.trackers.values(), time.monotonic())
+        if native and self.pyspy.available:
+            await asyncio.gather(*(self._dump_native(t) for t in native))
         if self.frprobe.waiting:
             for pid, summary in (await asyncio.to_thread(self.frprobe.poll)).items():
                 t = self.trackers.get(pid)
@@ -232,6 +237,32 @@ class Agent:
             self.stacks[sid] = stack_pb(stack)
         t.observe_stack(c, sid, time.monotonic())
 
+    async def _dump_native(self, t: RankTracker) -> None:
+        """One native dump of a rank still past the threshold (it pauses the rank)."""
+        async with self._sem:
+            if self._stopped.is_set() or t.pid not in self.trackers or not t.still:
+                return
+            # Fresh from /proc: never pause a rank that has moved since the round began.
+            sample = await asyncio.to_thread(self.sampler.sample, t.pid, with_files=False)
+            if sample is None or t.sample is None or sample.progress_events \
+                    - t.sample.progress_events > STILL_EVENTS_PER_S * self.config.interval:
+                return
+            still_for = t.still_since
+            try:
+                threads = await self.pyspy.dump_native(t.pid)
+            except PySpyError as e:
+                t.native_for = still_for  # once per still period, failed or not
+                log.debug("%s", e)
+                return
+        if t.still_since != still_for:
+            return  # it moved while we looked
+        w = classify_native_rank(threads, t.pid)
+        t.observe_native(w, time.monotonic())
+        if w is not None:
+            log.info("rank %s of %s waits in %s (native frame %s)", t.proc.identity.rank,
+                     t.proc.identity.job_id, w.op.value if w.op.value != "none"
+                     else w.state.value, w.frame)
+
     def _build(self, gpu_reading: GpuReading) -> pb.NodeReport:
         now = time.monotonic()
         by_pid = gpu_reading.by_pid()
@@ -253,6 +284,10 @@ class Agent:
             pyspy_runs_total=self.pyspy.runs_total,
             pyspy_failures_total=self.pyspy.failures_total,
             pyspy_seconds_total=self.pyspy.seconds_total,
+            native_dumps_total=self.pyspy.native_total,
+            native_dump_failures_total=self.pyspy.native_failures_total,
+            native_dump_seconds_total=self.pyspy.native_seconds_total,
+            native_dump_buckets=tuple(self.pyspy.native_buckets),
             reports_dropped_total=self.uplink.dropped_total,
             queue_length=self.uplink.queue_length,
             # py-spy runs as our child: its CPU is our cost too.

@@ -15,8 +15,13 @@ from __future__ import annotations
 
 from ncclwatch.agent.discover import RankProcess
 from ncclwatch.agent.sample import ProcessSample
-from ncclwatch.model import QUIET_CPU, STILL_EVENTS_PER_S, CollectiveOp, RankState
+from ncclwatch.model import QUIET_CPU, STILL_EVENTS_PER_S, CollectiveOp, RankState, WaitEvidence
+from ncclwatch.native_signatures import NativeWait
 from ncclwatch.signatures import Classification
+
+#: States whose Python stack may hide a wait in C++ (issue 18): a native dump
+#: of a rank still in one of them can say what it waits for.
+NATIVE_CANDIDATES = frozenset({RankState.COMPUTE, RankState.UNKNOWN, RankState.DEVICE_WAIT})
 
 
 
@@ -26,6 +31,7 @@ class RankTracker:
         "cpu_util", "_cpu_at", "quiet_since", "quiet_at_last_dump", "forced",
         "env_sent", "repeats", "prev_state", "flight_recorder", "scheduler_job",
         "still_since", "still_at_last_dump", "events_at_dump", "files_at_dump",
+        "evidence", "native", "native_for", "native_stack",
     )
 
     def __init__(self, proc: RankProcess, now: float) -> None:
@@ -57,6 +63,14 @@ class RankTracker:
         self.events_at_dump: int | None = None
         #: The files the rank had open for writing when the last stack was taken.
         self.files_at_dump: frozenset[str] = frozenset()
+        #: How the rank's waiting (state/op) was established.
+        self.evidence = WaitEvidence.NONE
+        #: The wait a native dump showed, held while the rank sits still with the
+        #: same Python stack (``native_stack``); None: none shown.
+        self.native: NativeWait | None = None
+        #: The still period (its still_since) a native dump was taken in: once each.
+        self.native_for: float | None = None
+        self.native_stack = ""
 
     @property
     def pid(self) -> int:
@@ -105,7 +119,38 @@ class RankTracker:
         else:
             self.still_since = None
 
+    @property
+    def native_no_wait(self) -> bool:
+        """A native dump of this still period found no wait."""
+        return (self.native is None and self.still_since is not None
+                and self.native_for == self.still_since)
+
+    def native_held(self, stack_id: str) -> bool:
+        """The native wait still stands: the rank sat still since, same Python stack."""
+        return (self.native is not None and self.still_since is not None
+                and self.native_for == self.still_since and stack_id == self.native_stack)
+
+    def observe_native(self, w: NativeWait | None, now: float) -> None:
+        """A native dump of this still period: ``w`` the wait it showed, if any.
+
+        The wait began when the rank went still: its Python stack showed the
+        same frames since (a dump is taken only after one in this still period).
+        """
+        self.native_for = self.still_since
+        if w is None:
+            return
+        self.native, self.native_stack = w, self.stack_id
+        self.prev_state = self.state
+        if (w.state, w.op) != (self.state, self.op):
+            self.state_since = self.still_since if self.still_since is not None else now
+            self.state, self.op = w.state, w.op
+        self.evidence = WaitEvidence.NATIVE_FRAME
+
     def observe_stack(self, c: Classification, stack_id: str, now: float) -> None:
+        if self.native_held(stack_id):
+            c = Classification(self.native.state, self.native.op)
+        else:
+            self.native = None
         self.repeats = self.repeats + 1 if stack_id == self.stack_id else 0
         self.prev_state = self.state
         if (c.state, c.op) != (self.state, self.op) or self.stack_at is None \
@@ -114,6 +159,12 @@ class RankTracker:
             self.state, self.op = c.state, c.op
         self.stack_id = stack_id
         self.stack_at = now
+        if self.native is not None:
+            self.evidence = WaitEvidence.NATIVE_FRAME
+        elif c.op is not CollectiveOp.NONE or c.state is RankState.DEVICE_WAIT:
+            self.evidence = WaitEvidence.PYTHON_FRAME
+        else:
+            self.evidence = WaitEvidence.NONE
         self.quiet_at_last_dump = self.quiet
         self.still_at_last_dump = self.still
         if self.sample is not None:

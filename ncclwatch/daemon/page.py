@@ -95,6 +95,7 @@ def _stall(s: dict[str, Any]) -> str:
                    f"on <b>{escape(c['host'])}</b> (pid {c['pid']}), {escape(c['state'])} for "
                    f"{c['for_seconds']:.0f}s{'; writing ' + files if files else ''}</p>")
         out.append(_stack(c.get("stack")))
+    out.append(_waiting(s["waiting"]))
     fr = s.get("flight_recorder")
     if fr and fr.get("sentence"):
         out.append(f"<p class='flight-recorder'>{escape(fr['sentence'])} "
@@ -118,6 +119,16 @@ def _stall(s: dict[str, Any]) -> str:
         out.append(f"<p><small>env: {env}</small></p>")
     out.append("</div>")
     return "".join(out)
+
+
+def _waiting(w: dict[str, Any]) -> str:
+    """Who waits, and how that was established (python/native frame, Flight
+    Recorder, or stillness: provisional)."""
+    how = "; ".join(f"{escape(k.replace('_', ' '))}: {escape(','.join(map(str, v)))}"
+                    for k, v in (w.get("evidence") or {}).items())
+    tag = " <span class='bad'>provisional</span>" if w.get("provisional") else ""
+    return (f"<p class='waiting'>waiting: ranks {escape(','.join(map(str, w['ranks'])))} in "
+            f"{escape('/'.join(w['ops']))}{' (by ' + how + ')' if how else ''}{tag}</p>")
 
 
 def _forecast(f: dict[str, Any], remaining: float) -> str:

@@ -134,7 +134,7 @@ class NodeReport(_message.Message):
     def __init__(self, node: _Optional[str] = ..., agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., agent_monotonic_seconds: _Optional[float] = ..., agent_wall_seconds: _Optional[float] = ..., full_round: _Optional[bool] = ..., stacks: _Optional[_Iterable[_Union[Stack, _Mapping]]] = ..., samples: _Optional[_Iterable[_Union[RankSample, _Mapping]]] = ..., exited: _Optional[_Iterable[_Union[RankIdentity, _Mapping]]] = ..., health: _Optional[_Union[AgentHealth, _Mapping]] = ..., interval_seconds: _Optional[float] = ..., briefs: _Optional[_Union[RankBriefs, _Mapping]] = ..., slots_reset: _Optional[bool] = ..., changes: _Optional[_Iterable[_Union[RankChange, _Mapping]]] = ...) -> None: ...
 
 class RankChange(_message.Message):
-    __slots__ = ("slot", "state", "op", "state_seconds", "stack_age_seconds", "stack_id", "still_seconds", "cpu_utilization", "cpu_seconds", "evidence", "native_frame")
+    __slots__ = ("slot", "state", "op", "state_seconds", "stack_age_seconds", "stack_id", "still_seconds", "cpu_utilization", "cpu_seconds", "evidence", "native_frame", "native_no_wait")
     SLOT_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
@@ -146,6 +146,7 @@ class RankChange(_message.Message):
     CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
     EVIDENCE_FIELD_NUMBER: _ClassVar[int]
     NATIVE_FRAME_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_NO_WAIT_FIELD_NUMBER: _ClassVar[int]
     slot: int
     state: RankState
     op: CollectiveOp
@@ -157,7 +158,8 @@ class RankChange(_message.Message):
     cpu_seconds: float
     evidence: WaitEvidence
     native_frame: str
-    def __init__(self, slot: _Optional[int] = ..., state: _Optional[_Union[RankState, str]] = ..., op: _Optional[_Union[CollectiveOp, str]] = ..., state_seconds: _Optional[float] = ..., stack_age_seconds: _Optional[float] = ..., stack_id: _Optional[str] = ..., still_seconds: _Optional[float] = ..., cpu_utilization: _Optional[float] = ..., cpu_seconds: _Optional[float] = ..., evidence: _Optional[_Union[WaitEvidence, str]] = ..., native_frame: _Optional[str] = ...) -> None: ...
+    native_no_wait: bool
+    def __init__(self, slot: _Optional[int] = ..., state: _Optional[_Union[RankState, str]] = ..., op: _Optional[_Union[CollectiveOp, str]] = ..., state_seconds: _Optional[float] = ..., stack_age_seconds: _Optional[float] = ..., stack_id: _Optional[str] = ..., still_seconds: _Optional[float] = ..., cpu_utilization: _Optional[float] = ..., cpu_seconds: _Optional[float] = ..., evidence: _Optional[_Union[WaitEvidence, str]] = ..., native_frame: _Optional[str] = ..., native_no_wait: _Optional[bool] = ...) -> None: ...
 
 class RankBriefs(_message.Message):
     __slots__ = ("slot", "still_seconds", "cpu_utilization", "cpu_seconds")
@@ -188,7 +190,7 @@ class RankIdentity(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., world_size: _Optional[int] = ..., pid: _Optional[int] = ..., rank_source: _Optional[str] = ...) -> None: ...
 
 class RankSample(_message.Message):
-    __slots__ = ("identity", "state", "op", "state_seconds", "stack_age_seconds", "stack_id", "process", "gpu", "job", "flight_recorder", "still_seconds", "slot", "evidence", "native_frame")
+    __slots__ = ("identity", "state", "op", "state_seconds", "stack_age_seconds", "stack_id", "process", "gpu", "job", "flight_recorder", "still_seconds", "slot", "evidence", "native_frame", "native_no_wait")
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
@@ -203,6 +205,7 @@ class RankSample(_message.Message):
     SLOT_FIELD_NUMBER: _ClassVar[int]
     EVIDENCE_FIELD_NUMBER: _ClassVar[int]
     NATIVE_FRAME_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_NO_WAIT_FIELD_NUMBER: _ClassVar[int]
     identity: RankIdentity
     state: RankState
     op: CollectiveOp
@@ -217,7 +220,8 @@ class RankSample(_message.Message):
     slot: int
     evidence: WaitEvidence
     native_frame: str
-    def __init__(self, identity: _Optional[_Union[RankIdentity, _Mapping]] = ..., state: _Optional[_Union[RankState, str]] = ..., op: _Optional[_Union[CollectiveOp, str]] = ..., state_seconds: _Optional[float] = ..., stack_age_seconds: _Optional[float] = ..., stack_id: _Optional[str] = ..., process: _Optional[_Union[ProcessStats, _Mapping]] = ..., gpu: _Optional[_Iterable[_Union[GpuMemory, _Mapping]]] = ..., job: _Optional[_Union[JobInfo, _Mapping]] = ..., flight_recorder: _Optional[_Union[FlightRecorderSummary, _Mapping]] = ..., still_seconds: _Optional[float] = ..., slot: _Optional[int] = ..., evidence: _Optional[_Union[WaitEvidence, str]] = ..., native_frame: _Optional[str] = ...) -> None: ...
+    native_no_wait: bool
+    def __init__(self, identity: _Optional[_Union[RankIdentity, _Mapping]] = ..., state: _Optional[_Union[RankState, str]] = ..., op: _Optional[_Union[CollectiveOp, str]] = ..., state_seconds: _Optional[float] = ..., stack_age_seconds: _Optional[float] = ..., stack_id: _Optional[str] = ..., process: _Optional[_Union[ProcessStats, _Mapping]] = ..., gpu: _Optional[_Iterable[_Union[GpuMemory, _Mapping]]] = ..., job: _Optional[_Union[JobInfo, _Mapping]] = ..., flight_recorder: _Optional[_Union[FlightRecorderSummary, _Mapping]] = ..., still_seconds: _Optional[float] = ..., slot: _Optional[int] = ..., evidence: _Optional[_Union[WaitEvidence, str]] = ..., native_frame: _Optional[str] = ..., native_no_wait: _Optional[bool] = ...) -> None: ...
 
 class FlightRecorderSummary(_message.Message):
     __slots__ = ("dump_age_seconds", "version", "groups")
