@@ -46,6 +46,9 @@ class Outcome:
     kinds_seen: list[str] = field(default_factory=list)
     culprits: tuple[int, ...] = ()
     states: tuple[str, ...] = ()
+    #: How the first stall's waiting ranks were established, and their ops.
+    evidence: tuple[str, ...] = ()
+    ops: tuple[str, ...] = ()
     root_cause: str | None = None
     unknown: tuple[int, ...] = ()
     at_risk_at: float | None = None
@@ -110,6 +113,10 @@ class Outcome:
                                                 or self.delay > s.detect_within):
                 out.append(f"detected {_fmt(self.delay)}s after {s.start} "
                            f"(> {s.detect_within}s)")
+            if s.evidence and self.first_kind == s.kind and set(self.evidence) != set(s.evidence):
+                out.append(f"evidence {list(self.evidence)} != {list(s.evidence)}")
+            if s.ops and self.first_kind == s.kind and set(self.ops) != set(s.ops):
+                out.append(f"waiting ops {list(self.ops)} != {list(s.ops)}")
             if not set(s.unknown) <= set(self.unknown):
                 out.append(f"unknown ranks {list(self.unknown)} lack {list(s.unknown)}")
         if s.at_risk is True and self.at_risk_at is None:
@@ -220,6 +227,8 @@ def _fold(view: dict, out: Outcome, now: float) -> None:
         if kind == out.first_kind:
             out.culprits = tuple(c["rank"] for c in st["culprits"])
             out.states = tuple(c["state"] for c in st["culprits"])
+            out.evidence = tuple(sorted((st["waiting"].get("evidence") or {})))
+            out.ops = tuple(st["waiting"]["ops"])
             out.root_cause = st["diagnosis"]["root_cause"]
             out.unknown = tuple(st["unknown_ranks"])
         over = ((st.get("forecast") or {}).get("checkpoint") or {}).get("overrun_seconds")
@@ -248,8 +257,8 @@ def _fmt(x: float | None) -> str:
 
 
 def table(outcomes: list[Outcome]) -> str:
-    head = ["scenario", "ranks", "expected", "detected", "culprits", "state", "root cause",
-            "at risk", "delay s", "lead s", "forecast s", "result"]
+    head = ["scenario", "ranks", "expected", "detected", "culprits", "state", "evidence",
+            "root cause", "at risk", "delay s", "lead s", "forecast s", "result"]
     rows = []
     for o in outcomes:
         s = o.scenario
@@ -258,7 +267,7 @@ def table(outcomes: list[Outcome]) -> str:
         problems = o.problems()
         rows.append([s.name, str(s.world), expected, o.first_kind or "none",
                      ",".join(map(str, o.culprits)) or "-", ",".join(o.states) or "-",
-                     o.root_cause or "-",
+                     ",".join(o.evidence) or "-", o.root_cause or "-",
                      "yes" if o.at_risk_at else "no", _fmt(o.delay), _fmt(o.lead),
                      _fmt(o.forecast_delay),
                      "ok" if not problems else "FAIL: " + "; ".join(problems)])
@@ -288,7 +297,8 @@ def test_scenario_matrix(ncclwatch_run) -> None:
     (ARTIFACTS / "scenarios.json").write_text(json.dumps([{
         "scenario": o.scenario.name, "expected": o.scenario.kind, "detected": o.first_kind,
         "kinds_seen": o.kinds_seen, "culprits": list(o.culprits),
-        "culprit_states": list(o.states), "root_cause": o.root_cause,
+        "culprit_states": list(o.states), "waiting_evidence": list(o.evidence),
+        "waiting_ops": list(o.ops), "root_cause": o.root_cause,
         "at_risk_after_s": o.flag_delay, "overrun_at_flag_s": o.overrun_at_flag,
         "detection_delay_s": o.delay, "lead_time_s": o.lead,
         "overrun_forecast_after_s": o.forecast_delay, "problems": o.problems(),
