@@ -11,8 +11,9 @@ further out (``cudaMemcpy*`` is ``.item()`` only under
 ``_local_scalar_dense_cuda``, elsewhere a plain copy).
 
 Op rows name the collective where a frame says it (DDP's reducer all-reduces
-its buckets; ProcessGroup*::allreduce and friends); a bare ``Work::wait`` or
-a future's wait says only WAIT. Every row that this machine can produce is
+its buckets; ProcessGroup*::allreduce and friends; FSDP2's unshard around a
+bare wait is its all_gather); a bare ``Work::wait`` or a future's wait with
+no such frame says only WAIT. Every row that this machine can produce is
 exercised by a real dump in tests/data/pyspy (native-*.json); the CUDA rows by
 the H200 recordings in tests/data/gpu.
 
@@ -91,6 +92,35 @@ OP_SIGNATURES: tuple[tuple[str, Op], ...] = (
 )
 
 
+_FSDP2 = "*/torch/distributed/fsdp/_fully_shard/"
+
+#: Python frames around a bare wait that say which collective it is (a glob
+#: on the path, the function names, the op): FSDP2's unshard waits on its
+#: all_gather, its post-backward on its reduce_scatter.
+PY_OP_SIGNATURES: tuple[tuple[str, frozenset[str], Op], ...] = (
+    (_FSDP2 + "_fsdp_param_group.py", frozenset({"wait_for_unshard", "unshard"}),
+     Op.ALL_GATHER),
+    (_FSDP2 + "_fsdp_collectives.py",
+     frozenset({"foreach_all_gather_copy_out", "foreach_all_gather"}), Op.ALL_GATHER),
+    (_FSDP2 + "_fsdp_collectives.py", frozenset({"foreach_reduce"}), Op.REDUCE_SCATTER),
+    (_FSDP2 + "_fsdp_param_group.py", frozenset({"post_backward", "wait_for_reduce"}),
+     Op.REDUCE_SCATTER),
+)
+
+
+def _python_op(frames: Sequence[Frame]) -> Op | None:
+    """The op the innermost Python frame of a known wrapper names, if any."""
+    for f in frames:
+        if _is_native(f):
+            continue
+        name = f.name.rpartition(".")[2]
+        path = f.filename.replace("\\", "/")
+        for glob, names, op in PY_OP_SIGNATURES:
+            if name in names and fnmatchcase(path, glob):
+                return op
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class NativeWait:
     """What a native stack says: the state, the op, the frame that said it."""
@@ -117,7 +147,7 @@ def classify_native(frames: Sequence[Frame]) -> NativeWait | None:
             op = sig.op
             if sig.state is S.COLLECTIVE and op is Op.WAIT:
                 op = next((o for n in native[i + 1:] for p, o in OP_SIGNATURES
-                           if fnmatchcase(n, p)), op)
+                           if fnmatchcase(n, p)), None) or _python_op(frames) or op
             return NativeWait(sig.state, op, name)
     return None
 

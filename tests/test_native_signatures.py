@@ -38,6 +38,8 @@ def _pid(threads) -> int:
     ("ddp-backward", RankState.COLLECTIVE, CollectiveOp.ALL_REDUCE,
      "c10d::Reducer::finalize_backward"),
     ("barrier", RankState.COLLECTIVE, CollectiveOp.WAIT, "c10d::Work::wait"),
+    # FSDP2 with async unshard (NCCL's shape): the Python frames around the wait name it.
+    ("fsdp2-forward", RankState.COLLECTIVE, CollectiveOp.ALL_GATHER, "c10d::Work::wait"),
 ])
 def test_real_gloo_native_dumps(name, state, op, frame) -> None:
     threads = _threads(DATA / "pyspy" / f"native-{name}__rank1.json")
@@ -46,7 +48,8 @@ def test_real_gloo_native_dumps(name, state, op, frame) -> None:
     assert (w.state, w.op, w.frame) == (state, op, frame)
 
 
-@pytest.mark.parametrize("name", ["async-wait", "future-wait", "ddp-backward"])
+@pytest.mark.parametrize("name", ["async-wait", "future-wait", "ddp-backward",
+                                  "fsdp2-forward"])
 def test_python_frames_alone_read_these_waits_as_compute(name) -> None:
     """The premise of issue 18: nothing on the Python stack says 'waiting'."""
     threads = _threads(DATA / "pyspy" / f"native-{name}__rank1.json")
@@ -73,7 +76,7 @@ def test_real_cuda_native_dumps(name, frame) -> None:
 
 def test_native_manifest_records_each_pause() -> None:
     manifest = json.loads((DATA / "pyspy" / "native-manifest.json").read_text())
-    assert set(manifest) >= {"async-wait", "future-wait", "ddp-backward"}
+    assert set(manifest) >= {"async-wait", "future-wait", "ddp-backward", "fsdp2-forward"}
     for name, m in manifest.items():
         assert 0 < m["pause_seconds"] < 10, name
         assert m["num_threads"] >= m["threads_dumped"] >= 1, name

@@ -216,4 +216,13 @@ SCENARIOS: tuple[Scenario, ...] = (
           ("nccl-shaped-future-wait", "future-wait", ("wait",)),
           ("nccl-shaped-ddp-backward", "ddp-backward", ("all_reduce",)),
       )),
+    # FSDP2 (fully_shard, async unshard as on NCCL): the waiters run into the next
+    # forward, whose unshard waits on rank 0's all_gather.
+    Scenario("nccl-shaped-fsdp2-unshard",
+             ("--scenario", "fsdp2-save", "--model-mb", "16", "--busy-thread", "0.6",
+              "--wait-op", "fsdp2-forward", "--save-seconds", "150",
+              "--pg-timeout", str(PG_TIMEOUT)),
+             kind="checkpoint_gather", culprits=(0,), root_cause="save_overruns_watchdog",
+             at_risk=True, start="save_start", world=3, detect_within=30.0, state="saving",
+             evidence=("native_frame",), ops=("all_gather",)),
 )

@@ -32,6 +32,7 @@ CAPTURES = {
     "future-wait": ["--wait-op", "future-wait"],
     "ddp-backward": ["--wait-op", "ddp-backward"],
     "barrier": ["--wait-op", "barrier"],
+    "fsdp2-forward": ["--wait-op", "fsdp2-forward", "--scenario", "fsdp2-save"],
 }
 MARK = re.compile(r"NCCLWATCH_DEMO phase=(\S+) rank=(\d+) pid=(\d+)")
 
