@@ -225,4 +225,15 @@ SCENARIOS: tuple[Scenario, ...] = (
              kind="checkpoint_gather", culprits=(0,), root_cause="save_overruns_watchdog",
              at_risk=True, start="save_start", world=3, detect_within=30.0, state="saving",
              evidence=("native_frame",), ops=("all_gather",)),
+    # Lightning: a callback saves on rank 0 only (is_global_zero) onto slow storage
+    # while the other ranks run ahead into the next step. Lightning 2.x broadcasts
+    # a SIGTERM flag at every step (_TrainingEpochLoop._broadcast_sigterm_tensor):
+    # on gloo the waiters block there, in a c10d frame (on NCCL that broadcast is
+    # queued and the wait moves to the device).
+    Scenario("nccl-shaped-lightning-rank0-save", ("--model-mb", "6", "--rank0-save", "1",
+                                                  "--save-every", "2", "--max-steps", "4"),
+             script="fw_lightning.py", world=3,
+             kind="checkpoint_gather", culprits=(0,), root_cause=None, at_risk=None,
+             start="save_start", detect_within=30.0, state="saving", limit=70.0,
+             evidence=("python_frame",), ops=("broadcast",)),
 )
