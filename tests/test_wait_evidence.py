@@ -25,6 +25,7 @@ from ncclwatch.signatures import Classification
 from ncclwatch.status import render
 from tests.factories import SAVE, report, sample, stack_pb
 from ncclwatch.stacks import stack_id
+from ncclwatch.v1 import collector_pb2 as pb
 
 S, Op, E = RankState, CollectiveOp, WaitEvidence
 COMPUTE = Classification(S.COMPUTE)
@@ -221,3 +222,45 @@ def test_healthy_shapes_stay_silent(name, samples) -> None:
     _feed(d, samples, 1000.0, 1)
     d.tick(now=1010.0)
     assert not d.incidents.active, name
+
+
+def _fr(s, enqueued: int, completed: int, pending: str = "") -> None:
+    s.flight_recorder.CopyFrom(pb.FlightRecorderSummary(dump_age_seconds=0.5, version="2.10",
+                                                        groups=[pb.ProcessGroupProgress(
+        pg_id="0", pg_name="0", pg_desc="default_pg", ranks=[0, 1, 2],
+        last_enqueued=enqueued, last_started=enqueued, last_completed=completed,
+        pending_op=pending, pending_seq=enqueued if pending else 0,
+        pending_timeout_ms=90_000)]))
+
+
+def test_the_live_flight_recorder_confirms_by_sequence_numbers() -> None:
+    d = Daemon(DaemonConfig())
+    _feed(d, [_save(8), *(_s(r, S.COMPUTE, secs=30, still=7) for r in (1, 2))], 1000.0, 1)
+    d.tick(now=1006.0)
+    saver = _save(14)
+    _fr(saver, 11, 11)  # rank 0 never enqueued all_reduce #12
+    peers = [_s(r, S.COMPUTE, secs=36, still=13) for r in (1, 2)]
+    for p in peers:
+        _fr(p, 12, 11, "all_reduce")
+    _feed(d, [saver, *peers], 1006.0, 2)
+    inc = d.incidents.active[("job-1", StallKind.CHECKPOINT_GATHER)]
+    f = inc.finding
+    assert not f.provisional and f.waiting == (1, 2)
+    assert dict(f.evidence) == {1: E.FLIGHT_RECORDER, 2: E.FLIGHT_RECORDER}
+    assert f.waiting_ops == (Op.ALL_REDUCE,)
+    assert "all_reduce #12 of default_pg" in f.summary
+    assert incident_view(d, inc, 1006.0)["waiting"]["evidence"] == {"flight_recorder": [1, 2]}
+
+
+def test_a_flight_recorder_that_blames_nobody_working_confirms_nothing() -> None:
+    d = Daemon(DaemonConfig())
+    _feed(d, [_save(8), *(_s(r, S.COMPUTE, secs=30, still=7) for r in (1, 2))], 1000.0, 1)
+    d.tick(now=1006.0)
+    saver = _save(14)
+    _fr(saver, 12, 11, "all_reduce")  # rank 0 enqueued it too: it does not block the others
+    peers = [_s(r, S.COMPUTE, secs=36, still=13) for r in (1, 2)]
+    for p in peers:
+        _fr(p, 12, 11, "all_reduce")
+    _feed(d, [saver, *peers], 1006.0, 2)
+    f = d.incidents.active[("job-1", StallKind.CHECKPOINT_GATHER)].finding
+    assert f.provisional and dict(f.evidence) == {1: E.STILLNESS, 2: E.STILLNESS}

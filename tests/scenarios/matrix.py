@@ -56,6 +56,10 @@ class Scenario:
     #: the evidence must name; empty: not judged.
     evidence: tuple[str, ...] = ()
     ops: tuple[str, ...] = ()
+    #: Evidence that must follow (confirm) the first, before the job ends.
+    confirmed_by: str | None = None
+    #: Extra environment of the job's ranks; "{ckpt}" in a value: its checkpoint dir.
+    env: tuple[tuple[str, str], ...] = ()
 
     @property
     def root_causes(self) -> tuple[str | None, ...]:

@@ -12,10 +12,16 @@ threshold while the culprit works. Those ranks wait by *stillness*; a finding
 whose every waiting rank is such is *provisional*, and native frames or the
 Flight Recorder confirm it within seconds. A rank whose native dump found no
 wait is "still, reason unknown" and withdraws the shape: never invented.
+
+The live Flight Recorder (dumps the daemon asks for during a stall) confirms
+by sequence numbers: a rank with collective N of a group enqueued and not
+completed, that a culprit never enqueued, waits on that culprit
+(``fr_waiting``); its evidence becomes flight_recorder, its op the dump's.
 """
 
 from __future__ import annotations
 
+from ncclwatch.daemon import progress
 from ncclwatch.daemon.detect import Culprit, DetectConfig, Finding, blocked, culprit_of
 from ncclwatch.daemon.table import Job, JobTable
 from ncclwatch.model import (CHECKPOINT_STATES, CollectiveOp, RankState, StallKind,
@@ -54,6 +60,25 @@ def still_peers(job: Job, table: JobTable, now: float, cfg: DetectConfig,
     return tuple(sorted(out)) or None
 
 
+def fr_waiting(job: Job, workers: set[int], since: float) -> dict[int, tuple[CollectiveOp, str]]:
+    """Ranks the Flight Recorder (dumps written at or after ``since``) shows in a
+    collective that one of ``workers`` never enqueued: rank -> (op, "pg #seq")."""
+    if not job.flight_recorder:
+        return {}
+    a = progress.analysis(job, since)
+    out: dict[int, tuple[CollectiveOp, str]] = {}
+    for st in a.stuck if a is not None else ():
+        if not workers & set(st.missing_ranks):
+            continue
+        try:
+            op = CollectiveOp(st.op)
+        except ValueError:
+            op = CollectiveOp.WAIT
+        for r in st.waiting_ranks:
+            out.setdefault(r, (op, f"{st.op} #{st.seq} of {st.pg_desc or st.pg_name}"))
+    return out
+
+
 def detect(job: Job, table: JobTable, now: float, cfg: DetectConfig) -> list[Finding]:
     by_state = job.by_state
     if not job.waiting and not any(by_state[s] for s in KIND_BY_STATE):
@@ -77,13 +102,20 @@ def detect(job: Job, table: JobTable, now: float, cfg: DetectConfig) -> list[Fin
     ranks, ops = (b.ranks, b.ops) if b else ((), ())
     evidence = b.evidence if b else ()
     started = b.started_at if b else now
+    fr_note = ""
     if still:
+        work_since = min(job.ranks[r].since for r in workers)
+        fr = fr_waiting(job, workers, work_since)
+        still_ops = {fr[r][0] if r in fr else CollectiveOp.WAIT for r in still}
         ranks = tuple(sorted((*ranks, *still)))
-        if CollectiveOp.WAIT not in ops:
-            ops = tuple(sorted((*ops, CollectiveOp.WAIT), key=lambda o: o.value))
-        evidence = tuple(sorted((*evidence, *((r, WaitEvidence.STILLNESS) for r in still))))
+        ops = tuple(sorted(set(ops) | still_ops, key=lambda o: o.value))
+        evidence = tuple(sorted((*evidence, *(
+            (r, WaitEvidence.FLIGHT_RECORDER if r in fr else WaitEvidence.STILLNESS)
+            for r in still))))
         started = min(started, min(job.ranks[r].still_since for r in still))
-    provisional = b is None
+        if fr:
+            fr_note = "; Flight Recorder: " + ", ".join(sorted({v[1] for v in fr.values()}))
+    provisional = all(ev is WaitEvidence.STILLNESS for _, ev in evidence)
     findings = []
     for kind, culprits in by_kind.items():
         culprits.sort(key=lambda c: c.rank)
@@ -93,7 +125,7 @@ def detect(job: Job, table: JobTable, now: float, cfg: DetectConfig) -> list[Fin
                else "stillness (provisional: no frame says where yet)")
         summary = (f"{who} on {lead.node} is {lead.state.value.replace('_', ' ')} "
                    f"for {lead.for_seconds:.0f}s while {len(ranks)} rank(s) wait in "
-                   f"{how} for {now - started:.0f}s")
+                   f"{how} for {now - started:.0f}s{fr_note}")
         findings.append(Finding(kind=kind, job_id=job.job_id, culprits=tuple(culprits),
                                 waiting=ranks, waiting_ops=ops,
                                 started_at=started, summary=summary,
