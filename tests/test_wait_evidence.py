@@ -15,7 +15,7 @@ from ncclwatch.agent.discover import RankIdentity, RankProcess
 from ncclwatch.agent.policy import StackPolicy
 from ncclwatch.agent.pyspy import NATIVE_BUCKETS, PySpy, find_pyspy, native_argv
 from ncclwatch.agent.report import sample_pb
-from ncclwatch.agent.sample import ProcessSample
+from ncclwatch.agent.sample import ProcessSample, progress_events
 from ncclwatch.agent.tracker import RankTracker
 from ncclwatch.daemon.api import incident_view, jobs_view
 from ncclwatch.daemon.core import Daemon, DaemonConfig
@@ -29,6 +29,7 @@ from ncclwatch.v1 import collector_pb2 as pb
 
 S, Op, E = RankState, CollectiveOp, WaitEvidence
 COMPUTE = Classification(S.COMPUTE)
+STILL_EVENTS_PER_S_ROUND = 5  # more than a still rank may show in a round
 REDUCER = NativeWait(S.COLLECTIVE, Op.ALL_REDUCE, "c10d::Reducer::finalize_backward")
 
 
@@ -122,7 +123,17 @@ def test_real_native_dump_is_timed_into_the_histogram() -> None:
     try:
         assert child.stdout.readline().strip() == "up"
         spy = PySpy()
+        before = progress_events(child.pid)
         threads = asyncio.run(spy.dump_native(child.pid))
+        caused = progress_events(child.pid) - before
+        # The pause itself shows as the main thread's voluntary switches: the
+        # tracker forgives them, so the dump never ends the still period it read.
+        assert caused >= 1
+        t = _still_rank(4.0)
+        still_since = t.still_since
+        t.forgive(caused + STILL_EVENTS_PER_S_ROUND)
+        t.observe_process(_proc(500 + caused + STILL_EVENTS_PER_S_ROUND, 6.0), 6.0)
+        assert t.still_since == still_since
         assert threads and any(f.line == 0 for t in threads for f in t.stack.frames)
         assert classify_native_rank(threads, child.pid) is None
         assert spy.native_total == 1 and spy.native_failures_total == 0

@@ -31,7 +31,7 @@ class RankTracker:
         "cpu_util", "_cpu_at", "quiet_since", "quiet_at_last_dump", "forced",
         "env_sent", "repeats", "prev_state", "flight_recorder", "scheduler_job",
         "still_since", "still_at_last_dump", "events_at_dump", "files_at_dump",
-        "evidence", "native", "native_for", "native_stack",
+        "evidence", "native", "native_for", "native_stack", "forgiven",
     )
 
     def __init__(self, proc: RankProcess, now: float) -> None:
@@ -71,6 +71,9 @@ class RankTracker:
         #: The still period (its still_since) a native dump was taken in: once each.
         self.native_for: float | None = None
         self.native_stack = ""
+        #: Progress events our own native dump caused (ptrace stops the threads:
+        #: voluntary switches), not counted as progress in the next round.
+        self.forgiven = 0
 
     @property
     def pid(self) -> int:
@@ -101,6 +104,13 @@ class RankTracker:
             return False
         return any(f.path not in self.files_at_dump for f in self.sample.files_writing)
 
+    def forgive(self, events: int) -> None:
+        """``events`` progress events were ours (a native dump's ptrace stops)."""
+        if events > 0:
+            self.forgiven += events
+            if self.events_at_dump is not None:
+                self.events_at_dump += events
+
     def observe_process(self, sample: ProcessSample, now: float) -> None:
         prev, prev_at = self.sample, self._cpu_at
         self.sample, self._cpu_at = sample, now
@@ -112,7 +122,8 @@ class RankTracker:
                 self.quiet_since = prev_at  # quiet over the whole last interval
         else:
             self.quiet_since = None
-        events = sample.progress_events - prev.progress_events
+        events = sample.progress_events - prev.progress_events - self.forgiven
+        self.forgiven = 0
         if events < STILL_EVENTS_PER_S * (now - prev_at):
             if self.still_since is None:
                 self.still_since = prev_at  # still over the whole last interval
