@@ -51,9 +51,10 @@ class Scenario:
     #: The culprits' state, and the most seconds from ``start`` to the verdict.
     state: str | None = None
     detect_within: float | None = None
-    #: How the waiting ranks' waiting must have been established (issue 18:
-    #: python_frame, native_frame, flight_recorder, stillness), and the ops
-    #: the evidence must name; empty: not judged.
+    #: How the waiting ranks' waiting must be established (issue 18:
+    #: python_frame, native_frame, flight_recorder, stillness): seen before the
+    #: verdict settles, and at first detection only it or provisional stillness;
+    #: and the ops that must be named; empty: not judged.
     evidence: tuple[str, ...] = ()
     ops: tuple[str, ...] = ()
     #: Evidence that must follow (confirm) the first, before the job ends.

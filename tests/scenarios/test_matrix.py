@@ -53,6 +53,7 @@ class Outcome:
     evidence_seen: tuple[str, ...] = ()
     ops: tuple[str, ...] = ()
     confirmed_at: float | None = None     # first time Scenario.confirmed_by was seen
+    ops_seen: tuple[str, ...] = ()
     root_cause: str | None = None
     unknown: tuple[int, ...] = ()
     at_risk_at: float | None = None
@@ -117,10 +118,15 @@ class Outcome:
                                                 or self.delay > s.detect_within):
                 out.append(f"detected {_fmt(self.delay)}s after {s.start} "
                            f"(> {s.detect_within}s)")
-            if s.evidence and self.first_kind == s.kind and set(self.evidence) != set(s.evidence):
-                out.append(f"evidence {list(self.evidence)} != {list(s.evidence)}")
-            if s.ops and self.first_kind == s.kind and set(self.ops) != set(s.ops):
-                out.append(f"waiting ops {list(self.ops)} != {list(s.ops)}")
+            # The expected evidence must be seen; at first detection only it, or
+            # stillness (provisional) that it then confirms.
+            if s.evidence and self.first_kind == s.kind and (
+                    not set(s.evidence) <= set(self.evidence_seen)
+                    or not set(self.evidence) <= {*s.evidence, "stillness"}):
+                out.append(f"evidence {list(self.evidence)} then {list(self.evidence_seen)}"
+                           f" lacks or goes beyond {list(s.evidence)}")
+            if s.ops and self.first_kind == s.kind and not set(s.ops) <= set(self.ops_seen):
+                out.append(f"waiting ops {list(self.ops_seen)} lack {list(s.ops)}")
             if s.confirmed_by and s.confirmed_by not in self.evidence_seen:
                 out.append(f"never confirmed by {s.confirmed_by} (saw {list(self.evidence_seen)})")
             if not set(s.unknown) <= set(self.unknown):
@@ -238,6 +244,7 @@ def _fold(view: dict, out: Outcome, now: float) -> None:
             if out.detected_at == now:
                 out.evidence, out.ops = ev, tuple(st["waiting"]["ops"])
             out.evidence_seen = tuple(sorted({*out.evidence_seen, *ev}))
+            out.ops_seen = tuple(sorted({*out.ops_seen, *st["waiting"]["ops"]}))
             if out.confirmed_at is None and out.scenario.confirmed_by in ev:
                 out.confirmed_at = now
             out.root_cause = st["diagnosis"]["root_cause"]
@@ -261,6 +268,8 @@ def _settled(s: Scenario, out: Outcome) -> bool:
     if s.at_risk and out.at_risk_at is None:
         return False
     if s.confirmed_by and s.confirmed_by not in out.evidence_seen:
+        return False
+    if not set(s.evidence) <= set(out.evidence_seen):
         return False
     return out.root_cause in s.root_causes or time.time() - out.detected_at > 20
 
@@ -311,7 +320,7 @@ def test_scenario_matrix(ncclwatch_run) -> None:
         "scenario": o.scenario.name, "expected": o.scenario.kind, "detected": o.first_kind,
         "kinds_seen": o.kinds_seen, "culprits": list(o.culprits),
         "culprit_states": list(o.states), "waiting_evidence": list(o.evidence),
-        "waiting_evidence_seen": list(o.evidence_seen),
+        "waiting_evidence_seen": list(o.evidence_seen), "waiting_ops_seen": list(o.ops_seen),
         "waiting_ops": list(o.ops), "root_cause": o.root_cause,
         "at_risk_after_s": o.flag_delay, "overrun_at_flag_s": o.overrun_at_flag,
         "detection_delay_s": o.delay, "lead_time_s": o.lead,
