@@ -257,7 +257,7 @@ class Agent:
                 or self.pyspy.busy(t.pid):
             return  # (busy: a Python dump of it runs; the next round asks again)
         still_for = t.still_since
-        before = progress_events(t.pid)
+        t.pause_begins(progress_events(t.pid))
         try:
             threads = await self.pyspy.dump_native(t.pid)
         except PySpyError as e:
@@ -268,9 +268,7 @@ class Agent:
             # ptrace stops count as the main thread's voluntary switches: the
             # dump's own, not progress of the rank (else it would end the very
             # still period it looked at, and be taken again).
-            after = progress_events(t.pid)
-            if before is not None and after is not None:
-                t.forgive(after - before)
+            t.pause_ends(progress_events(t.pid))
         if t.still_since != still_for:
             return  # it moved while we looked
         w = classify_native_rank(threads, t.pid)

@@ -31,7 +31,7 @@ class RankTracker:
         "cpu_util", "_cpu_at", "quiet_since", "quiet_at_last_dump", "forced",
         "env_sent", "repeats", "prev_state", "flight_recorder", "scheduler_job",
         "still_since", "still_at_last_dump", "events_at_dump", "files_at_dump",
-        "evidence", "native", "native_for", "native_stack", "forgiven",
+        "evidence", "native", "native_for", "native_stack", "forgiven", "pause_base",
     )
 
     def __init__(self, proc: RankProcess, now: float) -> None:
@@ -74,6 +74,9 @@ class RankTracker:
         #: Progress events our own native dump caused (ptrace stops the threads:
         #: voluntary switches), not counted as progress in the next round.
         self.forgiven = 0
+        #: While a native dump pauses the rank: its progress events when last
+        #: read (the dump's own ptrace stops come after); None: no dump running.
+        self.pause_base: int | None = None
 
     @property
     def pid(self) -> int:
@@ -111,8 +114,25 @@ class RankTracker:
             if self.events_at_dump is not None:
                 self.events_at_dump += events
 
+    def pause_begins(self, events: int | None) -> None:
+        """A native dump starts: progress read until it ends is the dump's own."""
+        self.pause_base = events
+
+    def pause_ends(self, events: int | None) -> None:
+        base, self.pause_base = self.pause_base, None
+        if base is not None and events is not None:
+            self.forgive(events - base)
+
     def observe_process(self, sample: ProcessSample, now: float) -> None:
         prev, prev_at = self.sample, self._cpu_at
+        if self.pause_base is not None and prev is not None:
+            # Mid-dump: the rank is stopped; what moved is ptrace's, not progress.
+            moved = max(0, sample.progress_events - prev.progress_events)
+            if self.events_at_dump is not None:
+                self.events_at_dump += moved
+            self.pause_base = sample.progress_events
+            self.sample, self._cpu_at = sample, now
+            return
         self.sample, self._cpu_at = sample, now
         if prev is None or prev_at is None or now <= prev_at:
             return
