@@ -284,3 +284,20 @@ def test_a_flight_recorder_that_blames_nobody_working_confirms_nothing() -> None
     _feed(d, [saver, *peers], 1006.0, 2)
     f = d.incidents.active[("job-1", StallKind.CHECKPOINT_GATHER)].finding
     assert f.provisional and dict(f.evidence) == {1: E.STILLNESS, 2: E.STILLNESS}
+
+
+def test_native_dump_pause_is_exported_as_a_histogram() -> None:
+    from ncclwatch.daemon.export import DaemonCollector
+
+    d = Daemon(DaemonConfig())
+    req = report([_save(3)], seq=1, stacks=[stack_pb(SAVE)])
+    req.report.health.CopyFrom(pb.AgentHealth(
+        native_dumps_total=3, native_dump_failures_total=1, native_dump_seconds_total=1.9,
+        native_dump_bucket_counts=[0, 0, 0, 1, 2, 3, 3, 3]))
+    d.ingest(req, now=1000.0)
+    text = DaemonCollector(d).exposition().decode()
+    assert 'ncclwatch_agent_native_dump_seconds_bucket{node="node-a",le="0.5"} 1.0' in text
+    assert 'ncclwatch_agent_native_dump_seconds_bucket{node="node-a",le="+Inf"} 3.0' in text
+    assert 'ncclwatch_agent_native_dump_seconds_count{node="node-a"} 3.0' in text
+    assert 'ncclwatch_agent_native_dump_seconds_sum{node="node-a"} 1.9' in text
+    assert 'ncclwatch_agent_native_dump_failures_total{node="node-a"} 1.0' in text
