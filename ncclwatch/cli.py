@@ -17,7 +17,8 @@ from ncclwatch import __version__
 from ncclwatch import termsafe
 from ncclwatch.daemon.bounds import bound_options, bounds_from
 from ncclwatch.config import (ConfigError, Option, add_options, hostport, hostports,
-                              load_file, positive_float, positive_int, rank_set, resolve)
+                              load_file, non_negative_float, positive_float, positive_int,
+                              rank_set, resolve)
 
 log = logging.getLogger("ncclwatch")
 
@@ -42,6 +43,11 @@ _SUSPECT = Option("suspect_stack_interval", positive_float, 2.0,
                   "re-dump a possibly stuck rank this often", "SECONDS")
 _SLOW = Option("slow_stack_interval", positive_float, 20.0,
                "re-dump every rank at least this often", "SECONDS")
+_NATIVE_AFTER = Option("native_stack_after", non_negative_float, 3.0,
+                       "take one native stack (py-spy --native, which pauses the rank "
+                       "for the unwind) of a rank that made no progress this long while "
+                       "its Python stack shows no wait; once per still period; 0: never",
+                       "SECONDS")
 _PYSPY_TIMEOUT = Option("pyspy_timeout", positive_float, 3.0, "timeout of one py-spy dump",
                         "SECONDS")
 _CPU_BUDGET = Option("cpu_budget", positive_float, 0.25,
@@ -120,14 +126,14 @@ AGENT_OPTIONS = (
            "for splitting one host's ranks between agents)", "RANGES"),
     Option("pods_log_dir", str, "/var/log/pods", "the kubelet's pod log directories "
            "(<namespace>_<pod>_<uid>), read-only: names the Kubernetes pod of each rank", "DIR"),
-    _SUSPECT, _SLOW, _PYSPY_TIMEOUT, _MAX_QUEUE, *_TLS_AGENT, _LOG,
+    _SUSPECT, _SLOW, _NATIVE_AFTER, _PYSPY_TIMEOUT, _MAX_QUEUE, *_TLS_AGENT, _LOG,
 )
 RUN_OPTIONS = (
     Option("grpc", hostport, "127.0.0.1:7470", "listen address for agents", "HOST:PORT"),
     Option("http", hostport, "127.0.0.1:7471", "listen address for /metrics, API, page",
            "HOST:PORT"),
     _INTERVAL, _WATCHDOG, _THRESHOLD, _HANG, _HANG_FLOOR, _STALENESS, _SUSPECT, _SLOW, _PYSPY_TIMEOUT,
-    _CPU_BUDGET, *_TLS_SERVER, _DIAGNOSE_MAX, _allowed_hosts("localhost,127.0.0.1,::1"),
+    _NATIVE_AFTER, _CPU_BUDGET, *_TLS_SERVER, _DIAGNOSE_MAX, _allowed_hosts("localhost,127.0.0.1,::1"),
     *bound_options(), _LOG,
 )
 
@@ -342,7 +348,8 @@ def _agent_config(cfg: dict[str, Any], collector: str | None = None):
         node=cfg.get("node") or socket.gethostname(),
         policy=StackPolicy(suspect_interval=cfg["suspect_stack_interval"],
                            slow_interval=cfg["slow_stack_interval"],
-                           cpu_budget=cfg.get("cpu_budget", 0.25)),
+                           cpu_budget=cfg.get("cpu_budget", 0.25),
+                           native_after=cfg.get("native_stack_after", 3.0)),
         pyspy_timeout=cfg["pyspy_timeout"], max_queue=cfg.get("max_queue", 32),
         tls=None if collector else cfg.get("client_tls"))
 

@@ -101,6 +101,13 @@ def positive_float(v: Any) -> float:
     return x
 
 
+def non_negative_float(v: Any) -> float:
+    x = float(v)
+    if not x >= 0:
+        raise ValueError("must be >= 0")
+    return x
+
+
 def positive_int(v: Any) -> int:
     if isinstance(v, bool) or float(v) != int(float(v)):
         raise ValueError("must be a whole number")

@@ -68,6 +68,28 @@ class CollectiveOp(str, enum.Enum):
         return cls[pb.CollectiveOp.Name(value).removeprefix("COLLECTIVE_OP_")]
 
 
+class WaitEvidence(str, enum.Enum):
+    """How a rank's waiting was established (issue 18); NONE: not waiting."""
+
+    NONE = "none"
+    PYTHON_FRAME = "python_frame"
+    NATIVE_FRAME = "native_frame"
+    FLIGHT_RECORDER = "flight_recorder"
+    #: Provisional: still since a peer's long work began, nothing else yet.
+    STILLNESS = "stillness"
+
+    def to_proto(self) -> int:
+        if self is WaitEvidence.NONE:
+            return pb.WAIT_EVIDENCE_UNSPECIFIED
+        return pb.WaitEvidence.Value("WAIT_EVIDENCE_" + self.name)
+
+    @classmethod
+    def from_proto(cls, value: int) -> "WaitEvidence":
+        if value == pb.WAIT_EVIDENCE_UNSPECIFIED:
+            return cls.NONE
+        return cls[pb.WaitEvidence.Name(value).removeprefix("WAIT_EVIDENCE_")]
+
+
 #: States in which a rank works on a checkpoint (the usual culprits).
 CHECKPOINT_STATES = frozenset(
     {RankState.SAVING, RankState.GATHERING_STATE_DICT, RankState.LOADING}

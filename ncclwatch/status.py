@@ -150,7 +150,7 @@ def render(view: dict[str, Any], daemon: str = "") -> str:
                 for f in (c.get("stack") or {}).get("frames", [])[:8]:
                     out.append(f"      {f['name']} ({f['file']}:{f['line']})")
             out.append(f"  waiting: ranks {_ranks_text(s['waiting']['ranks'])} in "
-                       f"{'/'.join(s['waiting']['ops'])}")
+                       f"{'/'.join(s['waiting']['ops'])}" + _evidence_text(s["waiting"]))
             fr = s.get("flight_recorder")
             if fr and fr.get("sentence"):
                 out.append(f"  {fr['sentence']} ({fr['dumps']} dump(s), "
@@ -179,6 +179,15 @@ def render(view: dict[str, Any], daemon: str = "") -> str:
 def _left(w: dict[str, Any]) -> int:
     """Whole seconds of budget, rounded down: never more time than there is."""
     return math.floor(w["remaining_seconds"])
+
+
+def _evidence_text(w: dict) -> str:
+    """' (by native_frame: 1-2)': how the waiting was established (issue 18)."""
+    ev = w.get("evidence") or {}
+    if not ev:
+        return ""
+    text = "; ".join(f"{k}: {_ranks_text(v)}" for k, v in ev.items())
+    return f" (by {text}{', PROVISIONAL' if w.get('provisional') else ''})"
 
 
 def _ranks_text(items: list[int | str]) -> str:

@@ -282,7 +282,9 @@ def exported() -> dict[str, set[str]]:
         labels = set(getattr(fam, "_labelnames", ()))
         for s in fam.samples:
             labels |= set(s.labels)
-            assert s.name == fam.name + suffix, (s.name, fam.type)
+            assert s.name == fam.name + suffix or (
+                fam.type == "histogram" and s.name[len(fam.name):] in
+                ("_bucket", "_sum", "_count", "_created")), (s.name, fam.type)
         out[fam.name + suffix] = labels
     return out
 

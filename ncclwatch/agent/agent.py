@@ -23,12 +23,13 @@ from ncclwatch.agent.gpu import EMPTY, GpuReader, GpuReading, NvmlGpuReader, exp
 from ncclwatch.agent.policy import CpuMeter, StackPolicy
 from ncclwatch.agent.pyspy import PySpy, PySpyError
 from ncclwatch.agent.report import AgentHealthCounts, build_report, sample_pb, stack_pb
-from ncclwatch.agent.sample import ProcessSampler
+from ncclwatch.agent.sample import ProcessSampler, progress_events
 from ncclwatch.agent.scheduler import SchedulerLookup
 from ncclwatch.agent.tracker import RankTracker
 from ncclwatch.agent.uplink import Uplinks
 from ncclwatch.sanitize import COUNTS, for_log, install_log_escaping
 from ncclwatch.sdnotify import Notifier
+from ncclwatch.native_signatures import classify_native_rank
 from ncclwatch.signatures import DEFAULT_CLASSIFIER, Classifier
 from ncclwatch.stacks import main_thread
 from ncclwatch.tls import ClientTLS
@@ -83,6 +84,8 @@ class Agent:
         self._wake = asyncio.Event()
         self._stopped = asyncio.Event()
         self._sem = asyncio.Semaphore(max(1, config.pyspy_concurrency))
+        #: pid -> its native dump in flight (at most one per rank).
+        self._native: dict[int, asyncio.Task] = {}
         self._self = psutil.Process()
         self._cpu = CpuMeter(config.policy.cpu_window)
         self.cpu_cores = 0.0
@@ -91,6 +94,8 @@ class Agent:
 
     def stop(self) -> None:
         self._stopped.set()
+        for task in list(self._native.values()):
+            task.cancel()
         self._wake.set()
         self.uplink.stop()
 
@@ -167,6 +172,16 @@ class Agent:
                                      over_budget=self.cpu_cores > self.config.policy.cpu_budget)
         if due and self.pyspy.available:
             await asyncio.gather(*(self._dump(t) for t in due))
+        if self.pyspy.available:
+            # Native dumps run beside the rounds (one takes up to a second of
+            # py-spy's symbol loading): a round never waits for one.
+            room = self.config.policy.max_native_per_round - len(self._native)
+            for t in self.config.policy.native_due(
+                    [t for t in self.trackers.values() if t.pid not in self._native],
+                    time.monotonic())[:max(0, room)]:
+                task = asyncio.create_task(self._dump_native(t), name=f"native-{t.pid}")
+                self._native[t.pid] = task
+                task.add_done_callback(lambda _t, pid=t.pid: self._native.pop(pid, None))
         if self.frprobe.waiting:
             for pid, summary in (await asyncio.to_thread(self.frprobe.poll)).items():
                 t = self.trackers.get(pid)
@@ -245,6 +260,38 @@ class Agent:
             self.stacks[sid] = stack_pb(stack)
         t.observe_stack(c, sid, time.monotonic())
 
+    async def _dump_native(self, t: RankTracker) -> None:
+        """One native dump of a rank still past the threshold (it pauses the rank)."""
+        # Not under the round's py-spy semaphore: at most max_native_per_round
+        # run at once (round() bounds them), and one per rank (PySpy's lock).
+        # Still by this round's /proc sample, taken just before: a rank that made
+        # progress in its last round is never paused.
+        if self._stopped.is_set() or t.pid not in self.trackers or not t.still \
+                or self.pyspy.busy(t.pid):
+            return  # (busy: a Python dump of it runs; the next round asks again)
+        still_for = t.still_since
+        t.pause_begins(progress_events(t.pid))
+        try:
+            threads = await self.pyspy.dump_native(t.pid)
+        except PySpyError as e:
+            t.native_for = still_for  # once per still period, failed or not
+            log.info("native stack of pid %d: %s", t.pid, e)
+            return
+        finally:
+            # ptrace stops count as the main thread's voluntary switches: the
+            # dump's own, not progress of the rank (else it would end the very
+            # still period it looked at, and be taken again).
+            t.pause_ends(progress_events(t.pid))
+        if t.still_since != still_for:
+            return  # it moved while we looked
+        w = classify_native_rank(threads, t.pid)
+        t.observe_native(w, time.monotonic())
+        if w is not None:
+            self._wake.set()  # report the wait now, not at the next round
+            log.info("rank %s of %s waits in %s (native frame %s)", t.proc.identity.rank,
+                     t.proc.identity.job_id, w.op.value if w.op.value != "none"
+                     else w.state.value, w.frame)
+
     def _build(self, gpu_reading: GpuReading) -> pb.NodeReport:
         now = time.monotonic()
         by_pid = gpu_reading.by_pid()
@@ -271,6 +318,10 @@ class Agent:
             pyspy_runs_total=self.pyspy.runs_total,
             pyspy_failures_total=self.pyspy.failures_total,
             pyspy_seconds_total=self.pyspy.seconds_total,
+            native_dumps_total=self.pyspy.native_total,
+            native_dump_failures_total=self.pyspy.native_failures_total,
+            native_dump_seconds_total=self.pyspy.native_seconds_total,
+            native_dump_buckets=tuple(self.pyspy.native_buckets),
             reports_dropped_total=self.uplink.dropped_total,
             queue_length=self.uplink.queue_length,
             # py-spy runs as our child: its CPU is our cost too.

@@ -51,7 +51,7 @@ class Sent:
     """What a stream last sent of one rank in full."""
 
     __slots__ = ("slot", "state", "op", "stack_id", "since", "stack_at", "rss", "written",
-                 "gpu")
+                 "gpu", "evidence")
 
     def __init__(self, slot: int, s: pb.RankSample, now: float) -> None:
         self.slot = slot
@@ -63,6 +63,7 @@ class Sent:
     def changed(self, s: pb.RankSample, now: float) -> None:
         """The stream sent the rank's state (a RankChange or a full sample)."""
         self.state, self.op, self.stack_id = s.state, s.op, s.stack_id
+        self.evidence = (s.evidence, s.native_no_wait)
         self.since = now - s.state_seconds
         self.stack_at = now - s.stack_age_seconds
 
@@ -89,7 +90,8 @@ WHY_FULL: tuple[Rule, ...] = (
 #: Why a rank goes as a RankChange (state, op, stack, their times, progress, CPU)
 #: when no WHY_FULL rule holds, first match; none: a brief will do.
 WHY_CHANGE: tuple[Rule, ...] = (
-    ("changed", lambda s, k, now: (s.state, s.op, s.stack_id) != (k.state, k.op, k.stack_id)),
+    ("changed", lambda s, k, now: (s.state, s.op, s.stack_id, (s.evidence, s.native_no_wait))
+     != (k.state, k.op, k.stack_id, k.evidence)),
     ("since", lambda s, k, now: abs(now - s.state_seconds - k.since) > SINCE_SLACK),
     # A new look at the same stack: the daemon confirms stalls by when stacks were taken.
     ("new_stack", lambda s, k, now: abs(now - s.stack_age_seconds - k.stack_at) > STACK_SLACK),
@@ -168,7 +170,8 @@ class StreamDeltas:
                     slot=k.slot, state=s.state, op=s.op, state_seconds=s.state_seconds,
                     stack_age_seconds=s.stack_age_seconds, stack_id=s.stack_id,
                     still_seconds=s.still_seconds, cpu_utilization=p.cpu_utilization,
-                    cpu_seconds=p.cpu_seconds))
+                    cpu_seconds=p.cpu_seconds, evidence=s.evidence,
+                    native_frame=s.native_frame, native_no_wait=s.native_no_wait))
                 k.changed(s, now)
                 self.changes_total += 1
                 continue

@@ -9,6 +9,11 @@ woke up, it opened a file for writing, its last stack was checkpoint work, or
 a wait it has not progressed out of since. Repeated looks at an unchanged
 wait back off to the slow round; a per-round cap and a CPU budget bound the
 agent's own CPU.
+
+Native dumps (``native_due``) are the one look that pauses a rank: only of a
+rank that has sat still past ``native_after`` seconds while its Python stack
+(taken in that still period) reads compute, unknown or device_wait, once per
+still period. A rank that makes progress is never still, so never paused.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from ncclwatch.agent.tracker import RankTracker
+from ncclwatch.agent.tracker import NATIVE_CANDIDATES, RankTracker
 from ncclwatch.model import CHECKPOINT_STATES, RankState
 
 
@@ -30,6 +35,24 @@ class StackPolicy:
     #: are dumped, one per round, until use falls back under the budget.
     cpu_budget: float = 0.25
     cpu_window: float = 10.0
+    #: Seconds a rank must have sat still before a native dump (below the
+    #: daemon's 5 s stall threshold: the wait it shows is dated from the start
+    #: of the still period, so the verdict can follow at once); 0: never.
+    native_after: float = 3.0
+    max_native_per_round: int = 2
+
+    def native_due(self, trackers: Iterable[RankTracker], now: float) -> list[RankTracker]:
+        """Ranks to take one native dump of now, longest still first."""
+        if self.native_after <= 0:
+            return []
+        due = [t for t in trackers
+               if t.still_since is not None and t.native_for != t.still_since
+               and now - t.still_since >= self.native_after
+               and t.state in NATIVE_CANDIDATES
+               # Its Python stack was read in this still period (and said no more).
+               and t.stack_at is not None and t.stack_at >= t.still_since]
+        due.sort(key=lambda t: t.still_since)
+        return due[: self.max_native_per_round]
 
     def due(self, trackers: Iterable[RankTracker], now: float,
             over_budget: bool = False) -> list[RankTracker]:

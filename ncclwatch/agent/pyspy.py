@@ -1,9 +1,15 @@
 """Python stacks of a rank through ``py-spy dump --json --nonblocking``.
 
-``--nonblocking`` is not optional: py-spy otherwise ptrace-stops the target
-while it reads, and the agent must never pause a training process. Each dump
-runs under a timeout (the child is killed, the rank untouched), and at most
-one dump per pid runs at a time.
+``--nonblocking`` is not optional for the stacks taken every round: py-spy
+otherwise ptrace-stops the target while it reads, and the agent must never
+pause a training process that runs. Each dump runs under a timeout (the child
+is killed, the rank untouched), and at most one dump per pid runs at a time.
+
+The one exception is ``dump_native``: ``--native`` unwinds C++ frames and
+py-spy refuses it with ``--nonblocking``, so it pauses the rank for the
+unwind. The agent takes one only of a rank that has already sat still past
+a threshold, at most once per still period (policy.native_due); its cost,
+py-spy's whole run (an upper bound on the pause), goes into a histogram.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import asyncio
 import logging
 import os
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -21,6 +28,10 @@ from ncclwatch.stacks import DumpFormatError, ThreadDump, parse_pyspy_json
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_SECONDS = 3.0
+#: A native dump reads libtorch's symbols first: slower than a Python one.
+NATIVE_TIMEOUT_SECONDS = 8.0
+#: Upper bounds (seconds) of the native-dump histogram buckets; +Inf follows.
+NATIVE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
 def find_pyspy() -> str | None:
@@ -36,6 +47,11 @@ def dump_argv(binary: str, pid: int) -> list[str]:
     return [binary, "dump", "--json", "--nonblocking", "--pid", str(pid)]
 
 
+def native_argv(binary: str, pid: int) -> list[str]:
+    """A native dump: pauses the rank (py-spy refuses --native with --nonblocking)."""
+    return [binary, "dump", "--json", "--native", "--pid", str(pid)]
+
+
 class PySpyError(RuntimeError):
     pass
 
@@ -44,12 +60,19 @@ class PySpy:
     """Async py-spy runner with a timeout, a per-pid lock and counters."""
 
     def __init__(self, binary: str | None = None,
-                 timeout: float = DEFAULT_TIMEOUT_SECONDS) -> None:
+                 timeout: float = DEFAULT_TIMEOUT_SECONDS,
+                 native_timeout: float = NATIVE_TIMEOUT_SECONDS) -> None:
         self.binary = binary or find_pyspy()
         self.timeout = timeout
+        self.native_timeout = native_timeout
         self.runs_total = 0
         self.failures_total = 0
         self.seconds_total = 0.0
+        self.native_total = 0
+        self.native_failures_total = 0
+        self.native_seconds_total = 0.0
+        #: Cumulative counts per NATIVE_BUCKETS bound, then +Inf.
+        self.native_buckets = [0] * (len(NATIVE_BUCKETS) + 1)
         self._busy: set[int] = set()
         if self.binary is None:
             log.warning("py-spy not found: no stacks, ranks stay 'unknown'")
@@ -70,7 +93,7 @@ class PySpy:
         start = time.monotonic()
         self.runs_total += 1
         try:
-            return await self._run(pid)
+            return await self._run(pid, dump_argv(self.binary, pid), self.timeout)
         except PySpyError:
             self.failures_total += 1
             raise
@@ -78,9 +101,33 @@ class PySpy:
             self.seconds_total += time.monotonic() - start
             self._busy.discard(pid)
 
-    async def _run(self, pid: int) -> list[ThreadDump]:
+    async def dump_native(self, pid: int) -> list[ThreadDump]:
+        """One native dump (pauses the rank); its duration goes to the histogram."""
+        if self.binary is None:
+            raise PySpyError("py-spy not installed")
+        if pid in self._busy:
+            raise PySpyError(f"a dump of pid {pid} is already running")
+        self._busy.add(pid)
+        start = time.monotonic()
+        self.native_total += 1
+        try:
+            return await self._run(pid, native_argv(self.binary, pid), self.native_timeout,
+                                   paused=True)
+        except PySpyError:
+            self.native_failures_total += 1
+            raise
+        finally:
+            took = time.monotonic() - start
+            self.native_seconds_total += took
+            for i, bound in enumerate((*NATIVE_BUCKETS, float("inf"))):
+                if took <= bound:
+                    self.native_buckets[i] += 1
+            self._busy.discard(pid)
+
+    async def _run(self, pid: int, argv: list[str], timeout: float,
+                   paused: bool = False) -> list[ThreadDump]:
         proc = await asyncio.create_subprocess_exec(
-            *dump_argv(self.binary, pid),
+            *argv,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
@@ -88,13 +135,17 @@ class PySpy:
             start_new_session=True,
         )
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), self.timeout)
+            out, err = await asyncio.wait_for(proc.communicate(), timeout)
         except asyncio.TimeoutError:
             _kill(proc)
             await proc.wait()
-            raise PySpyError(f"py-spy timed out after {self.timeout:.1f}s on pid {pid}") from None
+            if paused:
+                _resume(pid)
+            raise PySpyError(f"py-spy timed out after {timeout:.1f}s on pid {pid}") from None
         except asyncio.CancelledError:
             _kill(proc)
+            if paused:
+                _resume(pid)
             raise
         if proc.returncode != 0:
             msg = err.decode(errors="replace").strip().splitlines()
@@ -110,6 +161,14 @@ def _kill(proc: asyncio.subprocess.Process) -> None:
     try:
         proc.kill()  # the py-spy child, never the rank
     except ProcessLookupError:
+        pass
+
+
+def _resume(pid: int) -> None:
+    """A tracer killed mid-unwind can leave the rank in a group stop: continue it."""
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except (ProcessLookupError, PermissionError):
         pass
 
 

@@ -62,6 +62,10 @@ class AgentHealthCounts:
     fields_dropped_total: int = 0
     texts_escaped_total: int = 0
     texts_truncated_total: int = 0
+    native_dumps_total: int = 0
+    native_dump_failures_total: int = 0
+    native_dump_seconds_total: float = 0.0
+    native_dump_buckets: tuple[int, ...] = ()
 
 
 # -- text that leaves the node -------------------------------------------------------
@@ -135,6 +139,9 @@ def sample_pb(t: RankTracker, now: float, gpu: Sequence[GpuProcessMemory],
         state_seconds=max(0.0, now - t.state_since),
         stack_age_seconds=max(0.0, now - t.stack_at) if t.stack_at is not None else 0.0,
         stack_id=t.stack_id,
+        evidence=t.evidence.to_proto(),
+        native_frame=t.native.frame if t.native is not None else "",
+        native_no_wait=t.native_no_wait,
     )
     if t.sample is not None:
         s.still_seconds = t.still_seconds(now)
@@ -221,6 +228,10 @@ def build_report(*, node: str, agent_id: str, seq: int, now: float, wall: float,
             fields_dropped_total=health.fields_dropped_total,
             texts_escaped_total=health.texts_escaped_total,
             texts_truncated_total=health.texts_truncated_total,
+            native_dumps_total=health.native_dumps_total,
+            native_dump_failures_total=health.native_dump_failures_total,
+            native_dump_seconds_total=health.native_dump_seconds_total,
+            native_dump_bucket_counts=list(health.native_dump_buckets),
         ),
     )
 

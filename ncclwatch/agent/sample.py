@@ -259,6 +259,20 @@ def thread_progress(pid: int, tid: int, proc: str = "/proc") -> int | None:
         return None
 
 
+def progress_events(pid: int) -> int | None:
+    """ProcessSample.progress_events read straight from /proc (thread-safe, cheap):
+    read/write syscalls of the process plus its main thread's voluntary switches."""
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            io = dict(line.split(":", 1) for line in f if ":" in line)
+        with open(f"/proc/{pid}/status") as f:
+            status = dict(line.split(":", 1) for line in f if ":" in line)
+        return (int(io["syscr"]) + int(io["syscw"])
+                + int(status["voluntary_ctxt_switches"]))
+    except (OSError, KeyError, ValueError):
+        return None
+
+
 @dataclass(frozen=True, slots=True)
 class _Handle:
     fd: int

@@ -17,8 +17,13 @@ import math
 
 from ncclwatch.agent.discover import RankProcess
 from ncclwatch.agent.sample import ProcessSample
-from ncclwatch.model import QUIET_CPU, STILL_EVENTS_PER_S, CollectiveOp, RankState
+from ncclwatch.model import QUIET_CPU, STILL_EVENTS_PER_S, CollectiveOp, RankState, WaitEvidence
+from ncclwatch.native_signatures import NativeWait
 from ncclwatch.signatures import Classification
+
+#: States whose Python stack may hide a wait in C++ (issue 18): a native dump
+#: of a rank still in one of them can say what it waits for.
+NATIVE_CANDIDATES = frozenset({RankState.COMPUTE, RankState.UNKNOWN, RankState.DEVICE_WAIT})
 
 
 
@@ -30,6 +35,7 @@ class RankTracker:
         "still_since", "still_at_last_dump", "events_at_dump", "files_at_dump",
         "progress_tid",
         "_cpu_before", "quiet_from", "still_from",
+        "evidence", "native", "native_for", "native_stack", "forgiven", "pause_base",
     )
 
     def __init__(self, proc: RankProcess, now: float) -> None:
@@ -70,6 +76,20 @@ class RankTracker:
         #: of the last interval that was not quiet (still), in which it set in.
         self.quiet_from: float | None = None
         self.still_from: float | None = None
+        #: How the rank's waiting (state/op) was established.
+        self.evidence = WaitEvidence.NONE
+        #: The wait a native dump showed, held while the rank sits still with the
+        #: same Python stack (``native_stack``); None: none shown.
+        self.native: NativeWait | None = None
+        #: The still period (its still_since) a native dump was taken in: once each.
+        self.native_for: float | None = None
+        self.native_stack = ""
+        #: Progress events our own native dump caused (ptrace stops the threads:
+        #: voluntary switches), not counted as progress in the next round.
+        self.forgiven = 0
+        #: While a native dump pauses the rank: its progress events when last
+        #: read (the dump's own ptrace stops come after); None: no dump running.
+        self.pause_base: int | None = None
 
     @property
     def pid(self) -> int:
@@ -100,8 +120,32 @@ class RankTracker:
             return False
         return any(f.path not in self.files_at_dump for f in self.sample.files_writing)
 
+    def forgive(self, events: int) -> None:
+        """``events`` progress events were ours (a native dump's ptrace stops)."""
+        if events > 0:
+            self.forgiven += events
+            if self.events_at_dump is not None:
+                self.events_at_dump += events
+
+    def pause_begins(self, events: int | None) -> None:
+        """A native dump starts: progress read until it ends is the dump's own."""
+        self.pause_base = events
+
+    def pause_ends(self, events: int | None) -> None:
+        base, self.pause_base = self.pause_base, None
+        if base is not None and events is not None:
+            self.forgive(events - base)
+
     def observe_process(self, sample: ProcessSample, now: float) -> None:
         prev, prev_at, before = self.sample, self._cpu_at, self._cpu_before
+        if self.pause_base is not None and prev is not None:
+            # Mid-dump: the rank is stopped; what moved is ptrace's, not progress.
+            moved = max(0, sample.progress_events - prev.progress_events)
+            if self.events_at_dump is not None:
+                self.events_at_dump += moved
+            self.pause_base = sample.progress_events
+            self.sample, self._cpu_at, self._cpu_before = sample, now, prev_at
+            return
         self.sample, self._cpu_at, self._cpu_before = sample, now, prev_at
         if prev is None or prev_at is None or now <= prev_at:
             return
@@ -116,7 +160,8 @@ class RankTracker:
                 self.quiet_from = began
         else:
             self.quiet_since = self.quiet_from = None
-        events = sample.progress_events - prev.progress_events
+        events = sample.progress_events - prev.progress_events - self.forgiven
+        self.forgiven = 0
         if events < STILL_EVENTS_PER_S * (now - prev_at):
             if self.still_since is None:
                 self.still_since = prev_at  # still over the whole last interval
@@ -124,7 +169,38 @@ class RankTracker:
         else:
             self.still_since = self.still_from = None
 
+    @property
+    def native_no_wait(self) -> bool:
+        """A native dump of this still period found no wait."""
+        return (self.native is None and self.still_since is not None
+                and self.native_for == self.still_since)
+
+    def native_held(self, stack_id: str) -> bool:
+        """The native wait still stands: the rank sat still since, same Python stack."""
+        return (self.native is not None and self.still_since is not None
+                and self.native_for == self.still_since and stack_id == self.native_stack)
+
+    def observe_native(self, w: NativeWait | None, now: float) -> None:
+        """A native dump of this still period: ``w`` the wait it showed, if any.
+
+        The wait began when the rank went still: its Python stack showed the
+        same frames since (a dump is taken only after one in this still period).
+        """
+        self.native_for = self.still_since
+        if w is None:
+            return
+        self.native, self.native_stack = w, self.stack_id
+        self.prev_state = self.state
+        if (w.state, w.op) != (self.state, self.op):
+            self.state_since = self.still_since if self.still_since is not None else now
+            self.state, self.op = w.state, w.op
+        self.evidence = WaitEvidence.NATIVE_FRAME
+
     def observe_stack(self, c: Classification, stack_id: str, now: float) -> None:
+        if self.native_held(stack_id):
+            c = Classification(self.native.state, self.native.op)
+        else:
+            self.native = None
         self.repeats = self.repeats + 1 if stack_id == self.stack_id else 0
         self.prev_state = self.state
         same = (c.state, c.op) == (self.state, self.op) and self.stack_at is not None
@@ -133,6 +209,12 @@ class RankTracker:
             self.state, self.op = c.state, c.op
         self.stack_id = stack_id
         self.stack_at = now
+        if self.native is not None:
+            self.evidence = WaitEvidence.NATIVE_FRAME
+        elif c.op is not CollectiveOp.NONE or c.state is RankState.DEVICE_WAIT:
+            self.evidence = WaitEvidence.PYTHON_FRAME
+        else:
+            self.evidence = WaitEvidence.NONE
         self.quiet_at_last_dump = self.quiet
         self.still_at_last_dump = self.still
         if self.sample is not None:

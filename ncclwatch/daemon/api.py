@@ -248,6 +248,7 @@ def _rank(r: int, rec, fresh: bool, now: float, wall: float) -> dict[str, Any]:
         "fresh": fresh, "gone": rec.gone_at is not None,
         "last_seen_seconds": round(now - rec.seen, 1),
         "stack_id": rec.stack_id or None,
+        **_waiting_evidence(rec, fresh, now),
         "cpu_utilization": round(rec.cpu_util, 3), "rss_bytes": rec.rss_bytes,
         "io_write_bytes": rec.io_write_bytes,
         "write_bytes_per_second": round(rec.write_rate, 1),
@@ -256,6 +257,24 @@ def _rank(r: int, rec, fresh: bool, now: float, wall: float) -> dict[str, Any]:
                           for dv, u, lim in rec.limits],
         "gpu": [{"device": i, "used_bytes": u, "total_bytes": t} for i, u, t in rec.gpu],
     }
+
+
+def _waiting_evidence(rec, fresh: bool, now: float) -> dict[str, Any]:
+    """How the rank's waiting was established (issue 18), and its stillness."""
+    ev = rec.evidence.value if fresh and rec.evidence.value != "none" else None
+    return {"evidence": ev, "native_frame": (rec.native_frame or None) if ev else None,
+            "still_seconds": (round(now - rec.still_since, 1)
+                              if fresh and rec.still_since is not None else None),
+            # A native dump of this still period found no wait: never called waiting.
+            "still_reason": "unknown" if fresh and rec.native_no_wait else None}
+
+
+def evidence_view(f) -> dict[str, list[int | str]]:
+    """The finding's waiting ranks by how their waiting was established."""
+    out: dict[str, list[int]] = {}
+    for r, ev in f.evidence:
+        out.setdefault(ev.value, []).append(r)
+    return {k: _keys(v) for k, v in sorted(out.items())}
 
 
 def hang_threshold_view(d: Daemon, job, now: float) -> dict[str, Any]:
@@ -310,6 +329,7 @@ def incident_view(d: Daemon, inc: Incident, now: float | None = None) -> dict[st
         "culprits": culprits,
         "unknown_ranks": list(f.unknown),
         "waiting": {"ranks": _keys(f.waiting), "ops": [o.value for o in f.waiting_ops],
+                    "evidence": evidence_view(f), "provisional": f.provisional,
                     "stacks": waiting_stacks},
         "at_risk": inc.at_risk,
         "at_risk_since": (round(inc.started_wall + (inc.at_risk_since - inc.started_at), 3)

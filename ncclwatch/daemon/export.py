@@ -18,7 +18,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
+                                    HistogramMetricFamily, InfoMetricFamily)
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
@@ -284,7 +285,11 @@ def build(c: Capture) -> list[Family]:
 
 
 #: Sample-name suffix and exposed TYPE of each family type (text format 0.0.4).
-_EXPOSED = {"gauge": ("", "gauge"), "counter": ("_total", "counter"), "info": ("_info", "gauge")}
+_EXPOSED = {"gauge": ("", "gauge"), "counter": ("_total", "counter"), "info": ("_info", "gauge"),
+            "histogram": ("", "histogram")}
+#: Histogram rows carry their series in the last label value: a bucket's
+#: bound ("0.5", "+Inf"), or "sum" / "count".
+_HIST_SERIES = ("sum", "count")
 
 
 def _label(v: str) -> str:
@@ -302,6 +307,17 @@ def encode(families: list[Family]) -> bytes:
         doc = f.help.replace("\\", r"\\").replace("\n", r"\n")
         out.append(f"# HELP {name} {doc}\n# TYPE {name} {exposed}\n")
         keys = f.labels
+        if f.type == "histogram":
+            for values, value in f.rows:
+                *own, series = values
+                labels = [f'{k}="{_label(v)}"' for k, v in zip(keys, own)]
+                if series in _HIST_SERIES:
+                    sel = "{" + ",".join(labels) + "}" if labels else ""
+                    out.append(f"{name}_{series}{sel} {floatToGoString(value)}\n")
+                else:
+                    sel = ",".join([*labels, f'le="{series}"'])
+                    out.append(f"{name}_bucket{{{sel}}} {floatToGoString(value)}\n")
+            continue
         for values, value in f.rows:
             if keys:
                 labels = ",".join(f'{k}="{_label(v)}"' for k, v in zip(keys, values))
@@ -319,6 +335,16 @@ def to_client(f: Family):
         for values, _ in f.rows:
             fam.add_metric([], dict(zip(labels, values)))
         return fam
+    if f.type == "histogram":
+        hist = HistogramMetricFamily(f.name, f.help, labels=labels)
+        series: dict[tuple[str, ...], dict[str, Any]] = {}
+        for values, value in f.rows:
+            *own, key = values
+            series.setdefault(tuple(own), {})[key] = value
+        for own, by in series.items():
+            hist.add_metric(list(own), [(k, v) for k, v in by.items() if k not in _HIST_SERIES],
+                            sum_value=by.get("sum", 0.0))
+        return hist
     cls = CounterMetricFamily if f.type == "counter" else GaugeMetricFamily
     fam = cls(f.name, f.help, labels=labels)
     for values, value in f.rows:
@@ -387,6 +413,11 @@ _AGENT_FAMILIES: tuple[tuple[str, str, str, Callable[[AgentRecord], float]], ...
      lambda a: a.health.pyspy_failures_total),
     ("ncclwatch_agent_pyspy_seconds", "Wall time spent in py-spy dumps", "counter",
      lambda a: a.health.pyspy_seconds_total),
+    ("ncclwatch_agent_native_dumps", "Native dumps (py-spy --native, which pause the rank) "
+     "taken of ranks still past the threshold", "counter",
+     lambda a: a.health.native_dumps_total),
+    ("ncclwatch_agent_native_dump_failures", "Native dumps that failed or timed out", "counter",
+     lambda a: a.health.native_dump_failures_total),
     ("ncclwatch_agent_reports_dropped", "Reports dropped by the agent's queue bound", "counter",
      lambda a: a.health.reports_dropped_total),
     ("ncclwatch_agent_report_gaps", "Reports missing in the sequence the daemon saw", "counter",
@@ -410,7 +441,28 @@ def _agent_families(agents: list[AgentRecord], now: float, staleness: float) -> 
         else:
             rows = [((a.node,), value(a)) for a in agents]
         out.append(Family(name, text, ("node",), type_, rows))
+    out.append(_native_dump_histogram(agents))
     return out
+
+
+def _native_dump_histogram(agents: list[AgentRecord]) -> Family:
+    """How long each native dump paused its rank (py-spy's run: an upper bound)."""
+    from ncclwatch.agent.pyspy import NATIVE_BUCKETS
+
+    fam = Family("ncclwatch_agent_native_dump_seconds",
+                 "Seconds a native dump (py-spy --native) paused its rank, an upper bound",
+                 ("node",), "histogram")
+    bounds = [floatToGoString(b) for b in NATIVE_BUCKETS] + ["+Inf"]
+    for a in agents:
+        h = a.health
+        counts = list(h.native_dump_bucket_counts)
+        if len(counts) != len(bounds):
+            counts = [0] * (len(bounds) - 1) + [h.native_dumps_total]
+        for le, n in zip(bounds, counts):
+            fam.add((a.node, le), n)
+        fam.add((a.node, "sum"), h.native_dump_seconds_total)
+        fam.add((a.node, "count"), h.native_dumps_total)
+    return fam
 
 
 def make_registry(daemon: Daemon, call=lambda fn: fn()) -> CollectorRegistry:

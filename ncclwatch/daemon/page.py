@@ -179,6 +179,7 @@ def _stall(job_id: str, s: dict[str, Any]) -> str:
         out.append("<p class='clock'><small>clock: " + " · ".join(
             f"{escape(a['what'])} {a['seconds_ago']:.0f}s ago" for a in anchors)
             + "</small></p>")
+    out.append(_waiting(s["waiting"]))
     fr = s.get("flight_recorder")
     if fr and fr.get("sentence"):
         out.append(f"<p class='flight-recorder'>{escape(fr['sentence'])} "
@@ -222,6 +223,16 @@ def _fixes(dx: dict[str, Any], runbook: str, key: str) -> str:
                        f"<b>{escape(f['title'])}</b></summary>{body}</details>")
     out.append("</div>")
     return "".join(out)
+
+
+def _waiting(w: dict[str, Any]) -> str:
+    """Who waits, and how that was established (python/native frame, Flight
+    Recorder, or stillness: provisional)."""
+    how = "; ".join(f"{escape(k.replace('_', ' '))}: {escape(','.join(map(str, v)))}"
+                    for k, v in (w.get("evidence") or {}).items())
+    tag = " <span class='bad'>provisional</span>" if w.get("provisional") else ""
+    return (f"<p class='waiting'>waiting: ranks {escape(','.join(map(str, w['ranks'])))} in "
+            f"{escape('/'.join(w['ops']))}{' (by ' + how + ')' if how else ''}{tag}</p>")
 
 
 def _forecast(f: dict[str, Any], remaining: float) -> str:

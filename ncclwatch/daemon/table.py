@@ -19,7 +19,7 @@ from typing import Any
 from ncclwatch.envlint import EnvWarning, lint
 from ncclwatch.daemon.waits import WaitLearner
 from ncclwatch.flightrec import is_default_group
-from ncclwatch.model import CollectiveOp, RankState
+from ncclwatch.model import CollectiveOp, RankState, WaitEvidence
 from ncclwatch.stacks import Frame, Stack
 from ncclwatch.v1 import collector_pb2 as pb
 
@@ -155,6 +155,7 @@ LIMIT_NAMES = {
 #: Wire values -> enums, looked up per sample (from_proto goes through names).
 _STATE_OF = {v: RankState.from_proto(v) for v in pb.RankState.values()}
 _OP_OF = {v: CollectiveOp.from_proto(v) for v in pb.CollectiveOp.values()}
+_EVIDENCE_OF = {v: WaitEvidence.from_proto(v) for v in pb.WaitEvidence.values()}
 _GPU_NAMES = {i: f"gpu{i}" for i in range(64)}
 
 
@@ -222,7 +223,7 @@ class RankRecord:
         "files", "gpu", "gone_at", "vms_bytes", "limits", "curve", "stack_at",
         "rank_source", "container",
         "still_since", "still_at", "still_op", "since_agent", "progress_known",
-        "file_first",
+        "file_first", "evidence", "native_frame", "native_no_wait",
     )
 
     def __init__(self, rank: int) -> None:
@@ -278,6 +279,12 @@ class RankRecord:
         # daemon clock, and in which op; None: not in a still wait (or no reading).
         self.still_at: float | None = None
         self.still_op = CollectiveOp.NONE
+        # How the agent established the rank's waiting (WaitEvidence), the native
+        # frame that said so, and whether a native dump of its current still
+        # period found no wait ("still, reason unknown").
+        self.evidence = WaitEvidence.NONE
+        self.native_frame = ""
+        self.native_no_wait = False
 
 
 @dataclass
@@ -720,6 +727,10 @@ class JobTable:
             # Same state: keep the earliest anchor, immune to network jitter.
             rec.since = since
         rec.since_agent = since_agent
+        ev = m.evidence
+        rec.evidence = _EVIDENCE_OF[ev] if ev in _EVIDENCE_OF else WaitEvidence.from_proto(ev)
+        rec.native_frame = m.native_frame
+        rec.native_no_wait = m.native_no_wait
         sid = m.stack_id
         if sid != rec.stack_id:
             if sid and not self.stacks.touch(sid):

@@ -17,6 +17,8 @@ Scenarios (one function each, below):
   fsdp1-late        FSDP1 full state_dict(): rank --late-rank (last) is busy in
                     --late-activity while the others wait in its all_gather
   fsdp2-late        the same with FSDP2 and get_model_state_dict
+  fsdp2-save        FSDP2 training; rank 0 saves the full state slowly while
+                    the others run ahead (--wait-op fsdp2-forward)
   park              all ranks but --late-rank (0) enter collective --op while
                     it is busy in --late-activity (sleep, compute, dataloader)
   desync            ranks 0..N-2 call --op, the last rank --other-op: a hang in
@@ -122,17 +124,36 @@ def full_state_dict(model: nn.Module) -> dict:
         full_state_dict=True, cpu_offload=True))
 
 
-def _wait_op(args, saver: int):
-    """The collective the non-saving ranks wait in after the save."""
+def _wait_op(args, saver: int, model: nn.Module | None = None, opt=None):
+    """The collective the non-saving ranks wait in after the save.
+
+    The NCCL-shaped ones block where no c10d frame is on the Python stack:
+    ``work.wait()`` of an async collective, a wait on its future, and DDP's
+    next backward (the reducer's bucket all_reduce waits in C++).
+    """
     t, obj = torch.zeros(1024), [None]
+
+    def async_wait() -> None:
+        work = dist.all_reduce(t, async_op=True)
+        work.wait()
+
+    def future_wait() -> None:
+        dist.all_reduce(t, async_op=True).get_future().wait()
+
     return {
         "barrier": lambda: dist.barrier(),
         "broadcast": lambda: dist.broadcast(t, src=saver),
         "broadcast_object_list": lambda: dist.broadcast_object_list(obj, src=saver),
+        "async-wait": async_wait,
+        "future-wait": future_wait,
+        "ddp-backward": lambda: train(model, opt, 1, "next step"),
+        # FSDP2: the next forward's first unshard (its all_gather) waits in C++.
+        "fsdp2-forward": lambda: train(model, opt, 1, "next step"),
     }[args.wait_op]
 
 
-def save_rank0(args, state: dict, throttled: bool, step: int = 200) -> None:
+def save_rank0(args, state: dict, throttled: bool, step: int = 200,
+               model: nn.Module | None = None, opt=None) -> None:
     """One rank writes, the others wait in a collective (the common bad pattern).
 
     Unless --no-previous-checkpoint, an earlier checkpoint of the same state
@@ -140,7 +161,7 @@ def save_rank0(args, state: dict, throttled: bool, step: int = 200) -> None:
     ``ckpt-step{N}.pt`` files, and the previous one says how big the next is.
     """
     saver = args.saver
-    wait = _wait_op(args, saver)
+    wait = _wait_op(args, saver, model, opt)
     if RANK == saver:
         size = sum(t.numel() * t.element_size() for t in state.values())
         directory = ckpt_dir(args)
@@ -177,7 +198,7 @@ def scenario_save(args, throttled: bool) -> None:
     # cpu_offload keeps the gathered state on rank 0 only; another saver
     # writes its own (DDP: identical) replica.
     state = full_state_dict(model) if args.saver == 0 else model.module.state_dict()
-    save_rank0(args, state, throttled)
+    save_rank0(args, state, throttled, model=model, opt=opt)
     train(model, opt, args.steps, "train after checkpoint")
 
 
@@ -404,6 +425,22 @@ def scenario_fsdp1_late(args) -> None:
     dist.barrier()
 
 
+def scenario_fsdp2_save(args) -> None:
+    """FSDP2 training; rank 0 writes the gathered full state slowly while the
+    others run ahead into the next step, whose forward unshards (all_gather)."""
+    model = _fsdp2_model(args)
+    # As on NCCL, the unshard's all_gather returns at once and the forward
+    # waits for it later (FSDPParamGroup.wait_for_unshard: work.wait() in C++).
+    if hasattr(model, "_set_unshard_async_op"):
+        model._set_unshard_async_op(True)
+    log(f"model: {nbytes(model) / 2**20:.1f} MiB (FSDP2, sharded)")
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    train(model, opt, args.steps, "train")
+    state = full_state_dict(model)
+    save_rank0(args, state, throttled=True, model=model, opt=opt)
+    train(model, opt, args.steps, "train after checkpoint")
+
+
 def scenario_fsdp2_late(args) -> None:
     """fully_shard + get_model_state_dict: the punctual ranks wait in all_gather."""
     model = _fsdp2_model(args)
@@ -559,6 +596,7 @@ def scenario_dataloader(args) -> None:
 
 SCENARIOS = {
     "slow-save": scenario_slow_save,
+    "fsdp2-save": scenario_fsdp2_save,
     "fast-save": scenario_fast_save,
     "fsdp-gather-slow": scenario_fsdp_gather_slow,
     "slow-load": scenario_slow_load,
@@ -600,7 +638,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ckpt-dir", default=tempfile.gettempdir())
     p.add_argument("--saver", type=int, default=0, help="the rank that writes the checkpoint")
     p.add_argument("--wait-op", default="barrier",
-                   choices=["barrier", "broadcast", "broadcast_object_list"],
+                   choices=["barrier", "broadcast", "broadcast_object_list", "async-wait",
+                            "future-wait", "ddp-backward", "fsdp2-forward"],
                    help="where the other ranks wait during the save")
     p.add_argument("--no-previous-checkpoint", dest="previous_checkpoint",
                    action="store_false",

@@ -41,6 +41,14 @@ class CollectiveOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     COLLECTIVE_OP_MONITORED_BARRIER: _ClassVar[CollectiveOp]
     COLLECTIVE_OP_WAIT: _ClassVar[CollectiveOp]
 
+class WaitEvidence(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WAIT_EVIDENCE_UNSPECIFIED: _ClassVar[WaitEvidence]
+    WAIT_EVIDENCE_PYTHON_FRAME: _ClassVar[WaitEvidence]
+    WAIT_EVIDENCE_NATIVE_FRAME: _ClassVar[WaitEvidence]
+    WAIT_EVIDENCE_FLIGHT_RECORDER: _ClassVar[WaitEvidence]
+    WAIT_EVIDENCE_STILLNESS: _ClassVar[WaitEvidence]
+
 class MemoryLimitKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     MEMORY_LIMIT_KIND_UNSPECIFIED: _ClassVar[MemoryLimitKind]
@@ -75,6 +83,11 @@ COLLECTIVE_OP_BROADCAST_OBJECT_LIST: CollectiveOp
 COLLECTIVE_OP_SCATTER_OBJECT_LIST: CollectiveOp
 COLLECTIVE_OP_MONITORED_BARRIER: CollectiveOp
 COLLECTIVE_OP_WAIT: CollectiveOp
+WAIT_EVIDENCE_UNSPECIFIED: WaitEvidence
+WAIT_EVIDENCE_PYTHON_FRAME: WaitEvidence
+WAIT_EVIDENCE_NATIVE_FRAME: WaitEvidence
+WAIT_EVIDENCE_FLIGHT_RECORDER: WaitEvidence
+WAIT_EVIDENCE_STILLNESS: WaitEvidence
 MEMORY_LIMIT_KIND_UNSPECIFIED: MemoryLimitKind
 MEMORY_LIMIT_KIND_HOST: MemoryLimitKind
 MEMORY_LIMIT_KIND_CGROUP: MemoryLimitKind
@@ -125,7 +138,7 @@ class NodeReport(_message.Message):
     def __init__(self, node: _Optional[str] = ..., agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., agent_monotonic_seconds: _Optional[float] = ..., agent_wall_seconds: _Optional[float] = ..., full_round: _Optional[bool] = ..., stacks: _Optional[_Iterable[_Union[Stack, _Mapping]]] = ..., samples: _Optional[_Iterable[_Union[RankSample, _Mapping]]] = ..., exited: _Optional[_Iterable[_Union[RankIdentity, _Mapping]]] = ..., health: _Optional[_Union[AgentHealth, _Mapping]] = ..., interval_seconds: _Optional[float] = ..., briefs: _Optional[_Union[RankBriefs, _Mapping]] = ..., slots_reset: _Optional[bool] = ..., changes: _Optional[_Iterable[_Union[RankChange, _Mapping]]] = ..., timed_seq: _Optional[int] = ..., timed_round_trip_seconds: _Optional[float] = ...) -> None: ...
 
 class RankChange(_message.Message):
-    __slots__ = ("slot", "state", "op", "state_seconds", "stack_age_seconds", "stack_id", "still_seconds", "cpu_utilization", "cpu_seconds")
+    __slots__ = ("slot", "state", "op", "state_seconds", "stack_age_seconds", "stack_id", "still_seconds", "cpu_utilization", "cpu_seconds", "evidence", "native_frame", "native_no_wait")
     SLOT_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
@@ -135,6 +148,9 @@ class RankChange(_message.Message):
     STILL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     CPU_UTILIZATION_FIELD_NUMBER: _ClassVar[int]
     CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_FRAME_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_NO_WAIT_FIELD_NUMBER: _ClassVar[int]
     slot: int
     state: RankState
     op: CollectiveOp
@@ -144,7 +160,10 @@ class RankChange(_message.Message):
     still_seconds: float
     cpu_utilization: float
     cpu_seconds: float
-    def __init__(self, slot: _Optional[int] = ..., state: _Optional[_Union[RankState, str]] = ..., op: _Optional[_Union[CollectiveOp, str]] = ..., state_seconds: _Optional[float] = ..., stack_age_seconds: _Optional[float] = ..., stack_id: _Optional[str] = ..., still_seconds: _Optional[float] = ..., cpu_utilization: _Optional[float] = ..., cpu_seconds: _Optional[float] = ...) -> None: ...
+    evidence: WaitEvidence
+    native_frame: str
+    native_no_wait: bool
+    def __init__(self, slot: _Optional[int] = ..., state: _Optional[_Union[RankState, str]] = ..., op: _Optional[_Union[CollectiveOp, str]] = ..., state_seconds: _Optional[float] = ..., stack_age_seconds: _Optional[float] = ..., stack_id: _Optional[str] = ..., still_seconds: _Optional[float] = ..., cpu_utilization: _Optional[float] = ..., cpu_seconds: _Optional[float] = ..., evidence: _Optional[_Union[WaitEvidence, str]] = ..., native_frame: _Optional[str] = ..., native_no_wait: _Optional[bool] = ...) -> None: ...
 
 class RankBriefs(_message.Message):
     __slots__ = ("slot", "still_seconds", "cpu_utilization", "cpu_seconds")
@@ -195,7 +214,7 @@ class ContainerInfo(_message.Message):
     def __init__(self, container_pid: _Optional[int] = ..., hostname: _Optional[str] = ..., container_id: _Optional[str] = ..., runtime: _Optional[str] = ..., pod_uid: _Optional[str] = ..., namespace: _Optional[str] = ..., pod: _Optional[str] = ...) -> None: ...
 
 class RankSample(_message.Message):
-    __slots__ = ("identity", "state", "op", "state_seconds", "stack_age_seconds", "stack_id", "process", "gpu", "job", "flight_recorder", "still_seconds", "slot")
+    __slots__ = ("identity", "state", "op", "state_seconds", "stack_age_seconds", "stack_id", "process", "gpu", "job", "flight_recorder", "still_seconds", "slot", "evidence", "native_frame", "native_no_wait")
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
@@ -208,6 +227,9 @@ class RankSample(_message.Message):
     FLIGHT_RECORDER_FIELD_NUMBER: _ClassVar[int]
     STILL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     SLOT_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_FRAME_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_NO_WAIT_FIELD_NUMBER: _ClassVar[int]
     identity: RankIdentity
     state: RankState
     op: CollectiveOp
@@ -220,7 +242,10 @@ class RankSample(_message.Message):
     flight_recorder: FlightRecorderSummary
     still_seconds: float
     slot: int
-    def __init__(self, identity: _Optional[_Union[RankIdentity, _Mapping]] = ..., state: _Optional[_Union[RankState, str]] = ..., op: _Optional[_Union[CollectiveOp, str]] = ..., state_seconds: _Optional[float] = ..., stack_age_seconds: _Optional[float] = ..., stack_id: _Optional[str] = ..., process: _Optional[_Union[ProcessStats, _Mapping]] = ..., gpu: _Optional[_Iterable[_Union[GpuMemory, _Mapping]]] = ..., job: _Optional[_Union[JobInfo, _Mapping]] = ..., flight_recorder: _Optional[_Union[FlightRecorderSummary, _Mapping]] = ..., still_seconds: _Optional[float] = ..., slot: _Optional[int] = ...) -> None: ...
+    evidence: WaitEvidence
+    native_frame: str
+    native_no_wait: bool
+    def __init__(self, identity: _Optional[_Union[RankIdentity, _Mapping]] = ..., state: _Optional[_Union[RankState, str]] = ..., op: _Optional[_Union[CollectiveOp, str]] = ..., state_seconds: _Optional[float] = ..., stack_age_seconds: _Optional[float] = ..., stack_id: _Optional[str] = ..., process: _Optional[_Union[ProcessStats, _Mapping]] = ..., gpu: _Optional[_Iterable[_Union[GpuMemory, _Mapping]]] = ..., job: _Optional[_Union[JobInfo, _Mapping]] = ..., flight_recorder: _Optional[_Union[FlightRecorderSummary, _Mapping]] = ..., still_seconds: _Optional[float] = ..., slot: _Optional[int] = ..., evidence: _Optional[_Union[WaitEvidence, str]] = ..., native_frame: _Optional[str] = ..., native_no_wait: _Optional[bool] = ...) -> None: ...
 
 class FlightRecorderSummary(_message.Message):
     __slots__ = ("dump_age_seconds", "version", "groups")
@@ -378,7 +403,7 @@ class Frame(_message.Message):
     def __init__(self, name: _Optional[str] = ..., filename: _Optional[str] = ..., line: _Optional[int] = ...) -> None: ...
 
 class AgentHealth(_message.Message):
-    __slots__ = ("version", "ranks_watched", "nvml_up", "pyspy_runs_total", "pyspy_failures_total", "pyspy_seconds_total", "reports_dropped_total", "queue_length", "cpu_seconds_total", "gpus_expected", "fields_dropped_total", "texts_escaped_total", "texts_truncated_total")
+    __slots__ = ("version", "ranks_watched", "nvml_up", "pyspy_runs_total", "pyspy_failures_total", "pyspy_seconds_total", "reports_dropped_total", "queue_length", "cpu_seconds_total", "gpus_expected", "fields_dropped_total", "texts_escaped_total", "texts_truncated_total", "native_dumps_total", "native_dump_failures_total", "native_dump_seconds_total", "native_dump_bucket_counts")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     RANKS_WATCHED_FIELD_NUMBER: _ClassVar[int]
     NVML_UP_FIELD_NUMBER: _ClassVar[int]
@@ -392,6 +417,10 @@ class AgentHealth(_message.Message):
     FIELDS_DROPPED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     TEXTS_ESCAPED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     TEXTS_TRUNCATED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_DUMPS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_DUMP_FAILURES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_DUMP_SECONDS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_DUMP_BUCKET_COUNTS_FIELD_NUMBER: _ClassVar[int]
     version: str
     ranks_watched: int
     nvml_up: bool
@@ -405,7 +434,11 @@ class AgentHealth(_message.Message):
     fields_dropped_total: int
     texts_escaped_total: int
     texts_truncated_total: int
-    def __init__(self, version: _Optional[str] = ..., ranks_watched: _Optional[int] = ..., nvml_up: _Optional[bool] = ..., pyspy_runs_total: _Optional[int] = ..., pyspy_failures_total: _Optional[int] = ..., pyspy_seconds_total: _Optional[float] = ..., reports_dropped_total: _Optional[int] = ..., queue_length: _Optional[int] = ..., cpu_seconds_total: _Optional[float] = ..., gpus_expected: _Optional[int] = ..., fields_dropped_total: _Optional[int] = ..., texts_escaped_total: _Optional[int] = ..., texts_truncated_total: _Optional[int] = ...) -> None: ...
+    native_dumps_total: int
+    native_dump_failures_total: int
+    native_dump_seconds_total: float
+    native_dump_bucket_counts: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, version: _Optional[str] = ..., ranks_watched: _Optional[int] = ..., nvml_up: _Optional[bool] = ..., pyspy_runs_total: _Optional[int] = ..., pyspy_failures_total: _Optional[int] = ..., pyspy_seconds_total: _Optional[float] = ..., reports_dropped_total: _Optional[int] = ..., queue_length: _Optional[int] = ..., cpu_seconds_total: _Optional[float] = ..., gpus_expected: _Optional[int] = ..., fields_dropped_total: _Optional[int] = ..., texts_escaped_total: _Optional[int] = ..., texts_truncated_total: _Optional[int] = ..., native_dumps_total: _Optional[int] = ..., native_dump_failures_total: _Optional[int] = ..., native_dump_seconds_total: _Optional[float] = ..., native_dump_bucket_counts: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReportResponse(_message.Message):
     __slots__ = ("ack_seq", "missing_stack_ids", "commands", "rejected_jobs", "resync")

@@ -51,6 +51,16 @@ class Scenario:
     #: The culprits' state, and the most seconds from ``start`` to the verdict.
     state: str | None = None
     detect_within: float | None = None
+    #: How the waiting ranks' waiting must be established (issue 18:
+    #: python_frame, native_frame, flight_recorder, stillness): seen before the
+    #: verdict settles, and at first detection only it or provisional stillness;
+    #: and the ops that must be named; empty: not judged.
+    evidence: tuple[str, ...] = ()
+    ops: tuple[str, ...] = ()
+    #: Evidence that must follow (confirm) the first, before the job ends.
+    confirmed_by: str | None = None
+    #: Extra environment of the job's ranks; "{ckpt}" in a value: its checkpoint dir.
+    env: tuple[tuple[str, str], ...] = ()
 
     @property
     def root_causes(self) -> tuple[str | None, ...]:
@@ -194,4 +204,41 @@ SCENARIOS: tuple[Scenario, ...] = (
                                      "--late-activity", "sleep", seconds=300),
              kind="collective_hang", culprits=(1,), root_cause="rank_idle", at_risk=True,
              start="busy_start", world=3, detect_within=10.0),
+    # -- NCCL-shaped waits (issue 18) ---------------------------------------------------
+    # On NCCL a collective returns once queued and the rank blocks later, in C++:
+    # work.wait(), a future's wait, DDP's backward. Nothing on the Python stack
+    # says so (it reads compute), and every rank spins a thread like NCCL's busy
+    # wait. The waiters' native frames must name the wait. The goal is 10 s from
+    # the save's start (7-8 s measured here, printed in the table); the assert
+    # keeps a wide margin: 30 s, a third of the 90 s watchdog.
+    *(Scenario(name, _job("slow-save", "--model-mb", "16", "--busy-thread", "0.6",
+                          "--wait-op", wait_op, seconds=150),
+               kind="checkpoint_gather", culprits=(0,), root_cause="save_overruns_watchdog",
+               at_risk=True, start="save_start", world=3, detect_within=30.0, state="saving",
+               evidence=("native_frame",), ops=ops)
+      for name, wait_op, ops in (
+          ("nccl-shaped-async-wait", "async-wait", ("wait",)),
+          ("nccl-shaped-future-wait", "future-wait", ("wait",)),
+          ("nccl-shaped-ddp-backward", "ddp-backward", ("all_reduce",)),
+      )),
+    # FSDP2 (fully_shard, async unshard as on NCCL): the waiters run into the next
+    # forward, whose unshard waits on rank 0's all_gather.
+    Scenario("nccl-shaped-fsdp2-unshard",
+             ("--scenario", "fsdp2-save", "--model-mb", "16", "--busy-thread", "0.6",
+              "--wait-op", "fsdp2-forward", "--save-seconds", "150",
+              "--pg-timeout", str(PG_TIMEOUT)),
+             kind="checkpoint_gather", culprits=(0,), root_cause="save_overruns_watchdog",
+             at_risk=True, start="save_start", world=3, detect_within=30.0, state="saving",
+             evidence=("native_frame",), ops=("all_gather",)),
+    # Lightning: a callback saves on rank 0 only (is_global_zero) onto slow storage
+    # while the other ranks run ahead into the next step. Lightning 2.x broadcasts
+    # a SIGTERM flag at every step (_TrainingEpochLoop._broadcast_sigterm_tensor):
+    # on gloo the waiters block there, in a c10d frame (on NCCL that broadcast is
+    # queued and the wait moves to the device).
+    Scenario("nccl-shaped-lightning-rank0-save", ("--model-mb", "6", "--rank0-save", "1",
+                                                  "--save-every", "2", "--max-steps", "4"),
+             script="fw_lightning.py", world=3,
+             kind="checkpoint_gather", culprits=(0,), root_cause=None, at_risk=None,
+             start="save_start", detect_within=30.0, state="saving", limit=70.0,
+             evidence=("python_frame",), ops=("broadcast",)),
 )

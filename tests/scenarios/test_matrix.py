@@ -46,6 +46,14 @@ class Outcome:
     kinds_seen: list[str] = field(default_factory=list)
     culprits: tuple[int, ...] = ()
     states: tuple[str, ...] = ()
+    #: How the first stall's waiting ranks were established when it was first
+    #: detected (later evidence may confirm it: stillness, then flight_recorder),
+    #: every way seen since, and the ops at first detection.
+    evidence: tuple[str, ...] = ()
+    evidence_seen: tuple[str, ...] = ()
+    ops: tuple[str, ...] = ()
+    confirmed_at: float | None = None     # first time Scenario.confirmed_by was seen
+    ops_seen: tuple[str, ...] = ()
     root_cause: str | None = None
     unknown: tuple[int, ...] = ()
     at_risk_at: float | None = None
@@ -110,6 +118,17 @@ class Outcome:
                                                 or self.delay > s.detect_within):
                 out.append(f"detected {_fmt(self.delay)}s after {s.start} "
                            f"(> {s.detect_within}s)")
+            # The expected evidence must be seen; at first detection only it, or
+            # stillness (provisional) that it then confirms.
+            if s.evidence and self.first_kind == s.kind and (
+                    not set(s.evidence) <= set(self.evidence_seen)
+                    or not set(self.evidence) <= {*s.evidence, "stillness"}):
+                out.append(f"evidence {list(self.evidence)} then {list(self.evidence_seen)}"
+                           f" lacks or goes beyond {list(s.evidence)}")
+            if s.ops and self.first_kind == s.kind and not set(s.ops) <= set(self.ops_seen):
+                out.append(f"waiting ops {list(self.ops_seen)} lack {list(s.ops)}")
+            if s.confirmed_by and s.confirmed_by not in self.evidence_seen:
+                out.append(f"never confirmed by {s.confirmed_by} (saw {list(self.evidence_seen)})")
             if not set(s.unknown) <= set(self.unknown):
                 out.append(f"unknown ranks {list(self.unknown)} lack {list(s.unknown)}")
         if s.at_risk is True and self.at_risk_at is None:
@@ -142,7 +161,8 @@ def _launch(s: Scenario, ckpt_dir: str) -> Job:
         argv = [sys.executable, "-m", "ncclwatch.demo.launch", "--nproc", str(s.world), "--",
                 *module[2:]]
     env = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
-           "NCCLWATCH_PG_TIMEOUT_S": str(s.pg_timeout)}
+           "NCCLWATCH_PG_TIMEOUT_S": str(s.pg_timeout),
+           **{k: v.replace("{ckpt}", ckpt_dir) for k, v in s.env}}
     return Job(Proc(argv, env=env, name=f"scenario-{s.name}"), s.world)
 
 
@@ -220,6 +240,13 @@ def _fold(view: dict, out: Outcome, now: float) -> None:
         if kind == out.first_kind:
             out.culprits = tuple(c["rank"] for c in st["culprits"])
             out.states = tuple(c["state"] for c in st["culprits"])
+            ev = tuple(sorted((st["waiting"].get("evidence") or {})))
+            if out.detected_at == now:
+                out.evidence, out.ops = ev, tuple(st["waiting"]["ops"])
+            out.evidence_seen = tuple(sorted({*out.evidence_seen, *ev}))
+            out.ops_seen = tuple(sorted({*out.ops_seen, *st["waiting"]["ops"]}))
+            if out.confirmed_at is None and out.scenario.confirmed_by in ev:
+                out.confirmed_at = now
             out.root_cause = st["diagnosis"]["root_cause"]
             out.unknown = tuple(st["unknown_ranks"])
         over = ((st.get("forecast") or {}).get("checkpoint") or {}).get("overrun_seconds")
@@ -240,6 +267,10 @@ def _settled(s: Scenario, out: Outcome) -> bool:
         return False
     if s.at_risk and out.at_risk_at is None:
         return False
+    if s.confirmed_by and s.confirmed_by not in out.evidence_seen:
+        return False
+    if not set(s.evidence) <= set(out.evidence_seen):
+        return False
     return out.root_cause in s.root_causes or time.time() - out.detected_at > 20
 
 
@@ -248,8 +279,8 @@ def _fmt(x: float | None) -> str:
 
 
 def table(outcomes: list[Outcome]) -> str:
-    head = ["scenario", "ranks", "expected", "detected", "culprits", "state", "root cause",
-            "at risk", "delay s", "lead s", "forecast s", "result"]
+    head = ["scenario", "ranks", "expected", "detected", "culprits", "state", "evidence",
+            "root cause", "at risk", "delay s", "lead s", "forecast s", "result"]
     rows = []
     for o in outcomes:
         s = o.scenario
@@ -258,7 +289,7 @@ def table(outcomes: list[Outcome]) -> str:
         problems = o.problems()
         rows.append([s.name, str(s.world), expected, o.first_kind or "none",
                      ",".join(map(str, o.culprits)) or "-", ",".join(o.states) or "-",
-                     o.root_cause or "-",
+                     ",".join(o.evidence_seen) or "-", o.root_cause or "-",
                      "yes" if o.at_risk_at else "no", _fmt(o.delay), _fmt(o.lead),
                      _fmt(o.forecast_delay),
                      "ok" if not problems else "FAIL: " + "; ".join(problems)])
@@ -288,7 +319,9 @@ def test_scenario_matrix(ncclwatch_run) -> None:
     (ARTIFACTS / "scenarios.json").write_text(json.dumps([{
         "scenario": o.scenario.name, "expected": o.scenario.kind, "detected": o.first_kind,
         "kinds_seen": o.kinds_seen, "culprits": list(o.culprits),
-        "culprit_states": list(o.states), "root_cause": o.root_cause,
+        "culprit_states": list(o.states), "waiting_evidence": list(o.evidence),
+        "waiting_evidence_seen": list(o.evidence_seen), "waiting_ops_seen": list(o.ops_seen),
+        "waiting_ops": list(o.ops), "root_cause": o.root_cause,
         "at_risk_after_s": o.flag_delay, "overrun_at_flag_s": o.overrun_at_flag,
         "detection_delay_s": o.delay, "lead_time_s": o.lead,
         "overrun_forecast_after_s": o.forecast_delay, "problems": o.problems(),

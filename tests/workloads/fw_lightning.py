@@ -9,6 +9,10 @@ wait in the strategy barrier. Markers come from Callback.on_save_checkpoint.
 --resume: train once (the mount paces reads only), then fit again from the
 checkpoint: every rank restores it (_restore_modules_and_callbacks -> _lazy_load);
 the marker is Callback.setup, which runs just before the restore.
+--rank0-save 1: no ModelCheckpoint; a callback torch.saves the module on rank 0
+only (``if trainer.is_global_zero``, a common pattern) while the other ranks run
+ahead into the next step (they block in the loop's per-step SIGTERM broadcast),
+and every rank spins a thread as NCCL ranks do (issue 18).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import torch.nn as nn
 from fwcommon import RANK, args, dim_for, marker
 
 a = args(__doc__, pkg=(str, "lightning"), save_every=(int, 2), max_steps=(int, 2),
-         resume=(int, 0))
+         resume=(int, 0), rank0_save=(int, 0), rate=(float, 60_000.0))
 L = importlib.import_module("lightning.pytorch" if a.pkg == "lightning" else "pytorch_lightning")
 from importlib import import_module  # noqa: E402
 
@@ -60,6 +64,24 @@ class Markers(L.Callback):
             marker("load_start")
 
 
+class Rank0Save(L.Callback):
+    """Rank 0 alone writes the weights after step ``save_every``; nobody waits for it
+    on purpose, the others block in the next step's gradient all_reduce."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step != a.save_every:
+            return
+        if trainer.is_global_zero:
+            from ncclwatch.demo.slow_storage import ThrottledWriter
+            marker("save_start", step=trainer.global_step)
+            # Slow storage paced in the writer itself (no FUSE mount needed).
+            with ThrottledWriter(os.path.join(a.ckpt_dir, "rank0-save.pt"), a.rate) as f:
+                torch.save(pl_module.state_dict(), f)
+            marker("save_end")
+        else:
+            marker("wait_start", step=trainer.global_step)
+
+
 dim = dim_for(a.model_mb, 4)
 torch.manual_seed(0)
 data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, dim)),
@@ -67,6 +89,13 @@ data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64
 
 
 def make_trainer(max_steps: int, resuming: bool = False):
+    if a.rank0_save:
+        return L.Trainer(
+            accelerator="cpu", devices=int(os.environ["LOCAL_WORLD_SIZE"]),
+            strategy=DDPStrategy(process_group_backend="gloo",
+                                 timeout=datetime.timedelta(seconds=a.pg_timeout)),
+            max_steps=max_steps, logger=False, enable_progress_bar=False,
+            enable_model_summary=False, enable_checkpointing=False, callbacks=[Rank0Save()])
     return L.Trainer(
         accelerator="cpu", devices=int(os.environ["LOCAL_WORLD_SIZE"]),
         strategy=DDPStrategy(process_group_backend="gloo",
@@ -77,6 +106,9 @@ def make_trainer(max_steps: int, resuming: bool = False):
                                               every_n_train_steps=a.save_every)])
 
 
+if a.rank0_save:
+    from ncclwatch.demo.job import busy_thread
+    busy_thread(0.6)
 marker("ready", world=int(os.environ["WORLD_SIZE"]), framework=a.pkg)
 make_trainer(a.max_steps).fit(Tiny(dim), data)
 if a.resume:

@@ -13,7 +13,7 @@ from typing import Callable
 
 from ncclwatch.daemon.table import Job, JobTable, RankRecord
 from ncclwatch.daemon.waits import WaitPolicy
-from ncclwatch.model import CollectiveOp, RankState, StallKind
+from ncclwatch.model import CollectiveOp, RankState, StallKind, WaitEvidence
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,11 @@ class Finding:
     started_at: float               # when the first waiting rank blocked (daemon clock)
     summary: str
     unknown: tuple[int, ...] = ()   # ranks gone or silent: never culprits by guess
+    #: (rank, how its waiting was established) for each waiting rank.
+    evidence: tuple[tuple[int, WaitEvidence], ...] = ()
+    #: Every waiting rank's only evidence is stillness: shown as provisional
+    #: until native frames or the Flight Recorder confirm it (or it is withdrawn).
+    provisional: bool = False
 
 
 Detector = Callable[[Job, JobTable, float, DetectConfig], list[Finding]]
@@ -66,6 +71,7 @@ class Blocked:
     ranks: tuple[int, ...]
     ops: tuple[CollectiveOp, ...]
     started_at: float  # when the first of them blocked (daemon clock)
+    evidence: tuple[tuple[int, WaitEvidence], ...] = ()
 
 
 def fresh_waiting(job: Job, table: JobTable, now: float) -> list[RankRecord]:
@@ -104,8 +110,12 @@ def blocked(job: Job, table: JobTable, now: float, threshold: float,
         ops.discard(CollectiveOp.NONE)
         ops.add(CollectiveOp.WAIT)
     started = min(now, min([rec.since for rec in hit]))
-    return Blocked(tuple(sorted([rec.rank for rec in hit])),
-                   tuple(sorted(ops, key=lambda o: o.value)), started)
+    # An agent that does not say how (evidence NONE) found the wait in Python frames.
+    none, python = WaitEvidence.NONE, WaitEvidence.PYTHON_FRAME
+    evidence = sorted([(rec.rank, python if rec.evidence is none else rec.evidence)
+                       for rec in hit])
+    return Blocked(tuple([r for r, _ in evidence]),
+                   tuple(sorted(ops, key=lambda o: o.value)), started, tuple(evidence))
 
 
 def culprit_of(job: Job, rank: int, now: float) -> Culprit:

@@ -66,7 +66,7 @@ def detect(job: Job, table: JobTable, now: float, cfg: DetectConfig) -> list[Fin
         return Finding(kind=kind, job_id=job.job_id,
                        culprits=tuple(culprit_of(job, r, now) for r in sorted(culprits)),
                        waiting=waiting, waiting_ops=ops, started_at=b.started_at,
-                       summary=summary, **extra)
+                       summary=summary, evidence=b.evidence, **extra)
 
     out: list[Finding] = []
     if unknown:
