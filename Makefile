@@ -70,7 +70,7 @@ manifests: $(STAMP)
 	$(PY) -m deploy.generate
 
 # A test CA, a daemon certificate (localhost) and one for this node, in ./certs,
-# for trying mTLS (README "Security"). Rerun to add nodes: NODE=name make certs.
+# for trying mTLS (docs/security.md). Rerun to add nodes: NODE=name make certs.
 NODE ?= $(shell hostname)
 certs: $(STAMP)
 	$(VENV)/bin/ncclwatch certs --out certs --daemon-host localhost --node $(NODE)

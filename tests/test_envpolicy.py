@@ -122,7 +122,7 @@ _CONTEXT = st.sampled_from([
 ])
 #: Words as the rule knows them (a quarter vowels). Names of consonant clusters
 #: and acronyms glued to other pieces (``scratch12000/GPT2024``) can read as
-#: tokens and be redacted: the rule errs that way (README "Security").
+#: tokens and be redacted: the rule errs that way (docs/security.md).
 _WORDS = st.sampled_from(["checkpoints", "experiments", "train", "model", "trace", "Llama",
                           "ImageNet", "users", "debug", "rank", "Medium", "final", "eval",
                           "logs", "data", "lustre", "Megatron", "Qwen", "Instruct"])

@@ -66,7 +66,7 @@ def ha_pair(tmp_path):
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(RULES / "alerts.yaml"), str(RULES / "rules.yaml")],
         "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
-        # README "High availability": both daemons, one `replica` label each.
+        # docs/deployment.md "High availability": both daemons, one `replica` label each.
         "scrape_configs": [{"job_name": "ncclwatch", "static_configs": [
             {"targets": [a_http], "labels": {"replica": "a"}},
             {"targets": [b_http], "labels": {"replica": "b"}}]}],
