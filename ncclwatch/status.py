@@ -18,6 +18,10 @@ from ncclwatch.savefit import seconds
 
 DEFAULT_DAEMON = "http://127.0.0.1:7471"
 
+#: The anchor a culprit's "for Ns" counts from (the incident's clock, daemon/clock.py).
+STATE_ANCHOR = {"saving": "save start", "gathering_state_dict": "gather start",
+                "loading": "load start"}
+
 
 class StatusError(RuntimeError):
     pass
@@ -146,11 +150,15 @@ def render(view: dict[str, Any], daemon: str = "") -> str:
                 where = describe_container(c.get("container"))
                 out.append(f"  culprit: rank {c.get('member', c['rank'])} on {c['host']} "
                            f"(pid {c['pid']}{'; ' + where if where else ''}) "
-                           f"{c['state']} for {c['for_seconds']:.0f}s")
+                           f"{c['state']} for {c['for_seconds']:.0f}s "
+                           f"(since {STATE_ANCHOR.get(c['state'], c['state'] + ' began')})")
                 for f in (c.get("stack") or {}).get("frames", [])[:8]:
                     out.append(f"      {f['name']} ({f['file']}:{f['line']})")
+            waited = {a["id"]: a["seconds_ago"] for a in anchors}.get("first_wait")
             out.append(f"  waiting: ranks {_ranks_text(s['waiting']['ranks'])} in "
-                       f"{'/'.join(s['waiting']['ops'])}" + _evidence_text(s["waiting"]))
+                       f"{'/'.join(s['waiting']['ops'])}"
+                       + (f" for {waited:.0f}s (since the first wait)" if waited is not None
+                          else "") + _evidence_text(s["waiting"]))
             fr = s.get("flight_recorder")
             if fr and fr.get("sentence"):
                 out.append(f"  {fr['sentence']} ({fr['dumps']} dump(s), "

@@ -3,6 +3,8 @@ job's own framework: one row per advice and one per framework."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from ncclwatch import frameworks
@@ -127,3 +129,6 @@ def test_status_says_what_to_do_now_and_the_framework_fix() -> None:
     assert "fix for DeepSpeed: Save sharded" in text
     assert '"stage3_gather_16bit_weights_on_model_save": false' in text
     assert text.index("NOW:") < text.index("culprit:")
+    # One clock: each duration names the anchor it counts from.
+    assert re.search(r"culprit: rank 0 .* saving for \d+s \(since save start\)", text), text
+    assert re.search(r"waiting: ranks [\d-]+ in \S+ for \d+s \(since the first wait\)", text), text
