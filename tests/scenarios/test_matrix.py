@@ -55,6 +55,9 @@ class Outcome:
     confirmed_at: float | None = None     # first time Scenario.confirmed_by was seen
     ops_seen: tuple[str, ...] = ()
     root_cause: str | None = None
+    #: The framework whose fix the stall gives, and the advice for now (issue 22).
+    framework: str | None = None
+    advice: str | None = None
     unknown: tuple[int, ...] = ()
     at_risk_at: float | None = None
     overrun_at: float | None = None       # first time the forecast overrun was > 0
@@ -129,6 +132,9 @@ class Outcome:
                 out.append(f"waiting ops {list(self.ops_seen)} lack {list(s.ops)}")
             if s.confirmed_by and s.confirmed_by not in self.evidence_seen:
                 out.append(f"never confirmed by {s.confirmed_by} (saw {list(self.evidence_seen)})")
+            if s.framework and self.first_kind == s.kind and (
+                    self.framework != s.framework or not self.advice):
+                out.append(f"fix for {self.framework} (advice {self.advice}) != {s.framework}")
             if not set(s.unknown) <= set(self.unknown):
                 out.append(f"unknown ranks {list(self.unknown)} lack {list(s.unknown)}")
         if s.at_risk is True and self.at_risk_at is None:
@@ -248,6 +254,8 @@ def _fold(view: dict, out: Outcome, now: float) -> None:
             if out.confirmed_at is None and out.scenario.confirmed_by in ev:
                 out.confirmed_at = now
             out.root_cause = st["diagnosis"]["root_cause"]
+            out.framework = (st["diagnosis"].get("framework") or {}).get("id")
+            out.advice = (st.get("advice") or {}).get("action")
             out.unknown = tuple(st["unknown_ranks"])
         over = ((st.get("forecast") or {}).get("checkpoint") or {}).get("overrun_seconds")
         if over is not None and over > 0 and out.overrun_at is None:
@@ -280,7 +288,7 @@ def _fmt(x: float | None) -> str:
 
 def table(outcomes: list[Outcome]) -> str:
     head = ["scenario", "ranks", "expected", "detected", "culprits", "state", "evidence",
-            "root cause", "at risk", "delay s", "lead s", "forecast s", "result"]
+            "root cause", "fix for / now", "at risk", "delay s", "lead s", "forecast s", "result"]
     rows = []
     for o in outcomes:
         s = o.scenario
@@ -290,6 +298,7 @@ def table(outcomes: list[Outcome]) -> str:
         rows.append([s.name, str(s.world), expected, o.first_kind or "none",
                      ",".join(map(str, o.culprits)) or "-", ",".join(o.states) or "-",
                      ",".join(o.evidence_seen) or "-", o.root_cause or "-",
+                     f"{o.framework or '-'} / {o.advice or '-'}",
                      "yes" if o.at_risk_at else "no", _fmt(o.delay), _fmt(o.lead),
                      _fmt(o.forecast_delay),
                      "ok" if not problems else "FAIL: " + "; ".join(problems)])
@@ -322,6 +331,7 @@ def test_scenario_matrix(ncclwatch_run) -> None:
         "culprit_states": list(o.states), "waiting_evidence": list(o.evidence),
         "waiting_evidence_seen": list(o.evidence_seen), "waiting_ops_seen": list(o.ops_seen),
         "waiting_ops": list(o.ops), "root_cause": o.root_cause,
+        "framework": o.framework, "advice": o.advice,
         "at_risk_after_s": o.flag_delay, "overrun_at_flag_s": o.overrun_at_flag,
         "detection_delay_s": o.delay, "lead_time_s": o.lead,
         "overrun_forecast_after_s": o.forecast_delay, "problems": o.problems(),
