@@ -73,6 +73,24 @@ def _fit(ts, ys) -> float:
     return float(np.polyfit(np.asarray(ts, float), np.asarray(ys, float), 1)[0])
 
 
+def test_a_file_far_past_a_small_previous_file_has_no_known_size() -> None:
+    """DCP: rank 1's shard of the same save (2 KB, done in a second) sits beside
+    rank 0's .distcp as its "previous checkpoint". Far past it, the write is not
+    at its end: the matrix once called a 6 MiB save at 60 kB/s 'within budget'."""
+    rate, prev = 60_000, 2_000
+    d, now = _drive(lambda i: _rank0(S.SAVING, i, file_size=(i + 1) * rate, prev=prev,
+                                     seconds=i), 12)
+    dx = _incident(d).diagnosis
+    assert dx.root_cause.id != "save_within_budget", dx.sentence
+    w = dx.evidence.write
+    assert w.expected_bytes is None and w.eta_seconds is None, w
+    # Just past a real previous checkpoint (zip records): the save is at its end.
+    d, now = _drive(lambda i: _rank0(S.SAVING, i, file_size=min((i + 1) * MB, 10 * MB + 100),
+                                     prev=10 * MB, seconds=i), 12)
+    w = _incident(d).diagnosis.evidence.write
+    assert w.expected_source == "previous_checkpoint" and w.expected_bytes == 10 * MB + 100
+
+
 def test_slow_save_forecast_to_overrun_the_watchdog() -> None:
     rate, prev = 1 * MB, 200 * MB  # 200 MB at 1 MB/s: 200 s against a 90 s budget
     d, now = _drive(lambda i: _rank0(S.SAVING, i, file_size=(i + 1) * rate, prev=prev,

@@ -191,3 +191,4 @@ def test_open_regular_checks_the_opened_file_even_when_the_name_is_swapped(tmp_p
         t.join()
     print(f"opened the regular file {opened} times, refused the FIFO {refused} times")
     assert opened > 0 and refused > 0
+

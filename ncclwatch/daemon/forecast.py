@@ -95,6 +95,12 @@ def slope(points: Sequence[Point], value: Callable[[Point], float | None], now: 
     return sum((t - mt) * (v - mv) for t, v in pts) / den
 
 
+#: How far past the previous checkpoint's size a file may grow and still be read
+#: as ending (zip records, a few new keys): 2% and 64 KiB.
+PAST_PREVIOUS_RATIO = 0.02
+PAST_PREVIOUS_BYTES = 64 << 10
+
+
 def write_forecast(rec: RankRecord, now: float) -> WriteForecast | None:
     """Forecast of the checkpoint file the rank is writing (None: no file)."""
     if not rec.files:
@@ -121,9 +127,11 @@ def write_forecast(rec: RankRecord, now: float) -> WriteForecast | None:
         expected, source = prev_size, "previous_checkpoint"
     elif gathered >= MIN_GATHERED and gathered >= size:
         expected, source = gathered, "gathered_bytes"
-    elif prev_size > 0:
-        # Past the previous checkpoint's size (zip records, a few new keys):
-        # the write is at its end, not of unknown length.
+    elif prev_size > 0 and size <= prev_size * (1 + PAST_PREVIOUS_RATIO) + PAST_PREVIOUS_BYTES:
+        # Just past the previous checkpoint's size (zip records, a few new keys):
+        # the write is at its end, not of unknown length. Far past it, the
+        # "previous" file was another thing (DCP: a peer rank's small shard of
+        # this very save) and says nothing: the size is unknown.
         expected, source = size, "previous_checkpoint"
     eta = save_seconds(expected, size, rate)
     return WriteForecast(rank=rec.rank, path=path, written_bytes=size, expected_bytes=expected,
