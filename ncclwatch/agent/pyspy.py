@@ -15,6 +15,7 @@ py-spy's whole run (an upper bound on the pause), goes into a histogram.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -22,6 +23,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 from ncclwatch.stacks import DumpFormatError, ThreadDump, parse_pyspy_json
 
@@ -84,45 +86,48 @@ class PySpy:
     def busy(self, pid: int) -> bool:
         return pid in self._busy
 
-    async def dump(self, pid: int) -> list[ThreadDump]:
+    @contextlib.contextmanager
+    def _one_at_a_time(self, pid: int) -> Iterator[None]:
+        """A dump of ``pid`` while no other runs (two tracers of one rank race)."""
         if self.binary is None:
             raise PySpyError("py-spy not installed")
         if pid in self._busy:
             raise PySpyError(f"a dump of pid {pid} is already running")
         self._busy.add(pid)
-        start = time.monotonic()
-        self.runs_total += 1
         try:
-            return await self._run(pid, dump_argv(self.binary, pid), self.timeout)
-        except PySpyError:
-            self.failures_total += 1
-            raise
+            yield
         finally:
-            self.seconds_total += time.monotonic() - start
             self._busy.discard(pid)
+
+    async def dump(self, pid: int) -> list[ThreadDump]:
+        with self._one_at_a_time(pid):
+            start = time.monotonic()
+            self.runs_total += 1
+            try:
+                return await self._run(pid, dump_argv(self.binary, pid), self.timeout)
+            except PySpyError:
+                self.failures_total += 1
+                raise
+            finally:
+                self.seconds_total += time.monotonic() - start
 
     async def dump_native(self, pid: int) -> list[ThreadDump]:
         """One native dump (pauses the rank); its duration goes to the histogram."""
-        if self.binary is None:
-            raise PySpyError("py-spy not installed")
-        if pid in self._busy:
-            raise PySpyError(f"a dump of pid {pid} is already running")
-        self._busy.add(pid)
-        start = time.monotonic()
-        self.native_total += 1
-        try:
-            return await self._run(pid, native_argv(self.binary, pid), self.native_timeout,
-                                   paused=True)
-        except PySpyError:
-            self.native_failures_total += 1
-            raise
-        finally:
-            took = time.monotonic() - start
-            self.native_seconds_total += took
-            for i, bound in enumerate((*NATIVE_BUCKETS, float("inf"))):
-                if took <= bound:
-                    self.native_buckets[i] += 1
-            self._busy.discard(pid)
+        with self._one_at_a_time(pid):
+            start = time.monotonic()
+            self.native_total += 1
+            try:
+                return await self._run(pid, native_argv(self.binary, pid), self.native_timeout,
+                                       paused=True)
+            except PySpyError:
+                self.native_failures_total += 1
+                raise
+            finally:
+                took = time.monotonic() - start
+                self.native_seconds_total += took
+                for i, bound in enumerate((*NATIVE_BUCKETS, float("inf"))):
+                    if took <= bound:
+                        self.native_buckets[i] += 1
 
     async def _run(self, pid: int, argv: list[str], timeout: float,
                    paused: bool = False) -> list[ThreadDump]:
