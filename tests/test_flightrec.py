@@ -61,7 +61,7 @@ def dumps_bytes(obj) -> bytes:
 
 def test_real_dumps_are_small_pickles_without_globals():
     files = list(REAL.rglob("comm_lib_trace_rank_*")) + list(LEGACY.rglob("nccl_trace_rank_*"))
-    assert len(files) == 13 + 3 * len(LEGACY_VERSIONS)
+    assert len(files) == 16 + 3 * len(LEGACY_VERSIONS)
     for f in files:
         data = f.read_bytes()
         assert len(data) < 200_000, f
@@ -114,6 +114,21 @@ def test_hang_names_the_rank_that_never_joined():
     j = a.to_json()
     json.dumps(j)
     assert j["missing_ranks"] == [2] and j["stuck"][0]["op"] == "all_reduce"
+
+
+def test_an_older_collective_no_dump_has_completed_does_not_hide_the_missing_rank():
+    # ncclwatch.demo.job train, DDP, the step's all_reduce waited in work.wait(): rank 1
+    # stops before step 52's. Every rank enqueued the last backward's bucket all_reduce
+    # (#211), which gloo has not yet recorded as completed; ranks 0 and 2 enqueued the
+    # step's all_reduce #212, rank 1 never did. Taken through the debug-info pipe.
+    dumps = real("ddp-async-hang")
+    assert [d.status["0"][::2] for d in dumps] == [(212, 210), (211, 210), (212, 210)]
+    [s] = analyze(dumps).stuck
+    assert (s.seq, s.op, s.waiting_ranks, s.missing_ranks) == (212, "all_reduce", (0, 2), (1,))
+    assert s.timeout_ms == 90_000
+    # From the summaries alone (what the daemon gets), the same.
+    [p] = analyze_progress({d.rank: summarize(d) for d in dumps}, world_size=3).stuck
+    assert (p.seq, p.op, p.waiting_ranks, p.missing_ranks) == (212, "all_reduce", (0, 2), (1,))
 
 
 def test_a_rank_without_a_dump_is_unreported_never_missing():

@@ -75,7 +75,7 @@ def summary_pb(dump: FrDump, written_at: float, now_wall: float) -> pb.FlightRec
             last_completed=p.last_completed, pending_op=clean(p.pending_op, MAX_LABEL),
             pending_seq=p.pending_seq,
             pending_timeout_ms=p.pending_timeout_ms or p.timeout_ms or 0,
-            pending_seconds=pending_s))
+            pending_seconds=pending_s, last_op=clean(p.last_op, MAX_LABEL)))
     return out
 
 

@@ -25,7 +25,7 @@ def progress_from_pb(fr: Any) -> list[PgProgress]:
                        pending_seq=g.pending_seq,
                        pending_timeout_ms=g.pending_timeout_ms or None,
                        pending_since_ns=None, pending_sizes=(), pg_desc=g.pg_desc,
-                       timeout_ms=g.pending_timeout_ms or None)
+                       timeout_ms=g.pending_timeout_ms or None, last_op=g.last_op)
             for g in fr.groups]
 
 

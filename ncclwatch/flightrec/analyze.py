@@ -42,6 +42,7 @@ def summarize(dump: FrDump) -> list[PgProgress]:
         pend = coll.get(pg_id, {}).get(lc + 1) if le > lc else None
         ranks = info.ranks or dump.configured.get(info.name, ())
         lastent = last.get(pg_id)
+        newest = coll.get(pg_id, {}).get(le)
         out.append(PgProgress(
             pg_id=pg_id, pg_name=info.name, ranks=tuple(ranks),
             last_enqueued=le, last_started=ls, last_completed=lc,
@@ -52,7 +53,8 @@ def summarize(dump: FrDump) -> list[PgProgress]:
             pending_sizes=pend.input_sizes if pend else (),
             pending_output_sizes=pend.output_sizes if pend else (),
             pg_desc=info.desc, backend=(pend or lastent).backend if (pend or lastent) else dump.backend,
-            timeout_ms=lastent.timeout_ms if lastent else None))
+            timeout_ms=lastent.timeout_ms if lastent else None,
+            last_op=newest.op if newest else ""))
     return out
 
 
@@ -140,7 +142,21 @@ def analyze_progress(progress: Mapping[int, Sequence[PgProgress]], *,
         at_seq = {r: per_rank[r] for r in waiting if per_rank[r].pending_seq == seq}
         ops = Counter(p.pending_op for p in at_seq.values() if p.pending_op)
         op = ops.most_common(1)[0][0] if ops else ""
-        timeouts = [p.pending_timeout_ms for p in at_seq.values() if p.pending_timeout_ms is not None]
+        low = min(le.values())
+        if not missing and seq <= low < max(le.values()):
+            # Every member enqueued the oldest unfinished collective (gloo records
+            # completions late; NCCL's may just be queued behind): the first one
+            # some member never enqueued is where the others wait on it, as
+            # torch's analyzer finds matching entries in order.
+            seq = low + 1
+            waiting = sorted(r for r in le if le[r] >= seq and lc[r] < seq)
+            missing = sorted(r for r in le if le[r] < seq)
+            ops = Counter(per_rank[r].last_op for r in waiting
+                          if per_rank[r].last_enqueued == seq and per_rank[r].last_op)
+            op = ops.most_common(1)[0][0] if ops else ""
+            at_seq = {}
+        timeouts = ([p.pending_timeout_ms for p in at_seq.values() if p.pending_timeout_ms is not None]
+                    or [per_rank[r].timeout_ms for r in waiting if per_rank[r].timeout_ms is not None])
         since = [p.pending_since_ns for p in at_seq.values() if p.pending_since_ns is not None]
         pg_id = per_rank[min(waiting)].pg_id if waiting else any_p.pg_id
         stuck.append(Stuck(pg_id=pg_id, pg_name=name, seq=seq, op=op, waiting_ranks=tuple(waiting),

@@ -78,6 +78,7 @@ class PgProgress:
     pg_desc: str = ""
     backend: str = ""
     timeout_ms: int | None = None   # the group's timeout as last recorded
+    last_op: str = ""               # the op of the last collective enqueued ("" if unknown)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -89,6 +90,7 @@ class PgProgress:
             "pending_sizes": [list(s) for s in self.pending_sizes],
             "pending_output_sizes": [list(s) for s in self.pending_output_sizes],
             "pg_desc": self.pg_desc, "backend": self.backend, "timeout_ms": self.timeout_ms,
+            "last_op": self.last_op,
         }
 
     @classmethod
@@ -102,7 +104,7 @@ class PgProgress:
             pending_sizes=tuple(tuple(int(x) for x in s) for s in d.get("pending_sizes", ())),
             pending_output_sizes=tuple(tuple(int(x) for x in s) for s in d.get("pending_output_sizes", ())),
             pg_desc=str(d.get("pg_desc", "")), backend=str(d.get("backend", "")),
-            timeout_ms=d.get("timeout_ms"))
+            timeout_ms=d.get("timeout_ms"), last_op=str(d.get("last_op", "")))
 
 
 @dataclass(frozen=True, slots=True)

@@ -258,7 +258,7 @@ class FlightRecorderSummary(_message.Message):
     def __init__(self, dump_age_seconds: _Optional[float] = ..., version: _Optional[str] = ..., groups: _Optional[_Iterable[_Union[ProcessGroupProgress, _Mapping]]] = ...) -> None: ...
 
 class ProcessGroupProgress(_message.Message):
-    __slots__ = ("pg_id", "pg_name", "ranks", "last_enqueued", "last_started", "last_completed", "pending_op", "pending_seq", "pending_timeout_ms", "pending_seconds", "pg_desc")
+    __slots__ = ("pg_id", "pg_name", "ranks", "last_enqueued", "last_started", "last_completed", "pending_op", "pending_seq", "pending_timeout_ms", "pending_seconds", "pg_desc", "last_op")
     PG_ID_FIELD_NUMBER: _ClassVar[int]
     PG_NAME_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
@@ -270,6 +270,7 @@ class ProcessGroupProgress(_message.Message):
     PENDING_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     PENDING_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PG_DESC_FIELD_NUMBER: _ClassVar[int]
+    LAST_OP_FIELD_NUMBER: _ClassVar[int]
     pg_id: str
     pg_name: str
     ranks: _containers.RepeatedScalarFieldContainer[int]
@@ -281,7 +282,8 @@ class ProcessGroupProgress(_message.Message):
     pending_timeout_ms: int
     pending_seconds: float
     pg_desc: str
-    def __init__(self, pg_id: _Optional[str] = ..., pg_name: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ..., last_enqueued: _Optional[int] = ..., last_started: _Optional[int] = ..., last_completed: _Optional[int] = ..., pending_op: _Optional[str] = ..., pending_seq: _Optional[int] = ..., pending_timeout_ms: _Optional[int] = ..., pending_seconds: _Optional[float] = ..., pg_desc: _Optional[str] = ...) -> None: ...
+    last_op: str
+    def __init__(self, pg_id: _Optional[str] = ..., pg_name: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ..., last_enqueued: _Optional[int] = ..., last_started: _Optional[int] = ..., last_completed: _Optional[int] = ..., pending_op: _Optional[str] = ..., pending_seq: _Optional[int] = ..., pending_timeout_ms: _Optional[int] = ..., pending_seconds: _Optional[float] = ..., pg_desc: _Optional[str] = ..., last_op: _Optional[str] = ...) -> None: ...
 
 class ProcessStats(_message.Message):
     __slots__ = ("cpu_seconds", "cpu_utilization", "rss_bytes", "io_read_bytes", "io_write_bytes", "num_threads", "files_writing", "vms_bytes", "memory_limits")
