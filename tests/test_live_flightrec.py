@@ -239,3 +239,28 @@ def test_probe_of_an_exited_rank_never_writes_this_hosts_pipe(tmp_path):
         assert os.read(fd, 128) == b""  # nothing was written (no writer: end of file)
     finally:
         os.close(fd)
+
+
+def test_ranks_still_with_fresh_stacks_and_no_frame_are_asked_for_dumps():
+    """NCCL-shaped: every rank reads compute (no frame shows a wait) and has sat
+    still past the stall threshold, its stack already fresh: the Flight Recorder
+    is what can name the rank the others wait for, so it is asked for."""
+    def still_job(seq: int, still: float, pipe: bool = True) -> pb.ReportRequest:
+        samples = [sample("job-1", r, 3, S.COMPUTE, seconds=still + 1.0) for r in range(3)]
+        for s in samples:
+            s.still_seconds = still
+            s.stack_age_seconds = 0.5            # taken during the stillness
+            s.job.CopyFrom(pb.JobInfo(source="test", env=(
+                {"TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/tmp/p_"} if pipe else {})))
+        return report(samples, seq=seq)
+
+    for pipe in (True, False):
+        d = Daemon(DaemonConfig(stall_threshold=5))
+        kinds = []
+        for i, (now, still) in enumerate(((10.0, 1.0), (12.0, 3.0), (14.0, 5.0), (16.0, 7.0))):
+            resp = d.ingest(still_job(i + 1, still, pipe), now=now)
+            d.tick(now=now)
+            kinds.append([c.WhichOneof("command") for c in resp.commands])
+        asked = [i for i, k in enumerate(kinds) if "dump_flight_recorder" in k]
+        # Asked once the stillness passed the threshold (the reply to the next report).
+        assert asked == ([3] if pipe else []), kinds

@@ -5,6 +5,7 @@ tracker and policy, on the wire, and in the daemon's verdict and views."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import subprocess
 import sys
 import time
@@ -149,6 +150,55 @@ def test_real_native_dump_is_timed_into_the_histogram() -> None:
         assert 0 < spy.native_seconds_total < 10
         assert spy.native_buckets[-1] == 1 and len(spy.native_buckets) == len(NATIVE_BUCKETS) + 1
         assert child.poll() is None  # the rank carries on after the pause
+    finally:
+        child.kill()
+        child.wait()
+
+
+def _own(events: int, cpu: float, own: float) -> ProcessSample:
+    return dataclasses.replace(_proc(events, cpu), main_cpu_seconds=own)
+
+
+def test_a_still_rank_whose_own_thread_burns_nothing_is_idle() -> None:
+    # The process burns 60% of a core (a helper thread spins, as NCCL's do) while
+    # the rank's own thread sleeps under a frame that reads compute.
+    t = _tracker()
+    t.observe_process(_own(0, 0.0, 0.0), 0.0)
+    t.observe_process(_own(500, 1.0, 0.9), 1.0)
+    t.observe_stack(COMPUTE, "py-stack", 1.0)
+    assert t.shown_state is S.COMPUTE              # stepping: its own CPU is busy
+    t.observe_process(_own(500, 1.6, 0.9), 2.0)    # still, process busy, own thread idle
+    assert t.still and t.cpu_util > 0.5 and t.shown_state is S.IDLE
+    assert t.state is S.COMPUTE                    # the stack's reading is kept (native dumps)
+    t.observe_process(_own(500, 2.6, 1.9), 3.0)    # still, computing in its own thread
+    assert t.shown_state is S.COMPUTE
+    # No reading of its own thread: the stack's state, never a guess.
+    t2 = _tracker()
+    for i, at in enumerate((0.0, 1.0, 2.0)):
+        t2.observe_process(_proc(0 if i == 0 else 500, at), at)
+    t2.observe_stack(COMPUTE, "py-stack", 2.0)
+    assert t2.still and t2.shown_state is S.COMPUTE
+
+
+def test_own_thread_cpu_is_read_apart_from_the_process() -> None:
+    from ncclwatch.agent.sample import ProcessSampler
+    code = ("import threading, time, hashlib\n"
+            "def spin():\n"
+            "    b = b'x' * (1 << 20)\n"
+            "    while True: hashlib.sha256(b).digest()\n"
+            "threading.Thread(target=spin, daemon=True).start()\n"
+            "print('ready', flush=True); time.sleep(60)\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        sampler = ProcessSampler()
+        a = sampler.sample(child.pid, with_files=False)
+        time.sleep(1.5)
+        b = sampler.sample(child.pid, with_files=False)
+        assert a is not None and b is not None and b.main_cpu_seconds is not None
+        process = b.cpu_seconds - a.cpu_seconds
+        own = b.main_cpu_seconds - a.main_cpu_seconds
+        assert own < 0.05 and process > own + 0.1, (process, own)
     finally:
         child.kill()
         child.wait()
@@ -301,3 +351,88 @@ def test_native_dump_pause_is_exported_as_a_histogram() -> None:
     assert 'ncclwatch_agent_native_dump_seconds_count{node="node-a"} 3.0' in text
     assert 'ncclwatch_agent_native_dump_seconds_sum{node="node-a"} 1.9' in text
     assert 'ncclwatch_agent_native_dump_failures_total{node="node-a"} 1.0' in text
+
+
+# -- the job's shape outside checkpoint work (collective_hang) ----------------------------
+
+def _hang(d: Daemon, samples, now: float = 1000.0) -> list:
+    _feed(d, samples, now, 1)
+    d.tick(now=now + 1)
+    return [inc for (job, kind), inc in d.incidents.active.items()
+            if kind is StallKind.COLLECTIVE_HANG]
+
+
+def test_one_rank_at_work_while_the_rest_sit_still_is_a_provisional_hang() -> None:
+    # Rank 1 makes progress (a slow data pipeline, say); ranks 0 and 2 read compute
+    # from Python frames and have sat still 40 s: NCCL-shaped waiters, no frame says so.
+    d = Daemon(DaemonConfig())
+    [inc] = _hang(d, [_s(1, S.DATALOADER, secs=45, still=0.0),
+                      *(_s(r, S.COMPUTE, secs=45, still=40) for r in (0, 2))])
+    f = inc.finding
+    assert f.provisional and [c.rank for c in f.culprits] == [1] and f.waiting == (0, 2)
+    assert dict(f.evidence) == {0: E.STILLNESS, 2: E.STILLNESS}
+    assert "provisional" in f.summary and "rank(s) 1 never joined (dataloader)" in f.summary
+
+
+def test_the_shape_waits_for_the_hang_ceiling() -> None:
+    # Still 20 s: a long evaluation's wait, below the 30 s ceiling. Silent.
+    d = Daemon(DaemonConfig())
+    assert not _hang(d, [_s(1, S.COMPUTE, secs=25, still=0.0),
+                         *(_s(r, S.COMPUTE, secs=25, still=20) for r in (0, 2))])
+
+
+def test_every_rank_still_and_the_flight_recorder_names_the_missing_one() -> None:
+    # Rank 1 sits still too (a long sleep, a pure-compute loop): stillness cannot say
+    # who is late; the Flight Recorder can, by sequence numbers.
+    d = Daemon(DaemonConfig())
+    late = _s(1, S.COMPUTE, secs=45, still=40)
+    _fr(late, 11, 11)
+    peers = [_s(r, S.COMPUTE, secs=45, still=40) for r in (0, 2)]
+    for p in peers:
+        _fr(p, 12, 11, "all_reduce")
+    [inc] = _hang(d, [late, *peers])
+    f = inc.finding
+    assert not f.provisional and [c.rank for c in f.culprits] == [1] and f.waiting == (0, 2)
+    assert dict(f.evidence) == {0: E.FLIGHT_RECORDER, 2: E.FLIGHT_RECORDER}
+    assert f.waiting_ops == (Op.ALL_REDUCE,) and "all_reduce #12 of default_pg" in f.summary
+    # Without the Flight Recorder the same stillness blames nobody.
+    d2 = Daemon(DaemonConfig())
+    assert not _hang(d2, [_s(r, S.COMPUTE, secs=45, still=40) for r in range(3)])
+
+
+def test_the_flight_recorder_turns_a_compute_reading_into_a_waiter() -> None:
+    # Rank 0 waits in a barrier (a Python frame); rank 2 reads compute but its
+    # Flight Recorder has all_reduce #12 pending that rank 1 never enqueued.
+    d = Daemon(DaemonConfig())
+    late = _s(1, S.COMPUTE, secs=45, still=0.0)
+    _fr(late, 11, 11)
+    w0 = _s(0, S.COLLECTIVE, Op.BARRIER, secs=45, still=40)
+    w2 = _s(2, S.COMPUTE, secs=45, still=40)
+    for p in (w0, w2):
+        _fr(p, 12, 11, "all_reduce")
+    _feed(d, [late, w0, w2], 1000.0, 1)
+    d.tick(now=1001.0)
+    _feed(d, [late, w0, w2], 1001.0, 2)  # a stack taken during the stillness
+    hangs = [i for (_, k), i in d.incidents.active.items() if k is StallKind.COLLECTIVE_HANG]
+    [f] = [i.finding for i in hangs]
+    assert [c.rank for c in f.culprits] == [1] and f.waiting == (0, 2)
+    assert dict(f.evidence)[2] is E.FLIGHT_RECORDER
+    assert "Flight Recorder: all_reduce #12 of default_pg" in f.summary
+
+
+@pytest.mark.parametrize("name, samples", [
+    # Everyone still, no Flight Recorder: nobody to blame.
+    ("all still", [_s(r, S.DATALOADER, secs=45, still=40) for r in range(3)]),
+    # One rank at work, but a peer only briefly still: no shape yet.
+    ("a peer just paused", [_s(1, S.COMPUTE, secs=45, still=0.0),
+                            _s(0, S.COMPUTE, secs=45, still=40),
+                            _s(2, S.COMPUTE, secs=45, still=4)]),
+    # A peer's native dump found no wait: still, reason unknown.
+    ("no wait found", [_s(1, S.COMPUTE, secs=45, still=0.0),
+                       _s(0, S.COMPUTE, secs=45, still=40),
+                       _s(2, S.COMPUTE, secs=45, still=40, no_wait=True)]),
+    # Every rank at work.
+    ("training", [_s(r, S.COMPUTE, secs=45, still=0.0) for r in range(3)]),
+])
+def test_healthy_hang_shapes_stay_silent(name, samples) -> None:
+    assert not _hang(Daemon(DaemonConfig()), samples), name

@@ -364,20 +364,32 @@ class Daemon:
 
         Healthy training is in a collective much of the time: only waits past
         half the stall threshold are worth a round of dumps on every rank.
+        The Flight Recorder is asked too, and also while a rank has sat still
+        for the stall threshold with its stack fresh: where no frame shows the
+        wait (NCCL), the dump is what can name the rank the others wait for.
         """
         job = self.table.jobs[job_id]
         half = self.config.stall_threshold / 2
-        if not stalled and not self._suspicious(job, now, half):
-            return
-        every = REFRESH_EVERY if stalled else ESCALATE_EVERY
-        if now - self._escalated.get(job_id, -1e9) >= every:
-            self._escalated[job_id] = now
-            self.request_stacks(job_id, "stall suspected" if not stalled else "stall refresh")
+        suspect = stalled or self._suspicious(job, now, half)
+        if suspect:
+            every = REFRESH_EVERY if stalled else ESCALATE_EVERY
+            if now - self._escalated.get(job_id, -1e9) >= every:
+                self._escalated[job_id] = now
+                self.request_stacks(job_id, "stall suspected" if not stalled
+                                    else "stall refresh")
         if job.env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE") and \
-                now - self._fr_asked.get(job_id, -1e9) >= FLIGHT_RECORDER_EVERY:
+                now - self._fr_asked.get(job_id, -1e9) >= FLIGHT_RECORDER_EVERY and \
+                (suspect or self._still_long(job, now)):
             self._fr_asked[job_id] = now
             self.request_flight_recorder(job_id, "stall suspected" if not stalled
                                          else "stall refresh")
+
+    def _still_long(self, job, now: float) -> bool:
+        """A rank of the job has made no progress for the stall threshold."""
+        at = now - self.config.stall_threshold
+        ranks = job.ranks
+        return any((since := ranks[r].still_since) is not None and since <= at
+                   for r in job.still)
 
     def _suspicious(self, job, now: float, half: float) -> bool:
         """Worth a round of fresh stacks on every rank of the job.

@@ -182,7 +182,12 @@ def _progress(job: Job, rec: RankRecord, still: float, changed: bool, recv: floa
     """Apply a progress reading (still_seconds) to the rank and its job's learner."""
     if still <= 0 and rec.still_since is not None:
         job.waits.still_ended(recv - rec.still_since)
-    rec.still_since = recv - still if still > 0 else None
+    if still > 0:
+        rec.still_since = recv - still
+        job.still.add(rec.rank)
+    else:
+        rec.still_since = None
+        job.still.discard(rec.rank)
     _follow_wait(job, rec, rec.state, rec.op, still, changed, recv, interval)
 
 
@@ -299,6 +304,9 @@ class Job:
     by_state: dict[RankState, set[int]] = field(
         default_factory=lambda: {s: set() for s in RankState})
     in_collective: set[int] = field(default_factory=set)
+    #: Ranks sitting still now (still_since set): the job's shape is read
+    #: only when some rank is (detect/shape.py).
+    still: set[int] = field(default_factory=set)
     last_update: float = 0.0
     #: Settings in the job's environment that defeat the watchdog or evidence.
     warnings: tuple[EnvWarning, ...] = ()
@@ -350,6 +358,7 @@ class Job:
     def remove_from_indexes(self, rec: RankRecord) -> None:
         self.by_state[rec.state].discard(rec.rank)
         self.in_collective.discard(rec.rank)
+        self.still.discard(rec.rank)
 
     @property
     def waiting(self) -> set[int]:
@@ -643,6 +652,7 @@ class JobTable:
             elif rec.progress_known:
                 rec.progress_known = False
                 rec.still_since = rec.still_at = None
+                job.still.discard(rec.rank)
             # A member without a rank proves no place in the job: it may fill in
             # job-level facts nobody ranked gave, never replace them.
             facts = ident.rank >= 0 or not job.facts_ranked

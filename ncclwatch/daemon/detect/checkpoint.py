@@ -21,11 +21,10 @@ completed, that a culprit never enqueued, waits on that culprit
 
 from __future__ import annotations
 
-from ncclwatch.daemon import progress
 from ncclwatch.daemon.detect import Culprit, DetectConfig, Finding, blocked, culprit_of
+from ncclwatch.daemon.detect.shape import fr_note, fr_waiting, still_peers
 from ncclwatch.daemon.table import Job, JobTable
-from ncclwatch.model import (CHECKPOINT_STATES, CollectiveOp, RankState, StallKind,
-                             WaitEvidence, rank_name)
+from ncclwatch.model import CollectiveOp, RankState, StallKind, WaitEvidence, rank_name
 
 #: Culprit state -> the stall it causes.
 KIND_BY_STATE: dict[RankState, StallKind] = {
@@ -33,50 +32,6 @@ KIND_BY_STATE: dict[RankState, StallKind] = {
     RankState.GATHERING_STATE_DICT: StallKind.CHECKPOINT_GATHER,
     RankState.LOADING: StallKind.CHECKPOINT_RESTORE,
 }
-
-
-def still_peers(job: Job, table: JobTable, now: float, cfg: DetectConfig,
-                workers: set[int]) -> tuple[int, ...] | None:
-    """The ranks outside ``workers`` and ``job.waiting`` if every one of them
-    (and at least one) has sat still for the stall threshold, else None.
-
-    Every rank of the job must be live and fresh, with progress readings: a
-    rank not heard from, or one that moves, breaks the shape.
-    """
-    agents = table.fresh_agents(now)
-    live = {r: rec for r, rec in job.ranks.items() if rec.gone_at is None}
-    if len(live) < max(job.world_size, 2):
-        return None
-    waiting, out = job.waiting, []
-    still_at = now - cfg.stall_threshold
-    for r, rec in live.items():
-        if r in workers or r in waiting:
-            continue
-        if (rec.agent_id not in agents or not rec.progress_known or rec.native_no_wait
-                or rec.still_since is None or rec.still_since > still_at
-                or rec.state in CHECKPOINT_STATES):
-            return None
-        out.append(r)
-    return tuple(sorted(out)) or None
-
-
-def fr_waiting(job: Job, workers: set[int], since: float) -> dict[int, tuple[CollectiveOp, str]]:
-    """Ranks the Flight Recorder (dumps written at or after ``since``) shows in a
-    collective that one of ``workers`` never enqueued: rank -> (op, "pg #seq")."""
-    if not job.flight_recorder:
-        return {}
-    a = progress.analysis(job, since)
-    out: dict[int, tuple[CollectiveOp, str]] = {}
-    for st in a.stuck if a is not None else ():
-        if not workers & set(st.missing_ranks):
-            continue
-        try:
-            op = CollectiveOp(st.op)
-        except ValueError:
-            op = CollectiveOp.WAIT
-        for r in st.waiting_ranks:
-            out.setdefault(r, (op, f"{st.op} #{st.seq} of {st.pg_desc or st.pg_name}"))
-    return out
 
 
 def detect(job: Job, table: JobTable, now: float, cfg: DetectConfig) -> list[Finding]:
@@ -95,17 +50,17 @@ def detect(job: Job, table: JobTable, now: float, cfg: DetectConfig) -> list[Fin
     b = blocked(job, table, now, cfg.stall_threshold) if waiting else None
     workers = {c.rank for cs in by_kind.values() for c in cs}
     working_for = min(c.for_seconds for cs in by_kind.values() for c in cs)
-    still = (still_peers(job, table, now, cfg, workers)
+    still = (still_peers(job, table, now, cfg.stall_threshold, workers)
              if working_for >= cfg.stall_threshold else None)
     if b is None and still is None:
         return []
     ranks, ops = (b.ranks, b.ops) if b else ((), ())
     evidence = b.evidence if b else ()
     started = b.started_at if b else now
-    fr_note = ""
+    note = ""
     if still:
         work_since = min(job.ranks[r].since for r in workers)
-        fr = fr_waiting(job, workers, work_since)
+        fr, _ = fr_waiting(job, workers, work_since)
         still_ops = {fr[r][0] if r in fr else CollectiveOp.WAIT for r in still}
         ranks = tuple(sorted((*ranks, *still)))
         ops = tuple(sorted(set(ops) | still_ops, key=lambda o: o.value))
@@ -113,8 +68,7 @@ def detect(job: Job, table: JobTable, now: float, cfg: DetectConfig) -> list[Fin
             (r, WaitEvidence.FLIGHT_RECORDER if r in fr else WaitEvidence.STILLNESS)
             for r in still))))
         started = min(started, min(job.ranks[r].still_since for r in still))
-        if fr:
-            fr_note = "; Flight Recorder: " + ", ".join(sorted({v[1] for v in fr.values()}))
+        note = fr_note(fr)
     provisional = all(ev is WaitEvidence.STILLNESS for _, ev in evidence)
     findings = []
     for kind, culprits in by_kind.items():
@@ -125,7 +79,7 @@ def detect(job: Job, table: JobTable, now: float, cfg: DetectConfig) -> list[Fin
                else "stillness (provisional: no frame says where yet)")
         summary = (f"{who} on {lead.node} is {lead.state.value.replace('_', ' ')} "
                    f"for {lead.for_seconds:.0f}s while {len(ranks)} rank(s) wait in "
-                   f"{how} for {now - started:.0f}s{fr_note}")
+                   f"{how} for {now - started:.0f}s{note}")
         findings.append(Finding(kind=kind, job_id=job.job_id, culprits=tuple(culprits),
                                 waiting=ranks, waiting_ops=ops,
                                 started_at=started, summary=summary,

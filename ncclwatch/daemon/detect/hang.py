@@ -12,6 +12,13 @@ kinds wait longer before speaking: a job's start-up and uneven steps make
 short waits in a collective normal. How long is learned per job and op
 (waits.py): a rank counts once it has sat still in its collective for the
 job's threshold, or, still or not, for ``hang_threshold`` (the ceiling).
+
+NCCL-shaped waits show no frame (shape.py). The live Flight Recorder turns
+ranks that read compute into waiters of a collective a peer never enqueued,
+and names that peer by sequence numbers. Where no frame says anything, the
+job's shape does, after the ceiling: ranks at work while every other rank
+has sat still give a provisional collective_hang; every rank still and the
+Flight Recorder naming the peer gives a confirmed one. Nothing at all: silent.
 """
 
 from __future__ import annotations
@@ -19,8 +26,11 @@ from __future__ import annotations
 from collections import Counter
 
 from ncclwatch.daemon.detect import DetectConfig, Finding, blocked, culprit_of
+from ncclwatch.daemon.detect.shape import (fr_note, fr_waiting, live_ranks, movers,
+                                           still_peers)
 from ncclwatch.daemon.table import Job, JobTable, RankRecord
-from ncclwatch.model import CHECKPOINT_STATES, StallKind, rank_ranges
+from ncclwatch.model import (CHECKPOINT_STATES, CollectiveOp, StallKind, WaitEvidence,
+                             rank_ranges)
 
 
 def hung(job: Job, now: float, cfg: DetectConfig):
@@ -45,17 +55,68 @@ def hung(job: Job, now: float, cfg: DetectConfig):
     return select
 
 
+def by_shape(job: Job, table: JobTable, now: float, cfg: DetectConfig) -> list[Finding]:
+    """No rank's frames say it waits: what stillness and the Flight Recorder say.
+
+    Ranks count once still for the ceiling (``hang_threshold``): their state
+    is a guess until then. Checkpoint work is the checkpoint detector's.
+    """
+    still_at, ranks = now - cfg.hang_threshold, job.ranks
+    still = {r for r in job.still if (rec := ranks[r]).gone_at is None and rec.progress_known
+             and not rec.native_no_wait and rec.still_since <= still_at}
+    if not still:  # the common case, without a walk over the job's ranks
+        return []
+    live = live_ranks(job, table, now)
+    if live is None or any(rec.state in CHECKPOINT_STATES for rec in live.values()):
+        return []
+    fr, missing = fr_waiting(job, None, min(live[r].still_since for r in still))
+    fr = {r: v for r, v in fr.items() if r in still}
+    culprits = sorted(missing & live.keys() - fr.keys())
+    if fr and culprits:
+        waiting, evidence = tuple(sorted(fr)), WaitEvidence.FLIGHT_RECORDER
+        ops = tuple(sorted({v[0] for v in fr.values()}, key=lambda o: o.value))
+        how = "wait in " + "/".join(o.value for o in ops)
+        what = "never enqueued"
+    else:
+        workers = movers(job, table, now)
+        peers = still_peers(job, table, now, cfg.hang_threshold, workers) if workers else None
+        if peers is None:
+            return []
+        culprits, waiting, evidence, ops = sorted(workers), peers, WaitEvidence.STILLNESS, (
+            CollectiveOp.WAIT,)
+        how = "sit still (provisional: no frame says where they wait)"
+        what = "never joined"
+    started = min(live[r].still_since for r in waiting)
+    states = sorted({live[r].state.value for r in culprits})
+    summary = (f"{len(waiting)} rank(s) {how} for {now - started:.0f}s: rank(s) "
+               f"{rank_ranges(culprits)} {what} ({', '.join(states)}){fr_note(fr)}")
+    return [Finding(kind=StallKind.COLLECTIVE_HANG, job_id=job.job_id,
+                    culprits=tuple(culprit_of(job, r, now) for r in culprits),
+                    waiting=waiting, waiting_ops=ops, started_at=started, summary=summary,
+                    evidence=tuple((r, evidence) for r in waiting),
+                    provisional=evidence is WaitEvidence.STILLNESS)]
+
+
 def detect(job: Job, table: JobTable, now: float, cfg: DetectConfig) -> list[Finding]:
-    if not job.waiting:
-        return []
-    b = blocked(job, table, now, cfg.hang_threshold, hung(job, now, cfg))
+    b = (blocked(job, table, now, cfg.hang_threshold, hung(job, now, cfg))
+         if job.waiting else None)
     if b is None:
-        return []
-    waiting, ops = b.ranks, b.ops
+        return by_shape(job, table, now, cfg)
+    waiting, ops, evidence = b.ranks, b.ops, b.evidence
     agents = table.fresh_agents(now)
     live = [r for r, rec in job.ranks.items() if rec.gone_at is None and rec.agent_id in agents]
     waiting_now = job.waiting
     absent = [r for r in live if r not in waiting_now]
+    # Absent ranks the Flight Recorder shows in a collective a peer never
+    # enqueued wait too (their frames read compute: NCCL-shaped).
+    fr, _ = fr_waiting(job, None, b.started_at)
+    fr = {r: v for r, v in fr.items() if r in absent}
+    if fr:
+        absent = [r for r in absent if r not in fr]
+        waiting = tuple(sorted((*waiting, *fr)))
+        ops = tuple(sorted(set(ops) | {v[0] for v in fr.values()}, key=lambda o: o.value))
+        evidence = tuple(sorted((*evidence,
+                                 *((r, WaitEvidence.FLIGHT_RECORDER) for r in fr))))
     # Rank numbers nobody reports; each live member with an unknown rank is
     # one of them, so they are lost only when there are more than those.
     unknown = sorted(set(range(job.world_size)) - set(live))
@@ -66,7 +127,7 @@ def detect(job: Job, table: JobTable, now: float, cfg: DetectConfig) -> list[Fin
         return Finding(kind=kind, job_id=job.job_id,
                        culprits=tuple(culprit_of(job, r, now) for r in sorted(culprits)),
                        waiting=waiting, waiting_ops=ops, started_at=b.started_at,
-                       summary=summary, evidence=b.evidence, **extra)
+                       summary=summary + fr_note(fr), evidence=evidence, **extra)
 
     out: list[Finding] = []
     if unknown:

@@ -1,0 +1,99 @@
+"""Waits no frame shows: the job's shape and the live Flight Recorder.
+
+On NCCL a rank blocks in C++ (``work.wait()``, ``.item()``, DDP's backward)
+and its Python stack reads compute. Two kinds of evidence need no frame
+(issue 18):
+
+- *stillness*: every rank but the ones at work has made no progress (no
+  read/write syscalls, no voluntary switches of its main thread) for a
+  threshold. A finding resting on stillness alone is provisional.
+- the *live Flight Recorder*: a rank with collective N of a group enqueued
+  and not completed, that a peer never enqueued, waits on that peer, named
+  by sequence numbers. It confirms a provisional finding, or names the
+  culprit where every rank sits still.
+"""
+
+from __future__ import annotations
+
+from ncclwatch.daemon import progress
+from ncclwatch.daemon.table import Job, JobTable
+from ncclwatch.model import CHECKPOINT_STATES, CollectiveOp
+
+
+def live_ranks(job: Job, table: JobTable, now: float) -> dict | None:
+    """The job's live ranks if every one of them reports fresh (else None:
+    a rank not heard from breaks any shape)."""
+    agents = table.fresh_agents(now)
+    live = {r: rec for r, rec in job.ranks.items() if rec.gone_at is None}
+    if len(live) < max(job.world_size, 2) or any(rec.agent_id not in agents
+                                                 for rec in live.values()):
+        return None
+    return live
+
+
+def still_peers(job: Job, table: JobTable, now: float, threshold: float,
+                workers: set[int]) -> tuple[int, ...] | None:
+    """The ranks outside ``workers`` and ``job.waiting`` if every one of them
+    (and at least one) has sat still for ``threshold``, else None.
+
+    Every rank of the job must be live and fresh, with progress readings: a
+    rank not heard from, one that moves, or one whose native dump found no
+    wait breaks the shape.
+    """
+    live = live_ranks(job, table, now)
+    if live is None:
+        return None
+    waiting, out = job.waiting, []
+    still_at = now - threshold
+    for r, rec in live.items():
+        if r in workers or r in waiting:
+            continue
+        if (not rec.progress_known or rec.native_no_wait
+                or rec.still_since is None or rec.still_since > still_at
+                or rec.state in CHECKPOINT_STATES):
+            return None
+        out.append(r)
+    return tuple(sorted(out)) or None
+
+
+def movers(job: Job, table: JobTable, now: float) -> set[int]:
+    """Fresh live ranks making progress now, outside checkpoint work and waits."""
+    agents = table.fresh_agents(now)
+    return {r for r, rec in job.ranks.items()
+            if rec.gone_at is None and rec.agent_id in agents and rec.progress_known
+            and rec.still_since is None and rec.state not in CHECKPOINT_STATES
+            and r not in job.waiting}
+
+
+def fr_waiting(job: Job, workers: set[int] | None, since: float,
+               ) -> tuple[dict[int, tuple[CollectiveOp, str]], set[int]]:
+    """What the Flight Recorder (dumps written at or after ``since``) says.
+
+    Returns (waiting, missing): the ranks in a collective that a peer never
+    enqueued, rank -> (op, "op #seq of group"), and those peers. With
+    ``workers``, only collectives one of them is missing count, and only
+    they are named missing.
+    """
+    if not job.flight_recorder:
+        return {}, set()
+    a = progress.analysis(job, since)
+    waiting: dict[int, tuple[CollectiveOp, str]] = {}
+    missing: set[int] = set()
+    for st in a.stuck if a is not None else ():
+        gone = set(st.missing_ranks) if workers is None else workers & set(st.missing_ranks)
+        if not gone:
+            continue
+        missing |= gone
+        try:
+            op = CollectiveOp(st.op)
+        except ValueError:
+            op = CollectiveOp.WAIT
+        for r in st.waiting_ranks:
+            waiting.setdefault(r, (op, f"{st.op} #{st.seq} of {st.pg_desc or st.pg_name}"))
+    return waiting, missing
+
+
+def fr_note(fr: dict[int, tuple[CollectiveOp, str]]) -> str:
+    """The summary's clause naming the collectives the Flight Recorder shows."""
+    return ("; Flight Recorder: " + ", ".join(sorted({v[1] for v in fr.values()}))
+            if fr else "")
