@@ -134,7 +134,7 @@ def sample_pb(t: RankTracker, now: float, gpu: Sequence[GpuProcessMemory],
               devices: dict[int, GpuDevice], with_job: bool) -> pb.RankSample:
     s = pb.RankSample(
         identity=identity_pb(t.proc),
-        state=t.state.to_proto(),
+        state=t.shown_state.to_proto(),
         op=t.op.to_proto(),
         state_seconds=max(0.0, now - t.state_since),
         stack_age_seconds=max(0.0, now - t.stack_at) if t.stack_at is not None else 0.0,

@@ -73,6 +73,10 @@ class ProcessSample:
     #: voluntary context switches of its main thread. A rank spinning in a
     #: wait burns CPU but adds none; a training step adds hundreds.
     progress_events: int = 0
+    #: CPU seconds of the rank's own thread (its main thread, or the thread
+    #: it runs in): NCCL's and the job's helper threads spin, so the process's
+    #: CPU cannot say whether the rank's Python is computing or sleeping.
+    main_cpu_seconds: float | None = None
 
 
 class ProcessSampler:
@@ -135,6 +139,7 @@ class ProcessSampler:
             own = thread_progress(pid, tid)
             if own is not None:
                 calls, switches = own, 0
+        main_cpu = thread_cpu_seconds(pid, tid or pid)
         return ProcessSample(
             pid=pid,
             cpu_seconds=cpu.user + cpu.system,
@@ -146,6 +151,7 @@ class ProcessSampler:
             vms_bytes=mem.vms,
             memory_limits=limits,
             progress_events=calls + switches,
+            main_cpu_seconds=main_cpu,
         )
 
     def forget(self, pid: int) -> None:
@@ -256,6 +262,22 @@ def thread_progress(pid: int, tid: int, proc: str = "/proc") -> int | None:
                         if line.startswith("voluntary_ctxt_switches")), 0)
         return int(io["syscr"]) + int(io["syscw"]) + vol
     except (OSError, KeyError, ValueError):
+        return None
+
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def thread_cpu_seconds(pid: int, tid: int, proc: str = "/proc") -> float | None:
+    """User + system CPU seconds of one thread (/proc/PID/task/TID/stat); None
+    if the thread is gone or unreadable."""
+    try:
+        with open(f"{proc}/{pid}/task/{tid}/stat", "rb") as f:
+            data = f.read()
+        # comm (field 2) may hold spaces and parentheses: split after its last ')'.
+        fields = data[data.rindex(b")") + 2:].split()
+        return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime: 14, 15
+    except (OSError, ValueError, IndexError):
         return None
 
 

@@ -25,6 +25,11 @@ from ncclwatch.signatures import Classification
 #: of a rank still in one of them can say what it waits for.
 NATIVE_CANDIDATES = frozenset({RankState.COMPUTE, RankState.UNKNOWN, RankState.DEVICE_WAIT})
 
+#: Below this CPU (cores) of its own thread, a still rank whose Python stack
+#: reads compute is idle: a frame with nothing running behind it (time.sleep,
+#: a blocking C call), whatever its other threads spin.
+IDLE_OWN_CPU = 0.05
+
 
 
 class RankTracker:
@@ -36,6 +41,7 @@ class RankTracker:
         "progress_tid",
         "_cpu_before", "quiet_from", "still_from",
         "evidence", "native", "native_for", "native_stack", "forgiven", "pause_base",
+        "own_cpu_util",
     )
 
     def __init__(self, proc: RankProcess, now: float) -> None:
@@ -50,6 +56,8 @@ class RankTracker:
         self.stack_at: float | None = None
         self.sample: ProcessSample | None = None
         self.cpu_util = 0.0
+        #: CPU of the rank's own thread (None: not read).
+        self.own_cpu_util: float | None = None
         self._cpu_at: float | None = None
         self.quiet_since: float | None = None
         self.quiet_at_last_dump = False
@@ -103,6 +111,15 @@ class RankTracker:
     def still(self) -> bool:
         return self.still_since is not None
 
+    @property
+    def shown_state(self) -> RankState:
+        """The state reported: the stack's, except a still rank whose stack
+        reads compute while its own thread burns no CPU is idle."""
+        if (self.state is RankState.COMPUTE and self.still_since is not None
+                and self.own_cpu_util is not None and self.own_cpu_util < IDLE_OWN_CPU):
+            return RankState.IDLE
+        return self.state
+
     def still_seconds(self, now: float) -> float:
         """How long the rank has made no progress (0: it made some last round)."""
         return max(0.0, now - self.still_since) if self.still_since is not None else 0.0
@@ -154,6 +171,10 @@ class RankTracker:
         # No sample before: it may have set in any time before (-inf: unbounded).
         began = before if before is not None else -math.inf
         self.cpu_util = max(0.0, (sample.cpu_seconds - prev.cpu_seconds) / (now - prev_at))
+        self.own_cpu_util = (max(0.0, (sample.main_cpu_seconds - prev.main_cpu_seconds)
+                                 / (now - prev_at))
+                             if sample.main_cpu_seconds is not None
+                             and prev.main_cpu_seconds is not None else None)
         if self.cpu_util < QUIET_CPU:
             if self.quiet_since is None:
                 self.quiet_since = prev_at  # quiet over the whole last interval
