@@ -28,7 +28,8 @@ Scenarios (one function each, below):
   train             healthy DDP training for --save-seconds; with --eval-every
                     N rank --late-rank (0) evaluates --eval-seconds every N steps
                     while the others wait in a barrier; with --hang-after S that
-                    rank skips an all_reduce after S seconds (--late-activity)
+                    rank skips an all_reduce after S seconds (--late-activity),
+                    waited NCCL-style in work.wait() with --wait-op async-wait
   compute           all ranks do matmuls; dataloader: all ranks wait on a slow
                     DataLoader (--num-workers)
 
@@ -544,7 +545,10 @@ def scenario_train(args) -> None:
             log(f"late: {args.late_activity} instead of step {i}'s all_reduce")
             marker("busy_start", op="all_reduce", activity=args.late_activity, step=i)
             LATE_ACTIVITIES[args.late_activity](args.pg_timeout + 10)
-        dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+        if args.wait_op == "async-wait":  # NCCL-shaped: queued, then waited in C++
+            dist.all_reduce(stop, op=dist.ReduceOp.MAX, async_op=True).wait()
+        else:
+            dist.all_reduce(stop, op=dist.ReduceOp.MAX)
         if stop.item():
             break
         if args.eval_every and i and i % args.eval_every == 0:
@@ -640,7 +644,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--wait-op", default="barrier",
                    choices=["barrier", "broadcast", "broadcast_object_list", "async-wait",
                             "future-wait", "ddp-backward", "fsdp2-forward"],
-                   help="where the other ranks wait during the save")
+                   help="where the other ranks wait during the save (train: "
+                        "async-wait waits the step's all_reduce in work.wait())")
     p.add_argument("--no-previous-checkpoint", dest="previous_checkpoint",
                    action="store_false",
                    help="skip the earlier, fast checkpoint in the same directory")

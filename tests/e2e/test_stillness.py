@@ -4,14 +4,19 @@ async all_reduce, a thread spinning in every rank) show nothing on their
 Python stacks; that every one of them has sat still while rank 0 saves is
 then the only evidence, and the checkpoint_gather it gives is provisional,
 until the live Flight Recorder (the daemon asks for dumps during the stall)
-confirms it by sequence numbers."""
+confirms it by sequence numbers.
+
+Outside checkpoint work (a collective_hang) the shape counts after the hang
+ceiling (30 s): a rank at work while the rest sit still is a provisional hang;
+every rank still (the late one sleeps) blames nobody, until the Flight Recorder
+names the rank that never enqueued the collective."""
 
 from __future__ import annotations
 
 import sys
 
 from tests.conftest import need
-from tests.scenarios.matrix import PG_TIMEOUT, Scenario
+from tests.scenarios.matrix import PG_TIMEOUT, Scenario, _job
 from tests.scenarios.test_matrix import run_scenario, table
 
 import pytest
@@ -28,9 +33,28 @@ ROW = Scenario("stillness-async-wait",
                limit=60.0,
                # The job's Flight Recorder behind a debug-info pipe (demo.debug_pipe
                # serves it for gloo as ProcessGroupNCCL does for NCCL).
-               env=(("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", "{ckpt}/pipe_"),
-                    ("TORCH_FR_DUMP_TEMP_FILE", "{ckpt}/fr_"),
-                    ("TORCH_FR_BUFFER_SIZE", "2000")))
+               env=(FR_PIPE := (("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", "{ckpt}/pipe_"),
+                                ("TORCH_FR_DUMP_TEMP_FILE", "{ckpt}/fr_"),
+                                ("TORCH_FR_BUFFER_SIZE", "2000"))))
+
+# Rank 1 stops joining the step's all_reduce (waited in work.wait() by the others)
+# and reads a slow DataLoader instead: it makes progress, the others sit still.
+HANG_BY_SHAPE = Scenario(
+    "stillness-hang-dataloader",
+    _job("train", "--hang-after", "20", "--late-rank", "1", "--late-activity", "dataloader",
+         "--busy-thread", "0.6", "--wait-op", "async-wait", seconds=300),
+    kind="collective_hang", culprits=(1,), root_cause="rank_in_dataloader", at_risk=True,
+    start="busy_start", world=3, detect_within=60.0, evidence=("stillness",), ops=("wait",))
+
+# Rank 1 sleeps instead: every rank sits still, and only the Flight Recorder can
+# say which one the others wait for: all_reduce #N that rank 1 never enqueued.
+HANG_BY_FR = Scenario(
+    "flight-recorder-hang-sleep",
+    _job("train", "--hang-after", "20", "--late-rank", "1", "--late-activity", "sleep",
+         "--busy-thread", "0.6", "--wait-op", "async-wait", seconds=300),
+    kind="collective_hang", culprits=(1,), root_cause="rank_idle", at_risk=True,
+    start="busy_start", world=3, detect_within=60.0, evidence=("flight_recorder",),
+    ops=("all_reduce",), env=FR_PIPE)
 
 
 def test_stillness_alone_gives_a_provisional_checkpoint_gather(ncclwatch_run) -> None:
@@ -41,4 +65,13 @@ def test_stillness_alone_gives_a_provisional_checkpoint_gather(ncclwatch_run) ->
     if out.confirmed_at is not None and out.detected_at is not None:
         print(f"confirmed by {ROW.confirmed_by} {out.confirmed_at - out.detected_at:.1f}s "
               "after the provisional verdict", file=sys.__stdout__, flush=True)
+    assert not out.problems(), table([out])
+
+
+@pytest.mark.parametrize("row", [HANG_BY_SHAPE, HANG_BY_FR], ids=lambda r: r.name)
+def test_a_hang_no_frame_shows(ncclwatch_run, row: Scenario) -> None:
+    need("torchrun")
+    mon = ncclwatch_run("--native-stack-after", "0")
+    out = run_scenario(mon, row)
+    print("\n" + table([out]), file=sys.__stdout__, flush=True)
     assert not out.problems(), table([out])

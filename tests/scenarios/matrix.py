@@ -211,6 +211,15 @@ SCENARIOS: tuple[Scenario, ...] = (
                                      "--late-activity", "sleep", seconds=300),
              kind="collective_hang", culprits=(1,), root_cause="rank_idle", at_risk=True,
              start="busy_start", world=3, detect_within=30.0),
+    # The same hang NCCL-shaped: the others wait the step's all_reduce in work.wait()
+    # (no c10d frame on the stack) with a thread spinning in every rank. Native frames
+    # say they wait; the hang threshold (learned, at most 30 s) applies as above.
+    Scenario("nccl-shaped-hang", _job("train", "--hang-after", "25", "--late-rank", "1",
+                                      "--late-activity", "sleep", "--busy-thread", "0.6",
+                                      "--wait-op", "async-wait", seconds=300),
+             kind="collective_hang", culprits=(1,), root_cause="rank_idle", at_risk=True,
+             start="busy_start", world=3, detect_within=60.0, evidence=("native_frame",),
+             ops=("wait",)),
     # -- NCCL-shaped waits (issue 18) ---------------------------------------------------
     # On NCCL a collective returns once queued and the rank blocks later, in C++:
     # work.wait(), a future's wait, DDP's backward. Nothing on the Python stack
