@@ -41,7 +41,7 @@ _STALENESS = Option("staleness", positive_float, 10.0,
                     "seconds without a report before an agent's ranks are unknown", "SECONDS")
 _SUSPECT = Option("suspect_stack_interval", positive_float, 2.0,
                   "re-dump a possibly stuck rank this often", "SECONDS")
-_SLOW = Option("slow_stack_interval", positive_float, 20.0,
+_SLOW = Option("slow_stack_interval", positive_float, 30.0,
                "re-dump every rank at least this often", "SECONDS")
 _NATIVE_AFTER = Option("native_stack_after", non_negative_float, 3.0,
                        "take one native stack (py-spy --native, which pauses the rank "

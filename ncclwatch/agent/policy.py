@@ -28,7 +28,7 @@ from ncclwatch.model import CHECKPOINT_STATES, RankState
 @dataclass(frozen=True)
 class StackPolicy:
     suspect_interval: float = 2.0   # re-dump a rank that may be stuck
-    slow_interval: float = 20.0     # re-dump every rank at least this often
+    slow_interval: float = 30.0     # re-dump every rank at least this often
     max_per_round: int = 8
     #: The agent's own CPU (py-spy included), in cores, over ``cpu_window``
     #: seconds; above it only what the daemon asked for and ranks never seen
