@@ -6,6 +6,10 @@ runs once per mode: (a) the ncclwatch agent with its adaptive sampling,
 The modes are interleaved over ``repeats`` so drift of this noisy machine
 hits all of them alike. Measured: the observer's CPU (its py-spy children
 included) per rank per second after a warm-up, and the job's steps/s.
+
+The window is 60 s by default, a multiple of the agent's slow stack round
+(30 s): most of a healthy rank's dumps are that round's, and a window
+holding one round more or less than the steady rate misreads the cost.
 """
 
 from __future__ import annotations
@@ -125,7 +129,7 @@ def _step_rate(lines: list, w0: float, w1: float) -> float:
     return (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
 
 
-def measure(seconds: float = 40.0, warmup: float = 10.0, repeats: int = 2) -> dict:
+def measure(seconds: float = 60.0, warmup: float = 10.0, repeats: int = 2) -> dict:
     dport, hport = _port(), _port()
     daemon = subprocess.Popen([str(BIN / "ncclwatch"), "daemon", "--grpc", f"127.0.0.1:{dport}",
                                "--http", f"127.0.0.1:{hport}", "--log-level", "warning"],
@@ -184,7 +188,8 @@ def render(r: dict) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--seconds", type=float, default=40.0)
+    ap.add_argument("--seconds", type=float, default=60.0,
+                    help="the measured window: a multiple of the slow stack round (30 s)")
     ap.add_argument("--warmup", type=float, default=10.0)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--json", action="store_true")

@@ -35,7 +35,7 @@ def main() -> int:
     verdicts = ""
     if a.only in (None, "agent"):
         from bench import agent_overhead
-        r = agent_overhead.measure(seconds=20 if a.quick else 40, warmup=8 if a.quick else 10,
+        r = agent_overhead.measure(seconds=20 if a.quick else 60, warmup=8 if a.quick else 10,
                                    repeats=1 if a.quick else 2)
         sections += ["## Agent overhead", "",
                      "Command: `python -m bench.agent_overhead"

@@ -385,11 +385,11 @@ class Daemon:
                                          else "stall refresh")
 
     def _still_long(self, job, now: float) -> bool:
-        """A rank of the job has made no progress for the stall threshold."""
+        """A live rank of the job has made no progress for the stall threshold."""
         at = now - self.config.stall_threshold
         ranks = job.ranks
-        return any((since := ranks[r].still_since) is not None and since <= at
-                   for r in job.still)
+        return any((rec := ranks[r]).gone_at is None and rec.still_since is not None
+                   and rec.still_since <= at for r in job.still)
 
     def _suspicious(self, job, now: float, half: float) -> bool:
         """Worth a round of fresh stacks on every rank of the job.

@@ -575,13 +575,15 @@ def scenario_compute(args) -> None:
 
 
 class SlowDataset(torch.utils.data.Dataset):
-    """Each sample takes 0.5 s: an input pipeline that cannot keep up."""
+    """Each sample takes 0.5 s: an input pipeline that cannot keep up, polling
+    for its data (ten waits a second: it makes progress, it is not still)."""
 
     def __len__(self):
         return 10**6
 
     def __getitem__(self, i):
-        time.sleep(0.5)
+        for _ in range(5):
+            time.sleep(0.1)
         return torch.full((16,), float(i))
 
 
