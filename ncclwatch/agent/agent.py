@@ -86,6 +86,9 @@ class Agent:
         self._sem = asyncio.Semaphore(max(1, config.pyspy_concurrency))
         #: pid -> its native dump in flight (at most one per rank).
         self._native: dict[int, asyncio.Task] = {}
+        #: Pids whose sample failed: said once at info (the daemon then counts the
+        #: rank gone on a full round), later at debug.
+        self._left_out: set[int] = set()
         self._self = psutil.Process()
         self._cpu = CpuMeter(config.policy.cpu_window)
         self.cpu_cores = 0.0
@@ -206,6 +209,12 @@ class Agent:
                 self.sampler.forget(pid)
                 self.frprobe.forget(pid)
                 del self.trackers[pid]
+                self._left_out.discard(pid)
+                if pid not in alive or alive[pid].create_time != t.proc.create_time:
+                    log.info("stopped watching rank %s of job %s (pid %d): %s",
+                             t.proc.identity.rank if t.proc.identity.known else "?",
+                             for_log(t.proc.identity.job_id), pid,
+                             "no longer seen as a rank" if psutil.pid_exists(pid) else "exited")
         for pid, proc in alive.items():
             if pid not in self.trackers:
                 self.trackers[pid] = RankTracker(proc, now)
@@ -218,6 +227,7 @@ class Agent:
                 self._exited.append(t.proc)
                 self.frprobe.forget(pid)
                 del self.trackers[pid]
+                self._left_out.discard(pid)
                 continue
             t.observe_process(sample, time.monotonic())
             try:
@@ -304,7 +314,9 @@ class Agent:
                 samples.append(sample_pb(t, now, by_pid.get(t.pid, ()), devices, with_job))
             except Exception as e:  # noqa: BLE001 - one rank never fails the round
                 COUNTS.fields_dropped_total += 1
-                log.debug("left pid %d out of this round: %s", t.pid, for_log(repr(e)))
+                (log.debug if t.pid in self._left_out else log.info)(
+                    "left pid %d out of this round: %s", t.pid, for_log(repr(e)))
+                self._left_out.add(t.pid)
                 continue
             t.env_sent = True
             t.flight_recorder = None  # sent once per dump

@@ -62,10 +62,13 @@ class _Tree:
 
 
 def _job_seen(mon: Monitor, tree: _Tree, pids: dict[int, int], timeout: float) -> dict:
-    deadline, last = time.time() + timeout, None
+    deadline, last, near = time.time() + timeout, None, None
     while time.time() < deadline:
         tree.snapshot()
         for j in mon.jobs()["jobs"]:
+            if {r["pid"] for r in j["ranks"]} & set(pids.values()):
+                near = [(r["pid"], r["rank"], r["identified_by"], r["gone"], r["state"])
+                        for r in j["ranks"]]  # for the failure message
             live = {r["pid"]: r for r in j["ranks"] if not r["gone"]}
             if set(live) != set(pids.values()):
                 continue
@@ -77,7 +80,8 @@ def _job_seen(mon: Monitor, tree: _Tree, pids: dict[int, int], timeout: float) -
                 return j
         time.sleep(0.5)
     pytest.fail(f"ncclwatch never showed the Ray Train workers {pids} as one job with rank 0 "
-                f"named; last {last}\n{mon.output()[-3000:]}")
+                f"named; last {last}; their job's rows (pid, rank, identified_by, gone, state): "
+                f"{near}\n{mon.output()[-6000:]}")
 
 
 def test_ray_train_workers_are_found_and_rank_0_named_saving(ncclwatch_run, tmp_path) -> None:
