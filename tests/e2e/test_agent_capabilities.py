@@ -105,7 +105,6 @@ def test_pod_capabilities_find_another_users_rank_and_its_stack(tmp_path) -> Non
         # The pod's two capabilities: found, numbered from its environment, with a stack.
         started = time.time()
         agent = Proc(_setpriv(granted) + argv + ["--node", "pod-caps"], name="agent-2")
-        assert _effective(agent.popen.pid) == sum(1 << CAP_BITS[c] for c in granted)
         found = None
         while found is None or not found.get("stack_id"):
             assert agent.alive() and time.time() < started + 60, agent.output()[-3000:]
@@ -114,6 +113,8 @@ def test_pod_capabilities_find_another_users_rank_and_its_stack(tmp_path) -> Non
             found = next((r for r in (job or {}).get("ranks", []) if r["pid"] == pid), None)
         print(f"rank of uid {NOBODY} found with a stack {time.time() - started:.1f} s "
               f"after the agent started")
+        # Read once it reports (setpriv has exec'd it): before, the pid is setpriv's own.
+        assert _effective(agent.popen.pid) == sum(1 << CAP_BITS[c] for c in granted)
         assert found["rank"] == 0 and found["host"] == "pod-caps"
         assert "Permission denied" not in agent.output(), agent.output()[-3000:]
     finally:

@@ -142,15 +142,20 @@ def test_the_page_survives_kill_9_of_one_daemon_and_fires_and_resolves_once(
         time.sleep(0.5)
     assert up_a() == "0", "Prometheus still scrapes the killed daemon"
     # It keeps firing, from b alone, while the job stalls (until the watchdog).
-    checked = 0
+    up_b = lambda: _query(prom, 'up{job="ncclwatch",replica="b"}')[0]["value"][1]  # noqa: E731
+    checked = missed = 0
     while time.time() < t_save + PG_TIMEOUT - 3 and job.proc.alive():
         firing = _firing_alerts(prom, job_id)
         assert len(firing) == 1, f"{time.time() - t_kill:.0f}s after the kill: {firing}"
         left = _query(prom, f'ncclwatch_watchdog_forecast_overrun_seconds{{job_id="{job_id}"}}')
-        assert [s["metric"]["replica"] for s in left] == ["b"], left
+        replicas = [s["metric"]["replica"] for s in left]
+        # b's series lapse only with a scrape of b that failed (a slow answer under load).
+        assert replicas == ["b"] or (not replicas and up_b() == "0"), (left, up_b())
+        missed += not replicas
         checked += 1
         time.sleep(1.0)
     assert checked >= 5, f"only {checked} checks between the kill and the watchdog"
+    assert missed <= checked // 4, f"b's series missing in {missed} of {checked} checks"
 
     # The watchdog ends the job; the page resolves, once.
     job.proc.popen.wait(PG_TIMEOUT)
