@@ -123,11 +123,13 @@ def _proc(tmp: Path, rank: int = 0) -> RankProcess:
                         "TORCH_FR_DUMP_TEMP_FILE": str(tmp / "fr_")})
 
 
-def _reader(tmp: Path, rank: int, stop: threading.Event) -> None:
-    """torch's side: hold the FIFO open, on a byte rewrite the dump file."""
+def _reader(tmp: Path, rank: int, stop: threading.Event, opened: threading.Event) -> None:
+    """torch's side: hold the FIFO open, on a byte rewrite the dump file. ``opened``
+    is set once it is open for reading: a writer that comes before finds no reader."""
     fifo = tmp / f"pipe_{rank}.pipe"
     os.mkfifo(fifo, 0o666)
     fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    opened.set()
     try:
         while not stop.is_set():
             time.sleep(0.05)
@@ -141,13 +143,12 @@ def _reader(tmp: Path, rank: int, stop: threading.Event) -> None:
 
 
 def test_probe_triggers_a_real_fifo_and_reads_the_rewritten_dump(tmp_path):
-    stop = threading.Event()
-    t = threading.Thread(target=_reader, args=(tmp_path, 2, stop), daemon=True)
+    stop, opened = threading.Event(), threading.Event()
+    t = threading.Thread(target=_reader, args=(tmp_path, 2, stop, opened), daemon=True)
     t.start()
     try:
+        assert opened.wait(5), "the reader never opened its FIFO"
         deadline = time.monotonic() + 5
-        while not (tmp_path / "pipe_2.pipe").exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
         (tmp_path / "fr_2").write_bytes(b"an old dump")  # must wait for a rewrite
         probe = FlightRecorderProbe(wait=5.0)
         assert probe.request([_proc(tmp_path, 2)]) == 1
@@ -175,13 +176,12 @@ def test_probe_finds_a_pipe_whose_path_redaction_would_hide(tmp_path):
            "TORCH_FR_DUMP_TEMP_FILE": f"{secretish}/fr_"}
     proc = RankProcess.of(os.getpid(), 0.0, RankIdentity("job-1", "test", 1, 1, 3), raw)
     assert "Xk3jQ9vLm2Np8Rt5" not in proc.env["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"]   # reported
-    stop = threading.Event()
-    t = threading.Thread(target=_reader, args=(secretish, 1, stop), daemon=True)
+    stop, opened = threading.Event(), threading.Event()
+    t = threading.Thread(target=_reader, args=(secretish, 1, stop, opened), daemon=True)
     t.start()
     try:
+        assert opened.wait(5), "the reader never opened its FIFO"
         deadline = time.monotonic() + 5
-        while not (secretish / "pipe_1.pipe").exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
         probe = FlightRecorderProbe(wait=5.0)
         assert probe.request([proc]) == 1
         got = {}
