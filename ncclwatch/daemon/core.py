@@ -17,6 +17,7 @@ import grpc
 from ncclwatch.daemon.bounds import Bounds
 from ncclwatch.daemon.budget import Budget, BudgetConfig, budget
 from ncclwatch.daemon.detect import DetectConfig, detect_job
+from ncclwatch.daemon.detect.shape import still_since
 from ncclwatch.daemon.smooth import Smoother
 from ncclwatch.daemon.diagnosis import diagnose
 from ncclwatch.daemon.incidents import Incidents
@@ -386,10 +387,7 @@ class Daemon:
 
     def _still_long(self, job, now: float) -> bool:
         """A live rank of the job has made no progress for the stall threshold."""
-        at = now - self.config.stall_threshold
-        ranks = job.ranks
-        return any((rec := ranks[r]).gone_at is None and rec.still_since is not None
-                   and rec.still_since <= at for r in job.still)
+        return bool(still_since(job, now - self.config.stall_threshold))
 
     def _suspicious(self, job, now: float, half: float) -> bool:
         """Worth a round of fresh stacks on every rank of the job.

@@ -27,7 +27,7 @@ from collections import Counter
 
 from ncclwatch.daemon.detect import DetectConfig, Finding, blocked, culprit_of
 from ncclwatch.daemon.detect.shape import (fr_note, fr_waiting, live_ranks, movers,
-                                           still_peers)
+                                           still_peers, still_since)
 from ncclwatch.daemon.table import Job, JobTable, RankRecord
 from ncclwatch.model import (CHECKPOINT_STATES, CollectiveOp, StallKind, WaitEvidence,
                              rank_ranges)
@@ -61,9 +61,8 @@ def by_shape(job: Job, table: JobTable, now: float, cfg: DetectConfig) -> list[F
     Ranks count once still for the ceiling (``hang_threshold``): their state
     is a guess until then. Checkpoint work is the checkpoint detector's.
     """
-    still_at, ranks = now - cfg.hang_threshold, job.ranks
-    still = {r for r in job.still if (rec := ranks[r]).gone_at is None and rec.progress_known
-             and not rec.native_no_wait and rec.still_since <= still_at}
+    still = {r for r in still_since(job, now - cfg.hang_threshold)
+             if not job.ranks[r].native_no_wait}
     if not still:  # the common case, without a walk over the job's ranks
         return []
     live = live_ranks(job, table, now)
@@ -110,7 +109,8 @@ def detect(job: Job, table: JobTable, now: float, cfg: DetectConfig) -> list[Fin
     # Absent ranks the Flight Recorder shows in a collective a peer never
     # enqueued wait too (their frames read compute: NCCL-shaped).
     fr, _ = fr_waiting(job, None, b.started_at)
-    fr = {r: v for r, v in fr.items() if r in absent}
+    absent_set = set(absent)
+    fr = {r: v for r, v in fr.items() if r in absent_set}
     if fr:
         absent = [r for r in absent if r not in fr]
         waiting = tuple(sorted((*waiting, *fr)))

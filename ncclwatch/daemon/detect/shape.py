@@ -20,6 +20,14 @@ from ncclwatch.daemon.table import Job, JobTable
 from ncclwatch.model import CHECKPOINT_STATES, CollectiveOp
 
 
+def still_since(job: Job, at: float) -> list[int]:
+    """Live ranks still since ``at`` or earlier, from the job's index of still
+    ranks (no walk over the job: most ticks of most jobs have none)."""
+    ranks = job.ranks
+    return [r for r in job.still if (rec := ranks[r]).gone_at is None
+            and rec.still_since is not None and rec.still_since <= at]
+
+
 def live_ranks(job: Job, table: JobTable, now: float) -> dict | None:
     """The job's live ranks if every one of them reports fresh (else None:
     a rank not heard from breaks any shape)."""
