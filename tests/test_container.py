@@ -225,11 +225,14 @@ def test_the_daemon_shows_the_container_and_labels_the_culprit_with_its_pod() ->
     assert ("culprit: rank 0 on node-a (pid 1000; pid 32 in container trainer-0 "
             "(containerd 4c15c0c881a4), pod ml-team/trainer-0) saving") in text, text
     assert "pid 33 in container trainer-1" in page.render(view)
-    series = [(f.name, labels) for f in build(capture(d, now=100.0)) for labels, _ in f.rows]
-    culprits = [dict(zip(("job", "kind", "rank", "host", "state", "namespace", "pod"), lab))
-                for name, lab in series if name == "ncclwatch_stall_culprit_info"]
-    assert [(c["rank"], c["namespace"], c["pod"]) for c in culprits] == [
+    families = build(capture(d, now=100.0))
+    series = [(f.name, labels) for f in families for labels, _ in f.rows]
+    fam = next(f for f in families if f.name == "ncclwatch_stall_culprit_info")
+    culprits = [dict(zip(fam.labels, lab)) for lab, _ in fam.rows]
+    # rank_*: the Prometheus Operator's target labels namespace/pod would overwrite these.
+    assert [(c["rank"], c["rank_namespace"], c["rank_pod"]) for c in culprits] == [
         ("0", "ml-team", "trainer-0")], culprits
+    assert not {"namespace", "pod", "container", "endpoint", "service"} & set(fam.labels)
     # No other family grows a per-pod label.
     assert not any("trainer-1" in lab for _, lab in series), series
 

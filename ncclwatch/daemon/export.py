@@ -108,8 +108,9 @@ def build(c: Capture) -> list[Family]:
                 ("job_id", "kind"))
     culprit = F("ncclwatch_stall_culprit_info",
                 "The rank(s) the others wait for, with host and state (and the "
-                "Kubernetes namespace and pod of a rank in one, else empty)",
-                ("job_id", "kind", "rank", "host", "state", "namespace", "pod"))
+                "Kubernetes namespace and pod of a rank in one, else empty: rank_ "
+                "names, which no scrape's target labels overwrite)",
+                ("job_id", "kind", "rank", "host", "state", "rank_namespace", "rank_pod"))
     timeout = F("ncclwatch_watchdog_timeout_seconds",
                 "Process-group (watchdog) timeout assumed for the job", ("job_id",))
     remaining = F("ncclwatch_watchdog_remaining_seconds",

@@ -66,10 +66,12 @@ def ha_pair(tmp_path):
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(RULES / "alerts.yaml"), str(RULES / "rules.yaml")],
         "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
-        # docs/deployment.md "High availability": both daemons, one `replica` label each.
-        "scrape_configs": [{"job_name": "ncclwatch", "static_configs": [
-            {"targets": [a_http], "labels": {"replica": "a"}},
-            {"targets": [b_http], "labels": {"replica": "b"}}]}],
+        # As the shipped PodMonitor's targets are scraped (docs/deployment.md
+        # "Kubernetes"): the Operator's job name and target labels, the pods'
+        # ncclwatch.io/replica label, and the PodMonitor's own relabelings.
+        "scrape_configs": [{"job_name": "podMonitor/ncclwatch/ncclwatch-daemon/0",
+                            "static_configs": [_pod_target(a_http, "a"), _pod_target(b_http, "b")],
+                            "relabel_configs": _podmonitor_relabelings()}],
     }))
     procs.append(Proc([need_system("prometheus", "prometheus"), f"--config.file={prom_cfg}",
                        f"--storage.tsdb.path={tmp_path / 'tsdb'}",
@@ -84,6 +86,29 @@ def ha_pair(tmp_path):
         (ARTIFACTS / f"{p.name}.log").write_text(p.output())
     (ARTIFACTS / "alertmanager-webhook-ha.json").write_text(json.dumps(hook.notifications,
                                                                        indent=1))
+
+
+#: The target labels the Prometheus Operator gives every target of a PodMonitor.
+OPERATOR_LABELS = ("namespace", "pod", "container", "endpoint")
+
+
+def _pod_target(address: str, replica: str) -> dict:
+    """One daemon pod as Kubernetes service discovery and the Operator's own
+    relabelings present it (namespace, pod, container, endpoint)."""
+    return {"targets": [address], "labels": {
+        "namespace": "ncclwatch", "pod": f"ncclwatch-daemon-{replica}-6f7b9c",
+        "container": "daemon", "endpoint": "http",
+        "__meta_kubernetes_pod_label_ncclwatch_io_replica": replica}}
+
+
+def _podmonitor_relabelings() -> list[dict]:
+    """The shipped PodMonitor's relabelings, in Prometheus's own spelling."""
+    import yaml  # noqa: PLC0415
+    spec = yaml.safe_load((RULES.parents[1] / "deploy" / "kubernetes" / "podmonitor.yaml")
+                          .read_text())
+    keys = {"sourceLabels": "source_labels", "targetLabel": "target_label"}
+    return [{keys.get(k, k): v for k, v in r.items()}
+            for r in spec["spec"]["podMetricsEndpoints"][0]["relabelings"]]
 
 
 def _page_notifications(hook: Webhook, job_id: str) -> list[dict]:
@@ -122,6 +147,9 @@ def test_the_page_survives_kill_9_of_one_daemon_and_fires_and_resolves_once(
     firing = _firing_alerts(prom, job_id)
     assert len(firing) == 1, firing
     assert "instance" not in firing[0]["metric"] and "replica" not in firing[0]["metric"]
+    assert not set(OPERATOR_LABELS) & set(firing[0]["metric"]), firing
+    assert {s["metric"]["pod"] for s in overrun} == {"ncclwatch-daemon-a-6f7b9c",
+                                                     "ncclwatch-daemon-b-6f7b9c"}, overrun
     # Both replicas export the stall; the dashboards pick one and count it once.
     both = _query(prom, f'sum(ncclwatch_stall_active{{job_id="{job_id}"}})')
     assert float(both[0]["value"][1]) == 2, both
@@ -173,6 +201,7 @@ def test_the_page_survives_kill_9_of_one_daemon_and_fires_and_resolves_once(
         assert len(n["alerts"]) == 1, n["alerts"]  # one alert: the pair deduplicated
         labels = n["alerts"][0]["labels"]
         assert labels["job_id"] == job_id and "replica" not in labels and "instance" not in labels
+        assert not set(OPERATOR_LABELS) & set(labels), labels
     # One replica down is a warning, not a page (NCCLWatchDaemonDown waits for both).
     while time.time() < t_kill + 70:
         time.sleep(1)
