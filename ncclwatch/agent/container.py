@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from ncclwatch.agent import rankfs
 
 #: The kubelet's per-pod log directories on the node.
 PODS_LOG_ROOT = "/var/log/pods"
@@ -153,37 +154,17 @@ def other_mount_ns(pid: int, proc: str = "/proc") -> bool:
     return bool(theirs) and theirs != _ns("self", "mnt", proc)
 
 
-def open_in_root(pid: int, path: str, *, directory: bool = False,
-                 proc: str = "/proc") -> int | None:
-    """An fd for ``path`` as the process sees it, following no symlink at all.
-
-    Each component is opened relative to the previous one with O_NOFOLLOW:
-    a symlink anywhere (``/etc/hostname -> /etc/shadow`` in a hostile image)
-    fails the open instead of leading to the host's file.
-    """
-    parts = [p for p in path.split("/") if p]
-    if not path.startswith("/") or any(p == ".." for p in parts):
-        return None
+def open_in_root(pid: int, path: str, *, proc: str = "/proc") -> int | None:
+    """An fd for the regular file ``path`` as the process sees it, walked
+    inside its root following no symlink at all (``rankfs``): a symlink
+    anywhere (``/etc/hostname -> /etc/shadow`` in a hostile image) fails the
+    walk, and a FIFO or device there is named and refused, never opened."""
     try:
-        fd = os.open(f"{proc}/{pid}/root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        got = rankfs.open_in_root(pid, path, rankfs.REGULAR, os.O_RDONLY, symlinks=False,
+                                  proc=proc)
     except OSError:
         return None
-    try:
-        for i, part in enumerate(parts):
-            last = i == len(parts) - 1
-            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-            if not last or directory:
-                flags |= os.O_DIRECTORY
-            nxt = os.open(part, flags, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
-        if not directory and not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            return None
-        return fd
-    except OSError:
-        os.close(fd)
-        return None
+    return got[0] if got else None
 
 
 def read_in_root(pid: int, path: str, limit: int = 4096, proc: str = "/proc") -> str:
