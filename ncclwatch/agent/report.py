@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence, TypeVar
 
@@ -110,7 +111,9 @@ def identity_pb(proc: RankProcess) -> pb.RankIdentity:
     i = proc.identity
     out = pb.RankIdentity(job_id=clean(i.job_id, MAX_LABEL), rank=i.rank,
                           local_rank=i.local_rank, world_size=i.world_size, pid=proc.pid,
-                          rank_source=clean(i.rank_source, MAX_NAME))
+                          rank_source=clean(i.rank_source, MAX_NAME),
+                          process_age_seconds=max(0.0, time.time() - proc.create_time)
+                          if proc.create_time else 0.0)
     c = proc.container
     if c:
         out.container.CopyFrom(pb.ContainerInfo(

@@ -200,11 +200,37 @@ def _job_head(d: Daemon, job_id: str, job, now: float, wall: float) -> dict[str,
                      "longest_blocked_rank": b.blocked_rank,
                      "longest_blocked_seconds": round(b.blocked_seconds, 1)},
         "hang_threshold": hang_threshold_view(d, job, now),
+        "timeout_changes": [{"seconds_ago": round(now - t, 1), "timeout": what,
+                             "from_seconds": old, "to_seconds": new, "host": node,
+                             "rank": rank}
+                            for t, what, old, new, node, rank in job.timeout_changes],
+        "contested_ranks": contested_view(d, job_id, job, now),
         "env": dict(job.env),
         "config_warnings": [{"code": w.code, "severity": w.severity, "message": w.message}
                             for w in job.warnings],
         "stalls": [incident_view(d, i, now) for i in d.incidents.for_job(job_id)],
     }
+
+
+def contested_view(d: Daemon, job_id: str, job, now: float) -> list[dict[str, Any]]:
+    """Ranks another node also reports (ownership.py): who owns each, who else
+    claims it, and what each showed of the process."""
+    out = []
+    for rank in d.ownership.ranks_of(job_id):
+        rec = job.ranks.get(rank)
+        if rec is None:
+            continue
+        out.append({"rank": rank, "owner": {"host": rec.node, "pid": rec.pid,
+                                            "started_seconds_ago": _ago(rec.start, now)},
+                    "contenders": [{"host": c.node, "pid": c.pid,
+                                    "started_seconds_ago": _ago(c.start, now),
+                                    "last_seen_seconds": round(now - c.seen, 1)}
+                                   for c in d.ownership.of(job_id, rank)]})
+    return out
+
+
+def _ago(t: float | None, now: float) -> float | None:
+    return None if t is None else round(now - t, 1)
 
 
 def unreported(keys: set[int], world: int, unidentified: int) -> list[int]:
