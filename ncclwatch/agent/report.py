@@ -120,7 +120,9 @@ def identity_pb(proc: RankProcess) -> pb.RankIdentity:
             container_pid=c.container_pid, hostname=clean(c.hostname, MAX_LABEL),
             container_id=clean(c.container_id, MAX_LABEL), runtime=clean(c.runtime, MAX_NAME),
             pod_uid=clean(c.pod_uid, MAX_LABEL), namespace=clean(c.namespace, MAX_LABEL),
-            pod=clean(c.pod, MAX_LABEL)))
+            pod=clean(c.pod, MAX_LABEL),
+            declared_namespace=clean(c.declared_namespace, MAX_LABEL),
+            declared_pod=clean(c.declared_pod, MAX_LABEL)))
     return out
 
 

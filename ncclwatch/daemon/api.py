@@ -445,13 +445,16 @@ def _keys(keys) -> list[int | str]:
 
 def container_view(c: tuple | None) -> dict[str, Any] | None:
     """The container a rank runs in (None: on the host): its own pid there,
-    hostname, runtime's id, and Kubernetes pod."""
+    hostname, runtime's id, the Kubernetes pod the node names, and the pod
+    the rank's environment declares."""
     if not c:
         return None
-    pid, hostname, cid, runtime, uid, namespace, pod = c
+    pid, hostname, cid, runtime, uid, namespace, pod, dns, dpod = c
     return {"pid": pid or None, "hostname": hostname or None, "id": cid or None,
             "runtime": runtime or None, "pod_uid": uid or None,
-            "namespace": namespace or None, "pod": pod or None}
+            "namespace": namespace or None, "pod": pod or None,
+            # The rank's own POD_NAMESPACE/POD_NAME: its word, never a label.
+            "declared_by_rank": {"namespace": dns or None, "pod": dpod} if dpod else None}
 
 
 def _rec_container(job, key: int) -> tuple | None:

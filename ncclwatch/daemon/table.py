@@ -295,8 +295,9 @@ class RankRecord:
         # How the agent identified the rank ("env:RANK", "spawn_index", "unknown", ...).
         self.rank_source = ""
         # (container pid, hostname, container id, runtime, pod uid, namespace,
-        # pod) of a rank in a container (ContainerInfo), None on the host.
-        self.container: tuple[int, str, str, str, str, str, str] | None = None
+        # pod, declared namespace, declared pod) of a rank in a container
+        # (ContainerInfo), None on the host.
+        self.container: tuple[int, str, str, str, str, str, str, str, str] | None = None
 
         # Since when the rank has made no progress, whatever its state (daemon
         # clock); None: it made some in its last round, or no reading.
@@ -650,7 +651,8 @@ class JobTable:
             if ident.HasField("container"):
                 c = ident.container
                 rec.container = (c.container_pid, c.hostname, c.container_id, c.runtime,
-                                 c.pod_uid, c.namespace, c.pod)
+                                 c.pod_uid, c.namespace, c.pod, c.declared_namespace,
+                                 c.declared_pod)
             else:
                 rec.container = None
             rec.node = node

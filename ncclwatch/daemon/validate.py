@@ -198,7 +198,8 @@ def _check_sample(i: int, s: pb.RankSample, world_size_of: Callable[[str], int |
     if ident.HasField("container"):
         c = ident.container
         if c.container_pid < 0 or max(len(c.hostname), len(c.container_id), len(c.runtime),
-                                      len(c.pod_uid), len(c.namespace), len(c.pod)) > 253:
+                                      len(c.pod_uid), len(c.namespace), len(c.pod),
+                                      len(c.declared_namespace), len(c.declared_pod)) > 253:
             raise _bad(f"samples[{i}]: container fields out of bounds")
     known = world_size_of(job_id)
     if known is None:
