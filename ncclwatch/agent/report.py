@@ -200,7 +200,8 @@ def _process_pb(t: RankTracker) -> pb.ProcessStats:
 def _job_pb(t: RankTracker) -> pb.JobInfo:
     env = t.proc.env
     out = pb.JobInfo(source=clean(t.proc.identity.job_source, MAX_NAME), env=sent_env(env),
-                     watchdog_timeout_seconds=declared_timeout(env))
+                     watchdog_timeout_seconds=declared_timeout(env),
+                     packages=[clean(p, MAX_NAME) for p in sorted(t.packages)])
     sj = t.scheduler_job
     if sj is not None:
         out.scheduler_job.CopyFrom(pb.SchedulerJob(

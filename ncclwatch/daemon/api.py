@@ -338,9 +338,11 @@ def incident_view(d: Daemon, inc: Incident, now: float | None = None) -> dict[st
                      stack=stack_view(d, c.stack_id)) for c in f.culprits]
     waiting_stacks = [{"ranks": _keys(ranks), "stack": stack_view(d, sid)}
                       for sid, ranks in sorted(groups.items(), key=lambda x: x[1])]
-    # The job's framework, from the frames of the stacks it shows (i22).
-    fw = frameworks.from_stacks([c["stack"] for c in culprits]
-                                + [w["stack"] for w in waiting_stacks])
+    # The job's framework: what it imported (the agents' evidence, and the full
+    # paths of the frames it shows: installed packages), paths only confirm.
+    files = [fr.filename for sid in [c.stack_id for c in f.culprits] + list(groups)
+             if sid and (st := d.table.stacks.get(sid)) for fr in st.frames]
+    fw = frameworks.detect(files, job.packages if job else ())
     left = inc.budget.aged(now) if inc.active else inc.budget  # as it stands now
     return {
         "id": inc.id, "kind": inc.kind.value, "active": inc.active, "summary": f.summary,

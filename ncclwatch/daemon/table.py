@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 #: Stacks kept by content id; least recently referenced go first.
 MAX_STACKS = 200_000
+#: Packages kept per job (Job.packages).
+MAX_PACKAGES = 128
 #: Timeout changes kept per job (Job.timeout_changes).
 TIMEOUT_CHANGES = 8
 #: A job whose ranks are all gone is forgotten after this long.
@@ -357,6 +359,9 @@ class Job:
     #: Changes of a timeout that sets the budget once it was known: (daemon
     #: time, "flight_recorder" or "job", old seconds, new seconds, node, rank);
     #: the newest TIMEOUT_CHANGES kept, each logged (the API and status show them).
+    #: Top-level packages the ranks imported (JobInfo.packages, by the agents'
+    #: evidence), what decides the job's framework (frameworks.py); bounded.
+    packages: frozenset[str] = frozenset()
     timeout_changes: collections.deque = field(
         default_factory=lambda: collections.deque(maxlen=TIMEOUT_CHANGES))
 
@@ -717,6 +722,9 @@ class JobTable:
                     job.env = env
                     job.warnings = lint(job.env)
                 _set_timeout(job, "job", info.watchdog_timeout_seconds, recv, node, ident.rank)
+                if info.packages and not job.packages.issuperset(info.packages):
+                    job.packages = frozenset(sorted(job.packages.union(info.packages))
+                                             [:MAX_PACKAGES])
                 if info.HasField("scheduler_job"):
                     sj = info.scheduler_job
                     job.scheduler_job = {"scheduler": sj.scheduler, "job_id": sj.job_id,

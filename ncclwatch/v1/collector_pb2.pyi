@@ -358,7 +358,7 @@ class GpuMemory(_message.Message):
     def __init__(self, device_index: _Optional[int] = ..., device_uuid: _Optional[str] = ..., used_bytes: _Optional[int] = ..., device_total_bytes: _Optional[int] = ..., device_used_bytes: _Optional[int] = ...) -> None: ...
 
 class JobInfo(_message.Message):
-    __slots__ = ("source", "env", "watchdog_timeout_seconds", "scheduler_job")
+    __slots__ = ("source", "env", "watchdog_timeout_seconds", "scheduler_job", "packages")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -370,11 +370,13 @@ class JobInfo(_message.Message):
     ENV_FIELD_NUMBER: _ClassVar[int]
     WATCHDOG_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     SCHEDULER_JOB_FIELD_NUMBER: _ClassVar[int]
+    PACKAGES_FIELD_NUMBER: _ClassVar[int]
     source: str
     env: _containers.ScalarMap[str, str]
     watchdog_timeout_seconds: float
     scheduler_job: SchedulerJob
-    def __init__(self, source: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., watchdog_timeout_seconds: _Optional[float] = ..., scheduler_job: _Optional[_Union[SchedulerJob, _Mapping]] = ...) -> None: ...
+    packages: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, source: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., watchdog_timeout_seconds: _Optional[float] = ..., scheduler_job: _Optional[_Union[SchedulerJob, _Mapping]] = ..., packages: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SchedulerJob(_message.Message):
     __slots__ = ("scheduler", "job_id", "job_name", "user", "source")
