@@ -179,3 +179,22 @@ def test_the_rules_table() -> None:
     ]
     for contest, expected in cases:
         assert decide(contest) == expected, contest
+
+
+def test_a_claim_in_a_report_left_out_moves_nothing(pki) -> None:
+    """A newer process claimed in samples of a job the report is left out for
+    (another world size) takes nothing over and leaves no contender behind."""
+    async def go():
+        async with TLSHarness(pki) as h:
+            a, b = client(pki, "node-a"), client(pki, "node-b")
+            await h.send(h.secure(a), _job("node-a", "agent-a", age=60.0))
+            bad = checkpoint_job("job-1", world=8, node="node-b", agent="agent-b")
+            for s in bad.report.samples:
+                s.identity.process_age_seconds = 1.0
+            (resp,) = await h.send(h.secure(b), bad)
+            assert [(j.job_id, j.code) for j in resp.rejected_jobs] == \
+                [("job-1", "FAILED_PRECONDITION")]
+            assert _owners(h) == {"node-a"}
+            assert not h.daemon.ownership.ranks_of("job-1")
+            assert not any(h.daemon.ownership.claims_total.values())
+    _run(go())

@@ -218,14 +218,15 @@ def contested_view(d: Daemon, job_id: str, job, now: float) -> list[dict[str, An
     out = []
     for rank in d.ownership.ranks_of(job_id):
         rec = job.ranks.get(rank)
-        if rec is None:
+        rivals = d.ownership.of(job_id, rank, now)
+        if rec is None or not rivals:
             continue
         out.append({"rank": rank, "owner": {"host": rec.node, "pid": rec.pid,
                                             "started_seconds_ago": _ago(rec.start, now)},
                     "contenders": [{"host": c.node, "pid": c.pid,
                                     "started_seconds_ago": _ago(c.start, now),
                                     "last_seen_seconds": round(now - c.seen, 1)}
-                                   for c in d.ownership.of(job_id, rank)]})
+                                   for c in rivals]})
     return out
 
 

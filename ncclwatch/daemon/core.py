@@ -118,8 +118,8 @@ class Daemon:
             if e.bound:
                 self.bound_hits_total[e.bound] += 1
             raise
-        aside = self.ownership.judge(self.table, req.report, now)
         self._check_bounds(req.report, rejected)
+        aside = self.ownership.judge(self.table, req.report, now, rejected)
         dropped: list[int] = []
         if aside:
             dropped = self._set_aside(req.report, aside)

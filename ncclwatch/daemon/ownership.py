@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,15 +95,17 @@ class Ownership:
         #: new process of it) and once per change of owner.
         self.claims_total: collections.Counter[str] = collections.Counter()
 
-    def judge(self, table: Any, report: Any, now: float) -> set[int]:
+    def judge(self, table: Any, report: Any, now: float,
+              left_out: Collection[str] = ()) -> set[int]:
         """The indexes of ``report``'s samples to set aside: ranks another node
         owns, by the rules. Takes a rank over (the old owner becomes the
-        contender) where the challenger wins."""
+        contender) where the challenger wins. Jobs in ``left_out`` (rejected
+        from this report) are not judged."""
         aside: set[int] = set()
         node = report.node
         for i, s in enumerate(report.samples):
             ident = s.identity
-            if ident.rank < 0:
+            if ident.rank < 0 or ident.job_id in left_out:
                 continue                  # keyed by (node, pid): nobody else's
             job = table.jobs.get(ident.job_id)
             rec = job.ranks.get(ident.rank) if job is not None else None
@@ -145,10 +147,12 @@ class Ownership:
         self._bound(now)
         return aside
 
-    def of(self, job_id: str, rank: int) -> list[Claim]:
-        """The contending claims of a rank, newest first (the API, status)."""
+    def of(self, job_id: str, rank: int, now: float | None = None) -> list[Claim]:
+        """The contending claims of a rank, newest first (the API, status); with
+        ``now``, only those made within the last TAKEOVER_WINDOW."""
         rivals = self.contenders.get(job_id, {}).get(rank, {})
-        return sorted(rivals.values(), key=lambda c: -c.seen)
+        return sorted((c for c in rivals.values()
+                       if now is None or now - c.seen < TAKEOVER_WINDOW), key=lambda c: -c.seen)
 
     def ranks_of(self, job_id: str) -> list[int]:
         return sorted(r for r, rivals in self.contenders.get(job_id, {}).items() if rivals)

@@ -356,12 +356,12 @@ class Job:
     #: A ranked member set the job-level facts (env, timeout, scheduler names,
     #: Flight Recorder timeout): members without a rank may no longer replace them.
     facts_ranked: bool = False
-    #: Changes of a timeout that sets the budget once it was known: (daemon
-    #: time, "flight_recorder" or "job", old seconds, new seconds, node, rank);
-    #: the newest TIMEOUT_CHANGES kept, each logged (the API and status show them).
     #: Top-level packages the ranks imported (JobInfo.packages, by the agents'
     #: evidence), what decides the job's framework (frameworks.py); bounded.
     packages: frozenset[str] = frozenset()
+    #: Changes of a timeout that sets the budget once it was known: (daemon
+    #: time, "flight_recorder" or "job", old seconds, new seconds, node, rank);
+    #: the newest TIMEOUT_CHANGES kept, each logged (the API and status show them).
     timeout_changes: collections.deque = field(
         default_factory=lambda: collections.deque(maxlen=TIMEOUT_CHANGES))
 
@@ -701,8 +701,10 @@ class JobTable:
             # aside). A member without a rank proves no place in the job: it may
             # fill in facts nobody ranked gave, or speak for a node that owns a
             # ranked member, never replace them otherwise.
-            facts = ident.rank >= 0 or not job.facts_ranked or _owns_ranked(job, node)
-            if not facts and (s.HasField("flight_recorder") or s.HasField("job")):
+            has_facts = s.HasField("flight_recorder") or s.HasField("job")
+            facts = has_facts and (ident.rank >= 0 or not job.facts_ranked
+                                   or _owns_ranked(job, node))
+            if has_facts and not facts:
                 self.identity_refusals_total["rankless_job_facts"] += 1
             if facts and s.HasField("flight_recorder"):
                 job.facts_ranked |= ident.rank >= 0
