@@ -182,19 +182,50 @@ def test_the_rules_table() -> None:
 
 
 def test_a_claim_in_a_report_left_out_moves_nothing(pki) -> None:
-    """A newer process claimed in samples of a job the report is left out for
-    (another world size) takes nothing over and leaves no contender behind."""
+    """Claims in samples of a job the report is left out for (another world
+    size, older processes: no evidence of a resize) take nothing over and leave
+    no contender behind."""
     async def go():
         async with TLSHarness(pki) as h:
             a, b = client(pki, "node-a"), client(pki, "node-b")
             await h.send(h.secure(a), _job("node-a", "agent-a", age=60.0))
             bad = checkpoint_job("job-1", world=8, node="node-b", agent="agent-b")
             for s in bad.report.samples:
-                s.identity.process_age_seconds = 1.0
+                s.identity.process_age_seconds = 3600.0
             (resp,) = await h.send(h.secure(b), bad)
             assert [(j.job_id, j.code) for j in resp.rejected_jobs] == \
                 [("job-1", "FAILED_PRECONDITION")]
             assert _owners(h) == {"node-a"}
             assert not h.daemon.ownership.ranks_of("job-1")
             assert not any(h.daemon.ownership.claims_total.values())
+    _run(go())
+
+
+def test_a_squatter_with_another_world_size_does_not_block_the_job(pki) -> None:
+    """A job id guessed first with another world size: the job that runs under
+    it (newer processes) is taken at its own size, once; the squatter cannot
+    size it back."""
+    async def go():
+        async with TLSHarness(pki) as h:
+            a, b = client(pki, "node-a"), client(pki, "node-b")
+            squat = checkpoint_job("job-1", world=2, node="node-b", agent="agent-b")
+            for s in squat.report.samples:
+                s.identity.process_age_seconds = 900.0
+                s.identity.pid += 8000
+            await h.send(h.secure(b), squat)
+            assert h.daemon.table.jobs["job-1"].world_size == 2
+            (resp,) = await h.send(h.secure(a), _job("node-a", "agent-a", age=5.0))
+            assert not resp.rejected_jobs
+            job = h.daemon.table.jobs["job-1"]
+            assert job.world_size == 4 and _owners(h) == {"node-a"}
+            # node-b tries its world size again with "new" processes: left out.
+            again = checkpoint_job("job-1", world=2, node="node-b", agent="agent-b", seq=2)
+            for s in again.report.samples:
+                s.identity.process_age_seconds = 0.5
+            (resp,) = await h.send(h.secure(b), again)
+            assert [(j.job_id, j.code) for j in resp.rejected_jobs] == \
+                [("job-1", "FAILED_PRECONDITION")]
+            assert job.world_size == 4 and _owners(h) == {"node-a"}
+            h.daemon.tick()
+            assert ("job-1", StallKind.CHECKPOINT_GATHER) in h.daemon.incidents.active
     _run(go())

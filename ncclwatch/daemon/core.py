@@ -118,6 +118,7 @@ class Daemon:
             if e.bound:
                 self.bound_hits_total[e.bound] += 1
             raise
+        self._resized(req.report, rejected, now)
         self._check_bounds(req.report, rejected)
         aside = self.ownership.judge(self.table, req.report, now, rejected)
         dropped: list[int] = []
@@ -151,6 +152,25 @@ class Daemon:
             raise ReportError(grpc.StatusCode.PERMISSION_DENIED,
                               f"agent {report.agent_id[:8]} reports for node {agent.node!r}; "
                               f"certificate for {shown} cannot use it")
+
+    def _resized(self, report: pb.NodeReport, rejected: dict[str, ReportError],
+                 now: float) -> None:
+        """A job left out for another world size is taken at that size when the
+        evidence says it runs so now (ownership.resize): a first claim of a job
+        id never blocks the job that really runs under it."""
+        if not rejected:
+            return
+        for job_id, e in list(rejected.items()):
+            known = self.table.world_size(job_id)
+            if e.code is not grpc.StatusCode.FAILED_PRECONDITION or not known:
+                continue
+            worlds = {s.identity.world_size for s in report.samples
+                      if s.identity.job_id == job_id}
+            if len(worlds) != 1 or not (world := worlds.pop()) or world == known:
+                continue
+            if self.ownership.resize(self.table, report, job_id, world, now):
+                self.table.resize(job_id, world, now)
+                del rejected[job_id]
 
     @staticmethod
     def _set_aside(report: pb.NodeReport, aside: set[int]) -> list[int]:

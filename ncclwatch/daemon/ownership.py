@@ -147,6 +147,39 @@ class Ownership:
         self._bound(now)
         return aside
 
+    def resize(self, table: Any, report: Any, job_id: str, world: int, now: float) -> bool:
+        """``report`` has ``job_id`` with another world size than the daemon's:
+        True when the evidence says the job runs at that size now (the job was
+        restarted resized, or a squatter guessed its id first), by the same
+        rules as a rank: the members of the old size are all silent or gone
+        (owner_silent), or every process of the report started after every
+        live member's (restarted), once per node per window. The table is
+        resized by the caller."""
+        job = table.jobs.get(job_id)
+        if job is None:
+            return False
+        node = report.node
+        ages = [s.identity.process_age_seconds for s in report.samples
+                if s.identity.job_id == job_id]
+        live = [r for k, r in job.ranks.items() if k >= 0 and table.fresh(r, now)]
+        starts = [r.start for r in live]
+        held = self._held.get((job_id, -1, node))
+        later = bool(ages) and all(a > 0 for a in ages) and None not in starts and all(
+            now - a > s + START_SLACK for a in ages for s in starts)
+        outcome, takes = decide(Contest(owner_fresh=bool(live),
+                                        owner_start=max(starts) if live and later else None,
+                                        start=now if later else None,
+                                        held_lately=held is not None
+                                        and now - held < TAKEOVER_WINDOW))
+        if not takes:
+            return False
+        self.claims_total[outcome] += 1
+        for n in {node} | {r.node for r in live}:
+            self._held[(job_id, -1, n)] = now      # -1: the job's world size
+        log.warning("job %r: node %r resizes it from %d to %d ranks (%s)", job_id, node,
+                    job.world_size, world, outcome)
+        return True
+
     def of(self, job_id: str, rank: int, now: float | None = None) -> list[Claim]:
         """The contending claims of a rank, newest first (the API, status); with
         ``now``, only those made within the last TAKEOVER_WINDOW."""

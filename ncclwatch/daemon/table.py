@@ -906,6 +906,18 @@ class JobTable:
         rec.since = now
         self.dirty.add(job_id)
 
+    def resize(self, job_id: str, world: int, now: float) -> None:
+        """The job runs at another world size now (ownership.resize): ranks
+        beyond it are dropped (gone: their slots resync)."""
+        job = self.jobs[job_id]
+        job.world_size = world
+        for key in [k for k in job.ranks if k >= world]:
+            rec = job.ranks.pop(key)
+            job.remove_from_indexes(rec)
+            rec.gone_at = now
+            job.flight_recorder.pop(key, None)
+        self.dirty.add(job_id)
+
     def world_size(self, job_id: str) -> int | None:
         job = self.jobs.get(job_id)
         return job.world_size if job else None
