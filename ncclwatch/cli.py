@@ -101,12 +101,19 @@ _EXTERNAL_URL = Option("external_url", str, None,
 _RUNBOOK_URL = Option("runbook_url", str, None,
                       "base URL of the runbooks alerts link to (default: the ones this "
                       "daemon serves at <external-url>/runbooks/)", "URL")
+
+
 def _allowed_hosts(default: str) -> Option:
     return Option("allowed_hosts", str, default,
                   "Host headers the HTTP side answers, comma-separated (the --http host is "
                   "added); others get 403, so a page that rebinds its DNS name to this "
                   "address cannot read it. Empty: any Host", "HOSTS")
 
+
+#: The node's word for a rank's pod (a rank's own POD_NAME is only what it declares).
+_PODS = Option("pods_log_dir", str, "/var/log/pods", "the kubelet's pod log directories "
+               "(<namespace>_<pod>_<uid>), read-only: with the pod UID in a rank's cgroup, "
+               "names its Kubernetes pod", "DIR")
 
 DAEMON_OPTIONS = (
     Option("grpc", hostport, "0.0.0.0:7470", "listen address for agents", "HOST:PORT"),
@@ -124,8 +131,7 @@ AGENT_OPTIONS = (
     Option("node", str, socket.gethostname(), "node name to report as", "NAME"),
     Option("ranks", rank_set, None, "watch only these global ranks, e.g. 0-3 (default: all; "
            "for splitting one host's ranks between agents)", "RANGES"),
-    Option("pods_log_dir", str, "/var/log/pods", "the kubelet's pod log directories "
-           "(<namespace>_<pod>_<uid>), read-only: names the Kubernetes pod of each rank", "DIR"),
+    _PODS,
     _SUSPECT, _SLOW, _NATIVE_AFTER, _PYSPY_TIMEOUT, _MAX_QUEUE, *_TLS_AGENT, _LOG,
 )
 RUN_OPTIONS = (
@@ -134,7 +140,7 @@ RUN_OPTIONS = (
            "HOST:PORT"),
     _INTERVAL, _WATCHDOG, _THRESHOLD, _HANG, _HANG_FLOOR, _STALENESS, _SUSPECT, _SLOW, _PYSPY_TIMEOUT,
     _NATIVE_AFTER, _CPU_BUDGET, *_TLS_SERVER, _DIAGNOSE_MAX, _allowed_hosts("localhost,127.0.0.1,::1"),
-    *bound_options(), _LOG,
+    _PODS, *bound_options(), _LOG,
 )
 
 DEFAULT_FILES = {"daemon": "/etc/ncclwatch/daemon.toml", "agent": "/etc/ncclwatch/agent.toml",
@@ -403,6 +409,7 @@ async def _agent(cfg: dict[str, Any]) -> int:
 
 async def _run(cfg: dict[str, Any]) -> int:
     from ncclwatch.agent.agent import Agent
+    from ncclwatch.agent.discover import Discovery
     from ncclwatch.daemon.core import Daemon
     from ncclwatch.daemon.server import DaemonServer
     from ncclwatch.sdnotify import Notifier
@@ -417,8 +424,10 @@ async def _run(cfg: dict[str, Any]) -> int:
     try:
         await server.start()
         host = cfg["grpc"].rpartition(":")[0] or "127.0.0.1"
-        agent = Agent(_agent_config(cfg, collector=f"unix:{local}" if local
-                                    else f"{host}:{server.grpc_port}"))
+        agent_cfg = _agent_config(cfg, collector=f"unix:{local}" if local
+                                  else f"{host}:{server.grpc_port}")
+        agent = Agent(agent_cfg, discovery=Discovery(agent_cfg.node,
+                                                     pods_root=cfg["pods_log_dir"]))
         _stop_on_signals(agent.stop, notifier)
         _warn_ptrace()
         print(f"ncclwatch {__version__}: watching this node; open http://"

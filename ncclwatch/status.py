@@ -112,6 +112,8 @@ def render(view: dict[str, Any], daemon: str = "") -> str:
     out.append(_table(rows, ["JOB", "SCHEDULER JOB", "RANKS", "NODES", "STALL",
                              "WATCHDOG LEFT"]))
     for j in jobs:
+        out += _identity_lines(j)
+    for j in jobs:
         for s in j["stalls"]:
             out.append("")
             dx = s.get("diagnosis") or {}
@@ -182,6 +184,21 @@ def render(view: dict[str, Any], daemon: str = "") -> str:
             out.append(f"{j['job']} ranks: " + "; ".join(
                 f"{k}: {v}" for k, v in sorted(states.items())))
     return "\n".join(out)
+
+
+def _identity_lines(j: dict) -> list[str]:
+    """Ranks two nodes report, and timeout changes: said, never silent."""
+    out = []
+    for c in j.get("contested_ranks") or []:
+        o = c["owner"]
+        others = ", ".join(f"{x['host']} (pid {x['pid']})" for x in c["contenders"])
+        out.append(f"{j['job']}: rank {c['rank']} also reported by {others}; "
+                   f"owned by {o['host']} (pid {o['pid']})")
+    for t in j.get("timeout_changes") or []:
+        out.append(f"{j['job']}: {t['timeout'].replace('_', ' ')} timeout changed from "
+                   f"{t['from_seconds']:g}s to {t['to_seconds']:g}s "
+                   f"({t['host']}, rank {t['rank']}) {t['seconds_ago']:.0f}s ago")
+    return out
 
 
 def _left(w: dict[str, Any]) -> int:

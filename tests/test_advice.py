@@ -21,8 +21,9 @@ SER = SP + "torch/serialization.py"
 #: A frame file each framework's save runs through (as py-spy reports it).
 FRAME_OF = {
     "nemo": SP + "nemo/lightning/pytorch/strategies/megatron_strategy.py",
-    "megatron": "/opt/Megatron-LM/megatron/training/checkpointing.py",
-    "torchtitan": "/src/torchtitan/torchtitan/components/checkpoint.py",
+    # installed: a source checkout is an import only by the agent's evidence (imports.py)
+    "megatron": SP + "megatron/training/checkpointing.py",
+    "torchtitan": SP + "torchtitan/components/checkpoint.py",
     "torchtune": SP + "torchtune/training/checkpointing/_checkpointer.py",
     "composer": SP + "composer/utils/checkpoint.py",
     "lightning": SP + "lightning/pytorch/trainer/trainer.py",

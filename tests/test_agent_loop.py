@@ -53,6 +53,14 @@ def test_agent_reports_ranks_states_and_exits(two_ranks) -> None:
             assert {r.pid for r in job.ranks.values()} == {p.pid for p in two_ranks}
             assert all(r.state is RankState.COMPUTE for r in job.ranks.values())
             assert "WANDB_API_KEY" not in job.env and job.env["MASTER_PORT"] == "29777"
+            # Issue 29: what the rank imported (torch's extension mapped, under
+            # site-packages) and when its process started, as the node sees them.
+            for _ in range(50):
+                if "torch" in job.packages:
+                    break
+                await asyncio.sleep(0.1)
+            assert "torch" in job.packages, job.packages
+            assert all(r.start is not None and r.start <= r.seen for r in job.ranks.values())
             assert daemon.table.agents[agent.agent_id].health.nvml_up is False
             two_ranks[1].kill()
             two_ranks[1].wait()

@@ -110,10 +110,59 @@ def test_inspect_a_rank_in_a_kubernetes_pod(tmp_path) -> None:
     assert (info.container_pid, info.hostname, info.runtime, info.container_id, info.pod_uid,
             info.namespace, info.pod) == (32, "trainer-0", "containerd", CID, UID,
                                           "ml-team", "trainer-0")
-    # Without the kubelet's directories, the pod's own environment names it.
+    assert (info.declared_namespace, info.declared_pod) == ("", "env-says-other")
+    # Without the kubelet's directories the node names no pod: the pod's own
+    # environment is only what the rank declares (issue 29, item 5).
     info = inspect(12014, {"POD_NAME": "trainer-0", "POD_NAMESPACE": "ns2"}, proc=str(proc),
                    pods_root=str(tmp_path / "none"))
-    assert (info.namespace, info.pod) == ("ns2", "trainer-0")
+    assert (info.namespace, info.pod) == ("", "")
+    assert (info.declared_namespace, info.declared_pod) == ("ns2", "trainer-0")
+    assert info.pod_uid == UID                          # the node's own word stays
+
+
+def test_a_rank_cannot_name_its_pod(tmp_path) -> None:
+    """A rank's POD_NAME/POD_NAMESPACE (its own environment) is shown as declared
+    by the rank and never becomes the culprit's pod label; the node's pod does."""
+    from ncclwatch import status
+    from ncclwatch.agent.discover import RankProcess
+    from ncclwatch.agent.report import identity_pb
+    from ncclwatch.daemon.api import jobs_view
+    from ncclwatch.daemon.core import Daemon, DaemonConfig
+    from ncclwatch.daemon.export import build, capture
+    from ncclwatch.jobid import RankIdentity
+    from tests.factories import checkpoint_job
+
+    proc = _proc_tree(tmp_path, 12014, status="NSpid:\t12014\t32\n", uts="uts:[4026532999]",
+                      cgroup=CGROUP_CASES[0][0])
+    pods = tmp_path / "pods"
+    pods.mkdir()
+    lying = {"POD_NAME": "payments-api-0", "POD_NAMESPACE": "prod"}
+    infos = [inspect(12014, lying, proc=str(proc), pods_root=str(pods))]   # kubelet dir absent
+    (pods / f"ml-team_trainer-0_{UID}").mkdir()
+    infos.append(inspect(12014, lying, proc=str(proc), pods_root=str(pods)))
+    for info, node_pod in zip(infos, [("", ""), ("ml-team", "trainer-0")]):
+        d = Daemon(DaemonConfig())
+        req = checkpoint_job("job-k", world=2)
+        ident = RankIdentity(job_id="job-k", job_source="test", rank=0, local_rank=0,
+                             world_size=2, rank_source="env:RANK")
+        rp = RankProcess(pid=1000, create_time=0.0, identity=ident, env={}, local={},
+                         container=info)
+        req.report.samples[0].identity.CopyFrom(identity_pb(rp))
+        d.ingest(req, now=100.0)
+        d.tick(now=100.0)
+        view = jobs_view(d, now=100.0)
+        culprit = view["jobs"][0]["stalls"][0]["culprits"][0]
+        c = culprit["container"]
+        assert (c["namespace"] or "", c["pod"] or "") == node_pod
+        assert c["declared_by_rank"] == {"namespace": "prod", "pod": "payments-api-0"}
+        text = status.render(view)
+        assert "pod prod/payments-api-0 declared by the rank" in text, text
+        series = [(f.name, labels) for f in build(capture(d, now=100.0))
+                  for labels, _ in f.rows]
+        assert not any("payments-api-0" in lab or "prod" in lab for _, lab in series)
+        labels = [dict(zip(("job", "kind", "rank", "host", "state", "namespace", "pod"), lab))
+                  for name, lab in series if name == "ncclwatch_stall_culprit_info"]
+        assert [(x["namespace"], x["pod"]) for x in labels] == [node_pod]
 
 
 def test_inspect_a_host_process_is_no_container(tmp_path) -> None:
@@ -157,13 +206,18 @@ def test_a_hostname_is_shown_only_when_it_is_one(tmp_path, written, shown) -> No
 
 
 def test_describe_and_the_api_view() -> None:
-    view = container_view((32, "trainer-0", CID, "containerd", UID, "ml-team", "trainer-0"))
+    view = container_view((32, "trainer-0", CID, "containerd", UID, "ml-team", "trainer-0",
+                           "ml-team", "trainer-0"))
     assert view == {"pid": 32, "hostname": "trainer-0", "id": CID, "runtime": "containerd",
-                    "pod_uid": UID, "namespace": "ml-team", "pod": "trainer-0"}
+                    "pod_uid": UID, "namespace": "ml-team", "pod": "trainer-0",
+                    "declared_by_rank": {"namespace": "ml-team", "pod": "trainer-0"}}
+    # what the rank declares is said only where it differs from the node's word
     assert describe(view) == ("pid 32 in container trainer-0 (containerd 4c15c0c881a4), "
                               "pod ml-team/trainer-0")
-    assert describe(container_view((0, "", CID, "docker", "", "", ""))) == \
+    assert describe(container_view((0, "", CID, "docker", "", "", "", "", ""))) == \
         "in container (docker 4c15c0c881a4)"
+    assert describe(container_view((0, "", CID, "docker", UID, "", "", "x", "y"))) == \
+        "in container (docker 4c15c0c881a4), pod x/y declared by the rank"
 
 
 #: (environment, job source, job id): the Kubernetes rows of JOB_ID_SOURCES.

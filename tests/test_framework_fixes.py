@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from ncclwatch import frameworks
@@ -81,9 +83,14 @@ DS = "/venv/lib/python3.11/site-packages/"
     ([DS + "torch/distributed/fsdp/_fully_shard/_fully_shard.py"], "torch_fsdp2"),
     ([DS + "torch/distributed/fsdp/_state_dict_utils.py"], "torch_fsdp1"),
     ([DS + "torch/distributed/checkpoint/state_dict_saver.py"], "torch_dcp"),
-    (["/src/torchtitan/torchtitan/train.py"], "torchtitan"),
-    (["/src/torchtune/recipes/full_finetune_distributed.py"], "torchtune"),
-    (["/opt/Megatron-LM/megatron/training/training.py"], "megatron"),
+    # Source checkouts: the path alone is not an import (the agent's package
+    # evidence is: test_a_source_checkout_is_an_import_a_user_dir_is_not).
+    (["/src/torchtitan/torchtitan/train.py"], "torch"),
+    (["/src/torchtune/recipes/full_finetune_distributed.py"], "torch"),
+    (["/opt/Megatron-LM/megatron/training/training.py"], "torch"),
+    (["/home/alice/megatron/train.py", DS + "torch/serialization.py"], "torch"),
+    (["/home/alice/composer/train.py", "/home/alice/recipes/lora_distributed.py"], "torch"),
+    ([DS + "megatron/core/dist_checkpointing/serialization.py"], "megatron"),
     ([DS + "nemo/lightning/pytorch/strategies/megatron_strategy.py",
       DS + "megatron/core/dist_checkpointing/serialization.py",
       DS + "lightning/pytorch/trainer/trainer.py"], "nemo"),
@@ -97,3 +104,74 @@ def test_framework_from_stack_files(files: list[str], expected: str) -> None:
 def test_framework_from_loaded_modules() -> None:
     assert frameworks.detect([], ["deepspeed.runtime.engine", "torch"]).id == "deepspeed"
     assert frameworks.detect([], ["torch"]).id == "torch"
+    # imported modules decide; paths confirm (and pick the part of a package)
+    assert frameworks.detect(["/src/torchtitan/torchtitan/train.py"], ["torchtitan"]).id \
+        == "torchtitan"
+    assert frameworks.detect(["/opt/Megatron-LM/megatron/training/training.py"],
+                             ["megatron"]).id == "megatron"
+    assert frameworks.detect(["/job/trainer.py"], ["transformers", "torch"]).id == "torch"
+
+
+def _script(path, body: str = "") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(body or "import time\nprint('ready', flush=True)\ntime.sleep(60)\n")
+
+
+def test_a_source_checkout_is_an_import_a_user_dir_is_not(tmp_path) -> None:
+    """Issue 29, item 8: ``*/megatron/*`` gave a user's directory named megatron
+    Megatron's fix. Real processes, their real frames (py-spy) and maps, the
+    agent's import evidence, and the daemon's diagnosis."""
+    import asyncio
+    import subprocess
+    import sys
+
+    from ncclwatch.agent import imports
+    from ncclwatch.agent.launchers import read_maps
+    from ncclwatch.agent.pyspy import PySpy
+    from ncclwatch.daemon.api import jobs_view
+    from ncclwatch.daemon.core import Daemon, DaemonConfig
+    from ncclwatch.stacks import Frame, stack_id
+    from tests.conftest import need
+    from tests.factories import checkpoint_job, stack_pb
+
+    # A user's directory named megatron (no package), and a Megatron-LM checkout
+    # on PYTHONPATH (megatron/ and megatron/training/ are packages).
+    user = tmp_path / "alice" / "megatron" / "train.py"
+    _script(user)
+    repo = tmp_path / "Megatron-LM"
+    (repo / "megatron").mkdir(parents=True)
+    (repo / "megatron" / "__init__.py").write_text("")
+    _script(repo / "megatron" / "training" / "__init__.py", "# package")
+    _script(repo / "megatron" / "training" / "loop.py")
+    _script(repo / "pretrain_gpt.py", "import megatron.training.loop\n")
+    pyspy = PySpy(need("py-spy"))
+    cases = [([sys.executable, str(user)], {}, "torch"),
+             ([sys.executable, str(repo / "pretrain_gpt.py")], {"PYTHONPATH": str(repo)},
+              "megatron")]
+    for argv, env, expected in cases:
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, **env})
+        try:
+            assert p.stdout.readline().strip() == "ready"
+            threads = asyncio.run(pyspy.dump(p.pid))
+            files = [f.filename for t in threads for f in t.stack.frames]
+            assert any(f.endswith(("train.py", "loop.py")) for f in files), files
+            found = imports.FramePackages().of_files(p.pid, files)
+            found |= imports.of_maps(read_maps(p.pid) or "")
+        finally:
+            p.kill()
+            p.wait()
+        assert ("megatron" in found) == (expected == "megatron"), (argv, found)
+        # The daemon's diagnosis of a stalled save in that job names the framework.
+        d = Daemon(DaemonConfig())
+        req = checkpoint_job("job-f", world=2)
+        frames = [Frame("save", f, 1) for f in files]
+        req.report.stacks.append(stack_pb(frames))
+        s0 = req.report.samples[0]
+        s0.stack_id = stack_id(frames)
+        s0.job.packages.extend(sorted(found))
+        d.ingest(req, now=100.0)
+        d.tick(now=100.0)
+        (stall,) = jobs_view(d, now=100.0)["jobs"][0]["stalls"]
+        fw = stall["diagnosis"]["framework"]["id"]
+        assert fw == expected, (argv, found, fw)

@@ -118,10 +118,6 @@ CONFLICTS = [
     ("world size changes", lambda: report(
         [sample("job-1", 1, 8, RankState.COMPUTE), sample("job-ok", 0, 1, RankState.COMPUTE)],
         seq=2), "has world size 4, report says 8"),
-    ("rank claimed by another node", lambda: report(
-        [*checkpoint_job(node="node-evil", agent="agent-evil").report.samples,
-         sample("job-ok", 0, 1, RankState.COMPUTE)], node="node-evil", agent="agent-evil"),
-     "already reported by node 'node-a'"),
 ]
 
 
@@ -262,4 +258,28 @@ def test_rejections_are_logged_sampled_but_all_counted(caplog) -> None:
                 with pytest.raises(grpc.aio.AioRpcError):
                     await h.send_raw(b"\xff\xff")
             assert h.daemon.rejected_total["INVALID_ARGUMENT"] == 50
+    _run(go())
+
+
+def test_a_rank_claimed_by_another_node_is_set_aside_and_the_rest_applies() -> None:
+    """Issue 29: a claim of another live node's rank is no longer refused
+    (FAILED_PRECONDITION blinded the node that ran it when a squatter came
+    first); without evidence of a newer process it is set aside as a contender."""
+    async def go():
+        async with Harness() as h:
+            await h.send(checkpoint_job())
+            before = {r: (rec.state, rec.op, rec.since, rec.node) for r, rec in
+                      h.daemon.table.jobs["job-1"].ranks.items()}
+            (resp,) = await h.send(report(
+                [*checkpoint_job(node="node-evil", agent="agent-evil").report.samples,
+                 sample("job-ok", 0, 1, RankState.COMPUTE)], node="node-evil",
+                agent="agent-evil"))
+            assert not resp.rejected_jobs
+            after = {r: (rec.state, rec.op, rec.since, rec.node) for r, rec in
+                     h.daemon.table.jobs["job-1"].ranks.items()}
+            assert after == before
+            assert h.daemon.table.jobs["job-ok"].ranks[0].node == "node-evil"
+            assert [c.node for c in h.daemon.ownership.of("job-1", 0)] == ["node-evil"]
+            h.daemon.tick()
+            assert ("job-1", StallKind.CHECKPOINT_GATHER) in h.daemon.incidents.active
     _run(go())

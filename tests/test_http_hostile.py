@@ -170,3 +170,44 @@ def test_real_run_refuses_a_foreign_host() -> None:
         assert _request(http_port, "HEAD", "/api/v1/jobs", f"127.0.0.1:{http_port}")[0] == 200
     finally:
         proc.stop()
+
+
+def _post(port: int, path: str, host: str, body: bytes, method: str = "POST"
+          ) -> tuple[int, bytes]:
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        c.putrequest(method, path, skip_host=True)
+        c.putheader("Host", host)
+        c.putheader("Content-Length", str(len(body)))
+        c.endheaders()
+        try:
+            c.send(body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass                     # refused before the body was read: the answer is there
+        r = c.getresponse()
+        return r.status, r.read()
+    finally:
+        c.close()
+
+
+def test_host_allowlist_guards_every_method() -> None:
+    """Issue 29, item 3: do_POST had no Host check, so a rebound page could make the
+    unauthenticated daemon parse pastes; every method is refused the same way."""
+    from ncclwatch.daemon import pastepage
+    log = b"[rank3]:[E ProcessGroupNCCL.cpp:616] Watchdog caught collective operation timeout\n"
+    with Served(LOOPBACK) as s:
+        before = s.server._http.hosts_refused_total
+        code, body = _post(s.port, pastepage.API_PATH, "rebind.attacker.example", log)
+        assert code == 403 and b"allowed_hosts" in body and b"verdict" not in body
+        # a big body is never parsed: refused on the header, the body dropped or cut off
+        code, body = _post(s.port, pastepage.API_PATH, "rebind.attacker.example",
+                           b"x" * (8 << 20))
+        assert code == 403 and b"allowed_hosts" in body
+        for method in ("PUT", "DELETE", "PATCH", "OPTIONS"):
+            code, body = _post(s.port, "/api/v1/jobs", "attacker.example", b"", method)
+            assert code == 403, (method, code)
+        assert _request(s.port, "HEAD", "/api/v1/jobs", "attacker.example")[0] == 403
+        assert s.server._http.hosts_refused_total == before + 7
+        # the allowed Host still gets its diagnosis
+        code, body = _post(s.port, pastepage.API_PATH, f"127.0.0.1:{s.port}", log)
+        assert code == 200 and b"rank" in body, body[:300]

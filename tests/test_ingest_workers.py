@@ -177,11 +177,16 @@ def test_rejected_jobs_commands_and_dump_stacks_round_trip() -> None:
         async with Workers(2) as w:
             (first,) = await w.send(checkpoint_job(node="node-a", agent="agent-a"))
             assert first.ack_seq == 1 and not first.rejected_jobs
-            # Another live node claims job-1's ranks: the job is left out, and said so.
+            # Another live node claims job-1's ranks (no newer process): set aside,
+            # never refused (ownership.py); a conflicting world size is left out.
             (resp,) = await w.send(checkpoint_job(node="node-b", agent="agent-b"))
+            assert not resp.rejected_jobs
+            assert {r.node for r in w.daemon.table.jobs["job-1"].ranks.values()} == {"node-a"}
+            assert w.daemon.ownership.claims_total["kept"] == 4
+            (resp,) = await w.send(checkpoint_job(world=8, node="node-b", agent="agent-b",
+                                                  seq=2))
             assert [(j.job_id, j.code) for j in resp.rejected_jobs] == \
                 [("job-1", "FAILED_PRECONDITION")]
-            assert {r.node for r in w.daemon.table.jobs["job-1"].ranks.values()} == {"node-a"}
             assert w.daemon.rejected_jobs_total["FAILED_PRECONDITION"] == 1
 
             # A command queued in the core reaches the real agent uplink through a worker.

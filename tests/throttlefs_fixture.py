@@ -50,8 +50,8 @@ def _fusermount() -> str:
 
 
 @contextlib.contextmanager
-def mounted(write_rate: float | None = None, read_rate: float | None = None
-            ) -> Iterator[Mounted]:
+def mounted(write_rate: float | None = None, read_rate: float | None = None,
+            sync_rate: float | None = None) -> Iterator[Mounted]:
     """A throttlefs mount in a new temp dir, unmounted and removed on exit."""
     fusermount = _fusermount()
     top = Path(tempfile.mkdtemp(prefix="throttlefs-"))
@@ -63,6 +63,8 @@ def mounted(write_rate: float | None = None, read_rate: float | None = None
         argv += ["--write-rate", str(write_rate)]
     if read_rate is not None:
         argv += ["--read-rate", str(read_rate)]
+    if sync_rate is not None:
+        argv += ["--sync-rate", str(sync_rate)]
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
@@ -85,7 +87,7 @@ def mounted(write_rate: float | None = None, read_rate: float | None = None
 
 @pytest.fixture
 def throttlefs():
-    """Factory: ``throttlefs(write_rate=..., read_rate=None) -> Mounted``."""
+    """Factory: ``throttlefs(write_rate=..., read_rate=None, sync_rate=None) -> Mounted``."""
     with contextlib.ExitStack() as stack:
-        yield lambda write_rate=None, read_rate=None: stack.enter_context(
-            mounted(write_rate, read_rate))
+        yield lambda write_rate=None, read_rate=None, sync_rate=None: stack.enter_context(
+            mounted(write_rate, read_rate, sync_rate))

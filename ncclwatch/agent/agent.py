@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 import psutil
 
 from ncclwatch import __version__
+from ncclwatch.agent import imports
 from ncclwatch.agent.discover import Discovery, RankProcess
 from ncclwatch.agent.frprobe import FlightRecorderProbe
+from ncclwatch.agent.launchers import read_maps
 from ncclwatch.agent.gpu import EMPTY, GpuReader, GpuReading, NvmlGpuReader, expected_gpus
 from ncclwatch.agent.policy import CpuMeter, StackPolicy
 from ncclwatch.agent.pyspy import PySpy, PySpyError
@@ -42,6 +44,8 @@ log = logging.getLogger(__name__)
 JOB_INFO_EVERY = 600
 #: Stacks kept for resending after a reconnect, beyond those in use.
 STACK_CACHE = 1024
+#: A rank's /proc/PID/maps is read for its imported packages at most this often (s).
+MAPS_EVERY = 30.0
 
 
 @dataclass
@@ -68,6 +72,7 @@ class Agent:
         self.discovery = discovery or Discovery(config.node)
         self.sampler = ProcessSampler()
         self.frprobe = FlightRecorderProbe()
+        self.frame_packages = imports.FramePackages()
         self.scheduler = scheduler or SchedulerLookup()
         self.gpu = gpu if gpu is not None else NvmlGpuReader()
         self.gpus_expected = expected_gpus()
@@ -208,6 +213,7 @@ class Agent:
                 self._exited.append(t.proc)
                 self.sampler.forget(pid)
                 self.frprobe.forget(pid)
+                self.frame_packages.forget(pid)
                 del self.trackers[pid]
                 self._left_out.discard(pid)
                 if pid not in alive or alive[pid].create_time != t.proc.create_time:
@@ -268,7 +274,22 @@ class Agent:
         sid = stack.id
         if sid not in self.stacks:
             self.stacks[sid] = stack_pb(stack)
-        t.observe_stack(c, sid, time.monotonic())
+        now = time.monotonic()
+        self._note_imports(t, [f.filename for f in stack.frames], now)
+        t.observe_stack(c, sid, now)
+
+    def _note_imports(self, t: RankTracker, files: list[str], now: float) -> None:
+        """What the rank imported (frameworks.py decides by it): its mapped shared
+        objects (read again at most every MAPS_EVERY s) and its stack's files."""
+        found = set(self.frame_packages.of_files(t.pid, files))
+        if t.maps_at is None or now - t.maps_at > MAPS_EVERY:
+            t.maps_at = now
+            maps = read_maps(t.pid)
+            if maps:
+                found |= imports.of_maps(maps)
+        if not found <= t.packages and len(t.packages) < imports.MAX_PACKAGES:
+            t.packages = frozenset(sorted(t.packages | found)[:imports.MAX_PACKAGES])
+            t.env_sent = False        # the job info goes again, with them
 
     async def _dump_native(self, t: RankTracker) -> None:
         """One native dump of a rank still past the threshold (it pauses the rank)."""

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from ncclwatch.agent import rankfs
 
 #: The kubelet's per-pod log directories on the node.
 PODS_LOG_ROOT = "/var/log/pods"
@@ -37,12 +38,16 @@ class ContainerInfo:
     container_id: str = ""      # from the cgroup
     runtime: str = ""           # docker | containerd | crio | podman | kubernetes
     pod_uid: str = ""
-    namespace: str = ""         # Kubernetes namespace
-    pod: str = ""               # Kubernetes pod name
+    namespace: str = ""         # Kubernetes namespace, from the node (kubelet's directories)
+    pod: str = ""               # Kubernetes pod name, from the node
+    # What the rank's own environment says (POD_NAMESPACE/POD_NAME): the rank's
+    # word, shown as such, never a label or a culprit's pod.
+    declared_namespace: str = ""
+    declared_pod: str = ""
 
     def __bool__(self) -> bool:
         return any((self.container_pid, self.hostname, self.container_id, self.pod_uid,
-                    self.namespace, self.pod))
+                    self.namespace, self.pod, self.declared_pod))
 
 
 NONE = ContainerInfo()
@@ -153,37 +158,17 @@ def other_mount_ns(pid: int, proc: str = "/proc") -> bool:
     return bool(theirs) and theirs != _ns("self", "mnt", proc)
 
 
-def open_in_root(pid: int, path: str, *, directory: bool = False,
-                 proc: str = "/proc") -> int | None:
-    """An fd for ``path`` as the process sees it, following no symlink at all.
-
-    Each component is opened relative to the previous one with O_NOFOLLOW:
-    a symlink anywhere (``/etc/hostname -> /etc/shadow`` in a hostile image)
-    fails the open instead of leading to the host's file.
-    """
-    parts = [p for p in path.split("/") if p]
-    if not path.startswith("/") or any(p == ".." for p in parts):
-        return None
+def open_in_root(pid: int, path: str, *, proc: str = "/proc") -> int | None:
+    """An fd for the regular file ``path`` as the process sees it, walked
+    inside its root following no symlink at all (``rankfs``): a symlink
+    anywhere (``/etc/hostname -> /etc/shadow`` in a hostile image) fails the
+    walk, and a FIFO or device there is named and refused, never opened."""
     try:
-        fd = os.open(f"{proc}/{pid}/root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        got = rankfs.open_in_root(pid, path, rankfs.REGULAR, os.O_RDONLY, symlinks=False,
+                                  proc=proc)
     except OSError:
         return None
-    try:
-        for i, part in enumerate(parts):
-            last = i == len(parts) - 1
-            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-            if not last or directory:
-                flags |= os.O_DIRECTORY
-            nxt = os.open(part, flags, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
-        if not directory and not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            return None
-        return fd
-    except OSError:
-        os.close(fd)
-        return None
+    return got[0] if got else None
 
 
 def read_in_root(pid: int, path: str, limit: int = 4096, proc: str = "/proc") -> str:
@@ -220,14 +205,17 @@ def inspect(pid: int, env: Mapping[str, str], *, proc: str = "/proc",
         hostname = read_in_root(pid, "/etc/hostname", 512, proc).strip()
         hostname = hostname.splitlines()[0] if hostname else ""
         hostname = hostname if _HOSTNAME.match(hostname) else ""
+    # The pod is what the node says (the cgroup's pod UID, the kubelet's
+    # directory of it): the rank's environment can name any pod, so it is only
+    # kept as what the rank declares.
     ns, pod = pod_of(uid, pods_root)
-    if not pod:
-        ns_env, pod_env = pod_from_env(env)
-        if pod_env and (uid or env.get("KUBERNETES_SERVICE_HOST") or ns_env):
-            ns, pod = ns_env, pod_env
+    ns_env, pod_env = pod_from_env(env)
+    if not (pod_env and (uid or env.get("KUBERNETES_SERVICE_HOST") or ns_env)):
+        ns_env = pod_env = ""
     return ContainerInfo(container_pid=inner, hostname=hostname, container_id=cid,
                          runtime=runtime, pod_uid=uid, namespace=ns[:MAX_NAME],
-                         pod=pod[:MAX_NAME])
+                         pod=pod[:MAX_NAME], declared_namespace=ns_env[:MAX_NAME],
+                         declared_pod=pod_env[:MAX_NAME])
 
 
 def describe(view: Mapping[str, object] | None) -> str:
@@ -245,4 +233,9 @@ def describe(view: Mapping[str, object] | None) -> str:
     if view.get("pod"):
         ns = f"{view['namespace']}/" if view.get("namespace") else ""
         parts.append(f"pod {ns}{view['pod']}")
+    declared = view.get("declared_by_rank") or {}
+    if declared.get("pod") and (declared.get("pod"), declared.get("namespace")) != \
+            (view.get("pod"), view.get("namespace")):
+        ns = f"{declared['namespace']}/" if declared.get("namespace") else ""
+        parts.append(f"pod {ns}{declared['pod']} declared by the rank")
     return ", ".join(parts)

@@ -24,9 +24,9 @@ and poll until the file was rewritten and is a complete pickle.
 The paths here are the ones the training process sees. The agent runs as root
 next to other users' processes, possibly in other mount namespaces: callers
 name them through ``/proc/<pid>/root`` (``frprobe``), and the dump watcher
-resolves such names inside the rank's root (``rankfs.open_regular``:
-``openat2(RESOLVE_IN_ROOT)``, O_PATH first, ``O_NOFOLLOW``, the opened file
-checked with ``fstat``, never the name). Writing
+and the trigger resolve such names inside the rank's root, every component
+(``rankfs``: ``openat2(RESOLVE_IN_ROOT)`` or an ``O_NOFOLLOW`` walk, O_PATH
+first, the file checked with ``fstat``, never the name). Writing
 one byte into a FIFO is harmless; this module never writes anything else, and
 refuses a path that is not a FIFO (a regular file, a device, a symlink).
 
@@ -41,7 +41,6 @@ import errno
 import logging
 import os
 import select
-import stat
 import time
 from collections.abc import Mapping, Sequence
 
@@ -156,29 +155,20 @@ def dump_path(env: Mapping[str, str], rank: int,
 
 
 def _open_fifo(pipe: str) -> int | None:
-    """A non-blocking write fd on the FIFO, or None when there is no FIFO with a reader."""
+    """A non-blocking write fd on the FIFO, or None when there is no FIFO with a
+    reader. ``pipe`` is walked inside the rank's root (``rankfs.open_named``:
+    every component, not only the last), named with O_PATH and checked to be
+    a FIFO before that very inode is opened for writing."""
     try:
-        st = os.lstat(pipe)
-    except FileNotFoundError:
-        return None
+        got = rankfs.open_named(pipe, rankfs.FIFO, os.O_WRONLY)
     except OSError as e:
+        if e.errno in (errno.ENXIO, errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
+            return None      # no reader / gone / a symlink where none may be
         raise PipeUnavailable(f"{pipe}: {e.strerror}") from None
-    if not stat.S_ISFIFO(st.st_mode):
-        log.warning("%s is not a FIFO (mode %o): not writing to it", pipe, st.st_mode)
+    if got is None:
+        log.warning("%s is not a FIFO: not writing to it", pipe)
         return None
-    flags = os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
-    try:
-        fd = os.open(pipe, flags)
-    except OSError as e:
-        if e.errno in (errno.ENXIO, errno.ENOENT, errno.ELOOP):   # no reader / gone / swapped for a link
-            return None
-        raise PipeUnavailable(f"{pipe}: {e.strerror}") from None
-    fst = os.fstat(fd)
-    if not stat.S_ISFIFO(fst.st_mode) or (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
-        os.close(fd)
-        log.warning("%s changed while being opened: not writing to it", pipe)
-        return None
-    return fd
+    return got[0]
 
 
 def _write_byte(fd: int) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence, TypeVar
 
@@ -110,14 +111,18 @@ def identity_pb(proc: RankProcess) -> pb.RankIdentity:
     i = proc.identity
     out = pb.RankIdentity(job_id=clean(i.job_id, MAX_LABEL), rank=i.rank,
                           local_rank=i.local_rank, world_size=i.world_size, pid=proc.pid,
-                          rank_source=clean(i.rank_source, MAX_NAME))
+                          rank_source=clean(i.rank_source, MAX_NAME),
+                          process_age_seconds=max(0.0, time.time() - proc.create_time)
+                          if proc.create_time else 0.0)
     c = proc.container
     if c:
         out.container.CopyFrom(pb.ContainerInfo(
             container_pid=c.container_pid, hostname=clean(c.hostname, MAX_LABEL),
             container_id=clean(c.container_id, MAX_LABEL), runtime=clean(c.runtime, MAX_NAME),
             pod_uid=clean(c.pod_uid, MAX_LABEL), namespace=clean(c.namespace, MAX_LABEL),
-            pod=clean(c.pod, MAX_LABEL)))
+            pod=clean(c.pod, MAX_LABEL),
+            declared_namespace=clean(c.declared_namespace, MAX_LABEL),
+            declared_pod=clean(c.declared_pod, MAX_LABEL)))
     return out
 
 
@@ -195,7 +200,8 @@ def _process_pb(t: RankTracker) -> pb.ProcessStats:
 def _job_pb(t: RankTracker) -> pb.JobInfo:
     env = t.proc.env
     out = pb.JobInfo(source=clean(t.proc.identity.job_source, MAX_NAME), env=sent_env(env),
-                     watchdog_timeout_seconds=declared_timeout(env))
+                     watchdog_timeout_seconds=declared_timeout(env),
+                     packages=[clean(p, MAX_NAME) for p in sorted(t.packages)])
     sj = t.scheduler_job
     if sj is not None:
         out.scheduler_job.CopyFrom(pb.SchedulerJob(

@@ -38,7 +38,7 @@ class RankTracker:
         "cpu_util", "_cpu_at", "quiet_since", "quiet_at_last_dump", "forced",
         "env_sent", "repeats", "prev_state", "flight_recorder", "scheduler_job",
         "still_since", "still_at_last_dump", "events_at_dump", "files_at_dump",
-        "progress_tid",
+        "progress_tid", "packages", "maps_at",
         "_cpu_before", "quiet_from", "still_from",
         "evidence", "native", "native_for", "native_stack", "forgiven", "pause_base",
         "own_cpu_util",
@@ -46,6 +46,10 @@ class RankTracker:
 
     def __init__(self, proc: RankProcess, now: float) -> None:
         self.proc = proc
+        #: Top-level packages the rank has imported, by the node's evidence
+        #: (agent/imports.py), and when its maps were last read for them.
+        self.packages: frozenset[str] = frozenset()
+        self.maps_at: float | None = None
         self.state = RankState.UNKNOWN
         self.op = CollectiveOp.NONE
         self.state_since = now

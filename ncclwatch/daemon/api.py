@@ -200,11 +200,38 @@ def _job_head(d: Daemon, job_id: str, job, now: float, wall: float) -> dict[str,
                      "longest_blocked_rank": b.blocked_rank,
                      "longest_blocked_seconds": round(b.blocked_seconds, 1)},
         "hang_threshold": hang_threshold_view(d, job, now),
+        "timeout_changes": [{"seconds_ago": round(now - t, 1), "timeout": what,
+                             "from_seconds": old, "to_seconds": new, "host": node,
+                             "rank": rank}
+                            for t, what, old, new, node, rank in job.timeout_changes],
+        "contested_ranks": contested_view(d, job_id, job, now),
         "env": dict(job.env),
         "config_warnings": [{"code": w.code, "severity": w.severity, "message": w.message}
                             for w in job.warnings],
         "stalls": [incident_view(d, i, now) for i in d.incidents.for_job(job_id)],
     }
+
+
+def contested_view(d: Daemon, job_id: str, job, now: float) -> list[dict[str, Any]]:
+    """Ranks another node also reports (ownership.py): who owns each, who else
+    claims it, and what each showed of the process."""
+    out = []
+    for rank in d.ownership.ranks_of(job_id):
+        rec = job.ranks.get(rank)
+        rivals = d.ownership.of(job_id, rank, now)
+        if rec is None or not rivals:
+            continue
+        out.append({"rank": rank, "owner": {"host": rec.node, "pid": rec.pid,
+                                            "started_seconds_ago": _ago(rec.start, now)},
+                    "contenders": [{"host": c.node, "pid": c.pid,
+                                    "started_seconds_ago": _ago(c.start, now),
+                                    "last_seen_seconds": round(now - c.seen, 1)}
+                                   for c in rivals]})
+    return out
+
+
+def _ago(t: float | None, now: float) -> float | None:
+    return None if t is None else round(now - t, 1)
 
 
 def unreported(keys: set[int], world: int, unidentified: int) -> list[int]:
@@ -312,9 +339,11 @@ def incident_view(d: Daemon, inc: Incident, now: float | None = None) -> dict[st
                      stack=stack_view(d, c.stack_id)) for c in f.culprits]
     waiting_stacks = [{"ranks": _keys(ranks), "stack": stack_view(d, sid)}
                       for sid, ranks in sorted(groups.items(), key=lambda x: x[1])]
-    # The job's framework, from the frames of the stacks it shows (i22).
-    fw = frameworks.from_stacks([c["stack"] for c in culprits]
-                                + [w["stack"] for w in waiting_stacks])
+    # The job's framework: what it imported (the agents' evidence, and the full
+    # paths of the frames it shows: installed packages), paths only confirm.
+    files = [fr.filename for sid in [c.stack_id for c in f.culprits] + list(groups)
+             if sid and (st := d.table.stacks.get(sid)) for fr in st.frames]
+    fw = frameworks.detect(files, job.packages if job else ())
     left = inc.budget.aged(now) if inc.active else inc.budget  # as it stands now
     return {
         "id": inc.id, "kind": inc.kind.value, "active": inc.active, "summary": f.summary,
@@ -419,13 +448,16 @@ def _keys(keys) -> list[int | str]:
 
 def container_view(c: tuple | None) -> dict[str, Any] | None:
     """The container a rank runs in (None: on the host): its own pid there,
-    hostname, runtime's id, and Kubernetes pod."""
+    hostname, runtime's id, the Kubernetes pod the node names, and the pod
+    the rank's environment declares."""
     if not c:
         return None
-    pid, hostname, cid, runtime, uid, namespace, pod = c
+    pid, hostname, cid, runtime, uid, namespace, pod, dns, dpod = c
     return {"pid": pid or None, "hostname": hostname or None, "id": cid or None,
             "runtime": runtime or None, "pod_uid": uid or None,
-            "namespace": namespace or None, "pod": pod or None}
+            "namespace": namespace or None, "pod": pod or None,
+            # The rank's own POD_NAMESPACE/POD_NAME: its word, never a label.
+            "declared_by_rank": {"namespace": dns or None, "pod": dpod} if dpod else None}
 
 
 def _rec_container(job, key: int) -> tuple | None:

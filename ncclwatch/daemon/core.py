@@ -21,6 +21,7 @@ from ncclwatch.daemon.detect.shape import still_since
 from ncclwatch.daemon.smooth import Smoother
 from ncclwatch.daemon.diagnosis import diagnose
 from ncclwatch.daemon.incidents import Incidents
+from ncclwatch.daemon.ownership import Ownership
 from ncclwatch.daemon.table import JobTable
 from ncclwatch.daemon.validate import ReportError, validate_request
 from ncclwatch.model import QUIET_CPU
@@ -84,6 +85,8 @@ class Daemon:
                                        job_timeouts=dict(self.config.job_timeouts))
         self.budgets: dict[str, Budget] = {}
         self.rejected_total: collections.Counter[str] = collections.Counter()
+        #: Who owns a rank two nodes report (ownership.py).
+        self.ownership = Ownership()
         #: Jobs left out of otherwise applied reports, by the status they had.
         self.rejected_jobs_total: collections.Counter[str] = collections.Counter()
         self.detect_seconds_total = 0.0
@@ -115,11 +118,14 @@ class Daemon:
             if e.bound:
                 self.bound_hits_total[e.bound] += 1
             raise
-        self._check_ownership(req.report, now, rejected)
+        self._resized(req.report, rejected, now)
         self._check_bounds(req.report, rejected)
+        aside = self.ownership.judge(self.table, req.report, now, rejected)
         dropped: list[int] = []
+        if aside:
+            dropped = self._set_aside(req.report, aside)
         if rejected:
-            dropped = self._drop_jobs(req.report, rejected)
+            dropped += self._drop_jobs(req.report, rejected)
         missing = self.table.apply(req.report, now, left_out=rejected.keys(),
                                    left_out_slots=dropped)
         agent = self.table.agents[req.report.agent_id]
@@ -147,21 +153,34 @@ class Daemon:
                               f"agent {report.agent_id[:8]} reports for node {agent.node!r}; "
                               f"certificate for {shown} cannot use it")
 
-    def _check_ownership(self, report: pb.NodeReport, now: float,
-                         rejected: dict[str, ReportError]) -> None:
-        """A rank that a live agent on another node reports is not yours: the
-        job is not applied from this report (the node's other jobs are)."""
-        node, jobs = report.node, self.table.jobs
-        for s in report.samples:
-            ident = s.identity
-            job = jobs.get(ident.job_id)
-            rec = job.ranks.get(ident.rank) if job and ident.rank >= 0 else None
-            if (rec is not None and rec.node and rec.node != node
-                    and self.table.fresh(rec, now) and ident.job_id not in rejected):
-                rejected[ident.job_id] = ReportError(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"rank {ident.rank} of job {ident.job_id!r} is already "
-                    f"reported by node {rec.node!r}; node {node!r} cannot claim it")
+    def _resized(self, report: pb.NodeReport, rejected: dict[str, ReportError],
+                 now: float) -> None:
+        """A job left out for another world size is taken at that size when the
+        evidence says it runs so now (ownership.resize): a first claim of a job
+        id never blocks the job that really runs under it."""
+        if not rejected:
+            return
+        for job_id, e in list(rejected.items()):
+            known = self.table.world_size(job_id)
+            if e.code is not grpc.StatusCode.FAILED_PRECONDITION or not known:
+                continue
+            worlds = {s.identity.world_size for s in report.samples
+                      if s.identity.job_id == job_id}
+            if len(worlds) != 1 or not (world := worlds.pop()) or world == known:
+                continue
+            if self.ownership.resize(self.table, report, job_id, world, now):
+                self.table.resize(job_id, world, now)
+                del rejected[job_id]
+
+    @staticmethod
+    def _set_aside(report: pb.NodeReport, aside: set[int]) -> list[int]:
+        """Take the samples of ranks another node owns out of the report (never
+        refused: the node's other ranks and jobs apply); return their slots."""
+        dropped = [s.slot for i, s in enumerate(report.samples) if i in aside and s.slot]
+        kept = [s for i, s in enumerate(report.samples) if i not in aside]
+        del report.samples[:]
+        report.samples.extend(kept)
+        return dropped
 
     def _check_bounds(self, report: pb.NodeReport, rejected: dict[str, ReportError]) -> None:
         """Jobs, jobs per agent, ranks per job: a job whose samples would pass
@@ -292,6 +311,7 @@ class Daemon:
             self._escalated.pop(job_id, None)
             self._fr_asked.pop(job_id, None)
             self.smooth.forget(job_id)
+            self.ownership.forget(job_id)
         for job_id, job in table.jobs.items():
             # Jobs with nobody in a collective need no work beyond their budget.
             if job_id not in table.dirty and not job.waiting \

@@ -28,6 +28,7 @@ from ncclwatch.daemon import links
 from ncclwatch.daemon.bounds import BOUND_LABELS
 from ncclwatch.daemon.core import Daemon
 from ncclwatch.daemon.detect import DETECTED_KINDS
+from ncclwatch.daemon.ownership import OUTCOMES
 from ncclwatch.daemon.table import AgentRecord
 from ncclwatch.model import RankState, rank_label
 
@@ -87,6 +88,7 @@ def capture(d: Daemon, now: float | None = None) -> Capture:
                        "bound_hits": {**d.bound_hits_total, "stored_stack_bytes":
                                       table.stacks.evicted_for_bytes_total},
                        "identity": dict(table.identity_refusals_total),
+                       "claims": dict(d.ownership.claims_total),
                        "reports": table.reports_total, "samples": table.samples_total,
                        "forms": dict(table.forms_total), "resyncs": table.resyncs_total,
                        "detect": d.detect_seconds_total, "jobs": len(table.jobs),
@@ -243,6 +245,13 @@ def build(c: Capture) -> list[Family]:
                  ("what",), "counter")
     for what in IDENTITY_REFUSALS:
         identity.add((what,), k["identity"].get(what, 0))
+    claims = F("ncclwatch_daemon_rank_claims",
+               "Ranks reported by a node other than the one that owns them, by how the "
+               "evidence decided (ownership.py): owner_silent and restarted move the rank, "
+               "kept and retake_refused set the claim aside as a contender",
+               ("outcome",), "counter")
+    for outcome in OUTCOMES:
+        claims.add((outcome,), k["claims"].get(outcome, 0))
 
     def one(name: str, text: str, value: float, type_: str = "gauge") -> Family:
         return F(name, text, (), type_, [((), value)])
@@ -253,7 +262,7 @@ def build(c: Capture) -> list[Family]:
         return F(name, text, ("worker",), "counter", [((w[0],), w[col]) for w in workers])
 
     out += [
-        opened, rejected, rejected_jobs, bound_hits, identity,
+        opened, rejected, rejected_jobs, bound_hits, identity, claims,
         one("ncclwatch_daemon_reports", "Node reports applied", k["reports"], "counter"),
         one("ncclwatch_daemon_rank_samples", "Rank samples applied", k["samples"], "counter"),
         F("ncclwatch_daemon_rank_samples_by_form",

@@ -12,8 +12,10 @@ accept loop), and asks for basic auth on everything but /healthz, which
 liveness probes must reach without credentials.
 
 ``allowed_hosts`` (on by default for ``run``, which serves without auth on
-loopback) answers 403 to a request whose Host header names another host:
-a web page that rebinds its own DNS name to 127.0.0.1 cannot read the API.
+loopback) answers 403 to a request of any method whose Host header names
+another host, before the method is looked at: a web page that rebinds its own
+DNS name to 127.0.0.1 can neither read the API nor make the daemon parse a
+paste (a POST body is dropped unread, up to 1 MiB, else the connection closed).
 HEAD is answered for every GET route (headers, no body).
 """
 
@@ -137,15 +139,25 @@ class HttpServer:
                 finally:
                     self.head = False
 
+            def parse_request(self) -> bool:
+                """The Host allowlist, for every method (GET, HEAD, POST, any other)."""
+                if not super().parse_request():
+                    return False
+                shown = self.headers.get("Host")
+                if hosts is None or shown is None or host_of(shown) in hosts:
+                    return True
+                server.hosts_refused_total += 1
+                self.head = self.command == "HEAD"
+                if self.command not in ("GET", "HEAD"):
+                    pastepage.discard(self)  # never parsed: dropped, or the connection closed
+                self._send(403, "text/plain", b"forbidden: this daemon does not serve "
+                           b"that Host (allowed_hosts)\n")
+                self.head = False
+                return False
+
             def do_GET(self) -> None:  # noqa: N802 (stdlib name)
                 url = urlsplit(self.path)
                 path = url.path.rstrip("/") or "/"
-                shown = self.headers.get("Host")
-                if hosts is not None and shown is not None and host_of(shown) not in hosts:
-                    server.hosts_refused_total += 1
-                    self._send(403, "text/plain", b"forbidden: this daemon does not serve "
-                               b"that Host (allowed_hosts)\n")
-                    return
                 if auth and path not in OPEN_PATHS \
                         and not auth.check(self.headers.get("Authorization")):
                     self._send(401, "text/plain", b"Unauthorized\n",

@@ -9,6 +9,7 @@ so detection reads a few sets instead of rescanning the table.
 from __future__ import annotations
 
 import collections
+import logging
 import math
 import time
 from array import array
@@ -23,8 +24,14 @@ from ncclwatch.model import CollectiveOp, RankState, WaitEvidence
 from ncclwatch.stacks import Frame, Stack
 from ncclwatch.v1 import collector_pb2 as pb
 
+log = logging.getLogger(__name__)
+
 #: Stacks kept by content id; least recently referenced go first.
 MAX_STACKS = 200_000
+#: Packages kept per job (Job.packages).
+MAX_PACKAGES = 128
+#: Timeout changes kept per job (Job.timeout_changes).
+TIMEOUT_CHANGES = 8
 #: A job whose ranks are all gone is forgotten after this long.
 GONE_JOB_TTL = 120.0
 #: A state's start moving later by more than this on the agent's clock: a new
@@ -159,6 +166,27 @@ _EVIDENCE_OF = {v: WaitEvidence.from_proto(v) for v in pb.WaitEvidence.values()}
 _GPU_NAMES = {i: f"gpu{i}" for i in range(64)}
 
 
+_TIMEOUT_FIELD = {"flight_recorder": "fr_timeout", "job": "declared_timeout"}
+
+
+def _set_timeout(job: Job, what: str, value: float, recv: float, node: str, rank: int) -> None:
+    """A timeout that sets the job's budget; a change of a known one is logged
+    and kept (Job.timeout_changes): the budget moves with it."""
+    attr = _TIMEOUT_FIELD[what]
+    old = getattr(job, attr)
+    if value == old:
+        return
+    setattr(job, attr, value)
+    if old and value and not any(c[1] == what and c[3] == value for c in job.timeout_changes):
+        job.timeout_changes.append((recv, what, old, value, node, rank))
+        log.warning("job %r: %s timeout changed from %gs to %gs (node %r, rank %d)",
+                    job.job_id, what, old, value, node, rank)
+
+
+def _owns_ranked(job: Job, node: str) -> bool:
+    return any(k >= 0 and r.node == node and r.gone_at is None for k, r in job.ranks.items())
+
+
 def _gpu_name(index: int) -> str:
     """``gpu<index>``, one shared string per common index."""
     return _GPU_NAMES.get(index) or f"gpu{index}"
@@ -228,7 +256,7 @@ class RankRecord:
         "files", "gpu", "gone_at", "vms_bytes", "limits", "curve", "stack_at",
         "rank_source", "container",
         "still_since", "still_at", "still_op", "since_agent", "progress_known",
-        "file_first", "evidence", "native_frame", "native_no_wait",
+        "file_first", "evidence", "native_frame", "native_no_wait", "start",
     )
 
     def __init__(self, rank: int) -> None:
@@ -269,8 +297,9 @@ class RankRecord:
         # How the agent identified the rank ("env:RANK", "spawn_index", "unknown", ...).
         self.rank_source = ""
         # (container pid, hostname, container id, runtime, pod uid, namespace,
-        # pod) of a rank in a container (ContainerInfo), None on the host.
-        self.container: tuple[int, str, str, str, str, str, str] | None = None
+        # pod, declared namespace, declared pod) of a rank in a container
+        # (ContainerInfo), None on the host.
+        self.container: tuple[int, str, str, str, str, str, str, str, str] | None = None
 
         # Since when the rank has made no progress, whatever its state (daemon
         # clock); None: it made some in its last round, or no reading.
@@ -290,6 +319,9 @@ class RankRecord:
         self.evidence = WaitEvidence.NONE
         self.native_frame = ""
         self.native_no_wait = False
+        # When its process started (daemon clock, from the agent's process age);
+        # None: not known. Evidence when two nodes claim the rank (ownership.py).
+        self.start: float | None = None
 
 
 @dataclass
@@ -324,6 +356,14 @@ class Job:
     #: A ranked member set the job-level facts (env, timeout, scheduler names,
     #: Flight Recorder timeout): members without a rank may no longer replace them.
     facts_ranked: bool = False
+    #: Top-level packages the ranks imported (JobInfo.packages, by the agents'
+    #: evidence), what decides the job's framework (frameworks.py); bounded.
+    packages: frozenset[str] = frozenset()
+    #: Changes of a timeout that sets the budget once it was known: (daemon
+    #: time, "flight_recorder" or "job", old seconds, new seconds, node, rank);
+    #: the newest TIMEOUT_CHANGES kept, each logged (the API and status show them).
+    timeout_changes: collections.deque = field(
+        default_factory=lambda: collections.deque(maxlen=TIMEOUT_CHANGES))
 
     #: (node, pid) -> key of a member whose rank is unknown: -1, -2, ... in
     #: order of arrival, so such a member has a row, can wait or be a culprit.
@@ -616,12 +656,15 @@ class JobTable:
             if ident.HasField("container"):
                 c = ident.container
                 rec.container = (c.container_pid, c.hostname, c.container_id, c.runtime,
-                                 c.pod_uid, c.namespace, c.pod)
+                                 c.pod_uid, c.namespace, c.pod, c.declared_namespace,
+                                 c.declared_pod)
             else:
                 rec.container = None
             rec.node = node
             rec.agent_id = agent_id
             rec.pid = pid
+            age = ident.process_age_seconds
+            rec.start = recv - age if age > 0 else None
             rec.cpu_recent = _smooth(rec.cpu_recent, p.cpu_utilization, recv - rec.seen)
             rec.seen = recv
             rec.cpu_util = p.cpu_utilization
@@ -653,10 +696,15 @@ class JobTable:
                 rec.progress_known = False
                 rec.still_since = rec.still_at = None
                 job.still.discard(rec.rank)
-            # A member without a rank proves no place in the job: it may fill in
-            # job-level facts nobody ranked gave, never replace them.
-            facts = ident.rank >= 0 or not job.facts_ranked
-            if not facts and (s.HasField("flight_recorder") or s.HasField("job")):
+            # Job-level facts come from the nodes that own ranked members (a
+            # ranked sample here is its owner's: ownership.py set the others
+            # aside). A member without a rank proves no place in the job: it may
+            # fill in facts nobody ranked gave, or speak for a node that owns a
+            # ranked member, never replace them otherwise.
+            has_facts = s.HasField("flight_recorder") or s.HasField("job")
+            facts = has_facts and (ident.rank >= 0 or not job.facts_ranked
+                                   or _owns_ranked(job, node))
+            if has_facts and not facts:
                 self.identity_refusals_total["rankless_job_facts"] += 1
             if facts and s.HasField("flight_recorder"):
                 job.facts_ranked |= ident.rank >= 0
@@ -665,7 +713,8 @@ class JobTable:
                 for g in fr.groups:
                     if g.pending_timeout_ms and (is_default_group(g.pg_name, g.pg_desc)
                                                  or not job.fr_timeout):
-                        job.fr_timeout = g.pending_timeout_ms / 1000.0
+                        _set_timeout(job, "flight_recorder", g.pending_timeout_ms / 1000.0,
+                                     recv, node, ident.rank)
             if facts and s.HasField("job"):
                 info = s.job
                 job.facts_ranked |= ident.rank >= 0
@@ -674,7 +723,10 @@ class JobTable:
                 if env != job.env:
                     job.env = env
                     job.warnings = lint(job.env)
-                job.declared_timeout = info.watchdog_timeout_seconds
+                _set_timeout(job, "job", info.watchdog_timeout_seconds, recv, node, ident.rank)
+                if info.packages and not job.packages.issuperset(info.packages):
+                    job.packages = frozenset(sorted(job.packages.union(info.packages))
+                                             [:MAX_PACKAGES])
                 if info.HasField("scheduler_job"):
                     sj = info.scheduler_job
                     job.scheduler_job = {"scheduler": sj.scheduler, "job_id": sj.job_id,
@@ -710,7 +762,7 @@ class JobTable:
         if report.full_round:
             kept = {jr for jr in agent.ranks if jr[0] in left_out} if left_out else set()
             for job_id, rank in agent.ranks - reported - kept:
-                self._gone(job_id, rank, None, recv)
+                self._gone(job_id, rank, None, recv, agent_id)
             agent.ranks = reported | kept
         else:
             agent.ranks |= reported
@@ -839,15 +891,31 @@ class JobTable:
             agent.briefs_unresolved_total += unresolved
             agent.resync = True
 
-    def _gone(self, job_id: str, rank: int, pid: int | None, now: float) -> None:
+    def _gone(self, job_id: str, rank: int, pid: int | None, now: float,
+              agent_id: str | None = None) -> None:
+        """``agent_id``: only if that agent still owns the rank (another node may
+        have taken it over: ownership.py)."""
         job = self.jobs.get(job_id)
         rec = job.ranks.get(rank) if job else None
-        if rec is None or rec.gone_at is not None or (pid is not None and rec.pid != pid):
+        if rec is None or rec.gone_at is not None or (pid is not None and rec.pid != pid) \
+                or (agent_id is not None and rec.agent_id != agent_id):
             return
         rec.gone_at = now
         rec.still_at = None  # a wait cut short by exit is no normal wait
         job.set_state(rec, RankState.UNKNOWN, CollectiveOp.NONE)
         rec.since = now
+        self.dirty.add(job_id)
+
+    def resize(self, job_id: str, world: int, now: float) -> None:
+        """The job runs at another world size now (ownership.resize): ranks
+        beyond it are dropped (gone: their slots resync)."""
+        job = self.jobs[job_id]
+        job.world_size = world
+        for key in [k for k in job.ranks if k >= world]:
+            rec = job.ranks.pop(key)
+            job.remove_from_indexes(rec)
+            rec.gone_at = now
+            job.flight_recorder.pop(key, None)
         self.dirty.add(job_id)
 
     def world_size(self, job_id: str) -> int | None:

@@ -46,6 +46,10 @@ class ReportError(Exception):
         self.bound = bound
 
 
+#: JobInfo.packages: names per sample and characters per name.
+MAX_PACKAGES = 64
+MAX_PACKAGE_NAME = 64
+
 def _bad(msg: str, bound: str = "") -> ReportError:
     return ReportError(grpc.StatusCode.INVALID_ARGUMENT, msg, bound)
 
@@ -198,7 +202,8 @@ def _check_sample(i: int, s: pb.RankSample, world_size_of: Callable[[str], int |
     if ident.HasField("container"):
         c = ident.container
         if c.container_pid < 0 or max(len(c.hostname), len(c.container_id), len(c.runtime),
-                                      len(c.pod_uid), len(c.namespace), len(c.pod)) > 253:
+                                      len(c.pod_uid), len(c.namespace), len(c.pod),
+                                      len(c.declared_namespace), len(c.declared_pod)) > 253:
             raise _bad(f"samples[{i}]: container fields out of bounds")
     known = world_size_of(job_id)
     if known is None:
@@ -243,6 +248,11 @@ def _check_sample(i: int, s: pb.RankSample, world_size_of: Callable[[str], int |
                 raise _too_big(f"samples[{i}]: job.env entry {k[:32]!r}: name over "
                                f"{MAX_ENV_NAME} or value over {top} characters "
                                f"(max_env_value)", "env_length")
+    if has_job and s.job.packages:
+        pk = s.job.packages
+        if len(pk) > MAX_PACKAGES or max(map(len, pk)) > MAX_PACKAGE_NAME:
+            raise _too_big(f"samples[{i}]: job.packages: over {MAX_PACKAGES} names or a "
+                           f"name over {MAX_PACKAGE_NAME} characters")
     if has_job:
         timeout = s.job.watchdog_timeout_seconds
         if not _isfinite(timeout) or timeout < 0:

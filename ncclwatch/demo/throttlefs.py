@@ -10,6 +10,11 @@ the kernel on a write (or a sendfile) to this mount.
 
     python -m ncclwatch.demo.throttlefs BACKING MOUNT --write-rate 2000000
 
+``--sync-rate`` models a page cache in front of slower storage: every byte
+written is also owed to the "disk" at that rate, and ``fsync`` waits until
+the disk has caught up (a write returns at ``--write-rate``; the close does
+not wait, as with a real page cache).
+
 runs in the foreground until SIGINT/SIGTERM or ``fusermount -u MOUNT``.
 """
 
@@ -50,15 +55,42 @@ class Pacer:
             time.sleep(delay)
 
 
+class Backlog:
+    """Dirty bytes draining to the storage at ``rate``: when all are down."""
+
+    def __init__(self, rate: float | None):
+        if rate is not None and rate <= 0:
+            raise ValueError(f"rate must be > 0 bytes/s, got {rate}")
+        self.rate = rate
+        self._lock = threading.Lock()
+        self._clean_at = 0.0
+
+    def add(self, n: int) -> None:
+        if self.rate is None or n <= 0:
+            return
+        with self._lock:
+            self._clean_at = max(time.monotonic(), self._clean_at) + n / self.rate
+
+    def wait(self) -> None:
+        with self._lock:
+            due = self._clean_at
+        delay = due - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+
+
 class ThrottleFS(Operations):
-    """Passthrough of ``root``; ``write`` (and ``read``) paced by a Pacer."""
+    """Passthrough of ``root``; ``write`` (and ``read``) paced by a Pacer,
+    ``fsync`` by the Backlog of written bytes (``sync_rate``)."""
 
     use_ns = True
 
-    def __init__(self, root: str, write_rate: float | None, read_rate: float | None = None):
+    def __init__(self, root: str, write_rate: float | None, read_rate: float | None = None,
+                 sync_rate: float | None = None):
         self.root = os.path.realpath(root)
         self.writes = Pacer(write_rate)
         self.reads = Pacer(read_rate)
+        self.backlog = Backlog(sync_rate)
 
     def _full(self, path: str) -> str:
         return os.path.join(self.root, path.lstrip("/"))
@@ -145,6 +177,7 @@ class ThrottleFS(Operations):
 
     def write(self, path, data, offset, fh):
         self.writes.account(len(data))
+        self.backlog.add(len(data))
         return os.pwrite(fh, data, offset)
 
     def truncate(self, path, length, fh=None):
@@ -157,6 +190,7 @@ class ThrottleFS(Operations):
         return 0
 
     def fsync(self, path, datasync, fh):
+        self.backlog.wait()
         (os.fdatasync if datasync else os.fsync)(fh)
         return 0
 
@@ -166,9 +200,9 @@ class ThrottleFS(Operations):
 
 
 def mount(backing: str, mountpoint: str, write_rate: float | None,
-          read_rate: float | None = None) -> None:
+          read_rate: float | None = None, sync_rate: float | None = None) -> None:
     """Serve until unmounted or signalled (fuse_main handles SIGINT/SIGTERM)."""
-    FUSE(ThrottleFS(backing, write_rate, read_rate), mountpoint, foreground=True,
+    FUSE(ThrottleFS(backing, write_rate, read_rate, sync_rate), mountpoint, foreground=True,
          nothreads=False, big_writes=True, max_write=131072, fsname="throttlefs",
          # reads must reach us to be paced, not come from the page cache
          direct_io=read_rate is not None)
@@ -181,8 +215,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("mount", help="empty directory to mount on")
     ap.add_argument("--write-rate", type=float, default=None, help="bytes/s (default: unlimited)")
     ap.add_argument("--read-rate", type=float, default=None, help="bytes/s (default: unlimited)")
+    ap.add_argument("--sync-rate", type=float, default=None,
+                    help="bytes/s the storage behind the cache takes; fsync waits for it "
+                         "(default: unlimited)")
     a = ap.parse_args(argv)
-    mount(a.backing, a.mount, a.write_rate, a.read_rate)
+    mount(a.backing, a.mount, a.write_rate, a.read_rate, a.sync_rate)
 
 
 if __name__ == "__main__":

@@ -178,7 +178,7 @@ class RankBriefs(_message.Message):
     def __init__(self, slot: _Optional[_Iterable[int]] = ..., still_seconds: _Optional[_Iterable[float]] = ..., cpu_utilization: _Optional[_Iterable[float]] = ..., cpu_seconds: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class RankIdentity(_message.Message):
-    __slots__ = ("job_id", "rank", "local_rank", "world_size", "pid", "rank_source", "container")
+    __slots__ = ("job_id", "rank", "local_rank", "world_size", "pid", "rank_source", "container", "process_age_seconds")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
@@ -186,6 +186,7 @@ class RankIdentity(_message.Message):
     PID_FIELD_NUMBER: _ClassVar[int]
     RANK_SOURCE_FIELD_NUMBER: _ClassVar[int]
     CONTAINER_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rank: int
     local_rank: int
@@ -193,10 +194,11 @@ class RankIdentity(_message.Message):
     pid: int
     rank_source: str
     container: ContainerInfo
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., world_size: _Optional[int] = ..., pid: _Optional[int] = ..., rank_source: _Optional[str] = ..., container: _Optional[_Union[ContainerInfo, _Mapping]] = ...) -> None: ...
+    process_age_seconds: float
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., world_size: _Optional[int] = ..., pid: _Optional[int] = ..., rank_source: _Optional[str] = ..., container: _Optional[_Union[ContainerInfo, _Mapping]] = ..., process_age_seconds: _Optional[float] = ...) -> None: ...
 
 class ContainerInfo(_message.Message):
-    __slots__ = ("container_pid", "hostname", "container_id", "runtime", "pod_uid", "namespace", "pod")
+    __slots__ = ("container_pid", "hostname", "container_id", "runtime", "pod_uid", "namespace", "pod", "declared_namespace", "declared_pod")
     CONTAINER_PID_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -204,6 +206,8 @@ class ContainerInfo(_message.Message):
     POD_UID_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     POD_FIELD_NUMBER: _ClassVar[int]
+    DECLARED_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    DECLARED_POD_FIELD_NUMBER: _ClassVar[int]
     container_pid: int
     hostname: str
     container_id: str
@@ -211,7 +215,9 @@ class ContainerInfo(_message.Message):
     pod_uid: str
     namespace: str
     pod: str
-    def __init__(self, container_pid: _Optional[int] = ..., hostname: _Optional[str] = ..., container_id: _Optional[str] = ..., runtime: _Optional[str] = ..., pod_uid: _Optional[str] = ..., namespace: _Optional[str] = ..., pod: _Optional[str] = ...) -> None: ...
+    declared_namespace: str
+    declared_pod: str
+    def __init__(self, container_pid: _Optional[int] = ..., hostname: _Optional[str] = ..., container_id: _Optional[str] = ..., runtime: _Optional[str] = ..., pod_uid: _Optional[str] = ..., namespace: _Optional[str] = ..., pod: _Optional[str] = ..., declared_namespace: _Optional[str] = ..., declared_pod: _Optional[str] = ...) -> None: ...
 
 class RankSample(_message.Message):
     __slots__ = ("identity", "state", "op", "state_seconds", "stack_age_seconds", "stack_id", "process", "gpu", "job", "flight_recorder", "still_seconds", "slot", "evidence", "native_frame", "native_no_wait")
@@ -352,7 +358,7 @@ class GpuMemory(_message.Message):
     def __init__(self, device_index: _Optional[int] = ..., device_uuid: _Optional[str] = ..., used_bytes: _Optional[int] = ..., device_total_bytes: _Optional[int] = ..., device_used_bytes: _Optional[int] = ...) -> None: ...
 
 class JobInfo(_message.Message):
-    __slots__ = ("source", "env", "watchdog_timeout_seconds", "scheduler_job")
+    __slots__ = ("source", "env", "watchdog_timeout_seconds", "scheduler_job", "packages")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -364,11 +370,13 @@ class JobInfo(_message.Message):
     ENV_FIELD_NUMBER: _ClassVar[int]
     WATCHDOG_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     SCHEDULER_JOB_FIELD_NUMBER: _ClassVar[int]
+    PACKAGES_FIELD_NUMBER: _ClassVar[int]
     source: str
     env: _containers.ScalarMap[str, str]
     watchdog_timeout_seconds: float
     scheduler_job: SchedulerJob
-    def __init__(self, source: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., watchdog_timeout_seconds: _Optional[float] = ..., scheduler_job: _Optional[_Union[SchedulerJob, _Mapping]] = ...) -> None: ...
+    packages: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, source: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., watchdog_timeout_seconds: _Optional[float] = ..., scheduler_job: _Optional[_Union[SchedulerJob, _Mapping]] = ..., packages: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SchedulerJob(_message.Message):
     __slots__ = ("scheduler", "job_id", "job_name", "user", "source")

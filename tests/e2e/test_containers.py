@@ -38,6 +38,9 @@ MB = 8
 #: The goal is 10 s from the save's start; the test's own bound is wide.
 DETECT_BOUND = 40.0
 NAMESPACE, POD = "ml-team", "trainer-0"
+#: What the rank's own environment claims (POD_NAME): shown as declared by the
+#: rank, never the pod (issue 29, item 5); the node's kubelet directory names POD.
+DECLARED = "payments-api-0"
 
 
 def _need_root() -> None:
@@ -50,6 +53,7 @@ def _need_root() -> None:
 def _start(tmp: Path, marker: Path | None) -> tuple[Container, Job]:
     cid = uuid.uuid4().hex + uuid.uuid4().hex
     uid = str(uuid.uuid4())
+    (tmp / "pods" / f"{NAMESPACE}_{POD}_{uid}").mkdir(parents=True)   # the kubelet's
     root = tmp / "ctr-root"
     root.mkdir()
     c = Container(root, POD, cid, uid, make_cgroup(cid, uid))
@@ -57,7 +61,7 @@ def _start(tmp: Path, marker: Path | None) -> tuple[Container, Job]:
             "--max-restarts=0", "-m", "tests.workloads.launch_job", "--go", str(tmp / "go"),
             "--dir", c.ckpt, "--mb", str(MB), "--save-seconds", str(SAVE_SECONDS),
             "--pg-timeout", str(PG_TIMEOUT)]
-    env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "POD_NAME": POD,
+    env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "POD_NAME": DECLARED,
            "POD_NAMESPACE": NAMESPACE, "KUBERNETES_SERVICE_HOST": "10.0.0.1"}
     proc = Proc(unshare_argv(script(c, argv, env, marker)), name="container-torchrun")
     return c, Job(proc, 2)
@@ -96,14 +100,20 @@ def _job_seen(mon: Monitor, inner: dict[int, int], timeout: float) -> dict:
                 f"last {last}\n{mon.output()[-3000:]}")
 
 
+def _moved(c: Container, pid: int) -> bool:
+    return bool(c.cgroup) and c.container_id in Path(f"/proc/{pid}/cgroup").read_text()
+
+
 def _check_identity(job: dict, c: Container) -> None:
     for r in job["ranks"]:
         ct = r["container"]
         assert r["identified_by"] == "env:RANK", r
         assert r["pid"] != ct["pid"], r                     # host pid and container pid
         assert ct["hostname"] == c.hostname, ct
-        assert (ct["namespace"], ct["pod"]) == (NAMESPACE, POD), ct
-        moved = c.cgroup and c.container_id in Path(f"/proc/{r['pid']}/cgroup").read_text()
+        assert ct["declared_by_rank"] == {"namespace": NAMESPACE, "pod": DECLARED}, ct
+        moved = _moved(c, r["pid"])
+        # the node names the pod only from its cgroup's pod UID and the kubelet's directory
+        assert (ct["namespace"], ct["pod"]) == ((NAMESPACE, POD) if moved else (None, None)), ct
         if moved:  # a writable cgroup hierarchy: the runtime's names, read back
             assert (ct["runtime"], ct["id"], ct["pod_uid"]) == (
                 "containerd", c.container_id, c.pod_uid), ct
@@ -111,7 +121,7 @@ def _check_identity(job: dict, c: Container) -> None:
 
 def test_ranks_in_a_container_are_named_from_the_host(ncclwatch_run, tmp_path) -> None:
     _need_root()
-    mon = ncclwatch_run()
+    mon = ncclwatch_run("--pods-log-dir", str(tmp_path / "pods"))
     c, job = _start(tmp_path, None)
     try:
         ready = job.wait_marker("ready", 240, count=2)
@@ -160,12 +170,16 @@ def test_ranks_in_a_container_are_named_from_the_host(ncclwatch_run, tmp_path) -
         # The culprit metric carries the pod (per-rank series only for culprits).
         pods = {(dict(k[1]).get("namespace"), dict(k[1]).get("pod"))
                 for k, v in mon.metrics().items() if k[0] == "ncclwatch_stall_culprit_info"}
-        assert (NAMESPACE, POD) in pods, pods
+        moved = _moved(c, host_pid[0])
+        assert (NAMESPACE, POD) in pods if moved else pods == {("", "")}, pods
+        assert not any(DECLARED in str(k) for k in mon.metrics()), "a rank named its pod"
         status = subprocess.run([need("ncclwatch"), "status", "--daemon", mon.http],
                                 capture_output=True, text=True, timeout=30)
         assert status.returncode == 0, status.stderr
         assert f"pid {inner[0]} in container {c.hostname}" in status.stdout, status.stdout
-        assert f"pod {NAMESPACE}/{POD}" in status.stdout, status.stdout
+        if moved:
+            assert f"pod {NAMESPACE}/{POD}" in status.stdout, status.stdout
+        assert f"pod {NAMESPACE}/{DECLARED} declared by the rank" in status.stdout, status.stdout
         page = mon.get("/")
         assert f"in container {c.hostname}" in page
         record("container_slow_save", {"detection_delay_s": round(delay, 2),
@@ -178,7 +192,7 @@ def test_ranks_in_a_container_are_named_from_the_host(ncclwatch_run, tmp_path) -
 def test_a_hostile_image_never_gets_its_tools_run(ncclwatch_run, tmp_path) -> None:
     _need_root()
     marker = tmp_path / "ran"
-    mon = ncclwatch_run()
+    mon = ncclwatch_run("--pods-log-dir", str(tmp_path / "pods"))
     c, job = _start(tmp_path, marker)
     try:
         ready = job.wait_marker("ready", 240, count=2)

@@ -1,0 +1,231 @@
+"""A node owns only what it runs: claims cannot be squatted (issue 29, item 4).
+
+Reproduction: the first node to report rank N of a job owned it, and the
+real node's reports of that rank were refused with FAILED_PRECONDITION; job
+ids are guessable, so one node certificate could claim the ranks of a job
+about to start and blind its real node. Here: a real daemon, real gRPC over
+mTLS on loopback and two node certificates from the real ``ncclwatch certs``
+for every case; the API and /metrics over real HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+
+import pytest
+
+from ncclwatch import status
+from ncclwatch.daemon.ownership import OUTCOMES, Contest, decide
+from ncclwatch.model import RankState, StallKind
+from ncclwatch.v1 import collector_pb2 as pb
+from tests.factories import checkpoint_job, report, sample
+from tests.test_tls import TLSHarness, _get, _pki, client
+
+YEAR_AND_A_DAY = 31_622_400.0
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    return _pki(tmp_path_factory.mktemp("pki"))
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+def _job(node: str, agent: str, *, age: float, pid_base: int = 1000, seq: int = 1,
+         timeout: float = 120.0, job: str = "job-1") -> pb.ReportRequest:
+    """job-1's four ranks as ``node`` reports them, each process ``age`` s old."""
+    req = checkpoint_job(job, node=node, agent=agent, seq=seq, timeout=timeout)
+    for s in req.report.samples:
+        s.identity.pid = pid_base + s.identity.rank
+        s.identity.process_age_seconds = age
+    return req
+
+
+def _claims(h: TLSHarness) -> dict[str, float]:
+    m = _get(h.server.http_port, "/metrics")
+    return {dict(lab)["outcome"]: v for (n, lab), v in m.items()
+            if n == "ncclwatch_daemon_rank_claims_total"}
+
+
+def _api(h: TLSHarness) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{h.server.http_port}/api/v1/jobs",
+                                timeout=10) as r:
+        return json.loads(r.read())
+
+
+def _owners(h: TLSHarness, job: str = "job-1") -> set[str]:
+    return {r.node for r in h.daemon.table.jobs[job].ranks.values()}
+
+
+def test_a_squatter_before_the_job_starts_loses_to_the_node_that_runs_it(pki) -> None:
+    async def go():
+        async with TLSHarness(pki) as h:
+            a, b = client(pki, "node-a"), client(pki, "node-b")
+            # node-b guessed the id and claims all four ranks before the job starts.
+            (resp,) = await h.send(h.secure(b), _job("node-b", "agent-b", age=600.0,
+                                                     pid_base=9000))
+            assert not resp.rejected_jobs and _owners(h) == {"node-b"}
+            # The real processes start on node-a: never refused, and they own the ranks.
+            (resp,) = await h.send(h.secure(a), _job("node-a", "agent-a", age=3.0))
+            assert not resp.rejected_jobs
+            assert _owners(h) == {"node-a"}
+            assert {r.pid for r in h.daemon.table.jobs["job-1"].ranks.values()} == \
+                {1000, 1001, 1002, 1003}
+            # node-b cannot win it back with "new" processes of its own.
+            (resp,) = await h.send(h.secure(b), _job("node-b", "agent-b", age=0.5,
+                                                     pid_base=9100, seq=2))
+            assert not resp.rejected_jobs and _owners(h) == {"node-a"}
+            job = h.daemon.table.jobs["job-1"]
+            assert all(r.gone_at is None for r in job.ranks.values())  # b's full round
+            claims = await asyncio.to_thread(_claims, h)
+            assert claims["restarted"] == 4 and claims["retake_refused"] == 4
+            # node-a, once displaced by a silent owner's end, is not locked out:
+            # owner_silent needs no window.
+            assert set(claims) == set(OUTCOMES)
+            # The conflict is shown: the API names both nodes for each rank...
+            view = await asyncio.to_thread(_api, h)
+            (j,) = view["jobs"]
+            assert [c["rank"] for c in j["contested_ranks"]] == [0, 1, 2, 3]
+            c0 = j["contested_ranks"][0]
+            assert c0["owner"]["host"] == "node-a" and c0["owner"]["pid"] == 1000
+            assert [(x["host"], x["pid"]) for x in c0["contenders"]] == [("node-b", 9100)]
+            # ... and so does `ncclwatch status`.
+            text = status.render(view)
+            assert "rank 0 also reported by node-b (pid 9100)" in text, text
+            # The job's stall is node-a's and still detected.
+            h.daemon.tick()
+            assert ("job-1", StallKind.CHECKPOINT_GATHER) in h.daemon.incidents.active
+    _run(go())
+
+
+def test_a_claim_never_blocks_the_node_that_runs_the_rank(pki) -> None:
+    """Evidence that does not decide (no process age): the owner keeps the rank,
+    the other node's samples are set aside, never refused, and the rank moves
+    the moment the owner's reports of it stop."""
+    async def go():
+        async with TLSHarness(pki) as h:
+            h.daemon.table.staleness = 0.5
+            a, b = client(pki, "node-a"), client(pki, "node-b")
+            squat = _job("node-b", "agent-b", age=0.0, pid_base=9000)
+            squat.report.interval_seconds = 0.1          # stale 0.5 s after its last report
+            await h.send(h.secure(b), squat)
+            other = sample("job-ok", 0, 1, RankState.COMPUTE)
+            req = _job("node-a", "agent-a", age=0.0)
+            req.report.samples.append(other)
+            (resp,) = await h.send(h.secure(a), req)
+            assert not resp.rejected_jobs                      # nothing refused
+            assert h.daemon.table.jobs["job-ok"].ranks[0].node == "node-a"
+            assert _owners(h) == {"node-b"}
+            assert not h.daemon.rejected_total and not h.daemon.rejected_jobs_total
+            assert (await asyncio.to_thread(_claims, h))["kept"] == 4
+            # node-b goes silent: node-a's next report takes every rank.
+            await asyncio.sleep(1.0)
+            (resp,) = await h.send(h.secure(a), _job("node-a", "agent-a", age=0.0, seq=2))
+            assert not resp.rejected_jobs and _owners(h) == {"node-a"}
+            assert (await asyncio.to_thread(_claims, h))["owner_silent"] == 4
+    _run(go())
+
+
+def test_job_facts_come_only_from_the_owners_and_a_timeout_change_is_shown(pki) -> None:
+    async def go():
+        async with TLSHarness(pki) as h:
+            a, b = client(pki, "node-a"), client(pki, "node-b")
+            await h.send(h.secure(a), _job("node-a", "agent-a", age=30.0, timeout=120.0))
+            # node-b claims rank 0 (an older process: kept by node-a) with a
+            # year-long watchdog and a Flight Recorder timeout to match.
+            m = sample("job-1", 0, 4, RankState.COMPUTE, pid=666, timeout=YEAR_AND_A_DAY)
+            m.identity.process_age_seconds = 3600.0
+            m.flight_recorder.CopyFrom(pb.FlightRecorderSummary(version="2.4", groups=[
+                pb.ProcessGroupProgress(pg_id="0", pg_name="0", pg_desc="default_pg",
+                                        ranks=[0, 1, 2, 3], pending_seq=1,
+                                        pending_timeout_ms=int(YEAR_AND_A_DAY * 1000))]))
+            # A rank-less member on node-b (which owns no ranked member) tries too.
+            r = sample("job-1", -1, 4, RankState.COMPUTE, pid=667, timeout=YEAR_AND_A_DAY)
+            (resp,) = await h.send(h.secure(b), report([m, r], node="node-b", agent="agent-b"))
+            assert not resp.rejected_jobs
+            job = h.daemon.table.jobs["job-1"]
+            assert job.declared_timeout == 120.0 and job.fr_timeout == 0.0
+            assert not job.timeout_changes
+            assert h.daemon.budget_of("job-1", time.monotonic()).timeout == 120.0
+            # The owner itself changes the timeout: applied, logged and shown.
+            await h.send(h.secure(a), _job("node-a", "agent-a", age=31.0, seq=2, timeout=600.0))
+            assert job.declared_timeout == 600.0
+            view = await asyncio.to_thread(_api, h)
+            (ch,) = view["jobs"][0]["timeout_changes"]
+            assert (ch["timeout"], ch["from_seconds"], ch["to_seconds"], ch["host"]) == \
+                ("job", 120.0, 600.0, "node-a")
+            text = status.render(view)
+            assert "job timeout changed from 120s to 600s (node-a, rank 0)" in text, text
+    _run(go())
+
+
+def test_the_rules_table() -> None:
+    """Each rule of ownership.RULES, and that the table decides every case."""
+    old, new = 100.0, 200.0
+    cases = [
+        (Contest(False, old, None, False), ("owner_silent", True)),
+        (Contest(False, new, old, True), ("owner_silent", True)),
+        (Contest(True, old, new, False), ("restarted", True)),
+        (Contest(True, old, new, True), ("retake_refused", False)),
+        (Contest(True, new, old, False), ("kept", False)),
+        (Contest(True, old, old + 1.0, False), ("kept", False)),   # within START_SLACK
+        (Contest(True, None, new, False), ("kept", False)),        # nothing to compare
+        (Contest(True, old, None, False), ("kept", False)),
+    ]
+    for contest, expected in cases:
+        assert decide(contest) == expected, contest
+
+
+def test_a_claim_in_a_report_left_out_moves_nothing(pki) -> None:
+    """Claims in samples of a job the report is left out for (another world
+    size, older processes: no evidence of a resize) take nothing over and leave
+    no contender behind."""
+    async def go():
+        async with TLSHarness(pki) as h:
+            a, b = client(pki, "node-a"), client(pki, "node-b")
+            await h.send(h.secure(a), _job("node-a", "agent-a", age=60.0))
+            bad = checkpoint_job("job-1", world=8, node="node-b", agent="agent-b")
+            for s in bad.report.samples:
+                s.identity.process_age_seconds = 3600.0
+            (resp,) = await h.send(h.secure(b), bad)
+            assert [(j.job_id, j.code) for j in resp.rejected_jobs] == \
+                [("job-1", "FAILED_PRECONDITION")]
+            assert _owners(h) == {"node-a"}
+            assert not h.daemon.ownership.ranks_of("job-1")
+            assert not any(h.daemon.ownership.claims_total.values())
+    _run(go())
+
+
+def test_a_squatter_with_another_world_size_does_not_block_the_job(pki) -> None:
+    """A job id guessed first with another world size: the job that runs under
+    it (newer processes) is taken at its own size, once; the squatter cannot
+    size it back."""
+    async def go():
+        async with TLSHarness(pki) as h:
+            a, b = client(pki, "node-a"), client(pki, "node-b")
+            squat = checkpoint_job("job-1", world=2, node="node-b", agent="agent-b")
+            for s in squat.report.samples:
+                s.identity.process_age_seconds = 900.0
+                s.identity.pid += 8000
+            await h.send(h.secure(b), squat)
+            assert h.daemon.table.jobs["job-1"].world_size == 2
+            (resp,) = await h.send(h.secure(a), _job("node-a", "agent-a", age=5.0))
+            assert not resp.rejected_jobs
+            job = h.daemon.table.jobs["job-1"]
+            assert job.world_size == 4 and _owners(h) == {"node-a"}
+            # node-b tries its world size again with "new" processes: left out.
+            again = checkpoint_job("job-1", world=2, node="node-b", agent="agent-b", seq=2)
+            for s in again.report.samples:
+                s.identity.process_age_seconds = 0.5
+            (resp,) = await h.send(h.secure(b), again)
+            assert [(j.job_id, j.code) for j in resp.rejected_jobs] == \
+                [("job-1", "FAILED_PRECONDITION")]
+            assert job.world_size == 4 and _owners(h) == {"node-a"}
+            h.daemon.tick()
+            assert ("job-1", StallKind.CHECKPOINT_GATHER) in h.daemon.incidents.active
+    _run(go())
