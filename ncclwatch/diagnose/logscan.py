@@ -729,7 +729,9 @@ class _FileScan:
             pos, cur_line = self._sequential(chunk, 0, line_no)
             cur_pos = pos
         for t, s, e in self.m.scan_ac.find_matches_as_indexes(chunk):
-            if s < pos:
+            # A trigger's end at a line's start begins with the newline before that line:
+            # the line is still unread when the one before it was read alone.
+            if s + (chunk[s:s + 1] == b"\n") < pos:
                 continue
             if self.m.roles[t][0]:
                 ls = chunk.rfind(b"\n", 0, s) + 1
