@@ -128,6 +128,8 @@ SAVE_MESSAGES: tuple[tuple[str, str], ...] = (
     ("Retrieving full model state dict", "torchtune"),
     ("Retrieving optimizer state dict", "torchtune"),
     ("Saving the newly created merged model to", "LoRA merge-and-save scripts (PEFT merge_and_unload)"),
+    ("Summoning checkpoint", "latent-diffusion / Stable Diffusion main.py (Lightning), saving on "
+     "exit or at an epoch's end: 'Summoning checkpoint.', 'Summoning checkpoint as last.ckpt'"),
     ("full_optim_state_dict``is being", "torch FSDP, printed by every rank gathering "
      "the full optimizer state (FSDP.full_optim_state_dict``is being deprecated)"),
     ("full_optim_state_dict`` is being", "the same warning, later spacing"),
@@ -482,11 +484,14 @@ SIGNS: tuple[LogSign, ...] = (
             "1 Workers (tasks / actors) killed due to memory pressure (OOM), 0 Workers crashed "
             "due to other reasons at node (ID: 3f2e, IP: 10.0.0.7) over the last time period."),
     # Any other wording of memory running out or an OOM kill ("HIP out of memory", "the
-    # oom-killer", "got OOM at step 900"); the lines the rows above read are left to them.
+    # oom-killer", "got OOM at step 900"); the lines the rows above read are left to them,
+    # and so is Ray's list of what may have killed a worker ("Some common causes include:
+    # (1) the process was killed by the OOM killer ...": a guess, not evidence).
     LogSign("oom_word", Event.OOM,
             ("out of memory", "Out of memory", "OUT OF MEMORY", "oom-killer", "oom_killer",
              "oom_reaper", " OOM ", "(OOM)", " OOM:", " OOM,", " OOM.", "OOM: ", "OOM kill",
              "OOM-kill", "OOM Kill", "oom-kill"),
+            r"^(?!.*(?:common causes|potential root causes)).*?"
             r"(?P<where>(?<!CUDA )(?<!Cuda )(?<!')(?<!cgroup )\bout of memory\b(?!:? Killed process)"
             r"|\boom[-_ ]?kill(?:er|ed)?\b|\boom_reaper\b|"
             r"(?<![\w-])OOM(?![\w-]))",
@@ -502,8 +507,9 @@ SIGNS: tuple[LogSign, ...] = (
     LogSign("torchrun_teardown", Event.TEARDOWN, ("closing signal",),
             r"Sending process (?P<pid>\d+) closing signal (?P<signame>SIG\w+)",
             example="W1203 12:36:12.416000 21547 torch/distributed/elastic/multiprocessing/api.py:"
-            "1028] Sending process 21552 closing signal SIGTERM",
-            failure=False),  # the teardown after a failure: the failure has its own line
+            "1028] Sending process 21552 closing signal SIGTERM"),
+    # (A failure in itself: torchrun stops the workers only after one failed, and a paste
+    # cut off before the failure's own line still says the job failed.)
     # The deepspeed launcher (launch.py sigkill_handler) when a worker exits non-zero:
     # "[2023-07-10 04:26:35,999] [ERROR] [launch.py:324:sigkill_handler] ['/venv/bin/python',
     # '-u', 'train.py', '--local_rank=1', ...] exits with return code = -11". The command
@@ -567,25 +573,35 @@ SIGNS: tuple[LogSign, ...] = (
             ("Segmentation fault", "SIGSEGV", "SIGABRT", "SIGBUS", "SIGILL", "SIGFPE",
              "core dumped", "Fatal Python error", "aught signal", "Bus error", "Aborted",
              "died unexpectedly", "WorkerCrashedError", "ActorDiedError", "Worker crashed",
-             "worker crashed", "Worker died", "worker died"),
+             "worker crashed", "Worker died", "worker died", "umping core"),
             r"(?P<what>Segmentation fault|SIG(?P<sig>SEGV|ABRT|BUS|ILL|FPE)\b|core dumped|"
             r"Fatal Python error(?:: (?P<fatal>\w[\w ]*))?|[Cc]aught signal (?P<signum>\d+)|"
             r"Bus error|Aborted|died unexpectedly|WorkerCrashedError|ActorDiedError|"
-            r"[Ww]orker (?:crashed|died))",
+            r"[Ww]orker (?:crashed|died)|[Dd]umping core)",
             example="Fatal Python error: Segmentation fault"),
     # A non-zero exit code or a fatal signal, as a launcher, a scheduler or a runtime reports
     # it: "srun: error: node-12: task 3: Exited with exit code 1", "Exit Code: 137"
     # (Kubernetes), "returned non-zero exit status 1", "exitcode: -9", "killed by signal 9".
     LogSign("exit_status", Event.ERROR,
-            ("exit code", "Exit code", "Exit Code", "exitcode", "exit_code", "ExitCode",
+            ("exit code", "Exit code", "Exit Code", "exitcode", "exitCode", "exit_code", "ExitCode",
+             "exited with",
              "exit status", "Exit status", "return code", "returncode", "non-zero exit",
-             "by signal", "with signal", "died with"),
+             "by signal", "with signal", "died with", "forcefully exiting via"),
             r"(?:\bexit(?:ed|s)?[ _]?(?:with )?(?:exit |return )?(?:code|status)|\bexitcode|"
             r"\breturn[ _]?code|non-zero exit status)[\s:=(]{0,8}(?P<code>-?[1-9]\d{0,5})\b|"
             r"\b(?:killed|terminated|exited|died|ended) (?:by|with|due to) signal:? ?"
-            r"(?P<signal>SIG[A-Z]+|\d+)",
+            r"(?P<signal>SIG[A-Z]+|\d+)|(?P<teardown>forcefully exiting via (?:Signals\.)?SIG[A-Z]+)",
             ignore_case=True,
             example="srun: error: gpu-node-12: task 3: Exited with exit code 1"),
+    # Kubernetes: a pod that keeps crashing or failed ("CrashLoopBackOff" in kubectl get
+    # pods, "Reason: Error" in kubectl describe, an operator's event "reason": "Error").
+    LogSign("k8s_failed", Event.ERROR,
+            ("CrashLoopBackOff", "BackoffLimitExceeded", "DeadlineExceeded", "ContainerCannotRun",
+             "Reason:", "\"reason\": \"Error\""),
+            r"(?P<reason>CrashLoopBackOff|BackoffLimitExceeded|DeadlineExceeded|ContainerCannotRun|"
+            r"Reason:\s+(?:Error|Evicted)\b|\"reason\": \"Error\")",
+            example="pytorchjob-example-82cjcqdz-master-0         0/2     CrashLoopBackOff   8    "
+            "      2m32s"),
     # A Python exception line, a C++ exception's frame ("Exception raised from
     # checkTimeout at ../torch/csrc/..."), std::terminate ("terminate called after throwing
     # an instance of 'c10::DistBackendError'", "  what():  ..."); not a warning's line.
@@ -597,11 +613,18 @@ SIGNS: tuple[LogSign, ...] = (
             r"\bwhat\(\): ))",
             example="FileNotFoundError: [Errno 2] No such file or directory: '/ckpt/tmp-step900' "
             "-> '/ckpt/step900'"),
-    # A log line at error or fatal level, a tool's "prog: error: ...", the shell's "Killed".
+    # A Python traceback's frame, where the paste lost the "Traceback" line above it (a
+    # middle or an end of one), or Python's faulthandler dump ('File "x.py", line 3 in f').
+    LogSign("traceback_frame", Event.ERROR, ('", line ',),
+            r'(?<![\w.])File "(?P<file>[^"]+)", line (?P<line>\d{1,9}),? in (?P<func>\S+)',
+            example='  File "/opt/conda/lib/python3.10/site-packages/transformers/trainer.py", '
+            'line 2395, in _save_checkpoint'),
+    # A log line at error or fatal level, a tool's "prog: error: ...", the shell's "Killed",
+    # a line that starts with "Error" (Hydra's "Error executing job with overrides: ...").
     LogSign("error_line", Event.ERROR,
-            ("ERROR", "FATAL", "Fatal error", "fatal error", ": error:", "error: ", "Killed"),
+            ("ERROR", "FATAL", "Fatal error", "fatal error", ": error:", "error: ", "Error ", "Killed"),
             r"(?P<what>(?<![\w-])(?:ERROR|FATAL)(?![\w-])|[Ff]atal error|(?:^|[\w\])]: )error:|"
-            r"(?<![\w-])Killed(?![\w-]))",
+            r"(?<![\w-])Killed(?![\w-])|^(?:> )?Error\b)",
             example="/bin/bash: line 1: 402287 Killed                  python train.py --config "
             "configs/llama3_8b.yaml"),
     LogSign("world_size", Event.WORLD, ("WORLD_SIZE=", "world_size=", "world size: ", "world_size: "),
@@ -660,7 +683,8 @@ CRASH_WORDS: tuple[tuple[str, str], ...] = (
     ("SIGBUS", "SIGBUS"), ("SIGILL", "SIGILL"), ("SIGFPE", "SIGFPE"), ("Aborted", "SIGABRT"),
     ("SIGABRT", "SIGABRT"), ("died unexpectedly", "crashed"), ("WorkerCrashedError", "crashed"),
     ("ActorDiedError", "crashed"), ("orker crashed", "crashed"), ("orker died", "crashed"),
-    ("Fatal Python error", "crashed"), ("core dumped", "crashed"), ("Killed", "SIGKILL"),
+    ("Fatal Python error", "crashed"), ("core dumped", "crashed"), ("umping core", "crashed"),
+    ("Killed", "SIGKILL"),
 )
 #: Exit codes a shell, a container runtime or a scheduler reports for a fatal signal
 #: (128 + N), as launchers report them (-N): the signal.

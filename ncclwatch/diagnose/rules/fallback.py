@@ -15,7 +15,9 @@ from dataclasses import dataclass
 
 from ncclwatch.diagnose.facts import Facts, Finding, _anyone_waited, who
 from ncclwatch.diagnose.logscan import Evidence
-from ncclwatch.diagnose.logsigns import CRASH_WORDS, SIGNAL_EXIT_BASE, SIGNAL_MEANING, Event
+from ncclwatch.diagnose.logsigns import (CRASH_WORDS, NETWORK_EXCEPTIONS, PEER_EXCEPTIONS,
+                                          SIGNAL_EXIT_BASE, SIGNAL_MEANING, TEARDOWN_EXCEPTIONS,
+                                          TIMEOUT_EXCEPTIONS, Event)
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,9 @@ class Shape:
     #: Counts only where no rank timed out waiting (an abort after a watchdog timeout is
     #: the watchdog's own, not a cause).
     alone: bool = False
+    #: Counts only on lines that name their rank (an exception line without one could be
+    #: any process's, the launcher's included).
+    ranked: bool = False
 
 
 SHAPES: tuple[Shape, ...] = (
@@ -42,6 +47,9 @@ SHAPES: tuple[Shape, ...] = (
           "the NCCL watchdog took a process down (its own frames are in the log): a "
           "collective timed out or failed on that rank, waiting for another"),
     Shape("aborted", "rank_crash", "rank_exited", "a process aborted (SIGABRT)", alone=True),
+    Shape("raised", "rank_crash", "rank_exited",
+          "a rank raised an exception of its own (not a timeout, a lost peer or a teardown)",
+          alone=True, ranked=True),
 )
 
 
@@ -57,10 +65,15 @@ def meaning_of(e: Evidence) -> str | None:
         if num:
             return _signal_meaning(int(num))
         return "crashed" if e.sign == "crash_signal" else None
+    if e.sign == "exception_line" and e.fields.get("exc"):
+        waits = TIMEOUT_EXCEPTIONS + PEER_EXCEPTIONS + TEARDOWN_EXCEPTIONS + NETWORK_EXCEPTIONS
+        return None if any(w in e.text for w in waits) else "raised"
     if e.sign == "exit_status":
         if e.fields.get("signal"):
             s = e.fields["signal"].upper()
             return _signal_meaning(int(s)) if s.isdigit() else SIGNAL_MEANING.get(s)
+        if "code" not in e.fields:
+            return None  # torchrun killing its own workers after a failure: not the cause
         code = int(e.fields["code"])
         if code < 0:
             return _signal_meaning(-code)
@@ -87,6 +100,8 @@ def rule_fallback(facts: Facts) -> Finding | None:
     waited = _anyone_waited(facts)
     for shape in SHAPES:
         hits = by_meaning.get(shape.meaning)
+        if hits and shape.ranked:
+            hits = [e for e in hits if e.rank is not None]
         if not hits or (shape.alone and (waited or "watchdog" in by_meaning)):
             continue
         ranks = sorted({e.rank for e in hits if e.rank is not None})
