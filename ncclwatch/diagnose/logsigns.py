@@ -590,7 +590,7 @@ SIGNS: tuple[LogSign, ...] = (
             r"(?:\bexit(?:ed|s)?[ _]?(?:with )?(?:exit |return )?(?:code|status)|\bexitcode|"
             r"\breturn[ _]?code|non-zero exit status)[\s:=(]{0,8}(?P<code>-?[1-9]\d{0,5})\b|"
             r"\b(?:killed|terminated|exited|died|ended) (?:by|with|due to) signal:? ?"
-            r"(?P<signal>SIG[A-Z]+|\d+)|(?P<teardown>forcefully exiting via (?:Signals\.)?SIG[A-Z]+)",
+            r"(?P<signal>SIG(?:KILL|TERM|SEGV|ABRT|BUS|ILL|FPE|INT|HUP|PIPE|QUIT)|\d+)|(?P<teardown>forcefully exiting via (?:Signals\.)?SIG[A-Z]+)",
             ignore_case=True,
             example="srun: error: gpu-node-12: task 3: Exited with exit code 1"),
     # Kubernetes: a pod that keeps crashing or failed ("CrashLoopBackOff" in kubectl get
@@ -608,7 +608,7 @@ SIGNS: tuple[LogSign, ...] = (
     LogSign("exception_line", Event.ERROR,
             ("Error:", "Exception:", "Exception in", "Exception raised from", "terminate called",
              "what():  "),
-            r"^(?!.*\w*Warning: )(?P<what>.*?(?:(?<![\w.])(?:[a-z_]\w*\.)*(?P<exc>[A-Z]?\w*"
+            r"^(?:(?!\w*Warning: ).)*?(?P<what>(?:(?<![\w.])(?:[a-z_]\w*\.)*(?P<exc>[A-Z]?\w*"
             r"(?:Error|Exception))(?::|$)|Exception (?:in|raised from)\b|terminate called|"
             r"\bwhat\(\): ))",
             example="FileNotFoundError: [Errno 2] No such file or directory: '/ckpt/tmp-step900' "
@@ -624,7 +624,7 @@ SIGNS: tuple[LogSign, ...] = (
     LogSign("error_line", Event.ERROR,
             ("ERROR", "FATAL", "Fatal error", "fatal error", ": error:", "error: ", "Error ", "Killed"),
             r"(?P<what>(?<![\w-])(?:ERROR|FATAL)(?![\w-])|[Ff]atal error|(?:^|[\w\])]: )error:|"
-            r"(?<![\w-])Killed(?![\w-])|^(?:> )?Error\b)",
+            r"(?<![\w-])Killed(?![\w-])|(?<![A-Za-z.-])Error (?=[a-z]))",
             example="/bin/bash: line 1: 402287 Killed                  python train.py --config "
             "configs/llama3_8b.yaml"),
     LogSign("world_size", Event.WORLD, ("WORLD_SIZE=", "world_size=", "world size: ", "world_size: "),
