@@ -37,11 +37,15 @@ def _cases(root: Path) -> list[Path]:
 MADE = _cases(CORPUS)
 REAL = _cases(PUBLIC)
 CASES = MADE + REAL
-#: The issue asks for at least this many real, public logs (issue 21: 120), of them at
-#: least MIN_TORCH1 in the torch 1.x formats and MIN_NONE with no distributed failure.
-MIN_REAL = 120
+#: The issue asks for at least this many real, public logs (issue 21: 120, issue 28: 40
+#: more), of them at least MIN_TORCH1 in the torch 1.x formats and MIN_NONE with no
+#: distributed failure (issue 28: at least 20 more healthy logs).
+MIN_REAL = 120 + 40 + 20
 MIN_TORCH1 = 20
-MIN_NONE = 10
+MIN_NONE = 10 + 20
+#: Issue 28's additions (``"issue": 28`` in expected.json): failing logs, healthy logs,
+#: OOM kills or segfaults during a save, pastes cut off mid-trace.
+MIN_28_FAILING, MIN_28_HEALTHY, MIN_28_SAVE_DEATHS, MIN_28_CUT = 40, 20, 10, 5
 #: Signs no case of the corpus shows yet (each says why).
 UNCOVERED: dict[str, str] = {
     # Signs added for issue 21 from wordings seen in public threads; the corpus helper
@@ -50,6 +54,10 @@ UNCOVERED: dict[str, str] = {
                         "https://github.com/pytorch/pytorch/issues/64926",
     "store_socket_timeout": "seen in https://github.com/aws-samples/"
                             "amazon-eks-machine-learning-with-terraform-and-kubeflow/issues/89",
+    # Issue 28: the heartbeat monitor's own frame, as torch 2.2-2.14 name it
+    # (ProcessGroupNCCL::heartbeatMonitor, then HeartbeatMonitor::runLoop); no public paste
+    # searched holds the frame without the "Heartbeat monitor timed out" line above it.
+    "nccl_heartbeat_frame": "from torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (2.2-2.14)",
 }
 
 
@@ -103,6 +111,25 @@ def test_case_names_do_not_decide_verdicts(tmp_path):
         a, b = diagnose(_inputs(case)), diagnose(_inputs(neutral))
         assert (a.cls, a.initiating, a.candidates, a.collateral) == \
             (b.cls, b.initiating, b.candidates, b.collateral), case.name
+
+
+def test_issue28_additions_keep_pace():
+    """Issue 28: 40+ failing real logs and 20+ healthy ones, more than half from projects
+    the corpus did not hold before, 10+ deaths during a save, 5+ cut off mid-trace."""
+    new = [c for c in REAL if _want(c).get("issue") == 28]
+    failing = [c for c in new if _want(c)["class"] != "none"]
+    healthy = [c for c in new if _want(c)["class"] == "none"]
+    saves = [c for c in failing if "death_during_save" in _want(c).get("shapes", [])]
+    cut = [c for c in failing if "cut_off" in _want(c).get("shapes", [])]
+    assert len(failing) >= MIN_28_FAILING, len(failing)
+    assert len(healthy) >= MIN_28_HEALTHY, len(healthy)
+    assert len(saves) >= MIN_28_SAVE_DEATHS, [c.name for c in saves]
+    assert len(cut) >= MIN_28_CUT, [c.name for c in cut]
+    held = {_want(c)["source"]["repo"] for c in REAL if _want(c).get("issue") != 28}
+    fresh = [c for c in new if _want(c)["source"]["repo"] not in held]
+    assert 2 * len(fresh) > len(new), f"{len(fresh)} of {len(new)} from projects not held before"
+    for c in saves:
+        assert _want(c)["class"] in ("rank_crash", "gather_oom"), c.name
 
 
 def test_public_cases_cite_their_source():
@@ -175,8 +202,12 @@ def test_corpus_table(capsys):
         bad = len(real_wrong) + len(real_pending)
         torch1 = sum(_want(c).get("log_format", "").startswith("torch 1.") for c in REAL)
         healthy = sum(_want(c)["class"] == "none" for c in REAL)
+        new = [c for c in REAL if _want(c).get("issue") == 28]
+        new_bad = sum(c.name in real_wrong + real_pending for c in new)
         print(f"\n\nReal logs from public issues: {len(REAL) - bad}/{len(REAL)} right"
-              f" ({torch1} in torch 1.x formats, {healthy} without a failure)"
+              f" ({torch1} in torch 1.x formats, {healthy} without a failure; issue 28 added "
+              f"{len(new)}: {len(new) - new_bad}/{len(new)} right, "
+              f"{sum(_want(c)['class'] == 'none' for c in new)} healthy)"
               + (f", {len(real_pending)} pending on new recognisers: "
                  f"{' '.join(real_pending)}" if real_pending else ""))
         print(head)

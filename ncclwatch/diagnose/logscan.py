@@ -729,7 +729,9 @@ class _FileScan:
             pos, cur_line = self._sequential(chunk, 0, line_no)
             cur_pos = pos
         for t, s, e in self.m.scan_ac.find_matches_as_indexes(chunk):
-            if s < pos:
+            # A trigger's end at a line's start begins with the newline before that line:
+            # the line is still unread when the one before it was read alone.
+            if s + (chunk[s:s + 1] == b"\n") < pos:
                 continue
             if self.m.roles[t][0]:
                 ls = chunk.rfind(b"\n", 0, s) + 1
@@ -762,13 +764,24 @@ class _FileScan:
                 # A trigger whose pattern found too little: a narrow terminal wrapped the
                 # line (pieces of one width); read it whole for the signs not yet read.
                 a, b = _wrap_span(chunk, first, le)
+                # A later line of the run holding a trigger of its own is no piece of
+                # this one (as wide by chance): it is read on its own.
+                ps = le + 1
+                while ps < b:
+                    pe = chunk.find(b"\n", ps)
+                    pe = b if pe < 0 or pe > b else pe
+                    if self.m.signs_in(chunk[ps:pe]):
+                        b = max(le, ps - 1)
+                        break
+                    ps = pe + 1
                 if (a, b) != (first, le):
                     whole = _joined(chunk, a, b)
                     # Cited at the trigger's line: the run may reach back over lines that
                     # only happen to be as wide (a log's own lines of that width).
-                    self._line(whole, cur_line,
-                               only={self.m.signs[i].id for i in self.m.signs_in(whole)} - matched)
-                    le = max(le, b)
+                    got, _m = self._line(whole, cur_line, only={
+                        self.m.signs[i].id for i in self.m.signs_in(whole)} - matched)
+                    if got:  # else the lines after it were no wrap: each is read itself
+                        le = max(le, b)
             pos = le + 1
             if self.open:
                 cur_pos, cur_line = pos, cur_line + 1 + chunk.count(b"\n", first, le)

@@ -77,6 +77,12 @@ class Event(str, enum.Enum):
     STORE = "store"
     #: A launcher said the job failed without saying why (torchrun's ChildFailedError).
     FAILED = "failed"
+    #: A process died of a fatal signal or a fatal runtime error (segmentation fault,
+    #: abort, ``Fatal Python error``, a Ray worker that crashed): a crash, rank unknown.
+    CRASH = "crash"
+    #: A line shaped like a failure that no other sign explains (an exception line, an
+    #: error or fatal log line, a non-zero exit code): never "no failure found".
+    ERROR = "error"
 
 
 @dataclass(frozen=True)
@@ -122,6 +128,8 @@ SAVE_MESSAGES: tuple[tuple[str, str], ...] = (
     ("Retrieving full model state dict", "torchtune"),
     ("Retrieving optimizer state dict", "torchtune"),
     ("Saving the newly created merged model to", "LoRA merge-and-save scripts (PEFT merge_and_unload)"),
+    ("Summoning checkpoint", "latent-diffusion / Stable Diffusion main.py (Lightning), saving on "
+     "exit or at an epoch's end: 'Summoning checkpoint.', 'Summoning checkpoint as last.ckpt'"),
     ("full_optim_state_dict``is being", "torch FSDP, printed by every rank gathering "
      "the full optimizer state (FSDP.full_optim_state_dict``is being deprecated)"),
     ("full_optim_state_dict`` is being", "the same warning, later spacing"),
@@ -169,8 +177,9 @@ _NCCL_PREFIX = (r"(?:(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+) (?:\[(?P<device
 #: and the scanner rejoins any single cut (logscan.py); the tests hold every row to it.
 MAX_TRIGGER = 40
 #: The shortest piece of a cut trigger the scanner looks for; a trigger of at least
-#: 2 * FRAGMENT - 1 characters leaves one piece that long wherever it is cut.
-FRAGMENT = 4
+#: 2 * FRAGMENT - 1 characters leaves one piece that long wherever it is cut (3: the
+#: fallback's short words, ``Killed`` and ``FATAL``, are triggers too).
+FRAGMENT = 3
 MIN_TRIGGER = 2 * FRAGMENT - 1
 
 _WD = ("[rank2]:[E0521 03:30:06.553507662 ProcessGroupNCCL.cpp:757] [Rank 2] Watchdog caught "
@@ -250,6 +259,23 @@ SIGNS: tuple[LogSign, ...] = (
             r"[Hh]eartbeat monitor timed out|detected no heartbeat)",
             example="[rank1]:[E ProcessGroupNCCL.cpp:1316] [PG 0 Rank 1] Heartbeat monitor timed "
             "out! Process will be terminated after dumping debug info. workMetaList_.size()=103"),
+    # The watchdog's own C++ frames, often pasted without the lines above them:
+    # "frame #4: c10d::ProcessGroupNCCL::WorkNCCL::checkTimeout(...)", "c10d::
+    # ProcessGroupNCCL::watchdogHandler()", "Exception raised from ncclCommWatchdog at
+    # ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1418": the exception the watchdog
+    # throws when it takes the process down (a collective timed out or NCCL failed).
+    LogSign("nccl_watchdog_frame", Event.WATCHDOG_ABORT,
+            ("WorkNCCL::checkTimeout", "watchdogHandler", "ncclCommWatchdog", "workCleanupLoop"),
+            r"(?P<frame>WorkNCCL::checkTimeout|watchdogHandler|ncclCommWatchdog|workCleanupLoop)",
+            example="frame #4: c10d::ProcessGroupNCCL::WorkNCCL::checkTimeout(std::optional<std::"
+            "chrono::duration<long, std::ratio<1l, 1000l> > >) + 0x1d2 (0x7f3c1a6d0a22 in /usr/"
+            "local/lib/python3.10/dist-packages/torch/lib/libtorch_cuda.so)"),
+    # The heartbeat monitor's frames (2.2+): "c10d::ProcessGroupNCCL::HeartbeatMonitor::
+    # runLoop()" (2.6+), "c10d::ProcessGroupNCCL::heartbeatMonitor()" (2.2-2.5).
+    LogSign("nccl_heartbeat_frame", Event.HEARTBEAT, ("HeartbeatMonitor::", "heartbeatMonitor("),
+            r"(?P<frame>(?:HeartbeatMonitor::\w+|heartbeatMonitor)\()",
+            example="frame #2: c10d::ProcessGroupNCCL::HeartbeatMonitor::runLoop() + 0x6c1 "
+            "(0x7f6e3a3e1d41 in /opt/venv/lib/python3.12/site-packages/torch/lib/libtorch_cuda.so)"),
     LogSign("fr_dump", Event.FR_DUMP,
             ("flight recorder", "Flight Recorder", "FlightRecorder", "dump debug info",
              "dump_debug_info", "Dumping nccl trace", "nccl trace dump"),
@@ -433,6 +459,45 @@ SIGNS: tuple[LogSign, ...] = (
             r".*?(?:Killed process |pid=)(?P<pid>\d+)(?: \((?P<comm>[^)]*)\))?",
             example="[1482015.999488] oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=/,"
             "mems_allowed=0,global_oom,task_memcg=/user.slice,task=python3.11,pid=402287,uid=1000"),
+    # Slurm's cgroup: "slurmstepd: error: Detected 1 oom_kill event in StepId=4411.0. Some of
+    # the step tasks have been OOM Killed." (older: "Detected 1 oom-kill event(s) in step
+    # 51.batch cgroup").
+    LogSign("slurm_oom_kill", Event.OOM,
+            ("oom_kill event", "oom-kill event", "have been OOM Killed"),
+            r"(?P<where>Detected (?P<count>\d+) oom[_-]kill event|have been OOM Killed)",
+            example="slurmstepd: error: Detected 1 oom_kill event in StepId=4411.0. Some of the "
+            "step tasks have been OOM Killed."),
+    # Kubernetes: a container's last state ("Reason: OOMKilled" in kubectl describe, the pod
+    # status column, operators' events).
+    LogSign("k8s_oom_killed", Event.OOM, ("OOMKilled",), r"(?P<where>OOMKilled)",
+            example="      Reason:       OOMKilled"),
+    # Ray's memory monitor: "(raylet) ... 1 Workers (tasks / actors) killed due to memory
+    # pressure (OOM)", "ray.exceptions.OutOfMemoryError: Task was killed due to the node
+    # running low on memory. Memory on the node ... which exceeds the memory usage threshold
+    # of 0.95 ... Top 10 memory users:".
+    LogSign("ray_memory_monitor", Event.OOM,
+            ("killed due to memory pressure", "running low on memory", "memory usage threshold",
+             "memory users:"),
+            r"(?P<where>killed due to memory pressure|running low on memory|exceeds the memory "
+            r"usage threshold|Top \d+ memory users)",
+            example="(raylet) [2024-11-08 14:22:31,043 E 612 612] (raylet) node_manager.cc:3069: "
+            "1 Workers (tasks / actors) killed due to memory pressure (OOM), 0 Workers crashed "
+            "due to other reasons at node (ID: 3f2e, IP: 10.0.0.7) over the last time period."),
+    # Any other wording of memory running out or an OOM kill ("HIP out of memory", "the
+    # oom-killer", "got OOM at step 900"); the lines the rows above read are left to them,
+    # and so is Ray's list of what may have killed a worker ("Some common causes include:
+    # (1) the process was killed by the OOM killer ...": a guess, not evidence).
+    LogSign("oom_word", Event.OOM,
+            ("out of memory", "Out of memory", "OUT OF MEMORY", "oom-killer", "oom_killer",
+             "oom_reaper", " OOM ", "(OOM)", " OOM:", " OOM,", " OOM.", "OOM: ", "OOM kill",
+             "OOM-kill", "OOM Kill", "oom-kill"),
+            r"^(?!.*(?:common causes|potential root causes)).*?"
+            r"(?P<where>(?<!CUDA )(?<!Cuda )(?<!')(?<!cgroup )\bout of memory\b(?!:? Killed process)"
+            r"|\boom[-_ ]?kill(?:er|ed)?\b|\boom_reaper\b|"
+            r"(?<![\w-])OOM(?![\w-]))",
+            ignore_case=True,
+            example="RuntimeError: HIP out of memory. Tried to allocate 2.00 GiB (GPU 3; 63.98 GiB "
+            "total capacity; 60.12 GiB already allocated)"),
     # -- torchrun (torch/distributed/elastic) ---------------------------------------------
     LogSign("torchrun_failed", Event.EXIT, ("failed (exitcode:",),
             r"failed \(exitcode: (?P<exitcode>" + _N + r")\)(?: local_rank: (?P<local_rank>\d+)"
@@ -442,8 +507,9 @@ SIGNS: tuple[LogSign, ...] = (
     LogSign("torchrun_teardown", Event.TEARDOWN, ("closing signal",),
             r"Sending process (?P<pid>\d+) closing signal (?P<signame>SIG\w+)",
             example="W1203 12:36:12.416000 21547 torch/distributed/elastic/multiprocessing/api.py:"
-            "1028] Sending process 21552 closing signal SIGTERM",
-            failure=False),  # the teardown after a failure: the failure has its own line
+            "1028] Sending process 21552 closing signal SIGTERM"),
+    # (A failure in itself: torchrun stops the workers only after one failed, and a paste
+    # cut off before the failure's own line still says the job failed.)
     # The deepspeed launcher (launch.py sigkill_handler) when a worker exits non-zero:
     # "[2023-07-10 04:26:35,999] [ERROR] [launch.py:324:sigkill_handler] ['/venv/bin/python',
     # '-u', 'train.py', '--local_rank=1', ...] exits with return code = -11". The command
@@ -496,7 +562,71 @@ SIGNS: tuple[LogSign, ...] = (
             example="Running tokenizer on dataset (num_proc=16): 12%", failure=False),
     LogSign("traceback", Event.TRACEBACK, ("Traceback (most recent call last)",),
             r"Traceback \(most recent call last\)",
-            example="[rank2]: Traceback (most recent call last):", failure=False),
+            example="[rank2]: Traceback (most recent call last):"),
+    # -- the fallback: lines shaped like a failure ---------------------------------------
+    # A process dying of a signal or a fatal runtime error, as the shell, libc, Python's
+    # faulthandler, UCX, Megatron and Ray print it: "Segmentation fault (core dumped)",
+    # "Fatal Python error: Segmentation fault", "caught signal 11 (Segmentation fault)",
+    # "*** SIGSEGV received at time=...", "Aborted (core dumped)", "The actor died
+    # unexpectedly before finishing this task", "ray.exceptions.WorkerCrashedError".
+    LogSign("crash_signal", Event.CRASH,
+            ("Segmentation fault", "SIGSEGV", "SIGABRT", "SIGBUS", "SIGILL", "SIGFPE",
+             "core dumped", "Fatal Python error", "aught signal", "Bus error", "Aborted",
+             "died unexpectedly", "WorkerCrashedError", "ActorDiedError", "Worker crashed",
+             "worker crashed", "Worker died", "worker died", "umping core"),
+            r"(?P<what>Segmentation fault|SIG(?P<sig>SEGV|ABRT|BUS|ILL|FPE)\b|core dumped|"
+            r"Fatal Python error(?:: (?P<fatal>\w[\w ]*))?|[Cc]aught signal (?P<signum>\d+)|"
+            r"Bus error|Aborted|died unexpectedly|WorkerCrashedError|ActorDiedError|"
+            r"[Ww]orker (?:crashed|died)|[Dd]umping core)",
+            example="Fatal Python error: Segmentation fault"),
+    # A non-zero exit code or a fatal signal, as a launcher, a scheduler or a runtime reports
+    # it: "srun: error: node-12: task 3: Exited with exit code 1", "Exit Code: 137"
+    # (Kubernetes), "returned non-zero exit status 1", "exitcode: -9", "killed by signal 9".
+    LogSign("exit_status", Event.ERROR,
+            ("exit code", "Exit code", "Exit Code", "exitcode", "exitCode", "exit_code", "ExitCode",
+             "exited with",
+             "exit status", "Exit status", "return code", "returncode", "non-zero exit",
+             "by signal", "with signal", "died with", "forcefully exiting via"),
+            r"(?:\bexit(?:ed|s)?[ _]?(?:with )?(?:exit |return )?(?:code|status)|\bexitcode|"
+            r"\breturn[ _]?code|non-zero exit status)[\s:=(]{0,8}(?P<code>-?[1-9]\d{0,5})\b|"
+            r"\b(?:killed|terminated|exited|died|ended) (?:by|with|due to) signal:? ?"
+            r"(?P<signal>SIG(?:KILL|TERM|SEGV|ABRT|BUS|ILL|FPE|INT|HUP|PIPE|QUIT)|\d+)|(?P<teardown>forcefully exiting via (?:Signals\.)?SIG[A-Z]+)",
+            ignore_case=True,
+            example="srun: error: gpu-node-12: task 3: Exited with exit code 1"),
+    # Kubernetes: a pod that keeps crashing or failed ("CrashLoopBackOff" in kubectl get
+    # pods, "Reason: Error" in kubectl describe, an operator's event "reason": "Error").
+    LogSign("k8s_failed", Event.ERROR,
+            ("CrashLoopBackOff", "BackoffLimitExceeded", "DeadlineExceeded", "ContainerCannotRun",
+             "Reason:", "\"reason\": \"Error\""),
+            r"(?P<reason>CrashLoopBackOff|BackoffLimitExceeded|DeadlineExceeded|ContainerCannotRun|"
+            r"Reason:\s+(?:Error|Evicted)\b|\"reason\": \"Error\")",
+            example="pytorchjob-example-82cjcqdz-master-0         0/2     CrashLoopBackOff   8    "
+            "      2m32s"),
+    # A Python exception line, a C++ exception's frame ("Exception raised from
+    # checkTimeout at ../torch/csrc/..."), std::terminate ("terminate called after throwing
+    # an instance of 'c10::DistBackendError'", "  what():  ..."); not a warning's line.
+    LogSign("exception_line", Event.ERROR,
+            ("Error:", "Exception:", "Exception in", "Exception raised from", "terminate called",
+             "what():  "),
+            r"^(?:(?!\w*Warning: ).)*?(?P<what>(?:(?<![\w.])(?:[a-z_]\w*\.)*(?P<exc>[A-Z]?\w*"
+            r"(?:Error|Exception))(?::|$)|Exception (?:in|raised from)\b|terminate called|"
+            r"\bwhat\(\): ))",
+            example="FileNotFoundError: [Errno 2] No such file or directory: '/ckpt/tmp-step900' "
+            "-> '/ckpt/step900'"),
+    # A Python traceback's frame, where the paste lost the "Traceback" line above it (a
+    # middle or an end of one), or Python's faulthandler dump ('File "x.py", line 3 in f').
+    LogSign("traceback_frame", Event.ERROR, ('", line ',),
+            r'(?<![\w.])File "(?P<file>[^"]+)", line (?P<line>\d{1,9}),? in (?P<func>\S+)',
+            example='  File "/opt/conda/lib/python3.10/site-packages/transformers/trainer.py", '
+            'line 2395, in _save_checkpoint'),
+    # A log line at error or fatal level, a tool's "prog: error: ...", the shell's "Killed",
+    # a line that starts with "Error" (Hydra's "Error executing job with overrides: ...").
+    LogSign("error_line", Event.ERROR,
+            ("ERROR", "FATAL", "Fatal error", "fatal error", ": error:", "error: ", "Error ", "Killed"),
+            r"(?P<what>(?<![\w-])(?:ERROR|FATAL)(?![\w-])|[Ff]atal error|(?:^|[\w\])]: )error:|"
+            r"(?<![\w-])Killed(?![\w-])|(?<![A-Za-z.-])Error (?=[a-z]))",
+            example="/bin/bash: line 1: 402287 Killed                  python train.py --config "
+            "configs/llama3_8b.yaml"),
     LogSign("world_size", Event.WORLD, ("WORLD_SIZE=", "world_size=", "world size: ", "world_size: "),
             r"(?:WORLD_SIZE|world[_ ]size)(?:=|: )(?P<world>\d+)",
             example="2024-11-08 14:02:51,892 INFO     [train_vlm.py:212] world_size=8 backend=nccl",
@@ -545,6 +675,20 @@ SIGNAL_MEANING: dict[str, str] = {
     "SIGSEGV": "crashed", "SIGBUS": "crashed", "SIGILL": "crashed", "SIGFPE": "crashed",
     "SIGKILL": "killed", "SIGABRT": "aborted", "SIGTERM": "terminated", "SIGINT": "terminated",
 }
+
+#: What a crash line says died of, by its words (first match): the signal's name, whose
+#: SIGNAL_MEANING names the fallback's class. Ray's dead workers name no signal.
+CRASH_WORDS: tuple[tuple[str, str], ...] = (
+    ("Segmentation fault", "SIGSEGV"), ("SIGSEGV", "SIGSEGV"), ("Bus error", "SIGBUS"),
+    ("SIGBUS", "SIGBUS"), ("SIGILL", "SIGILL"), ("SIGFPE", "SIGFPE"), ("Aborted", "SIGABRT"),
+    ("SIGABRT", "SIGABRT"), ("died unexpectedly", "crashed"), ("WorkerCrashedError", "crashed"),
+    ("ActorDiedError", "crashed"), ("orker crashed", "crashed"), ("orker died", "crashed"),
+    ("Fatal Python error", "crashed"), ("core dumped", "crashed"), ("umping core", "crashed"),
+    ("Killed", "SIGKILL"),
+)
+#: Exit codes a shell, a container runtime or a scheduler reports for a fatal signal
+#: (128 + N), as launchers report them (-N): the signal.
+SIGNAL_EXIT_BASE = 128
 
 
 def _check_table() -> None:

@@ -54,8 +54,11 @@ LINE_STARTS: tuple[str, ...] = (
     r"\s*$", r"[\[(<>`{\x1b]", r"\d+: ", r"\d{4}-\d\d-\d\d", r"\d\d:\d\d:\d\d",
     r"[IWEF]\d{4} ", r"[\w.-]+:\d+:\d+ ", r"\s*File \"", r"\s*Traceback ",
     r"During handling", r"The above exception", r"[\w.]*(?:Error|Exception|Warning|Interrupt)\b:",
-    r"(?:INFO|WARNING|WARN|ERROR|DEBUG|CRITICAL)\b", r"frame #\d", r"Exception raised from",
+    r"(?:INFO|WARNING|WARN|ERROR|DEBUG|CRITICAL|FATAL)\b", r"frame #\d", r"Exception raised from",
     r"terminate called", r"\s+what\(\)", r"\s{4}", r"\w[\w ]{0,40}\|", r"\s*\d+%",
+    # How a process's death is printed (issue 28): the shell, libc, faulthandler, Slurm.
+    r"Killed\b", r"Segmentation fault", r"Aborted \(", r"Fatal Python error", r"Error \w",
+    r"(?:srun|slurmstepd): ",
 )
 _LINE_START = re.compile("|".join(f"(?:{s})" for s in LINE_STARTS))
 #: A wrapped line is long; shorter ones ended where they did.

@@ -64,9 +64,30 @@ def rule_gather_oom(facts: Facts) -> Finding | None:
             ev.append((oom_tbs[0].where, f"rank {r}'s traceback is in "
                        f"{classify(oom_tbs[0].innermost_first()).state.value}"))
     if not hits:
-        return None
+        return _unranked_save_oom(facts)
     collateral = [r for r in facts.world if r not in hits]
     return Finding("gather_oom", hits, collateral, "gather_out_of_memory",
                    f"{who(hits)} ran out of memory while gathering or saving "
                    f"the checkpoint; the other ranks only waited for them.", ev,
                    _inferred_notes(facts, hits))
+
+
+def _unranked_save_oom(facts: Facts) -> Finding | None:
+    """An OOM line naming no rank (Slurm's oom_kill, a Kubernetes OOMKilled, Ray's memory
+    monitor, the kernel) after a save began in the same file with no 'saved' line."""
+    for e in facts.unattributed:
+        if e.event is not Event.OOM:
+            continue
+        ckpt = _ckpt_open_before(facts, e)
+        if ckpt is None:
+            continue
+        return Finding("gather_oom", [], [], "gather_out_of_memory",
+                       "a process ran out of memory while the checkpoint was being saved; "
+                       "no line names its rank.",
+                       [(e.where, f"out of memory: {e.text[:200]}"),
+                        (ckpt.where, f"the save it was in: {ckpt.text[:160]}")],
+                       missing=["the rank of the process that ran out of memory"],
+                       collect=["every rank's log with its rank prefix (torchrun --log-dir DIR "
+                                "--tee 3, or srun --label)", "the kernel log of the node "
+                                "(dmesg -T): 'Killed process P' names the pid"])
+    return None

@@ -397,7 +397,9 @@ Slurm `srun --label` log, a gzipped log, Flight Recorder dumps
 `nccl_trace_rank_<rank>`, a `dmesg.txt`), and `expected.json`:
 
 - `class`: `checkpoint_gather_timeout`, `collective_hang`, `desync`,
-  `gather_oom`, `network_error`, `rank_crash` or `none`;
+  `gather_oom`, `network_error`, `rank_crash`, `unknown` (a failure the lines
+  show but do not place: a paste cut off before the cause, an operator's "exit
+  code 1"; the verdict quotes the lines) or `none` (no line shaped like a failure);
 - `initiating_ranks`: the rank(s) the failure started from (the saving or
   gathering rank, the rank that never joined, the odd rank out in a desync,
   the rank that died; for `network_error` the ranks whose own log shows the
@@ -413,7 +415,11 @@ Slurm `srun --label` log, a gzipped log, Flight Recorder dumps
 
 `public/<name>/` holds real logs that users pasted into public GitHub issues
 and pull requests (pytorch, accelerate, transformers, Lightning, DeepSpeed,
-torchtune, Megatron, NCCL and projects using them), kept exactly as pasted:
+torchtune, Megatron, NCCL and projects using them; issue 28 added 46 failing and
+23 healthy logs from projects not held before: verl, OpenRLHF, NeMo, Ray-based RL
+trainers, Kubeflow and Kubernetes, Slurm jobs, t5x, torch_xla, Stable Diffusion
+trainers and more, at least 10 of them OOM kills or segfaults during a save and
+many cut off mid-trace), kept exactly as pasted:
 partial pastes cut mid-line, glued progress bars, interleaved stdout/stderr,
 terminal hard wraps, user elisions, markdown quoting, log-viewer line numbers,
 Ray/host/timestamp prefixes, GitHub-flattened one-line pastes. Each is a small
