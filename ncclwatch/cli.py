@@ -119,7 +119,10 @@ DAEMON_OPTIONS = (
 AGENT_OPTIONS = (
     Option("collector", hostports, "127.0.0.1:7470", "the daemon's gRPC address; two or more, "
            "comma-separated (TOML: a list), for a highly available pair: every report goes "
-           "to each over its own stream and queue", "HOST:PORT[,HOST:PORT]"),
+           "to each over its own stream and queue. Shards of daemons (or of pairs) "
+           "separated by ';' (TOML: a list of lists): each job's ranks go to the shard that "
+           "owns the job id (ncclwatch/shard.py), the node's health to every shard",
+           "HOST:PORT[,HOST:PORT][;HOST:PORT[,HOST:PORT]...]"),
     _INTERVAL,
     Option("node", str, socket.gethostname(), "node name to report as", "NAME"),
     Option("ranks", rank_set, None, "watch only these global ranks, e.g. 0-3 (default: all; "
