@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from ncclwatch.shard import ShardMap
 from ncclwatch.daemon.bounds import Bounds
 from ncclwatch.daemon.budget import Budget, BudgetConfig, budget
 from ncclwatch.daemon.detect import DetectConfig, detect_job
@@ -67,6 +68,8 @@ class DaemonConfig:
     allowed_hosts: str = ""
     #: What one report, agent or job may cost (bounds.py).
     bounds: Bounds = field(default_factory=Bounds)
+    #: Every shard's page when daemons shard jobs (None: this daemon is all).
+    shards: ShardMap | None = None
 
 
 class Daemon:
