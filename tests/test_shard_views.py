@@ -7,6 +7,7 @@ job it owns; shard 0 also holds a job shard 1 owns (an agent with an old map).
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import urllib.request
 
@@ -62,6 +63,11 @@ def test_the_page_api_and_status_span_shards(capsys) -> None:
         assert f"owned by shard 1: <a href='{urls[1]}/#job-{j1}'>{urls[1]}</a>" in html
         assert "not this daemon&#x27;s" in html or "not this daemon's" in html
         assert "shard 0 (this daemon&#x27;s)" in html or "shard 0 (this daemon's)" in html
+        # An alert's link to a job on another shard: the page asks who owns it.
+        owner = json.loads(urllib.request.urlopen(f"{urls[0]}/api/v1/shard?job={j1}").read())
+        assert owner["index"] == 1 and owner["owned"] is False
+        assert owner["pages"] == [f"{urls[1]}/#job-{j1}"]
+        assert "<script id='owner'>" in html and "/api/v1/shard?job=" in html
         # One daemon that knows the map is enough: status asks the other shard too.
         merged, errors = status.fetch_shards(urls[1])
         assert not errors and [j["job"] for j in merged["jobs"]] == sorted([j0, j1])

@@ -71,6 +71,21 @@ _SCRIPT = """
 """
 
 
+#: With a shard map: an alert's link to a job this shard does not hold (the
+#: rules take the first daemon's URL) goes on to the page of the job's owner.
+_OWNER_SCRIPT = """
+(function(){
+  var h=location.hash;
+  if(h.indexOf('#job-')!==0||document.getElementById(h.slice(1))){return;}
+  var id=decodeURIComponent(h.slice(5).replace(/\\+/g,' '));
+  fetch('/api/v1/shard?job='+encodeURIComponent(id),{cache:'no-store'}).then(function(r){
+    return r.ok?r.json():null;}).then(function(s){
+    if(s&&s.owned===false&&s.pages.length){location.replace(s.pages[0]);}
+  }).catch(function(){});
+})();
+"""
+
+
 def render(view: dict[str, Any]) -> str:
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>ncclwatch</title>",
@@ -90,7 +105,8 @@ def render(view: dict[str, Any]) -> str:
     for job in sorted(view["jobs"], key=lambda j: not j["stalls"]):
         parts.append(_job(job))
     parts.append(_agents(view["agents"]))
-    parts.append(f"</main><script id='refresh'>{_SCRIPT}</script></body></html>")
+    owner = f"<script id='owner'>{_OWNER_SCRIPT}</script>" if view.get("shards") else ""
+    parts.append(f"</main><script id='refresh'>{_SCRIPT}</script>{owner}</body></html>")
     return "".join(parts)
 
 
