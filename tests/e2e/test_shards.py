@@ -25,6 +25,7 @@ from ncclwatch.shard import shard
 from tests.conftest import ARTIFACTS, Monitor, Proc, _wait_http, free_port, need, need_system, record
 from tests.e2e.test_alerting import RULES, Webhook, _query, _wait_ready
 from tests.e2e.test_checkpoint_stall import _job_id
+from tests.e2e.test_page_browser import _browser
 
 pytestmark = pytest.mark.e2e
 
@@ -105,7 +106,8 @@ def _pages(hook: Webhook, job_id: str) -> list[dict]:
             and n["groupLabels"].get("job_id") == job_id]
 
 
-def test_two_shards_of_pairs_each_judge_their_own_job_and_page_once(sharded, torch_job) -> None:
+def test_two_shards_of_pairs_each_judge_their_own_job_and_page_once(sharded, torch_job,
+                                                                   tmp_path) -> None:
     t0 = time.time()
     mons, prom, hook = sharded
     ids = _job_ids()
@@ -152,6 +154,12 @@ def test_two_shards_of_pairs_each_judge_their_own_job_and_page_once(sharded, tor
         assert "checkpoint_gather" in row and row.rstrip().endswith(f" {s}"), row
     html = mons[0, "a"].get("/")
     assert f"href='{mons[1, 'a'].http}/'>1</a>" in html
+    # An alert's link to shard 1's job on shard 0's page (the rules take the first
+    # daemon's URL) ends on the owner's page, in a real browser.
+    dom = _browser(tmp_path, "--virtual-time-budget=10000", "--dump-dom",
+                   f"{mons[0, 'a'].http}/#job-{ids[1]}")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert f"id=\"job-{ids[1]}\"" in dom.stdout, dom.stdout[-3000:]
 
     time.sleep(8)  # past a group_interval: a duplicate would have arrived by now
     for job_id in ids:
