@@ -143,7 +143,7 @@ def test_two_shards_of_pairs_each_judge_their_own_job_and_page_once(sharded, tor
     # Every daemon hears the node, jobs or not.
     for (s, r), mon in mons.items():
         agents = mon.jobs()["agents"]
-        assert len(agents) == 1 and agents[0]["connected"] and agents[0]["ranks_watched"] == 4, \
+        assert len(agents) == 1 and agents[0]["connected"] and agents[0]["ranks_watched"] >= 4, \
             ((s, r), agents)
     # One daemon that knows the map: status shows both jobs, each on its shard.
     out = subprocess.run([need("ncclwatch"), "status", "--daemon", mons[0, "b"].http],
