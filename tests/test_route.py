@@ -41,9 +41,12 @@ def _node_report(seq: int, jobs: list[str], *, exited: bool = False):
 def test_split_gives_each_shard_its_jobs_and_every_shard_the_node() -> None:
     a, b = _jobs_on(2)
     r = _node_report(7, [a, b], exited=True)
+    member = sample(b, -1, 0, RankState.COMPUTE, pid=300)  # rank unknown: by its job id
+    r.samples.append(member)
     p0, p1 = split(r, 2)
+    assert p1.samples[-1] == member
     assert {s.identity.job_id for s in p0.samples} == {a} and len(p0.samples) == 2
-    assert {s.identity.job_id for s in p1.samples} == {b} and len(p1.samples) == 1
+    assert {s.identity.job_id for s in p1.samples} == {b} and len(p1.samples) == 2
     assert [e.job_id for e in p1.exited] == [b] and not p0.exited
     for p in (p0, p1):
         assert (p.node, p.agent_id, p.seq, p.full_round) == (r.node, r.agent_id, 7, True)
