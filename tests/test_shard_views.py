@@ -89,6 +89,15 @@ def test_the_page_api_and_status_span_shards(capsys) -> None:
         return True
 
     assert asyncio.run(go())
+    # A DumpStacks call for a job to the wrong shard names the owner.
+    from ncclwatch.daemon.validate import ReportError
+    d = Daemon(DaemonConfig(shards=ShardMap.parse(";".join(urls), 1)))
+    try:
+        d.operator_request_stacks(j0, "test", None)
+    except ReportError as e:
+        assert f"shard 0 owns it, ask a daemon of it ({urls[0]})" in e.message
+    else:
+        raise AssertionError("a job this daemon does not hold was accepted")
 
 
 def test_a_daemon_checks_its_shard_settings(capsys) -> None:
