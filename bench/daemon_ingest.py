@@ -544,7 +544,8 @@ def many_jobs(jobs_n: int, world: int, p: Profile, *, http: bool = True,
 
 
 def sharded(jobs_n: int, world: int, p: Profile) -> dict:
-    """The many-jobs fleet over two daemons, jobs placed by ``shard(job_id, 2)``."""
+    """The many-jobs fleet over two daemons, jobs placed by ``shard(job_id, 2)``
+    (rendezvous hashing: what the agent's router uses)."""
     jobs = fleet(jobs_n, world)
     ds = [DaemonProc(cpu=c, stall_threshold=STALL_THRESHOLD) for c in DAEMON_CPUS]
     finals = []
@@ -824,20 +825,7 @@ def render(r: dict) -> str:
         f"{one['http']['series_per_node']:.0f} per node (agent health) whatever the ranks; "
         f"per-rank series only for culprits: {one['during_stall']['per_rank']} during a stall "
         f"of {one['ranks']} ranks, 0 otherwise.",
-        "", "Sharding (jobs by `crc32(job_id) % n`, `ncclwatch/shard.py`), "
-        f"{sh['jobs']} jobs x {sh['ranks'] // sh['jobs']} ranks, saturated:", "",
-        "| daemons | samples/s | per daemon | daemon cores | per daemon CPU-second | "
-        "client cores |", "|---|---|---|---|---|---|",
-        _shard_row(1, many["saturated"]), _shard_row(2, sh["saturated"]), "",
-        f"- 2 daemons / 1: **{sh['saturated']['samples_per_s'] / many['saturated']['samples_per_s']:.2f}x**"
-        f" samples/s. The {r['cores']} cores also run the load generator, whose clients "
-        "need about as much CPU per report as a daemon: daemons and clients together used "
-        f"{_used(many['saturated']):.2f} cores with one daemon and "
-        f"{_used(sh['saturated']):.2f} with two, so two daemons can only split what is left, "
-        "not double it. Shards are independent (no shared state, no cross-talk), so with "
-        "cores to spare capacity is the sum of each daemon's rate per CPU-second. Jobs per "
-        f"daemon {sh['jobs_per_daemon']}, jobs on both: {sh['jobs_on_both']}, every job on "
-        f"the daemon `shard()` names: {sh['placed_by_shard']}.",
+        "", *_shard_lines(r),
     ]
     if "big" in r:
         b = r["big"]
@@ -912,6 +900,37 @@ def _ms(x: float | None) -> str:
     return "n/a" if x is None else f"{x * 1000:.0f} ms"
 
 
+def _shard_lines(r: dict) -> list[str]:
+    many, sh = r["many_jobs"], r["sharded"]
+    return [
+        "Sharding (jobs by rendezvous hashing of the job id, `ncclwatch/shard.py`), "
+        f"{sh['jobs']} jobs x {sh['ranks'] // sh['jobs']} ranks, saturated:", "",
+        "| daemons | samples/s | per daemon | daemon cores | per daemon CPU-second | "
+        "client cores |", "|---|---|---|---|---|---|",
+        _shard_row(1, many["saturated"]), _shard_row(2, sh["saturated"]), "",
+        f"- 2 daemons / 1: **{sh['saturated']['samples_per_s'] / many['saturated']['samples_per_s']:.2f}x**"
+        f" samples/s. The {r['cores']} cores also run the load generator, whose clients "
+        "need about as much CPU per report as a daemon: daemons and clients together used "
+        f"{_used(many['saturated']):.2f} cores with one daemon and "
+        f"{_used(sh['saturated']):.2f} with two, so two daemons can only split what is left, "
+        "not double it. Shards are independent (no shared state, no cross-talk), so with "
+        "cores to spare capacity is the sum of each daemon's rate per CPU-second. Jobs per "
+        f"daemon {sh['jobs_per_daemon']}, jobs on both: {sh['jobs_on_both']}, every job on "
+        f"the daemon `shard()` names: {sh['placed_by_shard']}.",
+    ]
+
+
+def compare_shards(p: Profile) -> dict:
+    """Only the sharding point: the many-jobs fleet on one daemon, then on two."""
+    check_assembly()
+    t0 = time.monotonic()
+    r: dict = {"profile": p.name, "cores": CORES, "config": asdict(p)}
+    r["many_jobs"] = many_jobs(*p.many, p, http=False)
+    r["sharded"] = sharded(*p.many, p)
+    r["seconds"] = round(time.monotonic() - t0)
+    return r
+
+
 def _shard_row(n: int, w: dict) -> str:
     each = " + ".join(f"{x / 1000:.1f}k" for x in w["each_samples_per_s"])
     per_cpu = " / ".join(f"{x / 1000:.1f}k" for x in w["each_samples_per_cpu_s"])
@@ -963,7 +982,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=None, metavar="N",
                     help="with --ingest-workers: stall trials per daemon (default: the "
                          "profile's)")
+    ap.add_argument("--shards", action="store_true",
+                    help="instead of the whole run: the many-jobs fleet on one daemon and "
+                         "on two shards (saturated rates, placement)")
     a = ap.parse_args(argv)
+    if a.shards:
+        r = compare_shards(FULL if a.full else QUICK)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(r, f, indent=1)
+        print("\n".join(_shard_lines(r)))
+        sh = r["sharded"]
+        return 0 if sh["placed_by_shard"] and sh["jobs_on_both"] == 0 and all(
+            x["stream_failures"] == 0 for x in (sh, r["many_jobs"])) else 1
     if a.ingest_workers:
         p = FULL if a.full else QUICK
         if a.trials:

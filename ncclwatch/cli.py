@@ -18,7 +18,7 @@ from ncclwatch import termsafe
 from ncclwatch.daemon.bounds import bound_options, bounds_from
 from ncclwatch.config import (ConfigError, Option, add_options, hostport, hostports,
                               load_file, non_negative_float, positive_float, positive_int,
-                              rank_set, resolve)
+                              rank_set, resolve, urls)
 
 log = logging.getLogger("ncclwatch")
 
@@ -114,6 +114,14 @@ def _allowed_hosts(default: str) -> Option:
 _PODS = Option("pods_log_dir", str, "/var/log/pods", "the kubelet's pod log directories "
                "(<namespace>_<pod>_<uid>), read-only: with the pod UID in a rank's cgroup, "
                "names its Kubernetes pod", "DIR")
+_SHARDS = Option("shards", urls, None,
+                 "every shard's page when daemons shard jobs, in the agents' --collector "
+                 "order: ';' between shards, ',' between the daemons of a pair (TOML: a list "
+                 "of lists). The page and API say which shard owns each job and link to it; "
+                 "`ncclwatch status` against this daemon asks every shard", "URL[,URL][;URL...]")
+_SHARD = Option("shard", _workers, None,
+                "this daemon's place in --shards, from 0 (default: the shard whose URLs "
+                "hold --external-url)", "N")
 
 DAEMON_OPTIONS = (
     Option("grpc", hostport, "0.0.0.0:7470", "listen address for agents", "HOST:PORT"),
@@ -121,12 +129,15 @@ DAEMON_OPTIONS = (
            "HOST:PORT"),
     _WATCHDOG, _THRESHOLD, _HANG, _HANG_FLOOR, _STALENESS, _INGEST_WORKERS, *_TLS_SERVER,
     _WEB_CONFIG, _DIAGNOSE_MAX, _EXTERNAL_URL, _RUNBOOK_URL, _allowed_hosts(""),
-    *bound_options(), _LOG,
+    _SHARDS, _SHARD, *bound_options(), _LOG,
 )
 AGENT_OPTIONS = (
     Option("collector", hostports, "127.0.0.1:7470", "the daemon's gRPC address; two or more, "
            "comma-separated (TOML: a list), for a highly available pair: every report goes "
-           "to each over its own stream and queue", "HOST:PORT[,HOST:PORT]"),
+           "to each over its own stream and queue. Shards of daemons (or of pairs) "
+           "separated by ';' (TOML: a list of lists): each job's ranks go to the shard that "
+           "owns the job id (ncclwatch/shard.py), the node's health to every shard",
+           "HOST:PORT[,HOST:PORT][;HOST:PORT[,HOST:PORT]...]"),
     _INTERVAL,
     Option("node", str, socket.gethostname(), "node name to report as", "NAME"),
     Option("ranks", rank_set, None, "watch only these global ranks, e.g. 0-3 (default: all; "
@@ -173,7 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
                         description="show live jobs and stalls from a daemon")
     st.add_argument("--daemon", default=None, metavar="URL",
                     help="daemon HTTP address (default: http://127.0.0.1:7471; "
-                         "env NCCLWATCH_DAEMON)")
+                         "env NCCLWATCH_DAEMON); 'a,b' for an HA pair (the first that "
+                         "answers), 'a0,b0;a1,b1' for shards: every shard is asked and "
+                         "the jobs merged (a daemon started with --shards is enough)")
     st.add_argument("--json", action="store_true", help="print the raw /api/v1/jobs JSON")
     st.add_argument("--ca", default=None, metavar="FILE",
                     help="CA to verify an https daemon with (basic auth: "
@@ -238,6 +251,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command != "agent":
             cfg["job_timeouts"] = _job_timeouts(file.get("job_timeouts", {}), args.job_timeout)
         _security(args.command, cfg)
+        if args.command == "daemon":
+            cfg["shard_map"] = _shard_map(cfg)
     except ConfigError as e:
         print(f"ncclwatch: {e}", file=sys.stderr)
         return 2
@@ -342,7 +357,25 @@ def _daemon_config(cfg: dict[str, Any]):
                         external_url=cfg.get("external_url") or "",
                         runbook_url=cfg.get("runbook_url") or "",
                         allowed_hosts=cfg.get("allowed_hosts") or "",
-                        bounds=bounds_from(cfg))
+                        bounds=bounds_from(cfg), shards=cfg.get("shard_map"))
+
+
+def _shard_map(cfg: dict[str, Any]):
+    """The daemon's --shards and --shard (ConfigError when they disagree)."""
+    from ncclwatch.daemon.links import external_url
+    from ncclwatch.shard import ShardMap
+
+    if not cfg.get("shards"):
+        if cfg.get("shard") is not None:
+            raise ConfigError("shard is set but shards is not: give every shard's URLs")
+        return None
+    web = cfg.get("web")
+    own = external_url(cfg.get("external_url") or "", cfg["http"],
+                       bool(web and web.ssl_context))
+    try:
+        return ShardMap.parse(cfg["shards"], cfg.get("shard"), own)
+    except ValueError as e:
+        raise ConfigError(f"shards: {e}") from None
 
 
 def _agent_config(cfg: dict[str, Any], collector: str | None = None):

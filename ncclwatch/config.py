@@ -128,7 +128,20 @@ def hostport(v: Any) -> str:
 
 
 def hostports(v: Any) -> str:
-    """One or more HOST:PORT: "a:7470,b:7470" (flag, env) or a TOML list; kept comma-joined."""
-    from ncclwatch.agent.uplink import collector_list
+    """Daemons as shards of HOST:PORT: "a:7470" (one), "a:7470,b:7470" (an HA
+    pair), "a0:7470,b0:7470;a1:7470,b1:7470" (two shards of pairs), or the
+    TOML forms of ``ncclwatch.shard.shard_list``; kept in the flag form."""
+    from ncclwatch.shard import shard_list, shard_text
 
-    return ",".join(hostport(t) for t in collector_list(v))
+    return shard_text([[hostport(t) for t in g] for g in shard_list(v)])
+
+
+def urls(v: Any) -> str:
+    """HTTP(S) URLs as shards ("http://a0:7471,http://b0:7471;http://a1:7471"), flag form."""
+    from ncclwatch.shard import shard_list, shard_text
+
+    groups = shard_list(v)
+    for u in (u for g in groups for u in g):
+        if not u.startswith(("http://", "https://")):
+            raise ValueError(f"{u!r} is not an http:// or https:// URL")
+    return shard_text(groups)

@@ -6,6 +6,7 @@ import base64
 import json
 import math
 import ssl
+import sys
 import urllib.error
 import urllib.request
 from typing import Any
@@ -50,6 +51,77 @@ def fetch(daemon: str, timeout: float = 5.0, *, ca: str | None = None,
         view["jobs"] += more["jobs"]
         view["next_cursor"] = more.get("next_cursor")
     return view
+
+
+def fetch_shards(daemons: str, timeout: float = 5.0, *, ca: str | None = None,
+                 auth: str | None = None) -> tuple[dict[str, Any], list[str]]:
+    """Every shard's jobs in one view, and what could not be asked.
+
+    ``daemons``: one URL, an HA pair (``a,b``: the first that answers) or
+    shards (``a0,b0;a1,b1``). One shard whose daemon knows the shard map
+    (``--shards``) stands for all: every other shard is asked too. A job
+    reported by more than one shard (agents mid-move) is shown from its owner.
+    """
+    from ncclwatch.shard import shard, shard_list
+
+    try:
+        groups = [list(g) for g in shard_list(daemons)]
+    except ValueError as e:
+        raise StatusError(f"--daemon {daemons!r}: {e}") from None
+    if auth is None:  # the first URL's credentials serve every shard's daemons
+        auth = split_credentials(groups[0][0])[1]
+    views: dict[int, dict[str, Any]] = {}
+    errors = []
+    if len(groups) == 1:
+        first = _ask_shard(groups[0], timeout, ca=ca, auth=auth)
+        known = first.get("shards") or {}
+        if known.get("count", 1) <= 1:
+            return first, errors
+        groups = known["urls"]
+        if known.get("self") is not None:
+            views[known["self"]] = first
+    for k, group in enumerate(groups):
+        if k not in views:
+            try:
+                views[k] = _ask_shard(group, timeout, ca=ca, auth=auth)
+            except StatusError as e:
+                errors.append(f"shard {k}: {e}")
+    if not views:
+        raise StatusError("; ".join(errors))
+    n = len(groups)
+    first = views[min(views)]
+    jobs: dict[str, dict[str, Any]] = {}
+    agents: dict[str, dict[str, Any]] = {}
+    for k, v in sorted(views.items()):
+        for j in v["jobs"]:
+            owner = shard(j["job"], n)
+            j["shard"] = {**j.get("shard", {}), "index": owner, "owned": owner == k,
+                          "reported_by": sorted({k, *jobs.get(j["job"], {}).get(
+                              "shard", {}).get("reported_by", [])})}
+            if j["job"] not in jobs or owner == k:
+                jobs[j["job"]] = j
+            else:
+                jobs[j["job"]]["shard"]["reported_by"] = j["shard"]["reported_by"]
+        for a in v.get("agents", []):  # every shard hears every node
+            if a["agent_id"] not in agents or a.get("connected"):
+                agents[a["agent_id"]] = a
+    view = {**first, "jobs": [jobs[j] for j in sorted(jobs)], "next_cursor": None,
+            "agents": sorted(agents.values(), key=lambda a: (a["node"], a["agent_id"])),
+            "shards": {"count": n, "asked": sorted(views), "urls": groups}}
+    return view, errors
+
+
+def _ask_shard(group: list[str], timeout: float, *, ca: str | None,
+               auth: str | None) -> dict[str, Any]:
+    """A shard's view from the first of its daemons that answers."""
+    last: StatusError | None = None
+    for url in group:
+        try:
+            return fetch(url, timeout, ca=ca, auth=auth)
+        except StatusError as e:
+            last = e
+    assert last is not None
+    raise last
 
 
 def _fetch_page(daemon: str, cursor: str, timeout: float, *, ca: str | None,
@@ -102,15 +174,17 @@ def render(view: dict[str, Any], daemon: str = "") -> str:
         return f"no training jobs seen ({n} agent(s) connected)"
     out = []
     rows = []
+    sharded = (view.get("shards") or {}).get("count", 1) > 1
     for j in jobs:
         stalls = ", ".join(s["kind"] for s in j["stalls"]) or "-"
         w = j["watchdog"]
         rows.append([j["job"], scheduler_label(j.get("scheduler_job")) or "-",
                      f"{j['ranks_reporting']}/{j['world_size']}",
                      ",".join(j["nodes"]), stalls,
-                     f"{_left(w)}s/{w['timeout_seconds']:.0f}s"])
+                     f"{_left(w)}s/{w['timeout_seconds']:.0f}s"]
+                    + ([_shard_text(j.get("shard") or {})] if sharded else []))
     out.append(_table(rows, ["JOB", "SCHEDULER JOB", "RANKS", "NODES", "STALL",
-                             "WATCHDOG LEFT"]))
+                             "WATCHDOG LEFT"] + (["SHARD"] if sharded else [])))
     for j in jobs:
         out += _identity_lines(j)
     for j in jobs:
@@ -199,6 +273,11 @@ def _identity_lines(j: dict) -> list[str]:
                    f"{t['from_seconds']:g}s to {t['to_seconds']:g}s "
                    f"({t['host']}, rank {t['rank']}) {t['seconds_ago']:.0f}s ago")
     return out
+def _shard_text(sh: dict[str, Any]) -> str:
+    """'1', or '1 (also seen on 0)' for a job an agent with another map reports."""
+    k = sh.get("index", "?")
+    also = [str(x) for x in sh.get("reported_by", []) if x != k]
+    return f"{k} (also seen on {','.join(also)})" if also else str(k)
 
 
 def _left(w: dict[str, Any]) -> int:
@@ -222,6 +301,10 @@ def _ranks_text(items: list[int | str]) -> str:
 
 
 def main(daemon: str, as_json: bool, *, ca: str | None = None, auth: str | None = None) -> int:
-    view = fetch(daemon, ca=ca, auth=auth)
-    print(json.dumps(view, indent=1) if as_json else render(view, split_credentials(daemon)[0]))
-    return 0
+    """Exit 0; 1 when a shard could not be asked (the others are still shown)."""
+    view, errors = fetch_shards(daemon, ca=ca, auth=auth)
+    first = split_credentials(daemon.split(";")[0].split(",")[0])[0]
+    print(json.dumps(view, indent=1) if as_json else render(view, first))
+    for e in errors:
+        print(f"ncclwatch status: {e}", file=sys.stderr)
+    return 1 if errors else 0

@@ -155,6 +155,7 @@ def test_generated_files_are_current() -> None:
 
 def test_generation_notices_a_changed_source(tmp_path: Path) -> None:
     for name in generate.OUTPUTS:
+        (tmp_path / name).parent.mkdir(exist_ok=True)  # sharded/
         (tmp_path / name).write_text((K8S / name).read_text().replace("ncclwatch", "nclwatch", 1))
     assert sorted(generate.stale(tmp_path)) == sorted(generate.OUTPUTS)
     assert generate.main(["--check", "--out", str(tmp_path)]) == 1

@@ -28,7 +28,7 @@ from ncclwatch.agent.report import AgentHealthCounts, build_report, sample_pb, s
 from ncclwatch.agent.sample import ProcessSampler, progress_events
 from ncclwatch.agent.scheduler import SchedulerLookup
 from ncclwatch.agent.tracker import RankTracker
-from ncclwatch.agent.uplink import Uplinks
+from ncclwatch.agent.route import Router
 from ncclwatch.sanitize import COUNTS, for_log, install_log_escaping
 from ncclwatch.sdnotify import Notifier
 from ncclwatch.native_signatures import classify_native_rank
@@ -50,7 +50,9 @@ MAPS_EVERY = 30.0
 
 @dataclass
 class AgentConfig:
-    collector: str = "127.0.0.1:7470"  # "a:7470,b:7470": an HA pair, each sent every report
+    #: "a:7470,b:7470": an HA pair, each sent every report; "a0,b0;a1,b1":
+    #: shards (of pairs), each sent its own jobs' ranks (agent/route.py).
+    collector: str = "127.0.0.1:7470"
     interval: float = 1.0
     node: str = field(default_factory=socket.gethostname)
     policy: StackPolicy = field(default_factory=StackPolicy)
@@ -80,7 +82,7 @@ class Agent:
         self.classifier = classifier
         self.trackers: dict[int, RankTracker] = {}
         self.stacks: dict[str, pb.Stack] = {}
-        self.uplink = Uplinks(config.collector, self.stacks, max_queue=config.max_queue,
+        self.uplink = Router(config.collector, self.stacks, max_queue=config.max_queue,
                               on_command=self._on_command, on_connect=self._on_connect,
                               tls=config.tls)
         self.seq = 0

@@ -119,6 +119,7 @@ class JobsPage:
     agents: list  # AgentRecords (copied list), rendered by finish_jobs
     staleness: float
     next_cursor: str | None
+    shards: dict[str, Any] | None = None  # ShardMap.view(): every shard's page
 
 
 def jobs_view(d: Daemon, query: JobsQuery | None = None, *, ranks: bool = True,
@@ -172,7 +173,8 @@ def collect_jobs(d: Daemon, q: JobsQuery, now: float | None = None, *,
             break
     return JobsPage(now=now, wall=wall, fresh=d.table.fresh, jobs=out,
                     agents=list(d.table.agents.values()), staleness=d.table.staleness,
-                    next_cursor=next_cursor)
+                    next_cursor=next_cursor,
+                    shards=d.config.shards.view() if d.config.shards else None)
 
 
 def finish_jobs(p: JobsPage) -> dict[str, Any]:
@@ -185,8 +187,11 @@ def finish_jobs(p: JobsPage) -> dict[str, Any]:
         if detail is not None:
             job["ranks"] = [_rank(r, rec, p.fresh(rec, now), now, wall) for r, rec in detail]
         jobs.append(job)
-    return {"api": API_VERSION, "generated_at": wall, "jobs": jobs,
-            "agents": agents_view(p.agents, now, p.staleness), "next_cursor": p.next_cursor}
+    out = {"api": API_VERSION, "generated_at": wall, "jobs": jobs,
+           "agents": agents_view(p.agents, now, p.staleness), "next_cursor": p.next_cursor}
+    if p.shards is not None:
+        out["shards"] = p.shards
+    return out
 
 
 def _job_head(d: Daemon, job_id: str, job, now: float, wall: float) -> dict[str, Any]:
@@ -209,6 +214,7 @@ def _job_head(d: Daemon, job_id: str, job, now: float, wall: float) -> dict[str,
         "config_warnings": [{"code": w.code, "severity": w.severity, "message": w.message}
                             for w in job.warnings],
         "stalls": [incident_view(d, i, now) for i in d.incidents.for_job(job_id)],
+        **({"shard": d.config.shards.job_view(job_id)} if d.config.shards else {}),
     }
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from ncclwatch.shard import ShardMap
 from ncclwatch.daemon.bounds import Bounds
 from ncclwatch.daemon.budget import Budget, BudgetConfig, budget
 from ncclwatch.daemon.detect import DetectConfig, detect_job
@@ -68,6 +69,8 @@ class DaemonConfig:
     allowed_hosts: str = ""
     #: What one report, agent or job may cost (bounds.py).
     bounds: Bounds = field(default_factory=Bounds)
+    #: Every shard's page when daemons shard jobs (None: this daemon is all).
+    shards: ShardMap | None = None
 
 
 class Daemon:
@@ -265,7 +268,11 @@ class Daemon:
         node; raise ReportError (NOT_FOUND, PERMISSION_DENIED) otherwise."""
         job = self.table.jobs.get(job_id)
         if job is None:
-            raise ReportError(grpc.StatusCode.NOT_FOUND, f"unknown job {job_id!r}")
+            owner = self.config.shards.job_view(job_id) if self.config.shards else None
+            where = (f": shard {owner['index']} owns it, ask a daemon of it "
+                     f"({', '.join(p.partition('/#')[0] for p in owner['pages'])})"
+                     if owner and owner["owned"] is False else "")
+            raise ReportError(grpc.StatusCode.NOT_FOUND, f"unknown job {job_id!r}{where}")
         if names is not None and not any(r.node in names for r in job.ranks.values()
                                          if r.gone_at is None):
             self.table.identity_refusals_total["dump_stacks"] += 1

@@ -28,7 +28,7 @@ import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Iterator
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -173,6 +173,15 @@ class HttpServer:
                             self._send(400, "text/plain", f"bad request: {e}\n".encode())
                             return
                         self._json(api.finish_jobs(call(lambda: api.collect_jobs(daemon, q))))
+                    elif path == "/api/v1/shard":
+                        # Which shard owns a job (its page), by the shard map alone:
+                        # the page follows an alert's #job-... link to the owner.
+                        job = parse_qs(url.query).get("job", [""])[0]
+                        shards = daemon.config.shards
+                        if shards is None or not job:
+                            self._send(404, "text/plain", b"no shard map, or no ?job=\n")
+                        else:
+                            self._json(shards.job_view(job))
                     elif path == "/api/v1/incidents":
                         self._json(call(lambda: api.incidents_view(daemon)))
                     elif path.startswith("/runbooks/"):  # i22: alerts link here

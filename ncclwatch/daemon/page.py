@@ -71,6 +71,21 @@ _SCRIPT = """
 """
 
 
+#: With a shard map: an alert's link to a job this shard does not hold (the
+#: rules take the first daemon's URL) goes on to the page of the job's owner.
+_OWNER_SCRIPT = """
+(function(){
+  var h=location.hash;
+  if(h.indexOf('#job-')!==0||document.getElementById(h.slice(1))){return;}
+  var id=decodeURIComponent(h.slice(5).replace(/\\+/g,' '));
+  fetch('/api/v1/shard?job='+encodeURIComponent(id),{cache:'no-store'}).then(function(r){
+    return r.ok?r.json():null;}).then(function(s){
+    if(s&&s.owned===false&&s.pages.length){location.replace(s.pages[0]);}
+  }).catch(function(){});
+})();
+"""
+
+
 def render(view: dict[str, Any]) -> str:
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>ncclwatch</title>",
@@ -79,7 +94,8 @@ def render(view: dict[str, Any]) -> str:
         f"<header><b>ncclwatch</b> <small>{escape(__version__)}</small> · "
         "<a href='/metrics'>/metrics</a> · <a href='/api/v1/jobs'>/api/v1/jobs</a> · "
         "<a href='/api/v1/incidents'>/api/v1/incidents</a> · "
-        "<a href='/runbooks/checkpoint_gather.md'>runbooks</a></header>",
+        "<a href='/runbooks/checkpoint_gather.md'>runbooks</a>"
+        f"{_shards(view.get('shards'))}</header>",
         "<main id='live'>",
     ]
     if not view["jobs"]:
@@ -89,7 +105,8 @@ def render(view: dict[str, Any]) -> str:
     for job in sorted(view["jobs"], key=lambda j: not j["stalls"]):
         parts.append(_job(job))
     parts.append(_agents(view["agents"]))
-    parts.append(f"</main><script id='refresh'>{_SCRIPT}</script></body></html>")
+    owner = f"<script id='owner'>{_OWNER_SCRIPT}</script>" if view.get("shards") else ""
+    parts.append(f"</main><script id='refresh'>{_SCRIPT}</script>{owner}</body></html>")
     return "".join(parts)
 
 
@@ -103,7 +120,7 @@ def _job(job: dict[str, Any]) -> str:
            f"{'STALLED' if stalled else 'ok'}</span></h2>{named}"
            f"<p><small>{job['ranks_reporting']}/{job['world_size']} ranks on "
            f"{escape(_nodes(job['nodes']))}; watchdog timeout {w['timeout_seconds']:.0f}s "
-           f"({escape(w['timeout_source'])})</small></p>"]
+           f"({escape(w['timeout_source'])})</small></p>{_owner(job.get('shard'))}"]
     for s in job["stalls"]:
         out.append(_stall(job["job"], s))
     key = escape(f"{job['job']}|ranks")
@@ -129,6 +146,31 @@ def _job(job: dict[str, Any]) -> str:
                "<th>pid</th><th>state</th><th>for</th><th>cpu</th><th>rss</th></tr>"
                f"{rows}</table></details></section>")
     return "".join(out)
+
+
+def _shards(shards: dict[str, Any] | None) -> str:
+    """' · shards: 0 (this) · 1': every shard's page, when daemons shard jobs."""
+    if not shards:
+        return ""
+    links = [f"{k} (this)" if k == shards["self"] else
+             f"<a class='shard' href='{escape(urls[0])}/'>{k}</a>"
+             for k, urls in enumerate(shards["urls"])]
+    return " · shards: " + " · ".join(links)
+
+
+def _owner(shard: dict[str, Any] | None) -> str:
+    """Which shard owns the job; a link to it when this daemon is not the owner."""
+    if not shard:
+        return ""
+    k = shard["index"]
+    if shard["owned"]:
+        return f"<p class='shard'><small>shard {k} (this daemon's)</small></p>"
+    links = ", ".join(f"<a href='{escape(u)}'>{escape(u.partition('/#')[0])}</a>"
+                      for u in shard["pages"])
+    why = ("" if shard["owned"] is None else
+           " <b class='bad'>not this daemon's</b>: an agent with another shard map "
+           "reports it here (mid-move?); its alerts come from its owner")
+    return f"<p class='shard'><small>owned by shard {k}: {links}{why}</small></p>"
 
 
 def _in_container(r: dict[str, Any]) -> str:
