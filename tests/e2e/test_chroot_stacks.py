@@ -28,7 +28,7 @@ import psutil
 import pytest
 
 from ncclwatch.agent import rootview
-from ncclwatch.agent.pyspy import PySpy, find_pyspy
+from ncclwatch.agent.pyspy import PySpy, PySpyError, find_pyspy
 from tests.conftest import ROOT, Proc, need
 from tests.containerns import ROOT_KINDS, Container, script, unshare_argv
 
@@ -127,5 +127,45 @@ def test_the_view_needs_sys_admin_and_sys_chroot_and_says_so(tmp_path) -> None:
         assert "CAP_SYS_ADMIN and CAP_SYS_CHROOT" in pair.get("error", ""), pair
         four = _probe_with(["sys_ptrace", "dac_read_search", "sys_admin", "sys_chroot"], pid)
         assert "spin_in_image" in four.get("frames", []), four
+    finally:
+        proc.stop()
+
+
+def _in_container(pid: int, command: str) -> None:
+    """A shell command in the container's mount namespace (the test's doing, not the agent's)."""
+    r = subprocess.run([shutil.which("nsenter") or "nsenter", "-t", str(pid), "-m",
+                        "sh", "-ec", command], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_symlink_planted_for_libpython_never_leads_to_a_host_file(tmp_path) -> None:
+    """The image swaps its libpython for a symlink to a path that holds a good
+    copy on the host only: py-spy in the view does not reach it. Given the same
+    copy at that path inside the container's own mount tree, it does."""
+    c, proc, pid = _start(tmp_path, "chroot")
+    host_only = tmp_path / "host-only"
+    host_only.mkdir()
+    try:
+        if not rootview.needed(pid):
+            pytest.fail("this interpreter loads no shared libpython: nothing to plant")
+        lib = rootview.libpython_paths(Path(f"/proc/{pid}/maps").read_text())[0]
+        inner = lib[len(c.root_link):]            # the path inside the chroot
+        name = Path(lib).name
+        saved = tmp_path / "saved-libpython"
+        shutil.copyfile(f"/proc/{pid}/root{inner}", saved)
+        # A tmpfs mounted on the host after the container was made: only the host has it.
+        subprocess.run(["mount", "-t", "tmpfs", "host-only", str(host_only)], check=True)
+        try:
+            shutil.copyfile(saved, host_only / name)
+            _in_container(pid, f"mount -t tmpfs plant {Path(lib).parent}; "
+                               f"ln -s {host_only / name} {lib}")
+            with pytest.raises(PySpyError):
+                asyncio.run(PySpy().dump(pid))
+            # Control: the same file where the link points, in the container's tree.
+            _in_container(pid, f"mount -t tmpfs ctr {host_only}; cp {saved} {host_only / name}")
+            threads = asyncio.run(PySpy().dump(pid))
+            assert "spin_in_image" in [f.name for t in threads for f in t.stack.frames]
+        finally:
+            subprocess.run(["umount", str(host_only)], check=False)
     finally:
         proc.stop()
