@@ -141,6 +141,7 @@ def read_view(pid: int, proc: str = "/proc") -> View:
     base = f"{proc}/{pid}"
     root_link = os.readlink(f"{base}/root")
     top = "/".join([f"{base}/root"] + [".."] * (chroot_depth(root_link) + 1))
+    _load_libc()
     mount_at = next((d for d in MOUNT_CANDIDATES if os.path.isdir(d)), "")
     if not mount_at:
         raise OSError("no directory to build the view on")
@@ -154,10 +155,19 @@ def read_view(pid: int, proc: str = "/proc") -> View:
 _CLONE_NEWNS = 0x00020000
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 0x2, 0x4, 0x8
 _MS_BIND, _MS_REC, _MS_PRIVATE = 0x1000, 0x4000, 0x40000
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
-                        ctypes.c_ulong, ctypes.c_char_p)
-_libc.unshare.argtypes = (ctypes.c_int,)
+#: libc, loaded by read_view in the agent (never between fork and exec).
+_libc: ctypes.CDLL | None = None
+
+
+def _load_libc() -> ctypes.CDLL:
+    global _libc
+    if _libc is None:
+        lib = ctypes.CDLL(None, use_errno=True)
+        lib.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
+                              ctypes.c_ulong, ctypes.c_char_p)
+        lib.unshare.argtypes = (ctypes.c_int,)
+        _libc = lib
+    return _libc
 
 
 def _check(rc: int, what: str) -> None:
@@ -168,6 +178,7 @@ def _check(rc: int, what: str) -> None:
 
 def _mount(src: str | None, dst: str, fstype: str | None, flags: int,
            data: str | None = None) -> None:
+    assert _libc is not None
     _check(_libc.mount(src.encode() if src else None, dst.encode(),
                        fstype.encode() if fstype else None, flags,
                        data.encode() if data else None), f"mount {dst}")
@@ -176,8 +187,11 @@ def _mount(src: str | None, dst: str, fstype: str | None, flags: int,
 def enter(view: View) -> None:
     """Build ``view`` in a new mount namespace and make it this process's root.
 
-    Runs in the forked child (preexec): system calls only, no import, no lock.
+    Runs in the forked child (preexec): system calls only, no import, no lock
+    (libc was loaded by read_view, before the fork).
     """
+    if _libc is None:
+        raise OSError("rootview.read_view was not called first")
     _check(_libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
     root = view.mount_at
