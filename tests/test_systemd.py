@@ -288,3 +288,34 @@ def test_daemon_serves_under_its_syscall_filter_and_mdwe(tmp_path: Path, workers
             agent.stop()
         daemon.stop()
         sd.close()
+
+
+CHROOT_DROPIN = UNITS / "ncclwatch-agent.service.d" / "chroot-ranks.conf"
+
+
+def test_the_chroot_ranks_drop_in_adds_only_what_the_view_needs(local_units: Path) -> None:
+    """The opt-in for chroot'd ranks (rootview.py): the agent unit with the drop-in
+    applied verifies clean, gains CAP_SYS_ADMIN and CAP_SYS_CHROOT, mount
+    namespaces and the @mount calls, and nothing else."""
+    text = CHROOT_DROPIN.read_text()
+    combined = local_units / AGENT
+    combined.write_text(combined.read_text() + "\n" + text)
+    r = subprocess.run([systemd_analyze(), "verify", str(combined)], capture_output=True,
+                       text=True, timeout=60)
+    foreign = re.compile(r"^/(etc|run|usr/lib|lib)/systemd/\S+:")
+    ours = [x for x in (r.stdout + r.stderr).splitlines() if x.strip() and not foreign.match(x)]
+    assert r.returncode == 0 and not ours, ours
+    sec = subprocess.run([systemd_analyze(), "security", "--offline=yes", "--no-pager",
+                          str(combined)], capture_output=True, text=True, timeout=60).stdout
+    allowed = {m.group(1) for m in re.finditer(r"✗ RestrictNamespaces=~(\w+)", sec)}
+    assert allowed == {"mnt"}, allowed
+    assert re.search(r"✗ CapabilityBoundingSet=~CAP_SYS_ADMIN", sec), sec
+    got = exposure(combined)
+    print(f"\nagent exposure with the chroot-ranks drop-in: {got} "
+          f"(without: {MAX_EXPOSURE[AGENT]})")
+    assert MAX_EXPOSURE[AGENT] < got <= 3.6, got
+    d = {k: v for k, v in (ln.split("=", 1) for ln in text.splitlines()
+                           if ln and ln[0] not in "#[")}
+    assert set(d["CapabilityBoundingSet"].split()) == {"CAP_SYS_ADMIN", "CAP_SYS_CHROOT"}
+    assert d["AmbientCapabilities"] == d["CapabilityBoundingSet"]
+    assert d["RestrictNamespaces"] == "mnt" and d["SystemCallFilter"] == "@mount"

@@ -18,6 +18,8 @@ import os
 import subprocess
 from dataclasses import dataclass
 
+from ncclwatch.agent.pyspy import PySpyError, view_args
+
 log = logging.getLogger(__name__)
 
 
@@ -137,8 +139,9 @@ def spawn_index(pid: int, pyspy: str | None, timeout: float = 2.0) -> tuple[int 
         out = subprocess.run([pyspy, "dump", "--json", "--locals", "--nonblocking",
                               "--pid", str(pid)], capture_output=True, text=True,
                              timeout=timeout, stdin=subprocess.DEVNULL,
-                             start_new_session=True)
-    except (subprocess.TimeoutExpired, OSError) as e:
+                             start_new_session=True, **view_args(pyspy, pid))
+    except (subprocess.TimeoutExpired, OSError, subprocess.SubprocessError,
+            PySpyError) as e:
         log.debug("py-spy --locals on pid %d: %s", pid, e)
         return None, False
     if out.returncode != 0:

@@ -5,6 +5,11 @@ otherwise ptrace-stops the target while it reads, and the agent must never
 pause a training process that runs. Each dump runs under a timeout (the child
 is killed, the rank untouched), and at most one dump per pid runs at a time.
 
+A rank whose root was changed with ``chroot`` (not ``pivot_root``) and
+whose interpreter loads a shared libpython is dumped in a root the agent
+builds for py-spy (rootview.py says why py-spy needs it); every other rank
+exactly as before.
+
 The one exception is ``dump_native``: ``--native`` unwinds C++ frames and
 py-spy refuses it with ``--nonblocking``, so it pauses the rank for the
 unwind. The agent takes one only of a rank that has already sat still past
@@ -20,11 +25,13 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Iterator
 
+from ncclwatch.agent import rootview
 from ncclwatch.stacks import DumpFormatError, ThreadDump, parse_pyspy_json
 
 log = logging.getLogger(__name__)
@@ -56,6 +63,42 @@ def native_argv(binary: str, pid: int) -> list[str]:
 
 class PySpyError(RuntimeError):
     pass
+
+
+#: The agent's own py-spy, opened once per path: what a rank's view executes.
+_view_fds: dict[str, int] = {}
+#: Capabilities a chroot'd rank's view needs and this agent lacks (read once).
+_view_lacks: list[str] | None = None
+_view_warned = False
+
+
+def view_args(binary: str, pid: int) -> dict:
+    """Popen arguments that run ``binary`` (py-spy) on ``pid`` in its view, or {}
+    when py-spy finds the rank's binaries unaided (rootview.needed)."""
+    global _view_lacks, _view_warned
+    if not rootview.needed(pid):
+        return {}
+    if _view_lacks is None:
+        _view_lacks = rootview.missing_capabilities()
+    if _view_lacks:
+        why = (f"pid {pid}: its root was changed with chroot, and py-spy finds its "
+               f"libpython only in a view that needs {' and '.join(_view_lacks)} "
+               f"(docs/launchers.md, Ranks in containers)")
+        if not _view_warned:
+            _view_warned = True
+            log.warning("no stacks of %s", why)
+        raise PySpyError(why)
+    try:
+        view = rootview.read_view(pid)
+        if binary not in _view_fds:
+            _view_fds[binary] = os.open(binary, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        raise PySpyError(f"pid {pid}: no view of its root: {e}") from None
+    fd = _view_fds[binary]
+    # Executed through the fd opened here, in the agent's root: nothing in the
+    # view (nothing of the rank's) is ever run.
+    return {"executable": f"/proc/self/fd/{fd}", "pass_fds": (fd,),
+            "preexec_fn": lambda: rootview.enter(view)}
 
 
 class PySpy:
@@ -131,14 +174,19 @@ class PySpy:
 
     async def _run(self, pid: int, argv: list[str], timeout: float,
                    paused: bool = False) -> list[ThreadDump]:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            # Never let py-spy inherit a terminal's signals (Ctrl-C to the agent).
-            start_new_session=True,
-        )
+        view = view_args(argv[0], pid)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                # Never let py-spy inherit a terminal's signals (Ctrl-C to the agent).
+                start_new_session=True,
+                **view,
+            )
+        except (OSError, subprocess.SubprocessError) as e:
+            raise PySpyError(f"py-spy did not start for pid {pid}: {e}") from None
         try:
             out, err = await asyncio.wait_for(proc.communicate(), timeout)
         except asyncio.TimeoutError:

@@ -13,7 +13,13 @@ the host, as a node agent does.
   reads the checkpoint's header through /proc/PID/fd as it does outside.
 - A hostile image: every tool name the agent could run (py-spy, python,
   nsenter, ...) planted in the container's PATH and over the agent's own
-  py-spy path inside its mount namespace; none of them ever runs.
+  py-spy path inside its mount namespace; none of them ever runs. The same
+  with the image as the ranks' root (chroot), where the agent builds py-spy
+  a root of its own (ncclwatch/agent/rootview.py).
+- Ranks whose root is an image, switched by ``chroot``, by ``pivot_root``,
+  or both (a chroot inside a container): rank 0 named saving while the other
+  waits, the delay printed against the 10 s goal and asserted only against
+  the watchdog.
 """
 
 from __future__ import annotations
@@ -28,7 +34,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ARTIFACTS, Job, Monitor, Proc, need, record
-from tests.containerns import Container, make_cgroup, remove_cgroup, script, unshare_argv
+from ncclwatch.agent import rootview
+from tests.containerns import (ROOT_KINDS, Container, make_cgroup, remove_cgroup, script,
+                               unshare_argv)
 
 pytestmark = pytest.mark.e2e
 
@@ -50,20 +58,24 @@ def _need_root() -> None:
     need("py-spy")
 
 
-def _start(tmp: Path, marker: Path | None) -> tuple[Container, Job]:
+def _start(tmp: Path, marker: Path | None, root_kind: str = "") -> tuple[Container, Job]:
+    """The job in a container; the test's go file is ``tmp/go``."""
     cid = uuid.uuid4().hex + uuid.uuid4().hex
     uid = str(uuid.uuid4())
     (tmp / "pods" / f"{NAMESPACE}_{POD}_{uid}").mkdir(parents=True)   # the kubelet's
     root = tmp / "ctr-root"
     root.mkdir()
-    c = Container(root, POD, cid, uid, make_cgroup(cid, uid))
+    c = Container(root, POD, cid, uid, make_cgroup(cid, uid), root_kind=root_kind,
+                  gate=str(tmp) if root_kind else "")
+    go = "/gate/go" if root_kind else str(tmp / "go")
     argv = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-            "--max-restarts=0", "-m", "tests.workloads.launch_job", "--go", str(tmp / "go"),
+            "--max-restarts=0", "-m", "tests.workloads.launch_job", "--go", go,
             "--dir", c.ckpt, "--mb", str(MB), "--save-seconds", str(SAVE_SECONDS),
             "--pg-timeout", str(PG_TIMEOUT)]
     env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "POD_NAME": DECLARED,
            "POD_NAMESPACE": NAMESPACE, "KUBERNETES_SERVICE_HOST": "10.0.0.1"}
-    proc = Proc(unshare_argv(script(c, argv, env, marker)), name="container-torchrun")
+    proc = Proc(unshare_argv(script(c, argv, env, marker)),
+                name=f"container-torchrun{'-' + root_kind if root_kind else ''}")
     return c, Job(proc, 2)
 
 
@@ -168,7 +180,7 @@ def test_ranks_in_a_container_are_named_from_the_host(ncclwatch_run, tmp_path) -
         # The previous checkpoint beside it, listed through the rank's own root.
         assert ck["previous_checkpoint"] == f"{c.ckpt}/previous.pt", ck
         # The culprit metric carries the pod (per-rank series only for culprits).
-        pods = {(dict(k[1]).get("namespace"), dict(k[1]).get("pod"))
+        pods = {(dict(k[1]).get("rank_namespace"), dict(k[1]).get("rank_pod"))
                 for k, v in mon.metrics().items() if k[0] == "ncclwatch_stall_culprit_info"}
         moved = _moved(c, host_pid[0])
         assert (NAMESPACE, POD) in pods if moved else pods == {("", "")}, pods
@@ -189,17 +201,20 @@ def test_ranks_in_a_container_are_named_from_the_host(ncclwatch_run, tmp_path) -
         _stop(c, job)
 
 
-def test_a_hostile_image_never_gets_its_tools_run(ncclwatch_run, tmp_path) -> None:
+@pytest.mark.parametrize("root_kind", ["", "chroot"], ids=["own-mounts", "chroot"])
+def test_a_hostile_image_never_gets_its_tools_run(ncclwatch_run, tmp_path, root_kind) -> None:
     _need_root()
     marker = tmp_path / "ran"
     mon = ncclwatch_run("--pods-log-dir", str(tmp_path / "pods"))
-    c, job = _start(tmp_path, marker)
+    c, job = _start(tmp_path, marker, root_kind)
     try:
         ready = job.wait_marker("ready", 240, count=2)
         inner = {m["rank"]: m["pid"] for m in ready}
         seen = _job_seen(mon, inner, 60)
         _check_identity(seen, c)
         host = {r["pid"] for r in seen["ranks"]}
+        for pid in host:
+            assert os.readlink(f"/proc/{pid}/root") == c.root_link, pid
         (tmp_path / "go").touch()
         job.wait_marker("save_start", 60)
         # Stacks of both ranks were read (the agent ran py-spy on them) ...
@@ -214,3 +229,50 @@ def test_a_hostile_image_never_gets_its_tools_run(ncclwatch_run, tmp_path) -> No
     finally:
         _stop(c, job)
     assert not marker.exists(), marker.read_text()
+
+
+@pytest.mark.parametrize("root_kind", ROOT_KINDS)
+def test_a_slow_save_in_a_container_with_its_own_root(ncclwatch_run, tmp_path,
+                                                      root_kind) -> None:
+    """Stacks whatever switched the root; the chroot rows are the ones py-spy
+    alone misses when the interpreter loads a shared libpython."""
+    _need_root()
+    mon = ncclwatch_run()
+    c, job = _start(tmp_path, None, root_kind)
+    try:
+        ready = job.wait_marker("ready", 240, count=2)
+        inner = {m["rank"]: m["pid"] for m in ready}
+        seen = _job_seen(mon, inner, 60)
+        _check_identity(seen, c)
+        host_pid = {r["rank"]: r["pid"] for r in seen["ranks"]}
+        # The row is what it says: the ranks' root as the host reads it.
+        for pid in host_pid.values():
+            assert os.readlink(f"/proc/{pid}/root") == c.root_link, (root_kind, pid)
+        view = rootview.needed(host_pid[0])
+        (tmp_path / "go").touch()
+        save = job.wait_marker("save_start", 60)[0]
+        job.wait_marker("wait_start", 30)
+        stall, deadline = None, save["t"] + DETECT_BOUND
+        while time.time() < deadline and stall is None:
+            j = mon.job_of(set(host_pid.values()))
+            stall = next((s for s in (j or {}).get("stalls", [])
+                          if s["kind"] == "checkpoint_gather" and s["active"]), None)
+            if stall is None:
+                time.sleep(0.25)
+        delay = time.time() - save["t"]
+        assert stall is not None, (f"{root_kind}: no checkpoint_gather within "
+                                   f"{DETECT_BOUND:.0f}s of the save:\n"
+                                   f"{mon.get('/api/v1/jobs')[:4000]}\n{mon.output()[-3000:]}")
+        assert [(x["pid"], x["state"]) for x in stall["culprits"]] == [(host_pid[0], "saving")]
+        frames = [f["name"] for f in stall["culprits"][0]["stack"]["frames"]]
+        assert any(f.endswith("_save") or f == "save" for f in frames), frames
+        # Both ranks' stacks were read (the waiter's too).
+        j = mon.job_of(set(host_pid.values()))
+        assert all(r["stack_id"] for r in j["ranks"] if not r["gone"]), j["ranks"]
+        print(f"\n{root_kind}: checkpoint_gather with rank 0 saving {delay:.1f}s after the "
+              f"save began (goal 10 s; py-spy in the agent's view: {view})")
+        record(f"container_{root_kind.replace('+', '_')}_slow_save",
+               {"detection_delay_s": round(delay, 2), "view": view})
+        assert delay < PG_TIMEOUT - 20, f"detected {delay:.1f}s after the save: past the budget"
+    finally:
+        _stop(c, job)
