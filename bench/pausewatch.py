@@ -26,6 +26,8 @@ class Pause:
     start: float                  # time.time() of the first poll that saw it
     end: float | None = None      # of the first poll that no longer did
     tracer: str = ""              # the tracer's command line, as far as read
+    #: The tracer's pid and its ancestors' (whose py-spy it was: which agent).
+    tracer_chain: tuple[int, ...] = ()
 
     @property
     def seconds(self) -> float:
@@ -47,6 +49,21 @@ def traced(pid: int) -> int | None:
     if tracer:
         return tracer
     return -1 if status.get("State", "").strip().startswith("t") else 0
+
+
+def _ancestors(pid: int, depth: int = 5) -> tuple[int, ...]:
+    """``pid`` and the pids above it, nearest first (as far as /proc still shows)."""
+    chain = [pid]
+    while len(chain) < depth:
+        try:
+            with open(f"/proc/{chain[-1]}/status") as f:
+                ppid = next(int(x.split(":")[1]) for x in f if x.startswith("PPid:"))
+        except (OSError, StopIteration, ValueError):
+            break
+        if ppid <= 1:
+            break
+        chain.append(ppid)
+    return tuple(chain)
 
 
 def _cmdline(pid: int) -> str:
@@ -99,7 +116,8 @@ class PauseWatch:
                 now = time.time()
                 if tracer:  # traced (a pid) or stopped (-1)
                     if rank not in open_:
-                        p = Pause(rank, pid, now, tracer=_cmdline(tracer) if tracer > 0 else "")
+                        p = Pause(rank, pid, now, tracer=_cmdline(tracer) if tracer > 0 else "",
+                                  tracer_chain=_ancestors(tracer) if tracer > 0 else ())
                         open_[rank] = p
                         self.pauses.append(p)
                 elif rank in open_:
@@ -108,15 +126,16 @@ class PauseWatch:
 
     # -- what it saw ------------------------------------------------------------
 
-    def of(self, ranks: set[int] | None = None) -> list[Pause]:
-        return [p for p in self.pauses if ranks is None or p.rank in ranks]
+    def of(self, ranks: set[int] | None = None, by: int | None = None) -> list[Pause]:
+        """Pauses of ``ranks`` (all), by a tracer under process ``by`` (any tracer)."""
+        return [p for p in self.pauses if (ranks is None or p.rank in ranks)
+                and (by is None or by in p.tracer_chain)]
 
-    def seconds(self, ranks: set[int] | None = None) -> float:
-        return sum(p.seconds for p in self.of(ranks))
-
-    def summary(self, ranks: set[int] | None = None) -> dict:
-        """Counts and seconds, per rank and in all, with the window watched."""
-        ps = self.of(ranks)
+    def summary(self, ranks: set[int] | None = None, by: int | None = None) -> dict:
+        """Counts and seconds, per rank and in all, with the window watched; with
+        ``by``, only pauses by that process's tracers (an agent's py-spy), and how
+        many others stopped these ranks (another agent on a shared machine)."""
+        ps = self.of(ranks, by)
         window = (self.stopped or time.time()) - self.started
         per_rank: dict[int, dict] = {}
         for p in ps:
@@ -128,4 +147,5 @@ class PauseWatch:
                 "pauses": len(ps), "native_dumps": sum(p.native_dump for p in ps),
                 "paused_seconds": round(sum(p.seconds for p in ps), 3),
                 "per_rank": {str(r): v for r, v in sorted(per_rank.items())},
+                "by_others": len(self.of(ranks)) - len(ps),
                 "tracers": sorted({p.tracer for p in ps})[:5]}

@@ -6,6 +6,7 @@ rank's native frames): ``--native`` stops it, ``--nonblocking`` never does.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -57,4 +58,9 @@ def test_native_dump_is_a_pause_named_for_its_tracer(child) -> None:
     assert watch.pauses, "five native dumps, no stop seen"
     assert all(p.native_dump and p.rank == 3 and p.end is not None for p in watch.pauses), s
     assert s["native_dumps"] == s["pauses"] >= 1 and s["paused_seconds"] > 0, s
+    # the py-spy was this test's child: attributed to it, and to no other process
+    mine = watch.summary(by=os.getpid())
+    assert mine["pauses"] == s["pauses"] and mine["by_others"] == 0, mine
+    theirs = watch.summary(by=child.pid)
+    assert theirs["pauses"] == 0 and theirs["by_others"] == s["pauses"], theirs
     assert traced(child.pid) == 0  # py-spy detached: running free again

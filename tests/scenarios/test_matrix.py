@@ -222,7 +222,8 @@ def _observe(mon: Monitor, s: Scenario, job: Job, out: Outcome) -> None:
     try:
         _watch(mon, s, job, out, pids, by_rank)
     finally:
-        out.pauses = watch.stop().summary()
+        # this monitor's py-spys only (another agent on a shared machine is not ours)
+        out.pauses = watch.stop().summary(by=mon.procs[0].popen.pid)
 
 
 def _watch(mon: Monitor, s: Scenario, job: Job, out: Outcome, pids: set[int],
