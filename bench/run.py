@@ -15,13 +15,43 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "BENCHMARKS.md"
+GPU_HEADING = "## Agent overhead on GPU-shaped jobs (issue 26)"
+
+
+def splice(text: str, heading: str, section: str) -> str:
+    """``text`` with the section under ``heading`` replaced by ``section`` (up to the
+    next ``## ``), or, when it has none, ``section`` put after "## Agent overhead"'s."""
+    lines = text.splitlines()
+    new = section.rstrip("\n").splitlines() + [""]
+
+    def end_of(i: int) -> int:
+        j = i + 1
+        while j < len(lines) and not lines[j].startswith("## "):
+            j += 1
+        return j
+
+    if heading in lines:
+        i = lines.index(heading)
+        return "\n".join(lines[:i] + new + lines[end_of(i):]).rstrip("\n") + "\n"
+    at = next((end_of(i) for i, x in enumerate(lines) if x == "## Agent overhead"), len(lines))
+    return "\n".join(lines[:at] + new + lines[at:]).rstrip("\n") + "\n"
+
+
+def gpu_section(quick: bool) -> str:
+    """The GPU-shaped rows of the agent overhead, with their command."""
+    from bench import agent_overhead
+    r = agent_overhead.measure_gpu(quick=quick)
+    cmd = "python -m bench.agent_overhead --gpu-shaped" + (" --quick" if quick else "")
+    return "\n".join([GPU_HEADING, "", f"Command: `{cmd}` ({datetime.date.today().isoformat()})",
+                      "", agent_overhead.render_gpu(r), ""])
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="smaller runs (minutes, not tens)")
-    ap.add_argument("--only", choices=("agent", "daemon", "diagnose", "discovery"),
-                    default=None)
+    ap.add_argument("--only", choices=("agent", "gpu", "daemon", "diagnose", "discovery"),
+                    default=None, help="one section, printed; BENCHMARKS.md is left as it "
+                    "is, except that --only gpu rewrites its own section there")
     a = ap.parse_args()
     cmd = "make bench" + (" BENCH_ARGS=--quick" if a.quick else "")
     head = [
@@ -41,6 +71,8 @@ def main() -> int:
                      "Command: `python -m bench.agent_overhead"
                      + (" --seconds 20 --warmup 8 --repeats 1" if a.quick else "") + "`", "",
                      agent_overhead.render(r), ""]
+    if a.only in (None, "gpu"):
+        sections += [gpu_section(a.quick)]
     if a.only in (None, "daemon"):
         try:
             from bench import daemon_ingest
@@ -71,6 +103,10 @@ def main() -> int:
         r = discovery.measure()
         sections += ["## Discovery per round", "", "Command: `python -m bench.discovery`", "",
                      discovery.render(r), ""]
+    if a.only == "gpu" and OUT.exists():
+        OUT.write_text(splice(OUT.read_text(), GPU_HEADING, sections[-1]))
+        print(sections[-1])
+        return 0
     if a.only and OUT.exists():
         print(text)
         if verdicts:

@@ -64,6 +64,12 @@ class Scenario:
     framework: str | None = None
     #: Extra environment of the job's ranks; "{ckpt}" in a value: its checkpoint dir.
     env: tuple[tuple[str, str], ...] = ()
+    #: No rank of the job may be paused while it runs (ptrace-stopped: a native
+    #: dump; bench/pausewatch.py watches every row's ranks, this row must show none).
+    no_pause: bool = False
+    #: The detection delay aimed at (printed in the table beside it, not asserted:
+    #: ``detect_within`` is the wide bound that is).
+    goal: float | None = None
 
     @property
     def root_causes(self) -> tuple[str | None, ...]:
@@ -257,4 +263,31 @@ SCENARIOS: tuple[Scenario, ...] = (
              kind="checkpoint_gather", culprits=(0,), root_cause=None, at_risk=None,
              start="save_start", detect_within=30.0, state="saving", limit=70.0,
              evidence=("python_frame",), ops=("broadcast",)),
+    # -- GPU-shaped (issue 26) -------------------------------------------------------
+    # tests/workloads/gpu_shaped.py: ranks that look from the CPU like GPU ranks. While
+    # "the device works" the main thread spins (no read/write syscalls, no voluntary
+    # switches); ranks meet at a barrier in shared memory, not in a gloo collective; a
+    # helper thread spins in every rank; rank 0 alone logs each step, writes a metrics
+    # file twice a second and (8s-reads) evaluates every 3 steps. Healthy: no alarm and
+    # no rank ever paused (no native dump). Ranks at nice 10: their spinning must not
+    # starve the row beside them on this 2-core CI machine.
+    *(Scenario(name, ("--step-seconds", step, "--batch", batch, "--seconds", secs,
+                      "--nice", "10", *extra),
+               script="gpu_shaped.py", world=3, no_pause=True, limit=limit)
+      for name, step, batch, secs, extra, limit in (
+          ("gpu-shaped-healthy-8s-reads", "8", "read", "70",
+           ("--eval-every", "3", "--eval-seconds", "4"), 120.0),
+          ("gpu-shaped-healthy-8s-mmap", "8", "mmap", "45", (), 90.0),
+          ("gpu-shaped-healthy-2s-shm", "2", "shm", "40", (), 80.0),
+      )),
+    # The same job, 8 s steps, then rank 0 torch.saves 8 MiB to storage paced at 60 kB/s
+    # (~140 s: past the 90 s watchdog) while the others wait NCCL-shaped: async
+    # all_reduce, then work.wait() in C++. Goal: found within 15 s of the save's start
+    # (printed); asserted: 60 s, before the watchdog.
+    Scenario("gpu-shaped-save-stall", ("--step-seconds", "8", "--batch", "read",
+                                       "--save-after", "3", "--seconds", "300",
+                                       "--model-mb", "8", "--nice", "10"),
+             script="gpu_shaped.py", world=3, write_rate=60_000,
+             kind="checkpoint_gather", culprits=(0,), state="saving", root_cause=None,
+             at_risk=None, start="save_start", detect_within=60.0, goal=15.0, limit=170.0),
 )

@@ -25,6 +25,7 @@ from fnmatch import fnmatch
 
 import pytest
 
+from bench.pausewatch import PauseWatch
 from tests.conftest import ARTIFACTS, ROOT, Job, Monitor, Proc, need, record
 from tests.scenarios.matrix import SCENARIOS, Scenario
 from tests.throttlefs_fixture import mounted
@@ -68,6 +69,8 @@ class Outcome:
     wait_t: float | None = None
     returncode: int | None = None
     error: str = ""
+    #: Pauses of the job's ranks while watched (bench/pausewatch.py summary).
+    pauses: dict | None = None
 
     @property
     def delay(self) -> float | None:
@@ -141,6 +144,12 @@ class Outcome:
             out.append("never flagged at risk")
         if s.at_risk is False and self.at_risk_at is not None:
             out.append("false alarm: flagged at risk")
+        if s.no_pause and (self.pauses is None or self.pauses["pauses"]):
+            out.append("never watched for pauses" if self.pauses is None else
+                       f"{self.pauses['pauses']} pause(s) of healthy ranks "
+                       f"({self.pauses['native_dumps']} native dumps, "
+                       f"{self.pauses['paused_seconds']:.1f} s; per rank "
+                       f"{self.pauses['per_rank']})")
         if s.forecast_overrun:
             if self.flag_delay is None or self.flag_delay > s.forecast_within:
                 out.append(f"overrun flagged after {self.flag_delay}s (> {s.forecast_within}s)")
@@ -209,6 +218,16 @@ def _observe(mon: Monitor, s: Scenario, job: Job, out: Outcome) -> None:
         time.sleep(0.2)
     pids = job.pids()
     by_rank = {m["rank"]: m["pid"] for m in job.markers("ready")}
+    watch = PauseWatch(by_rank).start()  # every row's ranks; no_pause rows must show none
+    try:
+        _watch(mon, s, job, out, pids, by_rank)
+    finally:
+        # this monitor's py-spys only (another agent on a shared machine is not ours)
+        out.pauses = watch.stop().summary(by=mon.procs[0].popen.pid)
+
+
+def _watch(mon: Monitor, s: Scenario, job: Job, out: Outcome, pids: set[int],
+           by_rank: dict[int, int]) -> None:
     end = time.time() + s.limit
     settle_until = None
     while time.time() < end:
@@ -286,9 +305,15 @@ def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f}"
 
 
+def _pauses(p: dict | None) -> str:
+    """Pauses of the job's ranks: count and seconds (native dumps among them)."""
+    return "-" if p is None else f"{p['pauses']} / {p['paused_seconds']:.1f}s"
+
+
 def table(outcomes: list[Outcome]) -> str:
     head = ["scenario", "ranks", "expected", "detected", "culprits", "state", "evidence",
-            "root cause", "fix for / now", "at risk", "delay s", "lead s", "forecast s", "result"]
+            "root cause", "fix for / now", "at risk", "delay s", "goal s", "lead s", "forecast s",
+            "pauses", "result"]
     rows = []
     for o in outcomes:
         s = o.scenario
@@ -299,8 +324,8 @@ def table(outcomes: list[Outcome]) -> str:
                      ",".join(map(str, o.culprits)) or "-", ",".join(o.states) or "-",
                      ",".join(o.evidence_seen) or "-", o.root_cause or "-",
                      f"{o.framework or '-'} / {o.advice or '-'}",
-                     "yes" if o.at_risk_at else "no", _fmt(o.delay), _fmt(o.lead),
-                     _fmt(o.forecast_delay),
+                     "yes" if o.at_risk_at else "no", _fmt(o.delay), _fmt(s.goal),
+                     _fmt(o.lead), _fmt(o.forecast_delay), _pauses(o.pauses),
                      "ok" if not problems else "FAIL: " + "; ".join(problems)])
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
@@ -334,7 +359,8 @@ def test_scenario_matrix(ncclwatch_run) -> None:
         "framework": o.framework, "advice": o.advice,
         "at_risk_after_s": o.flag_delay, "overrun_at_flag_s": o.overrun_at_flag,
         "detection_delay_s": o.delay, "lead_time_s": o.lead,
-        "overrun_forecast_after_s": o.forecast_delay, "problems": o.problems(),
+        "overrun_forecast_after_s": o.forecast_delay, "goal_s": o.scenario.goal,
+        "pauses": o.pauses, "problems": o.problems(),
     } for o in outcomes], indent=1))
     record("scenario_matrix", {o.scenario.name: {"delay_s": o.delay, "lead_s": o.lead}
                                for o in outcomes})
