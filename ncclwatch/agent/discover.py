@@ -16,7 +16,8 @@ Who is a rank (each rule decided once per pid):
 - a member of a job whose number none of that shows is a rank with
   ``UNKNOWN_RANK``: still watched, never numbered by guess;
 - a Ray Train worker (``agent.raytrain``) is a member of its Ray job, rank 0
-  once it is seen serving the job's TCPStore, the others unnumbered.
+  once it is seen serving the job's TCPStore, the others unnumbered; once
+  its title showed a train worker it stays one (Ray retitles it per task).
 
 A rank in a container is read through /proc like any other; what the
 container shows of it (its own pid, hostname, cgroup id, Kubernetes pod)
@@ -91,6 +92,7 @@ class _Seen:
     recheck: bool = False      # look again next round
     node_local: tuple[int, int, int] | None = None   # Lightning child: node, local, world
     ray_since: float = 0.0     # a Ray Train worker with torch loaded, since (agent clock)
+    ray_worker: bool = False   # a Ray Train worker by its title once: one for life
     settled: bool = False      # its identity is final (a Ray worker's, once its store is seen)
 
 
@@ -205,13 +207,17 @@ class Discovery:
         """A Ray process: a train worker is a member of its Ray job once torch is
         loaded; its rank is settled in ``_resolve`` from the job's TCPStore."""
         old = self._seen.get(pid)
-        if old is not None and old.settled and old.create_time == seen.create_time:
+        if old is not None and old.create_time != seen.create_time:
+            old = None
+        if old is not None and old.settled:
             return old
-        if not raytrain.is_train_worker(cmdline, env):
-            # A pooled worker may still become one (its title changes).
+        # An actor process hosts one actor for life: once its title showed a
+        # train worker it is one, whatever task its title names later.
+        if not (old is not None and old.ray_worker or raytrain.is_train_worker(cmdline, env)):
+            # A pooled worker, or one in a named task, may still show as one.
             seen.recheck = raytrain.may_become_worker(cmdline, env)
             return seen
-        seen.recheck = True
+        seen.recheck = seen.ray_worker = True
         maps = launchers.read_maps(pid, self._proc)
         if maps is None or not launchers.torch_loaded(maps):
             return seen
