@@ -19,6 +19,9 @@ Who is a rank (each rule decided once per pid):
   once it is seen serving the job's TCPStore, the others unnumbered; once
   its title showed a train worker it stays one (Ray retitles it per task).
 
+A verdict on a young process is not final: a launcher's child between fork
+and exec shows the launcher's command line and environment.
+
 A rank in a container is read through /proc like any other; what the
 container shows of it (its own pid, hostname, cgroup id, Kubernetes pod)
 is read once per rank (``agent.container``).
@@ -48,7 +51,9 @@ from ncclwatch.jobid import (
 
 log = logging.getLogger(__name__)
 
-#: A non-rank younger than this (seconds) is looked at again each round.
+#: A process younger than this (seconds) that is no rank is looked at again
+#: each round: a launcher's child between fork and exec still shows the
+#: launcher's command line and environment.
 YOUNG = 5.0
 #: A spawn child is asked for its spawn index until it is this old (seconds).
 SPAWN_PATIENCE = 60.0
@@ -133,9 +138,12 @@ class Discovery:
                     cached.rank is None or not self._reused(pid, cached.create_time)):
                 continue
             seen = self._inspect(pid, now)
-            if (seen.rank is None and not seen.launcher and not seen.recheck
+            if (seen.rank is None and not seen.recheck
                     and seen.create_time and now - seen.create_time < YOUNG):
-                seen.recheck = True  # a launcher's child caught between fork and exec
+                # A launcher's child caught between fork and exec shows the
+                # launcher's own command line and environment: young verdicts,
+                # a launcher's included, are not final.
+                seen.recheck = True
             self._seen[pid] = seen
         self._settle_ray(now)
         return _one_per_rank(self._resolve())
@@ -149,6 +157,7 @@ class Discovery:
             return True
 
     def _inspect(self, pid: int, now: float) -> _Seen:
+        create_time = 0.0
         try:
             proc = psutil.Process(pid)
             with proc.oneshot():
@@ -200,7 +209,7 @@ class Discovery:
         except (psutil.AccessDenied, OSError) as e:
             self.errors_total += 1
             log.debug("cannot read pid %d: %s", pid, e)
-            return _Seen(0.0)
+            return _Seen(create_time)  # looked at again while young (scan)
 
     def _ray_worker(self, pid: int, cmdline: list[str], env: dict[str, str], seen: _Seen,
                     now: float) -> _Seen:
