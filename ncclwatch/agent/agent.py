@@ -214,7 +214,7 @@ class Agent:
                     log.info("stopped watching rank %s of job %s (pid %d): %s",
                              t.proc.identity.rank if t.proc.identity.known else "?",
                              for_log(t.proc.identity.job_id), pid,
-                             "no longer seen as a rank" if psutil.pid_exists(pid) else "exited")
+                             "no longer seen as a rank" if _running(pid) else "exited")
         for pid, proc in alive.items():
             if pid not in self.trackers:
                 self.trackers[pid] = RankTracker(proc, now)
@@ -355,3 +355,11 @@ class Agent:
         for sid in list(self.stacks)[: len(self.stacks) - STACK_CACHE]:
             if sid not in in_use:
                 del self.stacks[sid]
+
+
+def _running(pid: int) -> bool:
+    """The pid is a live process (a zombie has exited: its parent has not reaped it)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
