@@ -23,7 +23,7 @@ from ncclwatch.agent.gpu import EMPTY, GpuReader, GpuReading, NvmlGpuReader, exp
 from ncclwatch.agent.policy import CpuMeter, StackPolicy
 from ncclwatch.agent.pyspy import PySpy, PySpyError
 from ncclwatch.agent.report import AgentHealthCounts, build_report, sample_pb, stack_pb
-from ncclwatch.agent.sample import ProcessSampler, progress_events
+from ncclwatch.agent.sample import ProcessSampler, progress_events, side_events
 from ncclwatch.agent.scheduler import SchedulerLookup
 from ncclwatch.agent.tracker import RankTracker
 from ncclwatch.agent.uplink import Uplinks
@@ -147,8 +147,11 @@ class Agent:
                 self._wake.set()
         elif cmd.HasField("dump_flight_recorder"):
             job = cmd.dump_flight_recorder.job_id
-            procs = [t.proc for t in self.trackers.values() if t.proc.identity.job_id == job]
-            n = self.frprobe.request(procs)
+            mine = [t for t in self.trackers.values() if t.proc.identity.job_id == job]
+            n = self.frprobe.request([t.proc for t in mine])
+            for t in mine:
+                if t.side_base is None and self.frprobe.pending(t.pid):
+                    t.dump_asked(side_events(t.pid))
             if n:
                 log.info("asked %d rank(s) of %s for a Flight Recorder dump (%s)", n,
                          for_log(job), for_log(cmd.dump_flight_recorder.reason))
@@ -222,6 +225,8 @@ class Agent:
                          proc.identity.rank if proc.identity.known else "?",
                          for_log(proc.identity.job_id), pid, for_log(proc.identity.rank_source))
         for pid, t in list(self.trackers.items()):
+            if t.side_base is not None:  # a Flight Recorder dump we asked for
+                t.dump_written(side_events(pid), done=not self.frprobe.pending(pid))
             sample = self.sampler.sample(pid, tid=t.progress_tid)
             if sample is None:  # exited between scan and sample
                 self._exited.append(t.proc)
