@@ -264,3 +264,88 @@ def test_ranks_still_with_fresh_stacks_and_no_frame_are_asked_for_dumps():
         asked = [i for i, k in enumerate(kinds) if "dump_flight_recorder" in k]
         # Asked once the stillness passed the threshold (the reply to the next report).
         assert asked == ([3] if pipe else []), kinds
+
+
+# -- a still rank stays still while it writes the dump it was asked for --------------
+
+#: A rank waiting in a collective with torch's debug-info pipe: its main thread
+#: blocks; torch's own thread reads the pipe and writes the dump (a real one).
+_DUMPING_RANK = """
+import os, sys, threading
+stem, prefix, trace = sys.argv[1], sys.argv[2], open(sys.argv[3], "rb").read()
+os.mkfifo(stem + "0.pipe", 0o666)
+fd = os.open(stem + "0.pipe", os.O_RDWR)   # held open as torch does; a read waits for a byte
+def serve():
+    while True:
+        os.read(fd, 128)
+        with open(prefix + "0", "wb") as f:
+            f.write(trace)
+threading.Thread(target=serve, daemon=True).start()
+print("up", flush=True)
+threading.Event().wait()
+"""
+
+
+class _Found:
+    """Discovery of one known process (the rank's identity is not what is tested)."""
+
+    def __init__(self, proc: RankProcess) -> None:
+        self.proc = proc
+
+    def scan(self) -> list[RankProcess]:
+        return [self.proc]
+
+
+def test_a_still_rank_stays_still_while_it_writes_the_dump_asked_of_it(tmp_path) -> None:
+    """The dump's read and write are torch's thread's, asked for by ncclwatch:
+    counted as progress they ended the rank's still period, so the hang
+    ceiling began again and the dump was older than the stillness it was
+    asked in (a hang found 69 s late in CI, issue 27)."""
+    import asyncio
+    import subprocess
+    import sys
+
+    from ncclwatch.agent.agent import Agent, AgentConfig
+    from tests.conftest import free_port
+    stem, prefix = str(tmp_path / "pipe_"), str(tmp_path / "fr_")
+    p = subprocess.Popen([sys.executable, "-c", _DUMPING_RANK, stem, prefix,
+                          str(HANG / "comm_lib_trace_rank_0")],
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline() == "up\n"
+        env = {"TORCH_NCCL_DEBUG_INFO_PIPE_FILE": stem, "TORCH_FR_DUMP_TEMP_FILE": prefix,
+               "TORCH_FR_BUFFER_SIZE": "2000"}
+        rank = RankProcess.of(p.pid, 0.0, RankIdentity("job-1", "test", 0, 0, 2), env)
+        agent = Agent(AgentConfig(collector=f"127.0.0.1:{free_port()}"), discovery=_Found(rank))
+
+        async def rounds() -> tuple[float, list[float | None]]:
+            t = None
+            for _ in range(20):          # rounds 0.5 s apart: one call in one is progress
+                await agent.round()
+                t = agent.trackers[p.pid]
+                if t.still_since is not None:
+                    break
+                await asyncio.sleep(0.5)
+            assert t is not None and t.still_since is not None, "the rank never sat still"
+            before = t.still_since
+            agent._on_command(pb.Command(dump_flight_recorder=pb.DumpFlightRecorderCommand(
+                job_id="job-1", reason="test")))
+            assert agent.frprobe.pending(p.pid)
+            after = []
+            for _ in range(40):
+                await asyncio.sleep(0.5)
+                report = await agent.round()
+                after.append(t.still_since)
+                if agent.frprobe.dumps_total and len(after) >= 4:
+                    break
+            assert report is not None
+            return before, after
+
+        before, after = asyncio.run(rounds())
+        agent.stop()
+        assert agent.frprobe.dumps_total == 1, "the rank never wrote its dump"
+        assert os.path.getsize(prefix + "0") > 0
+        assert set(after) == {before}, (before, after)
+    finally:
+        p.kill()
+        p.wait()

@@ -20,20 +20,73 @@ RAY_ENV = {"RAY_JOB_ID": "01000000", "RAY_RAYLET_PID": "9799"}
 PAD = [""] * 200  # Ray's titles come padded with empty argv slots
 
 
-@pytest.mark.parametrize("cmdline,env,worker,idle", [
+@pytest.mark.parametrize("cmdline,env,worker,later", [
     (["ray::RayTrainWorker", *PAD], RAY_ENV, True, False),
-    (["ray::RayTrainWorker.run_train_fn"], RAY_ENV, True, False),
+    (["ray::RayTrainWorker.run_train_fn"], RAY_ENV, True, True),
+    (["ray::_RayTrainWorker__execute.construct_metadata"], RAY_ENV, True, True),  # V1's tasks
     (["ray::IDLE", *PAD], RAY_ENV, False, True),
-    (["ray::TrainController.run"], RAY_ENV, False, False),
+    # A named task shows no class (V2's worker.execute): it may be a train worker's.
+    (["ray::execute._setup_torch_process_group", *PAD], RAY_ENV, False, True),
+    (["ray::TrainController"], RAY_ENV, False, False),
     (["ray::RayTrainWorker"], {}, False, False),               # no Ray env: not Ray's
     (["/venv/bin/python", "train.py"], RAY_ENV, False, False),
 ])
-def test_titles(cmdline, env, worker, idle) -> None:
+def test_titles(cmdline, env, worker, later) -> None:
     assert is_train_worker(cmdline, env) is worker
     # A process a Ray task started (torchrun under Ray) is no Ray process: its
     # environment is read the usual way.
     assert is_ray_process(cmdline, env) is (bool(env) and cmdline[0].startswith("ray::"))
-    assert may_become_worker(cmdline, env) is idle
+    assert may_become_worker(cmdline, env) is later
+
+
+#: A Ray actor process: torch loaded, its title set with Ray's own setproctitle
+#: to each line it reads (SPT_NOENV=1, as the raylet starts its workers: the
+#: environment stays readable in /proc).
+_TITLED = """
+import sys
+import torch.distributed
+from ray._raylet import setproctitle
+print("up", flush=True)
+for line in sys.stdin:
+    setproctitle(line.strip())
+    print("set", flush=True)
+"""
+
+
+def test_a_train_worker_stays_one_whatever_task_its_title_names() -> None:
+    """Ray titles a worker by the task it runs; V2's named tasks hide the class
+    (``ray::execute._setup_torch_process_group``). The worker is a member of its
+    job before, during and after such a task (CI lost a Ray job so: issue 27)."""
+    import subprocess
+    import sys
+
+    from ncclwatch.agent.discover import Discovery
+    env = {**os.environ, "RAY_JOB_ID": "0a000000", "RAY_ADDRESS": "10.0.0.9:6379",
+           "SPT_NOENV": "1"}
+    env.pop("RAY_RAYLET_PID", None)
+    p = subprocess.Popen([sys.executable, "-c", _TITLED], env=env, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert p.stdout.readline() == "up\n"
+        d = Discovery("n")
+
+        def members(title: str) -> list[tuple[str, bool]]:
+            p.stdin.write(title + "\n")
+            p.stdin.flush()
+            assert p.stdout.readline() == "set\n"
+            return [(r.identity.job_id, r.identity.known) for r in d.scan() if r.pid == p.pid]
+
+        # First seen in a named task: not known yet, looked at again.
+        assert members("ray::execute.get_metadata") == []
+        assert d._seen[p.pid].recheck
+        job = [("ray:10.0.0.9:6379/0a000000", False)]
+        assert members("ray::RayTrainWorker") == job
+        for title in ("ray::execute._setup_torch_process_group", "ray::RayTrainWorker.poll_status",
+                      "ray::execute.train_fn", "ray::RayTrainWorker"):
+            assert members(title) == job, title
+    finally:
+        p.kill()
+        p.wait()
 
 
 def _proc(tmp: Path) -> Path:

@@ -25,7 +25,7 @@ from ncclwatch.agent.gpu import EMPTY, GpuReader, GpuReading, NvmlGpuReader, exp
 from ncclwatch.agent.policy import CpuMeter, StackPolicy
 from ncclwatch.agent.pyspy import PySpy, PySpyError
 from ncclwatch.agent.report import AgentHealthCounts, build_report, sample_pb, stack_pb
-from ncclwatch.agent.sample import ProcessSampler, progress_events
+from ncclwatch.agent.sample import ProcessSampler, progress_events, side_events
 from ncclwatch.agent.scheduler import SchedulerLookup
 from ncclwatch.agent.tracker import RankTracker
 from ncclwatch.agent.route import Router
@@ -154,8 +154,11 @@ class Agent:
                 self._wake.set()
         elif cmd.HasField("dump_flight_recorder"):
             job = cmd.dump_flight_recorder.job_id
-            procs = [t.proc for t in self.trackers.values() if t.proc.identity.job_id == job]
-            n = self.frprobe.request(procs)
+            mine = [t for t in self.trackers.values() if t.proc.identity.job_id == job]
+            n = self.frprobe.request([t.proc for t in mine])
+            for t in mine:
+                if t.side_base is None and self.frprobe.pending(t.pid):
+                    t.dump_asked(side_events(t.pid))
             if n:
                 log.info("asked %d rank(s) of %s for a Flight Recorder dump (%s)", n,
                          for_log(job), for_log(cmd.dump_flight_recorder.reason))
@@ -222,7 +225,7 @@ class Agent:
                     log.info("stopped watching rank %s of job %s (pid %d): %s",
                              t.proc.identity.rank if t.proc.identity.known else "?",
                              for_log(t.proc.identity.job_id), pid,
-                             "no longer seen as a rank" if psutil.pid_exists(pid) else "exited")
+                             "no longer seen as a rank" if _running(pid) else "exited")
         for pid, proc in alive.items():
             if pid not in self.trackers:
                 self.trackers[pid] = RankTracker(proc, now)
@@ -230,6 +233,8 @@ class Agent:
                          proc.identity.rank if proc.identity.known else "?",
                          for_log(proc.identity.job_id), pid, for_log(proc.identity.rank_source))
         for pid, t in list(self.trackers.items()):
+            if t.side_base is not None:  # a Flight Recorder dump we asked for
+                t.dump_written(side_events(pid), done=not self.frprobe.pending(pid))
             sample = self.sampler.sample(pid, tid=t.progress_tid)
             if sample is None:  # exited between scan and sample
                 self._exited.append(t.proc)
@@ -378,3 +383,11 @@ class Agent:
         for sid in list(self.stacks)[: len(self.stacks) - STACK_CACHE]:
             if sid not in in_use:
                 del self.stacks[sid]
+
+
+def _running(pid: int) -> bool:
+    """The pid is a live process (a zombie has exited: its parent has not reaped it)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False

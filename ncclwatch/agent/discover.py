@@ -16,7 +16,11 @@ Who is a rank (each rule decided once per pid):
 - a member of a job whose number none of that shows is a rank with
   ``UNKNOWN_RANK``: still watched, never numbered by guess;
 - a Ray Train worker (``agent.raytrain``) is a member of its Ray job, rank 0
-  once it is seen serving the job's TCPStore, the others unnumbered.
+  once it is seen serving the job's TCPStore, the others unnumbered; once
+  its title showed a train worker it stays one (Ray retitles it per task).
+
+A verdict on a young process is not final: a launcher's child between fork
+and exec shows the launcher's command line and environment.
 
 A rank in a container is read through /proc like any other; what the
 container shows of it (its own pid, hostname, cgroup id, Kubernetes pod)
@@ -47,7 +51,9 @@ from ncclwatch.jobid import (
 
 log = logging.getLogger(__name__)
 
-#: A non-rank younger than this (seconds) is looked at again each round.
+#: A process younger than this (seconds) that is no rank is looked at again
+#: each round: a launcher's child between fork and exec still shows the
+#: launcher's command line and environment.
 YOUNG = 5.0
 #: A spawn child is asked for its spawn index until it is this old (seconds).
 SPAWN_PATIENCE = 60.0
@@ -91,6 +97,7 @@ class _Seen:
     recheck: bool = False      # look again next round
     node_local: tuple[int, int, int] | None = None   # Lightning child: node, local, world
     ray_since: float = 0.0     # a Ray Train worker with torch loaded, since (agent clock)
+    ray_worker: bool = False   # a Ray Train worker by its title once: one for life
     settled: bool = False      # its identity is final (a Ray worker's, once its store is seen)
 
 
@@ -131,9 +138,12 @@ class Discovery:
                     cached.rank is None or not self._reused(pid, cached.create_time)):
                 continue
             seen = self._inspect(pid, now)
-            if (seen.rank is None and not seen.launcher and not seen.recheck
+            if (seen.rank is None and not seen.recheck
                     and seen.create_time and now - seen.create_time < YOUNG):
-                seen.recheck = True  # a launcher's child caught between fork and exec
+                # A launcher's child caught between fork and exec shows the
+                # launcher's own command line and environment: young verdicts,
+                # a launcher's included, are not final.
+                seen.recheck = True
             self._seen[pid] = seen
         self._settle_ray(now)
         return _one_per_rank(self._resolve())
@@ -147,6 +157,7 @@ class Discovery:
             return True
 
     def _inspect(self, pid: int, now: float) -> _Seen:
+        create_time = 0.0
         try:
             proc = psutil.Process(pid)
             with proc.oneshot():
@@ -198,20 +209,24 @@ class Discovery:
         except (psutil.AccessDenied, OSError) as e:
             self.errors_total += 1
             log.debug("cannot read pid %d: %s", pid, e)
-            return _Seen(0.0)
+            return _Seen(create_time)  # looked at again while young (scan)
 
     def _ray_worker(self, pid: int, cmdline: list[str], env: dict[str, str], seen: _Seen,
                     now: float) -> _Seen:
         """A Ray process: a train worker is a member of its Ray job once torch is
         loaded; its rank is settled in ``_resolve`` from the job's TCPStore."""
         old = self._seen.get(pid)
-        if old is not None and old.settled and old.create_time == seen.create_time:
+        if old is not None and old.create_time != seen.create_time:
+            old = None
+        if old is not None and old.settled:
             return old
-        if not raytrain.is_train_worker(cmdline, env):
-            # A pooled worker may still become one (its title changes).
+        # An actor process hosts one actor for life: once its title showed a
+        # train worker it is one, whatever task its title names later.
+        if not (old is not None and old.ray_worker or raytrain.is_train_worker(cmdline, env)):
+            # A pooled worker, or one in a named task, may still show as one.
             seen.recheck = raytrain.may_become_worker(cmdline, env)
             return seen
-        seen.recheck = True
+        seen.recheck = seen.ray_worker = True
         maps = launchers.read_maps(pid, self._proc)
         if maps is None or not launchers.torch_loaded(maps):
             return seen

@@ -131,6 +131,10 @@ class FlightRecorderProbe:
     def waiting(self) -> bool:
         return bool(self._pending)
 
+    def pending(self, pid: int) -> bool:
+        """A dump of this rank was asked and has not been read (nor given up on)."""
+        return pid in self._pending
+
     def poll(self, now: float | None = None) -> dict[int, pb.FlightRecorderSummary]:
         """pid -> summary for every dump that appeared since the last poll."""
         now = time.monotonic() if now is None else now

@@ -22,8 +22,12 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 
-#: Process titles of Ray Train's worker actors (V2 and V1 name the class alike).
-TRAIN_WORKER_TITLES = ("ray::RayTrainWorker",)
+#: Process titles of Ray Train's worker actors: the class (V2 and V1 name it
+#: alike), its methods (``ray::RayTrainWorker.run_train_fn``) and V1's named
+#: tasks (``ray::_RayTrainWorker__execute.<fn>``). V2's named tasks show only
+#: the task (``ray::execute._setup_torch_process_group``): a worker is known
+#: by its class first and stays one (discover), whatever task it runs later.
+TRAIN_WORKER_TITLES = ("ray::RayTrainWorker", "ray::_RayTrainWorker__execute")
 #: Titles of pooled Ray workers that may still become a train worker.
 IDLE_TITLES = ("ray::IDLE",)
 #: rank_source of the worker that serves the job's TCPStore.
@@ -47,7 +51,12 @@ def is_train_worker(cmdline: list[str], env: Mapping[str, str]) -> bool:
 
 
 def may_become_worker(cmdline: list[str], env: Mapping[str, str]) -> bool:
-    return bool(env.get("RAY_JOB_ID")) and title(cmdline).startswith(IDLE_TITLES)
+    """A pooled worker, or one running a named task (``ray::<name>.<fn>``): a
+    train worker's class shows again between its tasks."""
+    if not env.get("RAY_JOB_ID"):
+        return False
+    t = title(cmdline)
+    return t.startswith(IDLE_TITLES) or "." in t.split(" ", 1)[0]
 
 
 def gcs_address(env: Mapping[str, str], proc: str = "/proc") -> str:

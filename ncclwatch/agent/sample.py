@@ -281,6 +281,21 @@ def thread_cpu_seconds(pid: int, tid: int, proc: str = "/proc") -> float | None:
         return None
 
 
+def side_events(pid: int, tid: int = 0, proc: str = "/proc") -> int | None:
+    """Read/write syscalls of the rank's threads other than ``tid`` (default:
+    its main thread): the process's count less that thread's. torch writes a
+    Flight Recorder dump from its own thread; None if unreadable."""
+    try:
+        with open(f"{proc}/{pid}/io") as f:
+            every = dict(line.split(":", 1) for line in f if ":" in line)
+        with open(f"{proc}/{pid}/task/{tid or pid}/io") as f:
+            own = dict(line.split(":", 1) for line in f if ":" in line)
+        return (int(every["syscr"]) + int(every["syscw"])
+                - int(own["syscr"]) - int(own["syscw"]))
+    except (OSError, KeyError, ValueError):
+        return None
+
+
 def progress_events(pid: int) -> int | None:
     """ProcessSample.progress_events read straight from /proc (thread-safe, cheap):
     read/write syscalls of the process plus its main thread's voluntary switches."""

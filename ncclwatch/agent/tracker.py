@@ -41,7 +41,7 @@ class RankTracker:
         "progress_tid", "packages", "maps_at",
         "_cpu_before", "quiet_from", "still_from",
         "evidence", "native", "native_for", "native_stack", "forgiven", "pause_base",
-        "own_cpu_util",
+        "own_cpu_util", "side_base",
     )
 
     def __init__(self, proc: RankProcess, now: float) -> None:
@@ -102,6 +102,11 @@ class RankTracker:
         #: While a native dump pauses the rank: its progress events when last
         #: read (the dump's own ptrace stops come after); None: no dump running.
         self.pause_base: int | None = None
+        #: While a Flight Recorder dump asked of this still rank is written: the
+        #: read/write calls of its other threads when last read (torch's own
+        #: thread reads the pipe and writes the dump: the dump's calls, not
+        #: progress). None: no dump asked.
+        self.side_base: int | None = None
 
     @property
     def pid(self) -> int:
@@ -147,6 +152,27 @@ class RankTracker:
             self.forgiven += events
             if self.events_at_dump is not None:
                 self.events_at_dump += events
+
+    def dump_asked(self, side: int | None) -> None:
+        """A Flight Recorder dump was asked of the rank (``side``: side_events).
+
+        Writing it is no progress: a still rank stays still through it (a
+        reset would restart the hang ceiling, and leave the dump older than
+        the still period it was asked in). Its own thread's progress counts
+        as always; a rank whose progress is one thread's already leaves the
+        others out."""
+        if self.still_since is not None and not self.progress_tid and side is not None:
+            self.side_base = side
+
+    def dump_written(self, side: int | None, done: bool) -> None:
+        """Before a sample while a dump is asked: the other threads' calls since
+        the last reading are the dump's. ``done``: the dump was read (or given
+        up on) in an earlier round, so this is the last reading."""
+        if self.side_base is None:
+            return
+        if side is not None:
+            self.forgive(side - self.side_base)
+        self.side_base = None if done or side is None else side
 
     def pause_begins(self, events: int | None) -> None:
         """A native dump starts: progress read until it ends is the dump's own."""
