@@ -4,9 +4,11 @@ Only allowlisted names are ever read into a sample, and their values are
 redacted where they carry data or look like credentials: query-string values
 and URL fragments always (structural), token formats, URLs with user info,
 ``key=value`` / ``key: value`` / ``--key value`` pairs whose key says secret,
-authorization schemes, any embedded run of token characters with no word
+authorization schemes, a path component that names a password
+(``password-hunter2/``), any embedded run of token characters with no word
 structure, and keys split across two variables. The agent redacts paths and
-stack frames with the same ``redact_value``. The rules are data.
+stack frames with the same ``redact_value`` (ncclwatch.sanitize applies it:
+this module is rules only and imports none of the agent). The rules are data.
 
 Every rule is linear in the value: a pattern starts only where its run
 starts and never backtracks into it (possessive quantifiers), and spans of
@@ -19,8 +21,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Mapping
-
-from ncclwatch.sanitize import MAX_ENV_VALUE, MAX_NAME, clean
 
 #: Exact names: rank/launcher identity and ncclwatch's own hints.
 ALLOWED_NAMES: frozenset[str] = frozenset(
@@ -162,6 +162,12 @@ SECRET_VALUE_PATTERNS: tuple[tuple[re.Pattern[str], object], ...] = (
     # JWT: three dot-separated runs, the first holding "eyJ" at a word start
     (re.compile(r"(?<![A-Za-z0-9_-])([A-Za-z0-9_-]++)\.[A-Za-z0-9_-]{8,}+\.[A-Za-z0-9_-]*+"),
      _jwt),
+    # Opaque tokens with a vendor-neutral prefix, any case (``tok_3f9a...``)
+    (re.compile(r"(?<![A-Za-z0-9])tok_[A-Za-z0-9]{16,}"), REDACTED),
+    # A path component or word that names a password and then holds it:
+    # /home/alice/password-hunter2/nccl.log -> /home/alice/password-<redacted>/nccl.log
+    (re.compile(r"(?i)(?<![A-Za-z0-9])(passw(?:or)?d|passphrase|passwort|pwd|secret)([-_+])"
+                r"[^/\\\s,;&]++"), lambda m: m.group(1) + m.group(2) + REDACTED),
 )
 
 #: Structural rules, whatever the names say: every value of a query string
@@ -205,6 +211,9 @@ RANDOM_RUN_RULES: tuple[RandomRunRule, ...] = (
     # API keys, SAS signatures, base64 secrets: mixed case; names like
     # ``Llama/model-00001`` and ``TrainingRunV2`` are words and numbers.
     RandomRunRule("base64", 20, "UL", max_structure=0.5),
+    # Lower-case opaque tokens (``a1b2c3...``): letters and digits alternate
+    # far more than in names (``model00001of00004``, ``checkpoint2024``).
+    RandomRunRule("lower_opaque", 20, "LD", max_structure=0.5, min_switches=0.35),
 )
 
 #: Hex keys and digests, wherever they sit (``run-<40 hex>``): 32+ hex digits
@@ -441,56 +450,76 @@ def local_env(env: Mapping[str, str]) -> dict[str, str]:
 _TAIL = re.compile(r"[A-Za-z0-9+/_=-]{1,128}$")
 _HEAD = re.compile(r"^[A-Za-z0-9+/_-]{1,128}")
 #: Joined pieces shorter than this cannot make a token any rule knows; a piece
-#: shorter than _PIECE_MIN is a word (``INFO``, ``eth0``), not half a key.
+#: shorter than _PIECE_MIN is a word (``INFO``, ``eth0``), not half a key,
+#: unless the join is a token format (``AKIA`` + ``IOSFODNN7EXAMPLE``): short
+#: pieces are judged by the format patterns only, never by shape.
 _SPLIT_MIN = 16
 _PIECE_MIN = 6
+_SHORT_PIECE_MIN = 2
 #: Values looked at for split keys (the allowlist keeps a process's count small).
 _SPLIT_MAX_VALUES = 64
 
 
-def split_secrets(values: dict[str, str]) -> dict[str, str]:
+def split_secrets(raw: dict[str, str], redacted: dict[str, str] | None = None) -> dict[str, str]:
     """Redact a key split across two variables (``NCCL_X_A=hf_abcd``,
-    ``NCCL_X_B=efgh...``): neither half looks like a key alone, the two joined
-    do. For every ordered pair, the tail of one value and the head of the other
-    are joined and redacted; where the joined redaction differs from the
-    halves redacted apart, both halves go. Bounded: 128 characters a piece,
-    at most ``_SPLIT_MAX_VALUES`` values."""
-    names = [k for k in sorted(values)][:_SPLIT_MAX_VALUES]
+    ``NCCL_X_B=efgh...``), judged on the ``raw`` values and cut in their
+    ``redacted`` forms (each value already redacted alone; default: the raw
+    ones). For every ordered pair, the tail of one value and the head of the
+    other are joined and redacted; where the joined redaction differs from
+    the halves redacted apart, both halves go (also when one half alone was
+    redacted already: the other half is the rest of the same key). Bounded:
+    128 characters a piece, at most ``_SPLIT_MAX_VALUES`` values."""
+    out = dict(raw if redacted is None else redacted)
+    names = sorted(raw)[:_SPLIT_MAX_VALUES]
     tails = {k: m.group(0) for k in names
-             if (m := _TAIL.search(values[k])) and len(m.group(0)) >= _PIECE_MIN}
+             if (m := _TAIL.search(raw[k])) and len(m.group(0)) >= _SHORT_PIECE_MIN}
     heads = {k: m.group(0) for k in names
-             if (m := _HEAD.match(values[k])) and len(m.group(0)) >= _PIECE_MIN}
+             if (m := _HEAD.match(raw[k])) and len(m.group(0)) >= _SHORT_PIECE_MIN}
     alone = {p: redact_value(p) for p in {*tails.values(), *heads.values()}}
     cut_tail: set[str] = set()
     cut_head: set[str] = set()
     for a, tail in tails.items():
         for b, head in heads.items():
-            if a == b or len(tail) + len(head) < _SPLIT_MIN or REDACTED in tail + head:
+            if a == b or len(tail) + len(head) < _SPLIT_MIN:
                 continue
-            if redact_value(tail + head) != alone[tail] + alone[head]:
+            if min(len(tail), len(head)) >= _PIECE_MIN:
+                split = redact_value(tail + head) != alone[tail] + alone[head]
+            else:           # a short piece: a token format across the join, or nothing
+                split = REDACTED in redact_patterns(tail + head) and \
+                    REDACTED not in redact_patterns(tail) + redact_patterns(head)
+            if split:
                 cut_tail.add(a)
                 cut_head.add(b)
-    out = dict(values)
     for k in cut_tail | cut_head:
         v = out[k]
         if k in cut_tail:
-            v = v[:len(v) - len(tails[k])] + REDACTED
-        if k in cut_head and v.startswith(heads[k]):
-            v = REDACTED + v[len(heads[k]):]
+            v = _cut_end(v, tails[k])
+        if k in cut_head:
+            v = _cut_start(v, heads[k])
         out[k] = v.replace(REDACTED + REDACTED, REDACTED)
     return out
+
+
+def _cut_end(value: str, piece: str) -> str:
+    """``value`` (a redacted form) without its last token piece: the raw
+    ``piece`` if it is still there, else whatever token run ends it."""
+    if value.endswith(piece):
+        return value[:len(value) - len(piece)] + REDACTED
+    if value.endswith(REDACTED):
+        return value
+    m = _TAIL.search(value)
+    return value[:m.start()] + REDACTED if m else value
+
+
+def _cut_start(value: str, piece: str) -> str:
+    if value.startswith(piece):
+        return REDACTED + value[len(piece):]
+    if value.startswith(REDACTED):
+        return value
+    m = _HEAD.match(value)
+    return REDACTED + value[m.end():] if m else value
 
 
 #: Allowlisted variables kept per process (by name order): a process with
 #: thousands of NCCL_* variables costs the agent no more than this.
 MAX_VARIABLES = 256
-
-
-def filter_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The allowlisted, redacted subset of a process environment: names and
-    values as safe text (ncclwatch.sanitize), each value redacted alone, then
-    keys split across two values redacted too."""
-    names = sorted(k for k in env if is_allowed(k))[:MAX_VARIABLES]
-    out = {clean(k, MAX_NAME): clean(redact_value(env[k][:4 * MAX_ENV_VALUE]), MAX_ENV_VALUE)
-           for k in names}
-    return split_secrets(out)

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from ncclwatch.agent.report import sent_frame, sent_path
-from ncclwatch.envpolicy import REDACTED, filter_env, is_allowed, redact_value
+from ncclwatch.envpolicy import REDACTED, is_allowed, redact_value
+from ncclwatch.sanitize import filter_env
 
 # -- the 17 variants that passed -----------------------------------------------------------
 
