@@ -15,7 +15,7 @@ from ncclwatch.agent.discover import RankProcess
 from ncclwatch.agent.gpu import GpuDevice, GpuProcessMemory
 from ncclwatch.agent.tracker import RankTracker
 from ncclwatch.sanitize import COUNTS, clean, gate
-from ncclwatch.stacks import Stack
+from ncclwatch.stacks import Frame, Stack, stack_id
 from ncclwatch.v1 import collector_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -117,12 +117,16 @@ def identity_pb(proc: RankProcess) -> pb.RankIdentity:
 
 
 def stack_pb(stack: Stack) -> pb.Stack:
+    """The stack as it leaves the node. Its id is the hash of the frames as
+    sent (gated), which the daemon checks: a frame that had to be escaped or
+    redacted once made the id of the raw frames, and the daemon refused the
+    whole report. Samples name the stack by this id."""
+    frames = [Frame(gate("Frame.name", f.name), gate("Frame.filename", f.filename), f.line)
+              for f in stack.frames]
     return pb.Stack(
-        id=gate("Stack.id", stack.id),
+        id=gate("Stack.id", stack_id(frames)),
         thread_name=gate("Stack.thread_name", stack.thread_name),
-        frames=[pb.Frame(name=gate("Frame.name", f.name), filename=gate("Frame.filename", f.filename),
-                         line=f.line)
-                for f in stack.frames],
+        frames=[pb.Frame(name=f.name, filename=f.filename, line=f.line) for f in frames],
     )
 
 
