@@ -197,23 +197,27 @@ _SEGMENT = re.compile(r"[/_+.-]")
 class RandomRunRule:
     """Runs at least ``min_len`` long, of the character kinds ``needs`` (``U`` upper,
     ``L`` lower, ``D`` digit), that are not made of words and numbers (at most
-    ``max_structure`` of their characters) or change character kind at least
-    ``min_switches`` of the time, are tokens."""
+    ``max_structure`` of their characters), change character kind at least
+    ``min_switches`` of the time and hold a segment (between ``/_+.-``) of at
+    least ``min_segment`` characters, are tokens."""
 
     name: str
     min_len: int
     needs: str
     max_structure: float = 1.0
     min_switches: float = 0.0
+    min_segment: int = 0
 
 
 RANDOM_RUN_RULES: tuple[RandomRunRule, ...] = (
     # API keys, SAS signatures, base64 secrets: mixed case; names like
     # ``Llama/model-00001`` and ``TrainingRunV2`` are words and numbers.
     RandomRunRule("base64", 20, "UL", max_structure=0.5),
-    # Lower-case opaque tokens (``a1b2c3...``): letters and digits alternate
-    # far more than in names (``model00001of00004``, ``checkpoint2024``).
-    RandomRunRule("lower_opaque", 20, "LD", max_structure=0.5, min_switches=0.35),
+    # Lower-case opaque tokens (``tok_a1b2c3...``): one long segment whose
+    # letters and digits alternate far more than in names (``model00001of00004``,
+    # ``checkpoint2024``); ``layer4_block12_conv3x3`` has no long segment.
+    RandomRunRule("lower_opaque", 20, "LD", max_structure=0.5, min_switches=0.35,
+                  min_segment=16),
 )
 
 #: Hex keys and digests, wherever they sit (``run-<40 hex>``): 32+ hex digits
@@ -299,12 +303,14 @@ class _Shape:
     alnum: int
     structure: int
     switches: float
+    longest: int = 0            # the longest segment between separators
 
 
 def _judge(shape: _Shape) -> bool:
     return any(shape.length >= r.min_len and all(k in shape.kinds for k in r.needs)
                and shape.structure <= r.max_structure * shape.alnum
-               and shape.switches >= r.min_switches for r in RANDOM_RUN_RULES)
+               and shape.switches >= r.min_switches and shape.longest >= r.min_segment
+               for r in RANDOM_RUN_RULES)
 
 
 def _letters(core: str) -> tuple[int, str, str, int]:
@@ -348,6 +354,7 @@ def _redact_random_spans(m: re.Match[str]) -> str:
     struct = [0] * (n + 1)
     has = {k: [0] * (n + 1) for k in "ULD"}
     letters = []
+    longest = [max(map(len, _SEGMENT.split(p))) for p in judged]
     for i, p in enumerate(judged):
         counts = {k: len(p) - len(p.translate(table)) for k, table in _DROP_KIND.items()}
         length[i + 1] = length[i] + len(p)
@@ -381,7 +388,8 @@ def _redact_random_spans(m: re.Match[str]) -> str:
                 changes += ch + (1 if last and first != last else 0)
                 count, last = count + c, lst
             sw = changes / max(1, count - 1)
-        return _Shape(chars, kinds, alnum[j + 1] - alnum[i], struct[j + 1] - struct[i], sw)
+        return _Shape(chars, kinds, alnum[j + 1] - alnum[i], struct[j + 1] - struct[i], sw,
+                      max(longest[i:j + 1]))
 
     hit = [False] * n
     min_len = min(r.min_len for r in RANDOM_RUN_RULES)
@@ -422,9 +430,10 @@ def looks_random(run: str) -> bool:
         return False
     count, _, _, changes = _letters(core)
     kinds = frozenset(_kind(c) for c in core) - {"O"}
+    segments = _SEGMENT.split(core)
     return _judge(_Shape(len(core), kinds, count,
-                         sum(_structure(segment) for segment in _SEGMENT.split(core)),
-                         changes / max(1, count - 1)))
+                         sum(_structure(segment) for segment in segments),
+                         changes / max(1, count - 1), max(map(len, segments))))
 
 
 def _structure(segment: str) -> int:
@@ -482,11 +491,19 @@ def split_secrets(raw: dict[str, str], redacted: dict[str, str] | None = None) -
         for b, head in heads.items():
             if a == b or len(tail) + len(head) < _SPLIT_MIN:
                 continue
-            if min(len(tail), len(head)) >= _PIECE_MIN:
-                split = redact_value(tail + head) != alone[tail] + alone[head]
-            else:           # a short piece: a token format across the join, or nothing
+            if min(len(tail), len(head)) < _PIECE_MIN:
+                # a short piece: a token format across the join, or nothing
                 split = REDACTED in redact_patterns(tail + head) and \
                     REDACTED not in redact_patterns(tail) + redact_patterns(head)
+            elif alone[tail] != tail or alone[head] != head:
+                # one half is a token alone: the other is its rest only if it
+                # has a token's mixed case (``mlx5_0``, ``INFO`` beside a token stay)
+                rest = head if alone[tail] != tail else tail
+                split = alone[rest] == rest and _mixed_case(rest) and \
+                    redact_value(tail + head) != alone[tail] + alone[head]
+            else:           # an upper-case word beside a lower-case one is no key
+                split = _may_join(tail, head, raw[a] == tail, raw[b] == head) and \
+                    redact_value(tail + head) != alone[tail] + alone[head]
             if split:
                 cut_tail.add(a)
                 cut_head.add(b)
@@ -498,6 +515,24 @@ def split_secrets(raw: dict[str, str], redacted: dict[str, str] | None = None) -
             v = _cut_start(v, heads[k])
         out[k] = v.replace(REDACTED + REDACTED, REDACTED)
     return out
+
+
+def _mixed_case(piece: str) -> bool:
+    return piece.lower() != piece and piece.upper() != piece
+
+
+def _may_join(a: str, b: str, a_whole: bool, b_whole: bool) -> bool:
+    """Pieces that could be one token's: both of one case (or caseless:
+    digits), or one of mixed case and the other a whole value. ``IOSFODNN7EXAMPLE``
+    + ``mlx5_0`` are two words, and so are a mixed-case piece and the start
+    of ``mlx5_0:1,mlx5_1:1``."""
+    def case(p: str) -> str:
+        return "M" if _mixed_case(p) else "U" if p.lower() != p else \
+            "L" if p.upper() != p else ""
+    ca, cb = case(a), case(b)
+    if ca == cb or "" in (ca, cb):
+        return True
+    return (ca == "M" and b_whole) or (cb == "M" and a_whole)
 
 
 def _cut_end(value: str, piece: str) -> str:
