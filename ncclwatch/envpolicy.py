@@ -143,8 +143,9 @@ SECRET_VALUE_PATTERNS: tuple[tuple[re.Pattern[str], object], ...] = (
     # Authorization schemes, any case: "Bearer x", "basic dXNlcjpw", "token ghp_.."
     (re.compile(r"(?i)\b(bearer|basic|token|digest)([ \t]++)([A-Za-z0-9._~+/=-]++)"),
      _scheme),
-    # --password x, --api-key=x, -token x
-    (re.compile(r"(?<![\w-])(--?)([A-Za-z][\w.-]*+)(=|[ \t]++)[^\s]++"), _flag),
+    # --password x, --api-key=x, -token x; a flag starts a run of [\w.-] (not
+    # after '.': starts inside a run made "J.-J.-..." quadratic)
+    (re.compile(r"(?<![\w.-])(--?)([A-Za-z][\w.-]*+)(=|[ \t]++)[^\s]++"), _flag),
     # key=value, key: value, key = value whose key says secret (query strings,
     # option lists, YAML-ish "token: x"); the key stays, so the value says what it was
     (re.compile(r"(?<![\w.-])([A-Za-z_][\w.-]*+)([ \t]*+[=:][ \t]*+)[^\s&;,]++"), _pair),

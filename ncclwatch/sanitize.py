@@ -209,17 +209,17 @@ def gate(field: str, value: str | bytes | None) -> str:
     key): redacted by the field's rule, escaped, capped. A field not in
     FIELDS is a KeyError: a new field cannot leave ungated."""
     rule = FIELDS[field]
-    text = to_text(value)
-    if rule.redact == VALUE:
-        return _gated_value(text[:4 * rule.cap], rule.cap)
-    if rule.redact == LABEL:
-        text = envpolicy.redact_patterns(text[:4 * rule.cap])
-    return clean(text, rule.cap)
+    if rule.redact == OWN:
+        return clean(value, rule.cap)
+    return _gated(to_text(value)[:4 * rule.cap], rule.cap, rule.redact)
 
 
-@functools.lru_cache(maxsize=4096)  # paths and frames repeat every round; keys cut to 4x cap
-def _gated_value(text: str, cap: int) -> str:
-    return clean(envpolicy.redact_value(text), cap)
+#: Paths, frames, env and ids repeat every round: each distinct string is
+#: redacted once (keys cut to 4x their cap: at most 64 MiB, ~1 in practice),
+#: and counted in COUNTS once.
+@functools.lru_cache(maxsize=4096)
+def _gated(text: str, cap: int, redact: str) -> str:
+    return clean(_REDACT[redact](text), cap)
 
 
 def filter_env(env: Mapping[str, str]) -> dict[str, str]:
