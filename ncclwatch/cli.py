@@ -14,7 +14,6 @@ import tempfile
 from typing import Any, Sequence
 
 from ncclwatch import __version__
-from ncclwatch import termsafe
 from ncclwatch.daemon.bounds import bound_options, bounds_from
 from ncclwatch.config import (ConfigError, Option, add_options, hostport, hostports,
                               load_file, non_negative_float, positive_float, positive_int,
@@ -335,11 +334,10 @@ def _job_timeouts(from_file: Any, flags: list[str]) -> dict[str, float]:
 def _setup_logging(level: str) -> None:
     from ncclwatch.sanitize import install_log_escaping
 
-    install_log_escaping()   # arguments (job ids, node names, paths) are escaped
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
-    termsafe.install()  # job ids, node names: no forged lines, no escapes
+    install_log_escaping()   # arguments (job ids, node names, paths): no forged lines
 
 
 def _daemon_config(cfg: dict[str, Any]):

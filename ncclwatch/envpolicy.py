@@ -4,9 +4,11 @@ Only allowlisted names are ever read into a sample, and their values are
 redacted where they carry data or look like credentials: query-string values
 and URL fragments always (structural), token formats, URLs with user info,
 ``key=value`` / ``key: value`` / ``--key value`` pairs whose key says secret,
-authorization schemes, any embedded run of token characters with no word
+authorization schemes, a path component that names a password
+(``password-hunter2/``), any embedded run of token characters with no word
 structure, and keys split across two variables. The agent redacts paths and
-stack frames with the same ``redact_value``. The rules are data.
+stack frames with the same ``redact_value`` (ncclwatch.sanitize applies it:
+this module is rules only and imports none of the agent). The rules are data.
 
 Every rule is linear in the value: a pattern starts only where its run
 starts and never backtracks into it (possessive quantifiers), and spans of
@@ -19,8 +21,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Mapping
-
-from ncclwatch.sanitize import MAX_ENV_VALUE, MAX_NAME, clean
 
 #: Exact names: rank/launcher identity and ncclwatch's own hints.
 ALLOWED_NAMES: frozenset[str] = frozenset(
@@ -143,8 +143,9 @@ SECRET_VALUE_PATTERNS: tuple[tuple[re.Pattern[str], object], ...] = (
     # Authorization schemes, any case: "Bearer x", "basic dXNlcjpw", "token ghp_.."
     (re.compile(r"(?i)\b(bearer|basic|token|digest)([ \t]++)([A-Za-z0-9._~+/=-]++)"),
      _scheme),
-    # --password x, --api-key=x, -token x
-    (re.compile(r"(?<![\w-])(--?)([A-Za-z][\w.-]*+)(=|[ \t]++)[^\s]++"), _flag),
+    # --password x, --api-key=x, -token x; a flag starts a run of [\w.-] (not
+    # after '.': starts inside a run made "J.-J.-..." quadratic)
+    (re.compile(r"(?<![\w.-])(--?)([A-Za-z][\w.-]*+)(=|[ \t]++)[^\s]++"), _flag),
     # key=value, key: value, key = value whose key says secret (query strings,
     # option lists, YAML-ish "token: x"); the key stays, so the value says what it was
     (re.compile(r"(?<![\w.-])([A-Za-z_][\w.-]*+)([ \t]*+[=:][ \t]*+)[^\s&;,]++"), _pair),
@@ -162,6 +163,12 @@ SECRET_VALUE_PATTERNS: tuple[tuple[re.Pattern[str], object], ...] = (
     # JWT: three dot-separated runs, the first holding "eyJ" at a word start
     (re.compile(r"(?<![A-Za-z0-9_-])([A-Za-z0-9_-]++)\.[A-Za-z0-9_-]{8,}+\.[A-Za-z0-9_-]*+"),
      _jwt),
+    # Opaque tokens with a vendor-neutral prefix, any case (``tok_3f9a...``)
+    (re.compile(r"(?<![A-Za-z0-9])tok_[A-Za-z0-9]{16,}"), REDACTED),
+    # A path component or word that names a password and then holds it:
+    # /home/alice/password-hunter2/nccl.log -> /home/alice/password-<redacted>/nccl.log
+    (re.compile(r"(?i)(?<![A-Za-z0-9])(passw(?:or)?d|passphrase|passwort|pwd|secret)([-_+])"
+                r"[^/\\\s,;&]++"), lambda m: m.group(1) + m.group(2) + REDACTED),
 )
 
 #: Structural rules, whatever the names say: every value of a query string
@@ -191,20 +198,27 @@ _SEGMENT = re.compile(r"[/_+.-]")
 class RandomRunRule:
     """Runs at least ``min_len`` long, of the character kinds ``needs`` (``U`` upper,
     ``L`` lower, ``D`` digit), that are not made of words and numbers (at most
-    ``max_structure`` of their characters) or change character kind at least
-    ``min_switches`` of the time, are tokens."""
+    ``max_structure`` of their characters), change character kind at least
+    ``min_switches`` of the time and hold a segment (between ``/_+.-``) of at
+    least ``min_segment`` characters, are tokens."""
 
     name: str
     min_len: int
     needs: str
     max_structure: float = 1.0
     min_switches: float = 0.0
+    min_segment: int = 0
 
 
 RANDOM_RUN_RULES: tuple[RandomRunRule, ...] = (
     # API keys, SAS signatures, base64 secrets: mixed case; names like
     # ``Llama/model-00001`` and ``TrainingRunV2`` are words and numbers.
     RandomRunRule("base64", 20, "UL", max_structure=0.5),
+    # Lower-case opaque tokens (``tok_a1b2c3...``): one long segment whose
+    # letters and digits alternate far more than in names (``model00001of00004``,
+    # ``checkpoint2024``); ``layer4_block12_conv3x3`` has no long segment.
+    RandomRunRule("lower_opaque", 20, "LD", max_structure=0.5, min_switches=0.35,
+                  min_segment=16),
 )
 
 #: Hex keys and digests, wherever they sit (``run-<40 hex>``): 32+ hex digits
@@ -290,12 +304,14 @@ class _Shape:
     alnum: int
     structure: int
     switches: float
+    longest: int = 0            # the longest segment between separators
 
 
 def _judge(shape: _Shape) -> bool:
     return any(shape.length >= r.min_len and all(k in shape.kinds for k in r.needs)
                and shape.structure <= r.max_structure * shape.alnum
-               and shape.switches >= r.min_switches for r in RANDOM_RUN_RULES)
+               and shape.switches >= r.min_switches and shape.longest >= r.min_segment
+               for r in RANDOM_RUN_RULES)
 
 
 def _letters(core: str) -> tuple[int, str, str, int]:
@@ -339,6 +355,7 @@ def _redact_random_spans(m: re.Match[str]) -> str:
     struct = [0] * (n + 1)
     has = {k: [0] * (n + 1) for k in "ULD"}
     letters = []
+    longest = [max(map(len, _SEGMENT.split(p))) for p in judged]
     for i, p in enumerate(judged):
         counts = {k: len(p) - len(p.translate(table)) for k, table in _DROP_KIND.items()}
         length[i + 1] = length[i] + len(p)
@@ -372,7 +389,8 @@ def _redact_random_spans(m: re.Match[str]) -> str:
                 changes += ch + (1 if last and first != last else 0)
                 count, last = count + c, lst
             sw = changes / max(1, count - 1)
-        return _Shape(chars, kinds, alnum[j + 1] - alnum[i], struct[j + 1] - struct[i], sw)
+        return _Shape(chars, kinds, alnum[j + 1] - alnum[i], struct[j + 1] - struct[i], sw,
+                      max(longest[i:j + 1]))
 
     hit = [False] * n
     min_len = min(r.min_len for r in RANDOM_RUN_RULES)
@@ -413,9 +431,10 @@ def looks_random(run: str) -> bool:
         return False
     count, _, _, changes = _letters(core)
     kinds = frozenset(_kind(c) for c in core) - {"O"}
+    segments = _SEGMENT.split(core)
     return _judge(_Shape(len(core), kinds, count,
-                         sum(_structure(segment) for segment in _SEGMENT.split(core)),
-                         changes / max(1, count - 1)))
+                         sum(_structure(segment) for segment in segments),
+                         changes / max(1, count - 1), max(map(len, segments))))
 
 
 def _structure(segment: str) -> int:
@@ -441,56 +460,102 @@ def local_env(env: Mapping[str, str]) -> dict[str, str]:
 _TAIL = re.compile(r"[A-Za-z0-9+/_=-]{1,128}$")
 _HEAD = re.compile(r"^[A-Za-z0-9+/_-]{1,128}")
 #: Joined pieces shorter than this cannot make a token any rule knows; a piece
-#: shorter than _PIECE_MIN is a word (``INFO``, ``eth0``), not half a key.
+#: shorter than _PIECE_MIN is a word (``INFO``, ``eth0``), not half a key,
+#: unless the join is a token format (``AKIA`` + ``IOSFODNN7EXAMPLE``): short
+#: pieces are judged by the format patterns only, never by shape.
 _SPLIT_MIN = 16
 _PIECE_MIN = 6
+_SHORT_PIECE_MIN = 2
 #: Values looked at for split keys (the allowlist keeps a process's count small).
 _SPLIT_MAX_VALUES = 64
 
 
-def split_secrets(values: dict[str, str]) -> dict[str, str]:
+def split_secrets(raw: dict[str, str], redacted: dict[str, str] | None = None) -> dict[str, str]:
     """Redact a key split across two variables (``NCCL_X_A=hf_abcd``,
-    ``NCCL_X_B=efgh...``): neither half looks like a key alone, the two joined
-    do. For every ordered pair, the tail of one value and the head of the other
-    are joined and redacted; where the joined redaction differs from the
-    halves redacted apart, both halves go. Bounded: 128 characters a piece,
-    at most ``_SPLIT_MAX_VALUES`` values."""
-    names = [k for k in sorted(values)][:_SPLIT_MAX_VALUES]
+    ``NCCL_X_B=efgh...``), judged on the ``raw`` values and cut in their
+    ``redacted`` forms (each value already redacted alone; default: the raw
+    ones). For every ordered pair, the tail of one value and the head of the
+    other are joined and redacted; where the joined redaction differs from
+    the halves redacted apart, both halves go (also when one half alone was
+    redacted already: the other half is the rest of the same key). Bounded:
+    128 characters a piece, at most ``_SPLIT_MAX_VALUES`` values."""
+    out = dict(raw if redacted is None else redacted)
+    names = sorted(raw)[:_SPLIT_MAX_VALUES]
     tails = {k: m.group(0) for k in names
-             if (m := _TAIL.search(values[k])) and len(m.group(0)) >= _PIECE_MIN}
+             if (m := _TAIL.search(raw[k])) and len(m.group(0)) >= _SHORT_PIECE_MIN}
     heads = {k: m.group(0) for k in names
-             if (m := _HEAD.match(values[k])) and len(m.group(0)) >= _PIECE_MIN}
+             if (m := _HEAD.match(raw[k])) and len(m.group(0)) >= _SHORT_PIECE_MIN}
     alone = {p: redact_value(p) for p in {*tails.values(), *heads.values()}}
     cut_tail: set[str] = set()
     cut_head: set[str] = set()
     for a, tail in tails.items():
         for b, head in heads.items():
-            if a == b or len(tail) + len(head) < _SPLIT_MIN or REDACTED in tail + head:
+            if a == b or len(tail) + len(head) < _SPLIT_MIN:
                 continue
-            if redact_value(tail + head) != alone[tail] + alone[head]:
+            if min(len(tail), len(head)) < _PIECE_MIN:
+                # a short piece: a token format across the join, or nothing
+                split = REDACTED in redact_patterns(tail + head) and \
+                    REDACTED not in redact_patterns(tail) + redact_patterns(head)
+            elif alone[tail] != tail or alone[head] != head:
+                # one half is a token alone: the other is its rest only if it
+                # has a token's mixed case (``mlx5_0``, ``INFO`` beside a token stay)
+                rest = head if alone[tail] != tail else tail
+                split = alone[rest] == rest and _mixed_case(rest) and \
+                    redact_value(tail + head) != alone[tail] + alone[head]
+            else:           # an upper-case word beside a lower-case one is no key
+                split = _may_join(tail, head, raw[a] == tail, raw[b] == head) and \
+                    redact_value(tail + head) != alone[tail] + alone[head]
+            if split:
                 cut_tail.add(a)
                 cut_head.add(b)
-    out = dict(values)
     for k in cut_tail | cut_head:
         v = out[k]
         if k in cut_tail:
-            v = v[:len(v) - len(tails[k])] + REDACTED
-        if k in cut_head and v.startswith(heads[k]):
-            v = REDACTED + v[len(heads[k]):]
+            v = _cut_end(v, tails[k])
+        if k in cut_head:
+            v = _cut_start(v, heads[k])
         out[k] = v.replace(REDACTED + REDACTED, REDACTED)
     return out
+
+
+def _mixed_case(piece: str) -> bool:
+    return piece.lower() != piece and piece.upper() != piece
+
+
+def _may_join(a: str, b: str, a_whole: bool, b_whole: bool) -> bool:
+    """Pieces that could be one token's: both of one case (or caseless:
+    digits), or one of mixed case and the other a whole value. ``IOSFODNN7EXAMPLE``
+    + ``mlx5_0`` are two words, and so are a mixed-case piece and the start
+    of ``mlx5_0:1,mlx5_1:1``."""
+    def case(p: str) -> str:
+        return "M" if _mixed_case(p) else "U" if p.lower() != p else \
+            "L" if p.upper() != p else ""
+    ca, cb = case(a), case(b)
+    if ca == cb or "" in (ca, cb):
+        return True
+    return (ca == "M" and b_whole) or (cb == "M" and a_whole)
+
+
+def _cut_end(value: str, piece: str) -> str:
+    """``value`` (a redacted form) without its last token piece: the raw
+    ``piece`` if it is still there, else whatever token run ends it."""
+    if value.endswith(piece):
+        return value[:len(value) - len(piece)] + REDACTED
+    if value.endswith(REDACTED):
+        return value
+    m = _TAIL.search(value)
+    return value[:m.start()] + REDACTED if m else value
+
+
+def _cut_start(value: str, piece: str) -> str:
+    if value.startswith(piece):
+        return REDACTED + value[len(piece):]
+    if value.startswith(REDACTED):
+        return value
+    m = _HEAD.match(value)
+    return REDACTED + value[m.end():] if m else value
 
 
 #: Allowlisted variables kept per process (by name order): a process with
 #: thousands of NCCL_* variables costs the agent no more than this.
 MAX_VARIABLES = 256
-
-
-def filter_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The allowlisted, redacted subset of a process environment: names and
-    values as safe text (ncclwatch.sanitize), each value redacted alone, then
-    keys split across two values redacted too."""
-    names = sorted(k for k in env if is_allowed(k))[:MAX_VARIABLES]
-    out = {clean(k, MAX_NAME): clean(redact_value(env[k][:4 * MAX_ENV_VALUE]), MAX_ENV_VALUE)
-           for k in names}
-    return split_secrets(out)

@@ -1,9 +1,12 @@
 """Text from a monitored process is data: made safe once, at the agent's edge.
 
 Every string the agent takes from a training process (environment values,
-file paths, command lines, stack frames, Slurm and container metadata) is
-bytes the process chose. Before it goes into a report or a log line it
-passes through ``clean``:
+file paths, command lines, stack and native frames, Slurm, container and pod
+metadata, Flight Recorder names) is bytes the process chose. Before it goes
+into a report it passes through ``gate``, which looks the report field up in
+``FIELDS`` (one row per string field of the wire format: its cap and how it
+is redacted, envpolicy's rules) and then ``clean``s it; log lines and the
+terminal use the same escaper (``for_log``, ``escape``, ``deep``). ``clean``:
 
 - bytes that are not UTF-8 are shown, never dropped or crashed on: psutil
   and ``os.fsdecode`` hand them over as surrogate escapes (U+DC80-U+DCFF),
@@ -22,10 +25,14 @@ the input and bounded by the cap: the input is cut before it is escaped.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, Callable
+
+from ncclwatch import envpolicy
 
 #: Said at the end of a value cut to its cap.
 TRUNCATED = "...<truncated>"
@@ -130,41 +137,195 @@ def for_log(value: object, cap: int = MAX_LOG) -> str:
                  count=False)
 
 
+# -- the gate: every string field of a report -------------------------------------------
+#
+# How each kind of field is redacted before it is escaped and capped:
+#   VALUE  the secret-by-shape rules too (envpolicy.redact_value): paths, frames,
+#          env values, Slurm job names; a token in any of them goes;
+#   LABEL  token formats and credential pairs only (envpolicy.redact_patterns):
+#          identifiers that must stay distinct (job ids, pods, group names);
+#   OWN    text the agent or the kernel made (hashes, enum names, NVML's uuid,
+#          the agent's version): escaped and capped like the rest, not redacted.
+VALUE, LABEL, OWN = "value", "label", "own"
+_REDACT: dict[str, Callable[[str], str] | None] = {
+    VALUE: envpolicy.redact_value, LABEL: envpolicy.redact_patterns, OWN: None}
+
+
+@dataclass(frozen=True, slots=True)
+class FieldRule:
+    cap: int        # characters after escaping; the daemon's bound is at least this
+    redact: str     # VALUE, LABEL or OWN
+
+
+#: Every string field reachable from a NodeReport (proto name without the
+#: package). tests/test_gate.py walks the proto's descriptors and fails when a
+#: string field is missing here or the daemon (daemon/validate.STRING_BOUNDS)
+#: would refuse what this lets through.
+FIELDS: dict[str, FieldRule] = {
+    "NodeReport.node": FieldRule(255, OWN),
+    "NodeReport.agent_id": FieldRule(64, OWN),
+    "RankChange.stack_id": FieldRule(64, OWN),
+    "RankChange.native_frame": FieldRule(MAX_FRAME, VALUE),
+    "RankIdentity.job_id": FieldRule(128, LABEL),
+    "RankIdentity.rank_source": FieldRule(64, OWN),
+    "ContainerInfo.hostname": FieldRule(253, LABEL),
+    "ContainerInfo.container_id": FieldRule(253, LABEL),
+    "ContainerInfo.runtime": FieldRule(253, OWN),
+    "ContainerInfo.pod_uid": FieldRule(253, LABEL),
+    "ContainerInfo.namespace": FieldRule(253, LABEL),
+    "ContainerInfo.pod": FieldRule(253, LABEL),
+    "ContainerInfo.declared_namespace": FieldRule(253, LABEL),
+    "ContainerInfo.declared_pod": FieldRule(253, LABEL),
+    "RankSample.stack_id": FieldRule(64, OWN),
+    "RankSample.native_frame": FieldRule(MAX_FRAME, VALUE),
+    "FlightRecorderSummary.version": FieldRule(32, LABEL),
+    "ProcessGroupProgress.pg_id": FieldRule(MAX_LABEL, LABEL),
+    "ProcessGroupProgress.pg_name": FieldRule(MAX_LABEL, LABEL),
+    "ProcessGroupProgress.pending_op": FieldRule(MAX_LABEL, LABEL),
+    "ProcessGroupProgress.pg_desc": FieldRule(MAX_LABEL, VALUE),
+    "ProcessGroupProgress.last_op": FieldRule(MAX_LABEL, LABEL),
+    "OpenFile.path": FieldRule(MAX_PATH, VALUE),
+    "OpenFile.previous_path": FieldRule(MAX_PATH, VALUE),
+    "OpenFile.expected_source": FieldRule(64, OWN),
+    "OpenFile.copy_source_path": FieldRule(MAX_PATH, VALUE),
+    "OpenFile.header_error": FieldRule(200, VALUE),
+    "GpuMemory.device_uuid": FieldRule(MAX_NAME, OWN),
+    "JobInfo.source": FieldRule(64, OWN),
+    "JobInfo.packages": FieldRule(64, LABEL),
+    "JobInfo.EnvEntry.key": FieldRule(MAX_NAME, LABEL),
+    "JobInfo.EnvEntry.value": FieldRule(MAX_ENV_VALUE, VALUE),
+    "SchedulerJob.scheduler": FieldRule(128, OWN),
+    "SchedulerJob.job_id": FieldRule(128, LABEL),
+    "SchedulerJob.job_name": FieldRule(128, VALUE),
+    "SchedulerJob.user": FieldRule(128, VALUE),
+    "SchedulerJob.source": FieldRule(128, OWN),
+    "Stack.id": FieldRule(64, OWN),
+    "Stack.thread_name": FieldRule(MAX_NAME, VALUE),
+    "Frame.name": FieldRule(MAX_FRAME, VALUE),
+    "Frame.filename": FieldRule(MAX_FRAME, VALUE),
+    "AgentHealth.version": FieldRule(64, OWN),
+}
+
+
+def gate(field: str, value: str | bytes | None) -> str:
+    """``value`` as it may leave the node in report field ``field`` (a FIELDS
+    key): redacted by the field's rule, escaped, capped. A field not in
+    FIELDS is a KeyError: a new field cannot leave ungated."""
+    rule = FIELDS[field]
+    if rule.redact == OWN:
+        return clean(value, rule.cap)
+    return _gated(to_text(value)[:4 * rule.cap], rule.cap, rule.redact)
+
+
+#: Paths, frames, env and ids repeat every round: each distinct string is
+#: redacted once (keys cut to 4x their cap: at most 64 MiB, ~1 in practice),
+#: and counted in COUNTS once.
+@functools.lru_cache(maxsize=4096)
+def _gated(text: str, cap: int, redact: str) -> str:
+    return clean(_REDACT[redact](text), cap)
+
+
+def filter_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The allowlisted (envpolicy) subset of a process environment as it may
+    leave the node: each value redacted alone, then keys split across two
+    values redacted too (judged on the raw values), then names and values
+    escaped and capped as the JobInfo.env fields."""
+    names = sorted(k for k in env if envpolicy.is_allowed(k))[:envpolicy.MAX_VARIABLES]
+    key, val = FIELDS["JobInfo.EnvEntry.key"], FIELDS["JobInfo.EnvEntry.value"]
+    raw = {k: to_text(env[k])[:4 * val.cap] for k in names}
+    redacted = envpolicy.split_secrets(raw, {k: envpolicy.redact_value(v) for k, v in raw.items()})
+    return {clean(envpolicy.redact_patterns(k), key.cap): clean(v, val.cap)
+            for k, v in redacted.items()}
+
+
+# -- the terminal ----------------------------------------------------------------------
+
+
+def escape(text: str, limit: int | None = None) -> str:
+    """``text`` with every unsafe character escaped; capped at ``limit`` (the
+    marker included) when given. For printing what a daemon sent."""
+    if limit is not None:
+        return clean(text, limit, count=False)
+    return _UNSAFE.sub(_escape, text) if _UNSAFE.search(text) else text
+
+
+def deep(value: Any) -> Any:
+    """Every string (keys too) in a JSON-like value escaped."""
+    if isinstance(value, str):
+        return escape(value)
+    if isinstance(value, dict):
+        return {deep(k): deep(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [deep(v) for v in value]
+    return value
+
+
 # -- log lines -------------------------------------------------------------------------
 #
 # Log messages are format strings written here; their arguments are often a
 # process's text (job ids, node names, paths, errors naming paths). Every
-# argument of a record from an ``ncclwatch`` logger is escaped as it is made,
-# so a newline in a job id cannot start a forged line in the journal, and
-# loses token formats and credential pairs (envpolicy.redact_patterns).
+# argument is escaped: of a record from an ``ncclwatch`` logger as it is made
+# (the record factory), of any other logger's record by the handlers' filter.
+# So a newline in a job id cannot start a forged line in the journal, and an
+# argument loses token formats and credential pairs (envpolicy.redact_patterns;
+# run ids that only look random stay readable).
 
 
 def _escape_arg(arg: object) -> object:
     if isinstance(arg, (str, bytes, bytearray, BaseException)):
-        from ncclwatch.envpolicy import redact_patterns   # envpolicy imports this module
         text = to_text(arg if not isinstance(arg, BaseException) else str(arg))
-        # token formats and credential pairs go (a token in a path), run ids stay
-        return for_log(redact_patterns(text[:4 * MAX_LOG]))
-    return arg
+        return for_log(envpolicy.redact_patterns(text[:4 * MAX_LOG]))
+    if arg is None or isinstance(arg, (int, float)):
+        return arg
+    if isinstance(arg, Mapping):         # log.info("%(job)s", {...}): its values
+        return {k: _escape_arg(v) for k, v in arg.items()}
+    text = str(arg)          # an object: its text, if that needs escaping
+    return for_log(envpolicy.redact_patterns(text[:4 * MAX_LOG])) \
+        if not is_clean(text) or len(text) > MAX_LOG else arg
+
+
+def _escape_args(args: Any) -> Any:
+    if isinstance(args, tuple):
+        return tuple(_escape_arg(a) for a in args)
+    if isinstance(args, Mapping):
+        return {k: _escape_arg(v) for k, v in args.items()}
+    return args
+
+
+class EscapeArgs(logging.Filter):
+    """A handler filter: the arguments of every record escaped, capped and
+    redacted (records of ``ncclwatch.*`` loggers already were, when made)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.args and not getattr(record, "ncclwatch_escaped", False):
+            record.args = _escape_args(record.args)
+            record.ncclwatch_escaped = True
+        return True
 
 
 _installed = False
 
 
-def install_log_escaping() -> None:
-    """Escape the arguments of every ``ncclwatch.*`` log record (idempotent)."""
+def install_log_escaping(logger: logging.Logger | None = None) -> None:
+    """Escape the arguments of every ``ncclwatch.*`` log record as it is made,
+    and of every record the handlers of ``logger`` (root) emit. Idempotent;
+    call it again after adding handlers."""
     global _installed
+    for h in (logger or logging.getLogger()).handlers:
+        if not any(isinstance(f, EscapeArgs) for f in h.filters):
+            h.addFilter(EscapeArgs())
     if _installed:
         return
     _installed = True
     make = logging.getLogRecordFactory()
 
     def factory(name, level, fn, lno, msg, args, exc_info, func=None, sinfo=None, **kw):
-        if args and (name == "ncclwatch" or name.startswith("ncclwatch.")):
-            if isinstance(args, tuple):
-                args = tuple(_escape_arg(a) for a in args)
-            elif isinstance(args, Mapping):
-                args = {k: _escape_arg(v) for k, v in args.items()}
-        return make(name, level, fn, lno, msg, args, exc_info, func, sinfo, **kw)
+        ours = bool(args) and (name == "ncclwatch" or name.startswith("ncclwatch."))
+        if ours:
+            args = _escape_args(args)
+        record = make(name, level, fn, lno, msg, args, exc_info, func, sinfo, **kw)
+        if ours:
+            record.ncclwatch_escaped = True
+        return record
 
     logging.setLogRecordFactory(factory)

@@ -12,8 +12,8 @@ import urllib.request
 from typing import Any
 from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 
+from ncclwatch import sanitize
 from ncclwatch.agent.container import describe as describe_container
-from ncclwatch import termsafe
 from ncclwatch.model import SIZE_SOURCES, rank_ranges, scheduler_label
 from ncclwatch.savefit import seconds
 
@@ -165,9 +165,9 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 def render(view: dict[str, Any], daemon: str = "") -> str:
     """The terminal text of a /api/v1/jobs view. Every string in it (job ids,
     Slurm names, hosts, stack frames, paths, sentences that quote them) is
-    escaped first (termsafe): nothing a job chose can move the cursor,
+    escaped first (sanitize.deep): nothing a job chose can move the cursor,
     clear the screen or forge a line."""
-    view = termsafe.deep(view)
+    view = sanitize.deep(view)
     jobs = view.get("jobs", [])
     if not jobs:
         n = sum(1 for a in view.get("agents", []) if a.get("connected"))

@@ -3,7 +3,8 @@
 import pytest
 from hypothesis import assume, given, strategies as st
 
-from ncclwatch.envpolicy import REDACTED, filter_env, is_allowed, redact_value
+from ncclwatch.envpolicy import REDACTED, is_allowed, redact_value
+from ncclwatch.sanitize import filter_env
 from ncclwatch.jobid import identify
 
 SECRETS = {

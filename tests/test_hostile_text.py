@@ -160,10 +160,13 @@ def test_a_field_that_cannot_be_built_is_dropped_and_counted_not_the_round() -> 
 #: checkpoint path and the name of the function it waits in.
 PATH_TOKEN = "hf_abcdefghijklmnopqrstuvwxyz012345"
 FRAME_TOKEN = "ghp_abcdefghijklmnopqrstuvwxyz0123"
+#: ... and its thread's name (issue 29): a title escape and a lower-case token.
+THREAD_TOKEN = "tok_9f8e7d6c5b4a39281706f5e4"
 
 _RANK = r"""
-import os, sys, time
+import os, sys, threading, time
 import torch.distributed
+threading.current_thread().name = "Main\x1b]0;owned\x07 %s"
 d = os.path.join(os.fsencode(sys.argv[1]), b"%s")
 os.makedirs(d, exist_ok=True)
 f = open(os.path.join(d, b"ck\xff\x1b[2J.pt"), "wb")
@@ -172,7 +175,7 @@ print("ready", flush=True)
 def %s():
     while True: time.sleep(0.05)
 %s()
-""" % (PATH_TOKEN, FRAME_TOKEN, FRAME_TOKEN)
+""" % (THREAD_TOKEN, PATH_TOKEN, FRAME_TOKEN, FRAME_TOKEN)
 
 _SCONTROL = "#!/bin/sh\nprintf 'JobId=4242 JobName=tr\\377ain\\033[2Jno-stall UserId=an\\376a(1000) " \
             "GroupId=ana(1000)\\n'\n"
@@ -248,9 +251,17 @@ def test_hostile_bytes_of_one_rank_blind_nothing(hostile_node, caplog) -> None:
     assert report.node == "node\\x0aforged"
     # a token in a checkpoint path or a function name never leaves the node
     wire = report.SerializeToString() + b"".join(x.SerializeToString() for x in stacks)
-    assert PATH_TOKEN[:12].encode() not in wire and FRAME_TOKEN[:12].encode() not in wire
+    for token in (PATH_TOKEN, FRAME_TOKEN, THREAD_TOKEN):
+        assert token[4:16].encode() not in wire, token
     assert "<redacted>" in f.path
     assert any("<redacted>" == fr.name for x in stacks for fr in x.frames), stacks
+    mine = [x for x in stacks if x.id == bad.stack_id]
+    assert mine and mine[0].thread_name == "Main\\x1b]0;owned\\x07 <redacted>", mine
+    # the daemon takes the round whole: the stack's id is that of its frames as sent
+    from ncclwatch.daemon.validate import validate_request
+    sent = pb.NodeReport.FromString(report.SerializeToString())
+    sent.stacks.extend(stacks)
+    assert validate_request(pb.ReportRequest(protocol_version=1, report=sent)) == {}
     assert report.health.texts_escaped_total >= 5
     # no log line of the agent carries a raw newline or escape from the job
     for rec in caplog.records:

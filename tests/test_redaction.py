@@ -9,7 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from ncclwatch.agent.report import sent_frame, sent_path
-from ncclwatch.envpolicy import REDACTED, filter_env, is_allowed, redact_value
+from ncclwatch.envpolicy import REDACTED, is_allowed, redact_value
+from ncclwatch.sanitize import filter_env
 
 # -- the 17 variants that passed -----------------------------------------------------------
 
@@ -110,8 +111,9 @@ def test_paths_and_frames_are_redacted_like_env_values() -> None:
 # -- linear time ------------------------------------------------------------------------------
 
 #: Units whose repetition was superlinear: 'ab/' cubic (113 s at 2.4 KB),
-#: 'a:,' and 'eyJ-' quadratic; and the shapes with the most work per byte.
-ISSUE_UNITS = ["ab/", "a:,", "eyJ-", "aB/", "Ab1/"]
+#: 'a:,', 'eyJ-' and 'J.-' (a flag started after every '.': 6.4 s at 128 KiB)
+#: quadratic; and the shapes with the most work per byte.
+ISSUE_UNITS = ["ab/", "a:,", "eyJ-", "J.-", "aB/", "Ab1/"]
 #: Shapes of every other rule (checked to 256 KiB, to keep the suite quick).
 OTHER_UNITS = ["a/B", "=a:", "eyJ", "eyJaaaaaaaa.", "a.b.", "xox", "a", "1", "f0", "a@", ":a@",
                "?a=", "&a", "#", "://a", "a=b,", "key=", "sk-", "hf_", "Xk3/", "Zz9+", "a ",
@@ -165,3 +167,96 @@ def test_a_process_with_thousands_of_variables_costs_a_bounded_amount() -> None:
     env = {f"NCCL_V{i:05d}": "x" * 100 for i in range(5000)}
     out = filter_env(env)
     assert len(out) == MAX_VARIABLES and "NCCL_V00000" in out
+
+
+# -- every shape, the redacted ones and the ones the design accepts (issue 29, item 6) ---------
+#
+# Paths and frames go through the same rules as environment values
+# (ncclwatch.sanitize.gate): one table, each value checked in all three places.
+
+#: (value, the part that must not leave the node, why it is a secret)
+REDACTED_SHAPES = [
+    ("/home/alice/password-hunter2/nccl.log", "hunter2",
+     "a path component that names a password and then holds it"),
+    ("/home/alice/PASSWORD_hunter2/x", "hunter2", "the same, any case, '_' after the word"),
+    ("/data/secret-Kx9/nccl.log", "Kx9", "a component that names a secret"),
+    ("tok_9f8e7d6c5b4a39281706f5e4", "9f8e7d6c5b4a", "a lower-case opaque token with tok_"),
+    ("tok_abcdefghijklmnopqrstuvwx", "abcdefghijklmnop", "tok_ is a token format: no digits needed"),
+    ("/ckpt/run-a1b2c3d4e5f6g7h8i9j0k1/m.pt", "a1b2c3d4e5f6g7h8",
+     "a lower-case run whose letters and digits alternate, one long segment"),
+    ("AKIAQX7ZK4M2N8P5R3T6", "QX7ZK4M2N8P5", "an AWS access key id"),
+    ("/ck/ghp_Zq8Rk2Lm9Xv4Bn7Tc1Yw5Hd3Fg6Js0Pa/m.pt", "Zq8Rk2Lm9Xv4", "a GitHub token in a path"),
+    ("wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "wJalrXUtnFEMI", "a base64 secret holding '/'"),
+    ("e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855", "e3b0c44298fc",
+     "a hex digest of 32+ digits: a key or a content address, either way opaque"),
+    ("check_password_hunter2", "hunter2",
+     "a function whose name holds a password word: the rest of its name goes (errs to redact)"),
+]
+
+#: (value, why it stays as it is)
+KEPT_SHAPES = [
+    ("token_utils.py", "'token' is not a password word: tokenizer code is everywhere in ML"),
+    ("add_special_tokens", "the same"),
+    ("passwords.txt", "names a password file, holds no password (no separator, no value)"),
+    ("model-00001-of-00004.safetensors", "words and numbers"),
+    ("/scratch/ckpt/global_step1000/mp_rank_00_model_states.pt", "words and numbers"),
+    ("layer4_block12_conv3x3", "letters and digits alternate, but no segment is 16+ long"),
+    ("resnet50_v1b_imagenet1k", "the same"),
+    ("bert_base_uncased_l12_h768_a12", "the same"),
+    ("checkpoint2024120512", "a word and a number: the kinds change once"),
+    ("3f9a8b7c", "a short hex id (git, W&B): too short to be a key"),
+    ("550e8400-e29b-41d4-a716-446655440000", "a UUID names a run or a device, it grants nothing"),
+    ("_ZN4c10d16ProcessGroupNCCL8WorkNCCL4waitENSt6chrono8durationIlSt5ratioILl1ELl1000EEEE",
+     "a mangled C++ symbol: words and numbers"),
+    ("ncclKernel_AllReduce_RING_LL_Sum_float", "a kernel name"),
+    ("libnccl.so.2.18.3", "a library and its version"),
+    ("hunter2", "a bare word: no rule tells a password from configuration without its "
+                "name (names holding PASS, PWD, SECRET... are never read)"),
+]
+
+
+@pytest.mark.parametrize("value,secret,why", REDACTED_SHAPES)
+def test_each_secret_shape_is_redacted_in_env_paths_and_frames(value, secret, why) -> None:
+    env = filter_env({"NCCL_DEBUG_FILE": value})["NCCL_DEBUG_FILE"]
+    for where, out in (("env", env), ("path", sent_path(value)), ("frame", sent_frame(value))):
+        assert secret not in out and REDACTED in out, (where, out, why)
+
+
+@pytest.mark.parametrize("value,why", KEPT_SHAPES)
+def test_each_accepted_shape_stays_readable_in_env_paths_and_frames(value, why) -> None:
+    env = filter_env({"NCCL_DEBUG_FILE": value})["NCCL_DEBUG_FILE"]
+    assert env == sent_path(value) == sent_frame(value) == value, why
+
+
+#: AWS-style keys split across two variables: the pieces of the issue's probe
+#: (4 values), and a split the design accepts.
+SPLIT_SHAPES = [
+    ("AKIA", "IOSFODNN7EXAMPLE", True, "a 4-character head: the join is a key id format"),
+    ("AKIAIOSFODNN7EXA", "MPLE", True, "a 4-character tail of the same"),
+    ("wJalrXUtnFEMI/K7MDENG", "/bPxRfiCYEXAMPLEKEY", True,
+     "a secret key in halves: the first redacted alone, the second is the rest of it"),
+    ("wJalrXUtnF", "EMI/K7MDENG/bPxRfiCYEXAMPLEKEY", True, "the same, split elsewhere"),
+    ("wJalr", "XUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", False,
+     "accepted: a piece under 6 characters is judged by token formats only (INFO, eth0 "
+     "beside a token must stay); 5 of 40 characters are left"),
+]
+
+
+@pytest.mark.parametrize("a,b,both,why", SPLIT_SHAPES)
+def test_keys_split_across_two_variables(a, b, both, why) -> None:
+    out = filter_env({"NCCL_X_A": a, "NCCL_X_B": b, "NCCL_SOCKET_IFNAME": "eth0",
+                      "NCCL_IB_HCA": "mlx5_0:1,mlx5_1:1"})
+    assert out["NCCL_SOCKET_IFNAME"] == "eth0" and out["NCCL_IB_HCA"] == "mlx5_0:1,mlx5_1:1"
+    assert out["NCCL_X_B"] != b or out["NCCL_X_A"] != a, (out, why)   # the key never whole
+    assert (out["NCCL_X_A"] != a and out["NCCL_X_B"] != b) == both, (out, why)
+
+
+def test_a_short_word_that_completes_a_cut_key_id_goes_with_it() -> None:
+    """Accepted: beside a variable holding AKIA and 12 more characters, any
+    other value of 4 upper-case letters or digits (``INFO``) completes a key
+    id shape, and nothing tells it from the real rest: both go (the design
+    errs on the side of redaction). A key id cut short is rare in an
+    allowlisted variable; ``INFO`` beside anything else stays."""
+    out = filter_env({"NCCL_X_A": "AKIAIOSFODNN7EXA", "NCCL_DEBUG": "INFO"})
+    assert out == {"NCCL_X_A": REDACTED, "NCCL_DEBUG": REDACTED}
+    assert filter_env({"NCCL_X_A": "wJalrXUtnF", "NCCL_DEBUG": "INFO"})["NCCL_DEBUG"] == "INFO"

@@ -16,7 +16,7 @@ import time
 import grpc
 import pytest
 
-from ncclwatch import termsafe
+from ncclwatch import sanitize
 from ncclwatch.model import CollectiveOp, RankState
 from ncclwatch.v1 import collector_pb2 as pb
 from ncclwatch.v1 import collector_pb2_grpc as pb_grpc
@@ -85,13 +85,14 @@ def test_status_and_daemon_log_lines_escape_what_jobs_chose() -> None:
     ("ünïcode ✓", "ünïcode ✓"),
 ])
 def test_escape_shows_every_unsafe_character(raw, shown) -> None:
-    assert termsafe.escape(raw) == shown
+    assert sanitize.escape(raw) == shown
 
 
 def test_log_filter_escapes_and_caps_arguments_not_our_format() -> None:
     rec = logging.LogRecord("ncclwatch", logging.INFO, __file__, 1, "agent %s on %s\n(%d)",
                             ("a\nb", "x" * 2000, 3), None)
-    termsafe.EscapeArgs().filter(rec)
+    sanitize.EscapeArgs().filter(rec)
     msg = rec.getMessage()
-    assert msg.startswith("agent a\\x0ab on " + "x" * 512 + termsafe.TRUNCATED)
+    cut = "x" * (sanitize.MAX_LOG - len(sanitize.TRUNCATED)) + sanitize.TRUNCATED
+    assert msg.startswith("agent a\\x0ab on " + cut + "\n")  # capped, marker included
     assert msg.endswith("\n(3)")  # our own format is kept as written

@@ -82,6 +82,7 @@ class Agent:
         self.classifier = classifier
         self.trackers: dict[int, RankTracker] = {}
         self.stacks: dict[str, pb.Stack] = {}
+        self._sent_ids: dict[str, str] = {}   # raw stack id -> the id of the stack as sent
         self.uplink = Router(config.collector, self.stacks, max_queue=config.max_queue,
                               on_command=self._on_command, on_connect=self._on_connect,
                               tls=config.tls)
@@ -278,9 +279,13 @@ class Agent:
         main = main_thread(threads, t.pid)
         if main is not None and main.os_thread_id not in (0, t.pid):
             t.progress_tid = main.os_thread_id
-        sid = stack.id
-        if sid not in self.stacks:
-            self.stacks[sid] = stack_pb(stack)
+        # Named by the id of the stack as sent (its gated frames), the one the
+        # daemon checks; the raw id only finds it again without gating anew.
+        sid = self._sent_ids.get(stack.id)
+        if sid is None or sid not in self.stacks:
+            spb = stack_pb(stack)
+            sid = self._sent_ids[stack.id] = spb.id
+            self.stacks[sid] = spb
         now = time.monotonic()
         self._note_imports(t, [f.filename for f in stack.frames], now)
         t.observe_stack(c, sid, now)
@@ -383,6 +388,7 @@ class Agent:
         for sid in list(self.stacks)[: len(self.stacks) - STACK_CACHE]:
             if sid not in in_use:
                 del self.stacks[sid]
+        self._sent_ids = {raw: sid for raw, sid in self._sent_ids.items() if sid in self.stacks}
 
 
 def _running(pid: int) -> bool:

@@ -43,11 +43,12 @@ import psutil
 from ncclwatch.agent import container as containers, launchers, raytrain
 from ncclwatch.agent.container import NONE as NO_CONTAINER, ContainerInfo
 from ncclwatch.agent.pyspy import find_pyspy
-from ncclwatch.envpolicy import filter_env, local_env
+from ncclwatch.envpolicy import local_env
 from ncclwatch.jobid import (
     MAX_JOB_ID_LEN, NODE_LOCAL_SOURCE, UNKNOWN_RANK, UNKNOWN_SOURCE, RankIdentity, identify, job_of,
     node_local_fields, rank_of,
 )
+from ncclwatch.sanitize import filter_env
 
 log = logging.getLogger(__name__)
 

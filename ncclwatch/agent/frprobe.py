@@ -25,7 +25,7 @@ from typing import Iterable
 from ncclwatch.agent import frpipe
 from ncclwatch.agent.discover import RankProcess
 from ncclwatch.flightrec import FrDump, summarize
-from ncclwatch.sanitize import MAX_LABEL, clean
+from ncclwatch.sanitize import gate
 from ncclwatch.v1 import collector_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ def _env_with_home(proc: RankProcess) -> dict[str, str]:
 
 def summary_pb(dump: FrDump, written_at: float, now_wall: float) -> pb.FlightRecorderSummary:
     """The compact summary the daemon gets (per group: seq ids, pending op, timeout)."""
-    out = pb.FlightRecorderSummary(version=clean(dump.version, MAX_LABEL),
+    out = pb.FlightRecorderSummary(version=gate("FlightRecorderSummary.version", dump.version),
                                    dump_age_seconds=max(0.0, now_wall - written_at))
     for p in summarize(dump):
         pending_s = 0.0
@@ -69,13 +69,14 @@ def summary_pb(dump: FrDump, written_at: float, now_wall: float) -> pb.FlightRec
             pending_s = max(0.0, written_at - p.pending_since_ns / 1e9)
         out.groups.append(pb.ProcessGroupProgress(
             # Names inside a dump are the job's text: escaped and capped like any.
-            pg_id=clean(p.pg_id, MAX_LABEL), pg_name=clean(p.pg_name, MAX_LABEL),
-            pg_desc=clean(p.pg_desc, MAX_LABEL), ranks=list(p.ranks),
+            pg_id=gate("ProcessGroupProgress.pg_id", p.pg_id),
+            pg_name=gate("ProcessGroupProgress.pg_name", p.pg_name),
+            pg_desc=gate("ProcessGroupProgress.pg_desc", p.pg_desc), ranks=list(p.ranks),
             last_enqueued=p.last_enqueued, last_started=p.last_started,
-            last_completed=p.last_completed, pending_op=clean(p.pending_op, MAX_LABEL),
+            last_completed=p.last_completed, pending_op=gate("ProcessGroupProgress.pending_op", p.pending_op),
             pending_seq=p.pending_seq,
             pending_timeout_ms=p.pending_timeout_ms or p.timeout_ms or 0,
-            pending_seconds=pending_s, last_op=clean(p.last_op, MAX_LABEL)))
+            pending_seconds=pending_s, last_op=gate("ProcessGroupProgress.last_op", p.last_op)))
     return out
 
 

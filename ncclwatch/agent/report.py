@@ -7,7 +7,6 @@ frames a stream has not seen yet.
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -16,10 +15,8 @@ from typing import Callable, Iterable, Sequence, TypeVar
 from ncclwatch.agent.discover import RankProcess
 from ncclwatch.agent.gpu import GpuDevice, GpuProcessMemory
 from ncclwatch.agent.tracker import RankTracker
-from ncclwatch.envpolicy import redact_value
-from ncclwatch.sanitize import (COUNTS, MAX_ENV_VALUE, MAX_FRAME, MAX_LABEL, MAX_NAME, MAX_PATH,
-                                clean)
-from ncclwatch.stacks import Stack
+from ncclwatch.sanitize import COUNTS, clean, gate
+from ncclwatch.stacks import Frame, Stack, stack_id
 from ncclwatch.v1 import collector_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -71,29 +68,25 @@ class AgentHealthCounts:
 
 # -- text that leaves the node -------------------------------------------------------
 #
-# Every string of a report is a process's bytes: made valid, safe text by the
-# sanitiser and, where it can hold a credential (paths, frames, env values),
-# redacted. Paths and frames repeat from round to round: the result is cached.
+# Every string of a report is a process's bytes: each goes through the one
+# gate (ncclwatch.sanitize.gate), named by its report field, which redacts,
+# escapes and caps it by that field's rule.
 
 
 def sent_path(path: str) -> str:
     """A file path as it leaves the node: redacted, escaped, capped."""
-    return _sent(path[:4 * MAX_PATH], MAX_PATH)
+    return gate("OpenFile.path", path)
 
 
 def sent_frame(text: str) -> str:
     """A frame's function or file name as it leaves the node."""
-    return _sent(text[:4 * MAX_FRAME], MAX_FRAME)
-
-
-@functools.lru_cache(maxsize=2048)        # keys cut to 16 KiB: at most 32 MiB, ~1 in practice
-def _sent(text: str, cap: int) -> str:
-    return clean(redact_value(text), cap)
+    return gate("Frame.name", text)
 
 
 def sent_env(env: dict[str, str]) -> dict[str, str]:
-    """Env names and (already redacted) values, escaped and capped."""
-    return {clean(k, MAX_NAME): clean(v, MAX_ENV_VALUE) for k, v in env.items()}
+    """Env names and (already gated, ncclwatch.sanitize.filter_env) values."""
+    return {gate("JobInfo.EnvEntry.key", k): gate("JobInfo.EnvEntry.value", v)
+            for k, v in env.items()}
 
 
 def _field(what: str, build: Callable[[], _T]) -> _T | None:
@@ -109,29 +102,36 @@ def _field(what: str, build: Callable[[], _T]) -> _T | None:
 
 def identity_pb(proc: RankProcess) -> pb.RankIdentity:
     i = proc.identity
-    out = pb.RankIdentity(job_id=clean(i.job_id, MAX_LABEL), rank=i.rank,
+    out = pb.RankIdentity(job_id=gate("RankIdentity.job_id", i.job_id), rank=i.rank,
                           local_rank=i.local_rank, world_size=i.world_size, pid=proc.pid,
-                          rank_source=clean(i.rank_source, MAX_NAME),
+                          rank_source=gate("RankIdentity.rank_source", i.rank_source),
                           process_age_seconds=max(0.0, time.time() - proc.create_time)
                           if proc.create_time else 0.0)
     c = proc.container
     if c:
         out.container.CopyFrom(pb.ContainerInfo(
-            container_pid=c.container_pid, hostname=clean(c.hostname, MAX_LABEL),
-            container_id=clean(c.container_id, MAX_LABEL), runtime=clean(c.runtime, MAX_NAME),
-            pod_uid=clean(c.pod_uid, MAX_LABEL), namespace=clean(c.namespace, MAX_LABEL),
-            pod=clean(c.pod, MAX_LABEL),
-            declared_namespace=clean(c.declared_namespace, MAX_LABEL),
-            declared_pod=clean(c.declared_pod, MAX_LABEL)))
+            container_pid=c.container_pid, hostname=gate("ContainerInfo.hostname", c.hostname),
+            container_id=gate("ContainerInfo.container_id", c.container_id),
+            runtime=gate("ContainerInfo.runtime", c.runtime),
+            pod_uid=gate("ContainerInfo.pod_uid", c.pod_uid),
+            namespace=gate("ContainerInfo.namespace", c.namespace),
+            pod=gate("ContainerInfo.pod", c.pod),
+            declared_namespace=gate("ContainerInfo.declared_namespace", c.declared_namespace),
+            declared_pod=gate("ContainerInfo.declared_pod", c.declared_pod)))
     return out
 
 
 def stack_pb(stack: Stack) -> pb.Stack:
+    """The stack as it leaves the node. Its id is the hash of the frames as
+    sent (gated), which the daemon checks: a frame that had to be escaped or
+    redacted once made the id of the raw frames, and the daemon refused the
+    whole report. Samples name the stack by this id."""
+    frames = [Frame(gate("Frame.name", f.name), gate("Frame.filename", f.filename), f.line)
+              for f in stack.frames]
     return pb.Stack(
-        id=clean(stack.id, MAX_NAME),
-        thread_name=clean(stack.thread_name, MAX_NAME),
-        frames=[pb.Frame(name=sent_frame(f.name), filename=sent_frame(f.filename), line=f.line)
-                for f in stack.frames],
+        id=gate("Stack.id", stack_id(frames)),
+        thread_name=gate("Stack.thread_name", stack.thread_name),
+        frames=[pb.Frame(name=f.name, filename=f.filename, line=f.line) for f in frames],
     )
 
 
@@ -143,9 +143,11 @@ def sample_pb(t: RankTracker, now: float, gpu: Sequence[GpuProcessMemory],
         op=t.op.to_proto(),
         state_seconds=max(0.0, now - t.state_since),
         stack_age_seconds=max(0.0, now - t.stack_at) if t.stack_at is not None else 0.0,
-        stack_id=t.stack_id,
+        stack_id=gate("RankSample.stack_id", t.stack_id),
         evidence=t.evidence.to_proto(),
-        native_frame=t.native.frame if t.native is not None else "",
+        # a symbol name the rank chose (ctypes, cffi, a JIT): redacted like a frame
+        native_frame=gate("RankSample.native_frame", t.native.frame) if t.native is not None
+        else "",
         native_no_wait=t.native_no_wait,
     )
     if t.sample is not None:
@@ -157,7 +159,7 @@ def sample_pb(t: RankTracker, now: float, gpu: Sequence[GpuProcessMemory],
         d = devices.get(g.device_index)
         s.gpu.append(pb.GpuMemory(
             device_index=g.device_index, used_bytes=g.used_bytes,
-            device_uuid=clean(d.uuid, MAX_NAME) if d else "",
+            device_uuid=gate("GpuMemory.device_uuid", d.uuid) if d else "",
             device_total_bytes=d.total_bytes if d else 0,
             device_used_bytes=d.used_bytes if d else 0))
     if t.flight_recorder is not None:
@@ -184,13 +186,13 @@ def _process_pb(t: RankTracker) -> pb.ProcessStats:
     )
     for f in p.files_writing:
         one = _field("an open file", lambda f=f: pb.OpenFile(
-            path=sent_path(f.path), size_bytes=f.size_bytes,
-            previous_path=sent_path(f.previous_path),
+            path=gate("OpenFile.path", f.path), size_bytes=f.size_bytes,
+            previous_path=gate("OpenFile.previous_path", f.previous_path),
             previous_size_bytes=f.previous_size_bytes,
             expected_size_bytes=f.expected_size_bytes,
-            expected_source=clean(f.expected_source, MAX_NAME),
-            copy_source_path=sent_path(f.copy_source_path),
-            header_error=clean(redact_value(f.header_error[:800]), 200)))
+            expected_source=gate("OpenFile.expected_source", f.expected_source),
+            copy_source_path=gate("OpenFile.copy_source_path", f.copy_source_path),
+            header_error=gate("OpenFile.header_error", f.header_error)))
         if one is not None:
             out.files_writing.append(one)
     out.SerializeToString()       # whatever slipped through fails here, not in the round
@@ -199,15 +201,16 @@ def _process_pb(t: RankTracker) -> pb.ProcessStats:
 
 def _job_pb(t: RankTracker) -> pb.JobInfo:
     env = t.proc.env
-    out = pb.JobInfo(source=clean(t.proc.identity.job_source, MAX_NAME), env=sent_env(env),
+    out = pb.JobInfo(source=gate("JobInfo.source", t.proc.identity.job_source), env=sent_env(env),
                      watchdog_timeout_seconds=declared_timeout(env),
-                     packages=[clean(p, MAX_NAME) for p in sorted(t.packages)])
+                     packages=[gate("JobInfo.packages", p) for p in sorted(t.packages)])
     sj = t.scheduler_job
     if sj is not None:
         out.scheduler_job.CopyFrom(pb.SchedulerJob(
-            scheduler=clean(sj.scheduler, MAX_NAME), job_id=clean(sj.job_id, MAX_LABEL),
-            job_name=clean(sj.name, MAX_LABEL), user=clean(sj.user, MAX_LABEL),
-            source=clean(sj.source, MAX_NAME)))
+            scheduler=gate("SchedulerJob.scheduler", sj.scheduler),
+            job_id=gate("SchedulerJob.job_id", sj.job_id),
+            job_name=gate("SchedulerJob.job_name", sj.name), user=gate("SchedulerJob.user", sj.user),
+            source=gate("SchedulerJob.source", sj.source)))
     out.SerializeToString()
     return out
 
@@ -217,13 +220,14 @@ def build_report(*, node: str, agent_id: str, seq: int, now: float, wall: float,
                  exited: Iterable[RankProcess], health: AgentHealthCounts,
                  ranks_watched: int) -> pb.NodeReport:
     return pb.NodeReport(
-        node=clean(node, MAX_LABEL), agent_id=agent_id, seq=seq,
+        node=gate("NodeReport.node", node), agent_id=gate("NodeReport.agent_id", agent_id),
+        seq=seq,
         agent_monotonic_seconds=now, agent_wall_seconds=wall,
         interval_seconds=interval, full_round=True,
         samples=list(samples),
         exited=[identity_pb(p) for p in exited],
         health=pb.AgentHealth(
-            version=clean(health.version, MAX_NAME), ranks_watched=ranks_watched, nvml_up=health.nvml_up,
+            version=gate("AgentHealth.version", health.version), ranks_watched=ranks_watched, nvml_up=health.nvml_up,
             gpus_expected=health.gpus_expected,
             pyspy_runs_total=health.pyspy_runs_total,
             pyspy_failures_total=health.pyspy_failures_total,

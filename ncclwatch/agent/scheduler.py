@@ -21,12 +21,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from ncclwatch.envpolicy import redact_value
-from ncclwatch.sanitize import clean
+from ncclwatch.sanitize import clean, gate
 
 log = logging.getLogger(__name__)
-
-MAX_FIELD = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +140,6 @@ class SchedulerLookup:
 
 
 def _clip(value: str) -> str:
-    """Names are the user's text: redacted like any value that leaves the node,
-    escaped (ncclwatch.sanitize) and bounded."""
-    return clean(redact_value(value.strip()[:4 * MAX_FIELD]), MAX_FIELD)
+    """Names are the user's text: through the gate as the report field they
+    fill (redacted like any value that leaves the node, escaped, bounded)."""
+    return gate("SchedulerJob.job_name", value.strip())

@@ -194,8 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from ncclwatch import termsafe
-    termsafe.install()  # node names in its log lines: escaped, as the core's
+    from ncclwatch.sanitize import install_log_escaping
+    install_log_escaping()  # node names in its log lines: escaped, as the core's
     # The core says when to stop (by closing the link); a terminal's ^C or a
     # systemd stop signals the whole group, and the core's answer is what counts.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

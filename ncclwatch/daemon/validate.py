@@ -34,6 +34,75 @@ MAX_ENV_NAME = 256
 #: Seconds since boot no machine reaches (317 years): the daemon anchors ages
 #: on the agent's clock (table.AgentRecord.clock_offset), so it must be one.
 MAX_CLOCK = 1e10
+MAX_NODE = 255
+MAX_ID = 64            # agent ids, stack ids, rank and job sources, versions
+MAX_CONTAINER = 253
+MAX_PG_TEXT = 256
+MAX_FR_VERSION = 32
+MAX_HEADER_ERROR = 256
+MAX_THREAD_NAME = 256
+MAX_DEVICE_UUID = 256
+
+#: JobInfo.packages: names per sample and characters per name.
+MAX_PACKAGES = 64
+MAX_PACKAGE_NAME = 64
+
+#: The most characters the daemon accepts (and so stores) of each string field
+#: reachable from a NodeReport: a number, or the Bounds setting that sets it.
+#: A report with a longer one is refused whole, so nothing of it is applied.
+#: The agent's gate (ncclwatch.sanitize.FIELDS) caps each field at or under
+#: this; tests/test_gate.py walks the proto and fails when a string field has
+#: no row here, or a row that the checks below do not enforce.
+STRING_BOUNDS: dict[str, int | str] = {
+    "NodeReport.node": MAX_NODE,
+    "NodeReport.agent_id": MAX_ID,
+    "RankChange.stack_id": MAX_ID,
+    "RankChange.native_frame": MAX_STRING,
+    "RankIdentity.job_id": MAX_JOB_ID,
+    "RankIdentity.rank_source": MAX_ID,
+    "ContainerInfo.hostname": MAX_CONTAINER,
+    "ContainerInfo.container_id": MAX_CONTAINER,
+    "ContainerInfo.runtime": MAX_CONTAINER,
+    "ContainerInfo.pod_uid": MAX_CONTAINER,
+    "ContainerInfo.namespace": MAX_CONTAINER,
+    "ContainerInfo.pod": MAX_CONTAINER,
+    "ContainerInfo.declared_namespace": MAX_CONTAINER,
+    "ContainerInfo.declared_pod": MAX_CONTAINER,
+    "RankSample.stack_id": MAX_ID,
+    "RankSample.native_frame": MAX_STRING,
+    "FlightRecorderSummary.version": MAX_FR_VERSION,
+    "ProcessGroupProgress.pg_id": MAX_PG_TEXT,
+    "ProcessGroupProgress.pg_name": MAX_PG_TEXT,
+    "ProcessGroupProgress.pending_op": MAX_PG_TEXT,
+    "ProcessGroupProgress.pg_desc": MAX_PG_TEXT,
+    "ProcessGroupProgress.last_op": MAX_PG_TEXT,
+    "OpenFile.path": "max_path",
+    "OpenFile.previous_path": "max_path",
+    "OpenFile.expected_source": MAX_ID,
+    "OpenFile.copy_source_path": "max_path",
+    "OpenFile.header_error": MAX_HEADER_ERROR,
+    "GpuMemory.device_uuid": MAX_DEVICE_UUID,
+    "JobInfo.source": MAX_ID,
+    "JobInfo.packages": MAX_PACKAGE_NAME,
+    "JobInfo.EnvEntry.key": MAX_ENV_NAME,
+    "JobInfo.EnvEntry.value": "max_env_value",
+    "SchedulerJob.scheduler": MAX_JOB_ID,
+    "SchedulerJob.job_id": MAX_JOB_ID,
+    "SchedulerJob.job_name": MAX_JOB_ID,
+    "SchedulerJob.user": MAX_JOB_ID,
+    "SchedulerJob.source": MAX_JOB_ID,
+    "Stack.id": MAX_ID,
+    "Stack.thread_name": MAX_THREAD_NAME,
+    "Frame.name": MAX_STRING,
+    "Frame.filename": "max_path",
+    "AgentHealth.version": MAX_ID,
+}
+
+
+def string_bound(field: str, bounds: Bounds) -> int:
+    """The characters the daemon accepts of ``field`` under ``bounds``."""
+    b = STRING_BOUNDS[field]
+    return getattr(bounds, b) if isinstance(b, str) else b
 
 
 class ReportError(Exception):
@@ -46,9 +115,6 @@ class ReportError(Exception):
         self.bound = bound
 
 
-#: JobInfo.packages: names per sample and characters per name.
-MAX_PACKAGES = 64
-MAX_PACKAGE_NAME = 64
 
 def _bad(msg: str, bound: str = "") -> ReportError:
     return ReportError(grpc.StatusCode.INVALID_ARGUMENT, msg, bound)
@@ -75,10 +141,12 @@ def validate_request(req: pb.ReportRequest,
     if not req.HasField("report"):
         raise _bad("request has no report")
     r = req.report
-    if not r.node or len(r.node) > 255:
-        raise _bad("report.node must be a host name of 1-255 characters")
-    if not r.agent_id or len(r.agent_id) > 64:
-        raise _bad("report.agent_id must be 1-64 characters")
+    if not r.node or len(r.node) > MAX_NODE:
+        raise _bad(f"report.node must be a host name of 1-{MAX_NODE} characters")
+    if not r.agent_id or len(r.agent_id) > MAX_ID:
+        raise _bad(f"report.agent_id must be 1-{MAX_ID} characters")
+    if len(r.health.version) > MAX_ID:
+        raise _bad(f"report.health.version over {MAX_ID} characters")
     for name in ("agent_monotonic_seconds", "agent_wall_seconds", "interval_seconds",
                  "timed_round_trip_seconds"):
         v = getattr(r, name)
@@ -111,6 +179,10 @@ def validate_request(req: pb.ReportRequest,
     for i, e in enumerate(r.exited):
         if not e.job_id or len(e.job_id) > MAX_JOB_ID or e.rank < -1:
             raise _bad(f"exited[{i}]: needs a job_id and a rank >= -1")
+        if len(e.rank_source) > MAX_ID:
+            raise _bad(f"exited[{i}]: rank_source too long")
+        if e.HasField("container"):
+            _check_container(f"exited[{i}]", e.container)
     if r.HasField("briefs") or r.slots_reset or r.changes:
         if req.protocol_version < 2:
             raise _bad("briefs, changes and slots need protocol_version 2")
@@ -133,8 +205,10 @@ def _check_change(i: int, c: pb.RankChange, max_age: float) -> None:
         if not 0 <= v < 1e12:
             raise _bad(f"changes[{i}]: still_seconds, cpu_utilization and cpu_seconds must "
                        f"be finite and >= 0")
-    if len(c.stack_id) > 64:
+    if len(c.stack_id) > MAX_ID:
         raise _bad(f"changes[{i}]: stack_id too long")
+    if len(c.native_frame) > MAX_STRING:
+        raise _too_big(f"changes[{i}]: native_frame over {MAX_STRING} characters")
 
 
 def _check_briefs(b: pb.RankBriefs, samples: int) -> None:
@@ -166,6 +240,9 @@ def _check_stack(s: pb.Stack, bounds: Bounds) -> int:
     """Check one stack; return the characters of text it holds."""
     if len(s.frames) > MAX_FRAMES:
         raise _too_big(f"stack {s.id[:16]!r} has {len(s.frames)} frames (max {MAX_FRAMES})")
+    if len(s.id) > MAX_ID or len(s.thread_name) > MAX_THREAD_NAME:
+        raise _too_big(f"stack {s.id[:16]!r}: id over {MAX_ID} or thread_name over "
+                       f"{MAX_THREAD_NAME} characters")
     text = len(s.thread_name)
     for f in s.frames:
         a, b = len(f.name), len(f.filename)
@@ -197,14 +274,10 @@ def _check_sample(i: int, s: pb.RankSample, world_size_of: Callable[[str], int |
                    f"(max_ranks_per_job)", "ranks_per_job" if world > 0 else "")
     if not (rank == -1 or 0 <= rank < (world or top)):
         raise _bad(f"samples[{i}]: rank {rank} out of range for world size {world}")
-    if len(ident.rank_source) > 64:
+    if len(ident.rank_source) > MAX_ID:
         raise _bad(f"samples[{i}]: rank_source too long")
     if ident.HasField("container"):
-        c = ident.container
-        if c.container_pid < 0 or max(len(c.hostname), len(c.container_id), len(c.runtime),
-                                      len(c.pod_uid), len(c.namespace), len(c.pod),
-                                      len(c.declared_namespace), len(c.declared_pod)) > 253:
-            raise _bad(f"samples[{i}]: container fields out of bounds")
+        _check_container(f"samples[{i}]", ident.container)
     known = world_size_of(job_id)
     if known is None:
         known = new_jobs.setdefault(job_id, world)
@@ -225,8 +298,10 @@ def _check_sample(i: int, s: pb.RankSample, world_size_of: Callable[[str], int |
     if not 0 <= v <= max_age:
         raise _bad(f"samples[{i}]: stack_age_seconds must be finite and in [0, {max_age:g}] "
                    f"(max_age_seconds), got {v}", "age")
-    if len(s.stack_id) > 64:
+    if len(s.stack_id) > MAX_ID:
         raise _bad(f"samples[{i}]: stack_id too long")
+    if len(s.native_frame) > MAX_STRING:
+        raise _too_big(f"samples[{i}]: native_frame over {MAX_STRING} characters")
     p = s.process
     cpu = p.cpu_utilization
     if not _isfinite(cpu) or cpu < 0:
@@ -241,6 +316,12 @@ def _check_sample(i: int, s: pb.RankSample, world_size_of: Callable[[str], int |
             if max(len(f.path), len(f.previous_path), len(f.copy_source_path)) > top:
                 raise _too_big(f"samples[{i}]: a path of process.files_writing over {top} "
                                f"characters (max_path)", "path_length")
+            if len(f.expected_source) > MAX_ID or len(f.header_error) > MAX_HEADER_ERROR:
+                raise _too_big(f"samples[{i}]: process.files_writing: expected_source over "
+                               f"{MAX_ID} or header_error over {MAX_HEADER_ERROR} characters")
+    for g in s.gpu:
+        if len(g.device_uuid) > MAX_DEVICE_UUID:
+            raise _too_big(f"samples[{i}]: gpu.device_uuid over {MAX_DEVICE_UUID} characters")
     if env:
         top = bounds.max_env_value
         for k, v in s.job.env.items():
@@ -254,6 +335,8 @@ def _check_sample(i: int, s: pb.RankSample, world_size_of: Callable[[str], int |
             raise _too_big(f"samples[{i}]: job.packages: over {MAX_PACKAGES} names or a "
                            f"name over {MAX_PACKAGE_NAME} characters")
     if has_job:
+        if len(s.job.source) > MAX_ID:
+            raise _bad(f"samples[{i}]: job.source over {MAX_ID} characters")
         timeout = s.job.watchdog_timeout_seconds
         if not _isfinite(timeout) or timeout < 0:
             raise _bad(f"samples[{i}]: job.watchdog_timeout_seconds must be finite and >= 0")
@@ -264,6 +347,13 @@ def _check_sample(i: int, s: pb.RankSample, world_size_of: Callable[[str], int |
     if s.HasField("flight_recorder"):
         _check_flight_recorder(i, s.flight_recorder, world, bounds)
     return (job_id, rank if rank >= 0 else -1 - ident.pid)
+
+
+def _check_container(where: str, c: pb.ContainerInfo) -> None:
+    if c.container_pid < 0 or max(len(c.hostname), len(c.container_id), len(c.runtime),
+                                  len(c.pod_uid), len(c.namespace), len(c.pod),
+                                  len(c.declared_namespace), len(c.declared_pod)) > MAX_CONTAINER:
+        raise _bad(f"{where}: container fields out of bounds")
 
 
 MAX_PROCESS_GROUPS = 256
@@ -279,7 +369,7 @@ def _check_flight_recorder(i: int, fr: pb.FlightRecorderSummary, world: int,
         raise _bad(f"{where}: dump_age_seconds must be finite and in "
                    f"[0, {bounds.max_age_seconds:g}] (max_age_seconds)", "age")
     groups = min(MAX_PROCESS_GROUPS, bounds.max_flight_recorder_groups)
-    if len(fr.groups) > groups or len(fr.version) > 32:
+    if len(fr.groups) > groups or len(fr.version) > MAX_FR_VERSION:
         raise _too_big(f"{where}: {len(fr.groups)} process groups (max_flight_recorder_groups "
                        f"{groups})", "flight_recorder_groups" if len(fr.groups) > groups else "")
     listed = sum(len(g.ranks) for g in fr.groups)
@@ -287,7 +377,8 @@ def _check_flight_recorder(i: int, fr: pb.FlightRecorderSummary, world: int,
         raise _too_big(f"{where}: its groups list {listed} ranks (max_flight_recorder_ranks "
                        f"{bounds.max_flight_recorder_ranks})", "flight_recorder_ranks")
     for g in fr.groups:
-        if max(len(g.pg_id), len(g.pg_name), len(g.pg_desc), len(g.pending_op)) > 256:
+        if max(len(g.pg_id), len(g.pg_name), len(g.pg_desc), len(g.pending_op),
+               len(g.last_op)) > MAX_PG_TEXT:
             raise _too_big(f"{where}: a process-group name or op over 256 characters")
         if len(g.ranks) > world or any(not 0 <= r < world for r in g.ranks):
             raise _bad(f"{where}: group {g.pg_name!r} lists ranks outside the world of {world}")
