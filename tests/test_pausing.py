@@ -1,0 +1,186 @@
+"""A healthy job is never paused (issue 26): the agent's native dumps, which stop
+the rank, only where the rank's own history or the job's shape says its
+stillness is abnormal, and within a pause budget per rank per hour.
+
+The ranks here are the tracker fed round by round (1 s rounds) with the
+readings GPU-shaped ranks give: a step's still period (the main thread spins
+in a synchronize: no read/write calls, no voluntary switches) and, per step,
+a burst of reads (a batch arriving) or nothing at all (batches through shared
+memory)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from ncclwatch.agent.agent import Agent, AgentConfig
+from ncclwatch.agent.discover import RankIdentity, RankProcess
+from ncclwatch.agent.gpu import EMPTY, NvmlGpuReader
+from ncclwatch.agent.pausing import BUDGET_WINDOW, PauseBudget, PausePolicy
+from ncclwatch.agent.policy import StackPolicy
+from ncclwatch.agent.sample import ProcessSample
+from ncclwatch.agent.tracker import RankTracker
+from ncclwatch.model import RankState
+from ncclwatch.signatures import Classification
+
+COMPUTE = Classification(RankState.COMPUTE)
+POLICY = StackPolicy()  # the defaults a user gets
+
+
+def _tracker(pid: int = 4242) -> RankTracker:
+    ident = RankIdentity(job_id="j", rank=1, local_rank=1, world_size=3, job_source="test",
+                         rank_source="env:RANK")
+    return RankTracker(RankProcess(pid=pid, create_time=0.0, identity=ident, env={}), 0.0)
+
+
+class Rank:
+    """A tracker fed one round a second; counts the rounds a native dump was due."""
+
+    def __init__(self, policy: StackPolicy = POLICY) -> None:
+        self.t, self.policy = _tracker(), policy
+        self.now, self.events, self.cpu = 0.0, 0, 0.0
+        self.due_at: list[float] = []
+        self._round(0)
+
+    def _round(self, events: int) -> None:
+        self.events += events
+        self.cpu += 1.0  # spinning: the CPU is busy whether it works or waits
+        self.t.observe_process(ProcessSample(pid=self.t.pid, cpu_seconds=self.cpu, rss_bytes=1,
+                                             io_read_bytes=0, io_write_bytes=0, num_threads=8,
+                                             files_writing=(), progress_events=self.events),
+                               self.now)
+        if self.t.still and (self.t.stack_at is None or self.t.stack_at < self.t.still_since):
+            self.t.observe_stack(COMPUTE, "spin", self.now)  # the Python stack reads compute
+        if self.policy.native_due([self.t], self.now):
+            self.due_at.append(self.now)
+            self.t.observe_native(None, self.now)  # taken: once per still period
+        self.now += 1.0
+
+    def step(self, seconds: int, reads: int = 20) -> None:
+        """A step: ``reads`` read calls at its start (a batch), then still."""
+        self._round(reads)
+        for _ in range(seconds - 1):
+            self._round(0)
+
+    def still(self, seconds: int) -> None:
+        for _ in range(seconds):
+            self._round(0)
+
+
+@pytest.mark.parametrize("step", [1, 2, 8, 15, 30])
+@pytest.mark.parametrize("reads", [20, 3])
+def test_a_healthy_gpu_shaped_rank_is_never_paused(step: int, reads: int) -> None:
+    r = Rank()
+    for _ in range(max(20, 600 // step)):
+        r.step(step, reads)
+    assert r.due_at == [], f"paused a healthy rank with {step}s steps at {r.due_at}"
+    # The old rule (any rank still 3 s) would have paused it every step.
+    assert step < 4 or r.t.history.longest >= 3.0
+
+
+def test_uneven_steps_within_twice_the_longest_are_normal() -> None:
+    r = Rank()
+    for i in range(60):
+        r.step(8 if i % 3 else 14)  # a slower step every third one (eval, logging)
+    assert r.due_at == []
+
+
+def test_a_rank_batched_through_shared_memory_is_never_paused_on_its_own() -> None:
+    # No syscall at all: it sits "still" for ever, and has no normal to be past.
+    r = Rank()
+    r.still(900)
+    assert r.due_at == [] and r.t.still_seconds(r.now) > 800
+
+
+def test_rank0_logging_alone_is_never_paused() -> None:
+    r = Rank()
+    for _ in range(300):
+        r.step(1, reads=5)  # progress every round: never still
+    assert r.due_at == []
+
+
+def test_stillness_past_the_ranks_own_normal_is_paused_once() -> None:
+    r = Rank()
+    for _ in range(20):
+        r.step(8)
+    limit = POLICY.pause.threshold(r.t.history, r.now, POLICY.native_after)
+    assert limit is not None and 17.0 <= limit <= 21.0, limit  # 2 x ~8-9 s + 2 s
+    r.still(60)  # the last step's still period goes on
+    assert len(r.due_at) == 1, r.due_at
+    assert limit <= r.due_at[0] - r.t.still_since <= limit + 1.0
+    # A job that stepped fast (1 s) is paused at the floor (3 s), as before.
+    fast = Rank()
+    for _ in range(40):
+        fast.step(1)
+    fast.still(10)
+    assert len(fast.due_at) == 1
+    assert fast.due_at[0] - fast.t.still_since <= POLICY.native_after + 1.0
+
+
+def test_the_ceiling_caps_a_long_normal() -> None:
+    r = Rank(StackPolicy(pause=PausePolicy(ceiling=40.0)))
+    for _ in range(12):
+        r.step(30)
+    r.still(80)
+    assert len(r.due_at) == 1 and 40.0 <= r.due_at[0] - r.t.still_since <= 41.0, r.due_at
+
+
+def test_the_daemon_asks_when_the_jobs_shape_says_a_stall_is_under_way() -> None:
+    # No history at all (the job just started its first step), a peer in
+    # checkpoint work: the daemon's ask makes the stillness abnormal.
+    r = Rank()
+    r.step(1)
+    r.still(2)
+    assert r.due_at == []
+    r.t.native_asked = r.now
+    r.still(3)
+    assert len(r.due_at) == 1
+    # An ask from an earlier still period does not carry over.
+    r.step(1)
+    r.still(10)
+    assert len(r.due_at) == 1
+
+
+def test_native_dumps_turned_off() -> None:
+    for policy in (StackPolicy(native_after=0), StackPolicy(pause=PausePolicy(budget=0))):
+        r = Rank(policy)
+        r.step(1)
+        r.t.native_asked = r.now
+        r.still(20)
+        assert r.due_at == []
+
+
+def test_the_budget_counts_an_hour_of_pauses() -> None:
+    p, b = PausePolicy(budget=2.0), PauseBudget()
+    b.add(0.0, 0.9)
+    b.add(10.0, 0.9)
+    assert not b.spent(p, 20.0)
+    b.add(30.0, 0.5)
+    assert b.spent(p, 40.0) and b.used(40.0) == pytest.approx(2.3)
+    assert not b.spent(p, BUDGET_WINDOW + 15.0)  # the first two left the window
+
+
+def test_a_spent_budget_refuses_says_so_once_and_is_counted(caplog) -> None:
+    """The agent's own bookkeeping: refused dumps, ranks spent, the health fields."""
+    agent = Agent(AgentConfig(collector="127.0.0.1:1", node="n",
+                              policy=StackPolicy(pause=PausePolicy(budget=1.0))),
+                  gpu=NvmlGpuReader())
+    a, b = _tracker(1), _tracker(2)
+    agent.trackers = {1: a, 2: b}
+    a.budget.add(100.0, 1.2)
+    for t in (a, b):
+        t.still_since = 95.0
+    with caplog.at_level(logging.WARNING, logger="ncclwatch.agent.agent"):
+        assert agent._budget_spent(a, 101.0) and not agent._budget_spent(b, 101.0)
+        a.still_since = 102.0
+        assert agent._budget_spent(a, 103.0)
+    said = [r for r in caplog.records if "pause budget" in r.getMessage()]
+    assert len(said) == 1 and "--pause-budget 1.0" in said[0].getMessage()
+    assert a.native_for == 102.0  # not asked again in this still period
+    assert agent.native_refused_total == 2
+    assert agent._ranks_budget_spent(103.0) == 1
+    # The hour frees it: not spent, and it would be said again next time.
+    assert agent._ranks_budget_spent(100.0 + BUDGET_WINDOW) == 0 and not a.budget.spent_said
+    h = agent._build(EMPTY).health
+    assert h.pause_budget_seconds_per_hour == 1.0 and h.native_dumps_refused_total == 2
