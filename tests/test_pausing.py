@@ -184,3 +184,24 @@ def test_a_spent_budget_refuses_says_so_once_and_is_counted(caplog) -> None:
     assert agent._ranks_budget_spent(100.0 + BUDGET_WINDOW) == 0 and not a.budget.spent_said
     h = agent._build(EMPTY).health
     assert h.pause_budget_seconds_per_hour == 1.0 and h.native_dumps_refused_total == 2
+
+
+def test_the_pause_settings_come_from_flag_env_and_toml(tmp_path) -> None:
+    import argparse
+
+    from ncclwatch.cli import AGENT_OPTIONS, _agent_config
+    from ncclwatch.config import add_options, resolve
+
+    parser = argparse.ArgumentParser()
+    add_options(parser, AGENT_OPTIONS)
+    file = {"pause_budget": 4.0, "native_stack_ceiling": 90}
+    cfg = resolve(AGENT_OPTIONS, parser.parse_args([]), file, env={})
+    policy = _agent_config(cfg).policy
+    assert (policy.pause.budget, policy.pause.ceiling) == (4.0, 90.0)
+    cfg = resolve(AGENT_OPTIONS, parser.parse_args(["--pause-budget", "0"]), file,
+                  env={"NCCLWATCH_PAUSE_BUDGET": "7"})
+    assert _agent_config(cfg).policy.pause.budget == 0.0
+    cfg = resolve(AGENT_OPTIONS, parser.parse_args([]), {}, env={"NCCLWATCH_PAUSE_BUDGET": "7"})
+    assert _agent_config(cfg).policy.pause.budget == 7.0
+    with pytest.raises(Exception, match="pause_budget"):
+        resolve(AGENT_OPTIONS, parser.parse_args([]), {"pause_budget": -1}, env={})
