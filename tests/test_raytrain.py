@@ -13,7 +13,7 @@ import pytest
 from ncclwatch.agent.raytrain import (
     gcs_address, is_ray_process, is_train_worker, job_id, may_become_worker, store_servers,
 )
-from ncclwatch.agent.sample import thread_progress
+from ncclwatch.agent.sample import progress_events, thread_progress
 from ncclwatch.stacks import Frame, Stack, ThreadDump, main_thread
 
 RAY_ENV = {"RAY_JOB_ID": "01000000", "RAY_RAYLET_PID": "9799"}
@@ -151,6 +151,11 @@ def test_thread_progress_counts_one_threads_calls() -> None:
         after = thread_progress(os.getpid(), tids[0])
         assert before is not None and after is not None and after - before < 20
         assert thread_progress(os.getpid(), 1 << 30) is None
+        # A native dump's pause is read as the samples read the rank: its own
+        # thread's counters, not the process's (whose 200 reads above would be
+        # subtracted from the thread's as "the dump's own").
+        assert progress_events(os.getpid(), tids[0]) - before < 20
+        assert progress_events(os.getpid()) - progress_events(os.getpid(), tids[0]) > 200
     finally:
         stop.set()
         t.join()
