@@ -10,7 +10,9 @@ memory)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 
 import pytest
 
@@ -205,3 +207,104 @@ def test_the_pause_settings_come_from_flag_env_and_toml(tmp_path) -> None:
     assert _agent_config(cfg).policy.pause.budget == 7.0
     with pytest.raises(Exception, match="pause_budget"):
         resolve(AGENT_OPTIONS, parser.parse_args([]), {"pause_budget": -1}, env={})
+
+
+GPU_SHAPED_RANK = r"""
+import os, sys, threading, time
+rank, step = int(os.environ["RANK"]), float(sys.argv[1])
+def metrics():  # rank 0 alone writes a metrics file twice a second
+    while True:
+        with open(sys.argv[2], "w") as f:
+            f.write(f"t={time.time()}\n")
+        time.sleep(0.5)
+if rank == 0:
+    threading.Thread(target=metrics, daemon=True).start()
+print("up", flush=True)
+while True:
+    with open("/proc/self/stat", "rb") as f:  # the batch: 20 reads of 4 KiB
+        for _ in range(20):
+            f.seek(0)
+            f.read(4096)
+    if rank == 0:
+        print("step", flush=True)
+    end = time.monotonic() + step  # "the device works": a spin, no syscall
+    while time.monotonic() < end:
+        pass
+"""
+
+
+def test_a_real_gpu_shaped_job_is_never_paused(tmp_path) -> None:
+    """Real processes shaped like GPU ranks (a spinning main thread, no syscall
+    for a 5 s step, a batch of reads per step, rank 0 writing a metrics file),
+    a real agent with a py-spy shim that logs each command line, a real
+    daemon: no ``--native`` in 30 s, no stall. The old rule (still 3 s: a
+    native dump) would have paused each rank at every step."""
+    import os
+    import subprocess
+    import sys
+
+    from ncclwatch.agent.pyspy import PySpy, find_pyspy
+    from ncclwatch.daemon.core import Daemon, DaemonConfig
+    from ncclwatch.daemon.server import DaemonServer
+
+    real = find_pyspy()
+    assert real, "py-spy missing from the venv"
+    calls, shim = tmp_path / "argv.log", tmp_path / "py-spy"
+    shim.write_text(f"#!/bin/sh\necho \"$*\" >> {calls}\nexec {real} \"$@\"\n")
+    shim.chmod(0o755)
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "10.7.7.8", "MASTER_PORT": "29778"}
+    procs = [subprocess.Popen([sys.executable, "-c", "import torch.distributed\n"
+                               + GPU_SHAPED_RANK, "5", str(tmp_path / "metrics.txt")],
+                              env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, text=True,
+                              start_new_session=True) for r in range(2)]
+    still_max: list[float] = []
+
+    async def go():
+        daemon = Daemon(DaemonConfig(grpc="127.0.0.1:0", http="127.0.0.1:0"))
+        server = DaemonServer(daemon)
+        await server.start()
+        agent = Agent(AgentConfig(collector=f"127.0.0.1:{server.grpc_port}", interval=1.0,
+                                  node="gpu-shaped"),
+                      gpu=NvmlGpuReader(), pyspy=PySpy(binary=str(shim)))
+        task = asyncio.create_task(agent.run())
+        try:
+            for _ in range(30):
+                await asyncio.sleep(1.0)
+                now = time.monotonic()
+                still_max.append(max((t.still_seconds(now) for t in agent.trackers.values()),
+                                     default=0.0))
+        finally:
+            agent.stop()
+            await task
+            await server.stop(grace=0.1)
+        return agent, daemon
+
+    try:
+        for p in procs:
+            assert p.stdout.readline().strip() == "up"
+        agent, daemon = asyncio.run(go())
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    argv = calls.read_text().splitlines() if calls.exists() else []
+    assert argv and not [a for a in argv if "--native" in a], argv
+    assert agent.pyspy.native_total == 0 and agent.native_refused_total == 0
+    assert max(still_max) >= 3.5, still_max  # still past the old 3 s rule, and yet unpaused
+    assert not daemon.incidents.active, list(daemon.incidents.active)
+
+
+def test_the_daemons_native_ask_marks_the_jobs_ranks_and_forces_no_dumps() -> None:
+    from ncclwatch.v1 import collector_pb2 as pb
+
+    agent = Agent(AgentConfig(collector="127.0.0.1:1", node="n"), gpu=NvmlGpuReader())
+    mine, other = _tracker(1), _tracker(2)
+    other.proc = RankProcess(pid=2, create_time=0.0, identity=RankIdentity(
+        job_id="other", rank=0, local_rank=0, world_size=2, job_source="test",
+        rank_source="env:RANK"), env={})
+    agent.trackers = {1: mine, 2: other}
+    agent._on_command(pb.Command(dump_stacks=pb.DumpStacksCommand(job_id="j", native=True)))
+    assert mine.native_asked is not None and not mine.forced
+    assert other.native_asked is None
+    agent._on_command(pb.Command(dump_stacks=pb.DumpStacksCommand(job_id="j")))
+    assert mine.forced and not other.forced

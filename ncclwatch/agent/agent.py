@@ -141,11 +141,13 @@ class Agent:
             hit, now = 0, time.monotonic()
             for t in self.trackers.values():
                 if t.proc.identity.job_id == job:
-                    t.forced = True
                     if cmd.dump_stacks.native:
                         # The job's shape says a stall is under way: still ranks
                         # whose stacks say nothing may be paused (policy.abnormal).
+                        # No Python dumps forced: the daemon asks for those apart.
                         t.native_asked = now
+                    else:
+                        t.forced = True
                     hit += 1
             if hit:
                 log.debug("daemon asked for stacks of %s (%s)", for_log(job),

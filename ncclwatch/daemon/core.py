@@ -268,7 +268,8 @@ class Daemon:
     def request_native(self, job_id: str, reason: str) -> int:
         """Tell the job's agents a stall is under way: their still ranks whose
         Python stacks say nothing may be paused for a native dump (within
-        each agent's pause budget); stacks are refreshed too."""
+        each agent's pause budget). It forces no Python dumps (those are
+        asked for apart, at their own pace)."""
         return self._command(job_id, pb.Command(
             dump_stacks=pb.DumpStacksCommand(job_id=job_id, reason=reason, native=True)))
 
