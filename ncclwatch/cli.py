@@ -43,10 +43,21 @@ _SUSPECT = Option("suspect_stack_interval", positive_float, 2.0,
 _SLOW = Option("slow_stack_interval", positive_float, 30.0,
                "re-dump every rank at least this often", "SECONDS")
 _NATIVE_AFTER = Option("native_stack_after", non_negative_float, 3.0,
-                       "take one native stack (py-spy --native, which pauses the rank "
-                       "for the unwind) of a rank that made no progress this long while "
-                       "its Python stack shows no wait; once per still period; 0: never",
+                       "the least stillness before one native stack (py-spy --native, "
+                       "which pauses the rank for the unwind) of a rank whose Python stack "
+                       "shows no wait; taken only where the rank's own history (its normal "
+                       "still periods) or the job's shape (a peer in checkpoint work) says "
+                       "the stillness is abnormal; once per still period; 0: never",
                        "SECONDS")
+_PAUSE_BUDGET = Option("pause_budget", non_negative_float, 10.0,
+                       "seconds per rank per hour that native stacks may pause a rank; "
+                       "once spent, none until the hour frees some (said once, and in "
+                       "ncclwatch_agent_pause_budget_spent_ranks); 0: no native stacks",
+                       "SECONDS")
+_NATIVE_CEILING = Option("native_stack_ceiling", positive_float, 60.0,
+                         "still this long, a rank that has stepped normally is paused for "
+                         "a native stack whatever its history says (its normal is 2x its "
+                         "longest normal still period + 2 s, up to this)", "SECONDS")
 _PYSPY_TIMEOUT = Option("pyspy_timeout", positive_float, 3.0, "timeout of one py-spy dump",
                         "SECONDS")
 _CPU_BUDGET = Option("cpu_budget", positive_float, 0.25,
@@ -142,14 +153,16 @@ AGENT_OPTIONS = (
     Option("ranks", rank_set, None, "watch only these global ranks, e.g. 0-3 (default: all; "
            "for splitting one host's ranks between agents)", "RANGES"),
     _PODS,
-    _SUSPECT, _SLOW, _NATIVE_AFTER, _PYSPY_TIMEOUT, _MAX_QUEUE, *_TLS_AGENT, _LOG,
+    _SUSPECT, _SLOW, _NATIVE_AFTER, _PAUSE_BUDGET, _NATIVE_CEILING, _PYSPY_TIMEOUT,
+    _MAX_QUEUE, *_TLS_AGENT, _LOG,
 )
 RUN_OPTIONS = (
     Option("grpc", hostport, "127.0.0.1:7470", "listen address for agents", "HOST:PORT"),
     Option("http", hostport, "127.0.0.1:7471", "listen address for /metrics, API, page",
            "HOST:PORT"),
     _INTERVAL, _WATCHDOG, _THRESHOLD, _HANG, _HANG_FLOOR, _STALENESS, _SUSPECT, _SLOW, _PYSPY_TIMEOUT,
-    _NATIVE_AFTER, _CPU_BUDGET, *_TLS_SERVER, _DIAGNOSE_MAX, _allowed_hosts("localhost,127.0.0.1,::1"),
+    _NATIVE_AFTER, _PAUSE_BUDGET, _NATIVE_CEILING, _CPU_BUDGET, *_TLS_SERVER, _DIAGNOSE_MAX,
+    _allowed_hosts("localhost,127.0.0.1,::1"),
     _PODS, *bound_options(), _LOG,
 )
 
@@ -378,6 +391,7 @@ def _shard_map(cfg: dict[str, Any]):
 
 def _agent_config(cfg: dict[str, Any], collector: str | None = None):
     from ncclwatch.agent.agent import AgentConfig
+    from ncclwatch.agent.pausing import PausePolicy
     from ncclwatch.agent.policy import StackPolicy
 
     return AgentConfig(
@@ -386,7 +400,9 @@ def _agent_config(cfg: dict[str, Any], collector: str | None = None):
         policy=StackPolicy(suspect_interval=cfg["suspect_stack_interval"],
                            slow_interval=cfg["slow_stack_interval"],
                            cpu_budget=cfg.get("cpu_budget", 0.25),
-                           native_after=cfg.get("native_stack_after", 3.0)),
+                           native_after=cfg.get("native_stack_after", 3.0),
+                           pause=PausePolicy(budget=cfg.get("pause_budget", 10.0),
+                                             ceiling=cfg.get("native_stack_ceiling", 60.0))),
         pyspy_timeout=cfg["pyspy_timeout"], max_queue=cfg.get("max_queue", 32),
         tls=None if collector else cfg.get("client_tls"))
 

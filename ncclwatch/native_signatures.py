@@ -29,7 +29,7 @@ from typing import Sequence
 
 from ncclwatch.model import CollectiveOp as Op
 from ncclwatch.model import RankState as S
-from ncclwatch.stacks import Frame, ThreadDump, main_thread
+from ncclwatch.stacks import Frame, ThreadDump, is_native, main_thread
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +111,7 @@ PY_OP_SIGNATURES: tuple[tuple[str, frozenset[str], Op], ...] = (
 def _python_op(frames: Sequence[Frame]) -> Op | None:
     """The op the innermost Python frame of a known wrapper names, if any."""
     for f in frames:
-        if _is_native(f):
+        if is_native(f):
             continue
         name = f.name.rpartition(".")[2]
         path = f.filename.replace("\\", "/")
@@ -130,14 +130,9 @@ class NativeWait:
     frame: str
 
 
-def _is_native(f: Frame) -> bool:
-    # py-spy gives native frames line 0 and a shared object (or an address) as file.
-    return f.line == 0 and not f.filename.endswith(".py")
-
-
 def classify_native(frames: Sequence[Frame]) -> NativeWait | None:
     """The wait a thread's frames (innermost first) show, or None (none known)."""
-    native = [f.name for f in frames if _is_native(f)]
+    native = [f.name for f in frames if is_native(f)]
     for i, name in enumerate(native):
         for sig in WAIT_SIGNATURES:
             if not fnmatchcase(name, sig.pattern):

@@ -103,27 +103,59 @@ def _frame(f: dict[str, Any]) -> Frame:
     )
 
 
-#: Main threads that only host the rank's own thread: (innermost frame name,
-#: its file's ending, name prefix of the thread that runs the training). A Ray
-#: actor's main thread waits for tasks while Ray Train runs the user's loop
-#: in "TrainingThread(<fn>)".
+def is_native(f: Frame) -> bool:
+    """A C/C++ frame of a ``--native`` dump: py-spy gives them line 0 and a
+    shared object (or an address) as file."""
+    return f.line == 0 and not f.filename.endswith(".py")
+
+
+def innermost_python(frames: Iterable[Frame]) -> Frame | None:
+    """The innermost Python frame: in a native dump frames[0] is libc's."""
+    return next((f for f in frames if not is_native(f)), None)
+
+
+#: Main threads that only host the rank's own thread: (innermost Python frame
+#: name, its file's ending, name prefix of the thread that runs the training).
+#: A Ray actor's main thread waits for tasks while Ray Train runs the user's
+#: loop in "TrainingThread(<fn>)".
 HOSTED_THREADS: tuple[tuple[str, str, str], ...] = (
     ("main_loop", "ray/_private/worker.py", "TrainingThread"),
 )
 
+#: Python files whose frames mark a thread as the one that trains, when a host
+#: runs it in a thread named otherwise: torch's collectives, modules, optimizers.
+TRAINING_PATHS: tuple[str, ...] = (
+    "/torch/distributed/", "/torch/nn/", "/torch/optim/", "/torch/autograd/",
+    "/torch/_tensor.py", "/torch/serialization.py",
+)
+
+
+def _trains(t: ThreadDump) -> bool:
+    return any(not is_native(f) and any(p in f.filename.replace("\\", "/")
+                                        for p in TRAINING_PATHS) for f in t.stack.frames)
+
 
 def main_thread(threads: list[ThreadDump], pid: int) -> ThreadDump | None:
     """The rank's main thread: the one whose OS thread id is the pid (or the
-    thread it hosts the training in, HOSTED_THREADS)."""
+    thread it hosts the training in, HOSTED_THREADS).
+
+    The host is recognised by its innermost *Python* frame (a native dump
+    puts libc frames first); its guest by name, else by the frames that
+    train (TRAINING_PATHS), a thread on the CPU (py-spy's ``active``) first.
+    """
     main = next((t for t in threads if t.os_thread_id == pid), None)
     if main is None:
         main = next((t for t in threads if t.thread_name == "MainThread"),
                     threads[0] if threads else None)
-    if main is not None and main.stack.frames:
-        top = main.stack.frames[0]
-        for name, path, thread in HOSTED_THREADS:
-            if top.name.endswith(name) and top.filename.endswith(path):
-                hosted = next((t for t in threads if t.thread_name.startswith(thread)), None)
-                if hosted is not None:
-                    return hosted
+    top = innermost_python(main.stack.frames) if main is not None else None
+    if top is None:
+        return main
+    for name, path, thread in HOSTED_THREADS:
+        if top.name.endswith(name) and top.filename.endswith(path):
+            hosted = next((t for t in threads if t.thread_name.startswith(thread)), None)
+            if hosted is None:
+                training = [t for t in threads if t is not main and _trains(t)]
+                hosted = max(training, key=lambda t: t.active, default=None)
+            if hosted is not None:
+                return hosted
     return main

@@ -118,3 +118,22 @@ def test_rows_are_well_formed() -> None:
         assert sig.state in (RankState.COLLECTIVE, RankState.DEVICE_WAIT)
         assert (sig.op is not CollectiveOp.NONE) == (sig.state is RankState.COLLECTIVE)
     assert len({p for p, _ in OP_SIGNATURES}) == len(OP_SIGNATURES)
+
+
+def test_a_ray_train_workers_wait_is_read_on_its_training_thread() -> None:
+    """A real native dump of a real Ray Train worker (TorchTrainer, gloo, the
+    training function waiting in ``Work.wait()`` of an async all_reduce while
+    rank 0 saves, a thread spinning beside it; tests/e2e/test_ray_train.py takes
+    one live). Its main thread is Ray's task loop, whose innermost frames are
+    libc's (epoll_wait): the rank's thread is the TrainingThread, found by its
+    innermost Python frame, not by position."""
+    threads = _threads(DATA / "pyspy" / "native-ray-async-wait__rank1.json")
+    pid = _pid(threads)
+    host = next(t for t in threads if t.os_thread_id == pid)
+    assert host.stack.frames[0].name == "epoll_wait"          # no Python frame first
+    assert classify_native(host.stack.frames) is None          # what position alone read
+    w = classify_native_rank(threads, pid)
+    assert w is not None and (w.state, w.op, w.frame) == (
+        RankState.COLLECTIVE, CollectiveOp.WAIT, "c10d::Work::wait")
+    from ncclwatch.stacks import main_thread
+    assert main_thread(threads, pid).thread_name.startswith("TrainingThread(")

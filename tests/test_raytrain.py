@@ -13,7 +13,7 @@ import pytest
 from ncclwatch.agent.raytrain import (
     gcs_address, is_ray_process, is_train_worker, job_id, may_become_worker, store_servers,
 )
-from ncclwatch.agent.sample import thread_progress
+from ncclwatch.agent.sample import progress_events, thread_progress
 from ncclwatch.stacks import Frame, Stack, ThreadDump, main_thread
 
 RAY_ENV = {"RAY_JOB_ID": "01000000", "RAY_RAYLET_PID": "9799"}
@@ -204,6 +204,39 @@ def test_thread_progress_counts_one_threads_calls() -> None:
         after = thread_progress(os.getpid(), tids[0])
         assert before is not None and after is not None and after - before < 20
         assert thread_progress(os.getpid(), 1 << 30) is None
+        # A native dump's pause is read as the samples read the rank: its own
+        # thread's counters, not the process's (whose 200 reads above would be
+        # subtracted from the thread's as "the dump's own").
+        assert progress_events(os.getpid(), tids[0]) - before < 20
+        assert progress_events(os.getpid()) - progress_events(os.getpid(), tids[0]) > 200
     finally:
         stop.set()
         t.join()
+
+
+def _native(name: str, tid: int, frames: list[tuple[str, str, int]], active=False) -> ThreadDump:
+    return ThreadDump(thread_id=tid, os_thread_id=tid, thread_name=name, active=active,
+                      stack=Stack(tuple(Frame(n, f, line) for n, f, line in frames), name))
+
+
+def test_a_native_dumps_host_is_read_past_its_libc_frames() -> None:
+    """In a ``--native`` dump frames[0] is libc's: the host is recognised by its
+    innermost Python frame; a guest not named TrainingThread by its frames
+    that train (torch.distributed), one on the CPU first."""
+    main = _native("MainThread", 10, [("epoll_wait", "/lib/libc.so.6", 0),
+                                      ("CoreWorker::RunTaskExecutionLoop", "/v/_raylet.so", 0),
+                                      ("main_loop", "/v/ray/_private/worker.py", 900)])
+    train = _native("TrainingThread(fn)", 12, [("pthread_cond_wait", "/lib/libc.so.6", 0),
+                                               ("c10d::Work::wait", "/v/libtorch.so", 0),
+                                               ("train_fn", "/job/train.py", 30)])
+    assert main_thread([main, train], 10) is train
+    renamed = _native("Thread-7 (run)", 12, [("pthread_cond_wait", "/lib/libc.so.6", 0),
+                                             ("all_reduce", "/v/torch/distributed/c10d.py", 9),
+                                             ("train_fn", "/job/train.py", 30)])
+    idle = _native("Thread-8 (poll)", 13, [("select", "/lib/libc.so.6", 0),
+                                           ("poll", "/v/ray/util/poll.py", 3)])
+    assert main_thread([main, idle, renamed], 10) is renamed
+    # A plain rank's native dump keeps its main thread whatever its threads do.
+    plain = _native("MainThread", 10, [("pthread_cond_wait", "/lib/libc.so.6", 0),
+                                       ("train", "/job/train.py", 5)])
+    assert main_thread([plain, renamed], 10) is plain

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from ncclwatch.agent.discover import RankIdentity, RankProcess
+from ncclwatch.agent.pausing import PausePolicy
 from ncclwatch.agent.policy import StackPolicy
 from ncclwatch.agent.pyspy import NATIVE_BUCKETS, PySpy, find_pyspy, native_argv
 from ncclwatch.agent.report import sample_pb
@@ -57,11 +58,21 @@ def _still_rank(still_for: float) -> RankTracker:
     return t
 
 
+#: A rank's history counts after one round of progress (the default wants 10 over 20 s).
+WARM = PausePolicy(warm_rounds=1, warm_seconds=0.0)
+
+
 def test_native_dump_only_of_a_rank_still_past_the_threshold() -> None:
-    policy = StackPolicy(native_after=3.0)
+    policy = StackPolicy(native_after=3.0, pause=WARM)
     assert policy.native_due([_still_rank(2.0)], 3.0) == []
     t = _still_rank(4.0)
     assert policy.native_due([t], 5.0) == [t]
+    # Without a history that says this stillness is abnormal, nor an ask of the
+    # daemon, nobody is paused (a healthy GPU rank sits still through each step).
+    assert StackPolicy(native_after=3.0).native_due([t], 5.0) == []
+    t.native_asked = 4.0
+    assert StackPolicy(native_after=3.0).native_due([t], 5.0) == [t]
+    t.native_asked = None
     # A rank making progress is never paused.
     moving = _still_rank(4.0)
     moving.observe_process(_proc(900, 6.0), 6.0)
@@ -82,7 +93,7 @@ def test_native_dump_only_of_a_rank_still_past_the_threshold() -> None:
 
 
 def test_once_per_still_period_and_the_wait_dates_from_it() -> None:
-    policy = StackPolicy(native_after=3.0)
+    policy = StackPolicy(native_after=3.0, pause=WARM)
     t = _still_rank(4.0)
     t.observe_native(REDUCER, 5.0)
     assert (t.state, t.op, t.evidence) == (S.COLLECTIVE, Op.ALL_REDUCE, E.NATIVE_FRAME)

@@ -97,6 +97,8 @@ class Agent:
         #: Pids whose sample failed: said once at info (the daemon then counts the
         #: rank gone on a full round), later at debug.
         self._left_out: set[int] = set()
+        #: Native dumps a rank's stillness asked for that its spent pause budget refused.
+        self.native_refused_total = 0
         self._self = psutil.Process()
         self._cpu = CpuMeter(config.policy.cpu_window)
         self.cpu_cores = 0.0
@@ -144,10 +146,16 @@ class Agent:
     def _on_command(self, cmd: pb.Command) -> None:
         if cmd.HasField("dump_stacks"):
             job = cmd.dump_stacks.job_id
-            hit = 0
+            hit, now = 0, time.monotonic()
             for t in self.trackers.values():
                 if t.proc.identity.job_id == job:
-                    t.forced = True
+                    if cmd.dump_stacks.native:
+                        # The job's shape says a stall is under way: still ranks
+                        # whose stacks say nothing may be paused (policy.abnormal).
+                        # No Python dumps forced: the daemon asks for those apart.
+                        t.native_asked = now
+                    else:
+                        t.forced = True
                     hit += 1
             if hit:
                 log.debug("daemon asked for stacks of %s (%s)", for_log(job),
@@ -190,9 +198,12 @@ class Agent:
             # Native dumps run beside the rounds (one takes up to a second of
             # py-spy's symbol loading): a round never waits for one.
             room = self.config.policy.max_native_per_round - len(self._native)
+            now = time.monotonic()
             for t in self.config.policy.native_due(
                     [t for t in self.trackers.values() if t.pid not in self._native],
-                    time.monotonic())[:max(0, room)]:
+                    now)[:max(0, room)]:
+                if self._budget_spent(t, now):
+                    continue
                 task = asyncio.create_task(self._dump_native(t), name=f"native-{t.pid}")
                 self._native[t.pid] = task
                 task.add_done_callback(lambda _t, pid=t.pid: self._native.pop(pid, None))
@@ -250,6 +261,31 @@ class Agent:
                 COUNTS.fields_dropped_total += 1
                 log.debug("no scheduler job for pid %d: %s", pid, for_log(repr(e)))
         return self.gpu.read() if self.gpu.up else EMPTY
+
+    def _budget_spent(self, t: RankTracker, now: float) -> bool:
+        """The rank's pause budget is spent: refuse this still period's dump
+        (counted once), and say so once until the budget frees again."""
+        pause = self.config.policy.pause
+        if not t.budget.spent(pause, now):
+            return False
+        t.native_for = t.still_since  # not asked again in this still period
+        self.native_refused_total += 1
+        if not t.budget.spent_said:
+            t.budget.spent_said = True
+            log.warning("pause budget of rank %s of job %s (pid %d) spent: %.1fs of native "
+                        "stacks in the last hour (--pause-budget %.1f); no more until the "
+                        "hour frees some", t.proc.identity.rank, for_log(t.proc.identity.job_id),
+                        t.pid, t.budget.used(now), pause.budget)
+        return True
+
+    def _ranks_budget_spent(self, now: float) -> int:
+        pause, n = self.config.policy.pause, 0
+        for t in self.trackers.values():
+            if t.budget.spent(pause, now):
+                n += 1
+            else:
+                t.budget.spent_said = False
+        return n
 
     def _name_job(self, t: RankTracker) -> None:
         """The scheduler's job name and user (a query per job id, cached, bounded)."""
@@ -313,7 +349,8 @@ class Agent:
                 or self.pyspy.busy(t.pid):
             return  # (busy: a Python dump of it runs; the next round asks again)
         still_for = t.still_since
-        t.pause_begins(progress_events(t.pid))
+        t.pause_begins(progress_events(t.pid, t.progress_tid))
+        began = time.monotonic()
         try:
             threads = await self.pyspy.dump_native(t.pid)
         except PySpyError as e:
@@ -321,10 +358,13 @@ class Agent:
             log.info("native stack of pid %d: %s", t.pid, e)
             return
         finally:
-            # ptrace stops count as the main thread's voluntary switches: the
-            # dump's own, not progress of the rank (else it would end the very
-            # still period it looked at, and be taken again).
-            t.pause_ends(progress_events(t.pid))
+            # py-spy's whole run: an upper bound on the pause, charged to the budget.
+            t.budget.add(began, time.monotonic() - began)
+            # ptrace stops count as the thread's voluntary switches: the dump's
+            # own, not progress of the rank (else it would end the very still
+            # period it looked at, and be taken again). Read as the samples
+            # read it: the rank's own thread where it has one (Ray Train).
+            t.pause_ends(progress_events(t.pid, t.progress_tid))
         if t.still_since != still_for:
             return  # it moved while we looked
         w = classify_native_rank(threads, t.pid)
@@ -367,6 +407,9 @@ class Agent:
             native_dump_failures_total=self.pyspy.native_failures_total,
             native_dump_seconds_total=self.pyspy.native_seconds_total,
             native_dump_buckets=tuple(self.pyspy.native_buckets),
+            pause_budget_seconds=self.config.policy.pause.budget,
+            native_dumps_refused_total=self.native_refused_total,
+            ranks_pause_budget_spent=self._ranks_budget_spent(now),
             reports_dropped_total=self.uplink.dropped_total,
             queue_length=self.uplink.queue_length,
             # py-spy runs as our child: its CPU is our cost too.

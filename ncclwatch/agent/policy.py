@@ -11,16 +11,20 @@ wait back off to the slow round; a per-round cap and a CPU budget bound the
 agent's own CPU.
 
 Native dumps (``native_due``) are the one look that pauses a rank: only of a
-rank that has sat still past ``native_after`` seconds while its Python stack
-(taken in that still period) reads compute, unknown or device_wait, once per
-still period. A rank that makes progress is never still, so never paused.
+rank whose stillness is abnormal (pausing.py: past its own normal still
+periods, or the daemon saw a stall's shape), still past ``native_after``
+seconds while its Python stack (taken in that still period) reads compute,
+unknown or device_wait, once per still period. A rank that makes progress is
+never still, so never paused; a healthy rank still through a long step is
+still within its normal, so never paused either.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable
 
+from ncclwatch.agent.pausing import PausePolicy
 from ncclwatch.agent.tracker import NATIVE_CANDIDATES, RankTracker
 from ncclwatch.model import CHECKPOINT_STATES, RankState
 
@@ -35,24 +39,38 @@ class StackPolicy:
     #: are dumped, one per round, until use falls back under the budget.
     cpu_budget: float = 0.25
     cpu_window: float = 10.0
-    #: Seconds a rank must have sat still before a native dump (below the
-    #: daemon's 5 s stall threshold: the wait it shows is dated from the start
-    #: of the still period, so the verdict can follow at once); 0: never.
+    #: Seconds a rank must have sat still before a native dump, at least (below
+    #: the daemon's 5 s stall threshold: the wait it shows is dated from the
+    #: start of the still period, so the verdict can follow at once); 0: never.
     native_after: float = 3.0
     max_native_per_round: int = 2
+    #: When stillness is abnormal enough to pause, and the pause budget.
+    pause: PausePolicy = field(default_factory=PausePolicy)
 
     def native_due(self, trackers: Iterable[RankTracker], now: float) -> list[RankTracker]:
-        """Ranks to take one native dump of now, longest still first."""
-        if self.native_after <= 0:
+        """Ranks whose stillness asks for one native dump now, longest still
+        first (the pause budget is the caller's to apply: it says so)."""
+        if self.native_after <= 0 or self.pause.budget <= 0:
             return []
         due = [t for t in trackers
                if t.still_since is not None and t.native_for != t.still_since
                and now - t.still_since >= self.native_after
                and t.state in NATIVE_CANDIDATES
                # Its Python stack was read in this still period (and said no more).
-               and t.stack_at is not None and t.stack_at >= t.still_since]
+               and t.stack_at is not None and t.stack_at >= t.still_since
+               and self.abnormal(t, now)]
         due.sort(key=lambda t: t.still_since)
         return due[: self.max_native_per_round]
+
+    def abnormal(self, t: RankTracker, now: float) -> bool:
+        """The rank's stillness is past its normal (its history), or the daemon
+        saw a stall's shape while it sat still (pausing.py)."""
+        if t.still_since is None:
+            return False
+        if t.native_asked is not None and t.native_asked >= t.still_since:
+            return True
+        limit = self.pause.threshold(t.history, now, self.native_after)
+        return limit is not None and now - t.still_since >= limit
 
     def due(self, trackers: Iterable[RankTracker], now: float,
             over_budget: bool = False) -> list[RankTracker]:

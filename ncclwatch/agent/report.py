@@ -64,6 +64,9 @@ class AgentHealthCounts:
     native_dump_failures_total: int = 0
     native_dump_seconds_total: float = 0.0
     native_dump_buckets: tuple[int, ...] = ()
+    pause_budget_seconds: float = 0.0
+    native_dumps_refused_total: int = 0
+    ranks_pause_budget_spent: int = 0
 
 
 # -- text that leaves the node -------------------------------------------------------
@@ -242,6 +245,9 @@ def build_report(*, node: str, agent_id: str, seq: int, now: float, wall: float,
             native_dump_failures_total=health.native_dump_failures_total,
             native_dump_seconds_total=health.native_dump_seconds_total,
             native_dump_bucket_counts=list(health.native_dump_buckets),
+            pause_budget_seconds_per_hour=health.pause_budget_seconds,
+            native_dumps_refused_total=health.native_dumps_refused_total,
+            ranks_pause_budget_spent=health.ranks_pause_budget_spent,
         ),
     )
 

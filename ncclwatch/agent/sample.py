@@ -296,9 +296,15 @@ def side_events(pid: int, tid: int = 0, proc: str = "/proc") -> int | None:
         return None
 
 
-def progress_events(pid: int) -> int | None:
+def progress_events(pid: int, tid: int = 0) -> int | None:
     """ProcessSample.progress_events read straight from /proc (thread-safe, cheap):
-    read/write syscalls of the process plus its main thread's voluntary switches."""
+    read/write syscalls of the process plus its main thread's voluntary switches;
+    with ``tid`` (the rank's own thread, as ``ProcessSampler.sample`` counts it)
+    that thread's alone, so that a pause is counted as the samples count."""
+    if tid:
+        own = thread_progress(pid, tid)
+        if own is not None:
+            return own
     try:
         with open(f"/proc/{pid}/io") as f:
             io = dict(line.split(":", 1) for line in f if ":" in line)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 from ncclwatch.agent.discover import RankProcess
+from ncclwatch.agent.pausing import PauseBudget, StillHistory
 from ncclwatch.agent.sample import ProcessSample
 from ncclwatch.model import QUIET_CPU, STILL_EVENTS_PER_S, CollectiveOp, RankState, WaitEvidence
 from ncclwatch.native_signatures import NativeWait
@@ -41,7 +42,7 @@ class RankTracker:
         "progress_tid", "packages", "maps_at",
         "_cpu_before", "quiet_from", "still_from",
         "evidence", "native", "native_for", "native_stack", "forgiven", "pause_base",
-        "own_cpu_util", "side_base",
+        "own_cpu_util", "side_base", "history", "budget", "native_asked",
     )
 
     def __init__(self, proc: RankProcess, now: float) -> None:
@@ -107,6 +108,13 @@ class RankTracker:
         #: thread reads the pipe and writes the dump: the dump's calls, not
         #: progress). None: no dump asked.
         self.side_base: int | None = None
+        #: The rank's normal still periods (pausing.py: when a pause is warranted).
+        self.history = StillHistory()
+        #: Seconds it was paused over the last hour (the pause budget).
+        self.budget = PauseBudget()
+        #: When the daemon last saw a stall's shape around this rank (its ask
+        #: for native dumps, on the agent's clock); None: never.
+        self.native_asked: float | None = None
 
     @property
     def pid(self) -> int:
@@ -218,6 +226,10 @@ class RankTracker:
                 self.still_since = prev_at  # still over the whole last interval
                 self.still_from = began
         else:
+            # A normal still period ended (its upper bound: erring long errs
+            # toward pausing less).
+            self.history.moved(now, None if self.still_since is None
+                               else now - self.still_since)
             self.still_since = self.still_from = None
 
     @property

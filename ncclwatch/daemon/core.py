@@ -25,7 +25,7 @@ from ncclwatch.daemon.incidents import Incidents
 from ncclwatch.daemon.ownership import Ownership
 from ncclwatch.daemon.table import JobTable
 from ncclwatch.daemon.validate import ReportError, validate_request
-from ncclwatch.model import QUIET_CPU
+from ncclwatch.model import CHECKPOINT_STATES, QUIET_CPU
 from ncclwatch.v1 import collector_pb2 as pb
 
 if TYPE_CHECKING:
@@ -41,6 +41,9 @@ REFRESH_EVERY = 10.0
 #: Ask a stalled job for Flight Recorder dumps at most this often (one dump per
 #: rank is a file of up to a few MB written by torch; the wait does not change fast).
 FLIGHT_RECORDER_EVERY = 30.0
+#: Tell a job's agents its shape says a stall is under way (native dumps of
+#: its still ranks allowed) at most this often.
+NATIVE_ASK_EVERY = 2.0
 
 
 @dataclass
@@ -98,6 +101,7 @@ class Daemon:
         self.ticks_total = 0
         self._escalated: dict[str, float] = {}
         self._fr_asked: dict[str, float] = {}
+        self._native_asked: dict[str, float] = {}
         self.started_at = time.monotonic()
         #: Forecasts as countdowns, not a new guess each tick (smooth.py).
         self.smooth = Smoother()
@@ -287,6 +291,14 @@ class Daemon:
         return self._command(job_id, pb.Command(
             dump_stacks=pb.DumpStacksCommand(job_id=job_id, reason=reason)))
 
+    def request_native(self, job_id: str, reason: str) -> int:
+        """Tell the job's agents a stall is under way: their still ranks whose
+        Python stacks say nothing may be paused for a native dump (within
+        each agent's pause budget). It forces no Python dumps (those are
+        asked for apart, at their own pace)."""
+        return self._command(job_id, pb.Command(
+            dump_stacks=pb.DumpStacksCommand(job_id=job_id, reason=reason, native=True)))
+
     def request_flight_recorder(self, job_id: str, reason: str) -> int:
         """Ask the job's agents for its ranks' Flight Recorder dumps (via their pipe)."""
         return self._command(job_id, pb.Command(
@@ -317,6 +329,7 @@ class Daemon:
             self.budgets.pop(job_id, None)
             self._escalated.pop(job_id, None)
             self._fr_asked.pop(job_id, None)
+            self._native_asked.pop(job_id, None)
             self.smooth.forget(job_id)
             self.ownership.forget(job_id)
         for job_id, job in table.jobs.items():
@@ -405,12 +418,29 @@ class Daemon:
                 self._escalated[job_id] = now
                 self.request_stacks(job_id, "stall suspected" if not stalled
                                     else "stall refresh")
+        if now - self._native_asked.get(job_id, -1e9) >= NATIVE_ASK_EVERY and \
+                self._checkpoint_shape(job, now, half):
+            self._native_asked[job_id] = now
+            self.request_native(job_id, "ranks still beside checkpoint work")
         if job.env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE") and \
                 now - self._fr_asked.get(job_id, -1e9) >= FLIGHT_RECORDER_EVERY and \
                 (suspect or self._still_long(job, now)):
             self._fr_asked[job_id] = now
             self.request_flight_recorder(job_id, "stall suspected" if not stalled
                                          else "stall refresh")
+
+    def _checkpoint_shape(self, job, now: float, half: float) -> bool:
+        """A stall's shape: a rank in checkpoint work while another has sat
+        still for half the stall threshold. The one shape that lets agents
+        pause ranks with no history to judge their stillness by (pausing.py);
+        healthy steps, however long and still, never show it."""
+        still = still_since(job, now - half)
+        if not still:
+            return False
+        agents = self.table.fresh_agents(now)
+        workers = {r for r, rec in job.ranks.items() if rec.gone_at is None
+                   and rec.agent_id in agents and rec.state in CHECKPOINT_STATES}
+        return bool(workers) and bool(set(still) - workers)
 
     def _still_long(self, job, now: float) -> bool:
         """A live rank of the job has made no progress for the stall threshold."""

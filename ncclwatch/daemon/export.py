@@ -424,10 +424,19 @@ _AGENT_FAMILIES: tuple[tuple[str, str, str, Callable[[AgentRecord], float]], ...
     ("ncclwatch_agent_pyspy_seconds", "Wall time spent in py-spy dumps", "counter",
      lambda a: a.health.pyspy_seconds_total),
     ("ncclwatch_agent_native_dumps", "Native dumps (py-spy --native, which pause the rank) "
-     "taken of ranks still past the threshold", "counter",
+     "taken of ranks whose stillness is abnormal", "counter",
      lambda a: a.health.native_dumps_total),
     ("ncclwatch_agent_native_dump_failures", "Native dumps that failed or timed out", "counter",
      lambda a: a.health.native_dump_failures_total),
+    ("ncclwatch_agent_pause_budget_seconds", "Seconds per rank per hour native dumps may "
+     "pause a rank (--pause-budget; 0: no native dumps)", "gauge",
+     lambda a: a.health.pause_budget_seconds_per_hour),
+    ("ncclwatch_agent_pause_budget_spent_ranks", "Watched ranks whose pause budget for the "
+     "last hour is spent: no native dump of them until it frees", "gauge",
+     lambda a: a.health.ranks_pause_budget_spent),
+    ("ncclwatch_agent_native_dumps_refused", "Native dumps a rank's stillness asked for "
+     "that its spent pause budget refused", "counter",
+     lambda a: a.health.native_dumps_refused_total),
     ("ncclwatch_agent_reports_dropped", "Reports dropped by the agent's queue bound", "counter",
      lambda a: a.health.reports_dropped_total),
     ("ncclwatch_agent_report_gaps", "Reports missing in the sequence the daemon saw", "counter",

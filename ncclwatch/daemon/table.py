@@ -210,6 +210,7 @@ def _progress(job: Job, rec: RankRecord, still: float, changed: bool, recv: floa
     """Apply a progress reading (still_seconds) to the rank and its job's learner."""
     if still <= 0 and rec.still_since is not None:
         job.waits.still_ended(recv - rec.still_since)
+        rec.still_ended(recv - rec.still_since)
     if still > 0:
         rec.still_since = recv - still
         job.still.add(rec.rank)
@@ -249,6 +250,10 @@ def _follow_wait(job: Job, rec: RankRecord, state: RankState, op: CollectiveOp,
         rec.still_op = wop
 
 
+#: Ended still periods per bucket of a rank's rolling normal (RankRecord.still_normal).
+STILL_RECENT = 8
+
+
 class RankRecord:
     __slots__ = (
         "rank", "local_rank", "node", "agent_id", "pid", "state", "op", "since",
@@ -256,6 +261,7 @@ class RankRecord:
         "files", "gpu", "gone_at", "vms_bytes", "limits", "curve", "stack_at",
         "rank_source", "container",
         "still_since", "still_at", "still_op", "since_agent", "progress_known",
+        "_still_normal", "_still_before", "_still_count",
         "file_first", "evidence", "native_frame", "native_no_wait", "start",
     )
 
@@ -309,6 +315,12 @@ class RankRecord:
         self.since_agent = 0.0
         # Whether the agent reports progress (still_seconds) for this rank.
         self.progress_known = False
+        # Its normal still periods (those that ended in progress): the longest
+        # of the last STILL_RECENT to 2 x STILL_RECENT (a rolling max in two
+        # buckets, three slots a rank); a GPU rank sits still through each step.
+        self._still_normal = 0.0
+        self._still_before = 0.0
+        self._still_count = 0
         # Since when the rank has sat still (no progress) in its current wait,
         # daemon clock, and in which op; None: not in a still wait (or no reading).
         self.still_at: float | None = None
@@ -322,6 +334,19 @@ class RankRecord:
         # When its process started (daemon clock, from the agent's process age);
         # None: not known. Evidence when two nodes claim the rank (ownership.py).
         self.start: float | None = None
+
+    def still_ended(self, seconds: float) -> None:
+        """A still period of this rank ended in progress after ``seconds``."""
+        if self._still_count >= STILL_RECENT:
+            self._still_before, self._still_normal, self._still_count = \
+                self._still_normal, 0.0, 0
+        self._still_normal = max(self._still_normal, seconds)
+        self._still_count += 1
+
+    @property
+    def still_normal(self) -> float:
+        """The longest recent still period that ended normally (0: none seen)."""
+        return max(self._still_normal, self._still_before)
 
 
 @dataclass

@@ -413,7 +413,7 @@ class Frame(_message.Message):
     def __init__(self, name: _Optional[str] = ..., filename: _Optional[str] = ..., line: _Optional[int] = ...) -> None: ...
 
 class AgentHealth(_message.Message):
-    __slots__ = ("version", "ranks_watched", "nvml_up", "pyspy_runs_total", "pyspy_failures_total", "pyspy_seconds_total", "reports_dropped_total", "queue_length", "cpu_seconds_total", "gpus_expected", "fields_dropped_total", "texts_escaped_total", "texts_truncated_total", "native_dumps_total", "native_dump_failures_total", "native_dump_seconds_total", "native_dump_bucket_counts")
+    __slots__ = ("version", "ranks_watched", "nvml_up", "pyspy_runs_total", "pyspy_failures_total", "pyspy_seconds_total", "reports_dropped_total", "queue_length", "cpu_seconds_total", "gpus_expected", "fields_dropped_total", "texts_escaped_total", "texts_truncated_total", "native_dumps_total", "native_dump_failures_total", "native_dump_seconds_total", "native_dump_bucket_counts", "pause_budget_seconds_per_hour", "native_dumps_refused_total", "ranks_pause_budget_spent")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     RANKS_WATCHED_FIELD_NUMBER: _ClassVar[int]
     NVML_UP_FIELD_NUMBER: _ClassVar[int]
@@ -431,6 +431,9 @@ class AgentHealth(_message.Message):
     NATIVE_DUMP_FAILURES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     NATIVE_DUMP_SECONDS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     NATIVE_DUMP_BUCKET_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_BUDGET_SECONDS_PER_HOUR_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_DUMPS_REFUSED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    RANKS_PAUSE_BUDGET_SPENT_FIELD_NUMBER: _ClassVar[int]
     version: str
     ranks_watched: int
     nvml_up: bool
@@ -448,7 +451,10 @@ class AgentHealth(_message.Message):
     native_dump_failures_total: int
     native_dump_seconds_total: float
     native_dump_bucket_counts: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, version: _Optional[str] = ..., ranks_watched: _Optional[int] = ..., nvml_up: _Optional[bool] = ..., pyspy_runs_total: _Optional[int] = ..., pyspy_failures_total: _Optional[int] = ..., pyspy_seconds_total: _Optional[float] = ..., reports_dropped_total: _Optional[int] = ..., queue_length: _Optional[int] = ..., cpu_seconds_total: _Optional[float] = ..., gpus_expected: _Optional[int] = ..., fields_dropped_total: _Optional[int] = ..., texts_escaped_total: _Optional[int] = ..., texts_truncated_total: _Optional[int] = ..., native_dumps_total: _Optional[int] = ..., native_dump_failures_total: _Optional[int] = ..., native_dump_seconds_total: _Optional[float] = ..., native_dump_bucket_counts: _Optional[_Iterable[int]] = ...) -> None: ...
+    pause_budget_seconds_per_hour: float
+    native_dumps_refused_total: int
+    ranks_pause_budget_spent: int
+    def __init__(self, version: _Optional[str] = ..., ranks_watched: _Optional[int] = ..., nvml_up: _Optional[bool] = ..., pyspy_runs_total: _Optional[int] = ..., pyspy_failures_total: _Optional[int] = ..., pyspy_seconds_total: _Optional[float] = ..., reports_dropped_total: _Optional[int] = ..., queue_length: _Optional[int] = ..., cpu_seconds_total: _Optional[float] = ..., gpus_expected: _Optional[int] = ..., fields_dropped_total: _Optional[int] = ..., texts_escaped_total: _Optional[int] = ..., texts_truncated_total: _Optional[int] = ..., native_dumps_total: _Optional[int] = ..., native_dump_failures_total: _Optional[int] = ..., native_dump_seconds_total: _Optional[float] = ..., native_dump_bucket_counts: _Optional[_Iterable[int]] = ..., pause_budget_seconds_per_hour: _Optional[float] = ..., native_dumps_refused_total: _Optional[int] = ..., ranks_pause_budget_spent: _Optional[int] = ...) -> None: ...
 
 class ReportResponse(_message.Message):
     __slots__ = ("ack_seq", "missing_stack_ids", "commands", "rejected_jobs", "resync")
@@ -491,12 +497,14 @@ class DumpFlightRecorderCommand(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class DumpStacksCommand(_message.Message):
-    __slots__ = ("job_id", "reason")
+    __slots__ = ("job_id", "reason", "native")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     reason: str
-    def __init__(self, job_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    native: bool
+    def __init__(self, job_id: _Optional[str] = ..., reason: _Optional[str] = ..., native: _Optional[bool] = ...) -> None: ...
 
 class DumpStacksRequest(_message.Message):
     __slots__ = ("job_id", "reason")

@@ -3,7 +3,11 @@
 Ray starts each worker as an actor process and sets RANK/WORLD_SIZE inside
 it after it starts: nothing in a worker's initial environment says its rank.
 After init every worker prints a ready marker and waits for --go; then rank
-0 saves slowly (ThrottledWriter) while the others wait in a barrier.
+0 saves slowly (ThrottledWriter) while the others wait in a barrier, or,
+with ``--wait-op async-wait``, NCCL-shaped: ``all_reduce(async_op=True)``
+then ``Work.wait()`` from the training function (no c10d frame on the Python
+stack), with ``--busy-thread F`` a thread spinning in every worker as NCCL's
+busy wait does.
 Markers: ``NCCLWATCH_DEMO phase=<p> rank=<r> pid=<pid> t=<time>``.
 """
 
@@ -28,6 +32,9 @@ def train_fn(config: dict) -> None:
     from ncclwatch.demo.slow_storage import ThrottledWriter
 
     rank = dist.get_rank()
+    if config["busy_thread"] > 0:
+        from ncclwatch.demo.job import busy_thread
+        busy_thread(min(config["busy_thread"], 1.0))
     marker("ready", rank)
     state = {"w": torch.zeros(config["mb"] * 2**18)}
     while not os.path.exists(config["go"]):
@@ -40,7 +47,11 @@ def train_fn(config: dict) -> None:
         marker("save_end", rank)
     else:
         marker("wait_start", rank)
-    dist.barrier()
+    if config["wait_op"] == "async-wait":
+        work = dist.all_reduce(torch.zeros(1024), async_op=True)
+        work.wait()
+    else:
+        dist.barrier()
     marker("done", rank)
 
 
@@ -52,6 +63,8 @@ def main() -> None:
     p.add_argument("--mb", type=int, default=8)
     p.add_argument("--save-seconds", type=float, default=40.0)
     p.add_argument("--pg-timeout", type=float, default=75.0)
+    p.add_argument("--wait-op", choices=["barrier", "async-wait"], default="barrier")
+    p.add_argument("--busy-thread", type=float, default=0.0, metavar="FRACTION")
     args = p.parse_args()
     import ray
     from ray.train import RunConfig, ScalingConfig
@@ -62,7 +75,8 @@ def main() -> None:
     trainer = TorchTrainer(
         train_fn,
         train_loop_config={"go": args.go, "dir": args.dir, "mb": args.mb,
-                           "save_seconds": args.save_seconds},
+                           "save_seconds": args.save_seconds, "wait_op": args.wait_op,
+                           "busy_thread": args.busy_thread},
         scaling_config=ScalingConfig(num_workers=args.workers, use_gpu=False),
         torch_config=TorchConfig(backend="gloo", timeout_s=int(args.pg_timeout)),
         run_config=RunConfig(storage_path=os.path.join(args.dir, "ray-results"), name="ncclwatch"),

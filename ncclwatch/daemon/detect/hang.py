@@ -19,6 +19,12 @@ and names that peer by sequence numbers. Where no frame says anything, the
 job's shape does, after the ceiling: ranks at work while every other rank
 has sat still give a provisional collective_hang; every rank still and the
 Flight Recorder naming the peer gives a confirmed one. Nothing at all: silent.
+
+GPU ranks sit still through every step (issue 26), so the shape is read
+against each rank's own normal: every rank equally still is a long step, not
+a hang; a rank counts as still only past its own normal still periods
+(``shape.past_normal``); and a rank at work on the frames the still ones sit
+on (rank 0 logging inside the step) is in the step, not missing from it.
 """
 
 from __future__ import annotations
@@ -26,8 +32,8 @@ from __future__ import annotations
 from collections import Counter
 
 from ncclwatch.daemon.detect import DetectConfig, Finding, blocked, culprit_of
-from ncclwatch.daemon.detect.shape import (fr_note, fr_waiting, live_ranks, movers,
-                                           still_peers, still_since)
+from ncclwatch.daemon.detect.shape import (elsewhere, fr_note, fr_waiting, live_ranks,
+                                           movers, still_peers, still_since)
 from ncclwatch.daemon.table import Job, JobTable, RankRecord
 from ncclwatch.model import (CHECKPOINT_STATES, CollectiveOp, StallKind, WaitEvidence,
                              rank_ranges)
@@ -78,8 +84,11 @@ def by_shape(job: Job, table: JobTable, now: float, cfg: DetectConfig) -> list[F
         what = "never enqueued"
     else:
         workers = movers(job, table, now)
-        peers = still_peers(job, table, now, cfg.hang_threshold, workers) if workers else None
-        if peers is None:
+        peers = (still_peers(job, table, now, cfg.hang_threshold, workers, cfg.waits)
+                 if workers else None)
+        # Ranks at work where the still ones sit are in the same step, not missing.
+        workers = elsewhere(job, workers, set(peers)) if peers else workers
+        if peers is None or not workers:
             return []
         culprits, waiting, evidence, ops = sorted(workers), peers, WaitEvidence.STILLNESS, (
             CollectiveOp.WAIT,)

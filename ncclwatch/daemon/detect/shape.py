@@ -16,7 +16,8 @@ and its Python stack reads compute. Two kinds of evidence need no frame
 from __future__ import annotations
 
 from ncclwatch.daemon import progress
-from ncclwatch.daemon.table import Job, JobTable
+from ncclwatch.daemon.table import Job, JobTable, RankRecord
+from ncclwatch.daemon.waits import WaitPolicy
 from ncclwatch.model import CHECKPOINT_STATES, CollectiveOp
 
 
@@ -39,10 +40,19 @@ def live_ranks(job: Job, table: JobTable, now: float) -> dict | None:
     return live
 
 
+def past_normal(rec: RankRecord, threshold: float, policy: WaitPolicy) -> float:
+    """How long ``rec`` must sit still to count: ``threshold``, or longer where
+    its own still periods were longer (a GPU rank still through each 30 s
+    step is not waiting): ``factor x`` its longest normal one ``+ slack``."""
+    normal = rec.still_normal
+    return max(threshold, policy.factor * normal + policy.slack) if normal > 0 else threshold
+
+
 def still_peers(job: Job, table: JobTable, now: float, threshold: float,
-                workers: set[int]) -> tuple[int, ...] | None:
+                workers: set[int], policy: WaitPolicy | None = None) -> tuple[int, ...] | None:
     """The ranks outside ``workers`` and ``job.waiting`` if every one of them
-    (and at least one) has sat still for ``threshold``, else None.
+    (and at least one) has sat still for ``threshold`` (and, with ``policy``,
+    past its own normal still periods: ``past_normal``), else None.
 
     Every rank of the job must be live and fresh, with progress readings: a
     rank not heard from, one that moves, or one whose native dump found no
@@ -52,16 +62,26 @@ def still_peers(job: Job, table: JobTable, now: float, threshold: float,
     if live is None:
         return None
     waiting, out = job.waiting, []
-    still_at = now - threshold
     for r, rec in live.items():
         if r in workers or r in waiting:
             continue
+        need = threshold if policy is None else past_normal(rec, threshold, policy)
         if (not rec.progress_known or rec.native_no_wait
-                or rec.still_since is None or rec.still_since > still_at
+                or rec.still_since is None or rec.still_since > now - need
                 or rec.state in CHECKPOINT_STATES):
             return None
         out.append(r)
     return tuple(sorted(out)) or None
+
+
+def elsewhere(job: Job, workers: set[int], still: set[int]) -> set[int]:
+    """The workers whose last stack is not where the still ranks sit: a rank
+    at work on the very frames its peers are still on (rank 0 logging, or
+    writing a metrics file, in the step the others spin through) is in the
+    same step, not missing from it. Ranks without a stack keep their place."""
+    ranks = job.ranks
+    shared = {ranks[r].stack_id for r in still} - {""}
+    return {r for r in workers if ranks[r].stack_id not in shared}
 
 
 def movers(job: Job, table: JobTable, now: float) -> set[int]:

@@ -1,0 +1,310 @@
+"""A healthy job is never paused (issue 26): the agent's native dumps, which stop
+the rank, only where the rank's own history or the job's shape says its
+stillness is abnormal, and within a pause budget per rank per hour.
+
+The ranks here are the tracker fed round by round (1 s rounds) with the
+readings GPU-shaped ranks give: a step's still period (the main thread spins
+in a synchronize: no read/write calls, no voluntary switches) and, per step,
+a burst of reads (a batch arriving) or nothing at all (batches through shared
+memory)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import pytest
+
+from ncclwatch.agent.agent import Agent, AgentConfig
+from ncclwatch.agent.discover import RankIdentity, RankProcess
+from ncclwatch.agent.gpu import EMPTY, NvmlGpuReader
+from ncclwatch.agent.pausing import BUDGET_WINDOW, PauseBudget, PausePolicy
+from ncclwatch.agent.policy import StackPolicy
+from ncclwatch.agent.sample import ProcessSample
+from ncclwatch.agent.tracker import RankTracker
+from ncclwatch.model import RankState
+from ncclwatch.signatures import Classification
+
+COMPUTE = Classification(RankState.COMPUTE)
+POLICY = StackPolicy()  # the defaults a user gets
+
+
+def _tracker(pid: int = 4242) -> RankTracker:
+    ident = RankIdentity(job_id="j", rank=1, local_rank=1, world_size=3, job_source="test",
+                         rank_source="env:RANK")
+    return RankTracker(RankProcess(pid=pid, create_time=0.0, identity=ident, env={}), 0.0)
+
+
+class Rank:
+    """A tracker fed one round a second; counts the rounds a native dump was due."""
+
+    def __init__(self, policy: StackPolicy = POLICY) -> None:
+        self.t, self.policy = _tracker(), policy
+        self.now, self.events, self.cpu = 0.0, 0, 0.0
+        self.due_at: list[float] = []
+        self._round(0)
+
+    def _round(self, events: int) -> None:
+        self.events += events
+        self.cpu += 1.0  # spinning: the CPU is busy whether it works or waits
+        self.t.observe_process(ProcessSample(pid=self.t.pid, cpu_seconds=self.cpu, rss_bytes=1,
+                                             io_read_bytes=0, io_write_bytes=0, num_threads=8,
+                                             files_writing=(), progress_events=self.events),
+                               self.now)
+        if self.t.still and (self.t.stack_at is None or self.t.stack_at < self.t.still_since):
+            self.t.observe_stack(COMPUTE, "spin", self.now)  # the Python stack reads compute
+        if self.policy.native_due([self.t], self.now):
+            self.due_at.append(self.now)
+            self.t.observe_native(None, self.now)  # taken: once per still period
+        self.now += 1.0
+
+    def step(self, seconds: int, reads: int = 20) -> None:
+        """A step: ``reads`` read calls at its start (a batch), then still."""
+        self._round(reads)
+        for _ in range(seconds - 1):
+            self._round(0)
+
+    def still(self, seconds: int) -> None:
+        for _ in range(seconds):
+            self._round(0)
+
+
+@pytest.mark.parametrize("step", [1, 2, 8, 15, 30])
+@pytest.mark.parametrize("reads", [20, 3])
+def test_a_healthy_gpu_shaped_rank_is_never_paused(step: int, reads: int) -> None:
+    r = Rank()
+    for _ in range(max(20, 600 // step)):
+        r.step(step, reads)
+    assert r.due_at == [], f"paused a healthy rank with {step}s steps at {r.due_at}"
+    # The old rule (any rank still 3 s) would have paused it every step.
+    assert step < 4 or r.t.history.longest >= 3.0
+
+
+def test_uneven_steps_within_twice_the_longest_are_normal() -> None:
+    r = Rank()
+    for i in range(60):
+        r.step(8 if i % 3 else 14)  # a slower step every third one (eval, logging)
+    assert r.due_at == []
+
+
+def test_a_rank_batched_through_shared_memory_is_never_paused_on_its_own() -> None:
+    # No syscall at all: it sits "still" for ever, and has no normal to be past.
+    r = Rank()
+    r.still(900)
+    assert r.due_at == [] and r.t.still_seconds(r.now) > 800
+
+
+def test_rank0_logging_alone_is_never_paused() -> None:
+    r = Rank()
+    for _ in range(300):
+        r.step(1, reads=5)  # progress every round: never still
+    assert r.due_at == []
+
+
+def test_stillness_past_the_ranks_own_normal_is_paused_once() -> None:
+    r = Rank()
+    for _ in range(20):
+        r.step(8)
+    limit = POLICY.pause.threshold(r.t.history, r.now, POLICY.native_after)
+    assert limit is not None and 17.0 <= limit <= 21.0, limit  # 2 x ~8-9 s + 2 s
+    r.still(60)  # the last step's still period goes on
+    assert len(r.due_at) == 1, r.due_at
+    assert limit <= r.due_at[0] - r.t.still_since <= limit + 1.0
+    # A job that stepped fast (1 s) is paused at the floor (3 s), as before.
+    fast = Rank()
+    for _ in range(40):
+        fast.step(1)
+    fast.still(10)
+    assert len(fast.due_at) == 1
+    assert fast.due_at[0] - fast.t.still_since <= POLICY.native_after + 1.0
+
+
+def test_the_ceiling_caps_a_long_normal() -> None:
+    r = Rank(StackPolicy(pause=PausePolicy(ceiling=40.0)))
+    for _ in range(12):
+        r.step(30)
+    r.still(80)
+    assert len(r.due_at) == 1 and 40.0 <= r.due_at[0] - r.t.still_since <= 41.0, r.due_at
+
+
+def test_the_daemon_asks_when_the_jobs_shape_says_a_stall_is_under_way() -> None:
+    # No history at all (the job just started its first step), a peer in
+    # checkpoint work: the daemon's ask makes the stillness abnormal.
+    r = Rank()
+    r.step(1)
+    r.still(2)
+    assert r.due_at == []
+    r.t.native_asked = r.now
+    r.still(3)
+    assert len(r.due_at) == 1
+    # An ask from an earlier still period does not carry over.
+    r.step(1)
+    r.still(10)
+    assert len(r.due_at) == 1
+
+
+def test_native_dumps_turned_off() -> None:
+    for policy in (StackPolicy(native_after=0), StackPolicy(pause=PausePolicy(budget=0))):
+        r = Rank(policy)
+        r.step(1)
+        r.t.native_asked = r.now
+        r.still(20)
+        assert r.due_at == []
+
+
+def test_the_budget_counts_an_hour_of_pauses() -> None:
+    p, b = PausePolicy(budget=2.0), PauseBudget()
+    b.add(0.0, 0.9)
+    b.add(10.0, 0.9)
+    assert not b.spent(p, 20.0)
+    b.add(30.0, 0.5)
+    assert b.spent(p, 40.0) and b.used(40.0) == pytest.approx(2.3)
+    assert not b.spent(p, BUDGET_WINDOW + 15.0)  # the first two left the window
+
+
+def test_a_spent_budget_refuses_says_so_once_and_is_counted(caplog) -> None:
+    """The agent's own bookkeeping: refused dumps, ranks spent, the health fields."""
+    agent = Agent(AgentConfig(collector="127.0.0.1:1", node="n",
+                              policy=StackPolicy(pause=PausePolicy(budget=1.0))),
+                  gpu=NvmlGpuReader())
+    a, b = _tracker(1), _tracker(2)
+    agent.trackers = {1: a, 2: b}
+    a.budget.add(100.0, 1.2)
+    for t in (a, b):
+        t.still_since = 95.0
+    with caplog.at_level(logging.WARNING, logger="ncclwatch.agent.agent"):
+        assert agent._budget_spent(a, 101.0) and not agent._budget_spent(b, 101.0)
+        a.still_since = 102.0
+        assert agent._budget_spent(a, 103.0)
+    said = [r for r in caplog.records if "pause budget" in r.getMessage()]
+    assert len(said) == 1 and "--pause-budget 1.0" in said[0].getMessage()
+    assert a.native_for == 102.0  # not asked again in this still period
+    assert agent.native_refused_total == 2
+    assert agent._ranks_budget_spent(103.0) == 1
+    # The hour frees it: not spent, and it would be said again next time.
+    assert agent._ranks_budget_spent(100.0 + BUDGET_WINDOW) == 0 and not a.budget.spent_said
+    h = agent._build(EMPTY).health
+    assert h.pause_budget_seconds_per_hour == 1.0 and h.native_dumps_refused_total == 2
+
+
+def test_the_pause_settings_come_from_flag_env_and_toml(tmp_path) -> None:
+    import argparse
+
+    from ncclwatch.cli import AGENT_OPTIONS, _agent_config
+    from ncclwatch.config import add_options, resolve
+
+    parser = argparse.ArgumentParser()
+    add_options(parser, AGENT_OPTIONS)
+    file = {"pause_budget": 4.0, "native_stack_ceiling": 90}
+    cfg = resolve(AGENT_OPTIONS, parser.parse_args([]), file, env={})
+    policy = _agent_config(cfg).policy
+    assert (policy.pause.budget, policy.pause.ceiling) == (4.0, 90.0)
+    cfg = resolve(AGENT_OPTIONS, parser.parse_args(["--pause-budget", "0"]), file,
+                  env={"NCCLWATCH_PAUSE_BUDGET": "7"})
+    assert _agent_config(cfg).policy.pause.budget == 0.0
+    cfg = resolve(AGENT_OPTIONS, parser.parse_args([]), {}, env={"NCCLWATCH_PAUSE_BUDGET": "7"})
+    assert _agent_config(cfg).policy.pause.budget == 7.0
+    with pytest.raises(Exception, match="pause_budget"):
+        resolve(AGENT_OPTIONS, parser.parse_args([]), {"pause_budget": -1}, env={})
+
+
+GPU_SHAPED_RANK = r"""
+import os, sys, threading, time
+rank, step = int(os.environ["RANK"]), float(sys.argv[1])
+def metrics():  # rank 0 alone writes a metrics file twice a second
+    while True:
+        with open(sys.argv[2], "w") as f:
+            f.write(f"t={time.time()}\n")
+        time.sleep(0.5)
+if rank == 0:
+    threading.Thread(target=metrics, daemon=True).start()
+print("up", flush=True)
+while True:
+    with open("/proc/self/stat", "rb") as f:  # the batch: 20 reads of 4 KiB
+        for _ in range(20):
+            f.seek(0)
+            f.read(4096)
+    if rank == 0:
+        print("step", flush=True)
+    end = time.monotonic() + step  # "the device works": a spin, no syscall
+    while time.monotonic() < end:
+        pass
+"""
+
+
+def test_a_real_gpu_shaped_job_is_never_paused(tmp_path) -> None:
+    """Real processes shaped like GPU ranks (a spinning main thread, no syscall
+    for a 5 s step, a batch of reads per step, rank 0 writing a metrics file),
+    a real agent with a py-spy shim that logs each command line, a real
+    daemon: no ``--native`` in 30 s, no stall. The old rule (still 3 s: a
+    native dump) would have paused each rank at every step."""
+    import os
+    import subprocess
+    import sys
+
+    from ncclwatch.agent.pyspy import PySpy, find_pyspy
+    from ncclwatch.daemon.core import Daemon, DaemonConfig
+    from ncclwatch.daemon.server import DaemonServer
+
+    real = find_pyspy()
+    assert real, "py-spy missing from the venv"
+    calls, shim = tmp_path / "argv.log", tmp_path / "py-spy"
+    shim.write_text(f"#!/bin/sh\necho \"$*\" >> {calls}\nexec {real} \"$@\"\n")
+    shim.chmod(0o755)
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "10.7.7.8", "MASTER_PORT": "29778"}
+    procs = [subprocess.Popen([sys.executable, "-c", "import torch.distributed\n"
+                               + GPU_SHAPED_RANK, "5", str(tmp_path / "metrics.txt")],
+                              env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, text=True,
+                              start_new_session=True) for r in range(2)]
+    still_max: list[float] = []
+
+    async def go():
+        daemon = Daemon(DaemonConfig(grpc="127.0.0.1:0", http="127.0.0.1:0"))
+        server = DaemonServer(daemon)
+        await server.start()
+        agent = Agent(AgentConfig(collector=f"127.0.0.1:{server.grpc_port}", interval=1.0,
+                                  node="gpu-shaped"),
+                      gpu=NvmlGpuReader(), pyspy=PySpy(binary=str(shim)))
+        task = asyncio.create_task(agent.run())
+        try:
+            for _ in range(30):
+                await asyncio.sleep(1.0)
+                now = time.monotonic()
+                still_max.append(max((t.still_seconds(now) for t in agent.trackers.values()),
+                                     default=0.0))
+        finally:
+            agent.stop()
+            await task
+            await server.stop(grace=0.1)
+        return agent, daemon
+
+    try:
+        for p in procs:
+            assert p.stdout.readline().strip() == "up"
+        agent, daemon = asyncio.run(go())
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    argv = calls.read_text().splitlines() if calls.exists() else []
+    assert argv and not [a for a in argv if "--native" in a], argv
+    assert agent.pyspy.native_total == 0 and agent.native_refused_total == 0
+    assert max(still_max) >= 3.5, still_max  # still past the old 3 s rule, and yet unpaused
+    assert not daemon.incidents.active, list(daemon.incidents.active)
+
+
+def test_the_daemons_native_ask_marks_the_jobs_ranks_and_forces_no_dumps() -> None:
+    from ncclwatch.v1 import collector_pb2 as pb
+
+    agent = Agent(AgentConfig(collector="127.0.0.1:1", node="n"), gpu=NvmlGpuReader())
+    mine, other = _tracker(1), _tracker(2)
+    other.proc = RankProcess(pid=2, create_time=0.0, identity=RankIdentity(
+        job_id="other", rank=0, local_rank=0, world_size=2, job_source="test",
+        rank_source="env:RANK"), env={})
+    agent.trackers = {1: mine, 2: other}
+    agent._on_command(pb.Command(dump_stacks=pb.DumpStacksCommand(job_id="j", native=True)))
+    assert mine.native_asked is not None and not mine.forced
+    assert other.native_asked is None
+    agent._on_command(pb.Command(dump_stacks=pb.DumpStacksCommand(job_id="j")))
+    assert mine.forced and not other.forced
