@@ -680,7 +680,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def busy_thread(fraction: float, period: float = 0.01) -> None:
+def busy_thread(fraction: float, period: float = 0.01, buf_bytes: int = 64 * 1024) -> None:
     """Burn ``fraction`` of a core in a daemon thread for the life of the rank.
 
     hashlib releases the GIL on large buffers, so the burn runs beside the
@@ -689,7 +689,7 @@ def busy_thread(fraction: float, period: float = 0.01) -> None:
     """
     import hashlib
     import threading
-    buf = bytes(64 * 1024)
+    buf = bytes(buf_bytes)
     spin, rest = period * fraction, period * (1 - fraction)
 
     def burn() -> None:

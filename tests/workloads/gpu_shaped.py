@@ -49,6 +49,8 @@ import torch.distributed as dist
 
 from fwcommon import RANK, WORLD, args, marker
 
+from ncclwatch.demo.job import busy_thread
+
 #: One unit of device work: SHA-256 over this many bytes (the GIL released
 #: throughout; a few ms). Big, so the main thread takes the GIL rarely: each
 #: take may find the helper thread holding it, and that wait is a voluntary
@@ -88,19 +90,10 @@ def device_work(units: int) -> None:
 
 
 def helper(fraction: float) -> None:
-    """Spin ``fraction`` of a core for the life of the rank (NCCL's threads)."""
-    spin, rest = HELPER_PERIOD * fraction, HELPER_PERIOD * (1 - fraction)
-    buf = bytes(HELPER_BYTES)
-
-    def run() -> None:
-        while True:
-            end = time.monotonic() + spin
-            while time.monotonic() < end:
-                hashlib.sha256(buf).digest()
-            if rest > 0:
-                time.sleep(rest)
-
-    threading.Thread(target=run, name="nccl-helper", daemon=True).start()
+    """Spin ``fraction`` of a core for the life of the rank (NCCL's threads): the
+    demo's busy thread, on buffers large enough that its GIL hand-offs make no
+    voluntary switches of the main thread."""
+    busy_thread(fraction, period=HELPER_PERIOD, buf_bytes=HELPER_BYTES)
 
 
 class SharedBarrier:
