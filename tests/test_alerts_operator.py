@@ -95,15 +95,30 @@ def operator_shaped(tests: dict, scrape: Scrape) -> dict:
         for a in case.get("alert_rule_test", []):
             exp = []
             for e in a.get("exp_alerts") or []:
-                labels = dict(e.get("exp_labels") or {})
+                # every series of the scrape has its job: the alerts keep it
+                labels = {"job": "ncclwatch", **(e.get("exp_labels") or {})}
                 if "instance" in labels:  # an alert about one target carries its labels
                     labels.update(scrape.by_instance[labels["instance"]])
                     if "replica" in e["exp_labels"] and scrape.replica_label:
                         labels["replica"] = e["exp_labels"]["replica"]
                 exp.append({**e, "exp_labels": labels})
             alerts.append({**a, "exp_alerts": exp})
-        out["tests"].append({**case, "input_series": series, "alert_rule_test": alerts})
+        exprs = [{**x, "exp_samples": [
+                     {**s, "labels": _with_job(s["labels"])} for s in x.get("exp_samples") or []]}
+                 for x in case.get("promql_expr_test", [])]
+        out["tests"].append({**case, "input_series": series, "alert_rule_test": alerts,
+                             **({"promql_expr_test": exprs} if exprs else {})})
     return out
+
+
+#: Recording rules that sum the fleet by one label: no job label of their own.
+FLEET_SUMS = ("kind:ncclwatch_stall_active:sum", "state:ncclwatch_ranks:sum")
+
+
+def _with_job(series: str) -> str:
+    """A recorded series as the scrape's job keeps it (every per-job rule does)."""
+    name, labels = parse_series(series)
+    return series if name in FLEET_SUMS else format_series(name, {"job": "ncclwatch", **labels})
 
 
 def _human(seconds: float) -> str:
@@ -193,7 +208,8 @@ def test_a_real_stall_of_a_pod_pages_once_through_a_podmonitor_scraped_pair(tmp_
         "tests": [{"interval": "5s", "input_series": series, "alert_rule_test": [{
             "eval_time": "15s", "alertname": "NCCLWatchCheckpointGatherStall",
             "exp_alerts": [{"exp_labels": {
-                "severity": "warning", "job_id": "torchelastic:abc", "kind": "checkpoint_gather",
+                "severity": "warning", "job": "ncclwatch", "job_id": "torchelastic:abc",
+                "kind": "checkpoint_gather",
                 "rank": "0", "host": "node-a", "rank_namespace": "team",
                 "rank_pod": "trainer-0"},
                 "exp_annotations": {
