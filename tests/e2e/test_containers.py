@@ -237,7 +237,7 @@ def test_a_slow_save_in_a_container_with_its_own_root(ncclwatch_run, tmp_path,
     """Stacks whatever switched the root; the chroot rows are the ones py-spy
     alone misses when the interpreter loads a shared libpython."""
     _need_root()
-    mon = ncclwatch_run()
+    mon = ncclwatch_run("--pods-log-dir", str(tmp_path / "pods"))
     c, job = _start(tmp_path, None, root_kind)
     try:
         ready = job.wait_marker("ready", 240, count=2)
