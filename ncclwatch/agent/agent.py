@@ -164,10 +164,12 @@ class Agent:
         elif cmd.HasField("dump_flight_recorder"):
             job = cmd.dump_flight_recorder.job_id
             mine = [t for t in self.trackers.values() if t.proc.identity.job_id == job]
+            # Read before asking: torch's thread may write the dump at once.
+            before = {t.pid: side_events(t.pid) for t in mine if t.side_base is None}
             n = self.frprobe.request([t.proc for t in mine])
             for t in mine:
-                if t.side_base is None and self.frprobe.pending(t.pid):
-                    t.dump_asked(side_events(t.pid))
+                if t.pid in before and self.frprobe.pending(t.pid):
+                    t.dump_asked(before[t.pid])
             if n:
                 log.info("asked %d rank(s) of %s for a Flight Recorder dump (%s)", n,
                          for_log(job), for_log(cmd.dump_flight_recorder.reason))
@@ -245,15 +247,16 @@ class Agent:
                          proc.identity.rank if proc.identity.known else "?",
                          for_log(proc.identity.job_id), pid, for_log(proc.identity.rank_source))
         for pid, t in list(self.trackers.items()):
-            if t.side_base is not None:  # a Flight Recorder dump we asked for
-                t.dump_written(side_events(pid), done=not self.frprobe.pending(pid))
-            sample = self.sampler.sample(pid, tid=t.progress_tid)
+            asked = t.side_base is not None   # a Flight Recorder dump we asked for
+            sample = self.sampler.sample(pid, tid=t.progress_tid, side=asked)
             if sample is None:  # exited between scan and sample
                 self._exited.append(t.proc)
                 self.frprobe.forget(pid)
                 del self.trackers[pid]
                 self._left_out.discard(pid)
                 continue
+            if asked:   # the other threads' calls since the last reading are the dump's
+                t.dump_written(sample.side_events, done=not self.frprobe.pending(pid))
             t.observe_process(sample, time.monotonic())
             try:
                 self._name_job(t)

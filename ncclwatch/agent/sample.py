@@ -77,6 +77,10 @@ class ProcessSample:
     #: it runs in): NCCL's and the job's helper threads spin, so the process's
     #: CPU cannot say whether the rank's Python is computing or sleeping.
     main_cpu_seconds: float | None = None
+    #: With ``side=True``: read/write calls of the threads other than the main
+    #: one, from the same reading as ``progress_events`` (a Flight Recorder dump
+    #: we asked for is written by torch's own thread; see tracker.dump_written).
+    side_events: int | None = None
 
 
 class ProcessSampler:
@@ -100,9 +104,11 @@ class ProcessSampler:
             self._host_available = (now, value)
         return value
 
-    def sample(self, pid: int, *, with_files: bool = True, tid: int = 0) -> ProcessSample | None:
+    def sample(self, pid: int, *, with_files: bool = True, tid: int = 0,
+               side: bool = False) -> ProcessSample | None:
         """``tid``: the rank's own thread when not the main one: progress is its
-        read/write calls and switches alone (thread_progress)."""
+        read/write calls and switches alone (thread_progress). ``side``: also
+        the other threads' calls, against the same process reading."""
         proc = self._procs.get(pid)
         if proc is None:
             try:
@@ -135,6 +141,10 @@ class ProcessSampler:
             self.errors_total += 1
             log.debug("cannot sample pid %d: %s", pid, e)
             return None
+        others = None
+        if side and not tid and calls:
+            main = _thread_calls(pid, pid)
+            others = calls - main if main is not None else None
         if tid:
             own = thread_progress(pid, tid)
             if own is not None:
@@ -152,6 +162,7 @@ class ProcessSampler:
             memory_limits=limits,
             progress_events=calls + switches,
             main_cpu_seconds=main_cpu,
+            side_events=others,
         )
 
     def forget(self, pid: int) -> None:
@@ -278,6 +289,16 @@ def thread_cpu_seconds(pid: int, tid: int, proc: str = "/proc") -> float | None:
         fields = data[data.rindex(b")") + 2:].split()
         return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime: 14, 15
     except (OSError, ValueError, IndexError):
+        return None
+
+
+def _thread_calls(pid: int, tid: int, proc: str = "/proc") -> int | None:
+    """Read/write syscalls of one thread; None if unreadable."""
+    try:
+        with open(f"{proc}/{pid}/task/{tid}/io") as f:
+            io = dict(line.split(":", 1) for line in f if ":" in line)
+        return int(io["syscr"]) + int(io["syscw"])
+    except (OSError, KeyError, ValueError):
         return None
 
 
