@@ -771,7 +771,15 @@ class _FileScan:
                     pe = chunk.find(b"\n", ps)
                     pe = b if pe < 0 or pe > b else pe
                     if self.m.signs_in(chunk[ps:pe]):
-                        b = max(le, ps - 1)
+                        # ...unless the run read whole completes a specific sign this
+                        # line missed (a generic failure shape completes by chance):
+                        # then the line is a piece after all.
+                        whole = self._decode(_joined(chunk, a, b))
+                        if not any(self.m.patterns[i].search(whole)
+                                   for i in self.m.signs_in(chunk[first:le + 1])
+                                   if self.m.signs[i].id in missed
+                                   and self.m.signs[i].event is not Event.ERROR):
+                            b = max(le, ps - 1)
                         break
                     ps = pe + 1
                 if (a, b) != (first, le):
