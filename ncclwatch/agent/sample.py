@@ -143,7 +143,7 @@ class ProcessSampler:
             return None
         others = None
         if side and not tid and calls:
-            main = _thread_calls(pid, pid)
+            main = _io_calls(f"/proc/{pid}/task/{pid}/io")
             others = calls - main if main is not None else None
         if tid:
             own = thread_progress(pid, tid)
@@ -265,14 +265,15 @@ class ProcessSampler:
 def thread_progress(pid: int, tid: int, proc: str = "/proc") -> int | None:
     """Progress events of one thread: its read/write syscalls (task io) plus
     its voluntary switches; None if the thread is gone or unreadable."""
+    calls = _io_calls(f"{proc}/{pid}/task/{tid}/io")
+    if calls is None:
+        return None
     try:
-        with open(f"{proc}/{pid}/task/{tid}/io") as f:
-            io = dict(line.split(":", 1) for line in f if ":" in line)
         with open(f"{proc}/{pid}/task/{tid}/status") as f:
             vol = next((int(line.split()[1]) for line in f
                         if line.startswith("voluntary_ctxt_switches")), 0)
-        return int(io["syscr"]) + int(io["syscw"]) + vol
-    except (OSError, KeyError, ValueError):
+        return calls + vol
+    except (OSError, ValueError):
         return None
 
 
@@ -292,10 +293,10 @@ def thread_cpu_seconds(pid: int, tid: int, proc: str = "/proc") -> float | None:
         return None
 
 
-def _thread_calls(pid: int, tid: int, proc: str = "/proc") -> int | None:
-    """Read/write syscalls of one thread; None if unreadable."""
+def _io_calls(path: str) -> int | None:
+    """Read/write syscalls from a /proc io file (process or thread); None if unreadable."""
     try:
-        with open(f"{proc}/{pid}/task/{tid}/io") as f:
+        with open(path) as f:
             io = dict(line.split(":", 1) for line in f if ":" in line)
         return int(io["syscr"]) + int(io["syscw"])
     except (OSError, KeyError, ValueError):
@@ -306,15 +307,8 @@ def side_events(pid: int, tid: int = 0, proc: str = "/proc") -> int | None:
     """Read/write syscalls of the rank's threads other than ``tid`` (default:
     its main thread): the process's count less that thread's. torch writes a
     Flight Recorder dump from its own thread; None if unreadable."""
-    try:
-        with open(f"{proc}/{pid}/io") as f:
-            every = dict(line.split(":", 1) for line in f if ":" in line)
-        with open(f"{proc}/{pid}/task/{tid or pid}/io") as f:
-            own = dict(line.split(":", 1) for line in f if ":" in line)
-        return (int(every["syscr"]) + int(every["syscw"])
-                - int(own["syscr"]) - int(own["syscw"]))
-    except (OSError, KeyError, ValueError):
-        return None
+    every, own = _io_calls(f"{proc}/{pid}/io"), _io_calls(f"{proc}/{pid}/task/{tid or pid}/io")
+    return None if every is None or own is None else every - own
 
 
 def progress_events(pid: int, tid: int = 0) -> int | None:
