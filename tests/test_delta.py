@@ -324,16 +324,29 @@ def test_briefs_need_protocol_2_and_protocol_1_stays_accepted() -> None:
     assert validate_request(report([sample("j", 0, 1, S.COMPUTE)])) == {}
 
 
+async def _until(cond, seconds: float = 30.0) -> None:
+    """Wait for ``cond()`` on the event loop; a loaded CI machine can take
+    seconds to open the first stream, so the bound is wide and the loop ends
+    as soon as the condition holds."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not cond():
+        assert asyncio.get_running_loop().time() < deadline, f"not within {seconds} s"
+        await asyncio.sleep(0.02)
+
+
+def _acked(h: Harness, seq: int):
+    def cond() -> bool:
+        agent = h.daemon.table.agents.get("agent-a")
+        return agent is not None and agent.last_seq >= seq
+    return cond
+
+
 def _uplink_until(h: Harness, up: Uplink, rounds: int, job: str = "job-1") -> None:
     async def go():
         task = asyncio.create_task(up.run())
         for seq in range(1, rounds + 1):
             up.submit(_steady(seq, 100.0 + seq))
-            for _ in range(100):
-                agent = h.daemon.table.agents.get("agent-a")
-                if agent is not None and agent.last_seq >= seq:
-                    break
-                await asyncio.sleep(0.02)
+            await _until(_acked(h, seq))
         up.stop()
         await task
     return go()
@@ -402,13 +415,10 @@ def test_a_resync_resends_job_info_to_the_daemon_that_lost_it() -> None:
             task = asyncio.create_task(up.run())
             for seq in range(1, 4):
                 up.submit(_steady(seq, 100.0 + seq))
-                await asyncio.sleep(0.2)
+                await _until(_acked(h, seq))  # held by the daemon before it forgets
             h.daemon.table.jobs.clear()  # forgotten (expired) under the live stream
             up.submit(_steady(4, 104.0))
-            for _ in range(100):
-                if up.resyncs_total:
-                    break
-                await asyncio.sleep(0.02)
+            await _until(lambda: up.resyncs_total > 0)
             up.stop()
             await task
             assert up.resyncs_total == 1 and sent_env == ["reset", "reset"]
