@@ -65,13 +65,19 @@ def _cpu(proc: psutil.Process) -> float:
 def _observer(mode: str, collector: str) -> subprocess.Popen | None:
     if mode == "none":
         return None
+    log = os.environ.get("NCCLWATCH_BENCH_AGENT_LOG")  # the agent's info log, appended
     if mode == "ncclwatch":
         argv = [str(BIN / "ncclwatch"), "agent", "--collector", collector, "--log-level",
-                "warning"]
+                "info" if log else "warning"]
     else:
         argv = [sys.executable, "-m", "bench.naive_sampler", "1.0"]
-    return subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    out = open(log, "ab") if log and mode == "ncclwatch" else subprocess.DEVNULL
+    try:
+        return subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    finally:
+        if out is not subprocess.DEVNULL:
+            out.close()
 
 
 def _ranks_watched(http: str | None) -> int | None:
@@ -250,20 +256,22 @@ def _daemon() -> Iterator[tuple[str, str]]:
         daemon.wait(20)
 
 
-def _agent_native_dumps(http: str) -> tuple[float, float]:
-    """The agents' own count of native dumps and their seconds (daemon /metrics)."""
+def _agent_native_dumps(http: str) -> tuple[float, float, float]:
+    """The agents' own count of native dumps, their seconds, and py-spy runs
+    of any kind (daemon /metrics)."""
     import urllib.request
     try:
         with urllib.request.urlopen(f"http://{http}/metrics", timeout=5) as r:
             text = r.read().decode()
     except OSError:
-        return float("nan"), float("nan")
+        return float("nan"), float("nan"), float("nan")
 
     def total(name: str) -> float:
         return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                    if line.startswith(name + "{") or line.startswith(name + " "))
     return (total("ncclwatch_agent_native_dumps_total"),
-            total("ncclwatch_agent_native_dump_seconds_sum"))
+            total("ncclwatch_agent_native_dump_seconds_sum"),
+            total("ncclwatch_agent_pyspy_runs_total"))
 
 
 def gpu_run(shape: GpuShape, mode: str, window: float, warmup: float, collector: str,
@@ -296,13 +304,13 @@ def gpu_run(shape: GpuShape, mode: str, window: float, warmup: float, collector:
             obs = _observer(mode, collector)
             watch = PauseWatch(ranks).start()
             w0 = time.time()
-            dumps0 = _agent_native_dumps(http) if obs else (0.0, 0.0)
+            dumps0 = _agent_native_dumps(http) if obs else (0.0, 0.0, 0.0)
             time.sleep(warmup)
             p = psutil.Process(obs.pid) if obs else None
             c0, t0 = (_cpu(p) if p else 0.0), time.monotonic()
             time.sleep(max(0.0, window - warmup))
             c1, t1 = (_cpu(p) if p else 0.0), time.monotonic()
-            dumps1 = _agent_native_dumps(http) if obs else (0.0, 0.0)
+            dumps1 = _agent_native_dumps(http) if obs else (0.0, 0.0, 0.0)
             watched = _ranks_watched(http) if obs else None
             w1 = time.time()
             watch.stop()
@@ -324,6 +332,7 @@ def gpu_run(shape: GpuShape, mode: str, window: float, warmup: float, collector:
             "paused_seconds_per_rank_hour": pauses["paused_seconds"] / rank_hours,
             "agent_native_dumps": dumps1[0] - dumps0[0],
             "agent_native_dump_seconds": round(dumps1[1] - dumps0[1], 3),
+            "agent_pyspy_runs": dumps1[2] - dumps0[2],
             "observer_pct_core_per_rank": 100 * (c1 - c0) / (t1 - t0) / GPU_WORLD,
             "ranks_watched": watched, "per_rank": pauses["per_rank"],
             "load_1min": os.getloadavg()[0]}

@@ -58,8 +58,9 @@ def _still_rank(still_for: float) -> RankTracker:
     return t
 
 
-#: A rank's history counts after one round of progress (the default wants 10 over 20 s).
-WARM = PausePolicy(warm_rounds=1, warm_seconds=0.0)
+#: A rank's history counts after one round of progress (the default wants 10 over
+#: 20 s, and over 3x the threshold it sets).
+WARM = PausePolicy(warm_rounds=1, warm_seconds=0.0, warm_span=0.0)
 
 
 def test_native_dump_only_of_a_rank_still_past_the_threshold() -> None:

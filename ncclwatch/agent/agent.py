@@ -206,6 +206,9 @@ class Agent:
                     now)[:max(0, room)]:
                 if self._budget_spent(t, now):
                     continue
+                log.info("native dump of rank %s of %s (pid %d), which pauses it: %s",
+                         t.proc.identity.rank, for_log(t.proc.identity.job_id), t.pid,
+                         self.config.policy.why(t, now))
                 task = asyncio.create_task(self._dump_native(t), name=f"native-{t.pid}")
                 self._native[t.pid] = task
                 task.add_done_callback(lambda _t, pid=t.pid: self._native.pop(pid, None))

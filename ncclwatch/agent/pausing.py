@@ -10,12 +10,21 @@ whole of a long step. Stillness alone is no reason to pause.
 A rank's stillness is abnormal, and worth a pause, only when:
 
 - *its own history says so*: the rank has stepped for a while
-  (``warm_rounds`` rounds of progress over ``warm_seconds``), and this still
-  period is past ``factor x`` its longest normal one ``+ slack`` (never under
+  (``warm_rounds`` rounds of progress over ``warm_seconds``, and over at
+  least ``warm_span`` times the threshold it would set: a history must have
+  had the time to show still periods that long), and this still period is
+  past ``factor x`` its longest normal one ``+ slack`` (never under
   ``floor``, never over ``ceiling``), as the daemon learns its hang threshold
   from normal waits. A rank that never showed a normal still period (it
   makes no syscalls at all: batches through shared memory) is never paused
-  on its own history;
+  on its own history.
+
+  Why 3x, and why the span: a normal still period is often cut short. A
+  helper thread's writes, a GIL switch, a logger at the edge of the still
+  rate end it mid-step, so the longest one seen early can be a third of a
+  step; a peer's evaluation makes a step half as long again. At 2x with a
+  20 s warm-up, the healthy 30 s-step benchmark shape was paused
+  (BENCHMARKS.md);
 - or *the job's shape says a stall is under way*: the daemon, which sees
   every rank, asked (``DumpStacksCommand.native``: a peer in checkpoint work
   while this rank sits still), and the rank has sat still past the floor.
@@ -42,12 +51,14 @@ class PausePolicy:
     #: Past its history, pause a rank still this long at the latest.
     ceiling: float = 60.0
     #: Abnormal: still past factor x the longest normal still period + slack.
-    factor: float = 2.0
+    factor: float = 3.0
     slack: float = 2.0
     #: The rank's history counts once it made progress in this many rounds...
     warm_rounds: int = 10
     #: ...over at least this many seconds.
     warm_seconds: float = 20.0
+    #: ...and over this many times the threshold it would set.
+    warm_span: float = 3.0
     #: Seconds of pause (native dumps) per rank per hour; 0: no native dumps.
     budget: float = 10.0
 
@@ -57,7 +68,10 @@ class PausePolicy:
         never paused on its own history)."""
         if not h.warmed(self, now):
             return None
-        return min(max(self.ceiling, floor), max(floor, self.factor * h.longest + self.slack))
+        limit = min(max(self.ceiling, floor), max(floor, self.factor * h.longest + self.slack))
+        if now - h.first_at < self.warm_span * limit:
+            return None  # not watched long enough to know what is normal this long
+        return limit
 
 
 class StillHistory:

@@ -72,6 +72,19 @@ class StackPolicy:
         limit = self.pause.threshold(t.history, now, self.native_after)
         return limit is not None and now - t.still_since >= limit
 
+    def why(self, t: RankTracker, now: float) -> str:
+        """Why a rank is paused, in words for the agent's log (an operator
+        who sees a rank stopped asks first)."""
+        still = now - (t.still_since or now)
+        if t.native_asked is not None and t.still_since is not None \
+                and t.native_asked >= t.still_since:
+            return f"still {still:.1f}s while the daemon sees a stall's shape"
+        h = t.history
+        limit = self.pause.threshold(h, now, self.native_after)
+        return (f"still {still:.1f}s, past its normal (threshold {limit or 0:.1f}s: longest "
+                f"normal still period {h.longest:.1f}s of {len(h.recent)}, "
+                f"{h.rounds} rounds of progress over {now - (h.first_at or now):.0f}s)")
+
     def due(self, trackers: Iterable[RankTracker], now: float,
             over_budget: bool = False) -> list[RankTracker]:
         ranked: list[tuple[int, float, RankTracker]] = []
