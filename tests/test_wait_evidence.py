@@ -448,3 +448,56 @@ def test_the_flight_recorder_turns_a_compute_reading_into_a_waiter() -> None:
 ])
 def test_healthy_hang_shapes_stay_silent(name, samples) -> None:
     assert not _hang(Daemon(DaemonConfig()), samples), name
+
+
+# -- a hang's culprits: a peer still and idle may be a waiter not yet looked at ----------
+
+def _idle_peers(d: Daemon, now: float, seq: int, rank0: dict, rank1: dict, waited: float) -> None:
+    """Rank 2 waits in work.wait() (native frame) for ``waited`` s; ranks 0 and 1
+    sit still, idle (no CPU of their own, a stack that says nothing). The job
+    stepped with 1 s waits before: its hang threshold is learned (5 s)."""
+    r0 = (_s(0, S.COLLECTIVE, Op.WAIT, waited, still=waited + 1, **rank0)
+          if rank0.get("ev") is E.NATIVE_FRAME else
+          _s(0, S.IDLE, secs=waited + 20, still=waited + 1, **rank0))
+    d.ingest(report([r0,
+                     _s(1, S.IDLE, secs=waited + 20, still=waited + 1, **rank1),
+                     _s(2, S.COLLECTIVE, Op.WAIT, waited, still=waited, ev=E.NATIVE_FRAME,
+                        frame="c10d::Work::wait")], seq=seq), now=now)
+    waits = d.table.jobs["job-1"].waits
+    waits.first_at, waits.rounds = now - 600.0, 600
+    for _ in range(20):
+        waits.ended(Op.WAIT, 1.0, now)
+    assert waits.threshold(Op.WAIT, d.detect_cfg.waits, now) == 5.0
+    d.tick(now=now)
+
+
+def _hang_culprits(d: Daemon) -> list[int] | None:
+    inc = d.incidents.active.get(("job-1", StallKind.COLLECTIVE_HANG))
+    return None if inc is None else [c.rank for c in inc.finding.culprits]
+
+
+def test_a_still_idle_rank_not_yet_looked_at_natively_is_not_named_beside_a_decided_one() -> None:
+    # nccl-shaped-hang in CI: rank 2's native dump named its wait a round before
+    # rank 0's did; rank 0 (a waiter) was named beside rank 1 (asleep).
+    d = Daemon(DaemonConfig())
+    _idle_peers(d, 1000.0, 1, {}, {"no_wait": True}, waited=12.0)
+    assert _hang_culprits(d) == [1]
+
+
+def test_when_no_absent_rank_is_decided_the_hang_waits_for_a_native_verdict() -> None:
+    d = Daemon(DaemonConfig())
+    _idle_peers(d, 1000.0, 1, {}, {}, waited=12.0)
+    assert _hang_culprits(d) is None  # either may be a waiter: not yet
+    _idle_peers(d, 1002.0, 2, {"ev": E.NATIVE_FRAME, "frame": "c10d::Work::wait"},
+          {"no_wait": True}, waited=14.0)
+    # rank 0's own dump names its wait: it is a waiter, not a culprit
+    assert _hang_culprits(d) == [1]
+
+
+def test_past_the_hang_ceiling_undecided_ranks_are_named() -> None:
+    # Native dumps off (or the pause budget spent): the verdict never comes.
+    d = Daemon(DaemonConfig())
+    _idle_peers(d, 1000.0, 1, {}, {}, waited=12.0)
+    assert _hang_culprits(d) is None
+    _idle_peers(d, 1020.0, 2, {}, {}, waited=32.0)
+    assert _hang_culprits(d) == [0, 1]

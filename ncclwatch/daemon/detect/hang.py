@@ -35,8 +35,8 @@ from ncclwatch.daemon.detect import DetectConfig, Finding, blocked, culprit_of
 from ncclwatch.daemon.detect.shape import (elsewhere, fr_note, fr_waiting, live_ranks,
                                            movers, still_peers, still_since)
 from ncclwatch.daemon.table import Job, JobTable, RankRecord
-from ncclwatch.model import (CHECKPOINT_STATES, CollectiveOp, StallKind, WaitEvidence,
-                             rank_ranges)
+from ncclwatch.model import (CHECKPOINT_STATES, CollectiveOp, RankState, StallKind,
+                             WaitEvidence, rank_ranges)
 
 
 def hung(job: Job, now: float, cfg: DetectConfig):
@@ -59,6 +59,37 @@ def hung(job: Job, now: float, cfg: DetectConfig):
                 if ((rec.still_at is not None and rec.still_at <= still_at[rec.still_op])
                     if rec.progress_known else rec.since <= ceiling_at)]
     return select
+
+
+def undecided_idle(rec: RankRecord) -> bool:
+    """A rank that sits still with no CPU of its own and a stack that says
+    nothing (shown idle), with no native dump of this still period yet.
+
+    A rank blocked in a C++ wait (``work.wait()``, NCCL-shaped) looks exactly
+    so until its native dump names the wait, and so does a culprit asleep.
+    Its peers' dumps may land a round before its own: naming it then blames a
+    waiter (nccl-shaped-hang in CI named rank 0, which waited, beside rank 1,
+    asleep). It is left out of the culprits while a peer is decided, and while
+    none is, the finding waits for a native verdict, up to the hang ceiling.
+    """
+    return (rec.state is RankState.IDLE and rec.still_since is not None
+            and not rec.native_no_wait and rec.evidence is WaitEvidence.NONE)
+
+
+def decided(job: Job, absent: list[int], waiting, early: bool) -> list[int]:
+    """The absent ranks to name: the undecided ones left out while a peer is
+    decided; none yet (``early``, before the hang ceiling) when all are.
+
+    Only where the job's waits show no Python frame (a waiter is known by its
+    native frame): where they do (a c10d frame), a waiter would show it too,
+    and a still idle rank is not one."""
+    if not any(job.ranks[r].evidence is WaitEvidence.NATIVE_FRAME for r in waiting
+               if r in job.ranks):
+        return absent
+    undecided = {r for r in absent if undecided_idle(job.ranks[r])}
+    if len(undecided) < len(absent):
+        return [r for r in absent if r not in undecided]
+    return [] if early else absent
 
 
 def by_shape(job: Job, table: JobTable, now: float, cfg: DetectConfig) -> list[Finding]:
@@ -146,6 +177,9 @@ def detect(job: Job, table: JobTable, now: float, cfg: DetectConfig) -> list[Fin
             f"rank(s) {rank_ranges(unknown)} are gone or not reporting", unknown=tuple(unknown)))
     elsewhere = [r for r in absent if job.ranks[r].state not in CHECKPOINT_STATES]
     if elsewhere and len(elsewhere) == len(absent):
+        elsewhere = decided(job, elsewhere, waiting,
+                            early=now - b.started_at < cfg.hang_threshold)
+    if elsewhere:
         states = Counter(job.ranks[r].state.value for r in elsewhere)
         out.append(finding(
             StallKind.COLLECTIVE_HANG, elsewhere,
