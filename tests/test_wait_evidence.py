@@ -192,6 +192,44 @@ def test_a_still_rank_whose_own_thread_burns_nothing_is_idle() -> None:
     assert t2.still and t2.shown_state is S.COMPUTE
 
 
+def test_a_starved_rank_that_computes_is_not_idle() -> None:
+    # hang-compute in a CI run: the late rank computes in a tight loop, but on the
+    # loaded 2-core machine its thread got under 5% of a core between two samples,
+    # and the hang was blamed on an idle rank. The scheduler holds it runnable.
+    t = _tracker()
+    t.observe_process(_own(0, 0.0, 0.0), 0.0)
+    t.observe_process(_own(500, 1.0, 0.9), 1.0)
+    t.observe_stack(COMPUTE, "py-stack", 1.0)
+    starved = dataclasses.replace(_own(500, 1.6, 0.92), main_thread_state="R")
+    t.observe_process(starved, 2.0)
+    assert t.still and t.own_cpu_util < 0.05 and t.shown_state is S.COMPUTE
+    asleep = dataclasses.replace(_own(500, 2.2, 0.92), main_thread_state="S")
+    t.observe_process(asleep, 3.0)
+    assert t.shown_state is S.IDLE
+
+
+def test_own_thread_state_is_read_with_its_cpu() -> None:
+    from ncclwatch.agent.sample import ProcessSampler
+    code = ("import hashlib, sys, time\n"
+            "print('ready', flush=True)\n"
+            "if sys.argv[1] == 'spin':\n"
+            "    end = time.time() + 60\n"
+            "    while time.time() < end: pass\n"
+            "time.sleep(60)\n")
+    for mode, want in (("sleep", {"S"}), ("spin", {"R"})):
+        child = subprocess.Popen([sys.executable, "-c", code, mode], stdout=subprocess.PIPE,
+                                 text=True)
+        try:
+            assert child.stdout.readline().strip() == "ready"
+            time.sleep(0.3)
+            states = {ProcessSampler().sample(child.pid, with_files=False).main_thread_state
+                      for _ in range(3)}
+            assert states == want, (mode, states)
+        finally:
+            child.kill()
+            child.wait()
+
+
 def test_own_thread_cpu_is_read_apart_from_the_process() -> None:
     from ncclwatch.agent.sample import ProcessSampler
     code = ("import threading, time, hashlib\n"

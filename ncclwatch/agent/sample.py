@@ -77,6 +77,11 @@ class ProcessSample:
     #: it runs in): NCCL's and the job's helper threads spin, so the process's
     #: CPU cannot say whether the rank's Python is computing or sleeping.
     main_cpu_seconds: float | None = None
+    #: The same thread's scheduler state at the sample ("R" runnable, "S"
+    #: sleeping, "D" in the kernel, ...; "" unknown), from the same read. A
+    #: thread that computes on a starved machine gets little CPU but is "R":
+    #: low CPU alone does not make it idle.
+    main_thread_state: str = ""
     #: With ``side=True``: read/write calls of the threads other than the main
     #: one, from the same reading as ``progress_events`` (a Flight Recorder dump
     #: we asked for is written by torch's own thread; see tracker.dump_written).
@@ -149,7 +154,7 @@ class ProcessSampler:
             own = thread_progress(pid, tid)
             if own is not None:
                 calls, switches = own, 0
-        main_cpu = thread_cpu_seconds(pid, tid or pid)
+        main_cpu, main_state = thread_cpu(pid, tid or pid)
         return ProcessSample(
             pid=pid,
             cpu_seconds=cpu.user + cpu.system,
@@ -162,6 +167,7 @@ class ProcessSampler:
             memory_limits=limits,
             progress_events=calls + switches,
             main_cpu_seconds=main_cpu,
+            main_thread_state=main_state,
             side_events=others,
         )
 
@@ -280,17 +286,24 @@ def thread_progress(pid: int, tid: int, proc: str = "/proc") -> int | None:
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def thread_cpu_seconds(pid: int, tid: int, proc: str = "/proc") -> float | None:
-    """User + system CPU seconds of one thread (/proc/PID/task/TID/stat); None
-    if the thread is gone or unreadable."""
+def thread_cpu(pid: int, tid: int, proc: str = "/proc") -> tuple[float | None, str]:
+    """User + system CPU seconds of one thread and its scheduler state
+    (/proc/PID/task/TID/stat, one read); (None, "") if the thread is gone or
+    unreadable."""
     try:
         with open(f"{proc}/{pid}/task/{tid}/stat", "rb") as f:
             data = f.read()
         # comm (field 2) may hold spaces and parentheses: split after its last ')'.
         fields = data[data.rindex(b")") + 2:].split()
-        return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime: 14, 15
+        # state: field 3; utime, stime: 14, 15
+        return (int(fields[11]) + int(fields[12])) / _TICKS, fields[0].decode("ascii", "replace")
     except (OSError, ValueError, IndexError):
-        return None
+        return None, ""
+
+
+def thread_cpu_seconds(pid: int, tid: int, proc: str = "/proc") -> float | None:
+    """User + system CPU seconds of one thread; None if gone or unreadable."""
+    return thread_cpu(pid, tid, proc)[0]
 
 
 def _io_calls(path: str) -> int | None:

@@ -131,9 +131,12 @@ class RankTracker:
     @property
     def shown_state(self) -> RankState:
         """The state reported: the stack's, except a still rank whose stack
-        reads compute while its own thread burns no CPU is idle."""
+        reads compute while its own thread burns no CPU and is not runnable
+        is idle (on a starved machine a computing thread gets little CPU, but
+        the scheduler holds it runnable: it computes)."""
         if (self.state is RankState.COMPUTE and self.still_since is not None
-                and self.own_cpu_util is not None and self.own_cpu_util < IDLE_OWN_CPU):
+                and self.own_cpu_util is not None and self.own_cpu_util < IDLE_OWN_CPU
+                and (self.sample is None or self.sample.main_thread_state != "R")):
             return RankState.IDLE
         return self.state
 
