@@ -301,11 +301,6 @@ def thread_cpu(pid: int, tid: int, proc: str = "/proc") -> tuple[float | None, s
         return None, ""
 
 
-def thread_cpu_seconds(pid: int, tid: int, proc: str = "/proc") -> float | None:
-    """User + system CPU seconds of one thread; None if gone or unreadable."""
-    return thread_cpu(pid, tid, proc)[0]
-
-
 def _io_calls(path: str) -> int | None:
     """Read/write syscalls from a /proc io file (process or thread); None if unreadable."""
     try:

@@ -176,10 +176,11 @@ def detect(job: Job, table: JobTable, now: float, cfg: DetectConfig) -> list[Fin
             f"{len(waiting)} rank(s) wait in {'/'.join(o.value for o in ops)} while "
             f"rank(s) {rank_ranges(unknown)} are gone or not reporting", unknown=tuple(unknown)))
     elsewhere = [r for r in absent if job.ranks[r].state not in CHECKPOINT_STATES]
-    if elsewhere and len(elsewhere) == len(absent):
-        elsewhere = decided(job, elsewhere, waiting,
-                            early=now - b.started_at < cfg.hang_threshold)
-    if elsewhere:
+    # Absent ranks in checkpoint work are the checkpoint detector's.
+    named = (decided(job, elsewhere, waiting, early=now - b.started_at < cfg.hang_threshold)
+             if elsewhere and len(elsewhere) == len(absent) else [])
+    if named:
+        elsewhere = named
         states = Counter(job.ranks[r].state.value for r in elsewhere)
         out.append(finding(
             StallKind.COLLECTIVE_HANG, elsewhere,
