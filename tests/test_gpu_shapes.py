@@ -85,8 +85,9 @@ def test_a_rank_that_stops_joining_is_still_found_past_the_normal() -> None:
     # 8 s steps, then rank 1 reads a slow data pipeline (progress, another
     # frame) while ranks 0 and 2 wait for it, still: past their normal (2 x 8 s
     # + 2 s) and the ceiling (30 s), a provisional collective_hang naming rank 1.
+    # (Once they have stepped: 10 rounds of progress, over 20 s at least.)
     f = Feed()
-    _steps(f, 8, 5)
+    _steps(f, 8, 10)
     start = f.t
     for k in range(60):
         f.round({0: (S.COMPUTE, SPIN, float(k + 1)), 1: (S.DATALOADER, DATA, 0.0),
@@ -99,7 +100,7 @@ def test_a_rank_that_stops_joining_is_still_found_past_the_normal() -> None:
     assert 29.0 <= at - start <= 33.0, at - start
     # Long normal steps (30 s) push the shape's bar to 2 x 30 + 2 s, no further.
     g = Feed()
-    _steps(g, 30, 3)
+    _steps(g, 30, 10)
     start = g.t
     for k in range(90):
         g.round({0: (S.COMPUTE, SPIN, float(k + 1)), 1: (S.DATALOADER, DATA, 0.0),
@@ -133,3 +134,37 @@ def test_the_daemon_lets_agents_pause_only_beside_checkpoint_work() -> None:
                  2: (S.COMPUTE, SPIN, float(k))})
         asks.append(_native_asks(f))
     assert asks == [0, 0, 0, 1, 0, 1, 0, 1, 0, 1], asks
+
+
+def test_ranks_fed_through_shared_memory_are_still_for_ever_and_no_hang() -> None:
+    """Batches from shared memory or an mmap: after its start-up a rank makes
+    no read/write call, so it sits still through every step, for the life of
+    the job; rank 0 logs (at work, its last stack elsewhere). Its stillness
+    says nothing: no hang, however long (CI's gpu-shaped-healthy-8s-mmap row
+    was called a collective_hang naming rank 0 at 54 s)."""
+    f = Feed()
+    for _ in range(6):  # start-up: imports, rendezvous (progress every round)
+        f.round({r: (S.COMPUTE, SPIN, 0.0) for r in range(WORLD)})
+    for k in range(600):
+        f.round({0: (S.COMPUTE, LOG if k % 7 else SPIN, 0.0),
+                 1: (S.COMPUTE, SPIN, float(k + 1)), 2: (S.COMPUTE, SPIN, float(k + 1))})
+    assert f.alarms == [], f.alarms[:3]
+
+
+def test_a_rank_seen_stepping_only_briefly_is_not_yet_evidence() -> None:
+    # 9 rounds of progress over 8 s, then still 60 s beside a rank at work: not
+    # enough history to call the stillness a wait. One more round over 20 s is.
+    f = Feed()
+    for _ in range(9):
+        f.round({r: (S.COMPUTE, SPIN, 0.0) for r in range(WORLD)})
+    for k in range(60):
+        f.round({0: (S.COMPUTE, SPIN, float(k + 1)), 1: (S.DATALOADER, DATA, 0.0),
+                 2: (S.COMPUTE, SPIN, float(k + 1))})
+    assert f.alarms == [], f.alarms[:3]
+    # The 10th, 69 s after the first; the 60 s still period it ends is normal
+    # now, so the shape counts past 2 x 61 + 2 s.
+    f.round({r: (S.COMPUTE, SPIN, 0.0) for r in range(WORLD)})
+    for k in range(140):
+        f.round({0: (S.COMPUTE, SPIN, float(k + 1)), 1: (S.DATALOADER, DATA, 0.0),
+                 2: (S.COMPUTE, SPIN, float(k + 1))})
+    assert f.alarms and f.alarms[0][1:] == (StallKind.COLLECTIVE_HANG, (1,)), f.alarms[:3]

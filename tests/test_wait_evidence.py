@@ -405,8 +405,17 @@ def test_native_dump_pause_is_exported_as_a_histogram() -> None:
 
 # -- the job's shape outside checkpoint work (collective_hang) ----------------------------
 
-def _hang(d: Daemon, samples, now: float = 1000.0) -> list:
-    _feed(d, samples, now, 1)
+def _stepped(d: Daemon, before: float = 930.0) -> None:
+    """25 rounds of every rank making progress (a job that has stepped), from
+    ``before``: its stillness since means something (shape.stepped)."""
+    for i in range(25):
+        _feed(d, [_s(r, S.COMPUTE, secs=1, still=0.0) for r in range(3)], before + i, 100 + i)
+
+
+def _hang(d: Daemon, samples, now: float = 1000.0, stepped: bool = True) -> list:
+    if stepped:
+        _stepped(d)
+    _feed(d, samples, now, 1000)
     d.tick(now=now + 1)
     return [inc for (job, kind), inc in d.incidents.active.items()
             if kind is StallKind.COLLECTIVE_HANG]
@@ -422,6 +431,15 @@ def test_one_rank_at_work_while_the_rest_sit_still_is_a_provisional_hang() -> No
     assert f.provisional and [c.rank for c in f.culprits] == [1] and f.waiting == (0, 2)
     assert dict(f.evidence) == {0: E.STILLNESS, 2: E.STILLNESS}
     assert "provisional" in f.summary and "rank(s) 1 never joined (dataloader)" in f.summary
+
+
+def test_a_rank_never_seen_stepping_is_no_evidence() -> None:
+    # The same picture from ranks the daemon never saw make progress (fed by
+    # shared memory: still since they started): silent.
+    d = Daemon(DaemonConfig())
+    assert not _hang(d, [_s(1, S.DATALOADER, secs=45, still=0.0),
+                         *(_s(r, S.COMPUTE, secs=45, still=40) for r in (0, 2))],
+                     stepped=False)
 
 
 def test_the_shape_waits_for_the_hang_ceiling() -> None:

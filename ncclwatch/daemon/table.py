@@ -211,6 +211,11 @@ def _progress(job: Job, rec: RankRecord, still: float, changed: bool, recv: floa
     if still <= 0 and rec.still_since is not None:
         job.waits.still_ended(recv - rec.still_since)
         rec.still_ended(recv - rec.still_since)
+    if still <= 0:
+        rec.moved_rounds += 1
+        rec.moved_last = recv
+        if rec.moved_first is None:
+            rec.moved_first = recv
     if still > 0:
         rec.still_since = recv - still
         job.still.add(rec.rank)
@@ -262,6 +267,7 @@ class RankRecord:
         "rank_source", "container",
         "still_since", "still_at", "still_op", "since_agent", "progress_known",
         "_still_normal", "_still_before", "_still_count",
+        "moved_rounds", "moved_first", "moved_last",
         "file_first", "evidence", "native_frame", "native_no_wait", "start",
     )
 
@@ -321,6 +327,13 @@ class RankRecord:
         self._still_normal = 0.0
         self._still_before = 0.0
         self._still_count = 0
+        # Its rounds with progress, and the first and last of them (daemon
+        # clock): a rank that moved only while it started (a GPU rank fed by
+        # shared memory or mmap is still through every step) has shown no
+        # normal, and its stillness says nothing (shape.stepped).
+        self.moved_rounds = 0
+        self.moved_first: float | None = None
+        self.moved_last: float | None = None
         # Since when the rank has sat still (no progress) in its current wait,
         # daemon clock, and in which op; None: not in a still wait (or no reading).
         self.still_at: float | None = None

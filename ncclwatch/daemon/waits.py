@@ -52,6 +52,11 @@ class WaitPolicy:
     warmup: float = 20.0
     #: Evidence about an op (ended waits, progress rounds) before trusting it.
     min_op_evidence: int = 2
+    #: A rank's stillness is evidence of a wait (the job's shape) only once it
+    #: was seen making progress in this many rounds...
+    rank_warm_rounds: int = 10
+    #: ...spread over at least this many seconds: more than its start-up.
+    rank_warm_seconds: float = 20.0
 
 
 #: Ended waits kept per op (the longest of them sets the threshold).

@@ -25,6 +25,9 @@ against each rank's own normal: every rank equally still is a long step, not
 a hang; a rank counts as still only past its own normal still periods
 (``shape.past_normal``); and a rank at work on the frames the still ones sit
 on (rank 0 logging inside the step) is in the step, not missing from it.
+A rank counts only once it has shown that it steps (``shape.stepped``: 10
+rounds of progress over 20 s): one fed through shared memory or an mmap is
+still from its start-up on, healthy, and its stillness says nothing.
 """
 
 from __future__ import annotations

@@ -48,11 +48,24 @@ def past_normal(rec: RankRecord, threshold: float, policy: WaitPolicy) -> float:
     return max(threshold, policy.factor * normal + policy.slack) if normal > 0 else threshold
 
 
+def stepped(rec: RankRecord, policy: WaitPolicy) -> bool:
+    """The rank was seen making progress often enough, over long enough, for
+    its stillness to mean something: ``rank_warm_rounds`` rounds over
+    ``rank_warm_seconds``. A GPU rank whose batches come through shared memory
+    or an mmap makes no read/write calls after its start-up: it is still
+    through every step, healthy, for days; its peer at work (rank 0 logging)
+    would be named the culprit of a hang at the first ceiling (the
+    gpu-shaped-healthy-8s-mmap row, in CI)."""
+    return (rec.moved_rounds >= policy.rank_warm_rounds and rec.moved_first is not None
+            and rec.moved_last - rec.moved_first >= policy.rank_warm_seconds)
+
+
 def still_peers(job: Job, table: JobTable, now: float, threshold: float,
                 workers: set[int], policy: WaitPolicy | None = None) -> tuple[int, ...] | None:
     """The ranks outside ``workers`` and ``job.waiting`` if every one of them
     (and at least one) has sat still for ``threshold`` (and, with ``policy``,
-    past its own normal still periods: ``past_normal``), else None.
+    past its own normal still periods, ``past_normal``, having shown that it
+    steps, ``stepped``), else None.
 
     Every rank of the job must be live and fresh, with progress readings: a
     rank not heard from, one that moves, or one whose native dump found no
@@ -66,6 +79,8 @@ def still_peers(job: Job, table: JobTable, now: float, threshold: float,
         if r in workers or r in waiting:
             continue
         need = threshold if policy is None else past_normal(rec, threshold, policy)
+        if policy is not None and not stepped(rec, policy):
+            return None
         if (not rec.progress_known or rec.native_no_wait
                 or rec.still_since is None or rec.still_since > now - need
                 or rec.state in CHECKPOINT_STATES):
