@@ -45,10 +45,8 @@ def reason(t: RankTracker, now: float, policy: StackPolicy) -> str:
         return "first look"
     if t.quiet != t.quiet_at_last_dump:
         return "cpu went quiet or woke"
-    if t.still and not t.still_at_last_dump:
-        return "became still"
-    if not t.still and t.still_at_last_dump:
-        return "resumed"
+    if policy.still_news(t, now):
+        return "still past its normal" if t.still else "resumed from a wait"
     if t.files_changed():
         return "file opened for writing"
     if now - t.stack_at >= policy.slow_interval:

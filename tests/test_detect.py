@@ -210,6 +210,39 @@ def test_suspicious_job_gets_a_stack_request() -> None:
     assert [c.dump_stacks.job_id for c in resp.commands] == ["job-1"]
 
 
+def test_a_still_period_within_the_ranks_normal_asks_for_no_stacks() -> None:
+    """GPU-shaped ranks sit still through every step, their stacks from before
+    it (the agent looks past the rank's normal: policy.within_normal). The
+    daemon asks for fresh stacks of a still rank with an old stack only
+    past half the stall threshold *and* past the longest still period the
+    rank ended normally; before any is seen, at half the threshold."""
+    d = _daemon(stall_threshold=5)
+    now, seq = 0.0, 0
+
+    def rnd(still: float) -> list:
+        nonlocal now, seq
+        now += 1.0
+        seq += 1
+        samples = [sample("job-1", r, 2, S.COMPUTE, seconds=now) for r in range(2)]
+        for s in samples:
+            s.still_seconds = still
+            s.stack_age_seconds = still + 0.5  # taken before the still period
+        resp = d.ingest(report(samples, seq=seq), now=now)
+        d.tick(now=now)
+        return [c for c in resp.commands if c.HasField("dump_stacks")
+                and not c.dump_stacks.native]
+
+    asked_first = [i for i in range(1, 9) if rnd(float(i))]
+    assert asked_first and asked_first[0] <= 4  # no normal yet: half the threshold
+    rnd(0.0)  # the step ended: an 8 s still period was normal
+    for _ in range(5):  # steps of 8 s: still 1..8 s, then the next batch
+        asked = [i for i in range(1, 9) if rnd(float(i))]
+        assert asked == [], f"asked for stacks at {asked} s of a normal 8 s still period"
+        rnd(0.0)
+    asked = [i for i in range(1, 16) if rnd(float(i))]  # the step does not end
+    assert asked and 9 <= asked[0] <= 10, asked
+
+
 def test_after_a_restart_no_verdict_from_a_partial_picture() -> None:
     """A fresh daemon hears node-a (4 ranks waiting for 40 s) before node-b.
 

@@ -109,9 +109,9 @@ def test_policy_looks_again_when_progress_stops_and_not_while_it_goes_on() -> No
     t.observe_stack(AR, "ar", 0.0)
     for i in range(1, 6):                          # steps on: the all_reduce was passing
         t.observe_process(_ps(i * 0.9, i * 500), float(i))
-    assert p.suspect_wait(t) is None and p.due([t], 5.0) == []
+    assert p.suspect_wait(t, 5.0) is None and p.due([t], 5.0) == []
     t.observe_process(_ps(5.9, 2500), 6.0)         # stops: still flips
-    assert t.still and p.suspect_wait(t) == 2.0 and p.due([t], 6.0) == [t]
+    assert t.still and p.suspect_wait(t, 6.0) == 2.0 and p.due([t], 6.0) == [t]
     t.observe_stack(AR, "ar", 6.0)
     # Still and unchanged: looked at again, less and less often, down to the slow round.
     waits = []
@@ -134,7 +134,7 @@ def test_policy_looks_at_a_rank_that_opens_a_file_for_writing() -> None:
     assert p.due([t], 2.5) == [t]
     t.observe_stack(Classification(RankState.SAVING), "s", 2.5)
     t.observe_process(_ps(2.7, 1400, (OpenFile("/ckpt/step200.pt", 8192),)), 3.0)
-    assert p.suspect_wait(t) == 2.0             # checkpoint work: looked at again
+    assert p.suspect_wait(t, 3.0) == 2.0        # checkpoint work: looked at again
 
 
 @pytest.mark.parametrize("field", ["read_count", "write_count"])

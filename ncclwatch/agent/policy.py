@@ -10,6 +10,14 @@ a wait it has not progressed out of since. Repeated looks at an unchanged
 wait back off to the slow round; a per-round cap and a CPU budget bound the
 agent's own CPU.
 
+A GPU rank goes still at every step (it spins in a synchronize) and moves
+again at the next batch: looking at each change cost two dumps per rank per
+step, the agent's whole CPU on such jobs (BENCHMARKS.md). So a computing rank
+that goes still is looked at only once the still period is past its normal
+(``within_normal``: its longest still period so far) or the daemon sees a
+stall's shape around it, and one that resumes computing is not looked at
+before the slow round: it computes on, as its last stack said.
+
 Native dumps (``native_due``) are the one look that pauses a rank: only of a
 rank whose stillness is abnormal (pausing.py: past its own normal still
 periods, or the daemon saw a stall's shape), still past ``native_after``
@@ -101,17 +109,16 @@ class StackPolicy:
         if t.stack_at is None:
             return 1
         age = now - t.stack_at
-        wait = self.suspect_wait(t)
+        wait = self.suspect_wait(t, now)
         if wait is not None and age >= wait:
             return 2
         if age >= self.slow_interval:
             return 3
         return None
 
-    def suspect_wait(self, t: RankTracker) -> float | None:
+    def suspect_wait(self, t: RankTracker, now: float) -> float | None:
         """How soon to look again at a rank that may be stuck (None: not suspect)."""
-        if (t.quiet != t.quiet_at_last_dump or t.still != t.still_at_last_dump
-                or t.files_changed()):
+        if t.quiet != t.quiet_at_last_dump or self.still_news(t, now) or t.files_changed():
             return self.suspect_interval  # something changed since the last look
         if t.quiet or t.state in CHECKPOINT_STATES or _may_be_stuck(t):
             # The same picture again and again: look less often, down to the slow
@@ -119,6 +126,27 @@ class StackPolicy:
             backoff = 2.0 ** min(max(t.repeats - 2, 0), 4)
             return min(self.slow_interval, self.suspect_interval * backoff)
         return None
+
+    def still_news(self, t: RankTracker, now: float) -> bool:
+        """The rank went still, or moved again, since its last stack, and its
+        last stack cannot stand for it: it showed a wait, or (computing) the
+        still period is past the rank's normal."""
+        if t.still:
+            if t.stack_at is not None and t.stack_at >= t.still_since:
+                return False  # looked at in this still period
+            return t.state is not RankState.COMPUTE or not self.within_normal(t, now)
+        # Moving again: a wait it was seen in is over; computing, it computes on.
+        return t.still_at_last_dump and t.state is not RankState.COMPUTE
+
+    def within_normal(self, t: RankTracker, now: float) -> bool:
+        """A still period no longer than the rank's longest normal one (a
+        history that has warmed up), and no stall's shape seen around it."""
+        if t.still_since is None:
+            return False
+        if t.native_asked is not None and t.native_asked >= t.still_since:
+            return False
+        h = t.history
+        return h.warmed(self.pause, now) and now - t.still_since < h.longest
 
 
 def _may_be_stuck(t: RankTracker) -> bool:

@@ -453,11 +453,14 @@ class Daemon:
         since its last stack: the daemon's picture of it (compute, say) is
         from before it sat down, and where it sits now (a collective, behind
         a saving peer) is what a verdict needs. Once a stack is taken during
-        the stillness the rank no longer asks.
+        the stillness the rank no longer asks, nor while the still period is
+        within the rank's normal ones (a GPU rank is still through every
+        step: its agent looks past that normal, policy.within_normal).
         """
         if any(self._long_wait(job.ranks[r], now, half) for r in job.waiting):
             return True
-        return any(rec.still_since is not None and now - rec.still_since >= half
+        return any(rec.still_since is not None
+                   and now - rec.still_since >= max(half, rec.still_normal)
                    and (rec.stack_at is None or rec.stack_at < rec.still_since)
                    for rec in job.ranks.values())
 
