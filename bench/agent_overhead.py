@@ -362,18 +362,23 @@ def _work_rate(lines: list[str], w0: float, w1: float, units: int) -> float:
 
 
 def measure_gpu(quick: bool = False, warmup: float = 10.0, repeats: int = 1,
-                shapes: tuple[str, ...] = ()) -> dict:
-    """Every shape: without an observer, then under the agent, same work; repeated."""
+                shapes: tuple[str, ...] = (), window: float | None = None) -> dict:
+    """Every shape: without an observer, then under the agent, same work; repeated.
+
+    ``window`` (with a long ``warmup``): the agent's steady state, once each
+    rank's history of normal still periods has warmed up (10 rounds of
+    progress over 20 s; a minute or so at 8 s steps), which is what a job
+    that runs for hours pays."""
     chosen = [s for s in GPU_SHAPES if (not shapes or s.name in shapes)
               and (not quick or s.quick_window)]
     runs: list[dict] = []
     with _daemon() as (collector, http):
         for shape in chosen:
-            window = shape.quick_window if quick else shape.window
+            window_for = window or (shape.quick_window if quick else shape.window)
             units = None
             for _ in range(repeats):
                 for mode in ("none", "ncclwatch"):
-                    r = gpu_run(shape, mode, window, warmup, collector, http, units)
+                    r = gpu_run(shape, mode, window_for, warmup, collector, http, units)
                     units = r["units"]
                     print(json.dumps(r), file=sys.stderr, flush=True)
                     runs.append(r)
@@ -459,10 +464,13 @@ def main() -> int:
     ap.add_argument("--shape", action="append", default=[],
                     help="--gpu-shaped: only this shape (repeatable): "
                     + ", ".join(s.name for s in GPU_SHAPES))
+    ap.add_argument("--window", type=float, default=None,
+                    help="--gpu-shaped: watch every shape this long (the agent's CPU is "
+                    "read after --warmup; a warm-up of 120 s reads its steady state)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     if a.gpu_shaped:
-        r = measure_gpu(a.quick, a.warmup, a.repeats or 1, tuple(a.shape))
+        r = measure_gpu(a.quick, a.warmup, a.repeats or 1, tuple(a.shape), a.window)
         print(json.dumps(r, indent=1) if a.json else render_gpu(r))
         return 0
     r = measure(a.seconds, a.warmup, a.repeats or 2)
