@@ -135,6 +135,17 @@ def test_control_characters_in_names_are_escaped(tmp_path):
     assert "\\x1b" in out
 
 
+def test_diagnose_uses_the_one_escaper():
+    """Issue 29, item 9: diagnose kept an escaper of its own that let bidi
+    overrides, line separators and undecodable bytes of a log through; it is
+    sanitize's now (a tab stays a tab for the wrap)."""
+    from ncclwatch import sanitize
+    from ncclwatch.diagnose.render import escape
+    raw = "pg\u202eevil\u2028x\udcff\x1b[2J\x85\tend"
+    assert escape(raw) == "pg\\u202eevil\\u2028x\\xff\\x1b[2J\\x85\tend"
+    assert escape(raw).replace("\t", "") == sanitize.escape(raw.replace("\t", ""))
+
+
 def test_every_verdict_says_what_to_alert_on_and_what_to_rule_out():
     alerts = {r["alert"] for g in yaml.safe_load(
         (ROOT / "dashboards" / "prometheus" / "alerts.yaml").read_text())["groups"]

@@ -174,11 +174,50 @@ def test_the_rules_table() -> None:
         (Contest(True, old, new, True), ("retake_refused", False)),
         (Contest(True, new, old, False), ("kept", False)),
         (Contest(True, old, old + 1.0, False), ("kept", False)),   # within START_SLACK
-        (Contest(True, None, new, False), ("kept", False)),        # nothing to compare
+        (Contest(True, None, new, False), ("restarted", True)),    # a start beats none
+        (Contest(True, None, new, True), ("retake_refused", False)),
+        (Contest(True, None, None, False), ("kept", False)),       # nothing to compare
         (Contest(True, old, None, False), ("kept", False)),
     ]
     for contest, expected in cases:
         assert decide(contest) == expected, contest
+
+
+def test_a_squatter_that_hides_its_process_age_cannot_keep_a_rank(pki) -> None:
+    """A claim without a process start (``process_age_seconds`` 0: any
+    certificate holder may send that) is no evidence. Before, the first such
+    claim kept the rank against the node that runs it for as long as the
+    squatter kept reporting (``kept``: nothing to compare), and a job's world
+    size likewise. Now the node that shows its processes' starts takes the
+    ranks and the size, and the squatter cannot take them back without one."""
+    async def go():
+        async with TLSHarness(pki) as h:
+            a, b = client(pki, "node-a"), client(pki, "node-b")
+            (resp,) = await h.send(h.secure(b), _job("node-b", "agent-b", age=0.0,
+                                                     pid_base=9000))
+            assert not resp.rejected_jobs and _owners(h) == {"node-b"}
+            (resp,) = await h.send(h.secure(a), _job("node-a", "agent-a", age=3.0))
+            assert not resp.rejected_jobs and _owners(h) == {"node-a"}
+            assert {r.pid for r in h.daemon.table.jobs["job-1"].ranks.values()} == \
+                {1000, 1001, 1002, 1003}
+            # node-b, still reporting and still hiding its ages: set aside.
+            (resp,) = await h.send(h.secure(b), _job("node-b", "agent-b", age=0.0,
+                                                     pid_base=9100, seq=2))
+            assert not resp.rejected_jobs and _owners(h) == {"node-a"}
+            claims = await asyncio.to_thread(_claims, h)
+            assert claims["restarted"] == 4 and claims["kept"] == 4
+            # A job's world size: a squatter's guessed id, another size, no ages.
+            squat = checkpoint_job("job-2", world=2, node="node-b", agent="agent-b", seq=3)
+            for s in squat.report.samples:
+                s.identity.pid += 8000
+            await h.send(h.secure(b), squat)
+            assert h.daemon.table.jobs["job-2"].world_size == 2
+            (resp,) = await h.send(h.secure(a), _job("node-a", "agent-a", age=5.0, seq=2,
+                                                     job="job-2"))
+            assert not resp.rejected_jobs
+            job = h.daemon.table.jobs["job-2"]
+            assert job.world_size == 4 and _owners(h, "job-2") == {"node-a"}
+    _run(go())
 
 
 def test_a_claim_in_a_report_left_out_moves_nothing(pki) -> None:

@@ -284,3 +284,24 @@ def test_the_dump_watcher_reads_only_inside_the_rank_root(chrooted, walk) -> Non
     (inside / "trace_rank_0").write_bytes(dump)               # the rank's own
     got = watcher.poll()
     assert got is not None and got.path == path
+
+
+def test_the_previous_checkpoint_is_looked_for_only_inside_the_rank_root(chrooted, walk) -> None:
+    """The checkpoint directory (rankfs.newest_sibling, the sampler's "previous
+    checkpoint") walked like the pipe: a middle component that is an absolute
+    symlink naming a host directory means that path inside the rank's root,
+    and a FIFO or device named like a checkpoint is never offered."""
+    pid, root, tmp = chrooted
+    host_ck = tmp / "hostck"
+    (host_ck / "run").mkdir(parents=True)
+    (host_ck / "run" / "step2.pt").write_bytes(b"h" * 700)   # the host's: never offered
+    (root / "data").mkdir()
+    (root / "data" / "ck").symlink_to(str(host_ck))
+    assert rankfs.newest_sibling(pid, "/data/ck/run", ".pt", exclude="", uid=None) == ("", 0)
+    run = root / str(host_ck)[1:] / "run"
+    run.mkdir(parents=True)
+    (run / "step1.pt").write_bytes(b"r" * 300)
+    os.mkfifo(run / "step9.pt")
+    os.mknod(run / "step8.pt", 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+    assert rankfs.newest_sibling(pid, "/data/ck/run", ".pt", exclude="", uid=None) == \
+        ("/data/ck/run/step1.pt", 300)

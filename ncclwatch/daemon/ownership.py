@@ -14,7 +14,8 @@ What the rules can and cannot tell: a claim made before the rank's process
 started (a squatter that guessed the job id) loses as soon as the real process
 is reported, and cannot win it back with a newer fake process (one takeover
 by a later start per rank per ``TAKEOVER_WINDOW`` for a node that held it). A node that
-claims a rank whose process is already reported, with a newer start time, is
+claims a rank whose process is already reported, with a newer start time (or
+whose owner showed no start at all: a claim without one is no evidence), is
 taken for a restart elsewhere and owns it; the other node's claim stays
 shown as the contender. The daemon cannot tell two certificate holders'
 words apart beyond that: the conflict is always visible, never silent.
@@ -61,8 +62,13 @@ class Contest:
 
 
 def _later(c: Contest) -> bool:
-    return (c.start is not None and c.owner_start is not None
-            and c.start > c.owner_start + START_SLACK)
+    """The challenger shows a process start, and the owner showed none or an
+    earlier one. A claim with no start (``process_age_seconds`` 0, as any
+    certificate holder may send) is no evidence: it never outweighs a node
+    that shows its process's start, so a squatter cannot keep a rank by
+    hiding its age."""
+    return c.start is not None and (c.owner_start is None
+                                    or c.start > c.owner_start + START_SLACK)
 
 
 #: (outcome, whether the challenger takes the rank, when): first match decides.
@@ -162,12 +168,14 @@ class Ownership:
         ages = [s.identity.process_age_seconds for s in report.samples
                 if s.identity.job_id == job_id]
         live = [r for k, r in job.ranks.items() if k >= 0 and table.fresh(r, now)]
-        starts = [r.start for r in live]
+        # A member that showed no start is no evidence against a report that
+        # shows its processes' starts (a squatter hiding its ages).
+        starts = [r.start for r in live if r.start is not None]
         held = self._held.get((job_id, -1, node))
-        later = bool(ages) and all(a > 0 for a in ages) and None not in starts and all(
+        later = bool(ages) and all(a > 0 for a in ages) and all(
             now - a > s + START_SLACK for a in ages for s in starts)
         outcome, takes = decide(Contest(owner_fresh=bool(live),
-                                        owner_start=max(starts) if live and later else None,
+                                        owner_start=max(starts) if starts and later else None,
                                         start=now if later else None,
                                         held_lately=held is not None
                                         and now - held < TAKEOVER_WINDOW))

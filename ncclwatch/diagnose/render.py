@@ -10,21 +10,22 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-import re
 import textwrap
 
+from ncclwatch import sanitize
 from ncclwatch.diagnose import Diagnosis
 from ncclwatch.diagnose.verdict import who
 from ncclwatch.model import rank_ranges
 
 
 WIDTH = 100
-_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 
 
 def escape(text: str) -> str:
-    """Control characters (newlines included) as visible escapes."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    """Control characters (newlines included), undecodable bytes, line separators
+    and bidirectional overrides as visible escapes: the one escaper
+    (``ncclwatch.sanitize.escape``); a tab stays a tab (the wrap expands it)."""
+    return "\t".join(sanitize.escape(part) for part in text.split("\t"))
 
 
 def _fit(line: str) -> list[str]:
