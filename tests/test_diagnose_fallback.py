@@ -268,3 +268,23 @@ def test_each_shape_alone_is_quoted_with_its_line_number(tmp_path, shape):
     assert any(w.startswith(f"{log}:") and 2 <= int(w.rsplit(":", 1)[1]) <= 1 + len(lines)
                for w, _why in d.evidence), (shape, d.evidence)
 
+
+#: Ray's dead-worker lines (issue 28 item 2: "worker crashed"), in Ray's own wording: the
+#: exception ray.get raises (python/ray/exceptions.py, WorkerCrashedError.__str__) and the
+#: raylet's line (as pasted in verl-project/verl#1664, trimmed after its first sentence).
+RAY_WORKER_LINES = (
+    "ray.exceptions.WorkerCrashedError: The worker died unexpectedly while executing this task. "
+    "Check python-core-worker-*.log files for more information.",
+    "(raylet) A worker died or was killed while executing a task by an unexpected system error. "
+    "To troubleshoot the problem, check the logs for the dead worker.",
+)
+
+
+@pytest.mark.parametrize("line", RAY_WORKER_LINES, ids=["WorkerCrashedError", "raylet_worker_died"])
+def test_a_crashed_ray_worker_is_a_crash(tmp_path, line):
+    log = tmp_path / "pasted.log"
+    log.write_text("Training Progress:  98%|#########8| 59/60 [10:03:47<10:14, 614.03s/it]\n"
+                   + line + "\n")
+    d = diagnose([log])
+    assert d.cls == "rank_crash", (d.cls, d.summary, d.evidence)
+    assert any(w == f"{log}:2" for w, _why in d.evidence), d.evidence
