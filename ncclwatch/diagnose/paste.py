@@ -59,6 +59,10 @@ LINE_STARTS: tuple[str, ...] = (
     # How a process's death is printed (issue 28): the shell, libc, faulthandler, Slurm.
     r"Killed\b", r"Segmentation fault", r"Aborted \(", r"Fatal Python error", r"Error \w",
     r"(?:srun|slurmstepd): ",
+    # Python's threading and unraisable hooks start their own line ("Exception in thread
+    # Thread-3 (_pin_memory_loop):", "Exception ignored in: ..."); a pdsh-style host tag
+    # ("worker-3: ", "node12: ", as pdsh and DeepSpeed's multi-node runner print it).
+    r"Exception (?:in|ignored in)\b", r"[A-Za-z][\w.-]*\d: ",
 )
 _LINE_START = re.compile("|".join(f"(?:{s})" for s in LINE_STARTS))
 #: A wrapped line is long; shorter ones ended where they did.

@@ -416,10 +416,11 @@ Slurm `srun --label` log, a gzipped log, Flight Recorder dumps
 `public/<name>/` holds real logs that users pasted into public GitHub issues
 and pull requests (pytorch, accelerate, transformers, Lightning, DeepSpeed,
 torchtune, Megatron, NCCL and projects using them; issue 28 added 46 failing and
-23 healthy logs from projects not held before: verl, OpenRLHF, NeMo, Ray-based RL
+23 healthy logs, 48 of the 69 from projects not held before (Ray-based RL
 trainers, Kubeflow and Kubernetes, Slurm jobs, t5x, torch_xla, Stable Diffusion
-trainers and more, at least 10 of them OOM kills or segfaults during a save and
-many cut off mid-trace), kept exactly as pasted:
+trainers and more; the rest from verl, OpenRLHF, NeMo, torchtune, axolotl,
+LlamaFactory and others already held), 10 of them OOM kills or segfaults during
+a save and 28 failing ones cut off mid-trace), kept exactly as pasted:
 partial pastes cut mid-line, glued progress bars, interleaved stdout/stderr,
 terminal hard wraps, user elisions, markdown quoting, log-viewer line numbers,
 Ray/host/timestamp prefixes, GitHub-flattened one-line pastes. Each is a small
