@@ -86,6 +86,55 @@ def test_spawn_index_not_final_while_bootstrapping_and_final_for_other_children(
     assert wrap_index(other) == (None, True)
 
 
+def test_spawn_index_not_final_before_the_target_runs_or_when_locals_were_not_read() -> None:
+    """A nonblocking read of a running child can catch it between ``_bootstrap``
+    and its target, or read ``_wrap`` without its locals: neither is "some other
+    target" (final), or the worker keeps its environment's identity for life."""
+    threads = json.loads((DATA / "launchers" / "spawn_worker_locals.json").read_text())
+    frames = threads[0]["frames"]
+    names = [f["name"] for f in frames]
+    bootstrapping = [{**threads[0], "frames": frames[names.index("BaseProcess._bootstrap"):]}]
+    assert wrap_index(bootstrapping) == (None, False)
+    no_locals = [{**threads[0], "frames": [{**f, "locals": None} for f in frames]}]
+    assert wrap_index(no_locals) == (None, False)
+
+
+def test_spawn_index_reads_again_before_calling_a_child_no_worker(tmp_path) -> None:
+    """One read that finds a running target without ``_wrap`` is confirmed by a
+    second: a real py-spy's first read missed the frame (a shim replays the
+    recorded dumps: the first without ``_wrap``, then the whole one)."""
+    import os
+    import stat
+    import sys
+
+    from ncclwatch.agent.launchers import spawn_index
+    threads = json.loads((DATA / "launchers" / "spawn_worker_locals.json").read_text())
+    frames = threads[0]["frames"]
+    names = [f["name"] for f in frames]
+    other = [{**threads[0], "frames": frames[names.index("BaseProcess.run"):]}]
+    (tmp_path / "1.json").write_text(json.dumps(other))
+    (tmp_path / "2.json").write_text(json.dumps(threads))
+    calls = tmp_path / "calls"
+    shim = tmp_path / "py-spy"
+    shim.write_text(f"#!{sys.executable}\n"
+                    "import pathlib, sys\n"
+                    f"calls = pathlib.Path({str(calls)!r})\n"
+                    "n = len(calls.read_text().splitlines()) + 1 if calls.exists() else 1\n"
+                    "calls.write_text((calls.read_text() if calls.exists() else '') "
+                    "+ ' '.join(sys.argv[1:]) + '\\n')\n"
+                    f"sys.stdout.write(pathlib.Path({str(tmp_path)!r}, f'{{min(n, 2)}}.json')"
+                    ".read_text())\n")
+    shim.chmod(shim.stat().st_mode | stat.S_IEXEC)
+    assert spawn_index(os.getpid(), str(shim)) == (1, True)
+    lines = calls.read_text().splitlines()
+    assert len(lines) == 2 and all("--nonblocking" in line for line in lines), lines
+    # A child that runs another target in both reads is no worker: final.
+    calls.unlink()
+    (tmp_path / "2.json").write_text(json.dumps(other))
+    assert spawn_index(os.getpid(), str(shim)) == (None, True)
+    assert len(calls.read_text().splitlines()) == 2
+
+
 # -- rank variables -------------------------------------------------------------
 
 JOB = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
@@ -431,6 +480,37 @@ def test_lightning_node_1_numbered_once_all_children_are_up(spawned) -> None:
     assert by_rank[3] == (parent.pid, "children_env"), found
     assert {by_rank[4][1], by_rank[5][1]} == {"env:NODE_RANK+LOCAL_RANK"}, found
     assert {j for *_, j in found.values()} == {"master:10.1.1.1:29401/6"}
+
+
+def test_a_child_between_fork_and_exec_is_no_rank_while_young(spawned) -> None:
+    """A child that has not exec'd shows its parent's command line, environment
+    and maps: a worker of mp.spawn under srun, caught there under load, was read
+    as the srun task (rank 0 of 1) and kept for life (CI, 1 in 22 runs under a
+    CPU hog). Here the fork never execs: no verdict while it is young; from
+    YOUNG on it is read again (a fork of a rank: the oldest process keeps it)."""
+    import time
+
+    from ncclwatch.agent.discover import YOUNG, Discovery
+    parent = spawned(["PY", "-c", "import torch.distributed, os, sys, time\n"
+                      "pid = os.fork()\n"
+                      "if pid == 0:\n    time.sleep(60); os._exit(0)\n"
+                      "print(pid, flush=True); time.sleep(60)"], SLURM)
+    child = int(parent.stdout.readline())
+    d = Discovery("n")
+    born = psutil_create_time(child)
+    found = _found(d, {parent.pid, child})
+    assert time.time() - born < YOUNG, "the machine is too slow to see the fork young"
+    assert d._seen[child].rank is None and d._seen[child].recheck, d._seen[child]
+    assert found == {parent.pid: (0, 1, "env:SLURM_PROCID", "slurm:4242.0")}, found
+    time.sleep(max(0.0, born + YOUNG + 0.5 - time.time()))
+    found = _found(d, {parent.pid, child})
+    assert d._seen[child].rank is not None  # read again once it is no longer young
+    assert found == {parent.pid: (0, 1, "env:SLURM_PROCID", "slurm:4242.0")}, found
+
+
+def psutil_create_time(pid: int) -> float:
+    import psutil
+    return psutil.Process(pid).create_time()
 
 
 def test_mp_spawn_under_srun_workers_by_spawn_index_parent_is_no_rank(spawned) -> None:

@@ -139,6 +139,13 @@ class Discovery:
                     cached.rank is None or not self._reused(pid, cached.create_time)):
                 continue
             seen = self._inspect(pid, now)
+            if (seen.rank is not None and seen.create_time
+                    and now - seen.create_time < YOUNG and _unexeced(pid, seen.ppid)):
+                # A child caught between fork and exec shows its parent's command
+                # line, environment and maps: an mp.spawn worker under srun read
+                # as the srun task itself (rank 0 of 1, CI), kept for life. No
+                # verdict while young (a fork that never execs is read at YOUNG).
+                seen.rank, seen.recheck = None, True
             if (seen.rank is None and not seen.recheck
                     and seen.create_time and now - seen.create_time < YOUNG):
                 # A launcher's child caught between fork and exec shows the
@@ -426,6 +433,14 @@ def _int(value: str | None) -> int | None:
         return int(value) if value is not None else None
     except ValueError:
         return None
+
+
+def _unexeced(pid: int, ppid: int) -> bool:
+    """``pid`` runs its parent's command line: a fork that has not exec'd (yet)."""
+    try:
+        return ppid > 1 and psutil.Process(pid).cmdline() == psutil.Process(ppid).cmdline()
+    except psutil.Error:
+        return False
 
 
 def _one_per_rank(candidates: list[RankProcess]) -> list[RankProcess]:

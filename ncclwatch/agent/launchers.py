@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import subprocess
+import time
 from dataclasses import dataclass
 
 from ncclwatch.agent.pyspy import PySpyError, view_args
@@ -132,9 +133,25 @@ def spawn_index(pid: int, pyspy: str | None, timeout: float = 2.0) -> tuple[int 
     One ``py-spy dump --locals --nonblocking`` (never pauses the process). Not
     final while the child still bootstraps (unpickling its target, importing
     the user's module) or py-spy failed: the caller may look again later.
+    "Running some other target" is final, so it is read twice, a moment
+    apart: a nonblocking read of a running process can miss a frame, and a
+    rank once taken for a non-worker keeps the identity its environment
+    gives it (a worker of mp.spawn under srun read as the srun task, CI).
     """
     if pyspy is None:
         return None, True
+    index, final = _dump_index(pid, pyspy, timeout)
+    if index is None and final:
+        time.sleep(CONFIRM_DELAY)
+        index, final = _dump_index(pid, pyspy, timeout)
+    return index, final
+
+
+#: Seconds between the two reads that find no ``_wrap`` under a running target.
+CONFIRM_DELAY = 0.2
+
+
+def _dump_index(pid: int, pyspy: str, timeout: float) -> tuple[int | None, bool]:
     try:
         out = subprocess.run([pyspy, "dump", "--json", "--locals", "--nonblocking",
                               "--pid", str(pid)], capture_output=True, text=True,
@@ -153,9 +170,10 @@ def spawn_index(pid: int, pyspy: str | None, timeout: float = 2.0) -> tuple[int 
     return wrap_index(threads)
 
 
-#: The frame a multiprocessing child runs its target under: once it is on
-#: the stack without SPAWN_WRAP, the child is no mp.spawn worker.
-BOOTSTRAP = ("_bootstrap", "multiprocessing/process.py")
+#: The frame a multiprocessing child runs its target in: once it is on the
+#: stack without SPAWN_WRAP, the child is no mp.spawn worker (``_bootstrap``
+#: alone is not enough: the child may not have called its target yet).
+RUN = ("run", "multiprocessing/process.py")
 
 
 def wrap_index(threads: list[dict]) -> tuple[int | None, bool]:
@@ -170,8 +188,8 @@ def wrap_index(threads: list[dict]) -> tuple[int | None, bool]:
                         try:
                             return int(var.get("repr", "")), True
                         except ValueError:
-                            return None, True
-                return None, True
-            if name.endswith(BOOTSTRAP[0]) and path.endswith(BOOTSTRAP[1]):
+                            return None, False
+                return None, False  # its locals not read this time: look again
+            if name.rsplit(".", 1)[-1] == RUN[0] and path.endswith(RUN[1]):
                 running = True
     return None, running
