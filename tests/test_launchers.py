@@ -68,16 +68,21 @@ def test_spawn_children_by_command_line(cmdline, expected) -> None:
     assert is_spawn_child(cmdline) is expected
 
 
-def test_spawn_index_from_a_real_py_spy_locals_dump() -> None:
-    """Recorded from worker 1 of tests/workloads/launch_spawn.py (py-spy --locals)."""
+def _spawn_worker_dump() -> tuple[list[dict], list[dict], list[str]]:
+    """Recorded from worker 1 of tests/workloads/launch_spawn.py (py-spy --locals):
+    the threads, the main thread's frames and their names."""
     threads = json.loads((DATA / "launchers" / "spawn_worker_locals.json").read_text())
+    frames = threads[0]["frames"]
+    return threads, frames, [f["name"] for f in frames]
+
+
+def test_spawn_index_from_a_real_py_spy_locals_dump() -> None:
+    threads, _, _ = _spawn_worker_dump()
     assert wrap_index(threads) == (1, True)
 
 
 def test_spawn_index_not_final_while_bootstrapping_and_final_for_other_children() -> None:
-    threads = json.loads((DATA / "launchers" / "spawn_worker_locals.json").read_text())
-    frames = threads[0]["frames"]
-    names = [f["name"] for f in frames]
+    threads, frames, names = _spawn_worker_dump()
     # Still unpickling its target: nothing to say yet, look again later.
     starting = [{**threads[0], "frames": frames[names.index("_main"):]}]
     assert wrap_index(starting) == (None, False)
@@ -90,9 +95,7 @@ def test_spawn_index_not_final_before_the_target_runs_or_when_locals_were_not_re
     """A nonblocking read of a running child can catch it between ``_bootstrap``
     and its target, or read ``_wrap`` without its locals: neither is "some other
     target" (final), or the worker keeps its environment's identity for life."""
-    threads = json.loads((DATA / "launchers" / "spawn_worker_locals.json").read_text())
-    frames = threads[0]["frames"]
-    names = [f["name"] for f in frames]
+    threads, frames, names = _spawn_worker_dump()
     bootstrapping = [{**threads[0], "frames": frames[names.index("BaseProcess._bootstrap"):]}]
     assert wrap_index(bootstrapping) == (None, False)
     no_locals = [{**threads[0], "frames": [{**f, "locals": None} for f in frames]}]
@@ -108,9 +111,7 @@ def test_spawn_index_reads_again_before_calling_a_child_no_worker(tmp_path) -> N
     import sys
 
     from ncclwatch.agent.launchers import spawn_index
-    threads = json.loads((DATA / "launchers" / "spawn_worker_locals.json").read_text())
-    frames = threads[0]["frames"]
-    names = [f["name"] for f in frames]
+    threads, frames, names = _spawn_worker_dump()
     other = [{**threads[0], "frames": frames[names.index("BaseProcess.run"):]}]
     (tmp_path / "1.json").write_text(json.dumps(other))
     (tmp_path / "2.json").write_text(json.dumps(threads))
@@ -490,6 +491,8 @@ def test_a_child_between_fork_and_exec_is_no_rank_while_young(spawned) -> None:
     YOUNG on it is read again (a fork of a rank: the oldest process keeps it)."""
     import time
 
+    import psutil
+
     from ncclwatch.agent.discover import YOUNG, Discovery
     parent = spawned(["PY", "-c", "import torch.distributed, os, sys, time\n"
                       "pid = os.fork()\n"
@@ -497,7 +500,7 @@ def test_a_child_between_fork_and_exec_is_no_rank_while_young(spawned) -> None:
                       "print(pid, flush=True); time.sleep(60)"], SLURM)
     child = int(parent.stdout.readline())
     d = Discovery("n")
-    born = psutil_create_time(child)
+    born = psutil.Process(child).create_time()
     found = _found(d, {parent.pid, child})
     assert time.time() - born < YOUNG, "the machine is too slow to see the fork young"
     assert d._seen[child].rank is None and d._seen[child].recheck, d._seen[child]
@@ -506,11 +509,6 @@ def test_a_child_between_fork_and_exec_is_no_rank_while_young(spawned) -> None:
     found = _found(d, {parent.pid, child})
     assert d._seen[child].rank is not None  # read again once it is no longer young
     assert found == {parent.pid: (0, 1, "env:SLURM_PROCID", "slurm:4242.0")}, found
-
-
-def psutil_create_time(pid: int) -> float:
-    import psutil
-    return psutil.Process(pid).create_time()
 
 
 def test_mp_spawn_under_srun_workers_by_spawn_index_parent_is_no_rank(spawned) -> None:

@@ -62,20 +62,25 @@ def _owners(h: TLSHarness, job: str = "job-1") -> set[str]:
     return {r.node for r in h.daemon.table.jobs[job].ranks.values()}
 
 
+async def _squatted_then_run(h: TLSHarness, a, b, *, squatter_age: float) -> None:
+    """node-b guessed job-1's id and claims its four ranks (processes
+    ``squatter_age`` s old; 0: no start shown) before the job starts; then the
+    real processes start on node-a: never refused, and they own the ranks."""
+    (resp,) = await h.send(h.secure(b), _job("node-b", "agent-b", age=squatter_age,
+                                             pid_base=9000))
+    assert not resp.rejected_jobs and _owners(h) == {"node-b"}
+    (resp,) = await h.send(h.secure(a), _job("node-a", "agent-a", age=3.0))
+    assert not resp.rejected_jobs
+    assert _owners(h) == {"node-a"}
+    assert {r.pid for r in h.daemon.table.jobs["job-1"].ranks.values()} == \
+        {1000, 1001, 1002, 1003}
+
+
 def test_a_squatter_before_the_job_starts_loses_to_the_node_that_runs_it(pki) -> None:
     async def go():
         async with TLSHarness(pki) as h:
             a, b = client(pki, "node-a"), client(pki, "node-b")
-            # node-b guessed the id and claims all four ranks before the job starts.
-            (resp,) = await h.send(h.secure(b), _job("node-b", "agent-b", age=600.0,
-                                                     pid_base=9000))
-            assert not resp.rejected_jobs and _owners(h) == {"node-b"}
-            # The real processes start on node-a: never refused, and they own the ranks.
-            (resp,) = await h.send(h.secure(a), _job("node-a", "agent-a", age=3.0))
-            assert not resp.rejected_jobs
-            assert _owners(h) == {"node-a"}
-            assert {r.pid for r in h.daemon.table.jobs["job-1"].ranks.values()} == \
-                {1000, 1001, 1002, 1003}
+            await _squatted_then_run(h, a, b, squatter_age=600.0)
             # node-b cannot win it back with "new" processes of its own.
             (resp,) = await h.send(h.secure(b), _job("node-b", "agent-b", age=0.5,
                                                      pid_base=9100, seq=2))
@@ -193,13 +198,7 @@ def test_a_squatter_that_hides_its_process_age_cannot_keep_a_rank(pki) -> None:
     async def go():
         async with TLSHarness(pki) as h:
             a, b = client(pki, "node-a"), client(pki, "node-b")
-            (resp,) = await h.send(h.secure(b), _job("node-b", "agent-b", age=0.0,
-                                                     pid_base=9000))
-            assert not resp.rejected_jobs and _owners(h) == {"node-b"}
-            (resp,) = await h.send(h.secure(a), _job("node-a", "agent-a", age=3.0))
-            assert not resp.rejected_jobs and _owners(h) == {"node-a"}
-            assert {r.pid for r in h.daemon.table.jobs["job-1"].ranks.values()} == \
-                {1000, 1001, 1002, 1003}
+            await _squatted_then_run(h, a, b, squatter_age=0.0)
             # node-b, still reporting and still hiding its ages: set aside.
             (resp,) = await h.send(h.secure(b), _job("node-b", "agent-b", age=0.0,
                                                      pid_base=9100, seq=2))

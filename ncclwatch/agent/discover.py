@@ -139,19 +139,17 @@ class Discovery:
                     cached.rank is None or not self._reused(pid, cached.create_time)):
                 continue
             seen = self._inspect(pid, now)
-            if (seen.rank is not None and seen.create_time
-                    and now - seen.create_time < YOUNG and _unexeced(pid, seen.ppid)):
-                # A child caught between fork and exec shows its parent's command
-                # line, environment and maps: an mp.spawn worker under srun read
-                # as the srun task itself (rank 0 of 1, CI), kept for life. No
-                # verdict while young (a fork that never execs is read at YOUNG).
-                seen.rank, seen.recheck = None, True
-            if (seen.rank is None and not seen.recheck
-                    and seen.create_time and now - seen.create_time < YOUNG):
-                # A launcher's child caught between fork and exec shows the
-                # launcher's own command line and environment: young verdicts,
-                # a launcher's included, are not final.
-                seen.recheck = True
+            if seen.create_time and now - seen.create_time < YOUNG:
+                # A child caught between fork and exec shows its parent's (a
+                # launcher's) command line, environment and maps: young verdicts
+                # are not final, and a young child that still runs its parent's
+                # command line is no rank yet (an mp.spawn worker under srun was
+                # read as the srun task, rank 0 of 1, for life; CI). A fork that
+                # never execs is read once it is no longer young.
+                if seen.rank is not None and _unexeced(pid, seen.ppid):
+                    seen.rank = None
+                if seen.rank is None:
+                    seen.recheck = True
             self._seen[pid] = seen
         self._settle_ray(now)
         return _one_per_rank(self._resolve())
