@@ -50,10 +50,19 @@ import time
 import urllib.request
 from dataclasses import asdict, dataclass
 
-from bench.loadgen import (PROTOCOL, RANKS_PER_NODE, Clients, DaemonProc, JobSpec, Pool,
-                           SimAgent, check_assembly, fleet)
+from bench.loadgen import (
+    PROTOCOL,
+    RANKS_PER_NODE,
+    Clients,
+    DaemonProc,
+    JobSpec,
+    Pool,
+    SimAgent,
+    check_assembly,
+    fleet,
+)
 from ncclwatch.agent.delta import SNAPSHOT_EVERY
-from ncclwatch.daemon.table import CURVE_POINTS, CURVE_SPAN, CURVE_STEP
+from ncclwatch.daemon.curve import CURVE_POINTS, CURVE_SPAN, CURVE_STEP
 from ncclwatch.shard import shard
 from ncclwatch.v1 import collector_pb2 as pb
 

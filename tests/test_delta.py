@@ -15,7 +15,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ncclwatch.agent.delta import BRIEF, CHANGE, FULL, SNAPSHOT_EVERY, StreamDeltas, how_sent
+from ncclwatch.agent.delta import (
+    BRIEF,
+    CHANGE,
+    FULL,
+    SNAPSHOT_EVERY,
+    StreamDeltas,
+    how_sent,
+)
 from ncclwatch.agent.uplink import Uplink
 from ncclwatch.daemon import validate
 from ncclwatch.daemon.core import Daemon, DaemonConfig
@@ -391,7 +398,7 @@ def test_an_agent_falls_back_to_full_samples_for_a_daemon_that_speaks_only_1(
 
 
 def test_a_steady_ranks_curve_keeps_only_the_last_span_of_points() -> None:
-    from ncclwatch.daemon.table import CURVE_POINTS, CURVE_SPAN, Curve
+    from ncclwatch.daemon.curve import CURVE_POINTS, CURVE_SPAN, Curve
     every_snapshot, every_round = Curve(), Curve()
     for i in range(1200):  # 20 minutes
         t = 1000.0 + i

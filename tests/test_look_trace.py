@@ -7,6 +7,7 @@ from bench.look_trace import reason
 from ncclwatch.agent.policy import StackPolicy
 from ncclwatch.model import CollectiveOp, RankState
 from ncclwatch.signatures import Classification
+from ncclwatch.stillness import WARMUP
 from tests.test_pausing import Rank
 
 POLICY = StackPolicy()
@@ -50,8 +51,9 @@ def test_a_healthy_gpu_shaped_rank_is_looked_at_on_the_slow_round_only() -> None
     r = Looked()
     for _ in range(40):
         r.step(8)
-    # The history counts after warm_rounds rounds of progress: one a step.
-    warmed = POLICY.pause.warm_rounds * 8 + 8
+    # The history counts after WARMUP.rounds rounds of progress (one a step),
+    # then the pause rule's still periods that ended.
+    warmed = (WARMUP.rounds + POLICY.pause.rule.periods) * 8 + 8
     warm = [(at, why) for at, why in r.looks if at >= warmed]
     assert warm, "not even the slow round looked"
     assert {why for _, why in warm} == {"slow round"}, warm

@@ -21,6 +21,7 @@ from ncclwatch.agent.agent import Agent, AgentConfig
 from ncclwatch.agent.discover import RankIdentity, RankProcess
 from ncclwatch.agent.gpu import EMPTY, NvmlGpuReader
 from ncclwatch.agent.pausing import BUDGET_WINDOW, PauseBudget, PausePolicy
+from ncclwatch.stillness import StillRule
 from ncclwatch.agent.policy import StackPolicy
 from ncclwatch.agent.sample import ProcessSample
 from ncclwatch.agent.tracker import RankTracker
@@ -120,7 +121,7 @@ def test_still_periods_cut_short_and_a_peers_evaluation_are_never_paused(
 def test_the_old_rule_paused_those_jobs() -> None:
     """The test above can fail: at 2x with no span (the rule before), some of
     the same jobs were paused (the 30 s-step benchmark shape was)."""
-    old = StackPolicy(pause=PausePolicy(factor=2.0, warm_span=0.0))
+    old = StackPolicy(pause=PausePolicy(rule=StillRule(factor=2.0), warm_span=0.0))
     assert any(_chopped_job(seed, old) for seed in range(60))
 
 
@@ -162,18 +163,21 @@ def test_stillness_past_the_ranks_own_normal_is_paused_once() -> None:
     r.still(60)  # the last step's still period goes on
     assert len(r.due_at) == 1, r.due_at
     assert limit <= r.due_at[0] - r.t.still_since <= limit + 1.0
-    # A job that stepped fast (1 s) is paused at the floor (3 s), as before.
+    # A job that stepped fast (1 s: never still) has no normal still period:
+    # not paused on its own history (stillness.py), only once the daemon asks.
     fast = Rank()
     for _ in range(40):
         fast.step(1)
     fast.still(10)
+    assert fast.due_at == []
+    fast.t.native_asked = fast.now
+    fast.still(1)
     assert len(fast.due_at) == 1
-    assert fast.due_at[0] - fast.t.still_since <= POLICY.native_after + 1.0
 
 
 def test_the_ceiling_caps_a_long_normal() -> None:
     r = Rank(StackPolicy(pause=PausePolicy(ceiling=40.0)))
-    for _ in range(12):
+    for _ in range(14):
         r.step(30)
     r.still(80)
     assert len(r.due_at) == 1 and 40.0 <= r.due_at[0] - r.t.still_since <= 41.0, r.due_at

@@ -24,10 +24,11 @@ from ncclwatch.daemon.core import Daemon, DaemonConfig
 from ncclwatch.model import CollectiveOp, RankState, StallKind, WaitEvidence
 from ncclwatch.native_signatures import NativeWait, classify_native_rank
 from ncclwatch.signatures import Classification
-from ncclwatch.status import render
-from tests.factories import SAVE, report, sample, stack_pb
 from ncclwatch.stacks import stack_id
+from ncclwatch.status import render
+from ncclwatch.stillness import StillHistory, StillRule, Warmup
 from ncclwatch.v1 import collector_pb2 as pb
+from tests.factories import SAVE, report, sample, stack_pb
 
 S, Op, E = RankState, CollectiveOp, WaitEvidence
 COMPUTE = Classification(S.COMPUTE)
@@ -49,6 +50,7 @@ def _proc(events: int, cpu: float = 0.0) -> ProcessSample:
 def _still_rank(still_for: float) -> RankTracker:
     """A rank that computed, then sat still (spinning: CPU busy) for ``still_for`` s."""
     t = _tracker()
+    t.history = StillHistory(INSTANT)  # judged by WARM at once (the others: never)
     t.observe_process(_proc(0, 0.0), 0.0)
     t.observe_process(_proc(500, 1.0), 1.0)       # progress: stepping
     t.observe_stack(COMPUTE, "py-stack", 1.0)
@@ -59,8 +61,9 @@ def _still_rank(still_for: float) -> RankTracker:
 
 
 #: A rank's history counts after one round of progress (the default wants 10 over
-#: 20 s, and over 3x the threshold it sets).
-WARM = PausePolicy(warm_rounds=1, warm_seconds=0.0, warm_span=0.0)
+#: 20 s, then 3 still periods ended, and over 3x the threshold it sets).
+INSTANT = Warmup(rounds=1, seconds=0.0)
+WARM = PausePolicy(warm_span=0.0, rule=StillRule(periods=0))
 
 
 def test_native_dump_only_of_a_rank_still_past_the_threshold() -> None:

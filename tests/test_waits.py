@@ -260,7 +260,7 @@ def test_ranks_that_went_still_since_their_last_stack_get_fresh_stacks() -> None
     assert not g.d.table.agents["agent-a"].commands
 
 
-def test_the_api_and_metrics_show_the_learned_threshold() -> None:
+def test_the_api_and_metrics_show_the_learned_threshold(monkeypatch) -> None:
     from prometheus_client.core import CollectorRegistry
 
     from ncclwatch.daemon.api import jobs_view
@@ -268,13 +268,15 @@ def test_the_api_and_metrics_show_the_learned_threshold() -> None:
 
     f = Feed()
     _train(f, 20)
-    view = next(j for j in jobs_view(f.d)["jobs"] if j["job"] == JOB)
+    view = next(j for j in jobs_view(f.d, now=f.t)["jobs"] if j["job"] == JOB)
     ht = view["hang_threshold"]
     assert ht["seconds"] == 5.0 and ht["ceiling_seconds"] == 30.0 and ht["floor_seconds"] == 5.0
     assert ht["by_op"]["all_reduce"]["learned"]
+    # Scraped at the feed's clock: a machine booted minutes ago has a monotonic
+    # clock below the feed's (the test failed there).
+    monkeypatch.setattr("ncclwatch.daemon.export.time.monotonic", lambda: f.t)
     reg = CollectorRegistry()
     reg.register(DaemonCollector(f.d))
-    # Scraped now (time.monotonic()): far past the feed's clock, so still warmed.
     assert reg.get_sample_value("ncclwatch_hang_threshold_seconds", {"job_id": JOB}) == 5.0
 
 

@@ -9,22 +9,14 @@ whole of a long step. Stillness alone is no reason to pause.
 
 A rank's stillness is abnormal, and worth a pause, only when:
 
-- *its own history says so*: the rank has stepped for a while
-  (``warm_rounds`` rounds of progress over ``warm_seconds``, and over at
-  least ``warm_span`` times the threshold it would set: a history must have
-  had the time to show still periods that long), and this still period is
-  past ``factor x`` its longest normal one ``+ slack`` (never under
-  ``floor``, never over ``ceiling``), as the daemon learns its hang threshold
-  from normal waits. A rank that never showed a normal still period (it
-  makes no syscalls at all: batches through shared memory) is never paused
-  on its own history.
-
-  Why 3x, and why the span: a normal still period is often cut short. A
-  helper thread's writes, a GIL switch, a logger at the edge of the still
-  rate end it mid-step, so the longest one seen early can be a third of a
-  step; a peer's evaluation makes a step half as long again. At 2x with a
-  20 s warm-up, the healthy 30 s-step benchmark shape was paused
-  (BENCHMARKS.md);
+- *its own history says so* (ncclwatch/stillness.py, the rule the daemon
+  applies too): the rank has stepped, this still period is past ``factor x``
+  its longest normal one ``+ slack`` (never under ``floor``, the agent's
+  ``native_after``, never over ``ceiling``), and the rank was watched at least
+  ``warm_span`` times that long (a history must have had the time to show
+  still periods that long). A rank that never stepped (its start-up alone
+  made progress: weights loaded, then batches through shared memory or
+  already on the device) is never paused on its own history;
 - or *the job's shape says a stall is under way*: the daemon, which sees
   every rank, asked (``DumpStacksCommand.native``: a peer in checkpoint work
   while this rank sits still), and the rank has sat still past the floor.
@@ -38,67 +30,30 @@ not paused again until an hour's window frees some; the agent says so once
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from ncclwatch.stillness import PAUSE, StillHistory, StillRule
 
 #: The window the pause budget is counted over (seconds).
 BUDGET_WINDOW = 3600.0
-#: Normal still periods kept per rank (the longest of them counts).
-RECENT = 32
 
 
 @dataclass(frozen=True)
 class PausePolicy:
     #: Past its history, pause a rank still this long at the latest.
     ceiling: float = 60.0
-    #: Abnormal: still past factor x the longest normal still period + slack.
-    factor: float = 3.0
-    slack: float = 2.0
-    #: The rank's history counts once it made progress in this many rounds...
-    warm_rounds: int = 10
-    #: ...over at least this many seconds.
-    warm_seconds: float = 20.0
-    #: ...and over this many times the threshold it would set.
+    #: ...once it was watched this many times the threshold it would set.
     warm_span: float = 3.0
     #: Seconds of pause (native dumps) per rank per hour; 0: no native dumps.
     budget: float = 10.0
+    #: When a still period is past the rank's normal (shared with the daemon).
+    rule: StillRule = field(default=PAUSE)
 
     def threshold(self, h: StillHistory, now: float, floor: float) -> float | None:
         """Seconds of stillness past which this rank's history calls it
         abnormal (never under ``floor``); None: no history to judge by (it is
         never paused on its own history)."""
-        if not h.warmed(self, now):
-            return None
-        limit = min(max(self.ceiling, floor), max(floor, self.factor * h.longest + self.slack))
-        if now - h.first_at < self.warm_span * limit:
-            return None  # not watched long enough to know what is normal this long
-        return limit
-
-
-class StillHistory:
-    """One rank's normal still periods: the ones that ended in progress."""
-
-    __slots__ = ("recent", "rounds", "first_at")
-
-    def __init__(self) -> None:
-        self.recent: deque[float] = deque(maxlen=RECENT)
-        self.rounds = 0
-        self.first_at: float | None = None
-
-    def moved(self, now: float, still_for: float | None) -> None:
-        """A round with progress; ``still_for``: the still period it ended."""
-        self.rounds += 1
-        if self.first_at is None:
-            self.first_at = now
-        if still_for is not None:
-            self.recent.append(max(0.0, still_for))
-
-    @property
-    def longest(self) -> float:
-        return max(self.recent, default=0.0)
-
-    def warmed(self, policy: PausePolicy, now: float) -> bool:
-        return (self.first_at is not None and self.rounds >= policy.warm_rounds
-                and now - self.first_at >= policy.warm_seconds)
+        return self.rule.threshold(h, now, floor, self.ceiling, self.warm_span)
 
 
 class PauseBudget:

@@ -14,7 +14,7 @@ A GPU rank goes still at every step (it spins in a synchronize) and moves
 again at the next batch: looking at each change cost two dumps per rank per
 step, the agent's whole CPU on such jobs (BENCHMARKS.md). So a computing rank
 that goes still is looked at only once the still period is past its normal
-(``within_normal``: its longest still period so far) or the daemon sees a
+(``within_normal``: its longest still period so far, stillness.py) or the daemon sees a
 stall's shape around it, and one that resumes computing is not looked at
 before the slow round: it computes on, as its last stack said.
 
@@ -90,8 +90,8 @@ class StackPolicy:
         h = t.history
         limit = self.pause.threshold(h, now, self.native_after)
         return (f"still {still:.1f}s, past its normal (threshold {limit or 0:.1f}s: longest "
-                f"normal still period {h.longest:.1f}s of {len(h.recent)}, "
-                f"{h.rounds} rounds of progress over {now - (h.first_at or now):.0f}s)")
+                f"normal still period {h.longest:.1f}s, {h.rounds} rounds of progress "
+                f"over {h.last_at - (h.first_at or h.last_at):.0f}s)")
 
     def due(self, trackers: Iterable[RankTracker], now: float,
             over_budget: bool = False) -> list[RankTracker]:
@@ -139,14 +139,13 @@ class StackPolicy:
         return t.still_at_last_dump and t.state is not RankState.COMPUTE
 
     def within_normal(self, t: RankTracker, now: float) -> bool:
-        """A still period no longer than the rank's longest normal one (a
-        history that has warmed up), and no stall's shape seen around it."""
+        """A still period no longer than the rank's longest normal one (of a
+        rank that stepped, stillness.py), and no stall's shape seen around it."""
         if t.still_since is None:
             return False
         if t.native_asked is not None and t.native_asked >= t.still_since:
             return False
-        h = t.history
-        return h.warmed(self.pause, now) and now - t.still_since < h.longest
+        return self.pause.rule.within_normal(t.history, now - t.still_since)
 
 
 def _may_be_stuck(t: RankTracker) -> bool:

@@ -16,11 +16,13 @@ from __future__ import annotations
 import math
 
 from ncclwatch.agent.discover import RankProcess
-from ncclwatch.agent.pausing import PauseBudget, StillHistory
+from ncclwatch.agent.pausing import PauseBudget
 from ncclwatch.agent.sample import ProcessSample
-from ncclwatch.model import QUIET_CPU, STILL_EVENTS_PER_S, CollectiveOp, RankState, WaitEvidence
+from ncclwatch.model import (CHECKPOINT_STATES, QUIET_CPU, STILL_EVENTS_PER_S, CollectiveOp,
+                             RankState, WaitEvidence)
 from ncclwatch.native_signatures import NativeWait
 from ncclwatch.signatures import Classification
+from ncclwatch.stillness import StillHistory
 
 #: States whose Python stack may hide a wait in C++ (issue 18): a native dump
 #: of a rank still in one of them can say what it waits for.
@@ -232,7 +234,8 @@ class RankTracker:
             # A normal still period ended (its upper bound: erring long errs
             # toward pausing less).
             self.history.moved(now, None if self.still_since is None
-                               else now - self.still_since)
+                               else now - self.still_since,
+                               stepping=self.state not in CHECKPOINT_STATES)
             self.still_since = self.still_from = None
 
     @property

@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
-from ncclwatch.daemon.table import Job, JobTable
+from ncclwatch.daemon.records import Job
+from ncclwatch.daemon.table import JobTable
 
 NCCL_DEFAULT_TIMEOUT = 600.0
 

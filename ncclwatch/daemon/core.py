@@ -14,18 +14,18 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from ncclwatch.shard import ShardMap
 from ncclwatch.daemon.bounds import Bounds
 from ncclwatch.daemon.budget import Budget, BudgetConfig, budget
 from ncclwatch.daemon.detect import DetectConfig, detect_job
-from ncclwatch.daemon.detect.shape import still_since
-from ncclwatch.daemon.smooth import Smoother
+from ncclwatch.daemon.detect.shape import halted, still_since
 from ncclwatch.daemon.diagnosis import diagnose
 from ncclwatch.daemon.incidents import Incidents
 from ncclwatch.daemon.ownership import Ownership
+from ncclwatch.daemon.smooth import Smoother
 from ncclwatch.daemon.table import JobTable
 from ncclwatch.daemon.validate import ReportError, validate_request
 from ncclwatch.model import CHECKPOINT_STATES, QUIET_CPU
+from ncclwatch.shard import ShardMap
 from ncclwatch.v1 import collector_pb2 as pb
 
 if TYPE_CHECKING:
@@ -418,10 +418,13 @@ class Daemon:
                 self._escalated[job_id] = now
                 self.request_stacks(job_id, "stall suspected" if not stalled
                                     else "stall refresh")
-        if now - self._native_asked.get(job_id, -1e9) >= NATIVE_ASK_EVERY and \
-                self._checkpoint_shape(job, now, half):
-            self._native_asked[job_id] = now
-            self.request_native(job_id, "ranks still beside checkpoint work")
+        if now - self._native_asked.get(job_id, -1e9) >= NATIVE_ASK_EVERY:
+            if self._checkpoint_shape(job, now, half):
+                self._native_asked[job_id] = now
+                self.request_native(job_id, "ranks still beside checkpoint work")
+            elif halted(job, self.table, now, now - half, self.detect_cfg.waits):
+                self._native_asked[job_id] = now
+                self.request_native(job_id, "every rank still")
         if job.env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE") and \
                 now - self._fr_asked.get(job_id, -1e9) >= FLIGHT_RECORDER_EVERY and \
                 (suspect or self._still_long(job, now)):
@@ -431,9 +434,9 @@ class Daemon:
 
     def _checkpoint_shape(self, job, now: float, half: float) -> bool:
         """A stall's shape: a rank in checkpoint work while another has sat
-        still for half the stall threshold. The one shape that lets agents
-        pause ranks with no history to judge their stillness by (pausing.py);
-        healthy steps, however long and still, never show it."""
+        still for half the stall threshold. With ``shape.halted`` the shapes
+        that let agents pause ranks with no history to judge their stillness
+        by (stillness.py); healthy steps, however long and still, show neither."""
         still = still_since(job, now - half)
         if not still:
             return False
@@ -459,8 +462,9 @@ class Daemon:
         """
         if any(self._long_wait(job.ranks[r], now, half) for r in job.waiting):
             return True
-        return any(rec.still_since is not None
-                   and now - rec.still_since >= max(half, rec.still_normal)
+        rule = self.detect_cfg.waits.rank
+        return any(rec.still_since is not None and now - rec.still_since >= half
+                   and not rule.within_normal(rec.history, now - rec.still_since)
                    and (rec.stack_at is None or rec.stack_at < rec.still_since)
                    for rec in job.ranks.values())
 

@@ -14,9 +14,15 @@ from typing import Callable
 from ncclwatch.advice import Advice, advise
 from ncclwatch.daemon.budget import Budget
 from ncclwatch.daemon.detect import Finding
+from ncclwatch.daemon.forecast import (
+    MemoryForecast,
+    WriteForecast,
+    memory_forecasts,
+    write_forecast,
+)
+from ncclwatch.daemon.records import Job
 from ncclwatch.daemon.smooth import Smoother
-from ncclwatch.daemon.forecast import MemoryForecast, WriteForecast, memory_forecasts, write_forecast
-from ncclwatch.daemon.table import Job, JobTable
+from ncclwatch.daemon.table import JobTable
 from ncclwatch.model import SIZE_SOURCES, RankState, StallKind, rank_label, rank_ranges
 from ncclwatch.remediation import BY_ID, RootCause
 from ncclwatch.savefit import Fit, seconds, size  # noqa: F401 - the shared words

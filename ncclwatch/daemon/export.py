@@ -18,18 +18,22 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
-                                    HistogramMetricFamily, InfoMetricFamily)
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+)
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 from ncclwatch import __version__
 from ncclwatch.daemon import links
+from ncclwatch.daemon.agents import AgentRecord
 from ncclwatch.daemon.bounds import BOUND_LABELS
 from ncclwatch.daemon.core import Daemon
 from ncclwatch.daemon.detect import DETECTED_KINDS
 from ncclwatch.daemon.ownership import OUTCOMES
-from ncclwatch.daemon.table import AgentRecord
 from ncclwatch.model import RankState, rank_label
 
 

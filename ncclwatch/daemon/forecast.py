@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from ncclwatch.daemon.table import CURVE_DETAIL, Point, RankRecord
+from ncclwatch.daemon.curve import CURVE_DETAIL, Point
+from ncclwatch.daemon.records import RankRecord
 from ncclwatch.savefit import save_seconds
 
 #: Seconds of curve a rate is fitted over (the curve keeps detail that long).

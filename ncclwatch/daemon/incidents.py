@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from ncclwatch.daemon.budget import Budget
 from ncclwatch.daemon.detect import Finding
 from ncclwatch.daemon.diagnosis import Diagnosis
-from ncclwatch.daemon.table import Job
+from ncclwatch.daemon.records import Job
 from ncclwatch.model import StallKind
 from ncclwatch.remediation import RootCause
 

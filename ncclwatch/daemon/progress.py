@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ncclwatch.daemon.table import Job
+from ncclwatch.daemon.records import Job
 from ncclwatch.flightrec import FrAnalysis, PgProgress, analyze_progress
 from ncclwatch.model import rank_ranges
 

@@ -12,146 +12,25 @@ import collections
 import logging
 import math
 import time
-from array import array
-from dataclasses import dataclass, field
 from collections.abc import Collection
 from typing import Any
 
-from ncclwatch.envlint import EnvWarning, lint
-from ncclwatch.daemon.waits import WaitLearner
+from ncclwatch.daemon.agents import AgentRecord
+from ncclwatch.daemon.learn import CPU_RECENT_TAU, smooth_cpu, take_progress
+from ncclwatch.daemon.records import MAX_PACKAGES, Job, RankRecord
+from ncclwatch.daemon.stackstore import StackStore
+from ncclwatch.envlint import lint
 from ncclwatch.flightrec import is_default_group
 from ncclwatch.model import CollectiveOp, RankState, WaitEvidence
-from ncclwatch.stacks import Frame, Stack
 from ncclwatch.v1 import collector_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-#: Stacks kept by content id; least recently referenced go first.
-MAX_STACKS = 200_000
-#: Packages kept per job (Job.packages).
-MAX_PACKAGES = 128
-#: Timeout changes kept per job (Job.timeout_changes).
-TIMEOUT_CHANGES = 8
 #: A job whose ranks are all gone is forgotten after this long.
 GONE_JOB_TTL = 120.0
 #: A state's start moving later by more than this on the agent's clock: a new
 #: episode of it (the agent re-anchors a wait it saw the rank progress out of).
 NEW_EPISODE = 0.5
-#: Seconds of reports the transit-free clock offset is the minimum over
-#: (AgentRecord.clock_offset).
-CLOCK_WINDOW = 30.0
-#: A transit longer than this is taken for a clock that stopped or jumped.
-CLOCK_JUMP = 10.0
-#: Evidence curve per rank: points at least this far apart, this many kept.
-CURVE_STEP = 0.9
-CURVE_POINTS = 90
-#: ... and none older than this before the newest: a steady rank (protocol 2
-#: sends it in full once a snapshot) keeps a handful of points, not 90.
-CURVE_SPAN = CURVE_POINTS * CURVE_STEP
-
-
-class Point:
-    """One point of a rank's evidence curve (memory, I/O, the file it writes)."""
-
-    __slots__ = ("t", "rss", "written", "file", "file_size", "limits")
-
-    def __init__(self, t: float, rss: int, written: int, file: str, file_size: int,
-                 limits: tuple[tuple[str, int, int], ...]) -> None:
-        self.t, self.rss, self.written = t, rss, written
-        self.file, self.file_size = file, file_size
-        self.limits = limits
-
-
-#: Detail (all but time and RSS) is kept for points this close to the newest:
-#: forecasts fit over the last forecast.WINDOW seconds before "now" (never
-#: earlier than the newest point), so older detail is never read.
-CURVE_DETAIL = 15.0
-#: Device-name tuples of memory bounds, shared between points (bounded).
-_SHAPES: dict[tuple[str, ...], tuple[str, ...]] = {}
-
-
-class Curve:
-    """A rank's evidence curve, kept as machine numbers rather than objects.
-
-    Every rank has one (any rank can turn culprit, and its forecast then
-    needs the minute before), so at 16k ranks the curves are most of the
-    daemon's memory. A curve of ``Point`` objects with their tuples cost
-    ~80 KiB per rank; here it is two rings of ``array`` values:
-
-    - time and RSS of the last ``CURVE_POINTS`` points (``gathered_bytes``
-      looks for the RSS before the rank's state began);
-    - bytes written, the file being written and the memory bounds for the
-      points within ``CURVE_DETAIL`` seconds of the newest (rate fits).
-
-    ``recent()`` rebuilds those points as ``Point`` objects on demand:
-    forecasts run for culprits only.
-    """
-
-    __slots__ = ("t", "rss", "_written", "_file", "_shape", "_bounds", "_detail")
-
-    def __init__(self) -> None:
-        self.t = array("d")
-        self.rss = array("Q")
-        self._detail = 0                          # points with detail: the newest ones
-        self._written = array("Q")
-        self._file: list[tuple[str, int] | None] = []
-        self._shape: list[tuple[str, ...]] = []   # device names of each point's bounds
-        self._bounds = array("Q")                 # used, limit per device, point after point
-
-    def __len__(self) -> int:
-        return len(self.t)
-
-    def add(self, t: float, rss: int, written: int,
-            files: tuple[tuple[str, int, str, int, int, str], ...],
-            limits: tuple[tuple[str, int, int], ...]) -> None:
-        """Append a point unless the newest is less than ``CURVE_STEP`` old."""
-        ts = self.t
-        if ts and t - ts[-1] < CURVE_STEP:
-            return
-        ts.append(t)
-        self.rss.append(rss)
-        old = 0
-        while len(ts) - old > CURVE_POINTS or ts[old] < t - CURVE_SPAN:
-            old += 1  # never the newest: t - CURVE_SPAN < t
-        if old:
-            del ts[:old]
-            del self.rss[:old]
-        self._written.append(written)
-        self._file.append((files[0][0], files[0][1]) if files else None)
-        names = tuple([d for d, _, _ in limits])
-        self._shape.append(_SHAPES.setdefault(names, names) if len(_SHAPES) < 4096 else names)
-        for _, used, limit in limits:
-            self._bounds.append(used)
-            self._bounds.append(limit)
-        self._detail += 1
-        # Drop detail older than CURVE_DETAIL (and any the time ring has dropped).
-        first = len(ts) - self._detail
-        while self._detail > 1 and (first < 0 or t - ts[first] > CURVE_DETAIL):
-            del self._written[0]
-            del self._file[0]
-            del self._bounds[:2 * len(self._shape.pop(0))]
-            self._detail -= 1
-            first += 1
-
-    def recent(self) -> list[Point]:
-        """The points within ``CURVE_DETAIL`` of the newest, oldest first."""
-        out, j = [], 0
-        first = len(self.t) - self._detail
-        b = self._bounds
-        for i in range(self._detail):
-            names = self._shape[i]
-            limits = tuple([(d, b[j + 2 * k], b[j + 2 * k + 1]) for k, d in enumerate(names)])
-            j += 2 * len(names)
-            f = self._file[i]
-            out.append(Point(self.t[first + i], self.rss[first + i], self._written[i],
-                             f[0] if f else "", f[1] if f else 0, limits))
-        return out
-
-    def rss_points(self) -> zip:
-        """(time, RSS) of every point, oldest first."""
-        return zip(self.t, self.rss)
-
-
 #: Where an agent may say a file's expected size came from (anything else is dropped).
 _SIZE_SOURCES = {s: s for s in ("torch_zip_header", "safetensors_header", "copy_source")}
 LIMIT_NAMES = {
@@ -190,408 +69,6 @@ def _owns_ranked(job: Job, node: str) -> bool:
 def _gpu_name(index: int) -> str:
     """``gpu<index>``, one shared string per common index."""
     return _GPU_NAMES.get(index) or f"gpu{index}"
-
-
-#: Seconds over which ``RankRecord.cpu_recent`` forgets: a rank that stopped
-#: computing reads idle after a few of them, one starved round does not.
-CPU_RECENT_TAU = 2.0
-
-
-def _smooth(avg: float, value: float, dt: float) -> float:
-    """Exponential average of CPU use over ``CPU_RECENT_TAU`` seconds."""
-    if dt <= 0 or dt > 60 * CPU_RECENT_TAU:
-        return value
-    a = 1.0 - math.exp(-dt / CPU_RECENT_TAU)
-    return avg + a * (value - avg)
-
-
-def _progress(job: Job, rec: RankRecord, still: float, changed: bool, recv: float,
-              interval: float) -> None:
-    """Apply a progress reading (still_seconds) to the rank and its job's learner."""
-    if still <= 0 and rec.still_since is not None:
-        job.waits.still_ended(recv - rec.still_since)
-        rec.still_ended(recv - rec.still_since)
-    if still <= 0:
-        rec.moved_rounds += 1
-        rec.moved_last = recv
-        if rec.moved_first is None:
-            rec.moved_first = recv
-    if still > 0:
-        rec.still_since = recv - still
-        job.still.add(rec.rank)
-    else:
-        rec.still_since = None
-        job.still.discard(rec.rank)
-    _follow_wait(job, rec, rec.state, rec.op, still, changed, recv, interval)
-
-
-def _follow_wait(job: Job, rec: RankRecord, state: RankState, op: CollectiveOp,
-                 still: float, changed: bool, recv: float, interval: float) -> None:
-    """Track the rank's still wait and teach the job's learner when one ends.
-
-    A wait is the run of rounds a rank sits still in one op. It ends when the
-    rank makes progress or its stack shows another state; its length is
-    taken up to this report (an upper bound: the learner errs long).
-    """
-    if op is CollectiveOp.NONE and state is not RankState.DEVICE_WAIT:
-        wop = CollectiveOp.NONE
-    else:
-        wop = op if op is not CollectiveOp.NONE else CollectiveOp.WAIT
-    if rec.still_at is not None and (changed or still <= 0 or wop is not rec.still_op):
-        job.waits.ended(rec.still_op, recv - rec.still_at, recv)
-        rec.still_at = None
-    if still <= 0:
-        job.waits.stepped(recv)
-    if wop is CollectiveOp.NONE:
-        return
-    if still <= 0:
-        # Progress after the stack that placed the rank in the op: it got out.
-        # (Progress in the round the stack was taken may be how it got in.)
-        if rec.stack_at is not None and recv - rec.stack_at >= interval:
-            job.waits.progressed(wop, recv)
-    elif rec.still_at is None and rec.stack_at is not None and rec.stack_at >= recv - still:
-        # Only a stack taken while the rank sat still says where it sits.
-        rec.still_at = max(rec.since, recv - still)
-        rec.still_op = wop
-
-
-#: Ended still periods per bucket of a rank's rolling normal (RankRecord.still_normal).
-STILL_RECENT = 8
-
-
-class RankRecord:
-    __slots__ = (
-        "rank", "local_rank", "node", "agent_id", "pid", "state", "op", "since",
-        "stack_id", "seen", "cpu_util", "cpu_recent", "cpu_seconds", "rss_bytes", "io_write_bytes", "write_rate",
-        "files", "gpu", "gone_at", "vms_bytes", "limits", "curve", "stack_at",
-        "rank_source", "container",
-        "still_since", "still_at", "still_op", "since_agent", "progress_known",
-        "_still_normal", "_still_before", "_still_count",
-        "moved_rounds", "moved_first", "moved_last",
-        "file_first", "evidence", "native_frame", "native_no_wait", "start",
-    )
-
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
-        self.local_rank = -1
-        self.node = ""
-        self.agent_id = ""
-        self.pid = 0
-        # (path, bytes written by the rank, file size) when the file it writes was
-        # first seen: a preallocated file is full-size from the start, so its
-        # progress is the rank's own writes since (forecast.write_forecast).
-        self.file_first: tuple[str, int, int] = ("", 0, 0)
-        self.state = RankState.UNKNOWN
-        self.op = CollectiveOp.NONE
-        self.since = 0.0
-        self.stack_id = ""
-        self.seen = 0.0
-        self.cpu_util = 0.0
-        # cpu_util smoothed over the last seconds (CPU_RECENT_TAU): one round's
-        # reading of a starved or just-sampled rank can be near 0 while it computes.
-        self.cpu_recent = 0.0
-        self.cpu_seconds = 0.0
-        self.rss_bytes = 0
-        self.io_write_bytes = 0
-        self.write_rate = 0.0
-        # (path, size, previous checkpoint path, its size, expected size, its source):
-        # the expected size as the agent read it from the file (0, "": unknown)
-        self.files: tuple[tuple[str, int, str, int, int, str], ...] = ()
-        # (device, used by this process, total); device-wide use is in limits
-        self.gpu: tuple[tuple[int, int, int], ...] = ()
-        self.gone_at: float | None = None
-        self.vms_bytes = 0
-        # (kind, used, limit): host, cgroup, address_space, gpu<i>
-        self.limits: tuple[tuple[str, int, int], ...] = ()
-        self.curve = Curve()
-        # When the stack that gave ``state`` was taken (daemon clock), None: never.
-        self.stack_at: float | None = None
-        # How the agent identified the rank ("env:RANK", "spawn_index", "unknown", ...).
-        self.rank_source = ""
-        # (container pid, hostname, container id, runtime, pod uid, namespace,
-        # pod, declared namespace, declared pod) of a rank in a container
-        # (ContainerInfo), None on the host.
-        self.container: tuple[int, str, str, str, str, str, str, str, str] | None = None
-
-        # Since when the rank has made no progress, whatever its state (daemon
-        # clock); None: it made some in its last round, or no reading.
-        self.still_since: float | None = None
-        # ``since`` on the agent's own clock: a later start of the same state
-        # there is a new wait (the agent saw progress in between), not jitter.
-        self.since_agent = 0.0
-        # Whether the agent reports progress (still_seconds) for this rank.
-        self.progress_known = False
-        # Its normal still periods (those that ended in progress): the longest
-        # of the last STILL_RECENT to 2 x STILL_RECENT (a rolling max in two
-        # buckets, three slots a rank); a GPU rank sits still through each step.
-        self._still_normal = 0.0
-        self._still_before = 0.0
-        self._still_count = 0
-        # Its rounds with progress, and the first and last of them (daemon
-        # clock): a rank that moved only while it started (a GPU rank fed by
-        # shared memory or mmap is still through every step) has shown no
-        # normal, and its stillness says nothing (shape.stepped).
-        self.moved_rounds = 0
-        self.moved_first: float | None = None
-        self.moved_last: float | None = None
-        # Since when the rank has sat still (no progress) in its current wait,
-        # daemon clock, and in which op; None: not in a still wait (or no reading).
-        self.still_at: float | None = None
-        self.still_op = CollectiveOp.NONE
-        # How the agent established the rank's waiting (WaitEvidence), the native
-        # frame that said so, and whether a native dump of its current still
-        # period found no wait ("still, reason unknown").
-        self.evidence = WaitEvidence.NONE
-        self.native_frame = ""
-        self.native_no_wait = False
-        # When its process started (daemon clock, from the agent's process age);
-        # None: not known. Evidence when two nodes claim the rank (ownership.py).
-        self.start: float | None = None
-
-    def still_ended(self, seconds: float) -> None:
-        """A still period of this rank ended in progress after ``seconds``."""
-        if self._still_count >= STILL_RECENT:
-            self._still_before, self._still_normal, self._still_count = \
-                self._still_normal, 0.0, 0
-        self._still_normal = max(self._still_normal, seconds)
-        self._still_count += 1
-
-    @property
-    def still_normal(self) -> float:
-        """The longest recent still period that ended normally (0: none seen)."""
-        return max(self._still_normal, self._still_before)
-
-
-@dataclass
-class Job:
-    job_id: str
-    world_size: int
-    first_seen: float
-    source: str = ""
-    env: dict[str, str] = field(default_factory=dict)
-    declared_timeout: float = 0.0
-    ranks: dict[int, RankRecord] = field(default_factory=dict)
-    by_state: dict[RankState, set[int]] = field(
-        default_factory=lambda: {s: set() for s in RankState})
-    in_collective: set[int] = field(default_factory=set)
-    #: Ranks sitting still now (still_since set): the job's shape is read
-    #: only when some rank is (detect/shape.py).
-    still: set[int] = field(default_factory=set)
-    last_update: float = 0.0
-    #: Settings in the job's environment that defeat the watchdog or evidence.
-    warnings: tuple[EnvWarning, ...] = ()
-    #: (fresh-agents set it was made with, records): detect.fresh_waiting's
-    #: list for the current tick, shared by the detectors.
-    fresh_waiting: Any = field(default=None, repr=False, compare=False)
-    #: rank -> (daemon time the dump was written, its FlightRecorderSummary): the
-    #: job's own record of its collectives, asked for during a stall.
-    flight_recorder: dict[int, tuple[float, Any]] = field(default_factory=dict)
-    #: The process-group timeout a Flight Recorder dump states (timeout_ms), seconds.
-    fr_timeout: float = 0.0
-    #: How the batch scheduler names the job (scheduler, job_id, job_name, user,
-    #: source), as the agent found it; None: not under a scheduler, or not yet known.
-    scheduler_job: dict[str, str] | None = None
-    #: A ranked member set the job-level facts (env, timeout, scheduler names,
-    #: Flight Recorder timeout): members without a rank may no longer replace them.
-    facts_ranked: bool = False
-    #: Top-level packages the ranks imported (JobInfo.packages, by the agents'
-    #: evidence), what decides the job's framework (frameworks.py); bounded.
-    packages: frozenset[str] = frozenset()
-    #: Changes of a timeout that sets the budget once it was known: (daemon
-    #: time, "flight_recorder" or "job", old seconds, new seconds, node, rank);
-    #: the newest TIMEOUT_CHANGES kept, each logged (the API and status show them).
-    timeout_changes: collections.deque = field(
-        default_factory=lambda: collections.deque(maxlen=TIMEOUT_CHANGES))
-
-    #: (node, pid) -> key of a member whose rank is unknown: -1, -2, ... in
-    #: order of arrival, so such a member has a row, can wait or be a culprit.
-    unknown_keys: dict[tuple[str, int], int] = field(default_factory=dict)
-
-    def key_of(self, rank: int, node: str, pid: int, create: bool = True) -> int | None:
-        """The table key of a reported rank: the rank itself, or a member's key."""
-        if rank >= 0:
-            return rank
-        key = self.unknown_keys.get((node, pid))
-        if key is None and create:
-            key = self.unknown_keys[(node, pid)] = -1 - len(self.unknown_keys)
-        return key
-
-    @property
-    def unidentified(self) -> int:
-        """Live members whose rank is unknown (each is one of the missing numbers)."""
-        return sum(1 for k, r in self.ranks.items() if k < 0 and r.gone_at is None)
-
-    #: How long this job's ranks normally sit still in each collective op.
-    waits: WaitLearner = field(default_factory=WaitLearner)
-
-    def set_state(self, rec: RankRecord, state: RankState, op: CollectiveOp) -> None:
-        self.by_state[rec.state].discard(rec.rank)
-        self.by_state[state].add(rec.rank)
-        if op is CollectiveOp.NONE:
-            self.in_collective.discard(rec.rank)
-        else:
-            self.in_collective.add(rec.rank)
-        rec.state, rec.op = state, op
-
-    def remove_from_indexes(self, rec: RankRecord) -> None:
-        self.by_state[rec.state].discard(rec.rank)
-        self.in_collective.discard(rec.rank)
-        self.still.discard(rec.rank)
-
-    @property
-    def waiting(self) -> set[int]:
-        """Ranks blocked on others: in a collective, or (NCCL) at a device sync."""
-        dw = self.by_state[RankState.DEVICE_WAIT]
-        return self.in_collective | dw if dw else self.in_collective
-
-    @property
-    def nodes(self) -> set[str]:
-        return {r.node for r in self.ranks.values()}
-
-    @property
-    def live_ranks(self) -> int:
-        return sum(1 for r in self.ranks.values() if r.gone_at is None)
-
-
-@dataclass
-class AgentRecord:
-    agent_id: str
-    node: str
-    last_seq: int = 0
-    last_recv: float = 0.0       # daemon monotonic
-    last_recv_wall: float = 0.0  # daemon wall clock, for the timestamp metric
-    interval: float = 1.0
-    gaps_total: int = 0
-    reports_total: int = 0
-    connected: bool = False
-    health: pb.AgentHealth = field(default_factory=pb.AgentHealth)
-    ranks: set[tuple[str, int]] = field(default_factory=set)
-    #: Jobs this agent reported that the table still holds (live or gone, until
-    #: they expire): what bounds.max_jobs_per_agent counts.
-    jobs: set[str] = field(default_factory=set)
-    commands: collections.deque = field(default_factory=lambda: collections.deque(maxlen=64))
-    #: Protocol 2: slot -> (job, rank record, (job id, rank)) of this agent's
-    #: stream; None: a rank of a job left out of the report (briefs skip it).
-    slots: dict[int, Any] = field(default_factory=dict)
-    #: Briefs named slots not held: ask the agent for full samples (once).
-    resync: bool = False
-    briefs_total: int = 0
-    changes_total: int = 0
-    #: Briefs and changes that named a slot not held.
-    briefs_unresolved_total: int = 0
-
-    #: (receipt, recv - agent clock) of recent reports, offsets increasing:
-    #: the sliding minimum of ``clock_offset`` (an upper bound on the offset).
-    _offsets: collections.deque = field(default_factory=collections.deque)
-    #: (receipt, a lower bound on the offset) from timed acknowledgements,
-    #: bounds decreasing: their sliding maximum.
-    _lows: collections.deque = field(default_factory=collections.deque)
-    #: seq -> recv - agent clock of recent reports, for their timed acks.
-    _by_seq: dict = field(default_factory=dict)
-    _last_clock: float = 0.0
-
-    def stale(self, now: float, staleness: float) -> bool:
-        return now - self.last_recv > max(staleness, 3 * self.interval)
-
-    def clock_offset(self, recv: float, agent_clock: float, seq: int = 0,
-                     timed_seq: int = 0, round_trip: float = 0.0) -> float:
-        """Daemon time minus agent time, no larger than it truly is when the
-        agent times its acknowledgements, and with as little transit in it
-        as the reports allow when it does not.
-
-        ``recv - agent_clock`` holds the clocks' offset plus this report's
-        transit (queueing in the agent, the network, the daemon's loop): an
-        anchor at ``recv`` puts every age in the report that much late, and a
-        late start makes the watchdog budget err large. Each report bounds the
-        offset from above; the smallest bound of the last CLOCK_WINDOW seconds
-        wins (a window, not all time: two hosts' clocks drift, a paused VM's
-        stops). A timed acknowledgement (report ``timed_seq`` was acknowledged
-        ``round_trip`` after it was built) bounds that report's transit, so
-        its ``recv - clock - round_trip`` bounds the offset from below: the
-        largest such bound of the window is the offset used, and ages count
-        back from no later than the truth, whatever the transit. An agent
-        clock that went back (a new agent process), or fell behind by more
-        than CLOCK_JUMP (a suspended host: its waits would be dated that much
-        early), starts afresh.
-        """
-        off = recv - agent_clock
-        q, lows = self._offsets, self._lows
-        if agent_clock <= 0 or agent_clock < self._last_clock \
-                or (q and off - q[0][1] > CLOCK_JUMP):
-            q.clear()
-            lows.clear()
-            self._by_seq.clear()
-        self._last_clock = agent_clock
-        if agent_clock <= 0:
-            return off  # no clock in the report: anchor at receipt
-        while q and q[-1][1] >= off:
-            q.pop()
-        q.append((recv, off))
-        while q[0][0] < recv - CLOCK_WINDOW:
-            q.popleft()
-        timed = self._by_seq.pop(timed_seq, None) if timed_seq else None
-        if seq:
-            self._by_seq[seq] = off
-            if len(self._by_seq) > 128:
-                del self._by_seq[next(iter(self._by_seq))]
-        # A bound far below the upper one (a round trip of more than
-        # CLOCK_JUMP) says little and may come from a clock that jumped.
-        if timed is not None and 0 <= round_trip <= CLOCK_JUMP:
-            low = timed - round_trip
-            while lows and lows[-1][1] <= low:
-                lows.pop()
-            lows.append((recv, low))
-        while lows and lows[0][0] < recv - CLOCK_WINDOW:
-            lows.popleft()
-        return min(lows[0][1], q[0][1]) if lows else q[0][1]
-
-
-def _text_of(st: Stack) -> int:
-    return len(st.thread_name) + sum(len(f.name) + len(f.filename) for f in st.frames)
-
-
-class StackStore:
-    """Interned stacks by id, bounded LRU."""
-
-    def __init__(self, limit: int = MAX_STACKS, max_bytes: int = 64 << 20) -> None:
-        self._stacks: collections.OrderedDict[str, Stack] = collections.OrderedDict()
-        self._limit = limit
-        #: Text (names, file names) of the stacks kept, and its bound: by
-        #: count alone 30 reports of 9 MB stacks took 270 MiB (issue 20).
-        self.max_bytes = max_bytes
-        self.bytes = 0
-        #: Stacks evicted to stay under ``max_bytes`` (a bound hit each).
-        self.evicted_for_bytes_total = 0
-
-    def __contains__(self, sid: str) -> bool:
-        return sid in self._stacks
-
-    def __len__(self) -> int:
-        return len(self._stacks)
-
-    def add(self, s: pb.Stack) -> None:
-        if s.id in self._stacks:
-            self._stacks.move_to_end(s.id)
-            return
-        st = self._stacks[s.id] = Stack(
-            frames=tuple(Frame(f.name, f.filename, f.line) for f in s.frames),
-            thread_name=s.thread_name,
-        )
-        self.bytes += _text_of(st)
-        while len(self._stacks) > self._limit:
-            self.bytes -= _text_of(self._stacks.popitem(last=False)[1])
-        while self.bytes > self.max_bytes and len(self._stacks) > 1:
-            self.bytes -= _text_of(self._stacks.popitem(last=False)[1])
-            self.evicted_for_bytes_total += 1
-
-    def get(self, sid: str) -> Stack | None:
-        return self._stacks.get(sid)
-
-    def touch(self, sid: str) -> bool:
-        if sid in self._stacks:
-            self._stacks.move_to_end(sid)
-            return True
-        return False
 
 
 class JobTable:
@@ -703,7 +180,7 @@ class JobTable:
             rec.pid = pid
             age = ident.process_age_seconds
             rec.start = recv - age if age > 0 else None
-            rec.cpu_recent = _smooth(rec.cpu_recent, p.cpu_utilization, recv - rec.seen)
+            rec.cpu_recent = smooth_cpu(rec.cpu_recent, p.cpu_utilization, recv - rec.seen)
             rec.seen = recv
             rec.cpu_util = p.cpu_utilization
             rec.cpu_seconds = p.cpu_seconds
@@ -729,7 +206,7 @@ class JobTable:
             rec.curve.add(recv, rec.rss_bytes, written, rec.files, rec.limits)  # downsampled
             if s.HasField("still_seconds"):
                 rec.progress_known = True
-                _progress(job, rec, s.still_seconds, changed, recv, agent.interval)
+                take_progress(job, rec, s.still_seconds, changed, recv, agent.interval)
             elif rec.progress_known:
                 rec.progress_known = False
                 rec.still_since = rec.still_at = None
@@ -864,11 +341,11 @@ class JobTable:
             job, rec, key = ent
             changed = self._take_state(job, rec, c, anchor, agent_clock, missing)
             cpu = c.cpu_utilization
-            rec.cpu_recent = _smooth(rec.cpu_recent, cpu, recv - rec.seen)
+            rec.cpu_recent = smooth_cpu(rec.cpu_recent, cpu, recv - rec.seen)
             rec.seen = recv
             rec.cpu_util = cpu
             rec.cpu_seconds = c.cpu_seconds
-            _progress(job, rec, c.still_seconds, changed, recv, agent.interval)
+            take_progress(job, rec, c.still_seconds, changed, recv, agent.interval)
             self.dirty.add(key[0])
             job.last_update = recv
             reported.add(key)
@@ -904,7 +381,7 @@ class JobTable:
             rec.cpu_util = cpu
             rec.cpu_seconds = cpu_s
             if still > 0 or rec.still_since is not None or rec.still_at is not None:
-                _progress(job, rec, still, False, recv, interval)
+                take_progress(job, rec, still, False, recv, interval)
                 if still > 0:
                     dirty.add(key[0])  # a rank sitting still may be worth fresh stacks
             else:

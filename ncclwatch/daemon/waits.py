@@ -8,6 +8,9 @@ per collective op, how long ranks sit still in it (no progress: the agent's
 
     threshold(op) = clamp(factor * longest recent normal wait + slack, floor, ceiling)
 
+(``stillness.clamp``; a single rank's still periods are judged by the rule
+in stillness.py, these are the job's waits per op, with a factor of their own.)
+
 Evidence is what ended: a wait that ended (the rank made progress again or
 moved on), and a round in which a rank last seen in the op made progress
 (its wait there ended within a round; stacks are samples, so the waits they
@@ -23,9 +26,10 @@ job never showed before (a 20 s evaluation behind a barrier) keep the ceiling.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ncclwatch.model import CollectiveOp
+from ncclwatch.stillness import EVIDENCE, StillRule, clamp
 
 #: The collectives a training step runs (DDP, FSDP; WAIT: NCCL's CPU side at
 #: a device sync). Never sighted, they are presumed as short as the job's
@@ -52,11 +56,9 @@ class WaitPolicy:
     warmup: float = 20.0
     #: Evidence about an op (ended waits, progress rounds) before trusting it.
     min_op_evidence: int = 2
-    #: A rank's stillness is evidence of a wait (the job's shape) only once it
-    #: was seen making progress in this many rounds...
-    rank_warm_rounds: int = 10
-    #: ...spread over at least this many seconds: more than its start-up.
-    rank_warm_seconds: float = 20.0
+    #: When one rank's stillness is evidence of a wait (the job's shape): the
+    #: rule the agent pauses by (stillness.py).
+    rank: StillRule = field(default=EVIDENCE)
 
 
 #: Ended waits kept per op (the longest of them sets the threshold).
@@ -133,8 +135,7 @@ class WaitLearner:
             longest = self.still.longest
         else:
             return policy.ceiling
-        learned = policy.factor * longest + policy.slack
-        return min(policy.ceiling, max(policy.floor, learned))
+        return clamp(longest, policy.factor, policy.slack, policy.floor, policy.ceiling)
 
     def current(self, waiting_ops: set[CollectiveOp], policy: WaitPolicy, now: float) -> float:
         """The job's threshold now: the tightest over the ops its ranks wait in,

@@ -279,6 +279,13 @@ SCENARIOS: tuple[Scenario, ...] = (
            ("--eval-every", "3", "--eval-seconds", "4"), 120.0),
           ("gpu-shaped-healthy-8s-mmap", "8", "mmap", "45", (), 90.0),
           ("gpu-shaped-healthy-2s-shm", "2", "shm", "40", (), 80.0),
+          # Weights first (12 s of reads: progress every round), then batches
+          # already on the device: no syscall on ranks 1-2 from then on, steps
+          # of 5, 12 and 30 s. The agent once took that start-up for steps and
+          # paused the first long step (stillness.py).
+          ("gpu-shaped-healthy-load-5s", "5", "shm", "40", ("--load-seconds", "12"), 90.0),
+          ("gpu-shaped-healthy-load-12s", "12", "shm", "50", ("--load-seconds", "12"), 100.0),
+          ("gpu-shaped-healthy-load-30s", "30", "shm", "75", ("--load-seconds", "12"), 130.0),
       )),
     # The same job, 8 s steps, then rank 0 torch.saves 8 MiB to storage paced at 60 kB/s
     # (~140 s: past the 90 s watchdog) while the others wait NCCL-shaped: async

@@ -15,6 +15,9 @@ What a rank of a big GPU job shows /proc, rebuilt on CPU:
 - Each step starts with a batch (``--batch``): ``read`` is a burst of 20
   preads of 4 KiB (a DataLoader batch arriving); ``shm`` copies it from shared
   memory, ``mmap`` from a mapped file (no syscalls); ``none``.
+- ``--load-seconds S``: before training every rank reads "its weights" for S
+  seconds (1 MiB preads of torch's own library, a real file on disk): progress
+  every round, then none at all with ``--batch shm``/``mmap``/``none``.
 - Rank 0 alone prints a line per step, writes a metrics file twice a second
   (a thread, as loggers do) and every ``--eval-every`` steps evaluates (more
   device work and a batch) while the others wait at the barrier.
@@ -68,7 +71,8 @@ HELPER_BYTES = 8 << 20
 a = args(__doc__.split("\n")[0],
          step_seconds=(float, 8.0), step_work=(int, 0), seconds=(float, 60.0),
          steps=(int, 0), batch=(str, "read"), eval_every=(int, 0), eval_seconds=(float, 4.0),
-         helper_spin=(float, 0.3), save_after=(int, 0), nice=(int, 0))
+         helper_spin=(float, 0.3), save_after=(int, 0), nice=(int, 0),
+         load_seconds=(float, 0.0))
 assert a.batch in ("read", "shm", "mmap", "none"), a.batch
 if a.nice:
     os.nice(a.nice)
@@ -195,6 +199,23 @@ def switches() -> int:
     return resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
 
 
+def load_weights(seconds: float) -> None:
+    """Read a large file in 1 MiB preads for ``seconds``, as a rank loading its
+    weights does (from the page cache after the first pass)."""
+    lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    path = max((os.path.join(lib, n) for n in os.listdir(lib)), key=os.path.getsize)
+    fd, n = os.open(path, os.O_RDONLY), 0
+    size, end = os.fstat(fd).st_size, time.time() + seconds
+    try:
+        while time.time() < end:
+            if not os.pread(fd, 1 << 20, (n << 20) % max(size - (1 << 20), 1)):
+                n = 0
+            n += 1
+    finally:
+        os.close(fd)
+    marker("load_end", reads=n)
+
+
 def calibrate(seconds: float) -> int:
     """Units of device work per step: every rank measures its rate with the others
     spinning beside it; the slowest rate sets the work, the same on every rank."""
@@ -244,6 +265,8 @@ def main() -> None:
         shared = SharedBarrier(where[0], create=False)
     batches = Batches(a.batch, shared)
     marker("ready", world=WORLD, batch=a.batch)
+    if a.load_seconds > 0:
+        load_weights(a.load_seconds)
     units = a.step_work or calibrate(a.step_seconds)
     dist.barrier()
     if RANK == 0:

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from ncclwatch.daemon.table import Job, JobTable, RankRecord
+from ncclwatch.daemon.records import Job, RankRecord
+from ncclwatch.daemon.table import JobTable
 from ncclwatch.daemon.waits import WaitPolicy
 from ncclwatch.model import CollectiveOp, RankState, StallKind, WaitEvidence
 

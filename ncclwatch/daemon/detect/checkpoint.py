@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from ncclwatch.daemon.detect import Culprit, DetectConfig, Finding, blocked, culprit_of
 from ncclwatch.daemon.detect.shape import fr_note, fr_waiting, still_peers
-from ncclwatch.daemon.table import Job, JobTable
+from ncclwatch.daemon.records import Job
+from ncclwatch.daemon.table import JobTable
 from ncclwatch.model import CollectiveOp, RankState, StallKind, WaitEvidence, rank_name
 
 #: Culprit state -> the stall it causes.

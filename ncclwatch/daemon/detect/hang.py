@@ -35,11 +35,25 @@ from __future__ import annotations
 from collections import Counter
 
 from ncclwatch.daemon.detect import DetectConfig, Finding, blocked, culprit_of
-from ncclwatch.daemon.detect.shape import (elsewhere, fr_note, fr_waiting, live_ranks,
-                                           movers, still_peers, still_since)
-from ncclwatch.daemon.table import Job, JobTable, RankRecord
-from ncclwatch.model import (CHECKPOINT_STATES, CollectiveOp, RankState, StallKind,
-                             WaitEvidence, rank_ranges)
+from ncclwatch.daemon.detect.shape import (
+    elsewhere,
+    fr_note,
+    fr_waiting,
+    live_ranks,
+    movers,
+    still_peers,
+    still_since,
+)
+from ncclwatch.daemon.records import Job, RankRecord
+from ncclwatch.daemon.table import JobTable
+from ncclwatch.model import (
+    CHECKPOINT_STATES,
+    CollectiveOp,
+    RankState,
+    StallKind,
+    WaitEvidence,
+    rank_ranges,
+)
 
 
 def hung(job: Job, now: float, cfg: DetectConfig):

@@ -16,9 +16,10 @@ and its Python stack reads compute. Two kinds of evidence need no frame
 from __future__ import annotations
 
 from ncclwatch.daemon import progress
-from ncclwatch.daemon.table import Job, JobTable, RankRecord
+from ncclwatch.daemon.records import Job, RankRecord
+from ncclwatch.daemon.table import JobTable
 from ncclwatch.daemon.waits import WaitPolicy
-from ncclwatch.model import CHECKPOINT_STATES, CollectiveOp
+from ncclwatch.model import CHECKPOINT_STATES, CollectiveOp, RankState
 
 
 def still_since(job: Job, at: float) -> list[int]:
@@ -43,21 +44,42 @@ def live_ranks(job: Job, table: JobTable, now: float) -> dict | None:
 def past_normal(rec: RankRecord, threshold: float, policy: WaitPolicy) -> float:
     """How long ``rec`` must sit still to count: ``threshold``, or longer where
     its own still periods were longer (a GPU rank still through each 30 s
-    step is not waiting): ``factor x`` its longest normal one ``+ slack``."""
-    normal = rec.still_normal
-    return max(threshold, policy.factor * normal + policy.slack) if normal > 0 else threshold
+    step is not waiting): the rule the agent pauses by (stillness.py)."""
+    return policy.rank.limit(rec.history, threshold)
 
 
 def stepped(rec: RankRecord, policy: WaitPolicy) -> bool:
-    """The rank was seen making progress often enough, over long enough, for
-    its stillness to mean something: ``rank_warm_rounds`` rounds over
-    ``rank_warm_seconds``. A GPU rank whose batches come through shared memory
-    or an mmap makes no read/write calls after its start-up: it is still
-    through every step, healthy, for days; its peer at work (rank 0 logging)
-    would be named the culprit of a hang at the first ceiling (the
-    gpu-shaped-healthy-8s-mmap row, in CI)."""
-    return (rec.moved_rounds >= policy.rank_warm_rounds and rec.moved_first is not None
-            and rec.moved_last - rec.moved_first >= policy.rank_warm_seconds)
+    """The rank was seen stepping (stillness.py), so its stillness means
+    something. A GPU rank whose batches come through shared memory or an mmap
+    makes no read/write calls after its start-up: it is still through every
+    step, healthy, for days; its peer at work (rank 0 logging) would be named
+    the culprit of a hang at the first ceiling (the gpu-shaped-healthy-8s-mmap
+    row, in CI)."""
+    return policy.rank.stepped(rec.history)
+
+
+def halted(job: Job, table: JobTable, now: float, at: float, policy: WaitPolicy) -> bool:
+    """The job stopped: every live rank (fresh, with progress readings) has
+    sat still since ``at`` or earlier, none in checkpoint work, each had
+    warmed up (``policy.rank.stepped``), and some wait is not shown by a frame.
+
+    The shape of a hang in a job whose ranks stepped fast (no still period
+    of their own to judge by, stillness.py): the one that lets agents pause
+    them, as a rank in checkpoint work beside still ones does. A healthy
+    step always has a rank at work (logging, loading the next batch) or
+    ranks whose stillness never warmed up (fed through shared memory)."""
+    if len(job.still) < max(job.world_size, 2):
+        return False
+    live = live_ranks(job, table, now)
+    if live is None:
+        return False
+    framed = True
+    for rec in live.values():
+        if (not rec.progress_known or rec.still_since is None or rec.still_since > at
+                or rec.state in CHECKPOINT_STATES or not policy.rank.stepped(rec.history)):
+            return False
+        framed = framed and rec.state is RankState.COLLECTIVE
+    return not framed
 
 
 def still_peers(job: Job, table: JobTable, now: float, threshold: float,

@@ -1,0 +1,72 @@
+"""What each progress reading teaches: a rank's still periods, the job's waits.
+
+A report's ``still_seconds`` per rank feeds the rank's history (stillness.py:
+its normal still periods, whether it stepped) and its job's per-op wait
+learner (waits.py: the adaptive hang threshold).
+"""
+
+from __future__ import annotations
+
+import math
+
+from ncclwatch.daemon.records import Job, RankRecord
+from ncclwatch.model import CHECKPOINT_STATES, CollectiveOp, RankState
+
+#: Seconds over which ``RankRecord.cpu_recent`` forgets: a rank that stopped
+#: computing reads idle after a few of them, one starved round does not.
+CPU_RECENT_TAU = 2.0
+
+
+def smooth_cpu(avg: float, value: float, dt: float) -> float:
+    """Exponential average of CPU use over ``CPU_RECENT_TAU`` seconds."""
+    if dt <= 0 or dt > 60 * CPU_RECENT_TAU:
+        return value
+    a = 1.0 - math.exp(-dt / CPU_RECENT_TAU)
+    return avg + a * (value - avg)
+
+
+def take_progress(job: Job, rec: RankRecord, still: float, changed: bool, recv: float,
+              interval: float) -> None:
+    """Apply a progress reading (still_seconds) to the rank and its job's learner."""
+    if still <= 0:
+        ended = None if rec.still_since is None else recv - rec.still_since
+        if ended is not None:
+            job.waits.still_ended(ended)
+        rec.history.moved(recv, ended, stepping=rec.state not in CHECKPOINT_STATES)
+    if still > 0:
+        rec.still_since = recv - still
+        job.still.add(rec.rank)
+    else:
+        rec.still_since = None
+        job.still.discard(rec.rank)
+    follow_wait(job, rec, rec.state, rec.op, still, changed, recv, interval)
+
+
+def follow_wait(job: Job, rec: RankRecord, state: RankState, op: CollectiveOp,
+                 still: float, changed: bool, recv: float, interval: float) -> None:
+    """Track the rank's still wait and teach the job's learner when one ends.
+
+    A wait is the run of rounds a rank sits still in one op. It ends when the
+    rank makes progress or its stack shows another state; its length is
+    taken up to this report (an upper bound: the learner errs long).
+    """
+    if op is CollectiveOp.NONE and state is not RankState.DEVICE_WAIT:
+        wop = CollectiveOp.NONE
+    else:
+        wop = op if op is not CollectiveOp.NONE else CollectiveOp.WAIT
+    if rec.still_at is not None and (changed or still <= 0 or wop is not rec.still_op):
+        job.waits.ended(rec.still_op, recv - rec.still_at, recv)
+        rec.still_at = None
+    if still <= 0:
+        job.waits.stepped(recv)
+    if wop is CollectiveOp.NONE:
+        return
+    if still <= 0:
+        # Progress after the stack that placed the rank in the op: it got out.
+        # (Progress in the round the stack was taken may be how it got in.)
+        if rec.stack_at is not None and recv - rec.stack_at >= interval:
+            job.waits.progressed(wop, recv)
+    elif rec.still_at is None and rec.stack_at is not None and rec.stack_at >= recv - still:
+        # Only a stack taken while the rank sat still says where it sits.
+        rec.still_at = max(rec.since, recv - still)
+        rec.still_op = wop
