@@ -36,7 +36,7 @@ import grpc
 
 from ncclwatch.daemon import ingest
 from ncclwatch.daemon import ingestlink as L
-from ncclwatch.daemon.service import SERVER_OPTIONS, SERVICE
+from ncclwatch.daemon.service import SERVER_OPTIONS, rpc_handler
 from ncclwatch.daemon.validate import ReportError
 from ncclwatch.tls import ServerTLS, peer_names
 from ncclwatch.v1 import collector_pb2 as pb
@@ -141,10 +141,7 @@ class Worker:
 
     def handler(self) -> grpc.GenericRpcHandler:
         # Raw bytes in and out, as service.py: the core parses what it applies.
-        return grpc.method_handlers_generic_handler(SERVICE, {
-            "Report": grpc.stream_stream_rpc_method_handler(self.report),
-            "DumpStacks": grpc.unary_unary_rpc_method_handler(self.dump_stacks),
-        })
+        return rpc_handler(self.report, self.dump_stacks)
 
     # -- the process ---------------------------------------------------------------------
 

@@ -55,7 +55,12 @@ class CollectorService:
             await context.abort(e.code, e.message)
 
     def handler(self) -> grpc.GenericRpcHandler:
-        return grpc.method_handlers_generic_handler(SERVICE, {
-            "Report": grpc.stream_stream_rpc_method_handler(self.report),
-            "DumpStacks": grpc.unary_unary_rpc_method_handler(self.dump_stacks),
-        })
+        return rpc_handler(self.report, self.dump_stacks)
+
+
+def rpc_handler(report, dump_stacks) -> grpc.GenericRpcHandler:
+    """The service's methods, raw bytes in and out (the ingest workers' too)."""
+    return grpc.method_handlers_generic_handler(SERVICE, {
+        "Report": grpc.stream_stream_rpc_method_handler(report),
+        "DumpStacks": grpc.unary_unary_rpc_method_handler(dump_stacks),
+    })
