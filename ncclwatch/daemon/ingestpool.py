@@ -326,9 +326,9 @@ class IngestPool:
 
     def _dump(self, p: _Process, sid: int, raw: bytes) -> None:
         """A forwarded DumpStacks call, answered by the step service.py answers in process."""
+        st = p.streams.pop(sid, None)  # the OPEN the worker sent with the caller's names
         try:
             req = ingest.dump_request(raw)
-            st = p.streams.pop(sid, None)  # the OPEN the worker sent with the caller's names
             if st is None and self.daemon.config.tls is not None:
                 raise ReportError(grpc.StatusCode.PERMISSION_DENIED,
                                   "caller's certificate not forwarded")
