@@ -239,10 +239,10 @@ def test_uplink_resends_stacks_to_a_restarted_daemon() -> None:
 
 def test_rejections_are_logged_sampled_but_all_counted(caplog) -> None:
     """A flood of bad reports: every one counted, one log line per code per 10 s."""
-    from ncclwatch.daemon.service import RejectionLog
+    from ncclwatch.daemon.ingest import RejectionLog
     t = [0.0]
     rl = RejectionLog(every=10.0, clock=lambda: t[0])
-    with caplog.at_level("WARNING", logger="ncclwatch.daemon.service"):
+    with caplog.at_level("WARNING", logger="ncclwatch.daemon.ingest"):
         logged = [rl("peer", "INVALID_ARGUMENT", "bad") for _ in range(1000)]
         logged.append(rl("peer", "RESOURCE_EXHAUSTED", "big"))
         t[0] = 10.5

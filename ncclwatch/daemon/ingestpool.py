@@ -3,8 +3,8 @@
 The daemon process keeps the job table, the detection ticks, HTTP and the
 commands; N worker processes (ingestworker.py) terminate the agents' gRPC on
 the daemon's port (SO_REUSEPORT) and forward raw reports here over a
-socketpair each. Every forwarded report is applied with ``Daemon.ingest``
-on the event loop, exactly as service.py does in process: the same
+socketpair each. Every forwarded report is applied on the event loop by
+ingest.py's step, the one service.py calls in process: the same
 validation, the same mTLS identity check (the worker forwards the names the
 connection's certificate proves), the same counters; the answer (the
 serialized ReportResponse, or the status to abort with) goes back in the
@@ -37,12 +37,11 @@ from pathlib import Path
 import grpc
 
 import ncclwatch
+from ncclwatch.daemon import ingest
 from ncclwatch.daemon import ingestlink as L
 from ncclwatch.daemon.core import Daemon
-from ncclwatch.daemon.service import RejectionLog, _parse
 from ncclwatch.daemon.validate import ReportError
 from ncclwatch.tls import ServerTLS
-from ncclwatch.v1 import collector_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -75,13 +74,6 @@ class WorkerStats:
         return self.cpu_done + self.cpu_now
 
 
-class _Stream:
-    __slots__ = ("peer", "names", "agent_id")
-
-    def __init__(self, peer: str, names: frozenset[str] | None) -> None:
-        self.peer, self.names, self.agent_id = peer, names, ""
-
-
 @dataclass(eq=False)
 class _Process:
     """One process of a slot: its link and its open streams."""
@@ -91,7 +83,7 @@ class _Process:
     started: float
     link: L.Link | None = None
     ready: asyncio.Future | None = None
-    streams: dict[int, _Stream] = field(default_factory=dict)
+    streams: dict[int, ingest.Stream] = field(default_factory=dict)
     gone: bool = False
     heard: float = 0.0  # monotonic time of its last frame
 
@@ -109,7 +101,7 @@ class IngestPool:
         self.port = 0
         self.stats = [WorkerStats(i) for i in range(count)]
         self.current: list[_Process | None] = [None] * count
-        self.log_rejection = RejectionLog()
+        self.log_rejection = ingest.RejectionLog()
         self.wedged_after = WEDGED_AFTER
         self._stopping = False
         self._supervisors: list[asyncio.Task] = []
@@ -297,12 +289,12 @@ class IngestPool:
             elif kind == L.OPEN:
                 o = json.loads(body)
                 names = None if o["names"] is None else frozenset(o["names"])
-                p.streams[sid] = _Stream(o["peer"], names)
+                p.streams[sid] = ingest.Stream(self.daemon, o["peer"], names, self.log_rejection,
+                                               f" (ingest worker {p.stats.index})")
             elif kind == L.CLOSE:
                 st = p.streams.pop(sid, None)
-                if st is not None and st.agent_id:
-                    self.daemon.disconnected(st.agent_id)
-                    log.info("agent %s disconnected", st.agent_id[:8])
+                if st is not None:
+                    st.close()
             elif kind == L.REJECT:
                 self.daemon.rejected_total[body.decode()] += 1
             elif kind == L.DUMP:
@@ -314,22 +306,15 @@ class IngestPool:
                     p.ready.set_result(json.loads(body)["port"])
 
     def _report(self, p: _Process, sid: int, raw: bytes) -> None:
-        """service.CollectorService.report's step, for one forwarded report."""
+        """One forwarded report, applied by the step service.py applies in process."""
         p.stats.forwarded_total += 1
         st = p.streams.get(sid)
         if st is None:  # cannot happen: OPEN comes first on the same link
             p.link.send(L.ERR, sid, L.encode_error("INTERNAL", "unknown stream"))
             return
-        d = self.daemon
         try:
-            try:
-                req = _parse(pb.ReportRequest, raw)
-            except ReportError as e:
-                d.rejected_total[e.code.name] += 1
-                raise
-            resp = d.ingest(req, cert_names=st.names)  # counts its rejections
+            body = st.report(raw)  # counts and logs its rejections
         except ReportError as e:
-            self.log_rejection(st.peer, e.code.name, e.message)
             p.link.send(L.ERR, sid, L.encode_error(e.code.name, e.message))
             return
         except Exception:  # a bug: end this stream (the agent retries), keep the rest
@@ -337,30 +322,18 @@ class IngestPool:
             p.link.send(L.ERR, sid, L.encode_error("INTERNAL", "the daemon failed to apply "
                                                                "the report"))
             return
-        if not st.agent_id:
-            st.agent_id = req.report.agent_id
-            log.info("agent %s on %s connected from %s (ingest worker %d)", st.agent_id[:8],
-                     req.report.node, st.peer, p.stats.index)
-        p.link.send(L.OK, sid, resp.SerializeToString())
+        p.link.send(L.OK, sid, body)
 
     def _dump(self, p: _Process, sid: int, raw: bytes) -> None:
-        """service.CollectorService.dump_stacks, forwarded."""
-        def err(code: grpc.StatusCode, message: str) -> None:
-            p.link.send(L.ERR, sid, L.encode_error(code.name, message))
-
-        try:
-            req = _parse(pb.DumpStacksRequest, raw)
-        except ReportError as e:
-            return err(e.code, e.message)
-        if not req.job_id:
-            return err(grpc.StatusCode.INVALID_ARGUMENT, "job_id is required")
+        """A forwarded DumpStacks call, answered by the step service.py answers in process."""
         st = p.streams.pop(sid, None)  # the OPEN the worker sent with the caller's names
-        if st is None and self.daemon.config.tls is not None:
-            return err(grpc.StatusCode.PERMISSION_DENIED, "caller's certificate not forwarded")
         try:
-            n = self.daemon.operator_request_stacks(req.job_id,
-                                                    req.reason or "operator request",
-                                                    st.names if st else None)
+            req = ingest.dump_request(raw)
+            if st is None and self.daemon.config.tls is not None:
+                raise ReportError(grpc.StatusCode.PERMISSION_DENIED,
+                                  "caller's certificate not forwarded")
+            body = ingest.dump_stacks(self.daemon, req, st.names if st else None)
         except ReportError as e:
-            return err(e.code, e.message)
-        p.link.send(L.OK, sid, pb.DumpStacksResponse(agents=n).SerializeToString())
+            p.link.send(L.ERR, sid, L.encode_error(e.code.name, e.message))
+            return
+        p.link.send(L.OK, sid, body)

@@ -34,8 +34,9 @@ import sys
 
 import grpc
 
+from ncclwatch.daemon import ingest
 from ncclwatch.daemon import ingestlink as L
-from ncclwatch.daemon.service import SERVER_OPTIONS, SERVICE, RejectionLog, _parse
+from ncclwatch.daemon.service import SERVER_OPTIONS, rpc_handler
 from ncclwatch.daemon.validate import ReportError
 from ncclwatch.tls import ServerTLS, peer_names
 from ncclwatch.v1 import collector_pb2 as pb
@@ -59,7 +60,7 @@ class Worker:
         self.link: L.Link | None = None
         self.pending: dict[int, asyncio.Future] = {}
         self.ids = itertools.count(1)
-        self.log_rejection = RejectionLog()
+        self.log_rejection = ingest.RejectionLog()
         self.config: asyncio.Future = asyncio.get_running_loop().create_future()
         self.lost = asyncio.Event()
 
@@ -96,51 +97,51 @@ class Worker:
     # -- the gRPC side ---------------------------------------------------------------
 
     async def report(self, requests, context: grpc.aio.ServicerContext) -> None:
-        """One agent's stream; reads and writes go through ``context`` (service.py)."""
+        """One agent's stream: each report checked here, applied by the core."""
         sid = next(self.ids)
-        peer = context.peer()
-        names = peer_names(context)
-        self.link.send(L.OPEN, sid, L.encode_json(
-            {"peer": peer, "names": None if names is None else sorted(names)}))
+        peer = self._open(sid, context)
+
+        async def forward(raw: bytes) -> bytes:
+            try:
+                ingest.parse(pb.ReportRequest, raw)
+            except ReportError as e:
+                self.link.send(L.REJECT, sid, e.code.name.encode())  # the core counts it
+                self.log_rejection(peer, e.code.name, e.message)
+                raise
+            return await self._answer(L.REPORT, sid, raw)
         try:
-            while True:
-                raw = await context.read()
-                if raw is grpc.aio.EOF:
-                    return
-                try:
-                    _parse(pb.ReportRequest, raw)
-                except ReportError as e:
-                    self.link.send(L.REJECT, sid, e.code.name.encode())
-                    self.log_rejection(peer, e.code.name, e.message)
-                    await context.abort(e.code, e.message)
-                    return
-                kind, body = await self.ask(L.REPORT, sid, raw)
-                if kind == L.ERR:
-                    code, message = L.decode_error(body)
-                    await context.abort(grpc.StatusCode[code], message)
-                    return
-                await context.write(body)
+            await ingest.serve(context, forward)
         finally:
             self.pending.pop(sid, None)
             self.link.send(L.CLOSE, sid)
 
     async def dump_stacks(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        sid, names = next(self.ids), peer_names(context)
-        # The caller's certificate names first (DumpStacks is scoped to them).
+        sid = next(self.ids)
+        self._open(sid, context)  # the caller's certificate names (DumpStacks is scoped to them)
+        try:
+            return await self._answer(L.DUMP, sid, raw)
+        except ReportError as e:
+            await context.abort(e.code, e.message)
+
+    def _open(self, sid: int, context: grpc.aio.ServicerContext) -> str:
+        """Tell the core a call began, with its peer and the names its certificate
+        proves; the peer."""
+        peer, names = context.peer(), peer_names(context)
         self.link.send(L.OPEN, sid, L.encode_json(
-            {"peer": context.peer(), "names": None if names is None else sorted(names)}))
-        kind, body = await self.ask(L.DUMP, sid, raw)
+            {"peer": peer, "names": None if names is None else sorted(names)}))
+        return peer
+
+    async def _answer(self, kind: int, sid: int, raw: bytes) -> bytes:
+        """The core's answer to a forwarded message; ReportError with its status."""
+        kind, body = await self.ask(kind, sid, raw)
         if kind == L.ERR:
             code, message = L.decode_error(body)
-            await context.abort(grpc.StatusCode[code], message)
+            raise ReportError(grpc.StatusCode[code], message)
         return body
 
     def handler(self) -> grpc.GenericRpcHandler:
         # Raw bytes in and out, as service.py: the core parses what it applies.
-        return grpc.method_handlers_generic_handler(SERVICE, {
-            "Report": grpc.stream_stream_rpc_method_handler(self.report),
-            "DumpStacks": grpc.unary_unary_rpc_method_handler(self.dump_stacks),
-        })
+        return rpc_handler(self.report, self.dump_stacks)
 
     # -- the process ---------------------------------------------------------------------
 
