@@ -17,9 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
+from ncclwatch.daemon.settings import NCCL_DEFAULT_TIMEOUT
 from ncclwatch.daemon.table import Job, JobTable
-
-NCCL_DEFAULT_TIMEOUT = 600.0
 
 
 @dataclass(frozen=True)
