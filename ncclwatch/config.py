@@ -80,7 +80,8 @@ def field_default(f: Any) -> Any:
     raise TypeError(f"{f.name} has no default")
 
 
-def options_of(cls: type, *, run: bool = False, exclude: Collection[str] = ()) -> tuple[Option, ...]:
+def options_of(cls: type, *, run: bool = False,
+               exclude: Collection[str] = ()) -> tuple[Option, ...]:
     """The settings declared on ``cls`` with option(), in field order; under
     ``run``, with the defaults of ``ncclwatch run``."""
     out = []
