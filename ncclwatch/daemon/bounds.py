@@ -12,9 +12,8 @@ the least recently used stacks (evicted, not refused).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from ncclwatch.config import Option, build, option, options_of, positive_float, positive_int
+from ncclwatch.config import option, positive_float, positive_int
 
 _N = {"type": positive_int, "metavar": "N"}
 _S = {"type": positive_float, "metavar": "SECONDS"}
@@ -63,13 +62,3 @@ BOUND_LABELS = {
     "max_flight_recorder_ranks": "flight_recorder_ranks",
     "max_interval_seconds": "interval", "max_age_seconds": "age",
 }
-
-
-def bound_options() -> tuple[Option, ...]:
-    """One daemon option per bound: flag, environment variable and TOML key."""
-    return options_of(Bounds)
-
-
-def bounds_from(cfg: dict[str, Any]) -> Bounds:
-    """The Bounds in a resolved config (defaults for what it lacks)."""
-    return build(Bounds, {k: v for k, v in cfg.items() if v is not None})
