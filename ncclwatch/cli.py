@@ -11,160 +11,36 @@ import signal
 import socket
 import sys
 import tempfile
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ncclwatch import __version__
-from ncclwatch.daemon.bounds import bound_options, bounds_from
-from ncclwatch.config import (ConfigError, Option, add_options, hostport, hostports,
-                              load_file, non_negative_float, positive_float, positive_int,
-                              rank_set, resolve, urls)
+from ncclwatch.agent.settings import AGENT_SIDE, AgentConfig, ClientTLSFiles, stack_policy
+from ncclwatch.config import (ConfigError, add_options, build, load_file, option, options_of,
+                              positive_float, resolve)
+from ncclwatch.daemon.bounds import Bounds
+from ncclwatch.daemon.settings import DaemonConfig, DaemonInputs, ServerTLSFiles
 
 log = logging.getLogger("ncclwatch")
 
-_LOG = Option("log_level", str, "info", "log level: debug, info, warning, error")
-_INTERVAL = Option("interval", positive_float, 1.0, "seconds between sampling rounds",
-                   "SECONDS")
-_WATCHDOG = Option("watchdog_timeout", positive_float, 600.0,
-                   "process-group timeout assumed for jobs that declare none "
-                   "(NCCL's default is 600)", "SECONDS")
-_THRESHOLD = Option("stall_threshold", positive_float, 5.0,
-                    "seconds in a collective before a rank counts as blocked", "SECONDS")
-_HANG = Option("hang_threshold", positive_float, 30.0,
-               "seconds in a collective, with no checkpoint to explain it, before "
-               "collective_hang/desync/rank_lost: the ceiling of each job's learned "
-               "threshold", "SECONDS")
-_HANG_FLOOR = Option("hang_floor", positive_float, 5.0,
-                     "the least a job's learned hang threshold can be (a job's normal "
-                     "waits, learned per collective op, set it in between)", "SECONDS")
-_STALENESS = Option("staleness", positive_float, 10.0,
-                    "seconds without a report before an agent's ranks are unknown", "SECONDS")
-_SUSPECT = Option("suspect_stack_interval", positive_float, 2.0,
-                  "re-dump a possibly stuck rank this often", "SECONDS")
-_SLOW = Option("slow_stack_interval", positive_float, 30.0,
-               "re-dump every rank at least this often", "SECONDS")
-_NATIVE_AFTER = Option("native_stack_after", non_negative_float, 3.0,
-                       "the least stillness before one native stack (py-spy --native, "
-                       "which pauses the rank for the unwind) of a rank whose Python stack "
-                       "shows no wait; taken only where the rank's own history (its normal "
-                       "still periods) or the job's shape (a peer in checkpoint work) says "
-                       "the stillness is abnormal; once per still period; 0: never",
-                       "SECONDS")
-_PAUSE_BUDGET = Option("pause_budget", non_negative_float, 10.0,
-                       "seconds per rank per hour that native stacks may pause a rank; "
-                       "once spent, none until the hour frees some (said once, and in "
-                       "ncclwatch_agent_pause_budget_spent_ranks); 0: no native stacks",
-                       "SECONDS")
-_NATIVE_CEILING = Option("native_stack_ceiling", positive_float, 60.0,
-                         "still this long, a rank that has stepped normally is paused for "
-                         "a native stack whatever its history says (its normal is 2x its "
-                         "longest normal still period + 2 s, up to this)", "SECONDS")
-_PYSPY_TIMEOUT = Option("pyspy_timeout", positive_float, 3.0, "timeout of one py-spy dump",
-                        "SECONDS")
-_CPU_BUDGET = Option("cpu_budget", positive_float, 0.25,
-                     "the agent's own CPU (py-spy included) in cores; above it only the "
-                     "stacks the daemon asks for are taken", "CORES")
-_MAX_QUEUE = Option("max_queue", positive_int, 32,
-                    "reports kept while the collector is unreachable (the oldest are "
-                    "dropped and counted)", "N")
 
-#: mTLS for the agents' gRPC (ncclwatch/tls.py says which go together).
-_TLS_SERVER = (
-    Option("tls_cert", str, None, "the daemon's TLS certificate (PEM); turns on mTLS for "
-           "agents", "FILE"),
-    Option("tls_key", str, None, "the private key of --tls-cert (PEM)", "FILE"),
-    Option("tls_client_ca", str, None, "CA that signs the agents' client certificates "
-           "(required with --tls-cert: every agent must present one)", "FILE"),
-)
-_TLS_AGENT = (
-    Option("tls_ca", str, None, "CA that signed the daemon's certificate; turns on mTLS",
-           "FILE"),
-    Option("tls_cert", str, None, "this node's client certificate (PEM); its CN or a DNS "
-           "name must be --node", "FILE"),
-    Option("tls_key", str, None, "the private key of --tls-cert (PEM)", "FILE"),
-    Option("tls_server_name", str, None, "name to check the daemon's certificate against "
-           "(default: the --collector host)", "NAME"),
-)
-_WEB_CONFIG = Option("web_config", str, None, "web config (YAML, Prometheus exporter-toolkit "
-                     "format) for HTTPS and basic auth on /metrics, API and page", "FILE")
-_DIAGNOSE_MAX = Option("diagnose_max_bytes", positive_int, 256 << 20,
-                       "largest log (after gunzip) the paste page and POST /api/v1/diagnose "
-                       "read; a larger one is refused with 413", "BYTES")
+@dataclass(frozen=True)
+class LogSettings:
+    log_level: str = option("info", "log level: debug, info, warning, error")
 
 
-
-def _workers(v: Any) -> int:
-    """A whole number >= 0."""
-    if isinstance(v, bool) or float(v) != int(float(v)) or float(v) < 0:
-        raise ValueError("must be a whole number >= 0")
-    return int(float(v))
-
-
-_INGEST_WORKERS = Option("ingest_workers", _workers, 0,
-                         "processes that serve the agents' gRPC on --grpc (SO_REUSEPORT) and "
-                         "forward reports to this one, which keeps the job table, detection "
-                         "and HTTP: ingest on more than one core (0: serve gRPC here)", "N")
-
-_EXTERNAL_URL = Option("external_url", str, None,
-                       "URL operators reach this daemon's page at (behind a proxy or DNS "
-                       "name); alerts link to each job's part of it (default: "
-                       "http(s)://<this host>:<http port>)", "URL")
-_RUNBOOK_URL = Option("runbook_url", str, None,
-                      "base URL of the runbooks alerts link to (default: the ones this "
-                      "daemon serves at <external-url>/runbooks/)", "URL")
-
-
-def _allowed_hosts(default: str) -> Option:
-    return Option("allowed_hosts", str, default,
-                  "Host headers the HTTP side answers, comma-separated (the --http host is "
-                  "added); others get 403, so a page that rebinds its DNS name to this "
-                  "address cannot read it. Empty: any Host", "HOSTS")
-
-
-#: The node's word for a rank's pod (a rank's own POD_NAME is only what it declares).
-_PODS = Option("pods_log_dir", str, "/var/log/pods", "the kubelet's pod log directories "
-               "(<namespace>_<pod>_<uid>), read-only: with the pod UID in a rank's cgroup, "
-               "names its Kubernetes pod", "DIR")
-_SHARDS = Option("shards", urls, None,
-                 "every shard's page when daemons shard jobs, in the agents' --collector "
-                 "order: ';' between shards, ',' between the daemons of a pair (TOML: a list "
-                 "of lists). The page and API say which shard owns each job and link to it; "
-                 "`ncclwatch status` against this daemon asks every shard", "URL[,URL][;URL...]")
-_SHARD = Option("shard", _workers, None,
-                "this daemon's place in --shards, from 0 (default: the shard whose URLs "
-                "hold --external-url)", "N")
-
-DAEMON_OPTIONS = (
-    Option("grpc", hostport, "0.0.0.0:7470", "listen address for agents", "HOST:PORT"),
-    Option("http", hostport, "0.0.0.0:7471", "listen address for /metrics, API, page",
-           "HOST:PORT"),
-    _WATCHDOG, _THRESHOLD, _HANG, _HANG_FLOOR, _STALENESS, _INGEST_WORKERS, *_TLS_SERVER,
-    _WEB_CONFIG, _DIAGNOSE_MAX, _EXTERNAL_URL, _RUNBOOK_URL, _allowed_hosts(""),
-    _SHARDS, _SHARD, *bound_options(), _LOG,
-)
-AGENT_OPTIONS = (
-    Option("collector", hostports, "127.0.0.1:7470", "the daemon's gRPC address; two or more, "
-           "comma-separated (TOML: a list), for a highly available pair: every report goes "
-           "to each over its own stream and queue. Shards of daemons (or of pairs) "
-           "separated by ';' (TOML: a list of lists): each job's ranks go to the shard that "
-           "owns the job id (ncclwatch/shard.py), the node's health to every shard",
-           "HOST:PORT[,HOST:PORT][;HOST:PORT[,HOST:PORT]...]"),
-    _INTERVAL,
-    Option("node", str, socket.gethostname(), "node name to report as", "NAME"),
-    Option("ranks", rank_set, None, "watch only these global ranks, e.g. 0-3 (default: all; "
-           "for splitting one host's ranks between agents)", "RANGES"),
-    _PODS,
-    _SUSPECT, _SLOW, _NATIVE_AFTER, _PAUSE_BUDGET, _NATIVE_CEILING, _PYSPY_TIMEOUT,
-    _MAX_QUEUE, *_TLS_AGENT, _LOG,
-)
-RUN_OPTIONS = (
-    Option("grpc", hostport, "127.0.0.1:7470", "listen address for agents", "HOST:PORT"),
-    Option("http", hostport, "127.0.0.1:7471", "listen address for /metrics, API, page",
-           "HOST:PORT"),
-    _INTERVAL, _WATCHDOG, _THRESHOLD, _HANG, _HANG_FLOOR, _STALENESS, _SUSPECT, _SLOW, _PYSPY_TIMEOUT,
-    _NATIVE_AFTER, _PAUSE_BUDGET, _NATIVE_CEILING, _CPU_BUDGET, *_TLS_SERVER, _DIAGNOSE_MAX,
-    _allowed_hosts("localhost,127.0.0.1,::1"),
-    _PODS, *bound_options(), _LOG,
-)
+#: Every command's settings, derived from the dataclasses that hold them
+#: (daemon/settings.py, agent/settings.py, daemon/bounds.py).
+_LOG = options_of(LogSettings)
+DAEMON_OPTIONS = (*options_of(DaemonConfig), *options_of(ServerTLSFiles),
+                  *options_of(DaemonInputs), *options_of(Bounds), *_LOG)
+AGENT_OPTIONS = (*options_of(AgentConfig, exclude=[o.name for o in AGENT_SIDE]), *AGENT_SIDE,
+                 *options_of(ClientTLSFiles), *_LOG)
+#: The daemon side on loopback (no ingest workers, no links to elsewhere) and
+#: the agent side, as `ncclwatch agent` takes it.
+RUN_OPTIONS = (*options_of(DaemonConfig, run=True,
+                           exclude=("ingest_workers", "external_url", "runbook_url")),
+               *AGENT_SIDE, *options_of(ServerTLSFiles), *options_of(Bounds), *_LOG)
 
 DEFAULT_FILES = {"daemon": "/etc/ncclwatch/daemon.toml", "agent": "/etc/ncclwatch/agent.toml",
                  "run": None}
@@ -188,10 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--config", metavar="FILE",
                         help="TOML config file" + (f" (default: {DEFAULT_FILES[name]} if it "
                                                    "exists)" if DEFAULT_FILES[name] else ""))
-        if name in ("daemon", "run"):
-            sp.add_argument("--job-timeout", action="append", default=[], metavar="GLOB=SECONDS",
-                            help="watchdog timeout for jobs whose id matches GLOB (repeatable; "
-                                 "config file: [job_timeouts] table)")
+        for t in (o for o in options if o.table):   # [job_timeouts]: --job-timeout
+            sp.add_argument("--" + t.name.rstrip("s").replace("_", "-"), action="append",
+                            default=[], metavar=t.metavar,
+                            help=f"{t.help} (repeatable; config file: [{t.name}] table)")
     st = sub.add_parser("status", help="show live jobs and stalls from a daemon",
                         description="show live jobs and stalls from a daemon")
     st.add_argument("--daemon", default=None, metavar="URL",
@@ -260,8 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         options = {"run": RUN_OPTIONS, "daemon": DAEMON_OPTIONS, "agent": AGENT_OPTIONS}
         file = load_file(args.config, DEFAULT_FILES[args.command])
         cfg = resolve(options[args.command], args, file)
-        if args.command != "agent":
-            cfg["job_timeouts"] = _job_timeouts(file.get("job_timeouts", {}), args.job_timeout)
+        if "job_timeouts" in cfg:
+            cfg["job_timeouts"] = _job_timeouts(cfg["job_timeouts"], args.job_timeout)
         _security(args.command, cfg)
         if args.command == "daemon":
             cfg["shard_map"] = _shard_map(cfg)
@@ -304,7 +180,7 @@ def _security(command: str, cfg: dict[str, Any]) -> None:
     from ncclwatch import tls
 
     if command == "agent":
-        cfg["client_tls"] = tls.client_tls(cfg, node=cfg.get("node") or socket.gethostname())
+        cfg["client_tls"] = tls.client_tls(cfg, node=cfg["node"] or socket.gethostname())
         return
     cfg["server_tls"] = tls.server_tls(cfg)
     cfg["web"] = None
@@ -353,22 +229,9 @@ def _setup_logging(level: str) -> None:
     install_log_escaping()   # arguments (job ids, node names, paths): no forged lines
 
 
-def _daemon_config(cfg: dict[str, Any]):
-    from ncclwatch.daemon.core import DaemonConfig
-
-    return DaemonConfig(grpc=cfg["grpc"], http=cfg["http"],
-                        watchdog_timeout=cfg["watchdog_timeout"],
-                        job_timeouts=cfg.get("job_timeouts", {}),
-                        stall_threshold=cfg["stall_threshold"],
-                        hang_threshold=cfg["hang_threshold"], hang_floor=cfg["hang_floor"],
-                        staleness=cfg["staleness"],
-                        ingest_workers=cfg.get("ingest_workers", 0),
-                        tls=cfg.get("server_tls"), web=cfg.get("web"),
-                        diagnose_max_bytes=cfg.get("diagnose_max_bytes", 256 << 20),
-                        external_url=cfg.get("external_url") or "",
-                        runbook_url=cfg.get("runbook_url") or "",
-                        allowed_hosts=cfg.get("allowed_hosts") or "",
-                        bounds=bounds_from(cfg), shards=cfg.get("shard_map"))
+def _daemon_config(cfg: dict[str, Any]) -> DaemonConfig:
+    return build(DaemonConfig, cfg, tls=cfg["server_tls"], web=cfg["web"],
+                 bounds=build(Bounds, cfg), shards=cfg.get("shard_map"))
 
 
 def _shard_map(cfg: dict[str, Any]):
@@ -381,7 +244,7 @@ def _shard_map(cfg: dict[str, Any]):
             raise ConfigError("shard is set but shards is not: give every shard's URLs")
         return None
     web = cfg.get("web")
-    own = external_url(cfg.get("external_url") or "", cfg["http"],
+    own = external_url(cfg["external_url"], cfg["http"],
                        bool(web and web.ssl_context))
     try:
         return ShardMap.parse(cfg["shards"], cfg.get("shard"), own)
@@ -389,22 +252,13 @@ def _shard_map(cfg: dict[str, Any]):
         raise ConfigError(f"shards: {e}") from None
 
 
-def _agent_config(cfg: dict[str, Any], collector: str | None = None):
-    from ncclwatch.agent.agent import AgentConfig
-    from ncclwatch.agent.pausing import PausePolicy
-    from ncclwatch.agent.policy import StackPolicy
-
-    return AgentConfig(
-        collector=collector or cfg["collector"], interval=cfg["interval"],
-        node=cfg.get("node") or socket.gethostname(),
-        policy=StackPolicy(suspect_interval=cfg["suspect_stack_interval"],
-                           slow_interval=cfg["slow_stack_interval"],
-                           cpu_budget=cfg.get("cpu_budget", 0.25),
-                           native_after=cfg.get("native_stack_after", 3.0),
-                           pause=PausePolicy(budget=cfg.get("pause_budget", 10.0),
-                                             ceiling=cfg.get("native_stack_ceiling", 60.0))),
-        pyspy_timeout=cfg["pyspy_timeout"], max_queue=cfg.get("max_queue", 32),
-        tls=None if collector else cfg.get("client_tls"))
+def _agent_config(cfg: dict[str, Any], collector: str | None = None) -> AgentConfig:
+    """The agent's config; ``collector``: the own daemon of ``ncclwatch run``
+    (no TLS: it reports over loopback or a private unix socket)."""
+    given: dict[str, Any] = {"collector": collector, "tls": None} if collector else {
+        "tls": cfg.get("client_tls")}
+    return build(AgentConfig, cfg, node=cfg["node"] or socket.gethostname(),
+                 policy=stack_policy(cfg), **given)
 
 
 def _stop_on_signals(stop, notifier=None) -> None:
@@ -437,15 +291,11 @@ async def _daemon(cfg: dict[str, Any]) -> int:
 
 async def _agent(cfg: dict[str, Any]) -> int:
     from ncclwatch.agent.agent import Agent
-
-    from ncclwatch.agent.discover import Discovery
     from ncclwatch.sdnotify import Notifier
 
     config = _agent_config(cfg)
     notifier = Notifier()
-    agent = Agent(config, discovery=Discovery(config.node, ranks=cfg["ranks"],
-                                              pods_root=cfg["pods_log_dir"]),
-                  notifier=notifier)
+    agent = Agent(config, notifier=notifier)
     _stop_on_signals(agent.stop, notifier)
     _warn_ptrace()
     log.info("ncclwatch agent on %s: reporting to %s every %.1fs", agent.config.node,
@@ -456,7 +306,6 @@ async def _agent(cfg: dict[str, Any]) -> int:
 
 async def _run(cfg: dict[str, Any]) -> int:
     from ncclwatch.agent.agent import Agent
-    from ncclwatch.agent.discover import Discovery
     from ncclwatch.daemon.core import Daemon
     from ncclwatch.daemon.server import DaemonServer
     from ncclwatch.sdnotify import Notifier
@@ -473,8 +322,7 @@ async def _run(cfg: dict[str, Any]) -> int:
         host = cfg["grpc"].rpartition(":")[0] or "127.0.0.1"
         agent_cfg = _agent_config(cfg, collector=f"unix:{local}" if local
                                   else f"{host}:{server.grpc_port}")
-        agent = Agent(agent_cfg, discovery=Discovery(agent_cfg.node,
-                                                     pods_root=cfg["pods_log_dir"]))
+        agent = Agent(agent_cfg)
         _stop_on_signals(agent.stop, notifier)
         _warn_ptrace()
         print(f"ncclwatch {__version__}: watching this node; open http://"

@@ -1,7 +1,10 @@
 """One precedence for every setting: flag > environment > config file > default.
 
-Options are declared once (name, type, default, help); argparse flags,
-``NCCLWATCH_<NAME>`` variables and TOML keys all derive from the name.
+Every option is declared once, on the dataclass field that holds it
+(``field: float = option(5.0, "help", positive_float, "SECONDS")``);
+``options_of(Cls)`` derives the Options, whose argparse flags,
+``NCCLWATCH_<NAME>`` variables and TOML keys all derive from the field name,
+and ``build(Cls, cfg)`` makes the dataclass from a resolved config.
 """
 
 from __future__ import annotations
@@ -9,9 +12,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -26,6 +29,11 @@ class Option:
     default: Any
     help: str
     metavar: str | None = None
+    #: A TOML table (``[name]``, KEY = VALUE) with no flag or variable of its
+    #: own; the command that takes it parses its flags (--job-timeout).
+    table: bool = False
+    #: Where it is declared: "module.Class.field" (the default comes from there).
+    home: str = ""
 
     @property
     def flag(self) -> str:
@@ -40,8 +48,73 @@ class ConfigError(ValueError):
     pass
 
 
+_META = "ncclwatch.option"
+_SAME = object()
+
+
+@dataclass(frozen=True)
+class _Spec:
+    help: str
+    type: Callable[[str], Any]
+    metavar: str | None
+    run: Any          # the default under `ncclwatch run` (_SAME: the field's)
+    table: bool
+
+
+def option(default: Any = MISSING, help: str = "", type: Callable[[str], Any] = str,
+           metavar: str | None = None, *, default_factory: Any = MISSING,
+           run: Any = _SAME, table: bool = False) -> Any:
+    """A dataclass field that is also a setting (flag, env and TOML key from
+    its name). ``run``: the default under ``ncclwatch run`` where it differs
+    (loopback addresses); ``table``: a TOML table, see Option.table."""
+    return field(default=default, default_factory=default_factory,
+                 metadata={_META: _Spec(help, type, metavar, run, table)})
+
+
+def field_default(f: Any) -> Any:
+    """A dataclass field's default (a default_factory is called)."""
+    if f.default is not MISSING:
+        return f.default
+    if f.default_factory is not MISSING:
+        return f.default_factory()
+    raise TypeError(f"{f.name} has no default")
+
+
+def options_of(cls: type, *, run: bool = False,
+               exclude: Collection[str] = ()) -> tuple[Option, ...]:
+    """The settings declared on ``cls`` with option(), in field order; under
+    ``run``, with the defaults of ``ncclwatch run``."""
+    out = []
+    for f in fields(cls):
+        spec = f.metadata.get(_META)
+        if spec is None or f.name in exclude:
+            continue
+        default = spec.run if run and spec.run is not _SAME else field_default(f)
+        out.append(Option(f.name, spec.type, default, spec.help, spec.metavar,
+                          table=spec.table, home=f"{cls.__module__}.{cls.__qualname__}.{f.name}"))
+    return tuple(out)
+
+
+def build(cls: type, cfg: Mapping[str, Any], **given: Any) -> Any:
+    """``cls`` from a resolved config: its option fields from ``cfg`` (those it
+    lacks keep their defaults), the others from ``given``."""
+    kw = {f.name: cfg[f.name] for f in fields(cls)
+          if _META in f.metadata and f.name in cfg and f.name not in given}
+    return cls(**kw, **given)
+
+
+class ConfigFile(dict):
+    """A loaded TOML file, which knows its path (for messages)."""
+
+    def __init__(self, data: Mapping[str, Any], path: str) -> None:
+        super().__init__(data)
+        self.path = path
+
+
 def add_options(parser: argparse.ArgumentParser, options: Sequence[Option]) -> None:
     for o in options:
+        if o.table:
+            continue
         parser.add_argument(o.flag, type=o.type, default=None, metavar=o.metavar,
                             help=f"{o.help} (default: {o.default}; env {o.env})")
 
@@ -53,7 +126,7 @@ def load_file(path: str | None, default_path: str | None) -> dict[str, Any]:
         return {}
     try:
         with open(chosen, "rb") as f:
-            return tomllib.load(f)
+            return ConfigFile(tomllib.load(f), chosen)
     except OSError as e:
         raise ConfigError(f"cannot read config file {chosen}: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:
@@ -63,12 +136,16 @@ def load_file(path: str | None, default_path: str | None) -> dict[str, Any]:
 def resolve(options: Sequence[Option], args: argparse.Namespace,
             file: Mapping[str, Any], env: Mapping[str, str] | None = None) -> dict[str, Any]:
     env = os.environ if env is None else env
-    known = {o.name for o in options}
-    unknown = [k for k, v in file.items() if k not in known and not isinstance(v, dict)]
-    if unknown:
-        raise ConfigError(f"unknown config key(s): {', '.join(sorted(unknown))}")
+    _check_file(options, file)
     out: dict[str, Any] = {}
     for o in options:
+        if o.table:
+            value = file.get(o.name)
+            if value is not None and not isinstance(value, dict):
+                raise ConfigError(f"{_where(file)}: {o.name} must be a table ([{o.name}]), "
+                                  f"not {value!r}")
+            out[o.name] = o.default if value is None else dict(value)
+            continue
         value = getattr(args, o.name, None)
         source = o.flag
         if value is None and o.env in env:
@@ -83,6 +160,26 @@ def resolve(options: Sequence[Option], args: argparse.Namespace,
         except (TypeError, ValueError) as e:
             raise ConfigError(f"{o.name} from {source}: invalid value {value!r} ({e})") from None
     return out
+
+
+def _where(file: Mapping[str, Any]) -> str:
+    path = getattr(file, "path", None)
+    return f"config file {path}" if path else "config file"
+
+
+def _check_file(options: Sequence[Option], file: Mapping[str, Any]) -> None:
+    """Every key and table of the file is a setting of this command."""
+    known = {o.name for o in options}
+    tables = sorted(o.name for o in options if o.table)
+    unknown_tables = sorted(k for k, v in file.items() if isinstance(v, dict) and k not in known)
+    if unknown_tables:
+        takes = (f"its tables are {', '.join(f'[{t}]' for t in tables)}" if tables
+                 else "it takes no tables")
+        raise ConfigError(f"{_where(file)}: unknown table(s) "
+                          f"{', '.join(f'[{t}]' for t in unknown_tables)} ({takes})")
+    unknown = sorted(k for k in file if k not in known)
+    if unknown:
+        raise ConfigError(f"{_where(file)}: unknown config key(s): {', '.join(unknown)}")
 
 
 def rank_set(v: Any) -> frozenset[int] | None:
@@ -115,6 +212,13 @@ def positive_int(v: Any) -> int:
     if x < 1:
         raise ValueError("must be >= 1")
     return x
+
+
+def non_negative_int(v: Any) -> int:
+    """A whole number >= 0."""
+    if isinstance(v, bool) or float(v) != int(float(v)) or float(v) < 0:
+        raise ValueError("must be a whole number >= 0")
+    return int(float(v))
 
 
 def hostport(v: Any) -> str:

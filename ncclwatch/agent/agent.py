@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import time
 import uuid
-from dataclasses import dataclass, field
 
 import psutil
 
@@ -22,11 +20,12 @@ from ncclwatch.agent.discover import Discovery, RankProcess
 from ncclwatch.agent.frprobe import FlightRecorderProbe
 from ncclwatch.agent.launchers import read_maps
 from ncclwatch.agent.gpu import EMPTY, GpuReader, GpuReading, NvmlGpuReader, expected_gpus
-from ncclwatch.agent.policy import CpuMeter, StackPolicy
+from ncclwatch.agent.policy import CpuMeter
 from ncclwatch.agent.pyspy import PySpy, PySpyError
 from ncclwatch.agent.report import AgentHealthCounts, build_report, sample_pb, stack_pb
 from ncclwatch.agent.sample import ProcessSampler, progress_events, side_events
 from ncclwatch.agent.scheduler import SchedulerLookup
+from ncclwatch.agent.settings import AgentConfig
 from ncclwatch.agent.tracker import RankTracker
 from ncclwatch.agent.route import Router
 from ncclwatch.sanitize import COUNTS, for_log, install_log_escaping
@@ -34,7 +33,6 @@ from ncclwatch.sdnotify import Notifier
 from ncclwatch.native_signatures import classify_native_rank
 from ncclwatch.signatures import DEFAULT_CLASSIFIER, Classifier
 from ncclwatch.stacks import main_thread
-from ncclwatch.tls import ClientTLS
 from ncclwatch.v1 import collector_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -48,20 +46,6 @@ STACK_CACHE = 1024
 MAPS_EVERY = 30.0
 
 
-@dataclass
-class AgentConfig:
-    #: "a:7470,b:7470": an HA pair, each sent every report; "a0,b0;a1,b1":
-    #: shards (of pairs), each sent its own jobs' ranks (agent/route.py).
-    collector: str = "127.0.0.1:7470"
-    interval: float = 1.0
-    node: str = field(default_factory=socket.gethostname)
-    policy: StackPolicy = field(default_factory=StackPolicy)
-    pyspy_timeout: float = 3.0
-    pyspy_concurrency: int = 2
-    max_queue: int = 32
-    tls: ClientTLS | None = None  # mTLS to the daemon (None: insecure)
-
-
 class Agent:
     def __init__(self, config: AgentConfig, *, gpu: GpuReader | None = None,
                  pyspy: PySpy | None = None, classifier: Classifier = DEFAULT_CLASSIFIER,
@@ -71,7 +55,8 @@ class Agent:
         self.config = config
         self.notifier = notifier
         self.agent_id = uuid.uuid4().hex
-        self.discovery = discovery or Discovery(config.node)
+        self.discovery = discovery or Discovery(config.node, ranks=config.ranks,
+                                                pods_root=config.pods_log_dir)
         self.sampler = ProcessSampler()
         self.frprobe = FlightRecorderProbe()
         self.frame_packages = imports.FramePackages()

@@ -30,6 +30,7 @@ import grpc
 
 from ncclwatch.agent import delta
 from ncclwatch.agent.report import PROTOCOL_VERSION as FULL_PROTOCOL
+from ncclwatch.agent.settings import AgentConfig
 from ncclwatch.tls import ClientTLS
 from ncclwatch.v1 import collector_pb2 as pb
 from ncclwatch.v1 import collector_pb2_grpc as pb_grpc
@@ -81,7 +82,7 @@ class Backoff:
 
 class Uplink:
     def __init__(self, target: str, stacks: dict[str, pb.Stack], *,
-                 max_queue: int = 32,
+                 max_queue: int = AgentConfig.max_queue,
                  on_command: Callable[[pb.Command], None] = lambda c: None,
                  on_connect: Callable[[], None] = lambda: None,
                  tls: ClientTLS | None = None) -> None:

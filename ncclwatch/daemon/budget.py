@@ -18,9 +18,8 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
 from ncclwatch.daemon.records import Job
+from ncclwatch.daemon.settings import NCCL_DEFAULT_TIMEOUT
 from ncclwatch.daemon.table import JobTable
-
-NCCL_DEFAULT_TIMEOUT = 600.0
 
 
 @dataclass(frozen=True)

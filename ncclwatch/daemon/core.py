@@ -9,28 +9,21 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import grpc
 
-from ncclwatch.daemon.bounds import Bounds
 from ncclwatch.daemon.budget import Budget, BudgetConfig, budget
 from ncclwatch.daemon.detect import DetectConfig, detect_job
 from ncclwatch.daemon.detect.shape import halted, still_since
 from ncclwatch.daemon.diagnosis import diagnose
 from ncclwatch.daemon.incidents import Incidents
 from ncclwatch.daemon.ownership import Ownership
+from ncclwatch.daemon.settings import DaemonConfig
 from ncclwatch.daemon.smooth import Smoother
 from ncclwatch.daemon.table import JobTable
 from ncclwatch.daemon.validate import ReportError, validate_request
 from ncclwatch.model import CHECKPOINT_STATES, QUIET_CPU
-from ncclwatch.shard import ShardMap
 from ncclwatch.v1 import collector_pb2 as pb
-
-if TYPE_CHECKING:
-    from ncclwatch.daemon.webconfig import WebConfig
-    from ncclwatch.tls import ServerTLS
 
 log = logging.getLogger(__name__)
 
@@ -44,36 +37,6 @@ FLIGHT_RECORDER_EVERY = 30.0
 #: Tell a job's agents its shape says a stall is under way (native dumps of
 #: its still ranks allowed) at most this often.
 NATIVE_ASK_EVERY = 2.0
-
-
-@dataclass
-class DaemonConfig:
-    grpc: str = "0.0.0.0:7470"
-    http: str = "0.0.0.0:7471"
-    watchdog_timeout: float = 600.0
-    job_timeouts: dict[str, float] = field(default_factory=dict)
-    stall_threshold: float = 5.0
-    hang_threshold: float = 30.0
-    hang_floor: float = 5.0
-    staleness: float = 10.0
-    tick: float = 0.5
-    tls: ServerTLS | None = None  # mTLS for the agents' gRPC (None: insecure)
-    web: WebConfig | None = None  # HTTPS and basic auth for HTTP (None: plain)
-    #: Worker processes that serve the agents' gRPC and forward reports here
-    #: (ingestpool.py); 0: this process serves gRPC itself.
-    ingest_workers: int = 0
-    #: The largest log ``POST /api/v1/diagnose`` reads (after gunzip), bytes.
-    diagnose_max_bytes: int = 256 << 20
-    #: How operators reach the daemon's page (alerts link to it; "": this host).
-    external_url: str = ""
-    #: Base of the runbook pages alerts link to ("": <external_url>/runbooks/).
-    runbook_url: str = ""
-    #: Host headers HTTP serves (http.allowed_hosts: comma list; "": any).
-    allowed_hosts: str = ""
-    #: What one report, agent or job may cost (bounds.py).
-    bounds: Bounds = field(default_factory=Bounds)
-    #: Every shard's page when daemons shard jobs (None: this daemon is all).
-    shards: ShardMap | None = None
 
 
 class Daemon:

@@ -153,7 +153,7 @@ class Worker:
             cfg = await self.config
         except ConnectionError:
             return 1
-        logging.getLogger().setLevel(cfg.get("log_level", logging.INFO))
+        logging.getLogger().setLevel(cfg["log_level"])  # the pool sends all (ingestpool)
         server = grpc.aio.server(options=WORKER_OPTIONS)
         server.add_generic_rpc_handlers((self.handler(),))
         port = 0
@@ -178,7 +178,7 @@ class Worker:
         stats = asyncio.create_task(self._stats())
         await self.lost.wait()  # the core stopped (or died): finish the streams, go
         stats.cancel()
-        await server.stop(cfg.get("grace", 1.0))
+        await server.stop(cfg["grace"])
         return 0
 
     async def _stats(self) -> None:

@@ -27,12 +27,14 @@ import zlib
 from html import escape
 from typing import Any, BinaryIO
 
+from ncclwatch.daemon.settings import DaemonConfig
+
 log = logging.getLogger(__name__)
 
 PAGE_PATH = "/diagnose"
 API_PATH = "/api/v1/diagnose"
 #: Default of ``--diagnose-max-bytes``: the largest log (after gunzip) accepted.
-DEFAULT_MAX_BYTES = 256 << 20
+DEFAULT_MAX_BYTES = DaemonConfig.diagnose_max_bytes
 #: A refused body up to this many times the limit is read and dropped before the
 #: 413, so the client (a browser mid-upload) reads the answer rather than a reset.
 DRAIN_FACTOR = 4

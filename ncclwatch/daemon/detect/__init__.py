@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ncclwatch.daemon.records import Job, RankRecord
+from ncclwatch.daemon.settings import DaemonConfig
 from ncclwatch.daemon.table import JobTable
 from ncclwatch.daemon.waits import WaitPolicy
 from ncclwatch.model import CollectiveOp, RankState, StallKind, WaitEvidence
@@ -19,14 +20,17 @@ from ncclwatch.model import CollectiveOp, RankState, StallKind, WaitEvidence
 
 @dataclass(frozen=True)
 class DetectConfig:
+    """The daemon's settings of the same names (settings.py declares them and
+    their defaults)."""
+
     #: A rank counts as blocked after this long in a collective.
-    stall_threshold: float = 5.0
+    stall_threshold: float = DaemonConfig.stall_threshold
     #: Waits with no checkpoint to explain them count after this long: the
     #: ceiling of the learned per-job threshold (waits.py), and the threshold
     #: for ranks with no progress reading.
-    hang_threshold: float = 30.0
+    hang_threshold: float = DaemonConfig.hang_threshold
     #: The learned threshold never goes below this.
-    hang_floor: float = 5.0
+    hang_floor: float = DaemonConfig.hang_floor
 
     @property
     def waits(self) -> WaitPolicy:

@@ -1,0 +1,116 @@
+"""The agent's settings, each declared once.
+
+Flags, ``NCCLWATCH_*`` variables and TOML keys of ``ncclwatch agent`` (and
+the agent side of ``ncclwatch run``, which takes the same ones but the
+connection's: ``AGENT_SIDE``) derive from the fields here
+(``config.options_of``) and, for the stack policy, from the defaults of
+StackPolicy and PausePolicy (``STACK_OPTIONS``).
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping
+
+from ncclwatch.agent.container import PODS_LOG_ROOT
+from ncclwatch.agent.pausing import PausePolicy
+from ncclwatch.agent.policy import StackPolicy
+from ncclwatch.config import (Option, hostports, non_negative_float, option, options_of,
+                              positive_float, positive_int, rank_set)
+
+if TYPE_CHECKING:
+    from ncclwatch.tls import ClientTLS
+
+
+@dataclass
+class AgentConfig:
+    #: "a:7470,b:7470": an HA pair, each sent every report; "a0,b0;a1,b1":
+    #: shards (of pairs), each sent its own jobs' ranks (agent/route.py).
+    collector: str = option(
+        "127.0.0.1:7470", "the daemon's gRPC address; two or more, comma-separated (TOML: a "
+        "list), for a highly available pair: every report goes to each over its own stream "
+        "and queue. Shards of daemons (or of pairs) separated by ';' (TOML: a list of lists): "
+        "each job's ranks go to the shard that owns the job id (ncclwatch/shard.py), the "
+        "node's health to every shard", hostports,
+        "HOST:PORT[,HOST:PORT][;HOST:PORT[,HOST:PORT]...]")
+    interval: float = option(1.0, "seconds between sampling rounds", positive_float, "SECONDS")
+    node: str = option(default_factory=socket.gethostname, help="node name to report as",
+                       metavar="NAME")
+    #: Only these global ranks (None: all): two agents can split one host's ranks.
+    ranks: frozenset[int] | None = option(
+        None, "watch only these global ranks, e.g. 0-3 (default: all; for splitting one "
+        "host's ranks between agents)", rank_set, "RANGES")
+    #: The node's word for a rank's pod (a rank's own POD_NAME is only what it declares).
+    pods_log_dir: str = option(
+        PODS_LOG_ROOT, "the kubelet's pod log directories (<namespace>_<pod>_<uid>), "
+        "read-only: with the pod UID in a rank's cgroup, names its Kubernetes pod", metavar="DIR")
+    policy: StackPolicy = field(default_factory=StackPolicy)
+    pyspy_timeout: float = option(3.0, "timeout of one py-spy dump", positive_float, "SECONDS")
+    pyspy_concurrency: int = 2
+    max_queue: int = option(32, "reports kept while the collector is unreachable (the oldest "
+                            "are dropped and counted)", positive_int, "N")
+    tls: ClientTLS | None = None  # mTLS to the daemon (None: insecure)
+
+
+@dataclass(frozen=True)
+class ClientTLSFiles:
+    """mTLS to the daemon: read into AgentConfig.tls (tls.client_tls)."""
+
+    tls_ca: str | None = option(None, "CA that signed the daemon's certificate; turns on mTLS",
+                                metavar="FILE")
+    tls_cert: str | None = option(None, "this node's client certificate (PEM); its CN or a DNS "
+                                  "name must be --node", metavar="FILE")
+    tls_key: str | None = option(None, "the private key of --tls-cert (PEM)", metavar="FILE")
+    tls_server_name: str | None = option(None, "name to check the daemon's certificate "
+                                         "against (default: the --collector host)",
+                                         metavar="NAME")
+
+
+# The stack policy's settings. StackPolicy and PausePolicy (policy.py,
+# pausing.py) hold them and their defaults, under other names; the options
+# read the defaults from there, and stack_policy() maps them back.
+_STACK = StackPolicy()
+_PAUSE = PausePolicy()
+_HOME = f"{StackPolicy.__module__}.StackPolicy."
+_PAUSE_HOME = f"{PausePolicy.__module__}.PausePolicy."
+
+STACK_OPTIONS = (
+    Option("suspect_stack_interval", positive_float, _STACK.suspect_interval,
+           "re-dump a possibly stuck rank this often", "SECONDS",
+           home=_HOME + "suspect_interval"),
+    Option("slow_stack_interval", positive_float, _STACK.slow_interval,
+           "re-dump every rank at least this often", "SECONDS", home=_HOME + "slow_interval"),
+    Option("native_stack_after", non_negative_float, _STACK.native_after,
+           "the least stillness before one native stack (py-spy --native, which pauses the "
+           "rank for the unwind) of a rank whose Python stack shows no wait; taken only where "
+           "the rank's own history (its normal still periods) or the job's shape (a peer in "
+           "checkpoint work) says the stillness is abnormal; once per still period; 0: never",
+           "SECONDS", home=_HOME + "native_after"),
+    Option("pause_budget", non_negative_float, _PAUSE.budget,
+           "seconds per rank per hour that native stacks may pause a rank; once spent, none "
+           "until the hour frees some (said once, and in "
+           "ncclwatch_agent_pause_budget_spent_ranks); 0: no native stacks", "SECONDS",
+           home=_PAUSE_HOME + "budget"),
+    Option("native_stack_ceiling", positive_float, _PAUSE.ceiling,
+           "still this long, a rank that has stepped is paused for a native stack whatever "
+           f"its history says (past its normal: {_PAUSE.rule.describe()}; up to this)",
+           "SECONDS",
+           home=_PAUSE_HOME + "ceiling"),
+    Option("cpu_budget", positive_float, _STACK.cpu_budget,
+           "the agent's own CPU (py-spy included) in cores; above it only the stacks the "
+           "daemon asks for are taken", "CORES", home=_HOME + "cpu_budget"),
+)
+
+#: What `ncclwatch agent` and `ncclwatch run` both take: all but the connection
+#: to the daemon (--collector and its TLS), which `run` makes itself.
+AGENT_SIDE = (*options_of(AgentConfig, exclude=("collector",)), *STACK_OPTIONS)
+
+
+def stack_policy(cfg: Mapping[str, Any]) -> StackPolicy:
+    """The StackPolicy of a resolved config (STACK_OPTIONS)."""
+    return StackPolicy(suspect_interval=cfg["suspect_stack_interval"],
+                       slow_interval=cfg["slow_stack_interval"],
+                       cpu_budget=cfg["cpu_budget"], native_after=cfg["native_stack_after"],
+                       pause=PausePolicy(budget=cfg["pause_budget"],
+                                         ceiling=cfg["native_stack_ceiling"]))
