@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from ncclwatch.shard import ShardMap
+from ncclwatch.daemon.shardmap import ShardMap
 from ncclwatch.daemon.bounds import Bounds
 from ncclwatch.daemon.budget import Budget, BudgetConfig, budget
 from ncclwatch.daemon.detect import DetectConfig, detect_job
