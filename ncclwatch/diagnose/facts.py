@@ -199,10 +199,10 @@ class Facts:
 
     def all_evidence(self, event: Event) -> list[Evidence]:
         out = [e for e in self.scan.evidence if e.event is event]
-        return sorted(out, key=_order)
+        return sorted(out, key=time_order)
 
 
-def _order(e: Evidence | PyTraceback) -> tuple:
+def time_order(e: Evidence | PyTraceback) -> tuple:
     """Time order where lines have times, else file order (timeless sort last)."""
     return (e.ts is None, e.ts or 0.0, e.file, e.line)
 
@@ -352,7 +352,7 @@ def who(ranks: Sequence[int], one: str = "", many: str = "") -> str:
     return f"ranks {rank_ranges(ranks)}" + (f" {many}" if many else "")
 
 
-def _op_of(e: Evidence) -> str:
+def op_of(e: Evidence) -> str:
     if e.sign == "store_barrier_timeout":
         return ("the store-based barrier of process-group creation"
                 + (f" ({e.fields['key']})" if e.fields.get("key") else ""))
@@ -383,15 +383,15 @@ def timeout_seconds(facts: Facts) -> float | None:
     return None
 
 
-def _waited_op(facts: Facts, ranks: Iterable[int]) -> str:
+def waited_op(facts: Facts, ranks: Iterable[int]) -> str:
     ops: Counter[str] = Counter()
     for r in ranks:
         rf = facts.ranks.get(r)
         if rf is None:
             continue
         for e in rf.timeouts:
-            if _op_of(e):
-                ops[_op_of(e)] += 1
+            if op_of(e):
+                ops[op_of(e)] += 1
         state, op = rf.activity()
         if op is not CollectiveOp.NONE and rf.timeout_tracebacks():
             ops[op.value] += 1
@@ -402,7 +402,7 @@ def _waited_op(facts: Facts, ranks: Iterable[int]) -> str:
     return ops.most_common(1)[0][0]
 
 
-def _first_where(rf: RankFacts) -> list[tuple[str, str]]:
+def first_where(rf: RankFacts) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     if rf.timeouts:
         out.append((rf.timeouts[0].where, f"rank {rf.rank} timed out waiting: "
@@ -425,7 +425,7 @@ def _first_where(rf: RankFacts) -> list[tuple[str, str]]:
     return out
 
 
-def _missing(facts: Facts) -> tuple[list[int], list[tuple[str, str]], str, list[int]]:
+def waited_for(facts: Facts) -> tuple[list[int], list[tuple[str, str]], str, list[int]]:
     """The ranks the waiting ranks waited for, the evidence, how it was found, and
     (when the evidence names nobody) the ranks the initiator must be among."""
     fr = facts.fr
@@ -436,11 +436,11 @@ def _missing(facts: Facts) -> tuple[list[int], list[tuple[str, str]], str, list[
             why = (f"Flight Recorder: rank(s) {rank_ranges(missing)} never started "
                    f"{st.op} #{st.seq} of process group {st.pg_name or st.pg_id}"
                    if st else "Flight Recorder: missing ranks")
-            return missing, [(_fr_where(facts), why)], "flight_recorder", []
+            return missing, [(fr_where(facts), why)], "flight_recorder", []
         lag = _fr_lagging(fr)
         if lag:
             pg, top, ranks = lag
-            return ranks, [(_fr_where(facts),
+            return ranks, [(fr_where(facts),
                             f"Flight Recorder: {who(ranks)} last enqueued collective "
                             f"#{top - 1} or earlier of process group {pg}, the others #{top}")], \
                 "flight_recorder", []
@@ -485,7 +485,7 @@ def _missing(facts: Facts) -> tuple[list[int], list[tuple[str, str]], str, list[
     return [], [], "never_reported", silent
 
 
-def _pg_key(e: Evidence) -> str:
+def pg_key(e: Evidence) -> str:
     """The process group of a line, the default group's names made one."""
     return "default" if e.pg is None or e.pg in DEFAULT_PG else e.pg
 
@@ -518,7 +518,7 @@ BUSY_REACH = 200
 def _alive_not_waiting(facts: Facts, waiting: set[int]) -> dict[int, tuple[str, str]]:
     """Ranks that reported something and did not wait: a traceback of their own, a
     checkpoint, or a dump signal with nothing overdue in the group the others waited in."""
-    pending_pgs = {_pg_key(e) for r in waiting
+    pending_pgs = {pg_key(e) for r in waiting
                    for e in facts.ranks.get(r, RankFacts(r)).dump_signals}
     out: dict[int, tuple[str, str]] = {}
     main = facts.unattributed_checkpointing()
@@ -538,14 +538,14 @@ def _alive_not_waiting(facts: Facts, waiting: set[int]) -> dict[int, tuple[str, 
             out[r] = (e.where, f"rank {r} did not time out: {e.text[:120]}") if e else \
                 (rf.failure.where, f"rank {r} did not time out (torchrun: exitcode "
                  f"{rf.failure.exitcode})")  # type: ignore[union-attr]
-        elif rf.dump_signals and any(_pg_key(e) in pending_pgs for e in rf.dump_signals):
+        elif rf.dump_signals and any(pg_key(e) in pending_pgs for e in rf.dump_signals):
             e = rf.dump_signals[-1]
             out[r] = (e.where, f"rank {r} had nothing overdue when the others timed out: "
                       f"{e.text[:120]}")
     return out
 
 
-def _fr_where(facts: Facts) -> str:
+def fr_where(facts: Facts) -> str:
     """Where the Flight Recorder evidence is: the dumps, as one glob."""
     paths = facts.scan.fr_dumps
     if not paths:
@@ -586,7 +586,7 @@ def _sig_of(rf: RankFacts) -> str:
     return ""
 
 
-def _oom_killed(facts: Facts, rf: RankFacts) -> Evidence | None:
+def oom_killed(facts: Facts, rf: RankFacts) -> Evidence | None:
     fe = rf.failure
     if fe is None or fe.pid is None:
         return None
@@ -596,11 +596,11 @@ def _oom_killed(facts: Facts, rf: RankFacts) -> Evidence | None:
     return None
 
 
-def _inferred_notes(facts: Facts, ranks: Iterable[int]) -> list[str]:
+def inferred_notes(facts: Facts, ranks: Iterable[int]) -> list[str]:
     return [facts.inferred[r] for r in ranks if r in facts.inferred]
 
 
-def _job_failed(facts: Facts) -> bool:
+def job_failed(facts: Facts) -> bool:
     """Anything that says the job did not just finish (warnings alone do not)."""
     return bool(facts.scan.failures or any(
         e.event in (Event.EXIT, Event.TIMEOUT, Event.WATCHDOG_ABORT, Event.MISSING_RANKS,
@@ -611,26 +611,27 @@ def _job_failed(facts: Facts) -> bool:
         or any(exception_kind(t) not in ("teardown", "truncated") for t in facts.scan.tracebacks))
 
 
-def _crashes(facts: Facts) -> list[tuple[tuple, int, str, str]]:
+def own_crashes(facts: Facts) -> list[tuple[tuple, int, str, str]]:
     """(order, rank, where, why) of ranks that failed on their own (not by waiting)."""
     out = []
     watchdog = any(rf.aborted or rf.timeouts for rf in facts.ranks.values())
     for r, rf in facts.ranks.items():
         if rf.cuda_errors:
             e = rf.cuda_errors[0]
-            out.append((_order(e), r, e.where, f"rank {r}'s GPU failed under NCCL: {e.text[:200]}"))
+            out.append((time_order(e), r, e.where,
+                        f"rank {r}'s GPU failed under NCCL: {e.text[:200]}"))
             continue
         for tb in rf.tracebacks:
             if exception_kind(tb) != "error":
                 continue
-            out.append((_order(tb), r, tb.where, f"rank {r} raised {tb.exception[:200]}"))
+            out.append((time_order(tb), r, tb.where, f"rank {r} raised {tb.exception[:200]}"))
             break
         else:
             sig = _sig_of(rf)
             meaning = SIGNAL_MEANING.get(sig, "")
             if meaning in ("crashed", "killed") or (meaning == "aborted" and not watchdog
                                                    and not rf.waited):
-                if sig == "SIGKILL" and _oom_killed(facts, rf) is not None:
+                if sig == "SIGKILL" and oom_killed(facts, rf) is not None:
                     continue
                 fe = rf.failure
                 assert fe is not None
@@ -643,7 +644,7 @@ def _crashes(facts: Facts) -> list[tuple[tuple, int, str, str]]:
             code, lr = int(e.fields["exitcode"]), e.fields.get("local_rank")
             only = lr is None and e.fields.get("last_local_rank") == "0" and (
                 SIGNAL_MEANING.get(exit_name(code)) in ("crashed", "killed")
-                or not _anyone_waited(facts))  # else the exit of a rank that waited
+                or not anyone_waited(facts))  # else the exit of a rank that waited
             if only:
                 lr = "0"
             if (code < 0 or only) and lr is not None and int(lr) not in {o[1] for o in out}:
@@ -656,18 +657,18 @@ def _crashes(facts: Facts) -> list[tuple[tuple, int, str, str]]:
     return out
 
 
-def _unranked_crash(facts: Facts) -> list[Evidence]:
+def unranked_crash(facts: Facts) -> list[Evidence]:
     """Lines that say some process died of its own failure, with no rank anywhere:
     an allocator failing, the OOM killer, a worker killed by a signal."""
     out = [e for e in facts.unattributed if e.event in (Event.OOM, Event.CUDA_ERROR)]
-    waited = _anyone_waited(facts)
+    waited = anyone_waited(facts)
     out += [e for e in facts.all_evidence(Event.EXIT) if e.fields.get("local_rank") is None
             and int(e.fields["exitcode"]) != 0
             # A launcher's exit line after ranks timed out is their exit (code 1, or -6
             # from the watchdog's abort), not a crash: only a crash signal still counts.
             and (not waited or SIGNAL_MEANING.get(exit_name(int(e.fields["exitcode"])))
                  in ("crashed", "killed"))]
-    return sorted(out, key=_order)
+    return sorted(out, key=time_order)
 
 
 def exit_name(code: int) -> str:
@@ -677,7 +678,7 @@ def exit_name(code: int) -> str:
     return str(code)
 
 
-def _anyone_waited(facts: Facts) -> bool:
+def anyone_waited(facts: Facts) -> bool:
     """Some rank, named or not, timed out waiting for others."""
     return bool(facts.waiting) or any(
         e.event in (Event.TIMEOUT, Event.PROGRESS, Event.WATCHDOG_ABORT, Event.HEARTBEAT)

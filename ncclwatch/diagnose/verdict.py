@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ncclwatch.diagnose.facts import (Evidence, Facts, Finding, RankFacts, _order,  # noqa: F401
+from ncclwatch.diagnose.facts import (Evidence, Facts, Finding, RankFacts, time_order,  # noqa: F401
                                       blocked_op, exception_kind, gather_facts,
                                       timeout_seconds, who)
 from ncclwatch.diagnose.logsigns import NETWORK_FAILURES, SIGNS, Event
@@ -149,22 +149,22 @@ def timeline(facts: Facts, finding: Finding, limit: int = 40) -> list[dict]:
         if r in interesting:
             firsts = [*firsts, *rf.checkpoint[-2:], *rf.checkpoint_done[-1:]]
         for e in firsts:
-            add(_order(e), r, e.where, e.text, e.stamp)
+            add(time_order(e), r, e.where, e.text, e.stamp)
         for tb in rf.tracebacks[:1] + rf.tracebacks[-1:] if rf.tracebacks else []:
-            add(_order(tb), r, tb.where, f"traceback ending in {tb.exception}", tb.stamp)
+            add(time_order(tb), r, tb.where, f"traceback ending in {tb.exception}", tb.stamp)
     for e in facts.all_evidence(Event.MISSING_RANKS)[:3] + facts.all_evidence(Event.MISMATCH)[:3] \
             + facts.all_evidence(Event.HEARTBEAT)[:2] + facts.all_evidence(Event.FR_DUMP)[:2]:
-        add(_order(e), e.rank, e.where, e.text, e.stamp)
+        add(time_order(e), e.rank, e.where, e.text, e.stamp)
     for e in facts.unattributed:
         if e.event in (Event.OOM, Event.NETWORK):
-            add(_order(e), None, e.where, e.text, e.stamp)
+            add(time_order(e), None, e.where, e.text, e.stamp)
     for fe in facts.scan.failures:
         sig = f" {fe.signame}" if fe.signame else ""
         add((True, 0.0, fe.file, fe.line), fe.rank, fe.where,
             f"torchrun: rank {fe.rank} exitcode {fe.exitcode}{sig}"
             + (" (named root cause)" if fe.root else ""), fe.stamp)
     for e in facts.all_evidence(Event.EXIT)[:4]:
-        add(_order(e), e.rank, e.where, e.text, e.stamp)
+        add(time_order(e), e.rank, e.where, e.text, e.stamp)
     seen = set()
     out = []
     for _o, item in sorted(keep, key=lambda x: x[0]):

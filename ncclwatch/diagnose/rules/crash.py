@@ -6,16 +6,16 @@ import re
 
 from ncclwatch.diagnose.logscan import Evidence
 from ncclwatch.diagnose.logsigns import Event
-from ncclwatch.diagnose.facts import (Facts, Finding, _crashes, _inferred_notes, _oom_killed,
-                                      _unranked_crash, exit_name, who)
+from ncclwatch.diagnose.facts import (Facts, Finding, exit_name, inferred_notes, oom_killed,
+                                      own_crashes, unranked_crash, who)
 from ncclwatch.model import rank_ranges
 
 
 def rule_crash(facts: Facts) -> Finding | None:
-    crashes = _crashes(facts)
-    oom_crash = [r for r, rf in facts.ranks.items() if rf.oom or _oom_killed(facts, rf)]
+    crashes = own_crashes(facts)
+    oom_crash = [r for r, rf in facts.ranks.items() if rf.oom or oom_killed(facts, rf)]
     if not crashes and not oom_crash:
-        lines = _unranked_crash(facts)
+        lines = unranked_crash(facts)
         if not lines:
             return None
         waiting = facts.waiting
@@ -45,12 +45,12 @@ def rule_crash(facts: Facts) -> Finding | None:
     else:
         initiating = sorted(oom_crash)
         rf = facts.ranks[initiating[0]]
-        e = rf.oom[0] if rf.oom else _oom_killed(facts, rf)
+        e = rf.oom[0] if rf.oom else oom_killed(facts, rf)
         assert e is not None
         ev = [(e.where, e.text[:240])]
         why = f"rank {initiating[0]} ran out of memory outside a checkpoint: {e.text[:160]}"
     collateral = [r for r in facts.world if r not in initiating]
-    notes = _inferred_notes(facts, initiating)
+    notes = inferred_notes(facts, initiating)
     if not facts.scan.failures and any("local rank" in c[3] for c in crashes):
         notes.append("the rank is the launcher's local rank (torchrun, deepspeed): equal to "
                      "the global rank on one node")

@@ -8,8 +8,8 @@ from collections import Counter
 
 from ncclwatch.diagnose.logscan import Evidence
 from ncclwatch.diagnose.logsigns import Event
-from ncclwatch.diagnose.facts import (Facts, Finding, RankFacts, _crashes, _fr_where, _pg_key,
-                                      blocked_op, who)
+from ncclwatch.diagnose.facts import (Facts, Finding, RankFacts, blocked_op, fr_where, own_crashes,
+                                      pg_key, who)
 
 
 def _fingerprint_ops(facts: Facts) -> tuple[dict[int, str], list[int], list[tuple[str, str]]]:
@@ -50,7 +50,7 @@ def _timeout_divergence(facts: Facts) -> tuple[dict[int, str], list[tuple[str, s
         for e in rf.timeouts:
             if e.fields.get("seq") is None or "op" not in e.fields:
                 continue
-            pg = _pg_key(e) if e.pg is not None else _seq_pg(facts, rf, e)
+            pg = pg_key(e) if e.pg is not None else _seq_pg(facts, rf, e)
             if pg == "default" and e.pg is None:
                 guessed.setdefault(r, set()).add(e.fields["seq"])
             by_pg.setdefault(pg, {}).setdefault(r, e)
@@ -75,7 +75,7 @@ def _seq_pg(facts: Facts, rf: RankFacts, e: Evidence) -> str:
     same work number (torch prints them together), else the default group."""
     for p in rf.progress:
         if p.fields.get("seq") == e.fields.get("seq") and p.pg is not None:
-            return _pg_key(p)
+            return pg_key(p)
     return "default"
 
 
@@ -86,7 +86,7 @@ def rule_desync(facts: Facts) -> Finding | None:
     if not ops and fr is not None and fr.mismatches:
         mm = fr.mismatches[0]
         ops = {int(r): f"{v[0]} {[list(x) for x in v[1]]}" for r, v in mm.ops.items()}
-        ev.append((_fr_where(facts), f"collective #{mm.seq} of process group "
+        ev.append((fr_where(facts), f"collective #{mm.seq} of process group "
                    f"{mm.pg_name or mm.pg_id}: " + ", ".join(f"rank {r} {o}"
                                                          for r, o in sorted(ops.items()))))
         how = "the Flight Recorder"
@@ -94,7 +94,7 @@ def rule_desync(facts: Facts) -> Finding | None:
         ops, tev = _timeout_divergence(facts)
         ev += tev
         how = "the watchdog's timed-out work of each rank"
-        if not ops and not _crashes(facts):
+        if not ops and not own_crashes(facts):
             # Where each rank's collective failed (timed out, or its peer went away).
             waited = {}
             for r, rf in facts.ranks.items():

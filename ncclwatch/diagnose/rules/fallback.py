@@ -13,7 +13,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 
-from ncclwatch.diagnose.facts import Facts, Finding, _anyone_waited, who
+from ncclwatch.diagnose.facts import Facts, Finding, anyone_waited, who
 from ncclwatch.diagnose.logscan import Evidence
 from ncclwatch.diagnose.logsigns import (CRASH_WORDS, NETWORK_EXCEPTIONS, PEER_EXCEPTIONS,
                                           SIGNAL_EXIT_BASE, SIGNAL_MEANING, TEARDOWN_EXCEPTIONS,
@@ -97,7 +97,7 @@ def rule_fallback(facts: Facts) -> Finding | None:
         m = meaning_of(e)
         if m is not None:
             by_meaning.setdefault(m, []).append(e)
-    waited = _anyone_waited(facts)
+    waited = anyone_waited(facts)
     for shape in SHAPES:
         hits = by_meaning.get(shape.meaning)
         if hits and shape.ranked:

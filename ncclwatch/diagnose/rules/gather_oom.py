@@ -6,7 +6,7 @@ from ncclwatch.diagnose.logscan import Evidence, PyTraceback
 from ncclwatch.diagnose.logsigns import Event
 from ncclwatch.model import CHECKPOINT_STATES
 from ncclwatch.signatures import classify
-from ncclwatch.diagnose.facts import (Facts, Finding, _inferred_notes, _oom_killed, exception_kind,
+from ncclwatch.diagnose.facts import (Facts, Finding, exception_kind, inferred_notes, oom_killed,
                                       who)
 
 
@@ -32,7 +32,7 @@ def rule_gather_oom(facts: Facts) -> Finding | None:
     ev: list[tuple[str, str]] = []
     for r, rf in sorted(facts.ranks.items()):
         oom = list(rf.oom)
-        killed = _oom_killed(facts, rf)
+        killed = oom_killed(facts, rf)
         if killed is not None:
             oom.append(killed)
         oom_tbs = [t for t in rf.tracebacks if exception_kind(t) == "oom"]
@@ -69,7 +69,7 @@ def rule_gather_oom(facts: Facts) -> Finding | None:
     return Finding("gather_oom", hits, collateral, "gather_out_of_memory",
                    f"{who(hits)} ran out of memory while gathering or saving "
                    f"the checkpoint; the other ranks only waited for them.", ev,
-                   _inferred_notes(facts, hits))
+                   inferred_notes(facts, hits))
 
 
 def _unranked_save_oom(facts: Facts) -> Finding | None:

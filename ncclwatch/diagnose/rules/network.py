@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from ncclwatch.diagnose.logscan import Evidence
 from ncclwatch.diagnose.logsigns import Event
-from ncclwatch.diagnose.facts import (Facts, Finding, _crashes, _job_failed, _order, exception_kind,
-                                      who)
+from ncclwatch.diagnose.facts import (Facts, Finding, exception_kind, job_failed, own_crashes,
+                                      time_order, who)
 
 
 def _context_rank(facts: Facts, e: Evidence, within: int = 40) -> int | None:
@@ -19,7 +19,7 @@ def _context_rank(facts: Facts, e: Evidence, within: int = 40) -> int | None:
 
 
 def rule_network(facts: Facts) -> Finding | None:
-    if not _job_failed(facts) or _crashes(facts) or any(rf.oom for rf in facts.ranks.values()):
+    if not job_failed(facts) or own_crashes(facts) or any(rf.oom for rf in facts.ranks.values()):
         return None  # warnings of a job that went on; or a rank died and its peers' errors follow
     items: list[tuple[bool, tuple, int | None, str, str]] = []  # (remote, order, rank, where, text)
     for e in facts.scan.evidence:
@@ -27,11 +27,11 @@ def rule_network(facts: Facts) -> Finding | None:
             continue
         rank = e.rank if e.rank is not None else _context_rank(facts, e)
         remote = "ncclRemoteError" in e.text or "remote process" in e.text
-        items.append((remote, _order(e), rank, e.where, e.text))
+        items.append((remote, time_order(e), rank, e.where, e.text))
     for r, rf in facts.ranks.items():
         for tb in rf.tracebacks:
             if exception_kind(tb) == "network":
-                items.append((False, _order(tb), r, tb.where, tb.exception))
+                items.append((False, time_order(tb), r, tb.where, tb.exception))
     peers = [(r, tb) for r, rf in facts.ranks.items() for tb in rf.tracebacks
              if exception_kind(tb) == "peer"]
     if not items and (store := _store_lost(facts)):
@@ -51,7 +51,7 @@ def rule_network(facts: Facts) -> Finding | None:
         return None
     items.sort(key=lambda x: (x[0],) + x[1])
     lead = items[0]
-    first_timeout = min((_order(e) for rf in facts.ranks.values() for e in rf.timeouts),
+    first_timeout = min((time_order(e) for rf in facts.ranks.values() for e in rf.timeouts),
                         default=None)
     if first_timeout is not None and first_timeout[0] is False and lead[1][0] is False \
             and first_timeout[1] < lead[1][1]:

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from ncclwatch.diagnose.logsigns import Event
 from ncclwatch.model import RankState
-from ncclwatch.diagnose.facts import (Facts, Finding, RankFacts, _first_where, _missing, _op_of,
-                                      _waited_op,
-                                      timeout_seconds, who)
+from ncclwatch.diagnose.facts import (Facts, Finding, RankFacts, first_where, op_of,
+                                      timeout_seconds, waited_for, waited_op, who)
 
 
 def rule_stall(facts: Facts) -> Finding | None:
@@ -33,12 +32,12 @@ def _rule_stall(facts: Facts) -> Finding | None:
     waiting = facts.waiting
     if not waiting:
         return _stall_unranked(facts)
-    missing, ev, how, candidates = _missing(facts)
+    missing, ev, how, candidates = waited_for(facts)
     missing = [r for r in missing if r not in waiting] or missing
     ev = list(ev)
     for r in waiting[:3]:
-        ev += _first_where(facts.ranks[r]) if r in facts.ranks else []
-    op = _waited_op(facts, waiting)
+        ev += first_where(facts.ranks[r]) if r in facts.ranks else []
+    op = waited_op(facts, waiting)
     timeout = timeout_seconds(facts)
     tmo = f"{timeout:g} s" if timeout else "process-group"
     heartbeat_only = all(not (rf.timeouts or rf.progress or rf.signalled or rf.dump_signals
@@ -154,7 +153,7 @@ def _stall_unranked(facts: Facts) -> Finding | None:
     if not lines:
         return None
     e = lines[0]
-    op = _op_of(e) or (f"a gloo {e.fields['what']}" if e.fields.get("what") else "a collective")
+    op = op_of(e) or (f"a gloo {e.fields['what']}" if e.fields.get("what") else "a collective")
     tmo = (f"{int(e.fields['timeout_ms']) / 1000:g} s" if e.fields.get("timeout_ms")
            else "process-group")
     return Finding("collective_hang", [], [], "rank_never_joined",
