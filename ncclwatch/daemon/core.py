@@ -20,7 +20,7 @@ from ncclwatch.daemon.budget import Budget, BudgetConfig, budget
 from ncclwatch.daemon.detect import DetectConfig, detect_job
 from ncclwatch.daemon.detect.shape import still_since
 from ncclwatch.daemon.smooth import Smoother
-from ncclwatch.daemon.diagnosis import diagnose
+from ncclwatch.daemon.diagnosis import diagnose_stall as diagnose
 from ncclwatch.daemon.incidents import Incidents
 from ncclwatch.daemon.ownership import Ownership
 from ncclwatch.daemon.table import JobTable

@@ -325,7 +325,7 @@ def _infer_rank(f: Facts, e: Evidence) -> None:
 
 
 @dataclass
-class Finding:
+class LogFinding:
     cls: str
     initiating: list[int]
     collateral: list[int]
@@ -341,7 +341,7 @@ class Finding:
     collect: list[str] = field(default_factory=list)
 
 
-Rule = Callable[[Facts], "Finding | None"]
+Rule = Callable[[Facts], "LogFinding | None"]
 
 
 def who(ranks: Sequence[int], one: str = "", many: str = "") -> str:

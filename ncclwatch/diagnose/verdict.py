@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ncclwatch.diagnose.facts import (Evidence, Facts, Finding, RankFacts, time_order,  # noqa: F401
-                                      blocked_op, exception_kind, gather_facts,
+from ncclwatch.diagnose.facts import (Evidence, Facts, LogFinding, RankFacts,  # noqa: F401
+                                      blocked_op, exception_kind, gather_facts, time_order,
                                       timeout_seconds, who)
 from ncclwatch.diagnose.logsigns import NETWORK_FAILURES, SIGNS, Event
 from ncclwatch.diagnose.rules import RULES
@@ -29,7 +29,7 @@ from ncclwatch.model import rank_ranges
 from ncclwatch.remediation import ALL_BY_ID, RootCause
 
 #: The public names other modules (the CLI, the paste page, tests) import from here.
-__all__ = ["CLASSES", "CLASS_BY_ID", "Facts", "Finding", "RULES", "decide", "failure_signs",
+__all__ = ["CLASSES", "CLASS_BY_ID", "Facts", "LogFinding", "RULES", "decide", "failure_signs",
            "gather_facts", "root_cause", "timeline", "timeout_seconds", "who"]
 
 
@@ -58,7 +58,7 @@ CLASS_BY_ID = {c.id: c for c in CLASSES}
 SIGN_BY_ID = {s.id: s for s in SIGNS}
 
 
-def _torchrun_note(facts: Facts, finding: Finding) -> str | None:
+def _torchrun_note(facts: Facts, finding: LogFinding) -> str | None:
     roots = [fe for fe in facts.scan.failures if fe.root and fe.rank is not None]
     if not roots:
         return None
@@ -80,7 +80,7 @@ _COLLECT_PREFIX = ("every rank's log with its rank prefix (torchrun --tee 3 or -
                    "lines carry the rank instead of a GPU index")
 
 
-def decide(facts: Facts) -> Finding:
+def decide(facts: Facts) -> LogFinding:
     for _name, rule in RULES:
         finding = rule(facts)
         if finding is not None:
@@ -105,16 +105,16 @@ def decide(facts: Facts) -> Finding:
         ev = [(where, f"{sid}: {text[:200]}") for sid, (where, text) in failing[:6]]
         named = ", ".join(f"{sid} ({facts.scan.hit_counts.get(sid, 1)} line(s))"
                           for sid, _h in failing[:6])
-        return Finding("unknown", [], [], "", "failure evidence found, but no known pattern "
-                       "explains it" + (f": {named}" if named else "")
-                       + "; see the evidence lines.", ev,
-                       missing=["a line that points at a rank or a cause"],
-                       collect=["every rank's log (torchrun --log-dir DIR --tee 3)",
+        return LogFinding("unknown", [], [], "", "failure evidence found, but no known pattern "
+                          "explains it" + (f": {named}" if named else "")
+                          + "; see the evidence lines.", ev,
+                          missing=["a line that points at a rank or a cause"],
+                          collect=["every rank's log (torchrun --log-dir DIR --tee 3)",
                                 "Flight Recorder dumps (TORCH_NCCL_DUMP_ON_TIMEOUT=1)"])
     finished = [e for e in facts.scan.evidence if e.event is Event.FINISHED]
-    return Finding("none", [], [], "", "no failure found"
-                   + (" (the job says it finished)" if finished else "") + ".",
-                   [(e.where, e.text[:200]) for e in finished[:1]])
+    return LogFinding("none", [], [], "", "no failure found"
+                      + (" (the job says it finished)" if finished else "") + ".",
+                      [(e.where, e.text[:200]) for e in finished[:1]])
 
 
 def failure_signs(facts: Facts) -> list[tuple[str, tuple[str, str]]]:
@@ -129,11 +129,11 @@ def failure_signs(facts: Facts) -> list[tuple[str, tuple[str, str]]]:
     return sorted(out, key=lambda kv: order[kv[0]])
 
 
-def root_cause(finding: Finding) -> RootCause | None:
+def root_cause(finding: LogFinding) -> RootCause | None:
     return ALL_BY_ID.get(finding.root_cause)
 
 
-def timeline(facts: Facts, finding: Finding, limit: int = 40) -> list[dict]:
+def timeline(facts: Facts, finding: LogFinding, limit: int = 40) -> list[dict]:
     """Key moments, in time order where the logs have times (else file order)."""
     keep: list[tuple[tuple, dict]] = []
     interesting = set(finding.initiating)

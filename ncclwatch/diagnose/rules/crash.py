@@ -6,12 +6,12 @@ import re
 
 from ncclwatch.diagnose.logscan import Evidence
 from ncclwatch.diagnose.logsigns import Event
-from ncclwatch.diagnose.facts import (Facts, Finding, exit_name, inferred_notes, oom_killed,
+from ncclwatch.diagnose.facts import (Facts, LogFinding, exit_name, inferred_notes, oom_killed,
                                       own_crashes, unranked_crash, who)
 from ncclwatch.model import rank_ranges
 
 
-def rule_crash(facts: Facts) -> Finding | None:
+def rule_crash(facts: Facts) -> LogFinding | None:
     crashes = own_crashes(facts)
     oom_crash = [r for r, rf in facts.ranks.items() if rf.oom or oom_killed(facts, rf)]
     if not crashes and not oom_crash:
@@ -23,16 +23,16 @@ def rule_crash(facts: Facts) -> Finding | None:
         kind = "ran out of memory" if lines[0].event is Event.OOM else "died"
         what, among = _what_died(lines[0])
         candidates = silent if waiting else among
-        return Finding("rank_crash", [], waiting, "rank_exited",
-                       f"a process {kind} ({what}), but no line names its rank"
-                       + (f"; it is among {who(silent)}" if silent and waiting else "")
-                       + (f"; it is among local ranks {rank_ranges(among)} (the launcher "
+        return LogFinding("rank_crash", [], waiting, "rank_exited",
+                          f"a process {kind} ({what}), but no line names its rank"
+                          + (f"; it is among {who(silent)}" if silent and waiting else "")
+                          + (f"; it is among local ranks {rank_ranges(among)} (the launcher "
                           "names the last worker it spawned, not the failed one)"
                           if among and not waiting else "")
-                       + ".", [(e.where, _shown(e)) for e in lines[:4]],
-                       candidates=candidates,
-                       missing=["the rank of the process that died"],
-                       collect=["torchrun's failure summary ('rank : N (local_rank: N)', "
+                          + ".", [(e.where, _shown(e)) for e in lines[:4]],
+                          candidates=candidates,
+                          missing=["the rank of the process that died"],
+                          collect=["torchrun's failure summary ('rank : N (local_rank: N)', "
                                 "'exitcode : -9 (pid: P)') or every rank's log with its "
                                 "prefix (torchrun --tee 3)", "the kernel log (dmesg) for the "
                                 "OOM killer's 'Killed process P'"])
@@ -63,9 +63,9 @@ def rule_crash(facts: Facts) -> Finding | None:
         missing.append("the kernel log of the node (was it the OOM killer?)")
         collect.append("dmesg -T (or journalctl -k) of the node: 'Out of memory: Killed "
                        "process P' names the pid torchrun reports")
-    return Finding("rank_crash", initiating, collateral, "rank_exited",
-                   why + "; the other ranks failed after it.", ev, notes, missing=missing,
-                   collect=collect)
+    return LogFinding("rank_crash", initiating, collateral, "rank_exited",
+                      why + "; the other ranks failed after it.", ev, notes, missing=missing,
+                      collect=collect)
 
 
 #: What an exit by SIGKILL (-9) usually means.

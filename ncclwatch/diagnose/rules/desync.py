@@ -8,8 +8,8 @@ from collections import Counter
 
 from ncclwatch.diagnose.logscan import Evidence
 from ncclwatch.diagnose.logsigns import Event
-from ncclwatch.diagnose.facts import (Facts, Finding, RankFacts, blocked_op, fr_where, own_crashes,
-                                      pg_key, who)
+from ncclwatch.diagnose.facts import (Facts, LogFinding, RankFacts, blocked_op, fr_where,
+                                      own_crashes, pg_key, who)
 
 
 def _fingerprint_ops(facts: Facts) -> tuple[dict[int, str], list[int], list[tuple[str, str]]]:
@@ -79,7 +79,7 @@ def _seq_pg(facts: Facts, rf: RankFacts, e: Evidence) -> str:
     return "default"
 
 
-def rule_desync(facts: Facts) -> Finding | None:
+def rule_desync(facts: Facts) -> LogFinding | None:
     ops, named, ev = _fingerprint_ops(facts)
     how = "c10d's collective fingerprints (TORCH_DISTRIBUTED_DEBUG=DETAIL)"
     fr = facts.fr
@@ -112,14 +112,14 @@ def rule_desync(facts: Facts) -> Finding | None:
         if not named:
             return None
         # One side of the comparison only (the paste cut it), or NCCL's neighbourhood.
-        return Finding("desync", [], [], "collective_order_mismatch",
-                       f"ranks ran different collectives; the log names {who(named)} in the "
-                       "comparison but not both sides of it, so which rank left the common "
-                       f"order is not in it: the initiator is among {who(named)}.", ev,
-                       candidates=named,
-                       missing=["the other side of the mismatch (the full DETAIL line, or the "
+        return LogFinding("desync", [], [], "collective_order_mismatch",
+                          f"ranks ran different collectives; the log names {who(named)} in the "
+                          "comparison but not both sides of it, so which rank left the common "
+                          f"order is not in it: the initiator is among {who(named)}.", ev,
+                          candidates=named,
+                          missing=["the other side of the mismatch (the full DETAIL line, or the "
                                 "logs of every rank)"],
-                       collect=["every rank's log with TORCH_DISTRIBUTED_DEBUG=DETAIL",
+                          collect=["every rank's log with TORCH_DISTRIBUTED_DEBUG=DETAIL",
                                 "Flight Recorder dumps (TORCH_NCCL_TRACE_BUFFER_SIZE=2000, "
                                 "TORCH_NCCL_DUMP_ON_TIMEOUT=1)"])
     count = Counter(ops.values())
@@ -128,13 +128,13 @@ def rule_desync(facts: Facts) -> Finding | None:
     if len(ops) == 2 or n * 2 <= len(ops) and 0 not in ops:
         # Two ranks (or no majority and no rank 0 to compare with): either may be the odd one.
         among = sorted(ops)
-        return Finding("desync", [], [r for r in facts.waiting if r not in among],
-                       "collective_order_mismatch",
-                       f"ranks issued different collectives ({desc}), by {how}; with no "
-                       f"majority the odd one is among {who(among)}.", ev, candidates=among,
-                       missing=["a third rank's view of the same collective, to tell which "
+        return LogFinding("desync", [], [r for r in facts.waiting if r not in among],
+                          "collective_order_mismatch",
+                          f"ranks issued different collectives ({desc}), by {how}; with no "
+                          f"majority the odd one is among {who(among)}.", ev, candidates=among,
+                          missing=["a third rank's view of the same collective, to tell which "
                                 "side left the common order"],
-                       collect=["every rank's log with TORCH_DISTRIBUTED_DEBUG=DETAIL",
+                          collect=["every rank's log with TORCH_DISTRIBUTED_DEBUG=DETAIL",
                                 "Flight Recorder dumps of all ranks (TORCH_NCCL_DUMP_ON_TIMEOUT=1)"])
     odd = sorted(r for r, o in ops.items() if o != top)
     if n * 2 <= len(ops):
@@ -142,6 +142,6 @@ def rule_desync(facts: Facts) -> Finding | None:
         ref = ops[0]
         odd = sorted(r for r, o in ops.items() if o != ref)
     collateral = [r for r in facts.world if r not in odd]
-    return Finding("desync", odd, collateral, "collective_order_mismatch",
-                   f"ranks issued different collectives ({desc}), by {how}; {who(odd)} "
-                   f"left the common order.", ev)
+    return LogFinding("desync", odd, collateral, "collective_order_mismatch",
+                      f"ranks issued different collectives ({desc}), by {how}; {who(odd)} "
+                      f"left the common order.", ev)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 
-from ncclwatch.diagnose.facts import Facts, Finding, anyone_waited, who
+from ncclwatch.diagnose.facts import Facts, LogFinding, anyone_waited, who
 from ncclwatch.diagnose.logscan import Evidence
 from ncclwatch.diagnose.logsigns import (CRASH_WORDS, NETWORK_EXCEPTIONS, PEER_EXCEPTIONS,
                                           SIGNAL_EXIT_BASE, SIGNAL_MEANING, TEARDOWN_EXCEPTIONS,
@@ -89,7 +89,7 @@ def _signal_meaning(num: int) -> str | None:
         return None
 
 
-def rule_fallback(facts: Facts) -> Finding | None:
+def rule_fallback(facts: Facts) -> LogFinding | None:
     lines = [e for e in facts.scan.evidence
              if e.event in (Event.CRASH, Event.ERROR, Event.WATCHDOG_ABORT, Event.HEARTBEAT)]
     by_meaning: dict[str, list[Evidence]] = {}
@@ -111,7 +111,7 @@ def rule_fallback(facts: Facts) -> Finding | None:
             candidates = [r for r in facts.world if r not in ranks] if ranks else []
         else:
             initiating, collateral, candidates = ranks, [], []
-        return Finding(
+        return LogFinding(
             shape.cls, initiating, collateral, shape.root_cause,
             shape.says + (f": {who(ranks)}" if ranks and initiating else "")
             + ("; no line names the rank" if not initiating else "") + ".",
