@@ -177,7 +177,6 @@ class _Matcher:
                     self.by_trigger.append([])
                 self.by_trigger[index[t]].append(i)
         self.triggers = [t.encode() for t in triggers]
-        self._starts: set[bytes] | None = None
         self.ac = ahocorasick_rs.BytesAhoCorasick(self.triggers)
         self.patterns = [s.compile() for s in self.signs]
         # Pattern index of scan_ac -> (whole trigger?, a trigger's start at a line's end?,
@@ -202,12 +201,6 @@ class _Matcher:
         for t, _s, _e in self.ac.find_matches_as_indexes(line, overlapping=True):
             hit.update(self.by_trigger[t])
         return sorted(hit)
-
-    def starts_trigger(self, piece: bytes) -> bool:
-        """Whether ``piece`` is the start of a trigger, cut before its end."""
-        if self._starts is None:
-            self._starts = {t[:n] for t in self.triggers for n in range(1, len(t))}
-        return piece in self._starts
 
 
 _MATCHER: _Matcher | None = None
@@ -333,12 +326,6 @@ def parse_ts(text: str, year: int) -> float | None:
 
 def _is_fr_dump(head: bytes) -> bool:
     return len(head) > 2 and head[0] == 0x80 and 2 <= head[1] <= 5
-
-
-def expand(paths: Iterable[str | os.PathLike]) -> Iterator[Path]:
-    """Every file under the given paths, in a stable order; missing paths raise."""
-    for path, _found in expand_found(paths):
-        yield path
 
 
 def expand_found(paths: Iterable[str | os.PathLike]) -> Iterator[tuple[Path, bool]]:
