@@ -16,7 +16,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
-from ncclwatch.diagnose.logscan import DEFAULT_PG, Evidence, FailureEntry, PyTraceback, ScanResult
+from ncclwatch.diagnose.lineprefix import DEFAULT_PG
+from ncclwatch.diagnose.scanresult import Evidence, FailureEntry, PyTraceback, ScanResult
 from ncclwatch.diagnose.logsigns import (NETWORK_EXCEPTIONS, NETWORK_FAILURES, PEER_EXCEPTIONS,
                                          SIGNAL_MEANING, TEARDOWN_EXCEPTIONS, TIMEOUT_EXCEPTIONS,
                                          Event)

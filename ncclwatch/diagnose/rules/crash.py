@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from ncclwatch.diagnose.logscan import Evidence
+from ncclwatch.diagnose.scanresult import Evidence
 from ncclwatch.diagnose.logsigns import Event
 from ncclwatch.diagnose.facts import (Facts, LogFinding, exit_name, inferred_notes, oom_killed,
                                       own_crashes, unranked_crash, who)

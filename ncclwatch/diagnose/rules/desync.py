@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from ncclwatch.diagnose.logscan import Evidence
+from ncclwatch.diagnose.scanresult import Evidence
 from ncclwatch.diagnose.logsigns import Event
 from ncclwatch.diagnose.facts import (Facts, LogFinding, RankFacts, blocked_op, fr_where,
                                       own_crashes, pg_key, who)

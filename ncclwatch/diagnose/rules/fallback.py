@@ -14,7 +14,7 @@ import signal
 from dataclasses import dataclass
 
 from ncclwatch.diagnose.facts import Facts, LogFinding, anyone_waited, who
-from ncclwatch.diagnose.logscan import Evidence
+from ncclwatch.diagnose.scanresult import Evidence
 from ncclwatch.diagnose.logsigns import (CRASH_WORDS, NETWORK_EXCEPTIONS, PEER_EXCEPTIONS,
                                           SIGNAL_EXIT_BASE, SIGNAL_MEANING, TEARDOWN_EXCEPTIONS,
                                           TIMEOUT_EXCEPTIONS, Event)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ncclwatch.diagnose.logscan import Evidence, PyTraceback
+from ncclwatch.diagnose.scanresult import Evidence, PyTraceback
 from ncclwatch.diagnose.logsigns import Event
 from ncclwatch.model import CHECKPOINT_STATES
 from ncclwatch.signatures import classify

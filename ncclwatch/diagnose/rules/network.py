@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ncclwatch.diagnose.logscan import Evidence
+from ncclwatch.diagnose.scanresult import Evidence
 from ncclwatch.diagnose.logsigns import Event
 from ncclwatch.diagnose.facts import (Facts, LogFinding, exception_kind, job_failed, own_crashes,
                                       time_order, who)
