@@ -10,21 +10,21 @@ not time out), and what it was doing (its traceback's frames, classified
 with the same signature table as live stacks; its checkpoint log lines)
 names the failure class. The classes are a table, first match wins.
 
-The parts: facts.py (what the logs say, rank by rank), rules/ (one module per
-failure class, registered in rules.RULES), this module (the classes, the
-decision, the timeline); render.py prints it.
+The parts: facts.py (what the logs say, rank by rank), waiting.py (who waited
+for whom), crashes.py (who failed on its own), rules/ (one module per failure
+class, registered in rules.RULES, each returning a finding.LogFinding), this
+module (the classes, the decision, the timeline); render.py prints it.
 """
 
 from __future__ import annotations
-
 from dataclasses import dataclass
 from typing import Sequence
-
-from ncclwatch.diagnose.facts import (Evidence, Facts, LogFinding, RankFacts,  # noqa: F401
-                                      blocked_op, exception_kind, gather_facts, time_order,
-                                      timeout_seconds, who)
+from ncclwatch.diagnose.facts import Facts, gather_facts, time_order
+from ncclwatch.diagnose.finding import LogFinding, who
 from ncclwatch.diagnose.logsigns import NETWORK_FAILURES, SIGNS, Event
 from ncclwatch.diagnose.rules import RULES
+from ncclwatch.diagnose.scanresult import Evidence
+from ncclwatch.diagnose.waiting import timeout_seconds
 from ncclwatch.model import rank_ranges
 from ncclwatch.remediation import ALL_BY_ID, RootCause
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-
-from ncclwatch.diagnose.scanresult import Evidence
+from ncclwatch.diagnose.crashes import own_crashes
+from ncclwatch.diagnose.facts import Facts, RankFacts, blocked_op
+from ncclwatch.diagnose.finding import LogFinding, who
 from ncclwatch.diagnose.logsigns import Event
-from ncclwatch.diagnose.facts import (Facts, LogFinding, RankFacts, blocked_op, fr_where,
-                                      own_crashes, pg_key, who)
+from ncclwatch.diagnose.scanresult import Evidence
+from ncclwatch.diagnose.waiting import fr_where, pg_key
 
 
 def _fingerprint_ops(facts: Facts) -> tuple[dict[int, str], list[int], list[tuple[str, str]]]:

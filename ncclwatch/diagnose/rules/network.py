@@ -1,11 +1,11 @@
 """Rule: a transport (NCCL/gloo) error ended the job, not a crashed peer or a hang."""
 
 from __future__ import annotations
-
-from ncclwatch.diagnose.scanresult import Evidence
+from ncclwatch.diagnose.crashes import job_failed, own_crashes
+from ncclwatch.diagnose.facts import Facts, exception_kind, time_order
+from ncclwatch.diagnose.finding import LogFinding, who
 from ncclwatch.diagnose.logsigns import Event
-from ncclwatch.diagnose.facts import (Facts, LogFinding, exception_kind, job_failed, own_crashes,
-                                      time_order, who)
+from ncclwatch.diagnose.scanresult import Evidence
 
 
 def _context_rank(facts: Facts, e: Evidence, within: int = 40) -> int | None:

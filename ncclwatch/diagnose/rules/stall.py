@@ -2,11 +2,11 @@
 watchdog, or a rank that never joined (named, or the ranks it must be among)."""
 
 from __future__ import annotations
-
+from ncclwatch.diagnose.facts import Facts, RankFacts
+from ncclwatch.diagnose.finding import LogFinding, who
 from ncclwatch.diagnose.logsigns import Event
+from ncclwatch.diagnose.waiting import first_where, op_of, timeout_seconds, waited_for, waited_op
 from ncclwatch.model import RankState
-from ncclwatch.diagnose.facts import (Facts, LogFinding, RankFacts, first_where, op_of,
-                                      timeout_seconds, waited_for, waited_op, who)
 
 
 def rule_stall(facts: Facts) -> LogFinding | None:
