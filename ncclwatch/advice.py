@@ -33,7 +33,7 @@ DUMP = ("Take the Flight Recorder dump first (on each rank's node: "
         "stacks)")
 
 #: (action, applies, sentence, seconds to decide, what they run to). The
-#: evidence is diagnosis.Evidence; ``words`` its formatted facts.
+#: evidence is diagnosis.StallEvidence; ``words`` its formatted facts.
 Rule = tuple[str, Callable, str, Callable, str]
 
 RULES: tuple[Rule, ...] = (

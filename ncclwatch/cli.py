@@ -237,7 +237,7 @@ def _daemon_config(cfg: dict[str, Any]) -> DaemonConfig:
 def _shard_map(cfg: dict[str, Any]):
     """The daemon's --shards and --shard (ConfigError when they disagree)."""
     from ncclwatch.daemon.links import external_url
-    from ncclwatch.shard import ShardMap
+    from ncclwatch.daemon.shardmap import ShardMap
 
     if not cfg.get("shards"):
         if cfg.get("shard") is not None:

@@ -28,7 +28,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
 from ncclwatch import envlint, frameworks
 from ncclwatch.agent.report import TIMEOUT_ENV, declared_timeout
@@ -334,7 +334,3 @@ def main(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
     else:
         print(render(v))
     return v.exit_code
-
-
-def as_dict(v: Verdict) -> dict[str, Any]:
-    return {**asdict(v), "exit_code": v.exit_code}

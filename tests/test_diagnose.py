@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from ncclwatch.diagnose import diagnose
-from ncclwatch.diagnose.logscan import rank_of_path, scan
+from ncclwatch.diagnose.lineprefix import rank_of_path
+from ncclwatch.diagnose.logscan import scan
 from ncclwatch.diagnose.logsigns import SIGNS
 from ncclwatch.diagnose.verdict import CLASS_BY_ID
 
@@ -101,7 +102,7 @@ def test_public_corpus_spans_eras_and_healthy_logs():
 
 def test_case_names_do_not_decide_verdicts(tmp_path):
     """A case directory named like ``..._rank0_...`` reads as a per-rank file name
-    (logscan.rank_of_path); the verdict must not come from the corpus's own naming."""
+    (lineprefix.rank_of_path); the verdict must not come from the corpus's own naming."""
     named = [c for c in CASES if any(rank_of_path(f"{c.name}/{f.name}") is not None
                                      and rank_of_path(f"case/{f.name}") is None
                                      for f in _inputs(c) if f.parent == c)]

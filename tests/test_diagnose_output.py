@@ -78,7 +78,7 @@ def test_timeline_times_are_each_lines_own_stamp():
 def test_stamp_formats(line, want):
     import datetime as dt
 
-    from ncclwatch.diagnose.logscan import parse_ts
+    from ncclwatch.diagnose.lineprefix import parse_ts
     t = parse_ts(line, 2024)
     got = None if t is None else dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime(
         "%Y-%m-%d %H:%M:%S.%f")[:-3]
@@ -272,6 +272,6 @@ def test_a_stream_gets_the_same_verdict_as_its_file(tmp_path):
                 (want.cls, want.initiating, want.collateral, want.candidates), case
             assert got.inputs["files"] == ["paste"] and got.inputs["bytes"] == len(data)
     # A dump or binary is refused, not judged "no failure" (the page answers 400).
-    from ncclwatch.diagnose.logscan import LogInputError
+    from ncclwatch.diagnose.logfiles import LogInputError
     with pytest.raises(LogInputError, match="Flight Recorder dump"):
         diagnose_stream(io.BytesIO(b"\x80\x04\x95binary"), name="paste")

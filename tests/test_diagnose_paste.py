@@ -21,7 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ncclwatch.diagnose import diagnose, paste
-from ncclwatch.diagnose.logscan import matcher, split_prefix
+from ncclwatch.diagnose.lineprefix import split_prefix
+from ncclwatch.diagnose.matcher import matcher
 
 DATA = Path(__file__).parent / "data" / "diagnose"
 CASES = sorted(p.parent for root in ("cases", "public")

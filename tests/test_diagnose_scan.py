@@ -13,8 +13,9 @@ import sys
 
 import pytest
 
-from ncclwatch.diagnose import diagnose, logscan
-from ncclwatch.diagnose.logscan import rank_of_path, scan, split_prefix
+from ncclwatch.diagnose import diagnose, lineprefix, logscan
+from ncclwatch.diagnose.lineprefix import rank_of_path, split_prefix
+from ncclwatch.diagnose.logscan import scan
 from ncclwatch.diagnose.logsigns import SIGNS, Event
 
 TIMEOUT = ("[rank{r}]:[E1203 10:10:0{r}.000000 12{r} ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog "
@@ -268,7 +269,7 @@ def test_a_chained_exception_is_two_tracebacks(tmp_path):
     ("no tag here", None, None),
 ])
 def test_process_group_tags(text, pg, rank):
-    assert logscan.pg_of(text) == (pg, rank)
+    assert lineprefix.pg_of(text) == (pg, rank)
 
 
 def test_a_pg_local_rank_is_not_a_global_rank(tmp_path):

@@ -14,7 +14,7 @@ import pytest
 from ncclwatch import runbooks
 from ncclwatch.agent.sample import ProcessSampler
 from ncclwatch.daemon.core import Daemon, DaemonConfig
-from ncclwatch.daemon.diagnosis import RULES, facts, evidence
+from ncclwatch.daemon.diagnosis import RULES, facts, stall_evidence
 from ncclwatch.envlint import lint
 from ncclwatch.model import CollectiveOp, RankState, StallKind
 from ncclwatch.remediation import BY_ID, ROOT_CAUSES
@@ -38,7 +38,7 @@ def test_templates_only_use_known_facts() -> None:
     d.ingest(checkpoint_job(save_for=30, wait_for=30), now=100.0)
     d.tick(now=100.0, wall=100.0)
     inc = d.incidents.active[("job-1", StallKind.CHECKPOINT_GATHER)]
-    keys = set(facts(evidence(d.table.jobs["job-1"], d.table, inc.finding, inc.budget, 100.0),
+    keys = set(facts(stall_evidence(d.table.jobs["job-1"], d.table, inc.finding, inc.budget, 100.0),
                      100.0))
     for rc in ROOT_CAUSES:
         used = {f for _, f, _, _ in string.Formatter().parse(rc.cause) if f}
@@ -139,7 +139,7 @@ def _hang_with_cpu(readings: list[float]) -> str:
         d.ingest(report(samples + [late], seq=i + 1), now=t)
     d.tick(now=t, wall=t)
     inc = d.incidents.active[("job-1", StallKind.COLLECTIVE_HANG)]
-    return evidence(d.table.jobs["job-1"], d.table, inc.finding, inc.budget, t).culprit_states[0]
+    return stall_evidence(d.table.jobs["job-1"], d.table, inc.finding, inc.budget, t).culprit_states[0]
 
 
 def test_a_computing_rank_starved_for_one_round_still_reads_as_computing() -> None:

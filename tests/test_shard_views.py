@@ -17,7 +17,7 @@ from ncclwatch.daemon import api, page
 from ncclwatch.daemon.core import Daemon, DaemonConfig
 from ncclwatch.daemon.server import DaemonServer
 from ncclwatch.model import CollectiveOp, RankState
-from ncclwatch.shard import ShardMap
+from ncclwatch.daemon.shardmap import ShardMap
 from tests.conftest import free_port
 from tests.factories import report, sample
 from tests.test_route import _jobs_on

@@ -152,29 +152,20 @@ def _ns(pid: int | str, kind: str, proc: str) -> str:
         return ""
 
 
-def other_mount_ns(pid: int, proc: str = "/proc") -> bool:
-    """The process sees another filesystem tree than the agent."""
-    theirs = _ns(pid, "mnt", proc)
-    return bool(theirs) and theirs != _ns("self", "mnt", proc)
-
-
-def open_in_root(pid: int, path: str, *, proc: str = "/proc") -> int | None:
-    """An fd for the regular file ``path`` as the process sees it, walked
-    inside its root following no symlink at all (``rankfs``): a symlink
-    anywhere (``/etc/hostname -> /etc/shadow`` in a hostile image) fails the
-    walk, and a FIFO or device there is named and refused, never opened."""
+def read_in_root(pid: int, path: str, limit: int = 4096, proc: str = "/proc") -> str:
+    """The start of the regular file ``path`` as the process sees it ("" when
+    it cannot be read), walked inside its root following no symlink at all
+    (``rankfs.open_in_root`` with ``symlinks=False``): a symlink anywhere
+    (``/etc/hostname -> /etc/shadow`` in a hostile image) fails the walk, and
+    a FIFO or device there is named and refused, never opened."""
     try:
         got = rankfs.open_in_root(pid, path, rankfs.REGULAR, os.O_RDONLY, symlinks=False,
                                   proc=proc)
     except OSError:
-        return None
-    return got[0] if got else None
-
-
-def read_in_root(pid: int, path: str, limit: int = 4096, proc: str = "/proc") -> str:
-    fd = open_in_root(pid, path, proc=proc)
-    if fd is None:
         return ""
+    if got is None:
+        return ""
+    fd = got[0]
     try:
         return os.read(fd, limit).decode(errors="replace")
     except OSError:

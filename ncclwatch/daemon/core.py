@@ -15,7 +15,7 @@ import grpc
 from ncclwatch.daemon.budget import Budget, BudgetConfig, budget
 from ncclwatch.daemon.detect import DetectConfig, detect_job
 from ncclwatch.daemon.detect.shape import halted, still_since
-from ncclwatch.daemon.diagnosis import diagnose
+from ncclwatch.daemon.diagnosis import diagnose_stall
 from ncclwatch.daemon.incidents import Incidents
 from ncclwatch.daemon.ownership import Ownership
 from ncclwatch.daemon.settings import DaemonConfig
@@ -310,7 +310,7 @@ class Daemon:
             if len(findings) < len(found):
                 kept = {id(f) for f in findings}
                 self._ask_to_confirm(job_id, now, [f for f in found if id(f) not in kept])
-            judged = [(f, diagnose(job, table, f, b, now, self.smooth)) for f in findings]
+            judged = [(f, diagnose_stall(job, table, f, b, now, self.smooth)) for f in findings]
             for inc in self.incidents.update(job, judged, b, now, wall):
                 log.warning("stall %s in job %s: %s; watchdog budget %.0fs of %.0fs left",
                             inc.kind.value, job_id, inc.diagnosis.sentence, b.remaining,

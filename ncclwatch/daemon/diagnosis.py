@@ -38,7 +38,7 @@ IDLE_CPU = 0.05
 
 
 @dataclass(frozen=True)
-class Evidence:
+class StallEvidence:
     finding: Finding
     budget: Budget
     write: WriteForecast | None
@@ -79,11 +79,11 @@ class Evidence:
 
 
 @dataclass(frozen=True)
-class Diagnosis:
+class StallDiagnosis:
     root_cause: RootCause
     sentence: str
     at_risk: bool
-    evidence: Evidence = field(repr=False)
+    evidence: StallEvidence = field(repr=False)
     #: What to do with the running job now (advice.py).
     advice: Advice | None = None
 
@@ -93,7 +93,7 @@ class Diagnosis:
         return w.eta_seconds if w else None
 
 
-Rule = tuple[str, Callable[[Evidence], bool]]
+Rule = tuple[str, Callable[[StallEvidence], bool]]
 
 #: Per kind, (root cause id, predicate) in order; the last row always matches.
 RULES: dict[StallKind, tuple[Rule, ...]] = {
@@ -126,8 +126,8 @@ RULES: dict[StallKind, tuple[Rule, ...]] = {
 }
 
 
-def evidence(job: Job, table: JobTable, f: Finding, b: Budget, now: float,
-             smooth: Smoother | None = None) -> Evidence:
+def stall_evidence(job: Job, table: JobTable, f: Finding, b: Budget, now: float,
+             smooth: Smoother | None = None) -> StallEvidence:
     write, memory, states = None, [], []
     for c in f.culprits:
         rec = job.ranks.get(c.rank)
@@ -159,22 +159,22 @@ def evidence(job: Job, table: JobTable, f: Finding, b: Budget, now: float,
     exited = tuple(r for r in f.unknown
                    if r in job.ranks and job.ranks[r].gone_at is not None)
     silent = tuple(r for r in f.unknown if r not in exited)
-    return Evidence(f, b, write, tuple(memory), tuple(states), waiters, exited, silent)
+    return StallEvidence(f, b, write, tuple(memory), tuple(states), waiters, exited, silent)
 
 
-def diagnose(job: Job, table: JobTable, f: Finding, b: Budget, now: float,
-             smooth: Smoother | None = None) -> Diagnosis:
-    e = evidence(job, table, f, b, now, smooth)
+def diagnose_stall(job: Job, table: JobTable, f: Finding, b: Budget, now: float,
+             smooth: Smoother | None = None) -> StallDiagnosis:
+    e = stall_evidence(job, table, f, b, now, smooth)
     rc = next(BY_ID[rid] for rid, applies in RULES[f.kind] if applies(e))
     at_risk = (rc.always_at_risk
                or (e.overrun is not None and e.overrun > 0)
                or e.memory_runs_out is not None
                or (b.remaining < RISK_FRACTION * b.timeout and not e.fits_budget))
     words = facts(e, now)
-    return Diagnosis(rc, rc.cause.format_map(words), at_risk, e, advise(e, words))
+    return StallDiagnosis(rc, rc.cause.format_map(words), at_risk, e, advise(e, words))
 
 
-def facts(e: Evidence, now: float) -> dict[str, str]:
+def facts(e: StallEvidence, now: float) -> dict[str, str]:
     """The words a root-cause template may use, already formatted."""
     f, b = e.finding, e.budget
     lead = f.culprits[0] if f.culprits else None

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from ncclwatch.daemon.budget import Budget
 from ncclwatch.daemon.detect import Finding
-from ncclwatch.daemon.diagnosis import Diagnosis
+from ncclwatch.daemon.diagnosis import StallDiagnosis
 from ncclwatch.daemon.records import Job
 from ncclwatch.model import StallKind
 from ncclwatch.remediation import RootCause
@@ -39,7 +39,7 @@ class Incident:
     budget_at_detection: Budget
     budget: Budget
     min_remaining: float
-    diagnosis: Diagnosis
+    diagnosis: StallDiagnosis
     ended_at: float | None = None
     ended_wall: float | None = None
     #: First time the incident was judged at risk (daemon monotonic), if ever.
@@ -69,7 +69,7 @@ class Incidents:
         self.opened_total: collections.Counter[StallKind] = collections.Counter()
         self._ids = itertools.count(1)
 
-    def update(self, job: Job, findings: list[tuple[Finding, Diagnosis]], budget: Budget,
+    def update(self, job: Job, findings: list[tuple[Finding, StallDiagnosis]], budget: Budget,
                now: float, wall: float) -> list[Incident]:
         """Fold this tick's findings for ``job`` in; return newly opened incidents."""
         opened = []

@@ -294,7 +294,7 @@ def _forecast(f: dict[str, Any], remaining: float) -> str:
         out.append(f"<p class='forecast'>forecast: save {ck['written_bytes'] / 2**20:.1f} MiB of "
                    f"{size} at {ck['write_bytes_per_second'] / 2**20:.2f} MiB/s: {eta}{over}</p>")
     for m in f.get("memory", []):
-        # Only the forecasts that bear on this stall (diagnosis.Evidence.memory_applies).
+        # Only the forecasts that bear on this stall (diagnosis.StallEvidence.memory_applies).
         if m["eta_seconds"] is not None and m.get("applies", True):
             out.append(f"<p class='forecast bad'>forecast: rank {m['rank']} "
                        f"{escape(m['device'])} memory: {m['used_bytes'] / 2**30:.2f} of "

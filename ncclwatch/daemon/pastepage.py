@@ -28,6 +28,7 @@ from html import escape
 from typing import Any, BinaryIO
 
 from ncclwatch.daemon.settings import DaemonConfig
+from ncclwatch.logstream import GZIP_MAGIC, open_stream
 
 log = logging.getLogger(__name__)
 
@@ -132,45 +133,20 @@ class _Counted:
         return b
 
 
-class _Head:
-    """A stream with its first bytes read ahead (to see whether it is gzip)."""
-
-    def __init__(self, head: bytes, inner: Any) -> None:
-        self.head, self.inner = head, inner
-
-    def read(self, n: int = READ_CHUNK) -> bytes:
-        if self.head:
-            out, self.head = self.head[:n], self.head[n:]
-            return out
-        return self.inner.read(n)
-
-
-class _Gunzip:
-    """gzip undone as it streams; output per read is bounded, so a gzip bomb costs
-    no memory (the byte count after it refuses it)."""
+class _GzipRefused:
+    """The gunzipped body, its faults answered 400 (a truncated or broken gzip
+    stream is the client's, not a log the scanner read part of)."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
-        self.z = zlib.decompressobj(16 + zlib.MAX_WBITS)
 
     def read(self, n: int = READ_CHUNK) -> bytes:
-        while True:
-            if self.z.eof:
-                rest = self.z.unused_data or self.inner.read(READ_CHUNK)
-                if not rest:
-                    return b""
-                self.z = zlib.decompressobj(16 + zlib.MAX_WBITS)  # the next member
-                data = rest
-            else:
-                data = self.z.unconsumed_tail or self.inner.read(READ_CHUNK)
-                if not data:
-                    raise RequestError(400, "the gzip stream ended before its end marker")
-            try:
-                out = self.z.decompress(data, n)
-            except zlib.error as e:
-                raise RequestError(400, f"not valid gzip: {e}") from None
-            if out:
-                return out
+        try:
+            return self.inner.read(n)
+        except EOFError:
+            raise RequestError(400, "the gzip stream ended before its end marker") from None
+        except zlib.error as e:
+            raise RequestError(400, f"not valid gzip: {e}") from None
 
 
 def drain(raw: Any, upto: int) -> bool:
@@ -227,14 +203,12 @@ def text_stream(raw: Any, gzip_header: bool, max_bytes: int) -> Any:
     bytes), refusing more than ``max_bytes`` of it, compressed or not."""
     if raw.length is not None and raw.length > max_bytes:
         raise TooLarge(max_bytes)
-    counted = _Counted(raw, max_bytes)
-    head = counted.read(2)
-    if not head:
+    opened = open_stream(_Counted(raw, max_bytes), gzip_header, ahead=len(GZIP_MAGIC))
+    if not opened.head:
         raise RequestError(400, "empty body: paste a log or drop a log file")
-    stream: Any = _Head(head, counted)
-    if head == b"\x1f\x8b" or gzip_header:
-        stream = _Counted(_Gunzip(stream), max_bytes)
-    return stream
+    if opened.gzip:
+        return _Counted(_GzipRefused(opened.text), max_bytes)
+    return opened.text
 
 
 def log_name(header: str | None) -> str:

@@ -6,7 +6,7 @@ refreshes of the page. A forecast is a countdown: between readings it falls
 one second per second, and each new reading pulls it toward itself with a
 time constant of ``TAU`` seconds. A steady process reads the same as raw; a
 first reading, a finished write (0) and an unknown (None) are taken as they
-are, so nothing waits on the smoothing. diagnosis.evidence smooths memory
+are, so nothing waits on the smoothing. diagnosis.stall_evidence smooths memory
 forecasts, and write forecasts once their rate is a least-squares fit (the
 first seconds' estimates are what call an overrun early).
 """

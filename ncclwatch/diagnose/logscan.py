@@ -21,22 +21,32 @@ names (``rank3.log``, torchrun's ``--log-dir .../attempt_0/3/stderr.log``),
 and the ``[Rank 3]`` inside torch's own messages. Inputs may be plain text,
 gzip, or directories of both; Flight Recorder dumps found among them are
 handed back by path (flightrec.py reads them).
+
+This module is the scan itself; its parts have modules of their own: what it
+keeps (scanresult.py), the trigger automaton (matcher.py), ranks and times
+from a line (lineprefix.py), which paths are logs (logfiles.py), reading a
+plain or gzip stream (ncclwatch/logstream.py) and joining wrapped lines
+(wraps.py).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import zlib
 import os
 import re
-from dataclasses import dataclass, field
+import zlib
 from pathlib import Path
-from typing import BinaryIO, Iterable, Iterator
+from typing import BinaryIO, Iterable
 
-import ahocorasick_rs
-
-from ncclwatch.diagnose import logsigns, paste
-from ncclwatch.diagnose.logsigns import MAX_TRIGGER, PG_TAG, SIGNS, Event, LogSign
+from ncclwatch.diagnose import paste
+from ncclwatch.diagnose.lineprefix import (DEFAULT_PG, PREFIX_SAMPLE, TASK_PREFIX, parse_ts, pg_of,
+                                           rank_of_path, split_prefix)
+from ncclwatch.diagnose.logfiles import LogInputError, expand_found, is_fr_dump, not_a_log, open_log
+from ncclwatch.diagnose.logsigns import MAX_TRIGGER, Event
+from ncclwatch.diagnose.matcher import matcher
+from ncclwatch.diagnose.scanresult import Evidence, FailureEntry, PyTraceback, ScanResult
+from ncclwatch.diagnose.wraps import joined, logical, wrap_span
+from ncclwatch.logstream import open_stream, read_head
 from ncclwatch.stacks import Frame
 
 CHUNK = 8 << 20
@@ -51,483 +61,13 @@ MAX_DIGITS = 18
 TRACEBACK_MAX_LINES = 3000
 #: Longest line kept as evidence text.
 MAX_TEXT = 600
-#: Files larger than this inside a directory are still read (streaming);
-#: binary files other than Flight Recorder dumps are skipped.
-_SNIFF = 8192
 
-
-class LogInputError(ValueError):
-    """A path that cannot be read as a log (missing, unreadable, not text)."""
-
-
-@dataclass
-class Evidence:
-    """One matched line."""
-
-    sign: str
-    event: Event
-    file: str
-    line: int
-    rank: int | None
-    ts: float | None
-    text: str
-    fields: dict[str, str]
-    #: The ``srun --label`` task id (a node, where torchrun runs per node).
-    task: int | None = None
-    #: The process group of torch's own ``[PG 3 Rank 2]`` tag (id, or its description)
-    #: and the rank inside it; None where the message has no tag.
-    pg: str | None = None
-    pg_rank: int | None = None
-    #: Where ``rank`` came from: "prefix" (launcher), "file" (per-rank file name),
-    #: "message" (torch's ``[Rank N]`` of the default or an unnamed group), None.
-    rank_from: str | None = None
-    #: The line's own time stamp (``ts`` falls back to the last stamp before it, for
-    #: ordering; a timeline shows only a line's own).
-    stamp: float | None = None
-
-    @property
-    def where(self) -> str:
-        return f"{self.file}:{self.line}"
-
-
-@dataclass
-class PyTraceback:
-    """A Python traceback of one rank: frames outermost first, as printed."""
-
-    file: str
-    line: int
-    rank: int | None
-    ts: float | None
-    frames: list[Frame] = field(default_factory=list)
-    #: The exception line. A chained exception ("During handling of the above
-    #: exception ...") prints a traceback of its own: it is a PyTraceback of its own.
-    exception: str = ""
-    end_line: int = 0
-    stamp: float | None = None
-
-    @property
-    def where(self) -> str:
-        return f"{self.file}:{self.line}"
-
-    def innermost_first(self) -> list[Frame]:
-        return self.frames[::-1]
-
-
-@dataclass
-class FailureEntry:
-    """One failure of torchrun's ChildFailedError summary."""
-
-    file: str
-    line: int
-    root: bool = False
-    host: str = ""
-    rank: int | None = None
-    local_rank: int | None = None
-    exitcode: int | None = None
-    pid: int | None = None
-    signame: str = ""
-    #: The table's "time : 2026-12-03_12:36:12" (when torchrun saw the failure).
-    stamp: float | None = None
-
-    @property
-    def where(self) -> str:
-        return f"{self.file}:{self.line}"
-
-
-@dataclass
-class ScanResult:
-    evidence: list[Evidence] = field(default_factory=list)
-    tracebacks: list[PyTraceback] = field(default_factory=list)
-    failures: list[FailureEntry] = field(default_factory=list)
-    ranks_seen: set[int] = field(default_factory=set)
-    world_sizes: set[int] = field(default_factory=set)
-    fr_dumps: list[str] = field(default_factory=list)
-    files: list[str] = field(default_factory=list)
-    skipped: list[tuple[str, str]] = field(default_factory=list)
-    bytes_read: int = 0
-    lines_read: int = 0
-    #: Every sign matched: its first line (where, text) and how many lines matched it.
-    hits: dict[str, tuple[str, str]] = field(default_factory=dict)
-    hit_counts: dict[str, int] = field(default_factory=dict)
-    #: Bounds the input hit ("a line longer than 1 MiB ..."), once per kind and file.
-    bounded: list[str] = field(default_factory=list)
-
-
-# -- sign matching ---------------------------------------------------------------------
-
-class _Matcher:
-    """All triggers of all signs in one automaton; patterns compiled once.
-
-    ``ac`` finds whole triggers (used per line, overlapping). ``scan_ac`` (used over
-    whole chunks, leftmost-longest) also holds every prefix and suffix of every
-    trigger of at least FRAGMENT characters: a terminal that hard-wraps a line
-    inside a trigger leaves a prefix at the end of one line and the suffix at the
-    start of the next, one of them at least that long (logsigns.MAX_TRIGGER)."""
-
-    def __init__(self, signs: Iterable[LogSign] = SIGNS) -> None:
-        self.signs = tuple(signs)
-        triggers: list[str] = []
-        self.by_trigger: list[list[int]] = []
-        index: dict[str, int] = {}
-        for i, sign in enumerate(self.signs):
-            for t in sign.triggers:
-                if t not in index:
-                    index[t] = len(triggers)
-                    triggers.append(t)
-                    self.by_trigger.append([])
-                self.by_trigger[index[t]].append(i)
-        self.triggers = [t.encode() for t in triggers]
-        self._starts: set[bytes] | None = None
-        self.ac = ahocorasick_rs.BytesAhoCorasick(self.triggers)
-        self.patterns = [s.compile() for s in self.signs]
-        # Pattern index of scan_ac -> (whole trigger?, a trigger's start at a line's end?,
-        # a trigger's end at a line's start?). The pieces carry their newline, so they
-        # match only where a wrap could have cut (a word inside a line costs nothing).
-        roles: dict[bytes, list[bool]] = {t: [True, False, False] for t in self.triggers}
-        for t in self.triggers:
-            for n in range(logsigns.FRAGMENT, len(t)):
-                for eol in (b"\n", b"\r\n"):
-                    roles.setdefault(t[:n] + eol, [False, False, False])[1] = True
-                # After a newline, a markdown quote, or a log viewer's "[88716] ".
-                for bol in (b"\n", b"\n> ", b"] "):
-                    roles.setdefault(bol + t[len(t) - n:], [False, False, False])[2] = True
-        self.scan_patterns = list(roles)
-        self.roles = [tuple(roles[p]) for p in self.scan_patterns]
-        self.scan_ac = ahocorasick_rs.BytesAhoCorasick(
-            self.scan_patterns, matchkind=ahocorasick_rs.MatchKind.LeftmostLongest)
-
-    def signs_in(self, line: bytes) -> list[int]:
-        """Indexes of the signs whose triggers occur in ``line``, in table order."""
-        hit: set[int] = set()
-        for t, _s, _e in self.ac.find_matches_as_indexes(line, overlapping=True):
-            hit.update(self.by_trigger[t])
-        return sorted(hit)
-
-    def starts_trigger(self, piece: bytes) -> bool:
-        """Whether ``piece`` is the start of a trigger, cut before its end."""
-        if self._starts is None:
-            self._starts = {t[:n] for t in self.triggers for n in range(1, len(t))}
-        return piece in self._starts
-
-
-_MATCHER: _Matcher | None = None
-
-
-def matcher() -> _Matcher:
-    global _MATCHER
-    if _MATCHER is None:
-        _MATCHER = _Matcher()
-    return _MATCHER
-
-
-# -- ranks and times from a line's prefix -----------------------------------------------
-
-#: `3: ` (srun --label, task id), then `[rank3]:` / `[default3]:` (torchrun) or a
-#: trainer's `[rank 3]`, in that order.
-_PREFIX = re.compile(r"^(?:\s*(?P<task>\d{1,9}): )?(?:\[(?P<role>[A-Za-z_]*?)(?P<rank>\d{1,9})\]:"
-                     r"|\[[Rr]ank (?P<rank2>\d{1,9})\]:?(?= ))?")
-_PREFIX_SAMPLE = re.compile(rb"\[(?:rank|default)(\d{1,9})\]:")
-_PG_TAG = re.compile(PG_TAG)
-#: Process groups whose ranks are the global ranks.
-DEFAULT_PG = frozenset({"0", "default_pg"})
-_TASK = re.compile(r"^\s*(\d{1,9}): ")
-_ISO = re.compile(r"(\d{4})-(\d{2})-(\d{2})[ T_](\d{2}):(\d{2}):(\d{2})(?:[.,](\d{1,6}))?")
-_GLOG = re.compile(r"\b[IWEF](\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2})\.(\d{1,6})")
-_FILE_RANK = (
-    re.compile(r"attempt_\d+/(\d{1,9})/(?:stdout|stderr)\.log$"),  # torchrun --log-dir
-    re.compile(r"(?:^|[/_.\-])rank[_\-]?(\d{1,9})(?:[/_.\-]|$)", re.I),
-    re.compile(r"(?:^|[/_.\-])(?:trace_rank_|node_?rank_?)(\d{1,9})(?!\d)", re.I),
-)
-
-
-def rank_of_path(path: str) -> int | None:
-    """The rank a per-rank log file belongs to, from its path (None if shared)."""
-    p = path.replace("\\", "/")
-    name = p.rsplit("/", 2)
-    tail = "/".join(name[-2:]) if len(name) > 1 else p
-    for rx in _FILE_RANK:
-        m = rx.search(p if rx is _FILE_RANK[0] else tail)
-        if m:
-            return int(m.group(1))
-    return None
-
-
-def split_prefix(line: str, task_is_rank: bool = True) -> tuple[int | None, str]:
-    """(rank, rest) for one line: the innermost launcher prefix wins.
-
-    ``task_is_rank``: an ``srun --label`` task id stands for the rank (one task
-    per rank); where torchrun runs per node the task id is the node, not a rank.
-    Paste decoration (paste.py) is removed first; a launcher prefix behind other
-    decoration (a host, a Ray actor, a time) is found near the start of the line.
-    """
-    line = paste.undecorate(line)
-    rank, rest = paste.mpi_rank(line)
-    if rank is not None:
-        return rank, rest
-    m = _PREFIX.match(line)
-    if m and m.group("rank") is not None:
-        return int(m.group("rank")), line[m.end():]
-    if m and m.group("rank2") is not None:  # a trainer's own "[rank 3] ..." lines
-        return int(m.group("rank2")), line[m.end():]
-    rank, rest = paste.launcher_prefix(line)
-    if rank is not None:
-        return rank, rest
-    if not m or m.end() == 0:
-        return None, line
-    return (int(m.group("task")) if task_is_rank else None), line[m.end():]
-
-
-def pg_of(text: str) -> tuple[str | None, int | None]:
-    """(process group, rank inside it) of torch's first ``[PG .. Rank N]`` tag."""
-    m = _PG_TAG.search(text)
-    if m is None:
-        return None, None
-    pg = m.group("pg_desc") or m.group("pg")
-    if m.group("pg") == "0" and not m.group("pg_desc"):
-        pg = "0"
-    return pg, int(m.group("rank"))
-
-
-_MONTHS = {m: i + 1 for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul",
-                                            "Aug", "Sep", "Oct", "Nov", "Dec"))}
-#: Time stamps a log line may start with, tried in order: ISO 8601 and Python
-#: logging (torch's ``[2024-05-01 10:00:00,123]``, Kubernetes, JSON "time"), glog
-#: (``W1203 12:33:03.313000``: c10d and torchrun), US dates (HF's logging
-#: ``12/03/2026 12:32:43``) and syslog / ``dmesg -T`` (``Dec  3 12:33:03``). A line
-#: with none (dmesg's seconds since boot included) has no time.
-STAMPS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("iso", _ISO), ("glog", _GLOG),
-    ("us", re.compile(r"\b(\d{2})/(\d{2})/(\d{4})[ ,T]+(\d{2}):(\d{2}):(\d{2})(?:[.,](\d{1,6}))?")),
-    ("syslog", re.compile(r"\b(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) {1,2}(\d{1,2}) "
-                          r"(\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,6}))?(?: (\d{4})\b)?")),
-)
-
-
-def parse_ts(text: str, year: int) -> float | None:
-    """Seconds since the epoch of the first time stamp on the line (UTC assumed; a
-    stamp without a year takes the file's)."""
-    head = text[:300]
-    for kind, rx in STAMPS:
-        m = rx.search(head)
-        if m is None:
-            continue
-        g = m.groups()
-        if kind == "iso":
-            y, mo, d, h, mi, sec, frac = int(g[0]), int(g[1]), int(g[2]), *map(int, g[3:6]), g[6]
-        elif kind == "glog":
-            y, mo, d, h, mi, sec, frac = year, int(g[0]), int(g[1]), *map(int, g[2:5]), g[5]
-        elif kind == "us":
-            y, mo, d, h, mi, sec, frac = int(g[2]), int(g[0]), int(g[1]), *map(int, g[3:6]), g[6]
-        else:
-            y = int(g[6]) if g[6] else year
-            mo, d, h, mi, sec, frac = _MONTHS[g[0]], int(g[1]), *map(int, g[2:5]), g[5]
-        try:
-            t = _dt.datetime(y, mo, d, h, mi, sec, tzinfo=_dt.timezone.utc).timestamp()
-        except (ValueError, OverflowError):
-            return None
-        return t + (int(frac) / 10 ** len(frac) if frac else 0.0)
-    return None
-
-
-# -- inputs ----------------------------------------------------------------------------
-
-def _is_fr_dump(head: bytes) -> bool:
-    return len(head) > 2 and head[0] == 0x80 and 2 <= head[1] <= 5
-
-
-def expand(paths: Iterable[str | os.PathLike]) -> Iterator[Path]:
-    """Every file under the given paths, in a stable order; missing paths raise."""
-    for path, _found in expand_found(paths):
-        yield path
-
-
-def expand_found(paths: Iterable[str | os.PathLike]) -> Iterator[tuple[Path, bool]]:
-    """(file, found in a directory rather than named) for every file under the paths."""
-    for p in paths:
-        path = Path(p)
-        if path.is_dir():
-            for root, dirs, files in os.walk(path):
-                dirs.sort()
-                for name in sorted(files):
-                    yield Path(root) / name, True
-        elif path.exists():
-            yield path, False
-        else:
-            raise LogInputError(f"{p}: no such file or directory")
-
-
-#: Files met in a directory that are not logs, by what they hold (not by name): a JSON
-#: or YAML document (a verdict, a config; JSON *lines* logs are logs), Python source.
-NOT_A_LOG: tuple[tuple[str, re.Pattern[bytes]], ...] = (
-    ("a JSON document, not a log", re.compile(rb"\A\s*[\[{]\s*(?:\n|\"[^\n]*\":\s*[\[{]?\s*\n)")),
-    ("Python source, not a log", re.compile(rb"\A(?:#![^\n]*python|(?:\"\"\"|import |from [\w.]+ import ))")),
-)
-
-
-def not_a_log(sniff: bytes) -> str | None:
-    """Why a file found in a directory is no log (None: read it)."""
-    for why, rx in NOT_A_LOG:
-        if rx.match(sniff):
-            return why
-    return None
-
-
-class _Gunzip:
-    """gzip as a stream that keeps everything up to a truncation (gzip.open loses
-    the last read's data when the stream ends early), members concatenated."""
-
-    def __init__(self, raw: BinaryIO) -> None:
-        self.raw = raw
-        self.z = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        self.buf = b""
-        self.truncated = False
-
-    def read(self, n: int) -> bytes:
-        # Output is bounded by n (max_length): a gzip bomb costs no memory.
-        while len(self.buf) < n:
-            if self.z.eof and self.z.unused_data:  # the next member of the file
-                data = self.z.unused_data
-                self.z = zlib.decompressobj(16 + zlib.MAX_WBITS)
-            else:
-                data = self.z.unconsumed_tail or self.raw.read(1 << 18)
-            if not data:
-                if not self.z.eof and not self.truncated:
-                    self.buf += self.z.flush()
-                    self.truncated = True
-                break
-            self.buf += self.z.decompress(data, n - len(self.buf))
-        out, self.buf = self.buf[:n], self.buf[n:]
-        if not out and self.truncated:
-            self.truncated = False
-            raise EOFError("compressed file ended before the end-of-stream marker")
-        return out
-
-    def __enter__(self) -> "_Gunzip":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.raw.close()
-
-    def close(self) -> None:
-        self.raw.close()
-
-
-def _open(path: Path) -> tuple[BinaryIO, bytes]:
-    f: BinaryIO = open(path, "rb")
-    head = f.read(2)
-    f.seek(0)
-    if head == b"\x1f\x8b":
-        f = _Gunzip(f)  # type: ignore[assignment]
-    try:
-        sniff = f.read(_SNIFF)
-    except (OSError, EOFError, zlib.error) as e:
-        f.close()
-        raise LogInputError(f"{path}: cannot read: {e}") from None
-    return f, sniff
-
-
-# -- the scan ---------------------------------------------------------------------------
 
 class _OpenTb:
     __slots__ = ("tb", "since")
 
     def __init__(self, tb: PyTraceback, since: int) -> None:
         self.tb, self.since = tb, since
-
-
-def _logical(chunk: bytes, ls: int, le: int, back: bool = True,
-             wrapped: bool = False) -> tuple[bytes, int]:
-    """The logical line around chunk[ls:le]: a hard-wrapped line's pieces joined (the
-    wrap cut inside a word, so no separator; each piece's paste decoration, a quote or
-    a viewer line number, dropped). ``back``: also join pieces before it. Returns
-    (bytes, its end)."""
-    def text(a: int, b: int) -> str:
-        return paste.undecorate(chunk[a:b].decode("utf-8", "replace").rstrip("\r"))
-
-    start = ls
-    if back and paste.continues(text(ls, le)):
-        for _ in range(paste.WRAP_MAX):
-            if start == 0:
-                break
-            ps = chunk.rfind(b"\n", 0, start - 1) + 1
-            prev = text(ps, start - 1)
-            if paste.ends_line(prev):
-                break
-            start = ps
-            if not paste.continues(prev):
-                break
-    end = le
-    for _ in range(paste.WRAP_MAX):
-        if end >= len(chunk):
-            break
-        if paste.ends_line(text(chunk.rfind(b"\n", 0, end) + 1, end),
-                           wrapped=wrapped or start != ls or end != le):
-            break
-        ne = chunk.find(b"\n", end + 1)
-        if ne < 0:
-            ne = len(chunk)
-        nxt = text(end + 1, ne)
-        if not nxt or not paste.continues(nxt):
-            break
-        end = ne
-    if start == ls and end == le:
-        return chunk[ls:le], le
-    pieces = chunk[start:end].split(b"\n")
-    first = pieces[0].rstrip(b"\r")
-    rest = [paste.undecorate(p.decode("utf-8", "replace").rstrip("\r")).encode() for p in pieces[1:]]
-    return first + b"".join(rest), end
-
-
-def _joined(chunk: bytes, start: int, end: int) -> bytes:
-    """The physical lines chunk[start:end] as one, each piece's paste decoration dropped."""
-    pieces = chunk[start:end].split(b"\n")
-    return pieces[0].rstrip(b"\r") + b"".join(
-        paste.undecorate(p.decode("utf-8", "replace").rstrip("\r")).encode() for p in pieces[1:])
-
-
-#: At most this many pieces of one terminal-wrapped line are joined.
-WRAP_PIECES = 12
-
-
-def _wrap_span(chunk: bytes, ls: int, le: int) -> tuple[int, int]:
-    """The lines around ls..le that a terminal wrapped from one: every piece but the
-    last has one width (at least logsigns.MAX_TRIGGER columns). ls is a full-width
-    piece, or the last one (then the width is the piece's before it)."""
-    def width(a: int, b: int) -> int:
-        return len(chunk[a:b].rstrip(b"\r"))
-
-    def span(w: int, start: int, end: int) -> tuple[int, int]:
-        for _ in range(WRAP_PIECES):  # pieces before, each of that width
-            if start == 0:
-                break
-            ps = chunk.rfind(b"\n", 0, start - 1) + 1
-            if width(ps, start - 1) != w:
-                break
-            start = ps
-        pe = chunk.rfind(b"\n", 0, end) + 1
-        for _ in range(WRAP_PIECES):  # pieces after, while the one before is full width
-            if end >= len(chunk) or width(pe, end) != w:
-                break
-            ne = chunk.find(b"\n", end + 1)
-            pe, end = end + 1, len(chunk) if ne < 0 else ne
-        return start, end
-
-    first_end = chunk.find(b"\n", ls)
-    first_end = len(chunk) if first_end < 0 else first_end
-    w = width(ls, first_end)
-    if w >= MAX_TRIGGER and first_end < len(chunk):
-        ne = chunk.find(b"\n", first_end + 1)
-        if width(first_end + 1, len(chunk) if ne < 0 else ne) <= w:
-            got = span(w, ls, first_end)
-            if got != (ls, first_end):
-                return got[0], max(got[1], le)
-    if ls > 0:  # ls as the last piece
-        ps = chunk.rfind(b"\n", 0, ls - 1) + 1
-        pw = width(ps, ls - 1)
-        if pw >= max(w, MAX_TRIGGER):
-            got = span(pw, ps, ls - 1)
-            return got[0], max(first_end, le)
-    return ls, le
 
 
 def _message_rank(fields: dict[str, str], pg: str | None,
@@ -562,7 +102,7 @@ class Scanner:
     def scan_file(self, path: Path, found: bool = False) -> None:
         name = str(path)
         try:
-            f, sniff = _open(path)
+            f, sniff = open_log(path)
         except OSError as e:
             self.r.skipped.append((name, f"cannot read: {e.strerror or e}"))
             return
@@ -570,7 +110,7 @@ class Scanner:
             self.r.skipped.append((name, str(e)))
             return
         with f:
-            if _is_fr_dump(sniff):
+            if is_fr_dump(sniff):
                 self.r.fr_dumps.append(name)
                 return
             if b"\x00" in sniff:
@@ -597,26 +137,16 @@ class Scanner:
         whole, never written anywhere; plain or gzip. A stream that is not text (a
         Flight Recorder dump, binary) raises LogInputError: dumps are read from files.
         ``name`` counts as a file name does (``rank3.log`` is rank 3's log)."""
-        def sniff(f: BinaryIO) -> bytes:
-            got = b""
-            while len(got) < _SNIFF:  # a stream may answer a read with less
-                b = f.read(_SNIFF - len(got))
-                if not b:
-                    break
-                got += b
-            return got
-
-        first = sniff(stream)
-        f: BinaryIO = _Prefixed(first, stream)  # type: ignore[assignment]
-        if first[:2] == b"\x1f\x8b":
-            f = _Gunzip(f)  # type: ignore[assignment]
+        opened = open_stream(stream)
+        f, first = opened.text, opened.head
+        if opened.gzip:
             try:
-                first = sniff(f)
+                first = read_head(f)
             except (OSError, EOFError, zlib.error) as e:
                 raise LogInputError(f"{name}: cannot read the gzip stream ({e})") from None
         else:
             first = f.read(len(first))
-        if _is_fr_dump(first):
+        if is_fr_dump(first):
             raise LogInputError(f"{name}: a Flight Recorder dump (pickle); give dumps to "
                                 "`ncclwatch diagnose` on the command line")
         if b"\x00" in first:
@@ -629,22 +159,6 @@ class Scanner:
             self.r.skipped.append((name, f"read stopped early ({e}); the lines before it were "
                                          "used"))
         return self.r
-
-
-class _Prefixed:
-    """A stream with bytes already read put back in front of it."""
-
-    def __init__(self, head: bytes, rest: BinaryIO) -> None:
-        self.head, self.rest = head, rest
-
-    def read(self, n: int) -> bytes:
-        if self.head:
-            out, self.head = self.head[:n], self.head[n:]
-            return out
-        return self.rest.read(n)
-
-    def close(self) -> None:
-        pass
 
 
 class _FileScan:
@@ -718,10 +232,10 @@ class _FileScan:
         self.r.bytes_read += len(chunk)
         if b"\x1b" in chunk:  # colours go first: a colour code may sit inside a trigger
             chunk = _ANSI.sub(b"", chunk)
-        for m in _PREFIX_SAMPLE.finditer(chunk, 0, 65536):
+        for m in PREFIX_SAMPLE.finditer(chunk, 0, 65536):
             self.r.ranks_seen.add(int(m.group(1)))
             self.task_is_rank = False
-        if line_no == 1 and self.task_is_rank and _PREFIX_SAMPLE.search(chunk):
+        if line_no == 1 and self.task_is_rank and PREFIX_SAMPLE.search(chunk):
             self.task_is_rank = False  # torchrun prefixes anywhere in the first chunk
         cur_pos, cur_line = 0, line_no
         pos = 0
@@ -755,15 +269,15 @@ class _FileScan:
             cur_line += chunk.count(b"\n", cur_pos, first)
             cur_pos = first
             if (first, last) == (ls, le):
-                raw, le = _logical(chunk, ls, le)
+                raw, le = logical(chunk, ls, le)
             else:  # a trigger cut by a hard wrap: its pieces joined, and what follows
-                _raw, le = _logical(chunk, first, last, back=False, wrapped=True)
-                raw = _joined(chunk, first, le)
+                _raw, le = logical(chunk, first, last, back=False, wrapped=True)
+                raw = joined(chunk, first, le)
             matched, missed = self._line(raw, cur_line)
             if missed and not self.open:
                 # A trigger whose pattern found too little: a narrow terminal wrapped the
                 # line (pieces of one width); read it whole for the signs not yet read.
-                a, b = _wrap_span(chunk, first, le)
+                a, b = wrap_span(chunk, first, le)
                 # A later line of the run holding a trigger of its own is no piece of
                 # this one (as wide by chance): it is read on its own.
                 ps = le + 1
@@ -774,7 +288,7 @@ class _FileScan:
                         # ...unless the run read whole completes a specific sign this
                         # line missed (a generic failure shape completes by chance):
                         # then the line is a piece after all.
-                        whole = self._decode(_joined(chunk, a, b))
+                        whole = self._decode(joined(chunk, a, b))
                         if not any(self.m.patterns[i].search(whole)
                                    for i in self.m.signs_in(chunk[first:le + 1])
                                    if self.m.signs[i].id in missed
@@ -783,7 +297,7 @@ class _FileScan:
                         break
                     ps = pe + 1
                 if (a, b) != (first, le):
-                    whole = _joined(chunk, a, b)
+                    whole = joined(chunk, a, b)
                     # Cited at the trigger's line: the run may reach back over lines that
                     # only happen to be as wide (a log's own lines of that width).
                     got, _m = self._line(whole, cur_line, only={
@@ -829,7 +343,7 @@ class _FileScan:
 
     def _crosses(self, chunk: bytes, a: int, cut: int, b: int) -> bool:
         """Whether lines a..cut and cut+1..b joined hold a trigger neither holds alone."""
-        both = set(self.m.signs_in(_joined(chunk, a, b)))
+        both = set(self.m.signs_in(joined(chunk, a, b)))
         return bool(both - set(self.m.signs_in(chunk[a:cut])) - set(self.m.signs_in(chunk[cut + 1:b])))
 
     def _sequential(self, chunk: bytes, pos: int, line_no: int) -> tuple[int, int]:
@@ -839,7 +353,7 @@ class _FileScan:
             le = chunk.find(b"\n", pos)
             if le < 0:
                 le = n
-            raw, end = _logical(chunk, pos, le, back=False)
+            raw, end = logical(chunk, pos, le, back=False)
             if end == le < n and le - pos >= MAX_TRIGGER:
                 # A wrapped exception line whose rest holds the sign ("...third_party/gl" +
                 # "oo/.../unbound_buffer.cc:78] Timed out waiting ..."): one line.
@@ -851,7 +365,7 @@ class _FileScan:
                 if nxt and not nxt[:1].isspace() and body and not body[:1].isspace() \
                         and paste.continues(nxt) and self.m.signs_in(nxt.encode()) \
                         and not paste.ends_line(body.rstrip(), wrapped=True):
-                    raw, end = _joined(chunk, pos, ne), ne
+                    raw, end = joined(chunk, pos, ne), ne
             self._traceback_line(raw, line_no)
             pos, line_no = end + 1, line_no + 1 + chunk.count(b"\n", le, end)
             for rank, ot in list(self.open.items()):
@@ -920,7 +434,7 @@ class _FileScan:
         """Read one logical line; returns the signs matched, and those whose trigger it
         holds but whose pattern did not match."""
         text = paste.unjson(self._decode(raw[:MAX_LINE]))
-        tm = _TASK.match(text)
+        tm = TASK_PREFIX.match(text)
         self.task = int(tm.group(1)) if tm else None
         matched: set[str] = set()
         missed: set[str] = set()

@@ -10,26 +10,26 @@ not time out), and what it was doing (its traceback's frames, classified
 with the same signature table as live stacks; its checkpoint log lines)
 names the failure class. The classes are a table, first match wins.
 
-The parts: facts.py (what the logs say, rank by rank), rules/ (one module per
-failure class, registered in rules.RULES), this module (the classes, the
-decision, the timeline); render.py prints it.
+The parts: facts.py (what the logs say, rank by rank), waiting.py (who waited
+for whom), crashes.py (who failed on its own), rules/ (one module per failure
+class, registered in rules.RULES, each returning a finding.LogFinding), this
+module (the classes, the decision, the timeline); render.py prints it.
 """
 
 from __future__ import annotations
-
 from dataclasses import dataclass
 from typing import Sequence
-
-from ncclwatch.diagnose.facts import (Evidence, Facts, Finding, RankFacts, _order,  # noqa: F401
-                                      blocked_op, exception_kind, gather_facts,
-                                      timeout_seconds, who)
+from ncclwatch.diagnose.facts import Facts, gather_facts, time_order
+from ncclwatch.diagnose.finding import LogFinding, who
 from ncclwatch.diagnose.logsigns import NETWORK_FAILURES, SIGNS, Event
 from ncclwatch.diagnose.rules import RULES
+from ncclwatch.diagnose.scanresult import Evidence
+from ncclwatch.diagnose.waiting import timeout_seconds
 from ncclwatch.model import rank_ranges
 from ncclwatch.remediation import ALL_BY_ID, RootCause
 
 #: The public names other modules (the CLI, the paste page, tests) import from here.
-__all__ = ["CLASSES", "CLASS_BY_ID", "Facts", "Finding", "RULES", "decide", "failure_signs",
+__all__ = ["CLASSES", "CLASS_BY_ID", "Facts", "LogFinding", "RULES", "decide", "failure_signs",
            "gather_facts", "root_cause", "timeline", "timeout_seconds", "who"]
 
 
@@ -58,7 +58,7 @@ CLASS_BY_ID = {c.id: c for c in CLASSES}
 SIGN_BY_ID = {s.id: s for s in SIGNS}
 
 
-def _torchrun_note(facts: Facts, finding: Finding) -> str | None:
+def _torchrun_note(facts: Facts, finding: LogFinding) -> str | None:
     roots = [fe for fe in facts.scan.failures if fe.root and fe.rank is not None]
     if not roots:
         return None
@@ -80,7 +80,7 @@ _COLLECT_PREFIX = ("every rank's log with its rank prefix (torchrun --tee 3 or -
                    "lines carry the rank instead of a GPU index")
 
 
-def decide(facts: Facts) -> Finding:
+def decide(facts: Facts) -> LogFinding:
     for _name, rule in RULES:
         finding = rule(facts)
         if finding is not None:
@@ -105,16 +105,16 @@ def decide(facts: Facts) -> Finding:
         ev = [(where, f"{sid}: {text[:200]}") for sid, (where, text) in failing[:6]]
         named = ", ".join(f"{sid} ({facts.scan.hit_counts.get(sid, 1)} line(s))"
                           for sid, _h in failing[:6])
-        return Finding("unknown", [], [], "", "failure evidence found, but no known pattern "
-                       "explains it" + (f": {named}" if named else "")
-                       + "; see the evidence lines.", ev,
-                       missing=["a line that points at a rank or a cause"],
-                       collect=["every rank's log (torchrun --log-dir DIR --tee 3)",
+        return LogFinding("unknown", [], [], "", "failure evidence found, but no known pattern "
+                          "explains it" + (f": {named}" if named else "")
+                          + "; see the evidence lines.", ev,
+                          missing=["a line that points at a rank or a cause"],
+                          collect=["every rank's log (torchrun --log-dir DIR --tee 3)",
                                 "Flight Recorder dumps (TORCH_NCCL_DUMP_ON_TIMEOUT=1)"])
     finished = [e for e in facts.scan.evidence if e.event is Event.FINISHED]
-    return Finding("none", [], [], "", "no failure found"
-                   + (" (the job says it finished)" if finished else "") + ".",
-                   [(e.where, e.text[:200]) for e in finished[:1]])
+    return LogFinding("none", [], [], "", "no failure found"
+                      + (" (the job says it finished)" if finished else "") + ".",
+                      [(e.where, e.text[:200]) for e in finished[:1]])
 
 
 def failure_signs(facts: Facts) -> list[tuple[str, tuple[str, str]]]:
@@ -129,11 +129,11 @@ def failure_signs(facts: Facts) -> list[tuple[str, tuple[str, str]]]:
     return sorted(out, key=lambda kv: order[kv[0]])
 
 
-def root_cause(finding: Finding) -> RootCause | None:
+def root_cause(finding: LogFinding) -> RootCause | None:
     return ALL_BY_ID.get(finding.root_cause)
 
 
-def timeline(facts: Facts, finding: Finding, limit: int = 40) -> list[dict]:
+def timeline(facts: Facts, finding: LogFinding, limit: int = 40) -> list[dict]:
     """Key moments, in time order where the logs have times (else file order)."""
     keep: list[tuple[tuple, dict]] = []
     interesting = set(finding.initiating)
@@ -149,22 +149,22 @@ def timeline(facts: Facts, finding: Finding, limit: int = 40) -> list[dict]:
         if r in interesting:
             firsts = [*firsts, *rf.checkpoint[-2:], *rf.checkpoint_done[-1:]]
         for e in firsts:
-            add(_order(e), r, e.where, e.text, e.stamp)
+            add(time_order(e), r, e.where, e.text, e.stamp)
         for tb in rf.tracebacks[:1] + rf.tracebacks[-1:] if rf.tracebacks else []:
-            add(_order(tb), r, tb.where, f"traceback ending in {tb.exception}", tb.stamp)
+            add(time_order(tb), r, tb.where, f"traceback ending in {tb.exception}", tb.stamp)
     for e in facts.all_evidence(Event.MISSING_RANKS)[:3] + facts.all_evidence(Event.MISMATCH)[:3] \
             + facts.all_evidence(Event.HEARTBEAT)[:2] + facts.all_evidence(Event.FR_DUMP)[:2]:
-        add(_order(e), e.rank, e.where, e.text, e.stamp)
+        add(time_order(e), e.rank, e.where, e.text, e.stamp)
     for e in facts.unattributed:
         if e.event in (Event.OOM, Event.NETWORK):
-            add(_order(e), None, e.where, e.text, e.stamp)
+            add(time_order(e), None, e.where, e.text, e.stamp)
     for fe in facts.scan.failures:
         sig = f" {fe.signame}" if fe.signame else ""
         add((True, 0.0, fe.file, fe.line), fe.rank, fe.where,
             f"torchrun: rank {fe.rank} exitcode {fe.exitcode}{sig}"
             + (" (named root cause)" if fe.root else ""), fe.stamp)
     for e in facts.all_evidence(Event.EXIT)[:4]:
-        add(_order(e), e.rank, e.where, e.text, e.stamp)
+        add(time_order(e), e.rank, e.where, e.text, e.stamp)
     seen = set()
     out = []
     for _o, item in sorted(keep, key=lambda x: x[0]):

@@ -1,6 +1,6 @@
 """The verdict rules: one module per failure class, tried in this order, first match wins.
 
-Each rule reads the Facts (facts.py) and returns a Finding or None. The order
+Each rule reads the Facts (facts.py) and returns a LogFinding or None. The order
 matters: an OOM in a save explains the timeouts after it, a desync explains a
 hang, a network error explains lost peers unless a rank crashed first, and a
 stall (someone waited for someone) is the catch-all of the failures; the fallback
@@ -9,8 +9,7 @@ class by adding a module and a row here.
 """
 
 from __future__ import annotations
-
-from ncclwatch.diagnose.facts import Finding, Rule
+from ncclwatch.diagnose.finding import LogFinding, Rule
 from ncclwatch.diagnose.rules.crash import rule_crash
 from ncclwatch.diagnose.rules.desync import rule_desync
 from ncclwatch.diagnose.rules.fallback import rule_fallback
@@ -27,4 +26,4 @@ RULES: tuple[tuple[str, Rule], ...] = (
     ("fallback", rule_fallback),
 )
 
-__all__ = ["Finding", "RULES", "Rule"]
+__all__ = ["LogFinding", "RULES", "Rule"]

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import re
 
-from ncclwatch.diagnose.logscan import Evidence
+from ncclwatch.diagnose.crashes import exit_name, oom_killed, own_crashes, unranked_crash
+from ncclwatch.diagnose.facts import Facts, inferred_notes
+from ncclwatch.diagnose.finding import LogFinding, who
 from ncclwatch.diagnose.logsigns import Event
-from ncclwatch.diagnose.facts import (Facts, Finding, _crashes, _inferred_notes, _oom_killed,
-                                      _unranked_crash, exit_name, who)
+from ncclwatch.diagnose.scanresult import Evidence
 from ncclwatch.model import rank_ranges
 
 
-def rule_crash(facts: Facts) -> Finding | None:
-    crashes = _crashes(facts)
-    oom_crash = [r for r, rf in facts.ranks.items() if rf.oom or _oom_killed(facts, rf)]
+def rule_crash(facts: Facts) -> LogFinding | None:
+    crashes = own_crashes(facts)
+    oom_crash = [r for r, rf in facts.ranks.items() if rf.oom or oom_killed(facts, rf)]
     if not crashes and not oom_crash:
-        lines = _unranked_crash(facts)
+        lines = unranked_crash(facts)
         if not lines:
             return None
         waiting = facts.waiting
@@ -23,16 +24,16 @@ def rule_crash(facts: Facts) -> Finding | None:
         kind = "ran out of memory" if lines[0].event is Event.OOM else "died"
         what, among = _what_died(lines[0])
         candidates = silent if waiting else among
-        return Finding("rank_crash", [], waiting, "rank_exited",
-                       f"a process {kind} ({what}), but no line names its rank"
-                       + (f"; it is among {who(silent)}" if silent and waiting else "")
-                       + (f"; it is among local ranks {rank_ranges(among)} (the launcher "
+        return LogFinding("rank_crash", [], waiting, "rank_exited",
+                          f"a process {kind} ({what}), but no line names its rank"
+                          + (f"; it is among {who(silent)}" if silent and waiting else "")
+                          + (f"; it is among local ranks {rank_ranges(among)} (the launcher "
                           "names the last worker it spawned, not the failed one)"
                           if among and not waiting else "")
-                       + ".", [(e.where, _shown(e)) for e in lines[:4]],
-                       candidates=candidates,
-                       missing=["the rank of the process that died"],
-                       collect=["torchrun's failure summary ('rank : N (local_rank: N)', "
+                          + ".", [(e.where, _shown(e)) for e in lines[:4]],
+                          candidates=candidates,
+                          missing=["the rank of the process that died"],
+                          collect=["torchrun's failure summary ('rank : N (local_rank: N)', "
                                 "'exitcode : -9 (pid: P)') or every rank's log with its "
                                 "prefix (torchrun --tee 3)", "the kernel log (dmesg) for the "
                                 "OOM killer's 'Killed process P'"])
@@ -45,12 +46,12 @@ def rule_crash(facts: Facts) -> Finding | None:
     else:
         initiating = sorted(oom_crash)
         rf = facts.ranks[initiating[0]]
-        e = rf.oom[0] if rf.oom else _oom_killed(facts, rf)
+        e = rf.oom[0] if rf.oom else oom_killed(facts, rf)
         assert e is not None
         ev = [(e.where, e.text[:240])]
         why = f"rank {initiating[0]} ran out of memory outside a checkpoint: {e.text[:160]}"
     collateral = [r for r in facts.world if r not in initiating]
-    notes = _inferred_notes(facts, initiating)
+    notes = inferred_notes(facts, initiating)
     if not facts.scan.failures and any("local rank" in c[3] for c in crashes):
         notes.append("the rank is the launcher's local rank (torchrun, deepspeed): equal to "
                      "the global rank on one node")
@@ -63,9 +64,9 @@ def rule_crash(facts: Facts) -> Finding | None:
         missing.append("the kernel log of the node (was it the OOM killer?)")
         collect.append("dmesg -T (or journalctl -k) of the node: 'Out of memory: Killed "
                        "process P' names the pid torchrun reports")
-    return Finding("rank_crash", initiating, collateral, "rank_exited",
-                   why + "; the other ranks failed after it.", ev, notes, missing=missing,
-                   collect=collect)
+    return LogFinding("rank_crash", initiating, collateral, "rank_exited",
+                      why + "; the other ranks failed after it.", ev, notes, missing=missing,
+                      collect=collect)
 
 
 #: What an exit by SIGKILL (-9) usually means.

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-
-from ncclwatch.diagnose.logscan import Evidence
+from ncclwatch.diagnose.crashes import own_crashes
+from ncclwatch.diagnose.facts import Facts, RankFacts, blocked_op
+from ncclwatch.diagnose.finding import LogFinding, who
 from ncclwatch.diagnose.logsigns import Event
-from ncclwatch.diagnose.facts import (Facts, Finding, RankFacts, _crashes, _fr_where, _pg_key,
-                                      blocked_op, who)
+from ncclwatch.diagnose.scanresult import Evidence
+from ncclwatch.diagnose.waiting import fr_where, pg_key
 
 
 def _fingerprint_ops(facts: Facts) -> tuple[dict[int, str], list[int], list[tuple[str, str]]]:
@@ -50,7 +51,7 @@ def _timeout_divergence(facts: Facts) -> tuple[dict[int, str], list[tuple[str, s
         for e in rf.timeouts:
             if e.fields.get("seq") is None or "op" not in e.fields:
                 continue
-            pg = _pg_key(e) if e.pg is not None else _seq_pg(facts, rf, e)
+            pg = pg_key(e) if e.pg is not None else _seq_pg(facts, rf, e)
             if pg == "default" and e.pg is None:
                 guessed.setdefault(r, set()).add(e.fields["seq"])
             by_pg.setdefault(pg, {}).setdefault(r, e)
@@ -75,18 +76,18 @@ def _seq_pg(facts: Facts, rf: RankFacts, e: Evidence) -> str:
     same work number (torch prints them together), else the default group."""
     for p in rf.progress:
         if p.fields.get("seq") == e.fields.get("seq") and p.pg is not None:
-            return _pg_key(p)
+            return pg_key(p)
     return "default"
 
 
-def rule_desync(facts: Facts) -> Finding | None:
+def rule_desync(facts: Facts) -> LogFinding | None:
     ops, named, ev = _fingerprint_ops(facts)
     how = "c10d's collective fingerprints (TORCH_DISTRIBUTED_DEBUG=DETAIL)"
     fr = facts.fr
     if not ops and fr is not None and fr.mismatches:
         mm = fr.mismatches[0]
         ops = {int(r): f"{v[0]} {[list(x) for x in v[1]]}" for r, v in mm.ops.items()}
-        ev.append((_fr_where(facts), f"collective #{mm.seq} of process group "
+        ev.append((fr_where(facts), f"collective #{mm.seq} of process group "
                    f"{mm.pg_name or mm.pg_id}: " + ", ".join(f"rank {r} {o}"
                                                          for r, o in sorted(ops.items()))))
         how = "the Flight Recorder"
@@ -94,7 +95,7 @@ def rule_desync(facts: Facts) -> Finding | None:
         ops, tev = _timeout_divergence(facts)
         ev += tev
         how = "the watchdog's timed-out work of each rank"
-        if not ops and not _crashes(facts):
+        if not ops and not own_crashes(facts):
             # Where each rank's collective failed (timed out, or its peer went away).
             waited = {}
             for r, rf in facts.ranks.items():
@@ -112,14 +113,14 @@ def rule_desync(facts: Facts) -> Finding | None:
         if not named:
             return None
         # One side of the comparison only (the paste cut it), or NCCL's neighbourhood.
-        return Finding("desync", [], [], "collective_order_mismatch",
-                       f"ranks ran different collectives; the log names {who(named)} in the "
-                       "comparison but not both sides of it, so which rank left the common "
-                       f"order is not in it: the initiator is among {who(named)}.", ev,
-                       candidates=named,
-                       missing=["the other side of the mismatch (the full DETAIL line, or the "
+        return LogFinding("desync", [], [], "collective_order_mismatch",
+                          f"ranks ran different collectives; the log names {who(named)} in the "
+                          "comparison but not both sides of it, so which rank left the common "
+                          f"order is not in it: the initiator is among {who(named)}.", ev,
+                          candidates=named,
+                          missing=["the other side of the mismatch (the full DETAIL line, or the "
                                 "logs of every rank)"],
-                       collect=["every rank's log with TORCH_DISTRIBUTED_DEBUG=DETAIL",
+                          collect=["every rank's log with TORCH_DISTRIBUTED_DEBUG=DETAIL",
                                 "Flight Recorder dumps (TORCH_NCCL_TRACE_BUFFER_SIZE=2000, "
                                 "TORCH_NCCL_DUMP_ON_TIMEOUT=1)"])
     count = Counter(ops.values())
@@ -128,13 +129,13 @@ def rule_desync(facts: Facts) -> Finding | None:
     if len(ops) == 2 or n * 2 <= len(ops) and 0 not in ops:
         # Two ranks (or no majority and no rank 0 to compare with): either may be the odd one.
         among = sorted(ops)
-        return Finding("desync", [], [r for r in facts.waiting if r not in among],
-                       "collective_order_mismatch",
-                       f"ranks issued different collectives ({desc}), by {how}; with no "
-                       f"majority the odd one is among {who(among)}.", ev, candidates=among,
-                       missing=["a third rank's view of the same collective, to tell which "
+        return LogFinding("desync", [], [r for r in facts.waiting if r not in among],
+                          "collective_order_mismatch",
+                          f"ranks issued different collectives ({desc}), by {how}; with no "
+                          f"majority the odd one is among {who(among)}.", ev, candidates=among,
+                          missing=["a third rank's view of the same collective, to tell which "
                                 "side left the common order"],
-                       collect=["every rank's log with TORCH_DISTRIBUTED_DEBUG=DETAIL",
+                          collect=["every rank's log with TORCH_DISTRIBUTED_DEBUG=DETAIL",
                                 "Flight Recorder dumps of all ranks (TORCH_NCCL_DUMP_ON_TIMEOUT=1)"])
     odd = sorted(r for r, o in ops.items() if o != top)
     if n * 2 <= len(ops):
@@ -142,6 +143,6 @@ def rule_desync(facts: Facts) -> Finding | None:
         ref = ops[0]
         odd = sorted(r for r, o in ops.items() if o != ref)
     collateral = [r for r in facts.world if r not in odd]
-    return Finding("desync", odd, collateral, "collective_order_mismatch",
-                   f"ranks issued different collectives ({desc}), by {how}; {who(odd)} "
-                   f"left the common order.", ev)
+    return LogFinding("desync", odd, collateral, "collective_order_mismatch",
+                      f"ranks issued different collectives ({desc}), by {how}; {who(odd)} "
+                      f"left the common order.", ev)

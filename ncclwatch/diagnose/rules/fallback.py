@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass
-
-from ncclwatch.diagnose.facts import Facts, Finding, _anyone_waited, who
-from ncclwatch.diagnose.logscan import Evidence
+from ncclwatch.diagnose.crashes import anyone_waited
+from ncclwatch.diagnose.facts import Facts
+from ncclwatch.diagnose.finding import LogFinding, who
 from ncclwatch.diagnose.logsigns import (CRASH_WORDS, NETWORK_EXCEPTIONS, PEER_EXCEPTIONS,
-                                          SIGNAL_EXIT_BASE, SIGNAL_MEANING, TEARDOWN_EXCEPTIONS,
-                                          TIMEOUT_EXCEPTIONS, Event)
+                                         SIGNAL_EXIT_BASE, SIGNAL_MEANING, TEARDOWN_EXCEPTIONS,
+                                         TIMEOUT_EXCEPTIONS, Event)
+from ncclwatch.diagnose.scanresult import Evidence
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ def _signal_meaning(num: int) -> str | None:
         return None
 
 
-def rule_fallback(facts: Facts) -> Finding | None:
+def rule_fallback(facts: Facts) -> LogFinding | None:
     lines = [e for e in facts.scan.evidence
              if e.event in (Event.CRASH, Event.ERROR, Event.WATCHDOG_ABORT, Event.HEARTBEAT)]
     by_meaning: dict[str, list[Evidence]] = {}
@@ -97,7 +98,7 @@ def rule_fallback(facts: Facts) -> Finding | None:
         m = meaning_of(e)
         if m is not None:
             by_meaning.setdefault(m, []).append(e)
-    waited = _anyone_waited(facts)
+    waited = anyone_waited(facts)
     for shape in SHAPES:
         hits = by_meaning.get(shape.meaning)
         if hits and shape.ranked:
@@ -111,7 +112,7 @@ def rule_fallback(facts: Facts) -> Finding | None:
             candidates = [r for r in facts.world if r not in ranks] if ranks else []
         else:
             initiating, collateral, candidates = ranks, [], []
-        return Finding(
+        return LogFinding(
             shape.cls, initiating, collateral, shape.root_cause,
             shape.says + (f": {who(ranks)}" if ranks and initiating else "")
             + ("; no line names the rank" if not initiating else "") + ".",

@@ -1,13 +1,13 @@
 """Rule: a rank ran out of memory while gathering or saving the checkpoint."""
 
 from __future__ import annotations
-
-from ncclwatch.diagnose.logscan import Evidence, PyTraceback
+from ncclwatch.diagnose.crashes import oom_killed
+from ncclwatch.diagnose.facts import Facts, exception_kind, inferred_notes
+from ncclwatch.diagnose.finding import LogFinding, who
 from ncclwatch.diagnose.logsigns import Event
+from ncclwatch.diagnose.scanresult import Evidence, PyTraceback
 from ncclwatch.model import CHECKPOINT_STATES
 from ncclwatch.signatures import classify
-from ncclwatch.diagnose.facts import (Facts, Finding, _inferred_notes, _oom_killed, exception_kind,
-                                      who)
 
 
 #: Text of an OOM line that puts it inside a state-dict gather (FSDP's clone() warnings).
@@ -27,12 +27,12 @@ def _ckpt_open_before(facts: Facts, e: Evidence | PyTraceback) -> Evidence | Non
     return None if done else last
 
 
-def rule_gather_oom(facts: Facts) -> Finding | None:
+def rule_gather_oom(facts: Facts) -> LogFinding | None:
     hits: list[int] = []
     ev: list[tuple[str, str]] = []
     for r, rf in sorted(facts.ranks.items()):
         oom = list(rf.oom)
-        killed = _oom_killed(facts, rf)
+        killed = oom_killed(facts, rf)
         if killed is not None:
             oom.append(killed)
         oom_tbs = [t for t in rf.tracebacks if exception_kind(t) == "oom"]
@@ -66,13 +66,13 @@ def rule_gather_oom(facts: Facts) -> Finding | None:
     if not hits:
         return _unranked_save_oom(facts)
     collateral = [r for r in facts.world if r not in hits]
-    return Finding("gather_oom", hits, collateral, "gather_out_of_memory",
-                   f"{who(hits)} ran out of memory while gathering or saving "
-                   f"the checkpoint; the other ranks only waited for them.", ev,
-                   _inferred_notes(facts, hits))
+    return LogFinding("gather_oom", hits, collateral, "gather_out_of_memory",
+                      f"{who(hits)} ran out of memory while gathering or saving "
+                      f"the checkpoint; the other ranks only waited for them.", ev,
+                      inferred_notes(facts, hits))
 
 
-def _unranked_save_oom(facts: Facts) -> Finding | None:
+def _unranked_save_oom(facts: Facts) -> LogFinding | None:
     """An OOM line naming no rank (Slurm's oom_kill, a Kubernetes OOMKilled, Ray's memory
     monitor, the kernel) after a save began in the same file with no 'saved' line."""
     for e in facts.unattributed:
@@ -81,13 +81,13 @@ def _unranked_save_oom(facts: Facts) -> Finding | None:
         ckpt = _ckpt_open_before(facts, e)
         if ckpt is None:
             continue
-        return Finding("gather_oom", [], [], "gather_out_of_memory",
-                       "a process ran out of memory while the checkpoint was being saved; "
-                       "no line names its rank.",
-                       [(e.where, f"out of memory: {e.text[:200]}"),
+        return LogFinding("gather_oom", [], [], "gather_out_of_memory",
+                          "a process ran out of memory while the checkpoint was being saved; "
+                          "no line names its rank.",
+                          [(e.where, f"out of memory: {e.text[:200]}"),
                         (ckpt.where, f"the save it was in: {ckpt.text[:160]}")],
-                       missing=["the rank of the process that ran out of memory"],
-                       collect=["every rank's log with its rank prefix (torchrun --log-dir DIR "
+                          missing=["the rank of the process that ran out of memory"],
+                          collect=["every rank's log with its rank prefix (torchrun --log-dir DIR "
                                 "--tee 3, or srun --label)", "the kernel log of the node "
                                 "(dmesg -T): 'Killed process P' names the pid"])
     return None

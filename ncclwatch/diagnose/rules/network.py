@@ -1,11 +1,11 @@
 """Rule: a transport (NCCL/gloo) error ended the job, not a crashed peer or a hang."""
 
 from __future__ import annotations
-
-from ncclwatch.diagnose.logscan import Evidence
+from ncclwatch.diagnose.crashes import job_failed, own_crashes
+from ncclwatch.diagnose.facts import Facts, exception_kind, time_order
+from ncclwatch.diagnose.finding import LogFinding, who
 from ncclwatch.diagnose.logsigns import Event
-from ncclwatch.diagnose.facts import (Facts, Finding, _crashes, _job_failed, _order, exception_kind,
-                                      who)
+from ncclwatch.diagnose.scanresult import Evidence
 
 
 def _context_rank(facts: Facts, e: Evidence, within: int = 40) -> int | None:
@@ -18,8 +18,8 @@ def _context_rank(facts: Facts, e: Evidence, within: int = 40) -> int | None:
     return None
 
 
-def rule_network(facts: Facts) -> Finding | None:
-    if not _job_failed(facts) or _crashes(facts) or any(rf.oom for rf in facts.ranks.values()):
+def rule_network(facts: Facts) -> LogFinding | None:
+    if not job_failed(facts) or own_crashes(facts) or any(rf.oom for rf in facts.ranks.values()):
         return None  # warnings of a job that went on; or a rank died and its peers' errors follow
     items: list[tuple[bool, tuple, int | None, str, str]] = []  # (remote, order, rank, where, text)
     for e in facts.scan.evidence:
@@ -27,11 +27,11 @@ def rule_network(facts: Facts) -> Finding | None:
             continue
         rank = e.rank if e.rank is not None else _context_rank(facts, e)
         remote = "ncclRemoteError" in e.text or "remote process" in e.text
-        items.append((remote, _order(e), rank, e.where, e.text))
+        items.append((remote, time_order(e), rank, e.where, e.text))
     for r, rf in facts.ranks.items():
         for tb in rf.tracebacks:
             if exception_kind(tb) == "network":
-                items.append((False, _order(tb), r, tb.where, tb.exception))
+                items.append((False, time_order(tb), r, tb.where, tb.exception))
     peers = [(r, tb) for r, rf in facts.ranks.items() for tb in rf.tracebacks
              if exception_kind(tb) == "peer"]
     if not items and (store := _store_lost(facts)):
@@ -43,15 +43,15 @@ def rule_network(facts: Facts) -> Finding | None:
                              for rf in facts.ranks.values()):
             ev = [(tb.where, f"rank {r}: {tb.exception[:200]}") for r, tb in peers[:4]]
             reporting = sorted({r for r, _tb in peers})
-            return Finding("network_error", reporting, [], "nccl_network_error",
-                           f"{who(reporting)} lost connections to peers that did not "
-                           "crash; gloo's messages name only ip:port, so which link failed "
-                           "is not in the logs: every reporting rank counts as initiating.",
-                           ev)
+            return LogFinding("network_error", reporting, [], "nccl_network_error",
+                              f"{who(reporting)} lost connections to peers that did not "
+                              "crash; gloo's messages name only ip:port, so which link failed "
+                              "is not in the logs: every reporting rank counts as initiating.",
+                              ev)
         return None
     items.sort(key=lambda x: (x[0],) + x[1])
     lead = items[0]
-    first_timeout = min((_order(e) for rf in facts.ranks.values() for e in rf.timeouts),
+    first_timeout = min((time_order(e) for rf in facts.ranks.values() for e in rf.timeouts),
                         default=None)
     if first_timeout is not None and first_timeout[0] is False and lead[1][0] is False \
             and first_timeout[1] < lead[1][1]:
@@ -61,16 +61,16 @@ def rule_network(facts: Facts) -> Finding | None:
     ev = [(it[3], it[4][:240]) for it in items[:4]]
     collateral = [r for r in facts.world if r not in initiating]
     if not initiating:
-        return Finding("network_error", [], collateral, "nccl_network_error",
-                       "a transport error ended the job, but no line of it names a rank "
-                       f"(NCCL prints host:pid:tid): {lead[4][:160]}", ev,
-                       missing=["which rank the failing process was"],
-                       collect=["every rank's log with its rank prefix (torchrun --tee 3 or "
+        return LogFinding("network_error", [], collateral, "nccl_network_error",
+                          "a transport error ended the job, but no line of it names a rank "
+                          f"(NCCL prints host:pid:tid): {lead[4][:160]}", ev,
+                          missing=["which rank the failing process was"],
+                          collect=["every rank's log with its rank prefix (torchrun --tee 3 or "
                                 "--log-dir; srun --label)", "NCCL_DEBUG=INFO with "
                                 "NCCL_DEBUG_SUBSYS=INIT,NET (maps host:pid and devices to ranks)"])
-    return Finding("network_error", initiating, collateral, "nccl_network_error",
-                   f"the first transport error came from "
-                   f"{who(initiating)}: {lead[4][:160]}", ev)
+    return LogFinding("network_error", initiating, collateral, "nccl_network_error",
+                      f"the first transport error came from "
+                      f"{who(initiating)}: {lead[4][:160]}", ev)
 
 
 #: What a c10d store client's error says when its connection broke (not a timeout).
@@ -78,7 +78,7 @@ _STORE_BROKE = ("Connection reset by peer", "Broken pipe", "Connection closed by
                 "ECONNRESET", "Connection refused")
 
 
-def _store_lost(facts: Facts) -> Finding | None:
+def _store_lost(facts: Facts) -> LogFinding | None:
     """A rank lost its connection to the c10d store (store->get ... Connection reset by
     peer) and nothing timed out or crashed: the store's host (rank 0's process, or
     torchrun's agent) went away or the network between them dropped the connection.
@@ -90,16 +90,16 @@ def _store_lost(facts: Facts) -> Finding | None:
         return None
     e = lost[0]
     reporting = sorted({x.rank for x in lost if x.rank is not None})
-    return Finding("network_error", [], reporting, "nccl_network_error",
-                   f"the connection to the c10d store broke ({e.fields.get('error', '')[:80]}) "
-                   + (f"under {who(reporting)}" if reporting else "")
-                   + " while setting up NCCL: the store's host (rank 0's process or "
-                   "torchrun's agent) went away, or the network between them dropped it; "
-                   "no line says which.", [(x.where, x.text[:240]) for x in lost[:4]],
-                   ["rule out a crashed rank 0 (or agent) before blaming the network: its "
+    return LogFinding("network_error", [], reporting, "nccl_network_error",
+                      f"the connection to the c10d store broke ({e.fields.get('error', '')[:80]}) "
+                      + (f"under {who(reporting)}" if reporting else "")
+                      + " while setting up NCCL: the store's host (rank 0's process or "
+                      "torchrun's agent) went away, or the network between them dropped it; "
+                      "no line says which.", [(x.where, x.text[:240]) for x in lost[:4]],
+                      ["rule out a crashed rank 0 (or agent) before blaming the network: its "
                     "log is not here"],
-                   missing=["the log of rank 0 (the store's host) around that time"],
-                   collect=["rank 0's log and torchrun's agent log (the store host)",
+                      missing=["the log of rank 0 (the store's host) around that time"],
+                      collect=["rank 0's log and torchrun's agent log (the store host)",
                             "TORCH_CPP_LOG_LEVEL=INFO TORCH_DISTRIBUTED_DEBUG=DETAIL (the "
                             "store's own connection messages)", "the network path between "
                             "the nodes and MASTER_ADDR:MASTER_PORT (firewall, interface)"])

@@ -1,0 +1,124 @@
+"""Which ranks failed on their own rather than by waiting, and how they ended.
+
+A traceback of its own, a CUDA error, a crash signal in torchrun's table or a
+launcher's exit line, the OOM killer's line: the evidence that a rank was the
+first to die. Read by the crash, network, gather-OOM and fallback rules.
+"""
+
+from __future__ import annotations
+
+import signal
+
+from ncclwatch.diagnose.facts import Facts, RankFacts, exception_kind, time_order
+from ncclwatch.diagnose.logsigns import NETWORK_FAILURES, SIGNAL_MEANING, Event
+from ncclwatch.diagnose.scanresult import Evidence
+
+
+def sig_of(rf: RankFacts) -> str:
+    """The signal that ended a rank, by torchrun's table ("" when none did)."""
+    fe = rf.failure
+    if fe is None:
+        return ""
+    if fe.signame:
+        return fe.signame
+    if fe.exitcode is not None and fe.exitcode < 0:
+        try:
+            return signal.Signals(-fe.exitcode).name
+        except ValueError:
+            return ""
+    return ""
+
+
+def oom_killed(facts: Facts, rf: RankFacts) -> Evidence | None:
+    fe = rf.failure
+    if fe is None or fe.pid is None:
+        return None
+    for e in facts.unattributed + rf.oom:
+        if e.sign == "oom_killer" and e.fields.get("pid") == str(fe.pid):
+            return e
+    return None
+
+
+def job_failed(facts: Facts) -> bool:
+    """Anything that says the job did not just finish (warnings alone do not)."""
+    return bool(facts.scan.failures or any(
+        e.event in (Event.EXIT, Event.TIMEOUT, Event.WATCHDOG_ABORT, Event.MISSING_RANKS,
+                    Event.HEARTBEAT)
+        or e.sign in ("nccl_error", "nccl_cuda_error", "store_get_failed")
+        or (e.event is Event.NETWORK and any(t in e.text for t in NETWORK_FAILURES))
+        for e in facts.scan.evidence)
+        or any(exception_kind(t) not in ("teardown", "truncated") for t in facts.scan.tracebacks))
+
+
+def own_crashes(facts: Facts) -> list[tuple[tuple, int, str, str]]:
+    """(order, rank, where, why) of ranks that failed on their own (not by waiting)."""
+    out = []
+    watchdog = any(rf.aborted or rf.timeouts for rf in facts.ranks.values())
+    for r, rf in facts.ranks.items():
+        if rf.cuda_errors:
+            e = rf.cuda_errors[0]
+            out.append((time_order(e), r, e.where,
+                        f"rank {r}'s GPU failed under NCCL: {e.text[:200]}"))
+            continue
+        for tb in rf.tracebacks:
+            if exception_kind(tb) != "error":
+                continue
+            out.append((time_order(tb), r, tb.where, f"rank {r} raised {tb.exception[:200]}"))
+            break
+        else:
+            sig = sig_of(rf)
+            meaning = SIGNAL_MEANING.get(sig, "")
+            if meaning in ("crashed", "killed") or (meaning == "aborted" and not watchdog
+                                                   and not rf.waited):
+                if sig == "SIGKILL" and oom_killed(facts, rf) is not None:
+                    continue
+                fe = rf.failure
+                assert fe is not None
+                out.append(((True, 0.0, fe.file, fe.line), r, fe.where,
+                            f"rank {r} exited with {sig} (exitcode {fe.exitcode}, pid {fe.pid})"))
+    if not facts.scan.failures:
+        # torchrun's "failed (exitcode: -9) local_rank: 0 (pid: N)" without the summary;
+        # the deepspeed launcher's line names its only worker when that is local rank 0.
+        for e in facts.all_evidence(Event.EXIT):
+            code, lr = int(e.fields["exitcode"]), e.fields.get("local_rank")
+            only = lr is None and e.fields.get("last_local_rank") == "0" and (
+                SIGNAL_MEANING.get(exit_name(code)) in ("crashed", "killed")
+                or not anyone_waited(facts))  # else the exit of a rank that waited
+            if only:
+                lr = "0"
+            if (code < 0 or only) and lr is not None and int(lr) not in {o[1] for o in out}:
+                sig = exit_name(code)
+                out.append(((True, 0.0, e.file, e.line), int(lr), e.where,
+                            f"local rank {lr} exited with {sig} (exitcode {code})"
+                            + (" (the deepspeed launcher's only worker on its node)"
+                               if only else "")))
+    out.sort()
+    return out
+
+
+def unranked_crash(facts: Facts) -> list[Evidence]:
+    """Lines that say some process died of its own failure, with no rank anywhere:
+    an allocator failing, the OOM killer, a worker killed by a signal."""
+    out = [e for e in facts.unattributed if e.event in (Event.OOM, Event.CUDA_ERROR)]
+    waited = anyone_waited(facts)
+    out += [e for e in facts.all_evidence(Event.EXIT) if e.fields.get("local_rank") is None
+            and int(e.fields["exitcode"]) != 0
+            # A launcher's exit line after ranks timed out is their exit (code 1, or -6
+            # from the watchdog's abort), not a crash: only a crash signal still counts.
+            and (not waited or SIGNAL_MEANING.get(exit_name(int(e.fields["exitcode"])))
+                 in ("crashed", "killed"))]
+    return sorted(out, key=time_order)
+
+
+def exit_name(code: int) -> str:
+    """SIGSEGV for -11 (a worker killed by a signal), else the code itself."""
+    if code < 0 and -code in {s.value for s in signal.Signals}:
+        return signal.Signals(-code).name
+    return str(code)
+
+
+def anyone_waited(facts: Facts) -> bool:
+    """Some rank, named or not, timed out waiting for others."""
+    return bool(facts.waiting) or any(
+        e.event in (Event.TIMEOUT, Event.PROGRESS, Event.WATCHDOG_ABORT, Event.HEARTBEAT)
+        for e in facts.unattributed)
