@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 
 from ncclwatch.diagnose import diagnose
 from ncclwatch.diagnose.logscan import scan
-from ncclwatch.diagnose.logsigns import MAX_TRIGGER, SIGNS, LogSign
+from ncclwatch.diagnose.logsigns import MAX_TRIGGER, SIGNS
+from ncclwatch.diagnose.signtypes import LogSign
 
 NOISE = ("[2026-12-03 10:00:0{i},000] INFO train.py:212 step {i} loss 1.25 lr 3.0e-04 "
          "grad_norm 0.51 tokens/s 100000")

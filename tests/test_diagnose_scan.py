@@ -16,7 +16,8 @@ import pytest
 from ncclwatch.diagnose import diagnose, lineprefix, logscan
 from ncclwatch.diagnose.lineprefix import rank_of_path, split_prefix
 from ncclwatch.diagnose.logscan import scan
-from ncclwatch.diagnose.logsigns import SIGNS, Event
+from ncclwatch.diagnose.logsigns import SIGNS
+from ncclwatch.diagnose.signtypes import Event
 
 TIMEOUT = ("[rank{r}]:[E1203 10:10:0{r}.000000 12{r} ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog "
            "caught collective operation timeout: WorkNCCL(SeqNum=547, OpType=ALLREDUCE, "

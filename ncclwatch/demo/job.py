@@ -55,9 +55,10 @@ import traceback
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.tensor import DTensor
-from torch.overrides import TorchFunctionMode
 
+from ncclwatch.demo.rankwork import (LATE_ACTIVITIES, SlowDataset, SlowHostCopy, busy_thread,
+                                     die_with_parent, full_state_dict, keep_sockets,
+                                     make_model, nbytes, vm_size)
 from ncclwatch.demo.slow_storage import ThrottledReader, ThrottledWriter
 
 RANK = 0
@@ -77,17 +78,6 @@ def marker(phase: str, **kv) -> None:
     extra = "".join(f" {k}={v}" for k, v in kv.items())
     _emit(f"NCCLWATCH_DEMO phase={phase} rank={RANK} pid={os.getpid()} "
           f"t={time.time():.6f}{extra}")
-
-
-def make_model(model_mb: float, layers: int = 4) -> nn.Module:
-    """Square Linear layers holding about model_mb MiB of fp32 weights."""
-    dim = max(16, int((model_mb * 2**20 / (4 * layers)) ** 0.5))
-    torch.manual_seed(0)  # same init on every rank
-    return nn.Sequential(*[nn.Linear(dim, dim) for _ in range(layers)])
-
-
-def nbytes(model: nn.Module) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 def train(model: nn.Module, opt, steps: int, tag: str, dim: int | None = None) -> None:
@@ -115,14 +105,6 @@ def ckpt_dir(args) -> str:
 
 def storage_rate(args, size: int) -> float:
     return args.rate or size / max(args.save_seconds, 0.001)
-
-
-def full_state_dict(model: nn.Module) -> dict:
-    """The usual way: the whole model state, on rank 0's host memory."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions, get_model_state_dict)
-    return get_model_state_dict(model, options=StateDictOptions(
-        full_state_dict=True, cpu_offload=True))
 
 
 def _wait_op(args, saver: int, model: nn.Module | None = None, opt=None):
@@ -211,31 +193,6 @@ def scenario_fast_save(args) -> None:
     scenario_save(args, throttled=False)
 
 
-class SlowHostCopy(TorchFunctionMode):
-    """Makes ``Tensor.to(cpu)`` sleep: a host copy under memory pressure.
-
-    Inside get_model_state_dict(cpu_offload=True) rank 0 copies each gathered
-    tensor to the host; sleeping there keeps the real gather frames on the
-    stack while the peers already wait in the all_gather of the next tensor.
-    The delay is split over the first ``copies`` copies; never slow the last
-    one, after it the peers have left the gather.
-    """
-
-    def __init__(self, seconds: float, copies: int):
-        super().__init__()
-        self.left = max(copies, 1)
-        self.each = seconds / self.left
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if (func is torch.Tensor.to and self.left > 0
-                and not isinstance(args[0], DTensor)
-                and torch.device("cpu") in (*args[1:], kwargs.get("device"))):
-            self.left -= 1
-            time.sleep(self.each)
-        return func(*args, **kwargs)
-
-
 def _fsdp2_model(args, layers: int = 4) -> nn.Module:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -290,55 +247,6 @@ def scenario_slow_load(args) -> None:
         for p in model.parameters():
             dist.broadcast(p, src=0)
     log("restore: weights received")
-
-
-def _busy_elsewhere(seconds: float) -> None:
-    time.sleep(seconds)  # plain Python, no torch frame: "rank 0 is late"
-
-
-def _busy_computing(seconds: float) -> None:
-    a, b = torch.randn(256, 256), torch.randn(256, 256)
-    end = time.time() + seconds
-    while time.time() < end:
-        a = torch.tanh(a @ b)
-
-
-def _busy_loading(seconds: float) -> None:
-    loader = torch.utils.data.DataLoader(SlowDataset(), batch_size=2, num_workers=0)
-    end = time.time() + seconds
-    for _ in loader:
-        if time.time() > end:
-            break
-
-
-#: --late-activity: what the late rank does instead of joining the collective.
-LATE_ACTIVITIES = {
-    "sleep": _busy_elsewhere,
-    "compute": _busy_computing,
-    "dataloader": _busy_loading,
-}
-
-
-def keep_sockets(seconds: float) -> None:
-    """Hand this rank's sockets to a process that only holds them open.
-
-    When a node dies its TCP connections do not close; the peers wait in
-    their collective until the watchdog fires. Killing a process closes its
-    sockets and gloo peers fail fast instead, so for --keep-sockets a
-    helper (exec'd with an empty environment: not a rank) keeps them open
-    after this rank is killed, as a dead node would.
-    """
-    import subprocess
-    fds = []
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
-                fds.append(int(name))
-        except OSError:
-            continue
-    subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"],
-                     pass_fds=fds, env={}, stdin=subprocess.DEVNULL,
-                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def be_late(args, what: str) -> None:
@@ -490,7 +398,7 @@ def scenario_gather_oom(args) -> None:
     model = _fsdp2_model(args, layers=16)
     n = len(model.state_dict())
     if RANK == 0:
-        vm = _vm_size()
+        vm = vm_size()
         limit = vm + int(args.mem_limit_mb * 2**20)
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         log(f"gather-oom: RLIMIT_AS={limit} (VmSize {vm} + {args.mem_limit_mb} MiB), "
@@ -503,14 +411,6 @@ def scenario_gather_oom(args) -> None:
         state = full_state_dict(model)
     marker("gather_end", tensors=len(state))
     dist.barrier()
-
-
-def _vm_size() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmSize in /proc/self/status")
 
 
 def evaluate(args, step: int) -> None:
@@ -572,19 +472,6 @@ def scenario_compute(args) -> None:
     while time.time() < end:
         a = torch.tanh(a @ b)
     dist.barrier()
-
-
-class SlowDataset(torch.utils.data.Dataset):
-    """Each sample takes 0.5 s: an input pipeline that cannot keep up, polling
-    for its data (ten waits a second: it makes progress, it is not still)."""
-
-    def __len__(self):
-        return 10**6
-
-    def __getitem__(self, i):
-        for _ in range(5):
-            time.sleep(0.1)
-        return torch.full((16,), float(i))
 
 
 def scenario_dataloader(args) -> None:
@@ -680,46 +567,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def busy_thread(fraction: float, period: float = 0.01, buf_bytes: int = 64 * 1024) -> None:
-    """Burn ``fraction`` of a core in a daemon thread for the life of the rank.
-
-    hashlib releases the GIL on large buffers, so the burn runs beside the
-    main thread as a spinning CUDA sync does, without slowing its Python;
-    the thread makes no read/write syscalls.
-    """
-    import hashlib
-    import threading
-    buf = bytes(buf_bytes)
-    spin, rest = period * fraction, period * (1 - fraction)
-
-    def burn() -> None:
-        while True:
-            end = time.monotonic() + spin
-            while time.monotonic() < end:
-                hashlib.sha256(buf).digest()
-            if rest > 0:
-                time.sleep(rest)
-
-    threading.Thread(target=burn, name="busy-wait", daemon=True).start()
-
-
-def _die_with_parent() -> None:
-    """If torchrun itself dies (kill -9), take this rank down too (Linux)."""
-    try:
-        import ctypes
-        import signal
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PDEATHSIG
-        if os.getppid() == 1:  # parent already gone
-            os._exit(1)
-    except (OSError, AttributeError):
-        pass
-
-
 def main(argv=None) -> int:
     global RANK
     args = parse_args(argv)
     RANK = int(os.environ.get("RANK", "0"))
-    _die_with_parent()
+    die_with_parent()
     torch.set_num_threads(1)  # small boxes: one compute thread per rank
     if args.busy_thread > 0:
         busy_thread(min(args.busy_thread, 1.0))

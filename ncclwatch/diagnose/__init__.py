@@ -23,8 +23,14 @@ from ncclwatch.diagnose import advice
 from ncclwatch.diagnose.logfiles import LogInputError
 from ncclwatch.diagnose.logscan import Scanner, scan
 from ncclwatch.diagnose.scanresult import ScanResult
-from ncclwatch.diagnose.verdict import (CLASS_BY_ID, decide, gather_facts, root_cause, timeline,
-                                        timeout_seconds)
+from ncclwatch.diagnose.verdict import (
+    CLASS_BY_ID,
+    decide,
+    gather_facts,
+    root_cause,
+    timeline,
+    timeout_seconds,
+)
 from ncclwatch.model import rank_ranges
 from ncclwatch.remediation import RootCause
 

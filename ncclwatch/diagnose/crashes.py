@@ -10,8 +10,9 @@ from __future__ import annotations
 import signal
 
 from ncclwatch.diagnose.facts import Facts, RankFacts, exception_kind, time_order
-from ncclwatch.diagnose.logsigns import NETWORK_FAILURES, SIGNAL_MEANING, Event
+from ncclwatch.diagnose.logwords import NETWORK_FAILURES, SIGNAL_MEANING
 from ncclwatch.diagnose.scanresult import Evidence
+from ncclwatch.diagnose.signtypes import Event
 
 
 def sig_of(rf: RankFacts) -> str:

@@ -16,9 +16,19 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from ncclwatch.diagnose.lineprefix import DEFAULT_PG
-from ncclwatch.diagnose.logsigns import (NETWORK_EXCEPTIONS, PEER_EXCEPTIONS, TEARDOWN_EXCEPTIONS,
-                                         TIMEOUT_EXCEPTIONS, Event)
-from ncclwatch.diagnose.scanresult import Evidence, FailureEntry, PyTraceback, ScanResult
+from ncclwatch.diagnose.logwords import (
+    NETWORK_EXCEPTIONS,
+    PEER_EXCEPTIONS,
+    TEARDOWN_EXCEPTIONS,
+    TIMEOUT_EXCEPTIONS,
+)
+from ncclwatch.diagnose.scanresult import (
+    Evidence,
+    FailureEntry,
+    PyTraceback,
+    ScanResult,
+)
+from ncclwatch.diagnose.signtypes import Event
 from ncclwatch.flightrec import FrAnalysis
 from ncclwatch.model import CollectiveOp, RankState
 from ncclwatch.signatures import classify

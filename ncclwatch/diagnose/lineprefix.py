@@ -14,7 +14,6 @@ import re
 from ncclwatch.diagnose import paste
 from ncclwatch.diagnose.logsigns import PG_TAG
 
-
 #: `3: ` (srun --label, task id), then `[rank3]:` / `[default3]:` (torchrun) or a
 #: trainer's `[rank 3]`, in that order.
 _PREFIX = re.compile(r"^(?:\s*(?P<task>\d{1,9}): )?(?:\[(?P<role>[A-Za-z_]*?)(?P<rank>\d{1,9})\]:"

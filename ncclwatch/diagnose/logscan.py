@@ -39,12 +39,31 @@ from pathlib import Path
 from typing import BinaryIO, Iterable
 
 from ncclwatch.diagnose import paste
-from ncclwatch.diagnose.lineprefix import (DEFAULT_PG, PREFIX_SAMPLE, TASK_PREFIX, parse_ts, pg_of,
-                                           rank_of_path, split_prefix)
-from ncclwatch.diagnose.logfiles import LogInputError, expand_found, is_fr_dump, not_a_log, open_log
-from ncclwatch.diagnose.logsigns import MAX_TRIGGER, Event
+from ncclwatch.diagnose.lineprefix import (
+    DEFAULT_PG,
+    PREFIX_SAMPLE,
+    TASK_PREFIX,
+    parse_ts,
+    pg_of,
+    rank_of_path,
+    split_prefix,
+)
+from ncclwatch.diagnose.logfiles import (
+    LogInputError,
+    expand_found,
+    is_fr_dump,
+    not_a_log,
+    open_log,
+)
+from ncclwatch.diagnose.logsigns import MAX_TRIGGER
 from ncclwatch.diagnose.matcher import matcher
-from ncclwatch.diagnose.scanresult import Evidence, FailureEntry, PyTraceback, ScanResult
+from ncclwatch.diagnose.scanresult import (
+    Evidence,
+    FailureEntry,
+    PyTraceback,
+    ScanResult,
+)
+from ncclwatch.diagnose.signtypes import Event, LogSign
 from ncclwatch.diagnose.wraps import joined, logical, wrap_span
 from ncclwatch.logstream import open_stream, read_head
 from ncclwatch.stacks import Frame

@@ -13,7 +13,8 @@ from typing import Iterable
 import ahocorasick_rs
 
 from ncclwatch.diagnose import logsigns
-from ncclwatch.diagnose.logsigns import SIGNS, LogSign
+from ncclwatch.diagnose.logsigns import SIGNS
+from ncclwatch.diagnose.signtypes import LogSign
 
 
 class Matcher:

@@ -17,7 +17,6 @@ from ncclwatch.diagnose import Diagnosis
 from ncclwatch.diagnose.verdict import who
 from ncclwatch.model import rank_ranges
 
-
 WIDTH = 100
 
 

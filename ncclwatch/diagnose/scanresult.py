@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ncclwatch.diagnose.logsigns import Event
+from ncclwatch.diagnose.signtypes import Event
 from ncclwatch.stacks import Frame
 
 

@@ -17,13 +17,17 @@ module (the classes, the decision, the timeline); render.py prints it.
 """
 
 from __future__ import annotations
+
 from dataclasses import dataclass
 from typing import Sequence
+
 from ncclwatch.diagnose.facts import Facts, gather_facts, time_order
 from ncclwatch.diagnose.finding import LogFinding, who
-from ncclwatch.diagnose.logsigns import NETWORK_FAILURES, SIGNS, Event
+from ncclwatch.diagnose.logsigns import SIGNS
+from ncclwatch.diagnose.logwords import NETWORK_FAILURES
 from ncclwatch.diagnose.rules import RULES
 from ncclwatch.diagnose.scanresult import Evidence
+from ncclwatch.diagnose.signtypes import Event
 from ncclwatch.diagnose.waiting import timeout_seconds
 from ncclwatch.model import rank_ranges
 from ncclwatch.remediation import ALL_BY_ID, RootCause

@@ -17,11 +17,10 @@ from ncclwatch.diagnose.crashes import sig_of
 from ncclwatch.diagnose.facts import Facts, RankFacts
 from ncclwatch.diagnose.finding import who
 from ncclwatch.diagnose.lineprefix import DEFAULT_PG
-from ncclwatch.diagnose.logsigns import Event
 from ncclwatch.diagnose.scanresult import Evidence
+from ncclwatch.diagnose.signtypes import Event
 from ncclwatch.flightrec import FrAnalysis
 from ncclwatch.model import CollectiveOp, rank_ranges
-
 
 #: NCCL's OpType names -> the c10d op (a barrier is an all-reduce of one element).
 _OPTYPE = {"ALLREDUCE": "all_reduce", "BROADCAST": "broadcast", "ALLGATHER": "all_gather",

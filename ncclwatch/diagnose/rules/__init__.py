@@ -9,6 +9,7 @@ class by adding a module and a row here.
 """
 
 from __future__ import annotations
+
 from ncclwatch.diagnose.finding import LogFinding, Rule
 from ncclwatch.diagnose.rules.crash import rule_crash
 from ncclwatch.diagnose.rules.desync import rule_desync

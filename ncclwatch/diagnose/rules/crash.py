@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import re
 
-from ncclwatch.diagnose.crashes import exit_name, oom_killed, own_crashes, unranked_crash
+from ncclwatch.diagnose.crashes import (
+    exit_name,
+    oom_killed,
+    own_crashes,
+    unranked_crash,
+)
 from ncclwatch.diagnose.facts import Facts, inferred_notes
 from ncclwatch.diagnose.finding import LogFinding, who
-from ncclwatch.diagnose.logsigns import Event
 from ncclwatch.diagnose.scanresult import Evidence
+from ncclwatch.diagnose.signtypes import Event
 from ncclwatch.model import rank_ranges
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+
 from ncclwatch.diagnose.crashes import own_crashes
 from ncclwatch.diagnose.facts import Facts, RankFacts, blocked_op
 from ncclwatch.diagnose.finding import LogFinding, who
-from ncclwatch.diagnose.logsigns import Event
 from ncclwatch.diagnose.scanresult import Evidence
+from ncclwatch.diagnose.signtypes import Event
 from ncclwatch.diagnose.waiting import fr_where, pg_key
 
 

@@ -12,13 +12,21 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass
+
 from ncclwatch.diagnose.crashes import anyone_waited
 from ncclwatch.diagnose.facts import Facts
 from ncclwatch.diagnose.finding import LogFinding, who
-from ncclwatch.diagnose.logsigns import (CRASH_WORDS, NETWORK_EXCEPTIONS, PEER_EXCEPTIONS,
-                                         SIGNAL_EXIT_BASE, SIGNAL_MEANING, TEARDOWN_EXCEPTIONS,
-                                         TIMEOUT_EXCEPTIONS, Event)
+from ncclwatch.diagnose.logwords import (
+    CRASH_WORDS,
+    NETWORK_EXCEPTIONS,
+    PEER_EXCEPTIONS,
+    SIGNAL_EXIT_BASE,
+    SIGNAL_MEANING,
+    TEARDOWN_EXCEPTIONS,
+    TIMEOUT_EXCEPTIONS,
+)
 from ncclwatch.diagnose.scanresult import Evidence
+from ncclwatch.diagnose.signtypes import Event
 
 
 @dataclass(frozen=True)

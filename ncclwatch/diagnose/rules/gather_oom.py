@@ -1,14 +1,14 @@
 """Rule: a rank ran out of memory while gathering or saving the checkpoint."""
 
 from __future__ import annotations
+
 from ncclwatch.diagnose.crashes import oom_killed
 from ncclwatch.diagnose.facts import Facts, exception_kind, inferred_notes
 from ncclwatch.diagnose.finding import LogFinding, who
-from ncclwatch.diagnose.logsigns import Event
 from ncclwatch.diagnose.scanresult import Evidence, PyTraceback
+from ncclwatch.diagnose.signtypes import Event
 from ncclwatch.model import CHECKPOINT_STATES
 from ncclwatch.signatures import classify
-
 
 #: Text of an OOM line that puts it inside a state-dict gather (FSDP's clone() warnings).
 _GATHER_OOM_TEXT = ("state_dict entry", "Failed to clone() tensor")

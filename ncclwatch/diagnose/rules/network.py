@@ -1,11 +1,12 @@
 """Rule: a transport (NCCL/gloo) error ended the job, not a crashed peer or a hang."""
 
 from __future__ import annotations
+
 from ncclwatch.diagnose.crashes import job_failed, own_crashes
 from ncclwatch.diagnose.facts import Facts, exception_kind, time_order
 from ncclwatch.diagnose.finding import LogFinding, who
-from ncclwatch.diagnose.logsigns import Event
 from ncclwatch.diagnose.scanresult import Evidence
+from ncclwatch.diagnose.signtypes import Event
 
 
 def _context_rank(facts: Facts, e: Evidence, within: int = 40) -> int | None:

@@ -2,10 +2,17 @@
 watchdog, or a rank that never joined (named, or the ranks it must be among)."""
 
 from __future__ import annotations
+
 from ncclwatch.diagnose.facts import Facts, RankFacts
 from ncclwatch.diagnose.finding import LogFinding, who
-from ncclwatch.diagnose.logsigns import Event
-from ncclwatch.diagnose.waiting import first_where, op_of, timeout_seconds, waited_for, waited_op
+from ncclwatch.diagnose.signtypes import Event
+from ncclwatch.diagnose.waiting import (
+    first_where,
+    op_of,
+    timeout_seconds,
+    waited_for,
+    waited_op,
+)
 from ncclwatch.model import RankState
 
 
