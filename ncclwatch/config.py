@@ -59,16 +59,19 @@ class _Spec:
     metavar: str | None
     run: Any          # the default under `ncclwatch run` (_SAME: the field's)
     table: bool
+    name: str | None  # the setting's name where it is not the field's
 
 
 def option(default: Any = MISSING, help: str = "", type: Callable[[str], Any] = str,
            metavar: str | None = None, *, default_factory: Any = MISSING,
-           run: Any = _SAME, table: bool = False) -> Any:
+           run: Any = _SAME, table: bool = False, name: str | None = None) -> Any:
     """A dataclass field that is also a setting (flag, env and TOML key from
-    its name). ``run``: the default under ``ncclwatch run`` where it differs
-    (loopback addresses); ``table``: a TOML table, see Option.table."""
+    its name, or from ``name`` where the setting says more than the field:
+    ``native_stack_after`` for StackPolicy.native_after). ``run``: the
+    default under ``ncclwatch run`` where it differs (loopback addresses);
+    ``table``: a TOML table, see Option.table."""
     return field(default=default, default_factory=default_factory,
-                 metadata={_META: _Spec(help, type, metavar, run, table)})
+                 metadata={_META: _Spec(help, type, metavar, run, table, name)})
 
 
 def field_default(f: Any) -> Any:
@@ -90,7 +93,7 @@ def options_of(cls: type, *, run: bool = False,
         if spec is None or f.name in exclude:
             continue
         default = spec.run if run and spec.run is not _SAME else field_default(f)
-        out.append(Option(f.name, spec.type, default, spec.help, spec.metavar,
+        out.append(Option(spec.name or f.name, spec.type, default, spec.help, spec.metavar,
                           table=spec.table, home=f"{cls.__module__}.{cls.__qualname__}.{f.name}"))
     return tuple(out)
 
@@ -98,8 +101,9 @@ def options_of(cls: type, *, run: bool = False,
 def build(cls: type, cfg: Mapping[str, Any], **given: Any) -> Any:
     """``cls`` from a resolved config: its option fields from ``cfg`` (those it
     lacks keep their defaults), the others from ``given``."""
-    kw = {f.name: cfg[f.name] for f in fields(cls)
-          if _META in f.metadata and f.name in cfg and f.name not in given}
+    kw = {f.name: cfg[key] for f in fields(cls)
+          if (spec := f.metadata.get(_META)) is not None
+          and (key := spec.name or f.name) in cfg and f.name not in given}
     return cls(**kw, **given)
 
 

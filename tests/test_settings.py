@@ -41,7 +41,14 @@ def test_every_option_default_is_its_field_default(command) -> None:
         else:
             assert o.default == field_default(f), (o.name, o.home)
         if spec is not None:       # declared with option(): one name everywhere
-            assert o.name == f.name and o.help == spec.help and o.type is spec.type
+            assert o.name == (spec.name or f.name) and o.help == spec.help and o.type is spec.type
+
+
+def test_every_setting_is_declared_on_its_field() -> None:
+    """No Option written by hand: the stack and pause policies declare theirs."""
+    for command in COMMANDS:
+        for o in COMMANDS[command]:
+            assert _META in _field(o.home).metadata, (command, o.name, o.home)
 
 
 def test_daemon_settings_used_elsewhere_take_their_defaults_from_it() -> None:

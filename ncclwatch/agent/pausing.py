@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from ncclwatch.config import non_negative_float, option, positive_float
 from ncclwatch.stillness import PAUSE, StillHistory, StillRule
 
 #: The window the pause budget is counted over (seconds).
@@ -41,11 +42,18 @@ BUDGET_WINDOW = 3600.0
 @dataclass(frozen=True)
 class PausePolicy:
     #: Past its history, pause a rank still this long at the latest.
-    ceiling: float = 60.0
+    ceiling: float = option(
+        60.0, "still this long, a rank that has stepped is paused for a native stack whatever "
+        f"its history says (past its normal: {PAUSE.describe()}; up to this)",
+        positive_float, "SECONDS", name="native_stack_ceiling")
     #: ...once it was watched this many times the threshold it would set.
     warm_span: float = 3.0
     #: Seconds of pause (native dumps) per rank per hour; 0: no native dumps.
-    budget: float = 10.0
+    budget: float = option(
+        10.0, "seconds per rank per hour that native stacks may pause a rank; once spent, "
+        "none until the hour frees some (said once, and in "
+        "ncclwatch_agent_pause_budget_spent_ranks); 0: no native stacks",
+        non_negative_float, "SECONDS", name="pause_budget")
     #: When a still period is past the rank's normal (shared with the daemon).
     rule: StillRule = field(default=PAUSE)
 

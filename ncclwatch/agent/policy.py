@@ -34,23 +34,33 @@ from typing import Iterable
 
 from ncclwatch.agent.pausing import PausePolicy
 from ncclwatch.agent.tracker import NATIVE_CANDIDATES, RankTracker
+from ncclwatch.config import non_negative_float, option, positive_float
 from ncclwatch.model import CHECKPOINT_STATES, RankState
 
 
 @dataclass(frozen=True)
 class StackPolicy:
-    suspect_interval: float = 2.0   # re-dump a rank that may be stuck
-    slow_interval: float = 30.0     # re-dump every rank at least this often
+    suspect_interval: float = option(2.0, "re-dump a possibly stuck rank this often",
+                                     positive_float, "SECONDS", name="suspect_stack_interval")
+    slow_interval: float = option(30.0, "re-dump every rank at least this often",
+                                  positive_float, "SECONDS", name="slow_stack_interval")
     max_per_round: int = 8
     #: The agent's own CPU (py-spy included), in cores, over ``cpu_window``
     #: seconds; above it only what the daemon asked for and ranks never seen
     #: are dumped, one per round, until use falls back under the budget.
-    cpu_budget: float = 0.25
+    cpu_budget: float = option(0.25, "the agent's own CPU (py-spy included) in cores; above "
+                               "it only the stacks the daemon asks for are taken",
+                               positive_float, "CORES")
     cpu_window: float = 10.0
     #: Seconds a rank must have sat still before a native dump, at least (below
     #: the daemon's 5 s stall threshold: the wait it shows is dated from the
     #: start of the still period, so the verdict can follow at once); 0: never.
-    native_after: float = 3.0
+    native_after: float = option(
+        3.0, "the least stillness before one native stack (py-spy --native, which pauses the "
+        "rank for the unwind) of a rank whose Python stack shows no wait; taken only where "
+        "the rank's own history (its normal still periods) or the job's shape (a peer in "
+        "checkpoint work, every rank still) says the stillness is abnormal; once per still "
+        "period; 0: never", non_negative_float, "SECONDS", name="native_stack_after")
     max_native_per_round: int = 2
     #: When stillness is abnormal enough to pause, and the pause budget.
     pause: PausePolicy = field(default_factory=PausePolicy)

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 from ncclwatch.agent.container import PODS_LOG_ROOT
 from ncclwatch.agent.pausing import PausePolicy
 from ncclwatch.agent.policy import StackPolicy
-from ncclwatch.config import (Option, hostports, non_negative_float, option, options_of,
-                              positive_float, positive_int, rank_set)
+from ncclwatch.config import (build, hostports, option, options_of, positive_float,
+                              positive_int, rank_set)
 
 if TYPE_CHECKING:
     from ncclwatch.tls import ClientTLS
@@ -67,40 +67,9 @@ class ClientTLSFiles:
                                          metavar="NAME")
 
 
-# The stack policy's settings. StackPolicy and PausePolicy (policy.py,
-# pausing.py) hold them and their defaults, under other names; the options
-# read the defaults from there, and stack_policy() maps them back.
-_STACK = StackPolicy()
-_PAUSE = PausePolicy()
-_HOME = f"{StackPolicy.__module__}.StackPolicy."
-_PAUSE_HOME = f"{PausePolicy.__module__}.PausePolicy."
+#: The stack policy's settings, declared on StackPolicy and PausePolicy.
+STACK_OPTIONS = (*options_of(StackPolicy), *options_of(PausePolicy))
 
-STACK_OPTIONS = (
-    Option("suspect_stack_interval", positive_float, _STACK.suspect_interval,
-           "re-dump a possibly stuck rank this often", "SECONDS",
-           home=_HOME + "suspect_interval"),
-    Option("slow_stack_interval", positive_float, _STACK.slow_interval,
-           "re-dump every rank at least this often", "SECONDS", home=_HOME + "slow_interval"),
-    Option("native_stack_after", non_negative_float, _STACK.native_after,
-           "the least stillness before one native stack (py-spy --native, which pauses the "
-           "rank for the unwind) of a rank whose Python stack shows no wait; taken only where "
-           "the rank's own history (its normal still periods) or the job's shape (a peer in "
-           "checkpoint work) says the stillness is abnormal; once per still period; 0: never",
-           "SECONDS", home=_HOME + "native_after"),
-    Option("pause_budget", non_negative_float, _PAUSE.budget,
-           "seconds per rank per hour that native stacks may pause a rank; once spent, none "
-           "until the hour frees some (said once, and in "
-           "ncclwatch_agent_pause_budget_spent_ranks); 0: no native stacks", "SECONDS",
-           home=_PAUSE_HOME + "budget"),
-    Option("native_stack_ceiling", positive_float, _PAUSE.ceiling,
-           "still this long, a rank that has stepped is paused for a native stack whatever "
-           f"its history says (past its normal: {_PAUSE.rule.describe()}; up to this)",
-           "SECONDS",
-           home=_PAUSE_HOME + "ceiling"),
-    Option("cpu_budget", positive_float, _STACK.cpu_budget,
-           "the agent's own CPU (py-spy included) in cores; above it only the stacks the "
-           "daemon asks for are taken", "CORES", home=_HOME + "cpu_budget"),
-)
 
 #: What `ncclwatch agent` and `ncclwatch run` both take: all but the connection
 #: to the daemon (--collector and its TLS), which `run` makes itself.
@@ -109,8 +78,4 @@ AGENT_SIDE = (*options_of(AgentConfig, exclude=("collector",)), *STACK_OPTIONS)
 
 def stack_policy(cfg: Mapping[str, Any]) -> StackPolicy:
     """The StackPolicy of a resolved config (STACK_OPTIONS)."""
-    return StackPolicy(suspect_interval=cfg["suspect_stack_interval"],
-                       slow_interval=cfg["slow_stack_interval"],
-                       cpu_budget=cfg["cpu_budget"], native_after=cfg["native_stack_after"],
-                       pause=PausePolicy(budget=cfg["pause_budget"],
-                                         ceiling=cfg["native_stack_ceiling"]))
+    return build(StackPolicy, cfg, pause=build(PausePolicy, cfg))
