@@ -168,3 +168,29 @@ def test_a_rank_seen_stepping_only_briefly_is_not_yet_evidence() -> None:
         f.round({0: (S.COMPUTE, SPIN, float(k + 1)), 1: (S.DATALOADER, DATA, 0.0),
                  2: (S.COMPUTE, SPIN, float(k + 1))})
     assert f.alarms and f.alarms[0][1:] == (StallKind.COLLECTIVE_HANG, (1,)), f.alarms[:3]
+
+
+def test_every_rank_still_asks_for_native_stacks_only_past_their_normal() -> None:
+    """shape.halted: ranks that stepped fast (no still period of their own)
+    and then all sit still are asked for native stacks at half the stall
+    threshold; ranks all still through every healthy 30 s step, with nobody
+    logging, never are (each still period is within their normal)."""
+    f = Feed()
+    for _ in range(30):  # fast steps: progress every round
+        f.round({r: (S.COMPUTE, SPIN, 0.0) for r in range(WORLD)})
+    asks = []
+    for k in range(6):
+        f.round({r: (S.COMPUTE, SPIN, float(k + 1)) for r in range(WORLD)})
+        asks.append(_native_asks(f))
+    assert sum(asks) >= 1 and asks.index(1) <= 3, asks
+    g = Feed()
+    for _ in range(12):  # 30 s steps, every rank still through each (no logger)
+        for k in range(30):
+            g.round({r: (S.COMPUTE, SPIN, float(k)) for r in range(WORLD)})
+    quiet = []
+    for _ in range(3):
+        for k in range(30):
+            g.round({r: (S.COMPUTE, SPIN, float(k)) for r in range(WORLD)})
+            quiet.append(_native_asks(g))
+    assert sum(quiet) == 0, quiet
+    assert g.alarms == []

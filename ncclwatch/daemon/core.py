@@ -385,7 +385,7 @@ class Daemon:
             if self._checkpoint_shape(job, now, half):
                 self._native_asked[job_id] = now
                 self.request_native(job_id, "ranks still beside checkpoint work")
-            elif halted(job, self.table, now, now - half, self.detect_cfg.waits):
+            elif halted(job, self.table, now, half, self.detect_cfg.waits):
                 self._native_asked[job_id] = now
                 self.request_native(job_id, "every rank still")
         if job.env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE") and \

@@ -58,16 +58,18 @@ def stepped(rec: RankRecord, policy: WaitPolicy) -> bool:
     return policy.rank.stepped(rec.history)
 
 
-def halted(job: Job, table: JobTable, now: float, at: float, policy: WaitPolicy) -> bool:
+def halted(job: Job, table: JobTable, now: float, floor: float, policy: WaitPolicy) -> bool:
     """The job stopped: every live rank (fresh, with progress readings) has
-    sat still since ``at`` or earlier, none in checkpoint work, each had
-    warmed up (``policy.rank.stepped``), and some wait is not shown by a frame.
+    sat still past ``floor`` and past its own normal (``past_normal``), none
+    in checkpoint work, each had warmed up (``policy.rank.stepped``), and
+    some wait is not shown by a frame.
 
     The shape of a hang in a job whose ranks stepped fast (no still period
     of their own to judge by, stillness.py): the one that lets agents pause
-    them, as a rank in checkpoint work beside still ones does. A healthy
-    step always has a rank at work (logging, loading the next batch) or
-    ranks whose stillness never warmed up (fed through shared memory)."""
+    them, as a rank in checkpoint work beside still ones does. Ranks still
+    through every healthy step stay within their normal; a job whose ranks
+    never end a still period and have no rank at work (no logging) is asked
+    once, its single still period being all there is."""
     if len(job.still) < max(job.world_size, 2):
         return False
     live = live_ranks(job, table, now)
@@ -75,8 +77,9 @@ def halted(job: Job, table: JobTable, now: float, at: float, policy: WaitPolicy)
         return False
     framed = True
     for rec in live.values():
-        if (not rec.progress_known or rec.still_since is None or rec.still_since > at
-                or rec.state in CHECKPOINT_STATES or not policy.rank.stepped(rec.history)):
+        if (not rec.progress_known or rec.still_since is None
+                or rec.state in CHECKPOINT_STATES or not policy.rank.stepped(rec.history)
+                or rec.still_since > now - past_normal(rec, floor, policy)):
             return False
         framed = framed and rec.state is RankState.COLLECTIVE
     return not framed
