@@ -16,11 +16,11 @@ from collections.abc import Collection
 from typing import Any
 
 from ncclwatch.daemon.agents import AgentRecord
+from ncclwatch.daemon.jobfacts import take_facts
 from ncclwatch.daemon.learn import CPU_RECENT_TAU, smooth_cpu, take_progress
-from ncclwatch.daemon.records import MAX_PACKAGES, Job, RankRecord
+from ncclwatch.daemon.records import Job, RankRecord
 from ncclwatch.daemon.stackstore import StackStore
-from ncclwatch.envlint import lint
-from ncclwatch.flightrec import is_default_group
+from ncclwatch.daemon.translate import container_of, take_process
 from ncclwatch.model import CollectiveOp, RankState, WaitEvidence
 from ncclwatch.v1 import collector_pb2 as pb
 
@@ -31,44 +31,10 @@ GONE_JOB_TTL = 120.0
 #: A state's start moving later by more than this on the agent's clock: a new
 #: episode of it (the agent re-anchors a wait it saw the rank progress out of).
 NEW_EPISODE = 0.5
-#: Where an agent may say a file's expected size came from (anything else is dropped).
-_SIZE_SOURCES = {s: s for s in ("torch_zip_header", "safetensors_header", "copy_source")}
-LIMIT_NAMES = {
-    pb.MEMORY_LIMIT_KIND_HOST: "host",
-    pb.MEMORY_LIMIT_KIND_CGROUP: "cgroup",
-    pb.MEMORY_LIMIT_KIND_ADDRESS_SPACE: "address_space",
-}
 #: Wire values -> enums, looked up per sample (from_proto goes through names).
 _STATE_OF = {v: RankState.from_proto(v) for v in pb.RankState.values()}
 _OP_OF = {v: CollectiveOp.from_proto(v) for v in pb.CollectiveOp.values()}
 _EVIDENCE_OF = {v: WaitEvidence.from_proto(v) for v in pb.WaitEvidence.values()}
-_GPU_NAMES = {i: f"gpu{i}" for i in range(64)}
-
-
-_TIMEOUT_FIELD = {"flight_recorder": "fr_timeout", "job": "declared_timeout"}
-
-
-def _set_timeout(job: Job, what: str, value: float, recv: float, node: str, rank: int) -> None:
-    """A timeout that sets the job's budget; a change of a known one is logged
-    and kept (Job.timeout_changes): the budget moves with it."""
-    attr = _TIMEOUT_FIELD[what]
-    old = getattr(job, attr)
-    if value == old:
-        return
-    setattr(job, attr, value)
-    if old and value and not any(c[1] == what and c[3] == value for c in job.timeout_changes):
-        job.timeout_changes.append((recv, what, old, value, node, rank))
-        log.warning("job %r: %s timeout changed from %gs to %gs (node %r, rank %d)",
-                    job.job_id, what, old, value, node, rank)
-
-
-def _owns_ranked(job: Job, node: str) -> bool:
-    return any(k >= 0 and r.node == node and r.gone_at is None for k, r in job.ranks.items())
-
-
-def _gpu_name(index: int) -> str:
-    """``gpu<index>``, one shared string per common index."""
-    return _GPU_NAMES.get(index) or f"gpu{index}"
 
 
 class JobTable:
@@ -160,50 +126,15 @@ class JobTable:
             elif rec.gone_at is not None:
                 rec.gone_at = None
             changed = self._take_state(job, rec, s, anchor, agent_clock, missing, rec.pid != pid)
-            p = s.process
-            written = p.io_write_bytes
-            if rec.seen and written >= rec.io_write_bytes and recv > rec.seen:
-                rate = (written - rec.io_write_bytes) / (recv - rec.seen)
-                rec.write_rate = 0.5 * rec.write_rate + 0.5 * rate
-            rec.io_write_bytes = written
+            take_process(rec, s, recv)
             rec.local_rank = ident.local_rank
             rec.rank_source = ident.rank_source
-            if ident.HasField("container"):
-                c = ident.container
-                rec.container = (c.container_pid, c.hostname, c.container_id, c.runtime,
-                                 c.pod_uid, c.namespace, c.pod, c.declared_namespace,
-                                 c.declared_pod)
-            else:
-                rec.container = None
+            rec.container = container_of(ident)
             rec.node = node
             rec.agent_id = agent_id
             rec.pid = pid
             age = ident.process_age_seconds
             rec.start = recv - age if age > 0 else None
-            rec.cpu_recent = smooth_cpu(rec.cpu_recent, p.cpu_utilization, recv - rec.seen)
-            rec.seen = recv
-            rec.cpu_util = p.cpu_utilization
-            rec.cpu_seconds = p.cpu_seconds
-            rec.rss_bytes = p.rss_bytes
-            files = p.files_writing
-            rec.files = tuple([(f.path, f.size_bytes, f.previous_path, f.previous_size_bytes,
-                                f.expected_size_bytes, _SIZE_SOURCES.get(f.expected_source, ""))
-                               for f in files]) if files else ()
-            if files and files[0].path != rec.file_first[0]:
-                rec.file_first = (files[0].path, written, files[0].size_bytes)
-            rec.vms_bytes = p.vms_bytes
-            limits = [(LIMIT_NAMES.get(m.kind, "host"), m.used_bytes, lim)
-                      for m in p.memory_limits if (lim := m.limit_bytes) > 0]
-            gpus = s.gpu
-            if gpus:
-                rec.gpu = tuple([(g.device_index, g.used_bytes, g.device_total_bytes)
-                                 for g in gpus])
-                limits += [(_gpu_name(g.device_index), g.device_used_bytes, total)
-                           for g in gpus if (total := g.device_total_bytes) > 0]
-            else:
-                rec.gpu = ()
-            rec.limits = tuple(limits)
-            rec.curve.add(recv, rec.rss_bytes, written, rec.files, rec.limits)  # downsampled
             if s.HasField("still_seconds"):
                 rec.progress_known = True
                 take_progress(job, rec, s.still_seconds, changed, recv, agent.interval)
@@ -211,42 +142,9 @@ class JobTable:
                 rec.progress_known = False
                 rec.still_since = rec.still_at = None
                 job.still.discard(rec.rank)
-            # Job-level facts come from the nodes that own ranked members (a
-            # ranked sample here is its owner's: ownership.py set the others
-            # aside). A member without a rank proves no place in the job: it may
-            # fill in facts nobody ranked gave, or speak for a node that owns a
-            # ranked member, never replace them otherwise.
-            has_facts = s.HasField("flight_recorder") or s.HasField("job")
-            facts = has_facts and (ident.rank >= 0 or not job.facts_ranked
-                                   or _owns_ranked(job, node))
-            if has_facts and not facts:
-                self.identity_refusals_total["rankless_job_facts"] += 1
-            if facts and s.HasField("flight_recorder"):
-                job.facts_ranked |= ident.rank >= 0
-                fr = s.flight_recorder
-                job.flight_recorder[rank] = (recv - fr.dump_age_seconds, fr)
-                for g in fr.groups:
-                    if g.pending_timeout_ms and (is_default_group(g.pg_name, g.pg_desc)
-                                                 or not job.fr_timeout):
-                        _set_timeout(job, "flight_recorder", g.pending_timeout_ms / 1000.0,
-                                     recv, node, ident.rank)
-            if facts and s.HasField("job"):
-                info = s.job
-                job.facts_ranked |= ident.rank >= 0
-                job.source = info.source
-                env = dict(info.env)
-                if env != job.env:
-                    job.env = env
-                    job.warnings = lint(job.env)
-                _set_timeout(job, "job", info.watchdog_timeout_seconds, recv, node, ident.rank)
-                if info.packages and not job.packages.issuperset(info.packages):
-                    job.packages = frozenset(sorted(job.packages.union(info.packages))
-                                             [:MAX_PACKAGES])
-                if info.HasField("scheduler_job"):
-                    sj = info.scheduler_job
-                    job.scheduler_job = {"scheduler": sj.scheduler, "job_id": sj.job_id,
-                                         "job_name": sj.job_name, "user": sj.user,
-                                         "source": sj.source}
+            if s.HasField("flight_recorder") or s.HasField("job"):
+                if not take_facts(job, s, rank, recv, node):
+                    self.identity_refusals_total["rankless_job_facts"] += 1
             job.last_update = recv
             key = (job.job_id, rank)
             reported.add(key)
