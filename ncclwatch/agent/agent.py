@@ -134,13 +134,10 @@ class Agent:
             hit, now = 0, time.monotonic()
             for t in self.trackers.values():
                 if t.proc.identity.job_id == job:
-                    if cmd.dump_stacks.native:
-                        # The job's shape says a stall is under way: still ranks
-                        # whose stacks say nothing may be paused (policy.abnormal).
-                        # No Python dumps forced: the daemon asks for those apart.
-                        t.native_asked = now
-                    else:
-                        t.forced = True
+                    # native: the job's shape says a stall is under way (still
+                    # ranks whose stacks say nothing may be paused,
+                    # policy.abnormal); no Python dumps forced with it.
+                    t.asked(cmd.dump_stacks.native, now)
                     hit += 1
             if hit:
                 log.debug("daemon asked for stacks of %s (%s)", for_log(job),
@@ -162,7 +159,7 @@ class Agent:
     def _on_connect(self) -> None:
         # A new stream may be a new daemon: send every rank's job info again.
         for t in self.trackers.values():
-            t.env_sent = False
+            t.job_changed()
 
     def status_line(self) -> str:
         """One line for ``systemctl status``: what is watched, where it goes."""
@@ -201,7 +198,7 @@ class Agent:
             for pid, summary in (await asyncio.to_thread(self.frprobe.poll)).items():
                 t = self.trackers.get(pid)
                 if t is not None:
-                    t.flight_recorder = summary
+                    t.observe_flight_recorder(summary)
         report = self._build(gpu_reading)
         self.uplink.submit(report)
         self.rounds += 1
@@ -259,7 +256,7 @@ class Agent:
         pause = self.config.policy.pause
         if not t.budget.spent(pause, now):
             return False
-        t.native_for = t.still_since  # not asked again in this still period
+        t.no_native_now()  # not asked again in this still period
         self.native_refused_total += 1
         if not t.budget.spent_said:
             t.budget.spent_said = True
@@ -282,10 +279,7 @@ class Agent:
         """The scheduler's job name and user (a query per job id, cached, bounded)."""
         if t.scheduler_job is not None and t.scheduler_job.complete:
             return
-        job = self.scheduler.job(t.proc.env)
-        if job != t.scheduler_job:
-            t.scheduler_job = job
-            t.env_sent = False  # send the job info again, with the names
+        t.named(self.scheduler.job(t.proc.env))
 
     async def _dump(self, t: RankTracker) -> None:
         async with self._sem:
@@ -305,7 +299,7 @@ class Agent:
         # progress is that thread's, not the busy process's (Ray's own I/O).
         main = main_thread(threads, t.pid)
         if main is not None and main.os_thread_id not in (0, t.pid):
-            t.progress_tid = main.os_thread_id
+            t.hosted_in(main.os_thread_id)
         # Named by the id of the stack as sent (its gated frames), the one the
         # daemon checks; the raw id only finds it again without gating anew.
         sid = self._sent_ids.get(stack.id)
@@ -326,9 +320,7 @@ class Agent:
             maps = read_maps(t.pid)
             if maps:
                 found |= imports.of_maps(maps)
-        if not found <= t.packages and len(t.packages) < imports.MAX_PACKAGES:
-            t.packages = frozenset(sorted(t.packages | found)[:imports.MAX_PACKAGES])
-            t.env_sent = False        # the job info goes again, with them
+        t.imported(found, imports.MAX_PACKAGES)
 
     async def _dump_native(self, t: RankTracker) -> None:
         """One native dump of a rank still past the threshold (it pauses the rank)."""
@@ -345,7 +337,8 @@ class Agent:
         try:
             threads = await self.pyspy.dump_native(t.pid)
         except PySpyError as e:
-            t.native_for = still_for  # once per still period, failed or not
+            t.native_for = still_for  # once per still period, failed or not (it may
+            # have moved on meanwhile: the still period the dump was of)
             log.info("native stack of pid %d: %s", t.pid, e)
             return
         finally:
@@ -382,8 +375,7 @@ class Agent:
                     "left pid %d out of this round: %s", t.pid, for_log(repr(e)))
                 self._left_out.add(t.pid)
                 continue
-            t.env_sent = True
-            t.flight_recorder = None  # sent once per dump
+            t.reported()
         self._trim_stacks()
         self.seq += 1
         cpu = self._self.cpu_times()

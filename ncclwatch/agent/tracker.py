@@ -196,6 +196,49 @@ class RankTracker:
         if base is not None and events is not None:
             self.forgive(events - base)
 
+    def asked(self, native: bool, now: float) -> None:
+        """The daemon asked for the job's stacks: Python dumps at once, or
+        (``native``: the job's shape says a stall is under way) leave to pause
+        this rank if it sits still with a stack that says nothing."""
+        if native:
+            self.native_asked = now
+        else:
+            self.forced = True
+
+    def no_native_now(self) -> None:
+        """No native dump in this still period (taken, failed or refused)."""
+        self.native_for = self.still_since
+
+    def job_changed(self) -> None:
+        """What the rank says of its job changed: send the job info again."""
+        self.env_sent = False
+
+    def named(self, job) -> None:
+        """The scheduler's name for the rank's job (a change sends it again)."""
+        if job != self.scheduler_job:
+            self.scheduler_job = job
+            self.env_sent = False
+
+    def imported(self, found: set[str], limit: int) -> None:
+        """Packages the rank was seen to import (at most ``limit`` kept)."""
+        if not found <= self.packages and len(self.packages) < limit:
+            self.packages = frozenset(sorted(self.packages | found)[:limit])
+            self.env_sent = False
+
+    def hosted_in(self, tid: int) -> None:
+        """The rank runs in thread ``tid``, not the process's main thread (a
+        Ray actor's TrainingThread): its progress is that thread's."""
+        self.progress_tid = tid
+
+    def observe_flight_recorder(self, summary) -> None:
+        """A Flight Recorder dump read from the rank's pipe (sent once)."""
+        self.flight_recorder = summary
+
+    def reported(self) -> None:
+        """The sample went out: the job info and the Flight Recorder dump with it."""
+        self.env_sent = True
+        self.flight_recorder = None
+
     def observe_process(self, sample: ProcessSample, now: float) -> None:
         prev, prev_at, before = self.sample, self._cpu_at, self._cpu_before
         if self.pause_base is not None and prev is not None:
