@@ -181,3 +181,20 @@ def test_the_formula_has_one_home() -> None:
     assert _formula_sites() == []
     assert StillRule().factor == PAUSE.factor  # the dataclass default is the pause rule's
     assert StillHistory().warmup is WARMUP
+
+
+def test_the_docs_state_the_rule_as_the_code_has_it() -> None:
+    """docs/architecture.md and docs/limits.md say the numbers; a change of
+    the constants without the docs fails here (the help derives them)."""
+    arch = (ROOT / "docs" / "architecture.md").read_text()
+    limits = (ROOT / "docs" / "limits.md").read_text()
+    w = WARMUP
+    said = (f"{PAUSE.factor:g} x the longest + {PAUSE.slack:g} s",
+            f"{w.rounds} rounds of progress over {w.seconds:g} s",
+            f"then {PAUSE.periods} still periods that ended",
+            f"evidence uses {EVIDENCE.factor:g} x")
+    text = " ".join(arch.split())
+    assert all(s in text for s in said), [s for s in said if s not in text]
+    text = " ".join(limits.split())
+    assert f"{w.rounds} rounds of progress spread over {w.seconds:g} s" in text
+    assert f"then {PAUSE.periods} still periods that ended" in text
