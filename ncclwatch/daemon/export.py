@@ -251,8 +251,8 @@ def build(c: Capture) -> list[Family]:
         identity.add((what,), k["identity"].get(what, 0))
     claims = F("ncclwatch_daemon_rank_claims",
                "Ranks reported by a node other than the one that owns them, by how the "
-               "evidence decided (ownership.py): owner_silent and restarted move the rank, "
-               "kept and retake_refused set the claim aside as a contender",
+               "evidence decided (ownership.py): owner_silent and corroborated move the rank, "
+               "uncorroborated, kept and retake_refused set the claim aside as a contender",
                ("outcome",), "counter")
     for outcome in OUTCOMES:
         claims.add((outcome,), k["claims"].get(outcome, 0))
