@@ -1,4 +1,5 @@
-"""A node owns only what it runs: claims cannot be squatted (issue 29, item 4).
+"""A node owns only what it runs: claims cannot be squatted, nor ranks taken
+by a younger process alone.
 
 Reproduction: the first node to report rank N of a job owned it, and the
 real node's reports of that rank were refused with FAILED_PRECONDITION; job
@@ -62,49 +63,99 @@ def _owners(h: TLSHarness, job: str = "job-1") -> set[str]:
     return {r.node for r in h.daemon.table.jobs[job].ranks.values()}
 
 
-async def _squatted_then_run(h: TLSHarness, a, b, *, squatter_age: float) -> None:
-    """node-b guessed job-1's id and claims its four ranks (processes
-    ``squatter_age`` s old; 0: no start shown) before the job starts; then the
-    real processes start on node-a: never refused, and they own the ranks."""
-    (resp,) = await h.send(h.secure(b), _job("node-b", "agent-b", age=squatter_age,
-                                             pid_base=9000))
+def _listed(req: pb.ReportRequest, nodelist: str) -> pb.ReportRequest:
+    """Every sample carries the job's Slurm node list in its environment."""
+    for s in req.report.samples:
+        if not s.HasField("job"):
+            s.job.CopyFrom(pb.JobInfo(source="test"))
+        s.job.env["SLURM_JOB_NODELIST"] = nodelist
+    return req
+
+
+async def _squatted(h: TLSHarness, b, *, squatter_age: float, world: int = 4) -> None:
+    """node-b guessed job-1's id and claims ranks 0-3 (processes
+    ``squatter_age`` s old; 0: no start shown) before the job starts."""
+    squat = checkpoint_job("job-1", world=world, node="node-b", agent="agent-b")
+    del squat.report.samples[4:]
+    for s in squat.report.samples:
+        s.identity.pid = 9000 + s.identity.rank
+        s.identity.process_age_seconds = squatter_age
+    (resp,) = await h.send(h.secure(b), squat)
     assert not resp.rejected_jobs and _owners(h) == {"node-b"}
-    (resp,) = await h.send(h.secure(a), _job("node-a", "agent-a", age=3.0))
-    assert not resp.rejected_jobs
-    assert _owners(h) == {"node-a"}
-    assert {r.pid for r in h.daemon.table.jobs["job-1"].ranks.values()} == \
-        {1000, 1001, 1002, 1003}
 
 
-def test_a_squatter_before_the_job_starts_loses_to_the_node_that_runs_it(pki) -> None:
+def test_a_squatter_before_the_job_starts_loses_to_the_scheduler_node_list(pki) -> None:
+    """The squatter's claims came first: the real node's younger processes
+    alone move nothing (never refused: set aside, uncorroborated). The job's
+    Slurm node list, as the node that runs its other ranks states it, names
+    node-a and not node-b: that corroborates node-a's claims, and node-b
+    cannot take the ranks back, whatever processes it shows."""
     async def go():
         async with TLSHarness(pki) as h:
             a, b = client(pki, "node-a"), client(pki, "node-b")
-            await _squatted_then_run(h, a, b, squatter_age=600.0)
-            # node-b cannot win it back with "new" processes of its own.
-            (resp,) = await h.send(h.secure(b), _job("node-b", "agent-b", age=0.5,
-                                                     pid_base=9100, seq=2))
-            assert not resp.rejected_jobs and _owners(h) == {"node-a"}
+            await _squatted(h, b, squatter_age=600.0, world=8)
             job = h.daemon.table.jobs["job-1"]
+            mine = _listed(checkpoint_job("job-1", world=8, node="node-a", agent="agent-a"),
+                           "node-a,node-c")
+            for s in mine.report.samples:
+                s.identity.process_age_seconds = 3.0
+            (resp,) = await h.send(h.secure(a), mine)
+            assert not resp.rejected_jobs
+            # Ranks 4-7 were nobody's: node-a's, and so are the job's facts.
+            assert {k: r.node for k, r in job.ranks.items()} == \
+                {**{k: "node-b" for k in range(4)}, **{k: "node-a" for k in range(4, 8)}}
+            assert (await asyncio.to_thread(_claims, h))["uncorroborated"] == 4
+            # node-a's next round: the node list now held corroborates its claims.
+            mine.report.seq = 2
+            (resp,) = await h.send(h.secure(a), mine)
+            assert not resp.rejected_jobs and _owners(h) == {"node-a"}
+            assert {job.ranks[k].pid for k in range(4)} == {1000, 1001, 1002, 1003}
+            # node-b cannot win them back with "new" processes, nor with a list of its own.
+            again = _listed(checkpoint_job("job-1", world=8, node="node-b", agent="agent-b",
+                                           seq=2), "node-b")
+            for s in again.report.samples:
+                s.identity.pid = 9100 + s.identity.rank
+                s.identity.process_age_seconds = 0.5
+            (resp,) = await h.send(h.secure(b), again)
+            assert not resp.rejected_jobs and _owners(h) == {"node-a"}
+            assert job.env["SLURM_JOB_NODELIST"] == "node-a,node-c"
             assert all(r.gone_at is None for r in job.ranks.values())  # b's full round
             claims = await asyncio.to_thread(_claims, h)
-            assert claims["restarted"] == 4 and claims["retake_refused"] == 4
-            # node-a, once displaced by a silent owner's end, is not locked out:
-            # owner_silent needs no window.
+            assert claims["corroborated"] == 4 and claims["uncorroborated"] == 12
             assert set(claims) == set(OUTCOMES)
             # The conflict is shown: the API names both nodes for each rank...
             view = await asyncio.to_thread(_api, h)
             (j,) = view["jobs"]
-            assert [c["rank"] for c in j["contested_ranks"]] == [0, 1, 2, 3]
+            assert [c["rank"] for c in j["contested_ranks"]][:4] == [0, 1, 2, 3]
             c0 = j["contested_ranks"][0]
             assert c0["owner"]["host"] == "node-a" and c0["owner"]["pid"] == 1000
             assert [(x["host"], x["pid"]) for x in c0["contenders"]] == [("node-b", 9100)]
             # ... and so does `ncclwatch status`.
             text = status.render(view)
             assert "rank 0 also reported by node-b (pid 9100)" in text, text
-            # The job's stall is node-a's and still detected.
-            h.daemon.tick()
-            assert ("job-1", StallKind.CHECKPOINT_GATHER) in h.daemon.incidents.active
+    _run(go())
+
+
+def test_a_younger_process_does_not_take_a_live_nodes_rank(pki) -> None:
+    """node-b claims node-a's ranks with younger processes (and a node list of
+    its own making): before, ``restarted`` moved every rank to node-b. Now the
+    claim is set aside while node-a reports; node-a's silence moves them."""
+    async def go():
+        async with TLSHarness(pki) as h:
+            h.daemon.table.staleness = 0.5
+            a, b = client(pki, "node-a"), client(pki, "node-b")
+            first = _job("node-a", "agent-a", age=600.0)
+            first.report.interval_seconds = 0.1
+            await h.send(h.secure(a), first)
+            steal = _listed(_job("node-b", "agent-b", age=0.5, pid_base=9000), "node-b")
+            (resp,) = await h.send(h.secure(b), steal)
+            assert not resp.rejected_jobs and _owners(h) == {"node-a"}
+            assert (await asyncio.to_thread(_claims, h))["uncorroborated"] == 4
+            await asyncio.sleep(1.0)                      # node-a goes silent
+            steal.report.seq = 2
+            (resp,) = await h.send(h.secure(b), steal)
+            assert _owners(h) == {"node-b"}
+            assert (await asyncio.to_thread(_claims, h))["owner_silent"] == 4
     _run(go())
 
 
@@ -170,53 +221,25 @@ def test_job_facts_come_only_from_the_owners_and_a_timeout_change_is_shown(pki) 
 
 
 def test_the_rules_table() -> None:
-    """Each rule of ownership.RULES, and that the table decides every case."""
+    """Each rule of ownership.RULES, and that the table decides every case:
+    a later process start alone never moves a rank."""
     old, new = 100.0, 200.0
     cases = [
         (Contest(False, old, None, False), ("owner_silent", True)),
         (Contest(False, new, old, True), ("owner_silent", True)),
-        (Contest(True, old, new, False), ("restarted", True)),
-        (Contest(True, old, new, True), ("retake_refused", False)),
+        (Contest(True, old, new, False), ("uncorroborated", False)),
+        (Contest(True, old, new, False, True), ("corroborated", True)),
+        (Contest(True, new, old, False, True), ("corroborated", True)),
+        (Contest(True, old, new, True, True), ("retake_refused", False)),
+        (Contest(True, old, new, True), ("uncorroborated", False)),
         (Contest(True, new, old, False), ("kept", False)),
         (Contest(True, old, old + 1.0, False), ("kept", False)),   # within START_SLACK
-        (Contest(True, None, new, False), ("restarted", True)),    # a start beats none
-        (Contest(True, None, new, True), ("retake_refused", False)),
+        (Contest(True, None, new, False), ("uncorroborated", False)),
         (Contest(True, None, None, False), ("kept", False)),       # nothing to compare
         (Contest(True, old, None, False), ("kept", False)),
     ]
     for contest, expected in cases:
         assert decide(contest) == expected, contest
-
-
-def test_a_squatter_that_hides_its_process_age_cannot_keep_a_rank(pki) -> None:
-    """A claim without a process start (``process_age_seconds`` 0: any
-    certificate holder may send that) is no evidence. Before, the first such
-    claim kept the rank against the node that runs it for as long as the
-    squatter kept reporting (``kept``: nothing to compare), and a job's world
-    size likewise. Now the node that shows its processes' starts takes the
-    ranks and the size, and the squatter cannot take them back without one."""
-    async def go():
-        async with TLSHarness(pki) as h:
-            a, b = client(pki, "node-a"), client(pki, "node-b")
-            await _squatted_then_run(h, a, b, squatter_age=0.0)
-            # node-b, still reporting and still hiding its ages: set aside.
-            (resp,) = await h.send(h.secure(b), _job("node-b", "agent-b", age=0.0,
-                                                     pid_base=9100, seq=2))
-            assert not resp.rejected_jobs and _owners(h) == {"node-a"}
-            claims = await asyncio.to_thread(_claims, h)
-            assert claims["restarted"] == 4 and claims["kept"] == 4
-            # A job's world size: a squatter's guessed id, another size, no ages.
-            squat = checkpoint_job("job-2", world=2, node="node-b", agent="agent-b", seq=3)
-            for s in squat.report.samples:
-                s.identity.pid += 8000
-            await h.send(h.secure(b), squat)
-            assert h.daemon.table.jobs["job-2"].world_size == 2
-            (resp,) = await h.send(h.secure(a), _job("node-a", "agent-a", age=5.0, seq=2,
-                                                     job="job-2"))
-            assert not resp.rejected_jobs
-            job = h.daemon.table.jobs["job-2"]
-            assert job.world_size == 4 and _owners(h, "job-2") == {"node-a"}
-    _run(go())
 
 
 def test_a_claim_in_a_report_left_out_moves_nothing(pki) -> None:
@@ -239,22 +262,53 @@ def test_a_claim_in_a_report_left_out_moves_nothing(pki) -> None:
     _run(go())
 
 
-def test_a_squatter_with_another_world_size_does_not_block_the_job(pki) -> None:
-    """A job id guessed first with another world size: the job that runs under
-    it (newer processes) is taken at its own size, once; the squatter cannot
-    size it back."""
+def test_a_node_cannot_shrink_another_nodes_job(pki) -> None:
+    """Before, node-b's report of job-1 at world size 1 with younger processes
+    resized node-a's live job to one rank, and node-a's own reports of it were
+    refused from then on. Now it is left out; node-a's reports apply."""
     async def go():
         async with TLSHarness(pki) as h:
             a, b = client(pki, "node-a"), client(pki, "node-b")
+            await h.send(h.secure(a), _job("node-a", "agent-a", age=600.0))
+            shrink = _listed(checkpoint_job("job-1", world=1, node="node-b", agent="agent-b"),
+                             "node-b")
+            for s in shrink.report.samples:
+                s.identity.process_age_seconds = 0.5
+                s.identity.pid += 8000
+            (resp,) = await h.send(h.secure(b), shrink)
+            assert [(j.job_id, j.code) for j in resp.rejected_jobs] == \
+                [("job-1", "FAILED_PRECONDITION")]
+            job = h.daemon.table.jobs["job-1"]
+            assert job.world_size == 4 and _owners(h) == {"node-a"} and len(job.ranks) == 4
+            (resp,) = await h.send(h.secure(a), _job("node-a", "agent-a", age=601.0, seq=2))
+            assert not resp.rejected_jobs and job.world_size == 4
+            assert (await asyncio.to_thread(_claims, h))["uncorroborated"] == 1
+    _run(go())
+
+
+def test_a_squatter_with_another_world_size_does_not_keep_the_job(pki) -> None:
+    """A job id guessed first with another world size: the job that runs under
+    it is left out (never taken on its younger processes alone) while the
+    squatter reports, and taken at its own size when the job's node list
+    corroborates it or the squatter goes silent; the squatter cannot size it
+    back."""
+    async def go():
+        async with TLSHarness(pki) as h:
+            h.daemon.table.staleness = 0.5
+            a, b = client(pki, "node-a"), client(pki, "node-b")
             squat = checkpoint_job("job-1", world=2, node="node-b", agent="agent-b")
+            squat.report.interval_seconds = 0.1
             for s in squat.report.samples:
                 s.identity.process_age_seconds = 900.0
                 s.identity.pid += 8000
             await h.send(h.secure(b), squat)
-            assert h.daemon.table.jobs["job-1"].world_size == 2
-            (resp,) = await h.send(h.secure(a), _job("node-a", "agent-a", age=5.0))
-            assert not resp.rejected_jobs
             job = h.daemon.table.jobs["job-1"]
+            (resp,) = await h.send(h.secure(a), _job("node-a", "agent-a", age=5.0))
+            assert [j.job_id for j in resp.rejected_jobs] == ["job-1"]
+            assert job.world_size == 2
+            await asyncio.sleep(1.0)                      # the squatter goes silent
+            (resp,) = await h.send(h.secure(a), _job("node-a", "agent-a", age=6.0, seq=2))
+            assert not resp.rejected_jobs
             assert job.world_size == 4 and _owners(h) == {"node-a"}
             # node-b tries its world size again with "new" processes: left out.
             again = checkpoint_job("job-1", world=2, node="node-b", agent="agent-b", seq=2)
@@ -267,3 +321,17 @@ def test_a_squatter_with_another_world_size_does_not_block_the_job(pki) -> None:
             h.daemon.tick()
             assert ("job-1", StallKind.CHECKPOINT_GATHER) in h.daemon.incidents.active
     _run(go())
+
+
+def test_slurm_node_lists_and_what_corroborates() -> None:
+    from ncclwatch.daemon.schednodes import corroborates, expand
+
+    assert expand("gpu[001-003,010],login1") == {"gpu001", "gpu002", "gpu003", "gpu010",
+                                                 "login1"}
+    assert expand("r[1-2]-n[8-9]") == {"r1-n8", "r1-n9", "r2-n8", "r2-n9"}
+    assert expand("gpu[1-99999999]") is None and expand("gpu[a-b]") is None
+    held = {"SLURM_JOB_NODELIST": "gpu[01-02]"}
+    assert corroborates(held, None, "gpu02", ["gpu07"])
+    assert not corroborates(held, None, "gpu02", ["gpu01"])      # the owner is listed too
+    assert not corroborates({}, held, "gpu02", ["gpu07"])        # the claimant's word alone
+    assert not corroborates(held, {"SLURM_JOB_NODELIST": "gpu07"}, "gpu02", ["gpu07"])

@@ -48,6 +48,12 @@ def collector_list(value: object) -> tuple[str, ...]:
         raise ValueError(f"collector given twice: {', '.join(out)}")
     return out
 
+#: The largest answer the agent takes from a daemon: an ack, the stack ids it
+#: lacks, the jobs it left out with their reasons and up to 64 commands are
+#: well under it; a larger one (a hostile or broken collector) ends the
+#: stream instead of growing the agent's memory.
+MAX_RECEIVE_BYTES = 4 * 1024 * 1024
+
 #: Keepalive per gRPC guidance: pings well above the server's minimum
 #: interval, so a silent partition is noticed in ~40 s, not at TCP timeout.
 CHANNEL_OPTIONS = (
@@ -55,6 +61,7 @@ CHANNEL_OPTIONS = (
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 0),
     ("grpc.max_send_message_length", 16 * 1024 * 1024),
+    ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
     ("grpc.initial_reconnect_backoff_ms", 500),
     ("grpc.max_reconnect_backoff_ms", 5_000),
 )

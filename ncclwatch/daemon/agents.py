@@ -46,6 +46,9 @@ class AgentRecord:
     changes_total: int = 0
     #: Briefs and changes that named a slot not held.
     briefs_unresolved_total: int = 0
+    #: The node identity it counts against (nodebudget.py): its certificate's
+    #: node; without TLS, its node.
+    identity: str = ""
 
     #: (receipt, recv - agent clock) of recent reports, offsets increasing:
     #: the sliding minimum of ``clock_offset`` (an upper bound on the offset).

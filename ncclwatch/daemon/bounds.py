@@ -50,6 +50,20 @@ class Bounds:
     max_interval_seconds: float = option(300.0, "an agent's round interval", **_S)
     #: A state's, stack's or dump's age (and a stillness or CPU time).
     max_age_seconds: float = option(366 * 86400.0, "a reported age (state, stack, dump)", **_S)
+    #: Per node identity (the node a client certificate is bound to; without
+    #: TLS, the report's node) and in total: what one certificate may make the
+    #: daemon hold, however many agent ids it invents (nodebudget.py).
+    max_jobs_per_node: int = option(1024, "jobs one node's agents may report at once", **_N)
+    max_agents_per_node: int = option(64, "agent ids one node may hold (a new one past it "
+                                      "is refused)", **_N)
+    max_agents: int = option(131072, "agent ids held at once, all nodes", **_N)
+    max_node_bytes: int = option(64 * 1024 * 1024, "bytes of rank and job data one node "
+                                 "may hold (estimated; new data past it is refused per job)",
+                                 **_N)
+    max_held_bytes: int = option(2 * 1024 * 1024 * 1024, "bytes of rank and job data held, "
+                                 "all nodes (estimated)", **_N)
+    #: A DumpStacks call's reason, where it is accepted and where it is kept.
+    max_dump_reason: int = option(256, "characters of a DumpStacks reason (longer: cut)", **_N)
 
 
 #: Label of each bound in ncclwatch_daemon_bound_hits_total (all exported, 0 or not).
@@ -61,4 +75,7 @@ BOUND_LABELS = {
     "max_env_value": "env_length", "max_flight_recorder_groups": "flight_recorder_groups",
     "max_flight_recorder_ranks": "flight_recorder_ranks",
     "max_interval_seconds": "interval", "max_age_seconds": "age",
+    "max_jobs_per_node": "jobs_per_node", "max_agents_per_node": "agents_per_node",
+    "max_agents": "agents", "max_node_bytes": "node_bytes", "max_held_bytes": "held_bytes",
+    "max_dump_reason": "dump_reason_length",
 }

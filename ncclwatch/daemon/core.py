@@ -17,6 +17,7 @@ from ncclwatch.daemon.detect import DetectConfig, detect_job
 from ncclwatch.daemon.detect.shape import halted, still_since
 from ncclwatch.daemon.diagnosis import diagnose_stall
 from ncclwatch.daemon.incidents import Incidents
+from ncclwatch.daemon.nodebudget import identity_of, rank_cost
 from ncclwatch.daemon.ownership import Ownership
 from ncclwatch.daemon.settings import DaemonConfig
 from ncclwatch.daemon.smooth import Smoother
@@ -79,9 +80,11 @@ class Daemon:
         or None on a connection without TLS.
         """
         now = time.monotonic() if now is None else now
+        who = identity_of(req.report.node, cert_names)
         try:
             if cert_names is not None:
                 self._check_identity(req.report, cert_names)
+            self._check_agent(req.report.agent_id, who)
             rejected = validate_request(req, self.table.world_size, self.config.bounds)
         except ReportError as e:
             self.rejected_total[e.code.name] += 1
@@ -89,7 +92,8 @@ class Daemon:
                 self.bound_hits_total[e.bound] += 1
             raise
         self._resized(req.report, rejected, now)
-        self._check_bounds(req.report, rejected)
+        self._check_bounds(req.report, rejected, who)
+        self._check_bytes(req.report, rejected, who)
         aside = self.ownership.judge(self.table, req.report, now, rejected)
         dropped: list[int] = []
         if aside:
@@ -97,7 +101,7 @@ class Daemon:
         if rejected:
             dropped += self._drop_jobs(req.report, rejected)
         missing = self.table.apply(req.report, now, left_out=rejected.keys(),
-                                   left_out_slots=dropped)
+                                   left_out_slots=dropped, identity=who)
         agent = self.table.agents[req.report.agent_id]
         agent.connected = True
         resp = pb.ReportResponse(ack_seq=req.report.seq, missing_stack_ids=missing)
@@ -122,6 +126,70 @@ class Daemon:
             raise ReportError(grpc.StatusCode.PERMISSION_DENIED,
                               f"agent {report.agent_id[:8]} reports for node {agent.node!r}; "
                               f"certificate for {shown} cannot use it")
+
+    def _check_agent(self, agent_id: str, who: str) -> None:
+        """A new agent id counts against its node's and the daemon's bounds:
+        a certificate cannot fill the daemon by inventing agent ids."""
+        table, b = self.table, self.config.bounds
+        if agent_id in table.agents:
+            return
+        mine = len(table.node_agents.get(who, ()))
+        if mine >= b.max_agents_per_node:
+            raise ReportError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"node {who!r} holds {mine} agent ids (max_agents_per_node "
+                              f"{b.max_agents_per_node})", "agents_per_node")
+        if len(table.agents) >= b.max_agents:
+            raise ReportError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"the daemon holds {len(table.agents)} agent ids (max_agents "
+                              f"{b.max_agents})", "agents")
+
+    def node_jobs(self, who: str) -> set[str]:
+        """The jobs the agents of node identity ``who`` reported that the table holds."""
+        agents = self.table.agents
+        return set().union(*(agents[a].jobs for a in self.table.node_agents.get(who, ())
+                             if a in agents))
+
+    def _check_bytes(self, report: pb.NodeReport, rejected: dict[str, ReportError],
+                     who: str) -> None:
+        """A job whose full samples would grow what node ``who`` holds past its
+        bytes, or all nodes' past theirs, is left out of the report
+        (RESOURCE_EXHAUSTED); what is held already is never pushed out."""
+        b, table = self.config.bounds, self.table
+        grow: dict[str, int] = {}
+        node = report.node
+        for s in report.samples:
+            ident = s.identity
+            job_id = ident.job_id
+            if job_id in rejected:
+                continue
+            job = table.jobs.get(job_id)
+            rec = None
+            if job is not None:
+                key = job.key_of(ident.rank, node, ident.pid, create=False)
+                rec = job.ranks.get(key) if key is not None else None
+            fr = job.flight_recorder.get(ident.rank) if job and job.flight_recorder else None
+            d = rank_cost(s, fr[1] if fr else None) - (
+                rec.cost if rec is not None and rec.payer == who else 0)
+            if s.HasField("job"):
+                d += s.job.ByteSize() - (job.facts_cost if job is not None
+                                         and job.facts_payer == who else 0)
+            grow[job_id] = grow.get(job_id, 0) + d
+        mine, total = table.held.of(who), table.held.total
+        for job_id, d in grow.items():
+            why = ""
+            if d > 0 and mine + d > b.max_node_bytes:
+                why, bound = f"node {who!r} would hold {mine + d} bytes (max_node_bytes " \
+                             f"{b.max_node_bytes})", "node_bytes"
+            elif d > 0 and total + d > b.max_held_bytes:
+                why, bound = f"the daemon would hold {total + d} bytes (max_held_bytes " \
+                             f"{b.max_held_bytes})", "held_bytes"
+            if why:
+                self.bound_hits_total[bound] += 1
+                rejected[job_id] = ReportError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                               f"job {job_id!r} left out: {why}", bound)
+                continue
+            mine += d
+            total += d
 
     def _resized(self, report: pb.NodeReport, rejected: dict[str, ReportError],
                  now: float) -> None:
@@ -152,8 +220,9 @@ class Daemon:
         report.samples.extend(kept)
         return dropped
 
-    def _check_bounds(self, report: pb.NodeReport, rejected: dict[str, ReportError]) -> None:
-        """Jobs, jobs per agent, ranks per job: a job whose samples would pass
+    def _check_bounds(self, report: pb.NodeReport, rejected: dict[str, ReportError],
+                      who: str = "") -> None:
+        """Jobs, jobs per agent and per node, ranks per job: a job whose samples would pass
         a bound is left out of the report (RESOURCE_EXHAUSTED in rejected_jobs);
         what the daemon already tracks is never pushed out by newcomers."""
         b, table = self.config.bounds, self.table
@@ -186,8 +255,12 @@ class Daemon:
                 keys.add((report.node, ident.pid))
         jobs_left = b.max_jobs - len(table.jobs)
         agent_jobs = set(mine)
+        node_jobs: set[str] | None = None     # computed once a job is new to the agent
         for job_id, keys in new_keys.items():
             job = table.jobs.get(job_id)
+            new = job_id not in agent_jobs
+            if new and node_jobs is None:
+                node_jobs = self.node_jobs(who or report.node)
             why = ""
             if job is None and jobs_left <= 0:
                 why, bound = f"the daemon tracks {len(table.jobs)} jobs (max_jobs " \
@@ -195,6 +268,9 @@ class Daemon:
             elif job_id not in agent_jobs and len(agent_jobs) >= b.max_jobs_per_agent:
                 why, bound = f"agent {report.agent_id[:8]} reports {len(agent_jobs)} jobs " \
                              f"(max_jobs_per_agent {b.max_jobs_per_agent})", "jobs_per_agent"
+            elif new and job_id not in node_jobs and len(node_jobs) >= b.max_jobs_per_node:
+                why, bound = f"node {who or report.node!r} reports {len(node_jobs)} jobs " \
+                             f"(max_jobs_per_node {b.max_jobs_per_node})", "jobs_per_node"
             elif (len(job.ranks) if job else 0) + len(keys) > b.max_ranks_per_job:
                 why, bound = f"job {job_id!r} would have over {b.max_ranks_per_job} ranks " \
                              f"(max_ranks_per_job)", "ranks_per_job"
@@ -205,6 +281,8 @@ class Daemon:
                 continue
             jobs_left -= job is None
             agent_jobs.add(job_id)
+            if node_jobs is not None:
+                node_jobs.add(job_id)
 
     def _drop_jobs(self, report: pb.NodeReport, rejected: dict[str, ReportError]) -> list[int]:
         """Take the rejected jobs' samples and exits out of the report, counted;
@@ -247,7 +325,15 @@ class Daemon:
             raise ReportError(grpc.StatusCode.PERMISSION_DENIED,
                               f"certificate for {shown} cannot ask for stacks of job "
                               f"{job_id!r}: none of its ranks runs on that node")
-        return self.request_stacks(job_id, reason)
+        return self.request_stacks(job_id, self._reason(reason))
+
+    def _reason(self, reason: str) -> str:
+        """A command's reason, cut at max_dump_reason (counted when a caller's is)."""
+        top = self.config.bounds.max_dump_reason
+        if len(reason) <= top:
+            return reason
+        self.bound_hits_total["dump_reason_length"] += 1
+        return reason[:top]
 
     def request_stacks(self, job_id: str, reason: str) -> int:
         """Queue a DumpStacks command for every agent with ranks of the job."""
@@ -268,6 +354,11 @@ class Daemon:
             dump_flight_recorder=pb.DumpFlightRecorderCommand(job_id=job_id, reason=reason)))
 
     def _command(self, job_id: str, cmd: pb.Command) -> int:
+        """Queue ``cmd`` for the job's agents (their queues keep the newest 64;
+        each reason kept at most max_dump_reason characters)."""
+        for part in (cmd.dump_stacks, cmd.dump_flight_recorder):
+            if len(part.reason) > self.config.bounds.max_dump_reason:
+                part.reason = part.reason[:self.config.bounds.max_dump_reason]
         job = self.table.jobs.get(job_id)
         if job is None:
             raise KeyError(job_id)

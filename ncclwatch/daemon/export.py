@@ -93,6 +93,9 @@ def capture(d: Daemon, now: float | None = None) -> Capture:
                                       table.stacks.evicted_for_bytes_total},
                        "identity": dict(table.identity_refusals_total),
                        "claims": dict(d.ownership.claims_total),
+                       "nodes": [(who, table.held.of(who), len(d.node_jobs(who)), len(ids))
+                                 for who, ids in table.node_agents.items()],
+                       "held": table.held.total, "agent_ids": len(table.agents),
                        "reports": table.reports_total, "samples": table.samples_total,
                        "forms": dict(table.forms_total), "resyncs": table.resyncs_total,
                        "detect": d.detect_seconds_total, "jobs": len(table.jobs),
@@ -251,8 +254,8 @@ def build(c: Capture) -> list[Family]:
         identity.add((what,), k["identity"].get(what, 0))
     claims = F("ncclwatch_daemon_rank_claims",
                "Ranks reported by a node other than the one that owns them, by how the "
-               "evidence decided (ownership.py): owner_silent and restarted move the rank, "
-               "kept and retake_refused set the claim aside as a contender",
+               "evidence decided (ownership.py): owner_silent and corroborated move the rank, "
+               "uncorroborated, kept and retake_refused set the claim aside as a contender",
                ("outcome",), "counter")
     for outcome in OUTCOMES:
         claims.add((outcome,), k["claims"].get(outcome, 0))
@@ -265,8 +268,24 @@ def build(c: Capture) -> list[Family]:
     def per_worker(name: str, text: str, col: int) -> Family:
         return F(name, text, ("worker",), "counter", [((w[0],), w[col]) for w in workers])
 
+    nodes = k["nodes"]
+
+    def per_node(name: str, text: str, col: int) -> Family:
+        return F(name, text, ("node",), "gauge", [((n[0],), n[col]) for n in nodes])
+
     out += [
         opened, rejected, rejected_jobs, bound_hits, identity, claims,
+        per_node("ncclwatch_daemon_node_held_bytes", "Bytes of rank and job data the daemon "
+                 "holds from a node identity (its certificate's node; without TLS, its "
+                 "node), estimated (max_node_bytes)", 1),
+        per_node("ncclwatch_daemon_node_jobs", "Jobs a node identity's agents reported that "
+                 "the daemon holds (max_jobs_per_node)", 2),
+        per_node("ncclwatch_daemon_node_agent_ids", "Agent ids a node identity holds "
+                 "(max_agents_per_node)", 3),
+        one("ncclwatch_daemon_held_bytes", "Bytes of rank and job data held, all nodes, "
+            "estimated (max_held_bytes)", k["held"]),
+        one("ncclwatch_daemon_agent_ids", "Agent ids held, all nodes (max_agents)",
+            k["agent_ids"]),
         one("ncclwatch_daemon_reports", "Node reports applied", k["reports"], "counter"),
         one("ncclwatch_daemon_rank_samples", "Rank samples applied", k["samples"], "counter"),
         F("ncclwatch_daemon_rank_samples_by_form",

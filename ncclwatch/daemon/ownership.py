@@ -2,23 +2,22 @@
 
 A node's certificate proves which node speaks, not which ranks run there, and
 job ids are guessable (``slurm:<job>.<step>``, ``master:<host>:<port>/<world>``):
-any node can report rank N of a job about to start. So a claim never blocks
-another node's reports (no FAILED_PRECONDITION): when two nodes' agents
-report the same rank, the daemon weighs what each shows of the rank's
-process (``RULES``, first match decides) and the loser's samples of that rank
-are set aside, not refused: it stays the rank's contender (shown in the API
-and ``ncclwatch status``, counted in ``ncclwatch_daemon_rank_claims_total``)
-and takes the rank over the moment the owner's reports of it stop.
+any node can report rank N of any job. So a claim never blocks another
+node's reports (no FAILED_PRECONDITION): when two nodes' agents report the
+same rank, the daemon weighs the evidence (``RULES``, first match decides)
+and the loser's samples of that rank are set aside, not refused: it stays
+the rank's contender (shown in the API and ``ncclwatch status``, counted in
+``ncclwatch_daemon_rank_claims_total``).
 
-What the rules can and cannot tell: a claim made before the rank's process
-started (a squatter that guessed the job id) loses as soon as the real process
-is reported, and cannot win it back with a newer fake process (one takeover
-by a later start per rank per ``TAKEOVER_WINDOW`` for a node that held it). A node that
-claims a rank whose process is already reported, with a newer start time (or
-whose owner showed no start at all: a claim without one is no evidence), is
-taken for a restart elsewhere and owns it; the other node's claim stays
-shown as the contender. The daemon cannot tell two certificate holders'
-words apart beyond that: the conflict is always visible, never silent.
+A rank changes owner only on evidence the claimant cannot make up alone:
+the owner's silence (its agent stale, or the rank gone), or the scheduler's
+node list as the job's owners stated it (schednodes.py: it names the
+claimant's node and not the owner's). A process start the claimant reports
+is its own word: a younger process alone never moves a rank
+(``uncorroborated``), and a node that held a rank cannot take it back within
+``TAKEOVER_WINDOW``. A job's world size follows the same rules. The daemon
+cannot tell two certificate holders' words apart beyond that: the conflict
+is always visible, never silent.
 """
 
 from __future__ import annotations
@@ -29,12 +28,14 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
+from ncclwatch.daemon.schednodes import corroborates
+
 log = logging.getLogger(__name__)
 
 #: Process starts this close (seconds, daemon clock; report transit included)
 #: are the same age: no evidence either way.
 START_SLACK = 2.0
-#: A node takes one rank over by a later process start at most once this long.
+#: A node that held a rank (or sized a job) cannot take it back within this long.
 TAKEOVER_WINDOW = 600.0
 #: Contending claims kept (the oldest forgotten first): a bound, not a policy.
 MAX_CLAIMS = 10_000
@@ -59,6 +60,9 @@ class Contest:
     owner_start: float | None
     start: float | None      # the challenger's process start
     held_lately: bool        # the challenger owned this rank within the window
+    #: The scheduler's node list (the job's, as its owners stated it) names the
+    #: challenger's node and not the owner's (schednodes.corroborates).
+    corroborated: bool = False
 
 
 def _later(c: Contest) -> bool:
@@ -72,10 +76,12 @@ def _later(c: Contest) -> bool:
 
 
 #: (outcome, whether the challenger takes the rank, when): first match decides.
+#: A later process start is recorded (``uncorroborated``) but moves nothing.
 RULES: tuple[tuple[str, bool, Callable[[Contest], bool]], ...] = (
     ("owner_silent", True, lambda c: not c.owner_fresh),
-    ("restarted", True, lambda c: _later(c) and not c.held_lately),
-    ("retake_refused", False, lambda c: _later(c) and c.held_lately),
+    ("corroborated", True, lambda c: c.corroborated and not c.held_lately),
+    ("retake_refused", False, lambda c: c.corroborated and c.held_lately),
+    ("uncorroborated", False, _later),
     ("kept", False, lambda c: True),
 )
 #: Every outcome, for the metric (all exported, 0 or not).
@@ -109,6 +115,7 @@ class Ownership:
         from this report) are not judged."""
         aside: set[int] = set()
         node = report.node
+        listed: dict[tuple[str, str], bool] = {}   # (job, owner node) -> corroborated
         for i, s in enumerate(report.samples):
             ident = s.identity
             if ident.rank < 0 or ident.job_id in left_out:
@@ -122,9 +129,15 @@ class Ownership:
             age = ident.process_age_seconds
             start = now - age if age > 0 else None
             held = self._held.get((ident.job_id, ident.rank, node))
+            if s.HasField("job"):
+                ok = corroborates(job.env, s.job.env, node, (rec.node,))
+            elif (ok := listed.get((ident.job_id, rec.node))) is None:
+                ok = listed[(ident.job_id, rec.node)] = corroborates(job.env, None, node,
+                                                                     (rec.node,))
             contest = Contest(owner_fresh=table.fresh(rec, now), owner_start=rec.start,
                               start=start,
-                              held_lately=held is not None and now - held < TAKEOVER_WINDOW)
+                              held_lately=held is not None and now - held < TAKEOVER_WINDOW,
+                              corroborated=ok)
             outcome, takes = decide(contest)
             rivals = self.contenders.setdefault(ident.job_id, {}).setdefault(ident.rank, {})
             prev = rivals.get(node)
@@ -155,34 +168,45 @@ class Ownership:
 
     def resize(self, table: Any, report: Any, job_id: str, world: int, now: float) -> bool:
         """``report`` has ``job_id`` with another world size than the daemon's:
-        True when the evidence says the job runs at that size now (the job was
-        restarted resized, or a squatter guessed its id first), by the same
+        True when the evidence says the job runs at that size now, by the same
         rules as a rank: the members of the old size are all silent or gone
-        (owner_silent), or every process of the report started after every
-        live member's (restarted), once per node per window. The table is
-        resized by the caller."""
+        (owner_silent), or the job's scheduler node list names the reporting
+        node and none of the live members' (corroborated), once per node per
+        window; or every live member is the reporting node's own and its
+        processes all started later (a restart on that node). Another node's
+        process starts decide nothing: it cannot shrink a live node's job by
+        showing younger processes. The table is resized by the caller."""
         job = table.jobs.get(job_id)
         if job is None:
             return False
         node = report.node
+        live = [r for k, r in job.ranks.items() if k >= 0 and table.fresh(r, now)]
+        owners = {r.node for r in live}
         ages = [s.identity.process_age_seconds for s in report.samples
                 if s.identity.job_id == job_id]
-        live = [r for k, r in job.ranks.items() if k >= 0 and table.fresh(r, now)]
-        # A member that showed no start is no evidence against a report that
-        # shows its processes' starts (a squatter hiding its ages).
         starts = [r.start for r in live if r.start is not None]
-        held = self._held.get((job_id, -1, node))
         later = bool(ages) and all(a > 0 for a in ages) and all(
             now - a > s + START_SLACK for a in ages for s in starts)
-        outcome, takes = decide(Contest(owner_fresh=bool(live),
-                                        owner_start=max(starts) if starts and later else None,
-                                        start=now if later else None,
-                                        held_lately=held is not None
-                                        and now - held < TAKEOVER_WINDOW))
+        if owners and owners <= {node} and later:
+            # Every live member is the node's own: its word on its own ranks.
+            log.info("job %r: node %r restarted its own job at %d ranks (was %d)", job_id,
+                     node, world, job.world_size)
+            return True
+        claimed = next((s.job.env for s in report.samples
+                        if s.identity.job_id == job_id and s.HasField("job")), None)
+        held = self._held.get((job_id, -1, node))
+        # Another node's younger processes are recorded (uncorroborated), never decide.
+        outcome, takes = decide(Contest(
+            owner_fresh=bool(live), owner_start=max(starts) if starts and later else None,
+            start=now if later else None,
+            held_lately=held is not None and now - held < TAKEOVER_WINDOW,
+            corroborated=bool(live) and corroborates(job.env, claimed, node, owners)))
         if not takes:
+            if outcome != "kept":
+                self.claims_total[outcome] += 1
             return False
         self.claims_total[outcome] += 1
-        for n in {node} | {r.node for r in live}:
+        for n in {node} | owners:
             self._held[(job_id, -1, n)] = now      # -1: the job's world size
         log.warning("job %r: node %r resizes it from %d to %d ranks (%s)", job_id, node,
                     job.world_size, world, outcome)

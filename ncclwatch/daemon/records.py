@@ -33,12 +33,16 @@ class RankRecord:
         "still_since", "still_at", "still_op", "since_agent", "progress_known",
         "history",
         "file_first", "evidence", "native_frame", "native_no_wait", "start",
+        "payer", "cost",
     )
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
         self.local_rank = -1
         self.node = ""
+        # The node identity its bytes count against, and how many (nodebudget.py).
+        self.payer = ""
+        self.cost = 0
         self.agent_id = ""
         self.pid = 0
         # (path, bytes written by the rank, file size) when the file it writes was
@@ -139,6 +143,9 @@ class Job:
     #: Top-level packages the ranks imported (JobInfo.packages, by the agents'
     #: evidence), what decides the job's framework (frameworks.py); bounded.
     packages: frozenset[str] = frozenset()
+    #: The node identity the job's facts (JobInfo) count against, and their bytes.
+    facts_payer: str = ""
+    facts_cost: int = 0
     #: Changes of a timeout that sets the budget once it was known: (daemon
     #: time, "flight_recorder" or "job", old seconds, new seconds, node, rank);
     #: the newest TIMEOUT_CHANGES kept, each logged (the API and status show them).

@@ -18,6 +18,7 @@ from typing import Any
 from ncclwatch.daemon.agents import AgentRecord
 from ncclwatch.daemon.jobfacts import take_facts
 from ncclwatch.daemon.learn import CPU_RECENT_TAU, smooth_cpu, take_progress
+from ncclwatch.daemon.nodebudget import Held, rank_cost
 from ncclwatch.daemon.records import Job, RankRecord
 from ncclwatch.daemon.stackstore import StackStore
 from ncclwatch.daemon.translate import container_of, take_process
@@ -56,18 +57,26 @@ class JobTable:
         self.resyncs_total = 0
         #: Parts of reports refused because the node does not own them, by what.
         self.identity_refusals_total: collections.Counter[str] = collections.Counter()
+        #: Bytes held per node identity (nodebudget.py), and its agent ids.
+        self.held = Held()
+        self.node_agents: dict[str, set[str]] = {}
 
     def apply(self, report: pb.NodeReport, recv: float, recv_wall: float | None = None,
-              left_out: Collection[str] = (), left_out_slots: Collection[int] = ()) -> list[str]:
+              left_out: Collection[str] = (), left_out_slots: Collection[int] = (),
+              identity: str | None = None) -> list[str]:
         """Apply a validated report; return stack ids the daemon lacks.
 
         ``left_out``: jobs whose samples were taken out of the report (rejected):
         a full round without them says nothing about their ranks, and
-        ``left_out_slots`` (their samples' slots) are skipped by later briefs."""
+        ``left_out_slots`` (their samples' slots) are skipped by later briefs.
+        ``identity``: the node identity a new agent counts against
+        (nodebudget.identity_of); the report's node if not given."""
         self._fresh_agents = None
         agent = self.agents.get(report.agent_id)
         if agent is None:
             agent = self.agents[report.agent_id] = AgentRecord(report.agent_id, report.node)
+            agent.identity = identity or report.node
+            self.node_agents.setdefault(agent.identity, set()).add(agent.agent_id)
         elif report.seq <= agent.last_seq:
             # Resent after a lost acknowledgement: already applied (or older).
             self.duplicates_total += 1
@@ -105,6 +114,7 @@ class JobTable:
         anchor = agent.clock_offset(recv, agent_clock, report.seq, report.timed_seq,
                                     report.timed_round_trip_seconds) + agent_clock  # <= recv
         jobs = self.jobs
+        held, payer = self.held, agent.identity
         job: Job | None = None
         for s in report.samples:
             ident = s.identity
@@ -145,6 +155,10 @@ class JobTable:
             if s.HasField("flight_recorder") or s.HasField("job"):
                 if not take_facts(job, s, rank, recv, node):
                     self.identity_refusals_total["rankless_job_facts"] += 1
+                elif s.HasField("job"):
+                    held.facts(job, payer, s.job.ByteSize())
+            fr = job.flight_recorder.get(rank) if job.flight_recorder else None
+            held.rank(rec, payer, rank_cost(s, fr[1] if fr else None))
             job.last_update = recv
             key = (job.job_id, rank)
             reported.add(key)
@@ -326,6 +340,7 @@ class JobTable:
         job.world_size = world
         for key in [k for k in job.ranks if k >= world]:
             rec = job.ranks.pop(key)
+            self.held.rank(rec, "", 0)
             job.remove_from_indexes(rec)
             rec.gone_at = now
             job.flight_recorder.pop(key, None)
@@ -366,10 +381,16 @@ class JobTable:
                 dead.append(job_id)
         for job_id in dead:
             job = self.jobs.pop(job_id)
+            self.held.release_job(job)
             for aid in {r.agent_id for r in job.ranks.values()}:
                 if (agent := self.agents.get(aid)) is not None:
                     agent.jobs.discard(job_id)
         for agent_id in [a for a, rec in self.agents.items()
                          if not rec.connected and now - rec.last_recv > GONE_JOB_TTL]:
-            del self.agents[agent_id]
+            gone = self.agents.pop(agent_id)
+            ids = self.node_agents.get(gone.identity)
+            if ids is not None:
+                ids.discard(agent_id)
+                if not ids:
+                    del self.node_agents[gone.identity]
         return dead
