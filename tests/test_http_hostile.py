@@ -211,3 +211,35 @@ def test_host_allowlist_guards_every_method() -> None:
         # the allowed Host still gets its diagnosis
         code, body = _post(s.port, pastepage.API_PATH, f"127.0.0.1:{s.port}", log)
         assert code == 200 and b"rank" in body, body[:300]
+
+
+def test_the_page_sends_the_paste_pages_security_headers() -> None:
+    """``/`` as the paste page: a CSP that allows exactly its own inline
+    scripts and style (hashes of what it serves), no framing, nosniff, no
+    Referer; every other answer is nosniff too."""
+    import re
+
+    from ncclwatch.daemon.pageheaders import csp_hash
+
+    with Served(LOOPBACK) as s:
+        code, headers, body = _request(s.port, "GET", "/")
+        _, paste_headers, _ = _request(s.port, "GET", "/diagnose")
+        _, api_headers, _ = _request(s.port, "GET", "/api/v1/jobs")
+    html = body.decode()
+    assert code == 200 and "job-1" in html
+    assert set(headers) >= set(paste_headers) >= {
+        "Content-Security-Policy", "X-Content-Type-Options", "Referrer-Policy"}
+    assert headers["X-Content-Type-Options"] == "nosniff"
+    assert headers["Referrer-Policy"] == "no-referrer"
+    assert api_headers["X-Content-Type-Options"] == "nosniff"
+    csp = dict(d.strip().split(" ", 1) for d in headers["Content-Security-Policy"].split(";"))
+    assert csp["frame-ancestors"] == "'none'" and csp["default-src"] == "'none'"
+    assert csp["connect-src"] == "'self'" and "unsafe-inline" not in headers[
+        "Content-Security-Policy"]
+    scripts = re.findall(r"<script[^>]*>(.*?)</script>", html, re.S)
+    styles = re.findall(r"<style>(.*?)</style>", html, re.S)
+    assert scripts and styles and " style=" not in html and " on" not in html.split("<main")[0]
+    for text in scripts:
+        assert csp_hash(text) in csp["script-src"].split()
+    for text in styles:
+        assert csp_hash(text) in csp["style-src"].split()

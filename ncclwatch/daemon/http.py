@@ -36,6 +36,7 @@ from ncclwatch import runbooks
 from ncclwatch.daemon import api, page, pastepage
 from ncclwatch.daemon.core import Daemon
 from ncclwatch.daemon.export import DaemonCollector
+from ncclwatch.daemon.pageheaders import NOSNIFF
 from ncclwatch.daemon.webconfig import WebConfig
 
 log = logging.getLogger(__name__)
@@ -197,7 +198,8 @@ class HttpServer:
                         q = api.JobsQuery(limit=api.MAX_JOBS_LIMIT)
                         html = page.render(api.finish_jobs(call(lambda: api.collect_jobs(
                             daemon, q, detail_upto=page.RANK_ROWS))))
-                        self._send(200, "text/html; charset=utf-8", html.encode())
+                        self._send(200, "text/html; charset=utf-8", html.encode(),
+                                   page.HEADERS)
                     elif path == pastepage.PAGE_PATH:
                         paste.handle_get(self)
                     else:
@@ -224,7 +226,7 @@ class HttpServer:
             def _send(self, code: int, ctype: str, body: bytes,
                       headers: dict[str, str] | None = None) -> None:
                 self.send_response(code)
-                for k, v in (headers or {}).items():
+                for k, v in {**NOSNIFF, **(headers or {})}.items():
                     self.send_header(k, v)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
