@@ -188,6 +188,14 @@ def _security(command: str, cfg: dict[str, Any]) -> None:
         from ncclwatch.daemon import webconfig
 
         cfg["web"] = webconfig.load(cfg["web_config"])
+    from ncclwatch.daemon import exposure
+
+    problems = exposure.plaintext(cfg["grpc"], cfg["http"], grpc_tls=bool(cfg["server_tls"]),
+                                  http_tls=bool(cfg["web"] and cfg["web"].ssl_context))
+    if problems and not cfg.get("insecure"):
+        raise ConfigError(exposure.refusal(problems))
+    if problems:
+        log.warning("serving plaintext beyond loopback (--insecure): %s", "; ".join(problems))
 
 
 def _status(args: argparse.Namespace) -> int:
