@@ -88,8 +88,8 @@ def test_host_allowlist_refuses_a_rebound_name() -> None:
         assert s.server._http.hosts_refused_total == 16
 
 
-def test_without_an_allowlist_any_host_is_served() -> None:
-    with Served("") as s:
+def test_star_serves_any_host() -> None:
+    with Served("*") as s:
         code, _, body = _request(s.port, "GET", "/api/v1/jobs", "prometheus.internal:7471")
         assert code == 200 and b"job-1" in body
 
@@ -135,18 +135,45 @@ def test_head_is_answered_for_every_get_route(path) -> None:
 def test_allowlist_parsing() -> None:
     assert host_of("[::1]:7471") == "::1" and host_of("Example.COM.:80") == "example.com"
     assert host_of("::1") == "::1"  # a bare IPv6 address (no brackets): kept whole
-    assert allowed_hosts("", "127.0.0.1") is None
-    assert allowed_hosts(" , ", "127.0.0.1") is None
+    assert allowed_hosts("*", "127.0.0.1") is None
+    assert allowed_hosts(" * ", "0.0.0.0") is None
     assert allowed_hosts("localhost", "10.1.2.3") == {"localhost", "10.1.2.3"}
     assert allowed_hosts(["a", "b"], "0.0.0.0") == {"a", "b"}
     assert allowed_hosts("localhost", "fd00::5") == {"localhost", "fd00::5"}
 
 
-def test_run_has_the_allowlist_on_and_daemon_off_by_default() -> None:
+def test_the_default_allowlist_is_the_external_host_this_machine_and_loopback() -> None:
+    """Empty means the default, not "any Host": the external URL's host, this
+    machine's names, loopback's names and IP addresses (no DNS name to rebind)."""
+    import socket
+
+    for empty in ("", " , "):
+        hosts = allowed_hosts(empty, "0.0.0.0", "https://ncclwatch.example:7471")
+        assert hosts is not None
+        for ok in ("ncclwatch.example", "localhost", "127.0.0.1", "::1", "10.1.2.3",
+                   "fd00::5", socket.gethostname().lower()):
+            assert ok in hosts, ok
+        for bad in ("attacker.example", "127.0.0.1.evil.com", "localhost.attacker.example",
+                    "10.1.2.3.nip.io"):
+            assert bad not in hosts, bad
+    # a list of one's own stays exactly that list (and the listen host)
+    assert "10.9.9.9" not in allowed_hosts("mon.example", "0.0.0.0")
+
+
+def test_daemon_default_refuses_a_foreign_host() -> None:
+    with Served("") as s:
+        code, _, body = _request(s.port, "GET", "/api/v1/jobs", "rebind.attacker.example")
+        assert code == 403 and b"allowed_hosts" in body and b"job-1" not in body
+        for host in (f"localhost:{s.port}", f"127.0.0.1:{s.port}", f"10.0.0.7:{s.port}"):
+            code, _, body = _request(s.port, "GET", "/api/v1/jobs", host)
+            assert code == 200 and b"job-1" in body, host
+
+
+def test_run_and_daemon_have_the_allowlist_on_by_default() -> None:
     run = resolve(RUN_OPTIONS, build_parser().parse_args(["run"]), {}, env={})
     assert run["allowed_hosts"] == LOOPBACK
     daemon = resolve(DAEMON_OPTIONS, build_parser().parse_args(["daemon"]), {}, env={})
-    assert daemon["allowed_hosts"] == ""
+    assert daemon["allowed_hosts"] == ""  # the default list, not any Host
     set_ = resolve(DAEMON_OPTIONS, build_parser().parse_args(
         ["daemon", "--allowed-hosts", "mon.example"]), {}, env={})
     assert set_["allowed_hosts"] == "mon.example"

@@ -11,9 +11,10 @@ the connection's own thread (a slow or plain-HTTP client cannot stall the
 accept loop), and asks for basic auth on everything but /healthz, which
 liveness probes must reach without credentials.
 
-``allowed_hosts`` (on by default for ``run``, which serves without auth on
-loopback) answers 403 to a request of any method whose Host header names
-another host, before the method is looked at: a web page that rebinds its own
+``allowed_hosts`` (on by default: loopback's names for ``run``; for the daemon
+also its external URL's host, this machine's names and IP addresses) answers
+403 to a request of any method whose Host header names another host, before
+the method is looked at: a web page that rebinds its own
 DNS name to 127.0.0.1 can neither read the API nor make the daemon parse a
 paste (a POST body is dropped unread, up to 1 MiB, else the connection closed).
 HEAD is answered for every GET route (headers, no body).
@@ -21,6 +22,7 @@ HEAD is answered for every GET route (headers, no body).
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import socket
@@ -105,17 +107,51 @@ def host_of(header: str) -> str:
     return h.rstrip(".")
 
 
-def allowed_hosts(names: str | Any, listen_host: str) -> frozenset[str] | None:
-    """The Host allowlist from a setting ("a,b", a list; empty: any host), with
-    the host the server listens on added; None: every Host is served."""
+#: The Host names served by default (allowed_hosts unset): loopback's.
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+class HostAllowlist(frozenset):
+    """Host names served; ``any_ip``: also any Host that is an IP address (no
+    DNS name that a page could rebind: whoever sent it typed the address)."""
+
+    any_ip = False
+
+    def __contains__(self, host: object) -> bool:
+        if frozenset.__contains__(self, host):
+            return True
+        if not self.any_ip or not isinstance(host, str):
+            return False
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            return False
+        return True
+
+
+def allowed_hosts(names: str | Any, listen_host: str,
+                  external_url: str = "") -> frozenset[str] | None:
+    """The Host allowlist from a setting ("a,b", a list), with the host the
+    server listens on added. ``*``: every Host is served (None). Empty: the
+    default, the host of ``external_url``, this machine's names, loopback's
+    names and any IP address."""
     items = names if isinstance(names, (list, tuple, set, frozenset)) else \
         str(names or "").split(",")
-    hosts = {host_of(n) for n in items if str(n).strip()}
-    if not hosts:
+    given = [str(n).strip() for n in items if str(n).strip()]
+    if given == ["*"]:
         return None
+    hosts = {host_of(n) for n in given}
+    default = not hosts
+    if default:
+        hosts.update(LOOPBACK_NAMES)
+        if external_url:
+            hosts.add(host_of(urlsplit(external_url).netloc.rpartition("@")[2]))
+        hosts.update(host_of(n) for n in (socket.gethostname(), socket.getfqdn()) if n)
     if listen_host not in ("", "0.0.0.0", "::"):
         hosts.add(host_of(listen_host if ":" not in listen_host else f"[{listen_host}]"))
-    return frozenset(hosts)
+    out = HostAllowlist(hosts)
+    out.any_ip = default
+    return out
 
 
 class HttpServer:
