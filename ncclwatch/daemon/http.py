@@ -12,10 +12,10 @@ accept loop), and asks for basic auth on everything but /healthz, which
 liveness probes must reach without credentials.
 
 ``allowed_hosts`` (on by default: loopback's names for ``run``; for the daemon
-also its external URL's host, this machine's names and IP addresses) answers
-403 to a request of any method whose Host header names another host, before
-the method is looked at: a web page that rebinds its own
-DNS name to 127.0.0.1 can neither read the API nor make the daemon parse a
+also its external URL's host and this machine's names; IP addresses always)
+answers 403 to a request of any method whose Host header names another host,
+before the method is looked at: a web page that rebinds its own DNS name to
+127.0.0.1 can neither read the API nor make the daemon parse a
 paste (a POST body is dropped unread, up to 1 MiB, else the connection closed).
 HEAD is answered for every GET route (headers, no body).
 """
@@ -132,17 +132,16 @@ class HostAllowlist(frozenset):
 def allowed_hosts(names: str | Any, listen_host: str,
                   external_url: str = "") -> frozenset[str] | None:
     """The Host allowlist from a setting ("a,b", a list), with the host the
-    server listens on added. ``*``: every Host is served (None). Empty: the
-    default, the host of ``external_url``, this machine's names, loopback's
-    names and any IP address."""
+    server listens on added, and any IP address (no name a page could rebind).
+    ``*``: every Host is served (None). Empty: the default, the host of
+    ``external_url``, this machine's names and loopback's names."""
     items = names if isinstance(names, (list, tuple, set, frozenset)) else \
         str(names or "").split(",")
     given = [str(n).strip() for n in items if str(n).strip()]
     if given == ["*"]:
         return None
     hosts = {host_of(n) for n in given}
-    default = not hosts
-    if default:
+    if not hosts:
         hosts.update(LOOPBACK_NAMES)
         if external_url:
             hosts.add(host_of(urlsplit(external_url).netloc.rpartition("@")[2]))
@@ -150,7 +149,7 @@ def allowed_hosts(names: str | Any, listen_host: str,
     if listen_host not in ("", "0.0.0.0", "::"):
         hosts.add(host_of(listen_host if ":" not in listen_host else f"[{listen_host}]"))
     out = HostAllowlist(hosts)
-    out.any_ip = default
+    out.any_ip = True
     return out
 
 
