@@ -451,7 +451,7 @@ def test_the_shipped_daemon_config_serves_nothing_in_plain_text(tmp_path: Path,
     """As shipped (0.0.0.0, no --insecure) the daemon's config turns on mTLS
     for gRPC and HTTPS, so the real CLI's checks let it start; the pods mount
     the files it names (the Secret), and the agents carry their node's."""
-    from ncclwatch.cli import _security
+    from ncclwatch.cli import _refuse_plaintext, _security
 
     cm = one("ConfigMap", "ncclwatch-daemon")
     toml = cm["data"]["daemon.toml"]
@@ -461,7 +461,8 @@ def test_the_shipped_daemon_config_serves_nothing_in_plain_text(tmp_path: Path,
     args = build_parser().parse_args(["daemon", "--config", str(tmp_path / "daemon.toml")])
     cfg = resolve(DAEMON_OPTIONS, args, load_file(args.config, None), env={})
     assert cfg["grpc"].startswith("0.0.0.0:") and not cfg["insecure"]
-    _security("daemon", cfg)  # raises ConfigError on plaintext beyond loopback
+    _security("daemon", cfg)
+    _refuse_plaintext(cfg)  # raises ConfigError on plaintext beyond loopback
     assert cfg["server_tls"] is not None and cfg["web"].ssl_context is not None
     for letter in "ab":
         pod = one("Deployment", f"ncclwatch-daemon-{letter}")["spec"]["template"]["spec"]
