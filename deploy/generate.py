@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -112,7 +113,17 @@ def shard_collector(n: int = SHARD_COUNT) -> str:
 def shard_urls(n: int = SHARD_COUNT) -> list[list[str]]:
     """The daemons' `shards`: each daemon's page through its Service (in-cluster names;
     put the URLs your people reach them at here)."""
-    return [[f"http://{_daemon(k, x)}.ncclwatch.svc:7471" for x in LETTERS] for k in range(n)]
+    return [[f"https://{_daemon(k, x)}.ncclwatch.svc:7471" for x in LETTERS] for k in range(n)]
+
+
+def allowed_hosts(n: int = SHARD_COUNT) -> str:
+    """The daemons' `allowed_hosts`: localhost and the Services' names."""
+    names = ["localhost", "ncclwatch-daemon", "ncclwatch-daemon.ncclwatch",
+             "ncclwatch-daemon.ncclwatch.svc"]
+    for k in range(n):
+        for x in LETTERS:
+            names += [_daemon(k, x), f"{_daemon(k, x)}.ncclwatch.svc"]
+    return ",".join(names)
 
 
 def _one_shard(doc: dict, letter: str, k: int) -> dict:
@@ -142,6 +153,8 @@ def sharded_daemons(n: int = SHARD_COUNT) -> str:
             continue
         if doc["kind"] == "ConfigMap":
             toml = doc["data"]["daemon.toml"]
+            toml = re.sub(r'^allowed_hosts = ".*"$', f'allowed_hosts = "{allowed_hosts(n)}"',
+                          toml, count=1, flags=re.M)
             at = toml.rindex("\n\n", 0, toml.index("\n["))  # top-level keys: before the tables
             urls = ",\n".join(f"  {json.dumps(g)}" for g in shard_urls(n))
             doc["data"]["daemon.toml"] = (
@@ -190,6 +203,7 @@ OUTPUTS = {"prometheusrule.yaml": prometheus_rule,
            f"{SHARDED}/agent-daemonset.yaml": sharded_agent,
            f"{SHARDED}/podmonitor.yaml": sharded_podmonitor,
            f"{SHARDED}/namespace.yaml": _copy("namespace.yaml"),
+           f"{SHARDED}/networkpolicy.yaml": _copy("networkpolicy.yaml"),
            f"{SHARDED}/kustomization.yaml": sharded_kustomization,
            f"{SHARDED}/prometheusrule.yaml": prometheus_rule,
            f"{SHARDED}/grafana-dashboards.yaml": grafana_dashboards}

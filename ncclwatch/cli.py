@@ -141,6 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _security(args.command, cfg)
         if args.command == "daemon":
             cfg["shard_map"] = _shard_map(cfg)
+        _refuse_plaintext(cfg)
     except ConfigError as e:
         print(f"ncclwatch: {e}", file=sys.stderr)
         return 2
@@ -188,6 +189,20 @@ def _security(command: str, cfg: dict[str, Any]) -> None:
         from ncclwatch.daemon import webconfig
 
         cfg["web"] = webconfig.load(cfg["web_config"])
+
+
+def _refuse_plaintext(cfg: dict[str, Any]) -> None:
+    """A daemon side beyond loopback without TLS: ConfigError, unless --insecure."""
+    if "server_tls" not in cfg:  # the agent serves nothing
+        return
+    from ncclwatch.daemon import exposure
+
+    problems = exposure.plaintext(cfg["grpc"], cfg["http"], grpc_tls=bool(cfg["server_tls"]),
+                                  http_tls=bool(cfg["web"] and cfg["web"].ssl_context))
+    if problems and not cfg.get("insecure"):
+        raise ConfigError(exposure.refusal(problems))
+    if problems:
+        log.warning("serving plaintext beyond loopback (--insecure): %s", "; ".join(problems))
 
 
 def _status(args: argparse.Namespace) -> int:

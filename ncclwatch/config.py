@@ -119,6 +119,10 @@ def add_options(parser: argparse.ArgumentParser, options: Sequence[Option]) -> N
     for o in options:
         if o.table:
             continue
+        if o.type is boolean:  # a switch: --flag, NCCLWATCH_FLAG=1, flag = true
+            parser.add_argument(o.flag, action="store_true", default=None,
+                                help=f"{o.help} (env {o.env}=1)")
+            continue
         parser.add_argument(o.flag, type=o.type, default=None, metavar=o.metavar,
                             help=f"{o.help} (default: {o.default}; env {o.env})")
 
@@ -193,6 +197,18 @@ def rank_set(v: Any) -> frozenset[int] | None:
     if isinstance(v, (set, frozenset, list, tuple)):
         return frozenset(int(r) for r in v)
     return parse_ranks(str(v))
+
+
+def boolean(v: Any) -> bool:
+    """A switch from a flag (True), the environment or TOML: 1/0, true/false, yes/no."""
+    if isinstance(v, bool):
+        return v
+    word = str(v).strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("expected true or false")
 
 
 def positive_float(v: Any) -> float:

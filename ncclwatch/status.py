@@ -42,12 +42,42 @@ def split_credentials(daemon: str, auth: str | None = None) -> tuple[str, str | 
     return clean, f"{unquote(parts.username)}:{unquote(parts.password or '')}"
 
 
+def origin(url: str) -> tuple[str, str, int | None]:
+    """A URL's origin: scheme, host and port (the scheme's default when none)."""
+    parts = urlsplit(url)
+    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    return parts.scheme.lower(), (parts.hostname or "").lower(), port
+
+
+class Credentials:
+    """Basic-auth credentials bound to the origins the user typed: a URL's own
+    user info for its origin, else NCCLWATCH_DAEMON_AUTH (or the first URL's)
+    for every typed origin. A URL that a daemon listed (a shard map) or a
+    redirect named gets none unless its origin is one of those, scheme
+    included: never over http unless the user typed http."""
+
+    def __init__(self, typed: list[str], auth: str | None = None) -> None:
+        fallback = auth or (split_credentials(typed[0])[1] if typed else None)
+        self.by_origin: dict[tuple[str, str, int | None], str] = {}
+        for url in typed:
+            clean, own = split_credentials(url)
+            chosen = own if urlsplit(url).username is not None else fallback
+            if chosen:
+                self.by_origin.setdefault(origin(clean), chosen)
+
+    def for_url(self, url: str) -> str | None:
+        return self.by_origin.get(origin(url))
+
+
 def fetch(daemon: str, timeout: float = 5.0, *, ca: str | None = None,
-          auth: str | None = None) -> dict[str, Any]:
-    """Every job's summary (all pages of /api/v1/jobs)."""
-    view = _fetch_page(daemon, "", timeout, ca=ca, auth=auth)
+          auth: str | None = None, creds: Credentials | None = None) -> dict[str, Any]:
+    """Every job's summary (all pages of /api/v1/jobs). ``creds``: which origins
+    get credentials (default: the one of ``daemon``, as typed)."""
+    creds = creds or Credentials([daemon], auth)
+    daemon = split_credentials(daemon)[0]
+    view = _fetch_page(daemon, "", timeout, ca=ca, creds=creds)
     while view.get("next_cursor"):
-        more = _fetch_page(daemon, view["next_cursor"], timeout, ca=ca, auth=auth)
+        more = _fetch_page(daemon, view["next_cursor"], timeout, ca=ca, creds=creds)
         view["jobs"] += more["jobs"]
         view["next_cursor"] = more.get("next_cursor")
     return view
@@ -68,12 +98,13 @@ def fetch_shards(daemons: str, timeout: float = 5.0, *, ca: str | None = None,
         groups = [list(g) for g in shard_list(daemons)]
     except ValueError as e:
         raise StatusError(f"--daemon {daemons!r}: {e}") from None
-    if auth is None:  # the first URL's credentials serve every shard's daemons
-        auth = split_credentials(groups[0][0])[1]
+    # Credentials go only to the origins typed here, never to a URL a daemon
+    # listed: a shard map may name other hosts, or http.
+    creds = Credentials([u for g in groups for u in g], auth)
     views: dict[int, dict[str, Any]] = {}
     errors = []
     if len(groups) == 1:
-        first = _ask_shard(groups[0], timeout, ca=ca, auth=auth)
+        first = _ask_shard(groups[0], timeout, ca=ca, creds=creds)
         known = first.get("shards") or {}
         if known.get("count", 1) <= 1:
             return first, errors
@@ -83,7 +114,7 @@ def fetch_shards(daemons: str, timeout: float = 5.0, *, ca: str | None = None,
     for k, group in enumerate(groups):
         if k not in views:
             try:
-                views[k] = _ask_shard(group, timeout, ca=ca, auth=auth)
+                views[k] = _ask_shard(group, timeout, ca=ca, creds=creds)
             except StatusError as e:
                 errors.append(f"shard {k}: {e}")
     if not views:
@@ -112,37 +143,53 @@ def fetch_shards(daemons: str, timeout: float = 5.0, *, ca: str | None = None,
 
 
 def _ask_shard(group: list[str], timeout: float, *, ca: str | None,
-               auth: str | None) -> dict[str, Any]:
+               creds: Credentials) -> dict[str, Any]:
     """A shard's view from the first of its daemons that answers."""
     last: StatusError | None = None
     for url in group:
         try:
-            return fetch(url, timeout, ca=ca, auth=auth)
+            return fetch(url, timeout, ca=ca, creds=creds)
         except StatusError as e:
             last = e
     assert last is not None
     raise last
 
 
+class _SameOriginAuth(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect; the Authorization header (never copied by urllib:
+    it is an unredirected header) goes along only to the same origin."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        auth = req.unredirected_hdrs.get("Authorization")
+        if new is not None and auth and origin(new.full_url) == origin(req.full_url):
+            new.add_unredirected_header("Authorization", auth)
+        return new
+
+
 def _fetch_page(daemon: str, cursor: str, timeout: float, *, ca: str | None,
-                auth: str | None) -> dict[str, Any]:
-    daemon, auth = split_credentials(daemon, auth)
+                creds: Credentials) -> dict[str, Any]:
+    auth = creds.for_url(daemon)
     url = daemon.rstrip("/") + "/api/v1/jobs" + (f"?cursor={cursor}" if cursor else "")
     req = urllib.request.Request(url)
     if auth:
-        req.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
+        req.add_unredirected_header(
+            "Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
     try:
-        ctx = ssl.create_default_context(cafile=ca) if url.startswith("https:") else None
+        ctx = ssl.create_default_context(cafile=ca) if ca else None
     except (OSError, ssl.SSLError) as e:
         raise StatusError(f"cannot load --ca {ca}: {e}") from None
+    opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=ctx),
+                                         _SameOriginAuth())
     try:
-        with urllib.request.urlopen(req, timeout=timeout, context=ctx) as r:
+        with opener.open(req, timeout=timeout) as r:
             return json.load(r)
     except urllib.error.HTTPError as e:
         if e.code == 401:
             who = (f"rejected the credentials of user {auth.partition(':')[0]!r}" if auth else
                    "needs basic auth: https://user:pass@host:7471 or "
-                   "NCCLWATCH_DAEMON_AUTH=user:pass")
+                   "NCCLWATCH_DAEMON_AUTH=user:pass (credentials go only to the URLs given "
+                   "in --daemon: give every shard there, 'URL0;URL1')")
             raise StatusError(f"the ncclwatch daemon at {daemon} {who}") from None
         raise StatusError(f"bad answer from {url}: HTTP {e.code} {e.reason}") from None
     except urllib.error.URLError as e:

@@ -88,8 +88,8 @@ def test_host_allowlist_refuses_a_rebound_name() -> None:
         assert s.server._http.hosts_refused_total == 16
 
 
-def test_without_an_allowlist_any_host_is_served() -> None:
-    with Served("") as s:
+def test_star_serves_any_host() -> None:
+    with Served("*") as s:
         code, _, body = _request(s.port, "GET", "/api/v1/jobs", "prometheus.internal:7471")
         assert code == 200 and b"job-1" in body
 
@@ -135,18 +135,47 @@ def test_head_is_answered_for_every_get_route(path) -> None:
 def test_allowlist_parsing() -> None:
     assert host_of("[::1]:7471") == "::1" and host_of("Example.COM.:80") == "example.com"
     assert host_of("::1") == "::1"  # a bare IPv6 address (no brackets): kept whole
-    assert allowed_hosts("", "127.0.0.1") is None
-    assert allowed_hosts(" , ", "127.0.0.1") is None
+    assert allowed_hosts("*", "127.0.0.1") is None
+    assert allowed_hosts(" * ", "0.0.0.0") is None
     assert allowed_hosts("localhost", "10.1.2.3") == {"localhost", "10.1.2.3"}
     assert allowed_hosts(["a", "b"], "0.0.0.0") == {"a", "b"}
     assert allowed_hosts("localhost", "fd00::5") == {"localhost", "fd00::5"}
 
 
-def test_run_has_the_allowlist_on_and_daemon_off_by_default() -> None:
+def test_the_default_allowlist_is_the_external_host_this_machine_and_loopback() -> None:
+    """Empty means the default, not "any Host": the external URL's host, this
+    machine's names and loopback's names; IP addresses always (no DNS name to rebind)."""
+    import socket
+
+    for empty in ("", " , "):
+        hosts = allowed_hosts(empty, "0.0.0.0", "https://ncclwatch.example:7471")
+        assert hosts is not None
+        for ok in ("ncclwatch.example", "localhost", "127.0.0.1", "::1", "10.1.2.3",
+                   "fd00::5", socket.gethostname().lower()):
+            assert ok in hosts, ok
+        for bad in ("attacker.example", "127.0.0.1.evil.com", "localhost.attacker.example",
+                    "10.1.2.3.nip.io"):
+            assert bad not in hosts, bad
+    # a list of one's own stays that list (and the listen host), IP addresses served
+    own = allowed_hosts("mon.example", "0.0.0.0")
+    assert "mon.example" in own and "10.9.9.9" in own
+    assert "localhost" not in own and "other.example" not in own
+
+
+def test_daemon_default_refuses_a_foreign_host() -> None:
+    with Served("") as s:
+        code, _, body = _request(s.port, "GET", "/api/v1/jobs", "rebind.attacker.example")
+        assert code == 403 and b"allowed_hosts" in body and b"job-1" not in body
+        for host in (f"localhost:{s.port}", f"127.0.0.1:{s.port}", f"10.0.0.7:{s.port}"):
+            code, _, body = _request(s.port, "GET", "/api/v1/jobs", host)
+            assert code == 200 and b"job-1" in body, host
+
+
+def test_run_and_daemon_have_the_allowlist_on_by_default() -> None:
     run = resolve(RUN_OPTIONS, build_parser().parse_args(["run"]), {}, env={})
     assert run["allowed_hosts"] == LOOPBACK
     daemon = resolve(DAEMON_OPTIONS, build_parser().parse_args(["daemon"]), {}, env={})
-    assert daemon["allowed_hosts"] == ""
+    assert daemon["allowed_hosts"] == ""  # the default list, not any Host
     set_ = resolve(DAEMON_OPTIONS, build_parser().parse_args(
         ["daemon", "--allowed-hosts", "mon.example"]), {}, env={})
     assert set_["allowed_hosts"] == "mon.example"
@@ -211,3 +240,35 @@ def test_host_allowlist_guards_every_method() -> None:
         # the allowed Host still gets its diagnosis
         code, body = _post(s.port, pastepage.API_PATH, f"127.0.0.1:{s.port}", log)
         assert code == 200 and b"rank" in body, body[:300]
+
+
+def test_the_page_sends_the_paste_pages_security_headers() -> None:
+    """``/`` as the paste page: a CSP that allows exactly its own inline
+    scripts and style (hashes of what it serves), no framing, nosniff, no
+    Referer; every other answer is nosniff too."""
+    import re
+
+    from ncclwatch.daemon.pageheaders import csp_hash
+
+    with Served(LOOPBACK) as s:
+        code, headers, body = _request(s.port, "GET", "/")
+        _, paste_headers, _ = _request(s.port, "GET", "/diagnose")
+        _, api_headers, _ = _request(s.port, "GET", "/api/v1/jobs")
+    html = body.decode()
+    assert code == 200 and "job-1" in html
+    assert set(headers) >= set(paste_headers) >= {
+        "Content-Security-Policy", "X-Content-Type-Options", "Referrer-Policy"}
+    assert headers["X-Content-Type-Options"] == "nosniff"
+    assert headers["Referrer-Policy"] == "no-referrer"
+    assert api_headers["X-Content-Type-Options"] == "nosniff"
+    csp = dict(d.strip().split(" ", 1) for d in headers["Content-Security-Policy"].split(";"))
+    assert csp["frame-ancestors"] == "'none'" and csp["default-src"] == "'none'"
+    assert csp["connect-src"] == "'self'" and "unsafe-inline" not in headers[
+        "Content-Security-Policy"]
+    scripts = re.findall(r"<script[^>]*>(.*?)</script>", html, re.S)
+    styles = re.findall(r"<style>(.*?)</style>", html, re.S)
+    assert scripts and styles and " style=" not in html and " on" not in html.split("<main")[0]
+    for text in scripts:
+        assert csp_hash(text) in csp["script-src"].split()
+    for text in styles:
+        assert csp_hash(text) in csp["style-src"].split()

@@ -113,6 +113,13 @@ CRD_SCHEMAS = {
                     "port": _STR, "path": _STR, "scheme": {"enum": ["http", "https"]},
                     "interval": _DURATION, "scrapeTimeout": _DURATION,
                     "honorLabels": {"type": "boolean"},
+                    "tlsConfig": {"type": "object", "additionalProperties": False,
+                                  "properties": {
+                        "ca": {"type": "object", "additionalProperties": False, "properties": {
+                            "secret": {"type": "object", "required": ["name", "key"],
+                                       "additionalProperties": False,
+                                       "properties": {"name": _STR, "key": _STR}}}},
+                        "serverName": _STR, "insecureSkipVerify": {"type": "boolean"}}},
                     "relabelings": {"type": "array", "items": _RELABEL},
                     "metricRelabelings": {"type": "array", "items": _RELABEL}}}}}}}},
     "PrometheusRule": {"type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
@@ -213,7 +220,7 @@ def test_agent_daemonset_security_context() -> None:
     assert sc["appArmorProfile"] == {"type": "Unconfined"}
     # Read-only host mounts, exactly those the agent reads.
     host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
-    assert sorted(host.values()) == ["/sys/fs/cgroup", "/var/log/pods"]
+    assert sorted(host.values()) == ["/etc/ncclwatch/tls", "/sys/fs/cgroup", "/var/log/pods"]
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     for name, path in host.items():
         assert mounts[name]["readOnly"] is True and mounts[name]["mountPath"] == path
@@ -290,17 +297,53 @@ def test_daemon_meets_the_restricted_pod_security_standard(letter: str) -> None:
     assert "memory" in c["resources"]["limits"]
 
 
-def _daemon_config(tmp_path: Path, grpc: int, http: int) -> Path:
-    toml = one("ConfigMap", "ncclwatch-daemon")["data"]["daemon.toml"]
+# -- certificates as the layout mounts them ----------------------------------------
+
+#: Where the pods find their certificates -> the file `ncclwatch certs` wrote.
+DAEMON_TLS = {"/etc/ncclwatch-tls/tls.crt": "daemon.pem",
+              "/etc/ncclwatch-tls/tls.key": "daemon-key.pem",
+              "/etc/ncclwatch-tls/ca.crt": "ca.pem"}
+AGENT_TLS = {"/etc/ncclwatch/tls/ca.pem": "ca.pem", "/etc/ncclwatch/tls/node.pem": "{node}.pem",
+             "/etc/ncclwatch/tls/node-key.pem": "{node}-key.pem"}
+
+
+@pytest.fixture(scope="module")
+def k8s_pki(tmp_path_factory) -> Path:
+    """A CA, a daemon certificate and one for node gpu-node-7, by the real CLI."""
+    from ncclwatch.certs import make
+
+    out = tmp_path_factory.mktemp("k8s-pki")
+    make(out, ["localhost", "ncclwatch-daemon"], ["gpu-node-7"])
+    return out
+
+
+def localize(toml: str, cm: dict, pki: Path, folder: Path) -> str:
+    """The ConfigMap's daemon.toml with the pods' paths pointed at ``pki``
+    (the Secret's files) and ``folder`` (the ConfigMap's other files)."""
+    web = cm["data"]["web.yml"]
+    for mounted, name in DAEMON_TLS.items():
+        toml, web = toml.replace(mounted, str(pki / name)), web.replace(mounted, str(pki / name))
+    (folder / "web.yml").write_text(web)
+    return toml.replace("/etc/ncclwatch/web.yml", str(folder / "web.yml"))
+
+
+def agent_tls_env(env: dict[str, str], pki: Path, node: str) -> dict[str, str]:
+    return {k: str(pki / AGENT_TLS[v].format(node=node)) if v in AGENT_TLS else v
+            for k, v in env.items()}
+
+
+def _daemon_config(tmp_path: Path, grpc: int, http: int, pki: Path) -> Path:
+    cm = one("ConfigMap", "ncclwatch-daemon")
+    toml = localize(cm["data"]["daemon.toml"], cm, pki, tmp_path)
     path = tmp_path / "daemon.toml"
     path.write_text(toml.replace("0.0.0.0:7470", f"127.0.0.1:{grpc}")
                     .replace("0.0.0.0:7471", f"127.0.0.1:{http}"))
     return path
 
 
-def test_daemon_config_ports_and_probes_match_a_real_daemon(tmp_path: Path) -> None:
+def test_daemon_config_ports_and_probes_match_a_real_daemon(tmp_path: Path, k8s_pki) -> None:
     """The ConfigMap loads with the real config loader, its ports are the
-    container's, and the probes' path answers 200 on a real daemon."""
+    container's, and the probes' path answers 200 over HTTPS on a real daemon."""
     dep = one("Deployment", "ncclwatch-daemon-a")
     (c,) = dep["spec"]["template"]["spec"]["containers"]
     args = build_parser().parse_args(c["args"])
@@ -313,17 +356,17 @@ def test_daemon_config_ports_and_probes_match_a_real_daemon(tmp_path: Path) -> N
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert cfg["grpc"] == f"0.0.0.0:{ports['grpc']}" and cfg["http"] == f"0.0.0.0:{ports['http']}"
     probes = [c["readinessProbe"]["httpGet"], c["livenessProbe"]["httpGet"]]
-    assert all(p["port"] == "http" for p in probes)
+    assert all(p["port"] == "http" and p["scheme"] == "HTTPS" for p in probes)
     grpc, http = free_port(), free_port()
-    config = _daemon_config(tmp_path, grpc, http)
+    config = _daemon_config(tmp_path, grpc, http, k8s_pki)
     daemon = Proc([need("ncclwatch"), "daemon", "--config", str(config)],
                   name="ncclwatch-daemon-k8s")
     try:
         deadline, status = time.time() + 30, None
         while status is None and time.time() < deadline and daemon.alive():
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{http}{probes[0]['path']}",
-                                            timeout=5) as r:
+                with urllib.request.urlopen(f"https://localhost:{http}{probes[0]['path']}",
+                                            timeout=5, context=_ctx(k8s_pki)) as r:
                     status = r.status
             except OSError:
                 time.sleep(0.2)
@@ -349,15 +392,23 @@ def test_podmonitor_scrapes_both_daemons_as_the_rules_expect() -> None:
     assert sanitized[pod_label] == "a"
 
 
-def _metrics(port: int) -> str:
+def _ctx(pki: Path):
+    import ssl
+
+    return ssl.create_default_context(cafile=str(pki / "ca.pem"))
+
+
+def _metrics(port: int, pki: Path) -> str:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        with urllib.request.urlopen(f"https://localhost:{port}/metrics", timeout=5,
+                                    context=_ctx(pki)) as r:
             return r.read().decode()
     except OSError:
         return ""
 
 
-def test_agent_with_the_daemonsets_env_reports_to_both_daemons(tmp_path: Path) -> None:
+def test_agent_with_the_daemonsets_env_reports_to_both_daemons(tmp_path: Path,
+                                                              k8s_pki) -> None:
     """The pod's environment, with the Services' names pointed at loopback and
     spec.nodeName filled in as the kubelet does, run for real: one agent, the
     two daemons of the pair (each from the ConfigMap's config), both see it."""
@@ -365,6 +416,7 @@ def test_agent_with_the_daemonsets_env_reports_to_both_daemons(tmp_path: Path) -
     env = {e["name"]: e.get("value", "") for e in c["env"]}
     assert env["NCCLWATCH_NODE"] == ""  # from the downward API
     env["NCCLWATCH_NODE"] = "gpu-node-7"
+    env = agent_tls_env(env, k8s_pki, "gpu-node-7")
     daemons, http = [], {}
     try:
         for target in env["NCCLWATCH_COLLECTOR"].split(","):
@@ -373,18 +425,112 @@ def test_agent_with_the_daemonsets_env_reports_to_both_daemons(tmp_path: Path) -
             sub = tmp_path / host
             sub.mkdir()
             daemons.append(Proc([need("ncclwatch"), "daemon", "--config",
-                                 str(_daemon_config(sub, grpc, http[host]))], name=host))
+                                 str(_daemon_config(sub, grpc, http[host], k8s_pki))],
+                                name=host))
             env["NCCLWATCH_COLLECTOR"] = env["NCCLWATCH_COLLECTOR"].replace(
                 target, f"127.0.0.1:{grpc}")
         agent = Proc([need("ncclwatch"), *c["args"]], env=env, name="agent")
         daemons.append(agent)
         want = 'ncclwatch_agent_up{node="gpu-node-7"} 1.0'
         deadline = time.time() + 60
-        while time.time() < deadline and not all(want in _metrics(p) for p in http.values()):
+        while time.time() < deadline and not all(want in _metrics(p, k8s_pki)
+                                                 for p in http.values()):
             assert agent.alive(), agent.output()[-2000:]
             time.sleep(0.5)
         for host, port in http.items():
-            assert want in _metrics(port), (host, agent.output()[-2000:])
+            assert want in _metrics(port, k8s_pki), (host, agent.output()[-2000:])
     finally:
         for proc in daemons:
             proc.stop()
+
+
+# -- safe as shipped: mTLS, HTTPS, a NetworkPolicy -----------------------------------
+
+def test_the_shipped_daemon_config_serves_nothing_in_plain_text(tmp_path: Path,
+                                                                k8s_pki) -> None:
+    """As shipped (0.0.0.0, no --insecure) the daemon's config turns on mTLS
+    for gRPC and HTTPS, so the real CLI's checks let it start; the pods mount
+    the files it names (the Secret), and the agents carry their node's."""
+    from ncclwatch.cli import _refuse_plaintext, _security
+
+    cm = one("ConfigMap", "ncclwatch-daemon")
+    toml = cm["data"]["daemon.toml"]
+    assert yaml.safe_load(cm["data"]["web.yml"])["tls_server_config"]["cert_file"] \
+        in DAEMON_TLS
+    (tmp_path / "daemon.toml").write_text(localize(toml, cm, k8s_pki, tmp_path))
+    args = build_parser().parse_args(["daemon", "--config", str(tmp_path / "daemon.toml")])
+    cfg = resolve(DAEMON_OPTIONS, args, load_file(args.config, None), env={})
+    assert cfg["grpc"].startswith("0.0.0.0:") and not cfg["insecure"]
+    _security("daemon", cfg)
+    _refuse_plaintext(cfg)  # raises ConfigError on plaintext beyond loopback
+    assert cfg["server_tls"] is not None and cfg["web"].ssl_context is not None
+    for letter in "ab":
+        pod = one("Deployment", f"ncclwatch-daemon-{letter}")["spec"]["template"]["spec"]
+        (c,) = pod["containers"]
+        mounts = {m["name"]: m for m in c["volumeMounts"]}
+        secret = next(v for v in pod["volumes"] if v["name"] == "tls")["secret"]
+        assert secret["secretName"] == "ncclwatch-daemon-tls"
+        assert mounts["tls"]["mountPath"] == "/etc/ncclwatch-tls" and mounts["tls"]["readOnly"]
+        assert "--insecure" not in c["args"]
+        assert "NCCLWATCH_INSECURE" not in {e["name"] for e in c.get("env", [])}
+    ds = one("DaemonSet", "ncclwatch-agent")["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in ds["containers"][0]["env"]}
+    assert {env[k] for k in ("NCCLWATCH_TLS_CA", "NCCLWATCH_TLS_CERT",
+                             "NCCLWATCH_TLS_KEY")} == set(AGENT_TLS)
+    node_tls = next(v for v in ds["volumes"] if v["name"] == "node-tls")["hostPath"]
+    assert node_tls == {"path": "/etc/ncclwatch/tls", "type": "Directory"}
+
+
+def test_a_node_certificate_is_the_agents_identity(k8s_pki, capsys) -> None:
+    """The agent with the DaemonSet's env and gpu-node-7's certificate refuses
+    to report as another node (exit 2), before it connects anywhere."""
+    from ncclwatch.cli import main
+
+    c = one("DaemonSet", "ncclwatch-agent")["spec"]["template"]["spec"]["containers"][0]
+    env = agent_tls_env({e["name"]: e.get("value", "") for e in c["env"]}, k8s_pki,
+                        "gpu-node-7")
+    import os
+    old = dict(os.environ)
+    try:
+        os.environ.update({**env, "NCCLWATCH_NODE": "gpu-node-8"})
+        assert main(c["args"]) == 2
+        assert "is for 'gpu-node-7', but this agent reports as --node 'gpu-node-8'" \
+            in capsys.readouterr().err
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+
+
+def _selects(selector: dict, labels: dict) -> bool:
+    return selector.get("matchLabels", {}).items() <= labels.items()
+
+
+def test_network_policy_lets_only_agents_reach_grpc_and_prometheus_http() -> None:
+    np = one("NetworkPolicy", "ncclwatch-daemon")["spec"]
+    assert np["policyTypes"] == ["Ingress"]  # everything not listed is refused
+    assert _pods_selected(np["podSelector"]["matchLabels"]) == ["ncclwatch-daemon-a",
+                                                               "ncclwatch-daemon-b"]
+    agent = one("DaemonSet", "ncclwatch-agent")["spec"]["template"]["metadata"]["labels"]
+    rules = {}
+    for rule in np["ingress"]:
+        (port,) = rule["ports"]
+        assert port["protocol"] == "TCP"
+        rules[port["port"]] = rule["from"]
+    assert set(rules) == {"grpc", "http"}
+    (grpc_from,) = rules["grpc"]
+    assert set(grpc_from) == {"podSelector"} and _selects(grpc_from["podSelector"], agent)
+    (http_from,) = rules["http"]
+    assert _selects(http_from["podSelector"], {"app.kubernetes.io/name": "prometheus"})
+    assert not _selects(http_from["podSelector"], agent)
+    # the named ports are the daemon containers'
+    c = one("Deployment", "ncclwatch-daemon-a")["spec"]["template"]["spec"]["containers"][0]
+    assert {p["name"] for p in c["ports"]} == {"grpc", "http"}
+
+
+def test_podmonitor_scrapes_https_against_the_daemons_ca() -> None:
+    (ep,) = one("PodMonitor", "ncclwatch-daemon")["spec"]["podMetricsEndpoints"]
+    assert ep["scheme"] == "https" and "insecureSkipVerify" not in ep["tlsConfig"]
+    assert ep["tlsConfig"]["ca"]["secret"] == {"name": "ncclwatch-daemon-tls", "key": "ca.crt"}
+    hosts = re.search(r'^allowed_hosts = "(.*)"$', one("ConfigMap", "ncclwatch-daemon")[
+        "data"]["daemon.toml"], re.M).group(1).split(",")
+    assert ep["tlsConfig"]["serverName"] in hosts

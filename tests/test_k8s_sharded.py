@@ -23,7 +23,8 @@ from ncclwatch.cli import AGENT_OPTIONS, DAEMON_OPTIONS, _shard_map, build_parse
 from ncclwatch.config import load_file, resolve
 from ncclwatch.shard import shard_list
 from tests.conftest import Proc, free_port, need
-from tests.test_k8s_manifests import CRD_SCHEMAS, K8S, VERSIONS, _metrics, core
+from tests.test_k8s_manifests import (CRD_SCHEMAS, K8S, VERSIONS, _metrics, agent_tls_env,  # noqa: F401
+                                      core, k8s_pki, localize)
 
 SHARDED = K8S / "sharded"
 N = generate.SHARD_COUNT
@@ -115,9 +116,25 @@ def test_daemons_and_agents_name_the_same_shards_in_the_same_order(tmp_path: Pat
             assert shards.index == k and len(shards.urls) == N
             for j, group in enumerate(shards.urls):
                 for y, url in zip("ab", group):
-                    host, port = url.removeprefix("http://").rsplit(":", 1)
+                    host, port = url.removeprefix("https://").rsplit(":", 1)
                     assert host.split(".")[0] == f"ncclwatch-daemon-{j}{y}"
                     assert services[host.split(".")[0]]["http"] == int(port)
+
+
+def test_network_policy_covers_every_shards_daemons() -> None:
+    np = one("NetworkPolicy", "ncclwatch-daemon")["spec"]
+    assert sorted(_selected(np["podSelector"]["matchLabels"])) == _daemons()
+    assert {r["ports"][0]["port"] for r in np["ingress"]} == {"grpc", "http"}
+
+
+def test_every_daemon_answers_its_services_names() -> None:
+    """The shard map's URLs (https) name hosts the daemons' allowlist serves."""
+    toml = one("ConfigMap", "ncclwatch-daemon")["data"]["daemon.toml"]
+    hosts = set(generate.allowed_hosts().split(","))
+    assert f'allowed_hosts = "{generate.allowed_hosts()}"' in toml
+    for group in generate.shard_urls():
+        for url in group:
+            assert url.startswith("https://") and url.split("//")[1].rsplit(":", 1)[0] in hosts
 
 
 def test_podmonitor_labels_every_daemon_with_its_shard() -> None:
@@ -131,14 +148,16 @@ def test_podmonitor_labels_every_daemon_with_its_shard() -> None:
     assert "replica" in relabel and relabel["job"]["replacement"] == "ncclwatch"
 
 
-def test_agent_with_the_daemonsets_env_reports_to_every_shard(tmp_path: Path) -> None:
+def test_agent_with_the_daemonsets_env_reports_to_every_shard(tmp_path: Path, k8s_pki) -> None:
     """Four real daemons from the ConfigMap and their Deployments' env, the
     Services' names pointed at loopback; one real agent with the DaemonSet's
     env: every daemon of every shard hears the node."""
     c = one("DaemonSet", "ncclwatch-agent")["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e.get("value", "") for e in c["env"]}
     env["NCCLWATCH_NODE"] = "gpu-node-7"
-    toml = one("ConfigMap", "ncclwatch-daemon")["data"]["daemon.toml"]
+    env = agent_tls_env(env, k8s_pki, "gpu-node-7")
+    cm = one("ConfigMap", "ncclwatch-daemon")
+    toml = localize(cm["data"]["daemon.toml"], cm, k8s_pki, tmp_path)
     procs, http = [], {}
     try:
         for name in _daemons():
@@ -156,11 +175,12 @@ def test_agent_with_the_daemonsets_env_reports_to_every_shard(tmp_path: Path) ->
         procs.append(agent)
         want = 'ncclwatch_agent_up{node="gpu-node-7"} 1.0'
         deadline = time.time() + 60
-        while time.time() < deadline and not all(want in _metrics(p) for p in http.values()):
+        while time.time() < deadline and not all(want in _metrics(p, k8s_pki)
+                                                 for p in http.values()):
             assert agent.alive(), agent.output()[-2000:]
             time.sleep(0.5)
         for name, port in http.items():
-            assert want in _metrics(port), (name, agent.output()[-2000:])
+            assert want in _metrics(port, k8s_pki), (name, agent.output()[-2000:])
     finally:
         for proc in procs:
             proc.stop()

@@ -193,7 +193,7 @@ def test_no_length_is_411_and_bad_length_400(port) -> None:
     for head, want in (("", 411), ("Content-Length: abc\r\n", 400)):
         c = _conn(port)
         c.connect()
-        c.sock.sendall(f"POST {pastepage.API_PATH} HTTP/1.1\r\nHost: x\r\n{head}"
+        c.sock.sendall(f"POST {pastepage.API_PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\n{head}"
                        "Connection: close\r\n\r\n".encode())
         resp = c.sock.recv(65536).decode()
         c.close()

@@ -11,16 +11,18 @@ the connection's own thread (a slow or plain-HTTP client cannot stall the
 accept loop), and asks for basic auth on everything but /healthz, which
 liveness probes must reach without credentials.
 
-``allowed_hosts`` (on by default for ``run``, which serves without auth on
-loopback) answers 403 to a request of any method whose Host header names
-another host, before the method is looked at: a web page that rebinds its own
-DNS name to 127.0.0.1 can neither read the API nor make the daemon parse a
+``allowed_hosts`` (on by default: loopback's names for ``run``; for the daemon
+also its external URL's host and this machine's names; IP addresses always)
+answers 403 to a request of any method whose Host header names another host,
+before the method is looked at: a web page that rebinds its own DNS name to
+127.0.0.1 can neither read the API nor make the daemon parse a
 paste (a POST body is dropped unread, up to 1 MiB, else the connection closed).
 HEAD is answered for every GET route (headers, no body).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import socket
@@ -36,6 +38,7 @@ from ncclwatch import runbooks
 from ncclwatch.daemon import api, page, pastepage
 from ncclwatch.daemon.core import Daemon
 from ncclwatch.daemon.export import DaemonCollector
+from ncclwatch.daemon.pageheaders import NOSNIFF
 from ncclwatch.daemon.webconfig import WebConfig
 
 log = logging.getLogger(__name__)
@@ -104,17 +107,50 @@ def host_of(header: str) -> str:
     return h.rstrip(".")
 
 
-def allowed_hosts(names: str | Any, listen_host: str) -> frozenset[str] | None:
-    """The Host allowlist from a setting ("a,b", a list; empty: any host), with
-    the host the server listens on added; None: every Host is served."""
+#: The Host names served by default (allowed_hosts unset): loopback's.
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+class HostAllowlist(frozenset):
+    """Host names served; ``any_ip``: also any Host that is an IP address (no
+    DNS name that a page could rebind: whoever sent it typed the address)."""
+
+    any_ip = False
+
+    def __contains__(self, host: object) -> bool:
+        if frozenset.__contains__(self, host):
+            return True
+        if not self.any_ip or not isinstance(host, str):
+            return False
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            return False
+        return True
+
+
+def allowed_hosts(names: str | Any, listen_host: str,
+                  external_url: str = "") -> frozenset[str] | None:
+    """The Host allowlist from a setting ("a,b", a list), with the host the
+    server listens on added, and any IP address (no name a page could rebind).
+    ``*``: every Host is served (None). Empty: the default, the host of
+    ``external_url``, this machine's names and loopback's names."""
     items = names if isinstance(names, (list, tuple, set, frozenset)) else \
         str(names or "").split(",")
-    hosts = {host_of(n) for n in items if str(n).strip()}
-    if not hosts:
+    given = [str(n).strip() for n in items if str(n).strip()]
+    if given == ["*"]:
         return None
+    hosts = {host_of(n) for n in given}
+    if not hosts:
+        hosts.update(LOOPBACK_NAMES)
+        if external_url:
+            hosts.add(host_of(urlsplit(external_url).netloc.rpartition("@")[2]))
+        hosts.update(host_of(n) for n in (socket.gethostname(), socket.getfqdn()) if n)
     if listen_host not in ("", "0.0.0.0", "::"):
         hosts.add(host_of(listen_host if ":" not in listen_host else f"[{listen_host}]"))
-    return frozenset(hosts)
+    out = HostAllowlist(hosts)
+    out.any_ip = True
+    return out
 
 
 class HttpServer:
@@ -197,7 +233,8 @@ class HttpServer:
                         q = api.JobsQuery(limit=api.MAX_JOBS_LIMIT)
                         html = page.render(api.finish_jobs(call(lambda: api.collect_jobs(
                             daemon, q, detail_upto=page.RANK_ROWS))))
-                        self._send(200, "text/html; charset=utf-8", html.encode())
+                        self._send(200, "text/html; charset=utf-8", html.encode(),
+                                   page.HEADERS)
                     elif path == pastepage.PAGE_PATH:
                         paste.handle_get(self)
                     else:
@@ -224,7 +261,7 @@ class HttpServer:
             def _send(self, code: int, ctype: str, body: bytes,
                       headers: dict[str, str] | None = None) -> None:
                 self.send_response(code)
-                for k, v in (headers or {}).items():
+                for k, v in {**NOSNIFF, **(headers or {})}.items():
                     self.send_header(k, v)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))

@@ -19,6 +19,7 @@ from urllib.parse import quote
 from ncclwatch import __version__
 from ncclwatch.agent.container import describe as describe_container
 from ncclwatch.daemon.links import job_anchor
+from ncclwatch.daemon.pageheaders import page_headers
 from ncclwatch.model import SIZE_SOURCES, scheduler_label
 from ncclwatch.savefit import seconds
 
@@ -40,7 +41,7 @@ table{border-collapse:collapse;margin:.4em 0}td,th{border:1px solid #ccc;padding
 .now{margin:.35em 0;padding:.35em .7em;border-radius:4px;color:#fff;background:#b00000}
 .now.act-let_it_run{background:#2d7a2d}.now.act-dump_now{background:#a35200}
 .now b{font-size:1.15em}.now .left{font-weight:bold;margin-left:.6em}
-.now small{display:block;color:#fff;opacity:.92}
+.now small{display:block;color:#fff;opacity:.92}.now small a{color:#fff}
 .fix{border-left:4px solid #1a5fb4;background:#f3f7ff;padding:.2em .7em;margin:.4em 0}
 .fix pre{margin:.2em 0;background:#fff}
 .ok{color:#070}.bad{color:#c00;font-weight:bold}
@@ -84,6 +85,11 @@ _OWNER_SCRIPT = """
   }).catch(function(){});
 })();
 """
+
+
+#: The page's headers: its own style and scripts only, framed by nobody
+#: (the same definition as the paste page's, pageheaders.py).
+HEADERS = page_headers(scripts=[_SCRIPT, _OWNER_SCRIPT], styles=[_CSS])
 
 
 def render(view: dict[str, Any]) -> str:
@@ -199,7 +205,7 @@ def _stall(job_id: str, s: dict[str, Any]) -> str:
                 "</span>")
         out.append(f"<div class='now act-{escape(now['action'])}'><b>"
                    f"{escape(now['headline'].partition(' (')[0])}</b>{left}"
-                   f"<small>{escape(now['text'])} <a style='color:#fff' "
+                   f"<small>{escape(now['text'])} <a "
                    f"href='{escape(runbook)}#what-to-do-now'>what to do now</a></small></div>")
     out.append(f"<p class='budget'>watchdog budget: <meter min='0' max='1' low='0.5' "
                f"high='0.75' optimum='0' value='{used:.3f}'></meter> "

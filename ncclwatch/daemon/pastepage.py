@@ -16,8 +16,6 @@ same web config (TLS, basic auth) as the rest of the HTTP side.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import logging
 import os
@@ -27,6 +25,7 @@ import zlib
 from html import escape
 from typing import Any, BinaryIO
 
+from ncclwatch.daemon.pageheaders import page_headers
 from ncclwatch.daemon.settings import DaemonConfig
 from ncclwatch.logstream import GZIP_MAGIC, open_stream
 
@@ -354,18 +353,8 @@ document.addEventListener('drop', (ev) => {
 """
 
 
-def _sha256(text: str) -> str:
-    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
-
-
 #: The page may run its own script and style, and talk to this daemon only.
-PAGE_HEADERS = {
-    "Content-Security-Policy": (
-        f"default-src 'none'; script-src {_sha256(_JS)}; style-src {_sha256(_CSS)}; "
-        "connect-src 'self'; form-action 'none'; base-uri 'none'; frame-ancestors 'none'"),
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-}
+PAGE_HEADERS = page_headers(scripts=[_JS], styles=[_CSS])
 
 
 def _page(max_bytes: int) -> str:

@@ -13,6 +13,7 @@ import grpc
 from ncclwatch.daemon.core import Daemon
 from ncclwatch.daemon.heap import HeapPolicy
 from ncclwatch.daemon.http import HttpServer, allowed_hosts
+from ncclwatch.daemon.links import external_url
 from ncclwatch.daemon.service import SERVER_OPTIONS, CollectorService
 from ncclwatch.sdnotify import Notifier
 
@@ -95,8 +96,9 @@ class DaemonServer:
                 raise OSError(f"cannot listen for gRPC on unix:{self.local_socket}")
             await self._server.start()
         host, port = split_hostport(cfg.http, 7471)
+        url = external_url(cfg.external_url, cfg.http, bool(cfg.web and cfg.web.ssl_context))
         self._http = HttpServer(self.daemon, host, port, loop_caller(loop), cfg.web,
-                                allowed_hosts(cfg.allowed_hosts, host))
+                                allowed_hosts(cfg.allowed_hosts, host, url))
         self.http_port = self._http.port
         self._http.start()
         self._tick_task = asyncio.create_task(self._ticks(), name="ncclwatch-detect")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ncclwatch.config import (hostport, non_negative_int, option, positive_float, positive_int,
+from ncclwatch.config import (boolean, hostport, non_negative_int, option, positive_float, positive_int,
                               urls)
 from ncclwatch.daemon.bounds import Bounds
 
@@ -72,11 +72,20 @@ class DaemonConfig:
     runbook_url: str = option(
         "", "base URL of the runbooks alerts link to (default: the ones this daemon serves "
         "at <external-url>/runbooks/)", metavar="URL")
-    #: Host headers HTTP serves (http.allowed_hosts: comma list; "": any).
+    #: Host headers HTTP serves (http.allowed_hosts: comma list; "": the
+    #: default; "*": any).
     allowed_hosts: str = option(
         "", "Host headers the HTTP side answers, comma-separated (the --http host is added); "
         "others get 403, so a page that rebinds its DNS name to this address cannot read "
-        "it. Empty: any Host", metavar="HOSTS", run="localhost,127.0.0.1,::1")
+        "it. Empty: the --external-url host, this machine's names, localhost and IP "
+        "addresses; '*': any Host", metavar="HOSTS", run="localhost,127.0.0.1,::1")
+    #: Serve plaintext beyond loopback (exposure.py): gRPC without mTLS, HTTP
+    #: without the web config's TLS.
+    insecure: bool = option(
+        False, "listen beyond loopback without TLS anyway: gRPC without mTLS (any host that "
+        "reaches it can report as any node) and HTTP without the web config's TLS (anyone "
+        "can read every job's stacks, environment and paths). Without it such a daemon "
+        "refuses to start", boolean)
     #: What one report, agent or job may cost (bounds.py).
     bounds: Bounds = field(default_factory=Bounds)
     #: Every shard's page when daemons shard jobs (None: this daemon is all).
