@@ -68,6 +68,12 @@ CHANNEL_OPTIONS = (
 #: daemon away, UNAVAILABLE, a deadline) is transient: the report is sent again.
 REFUSED = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED,
                      grpc.StatusCode.OUT_OF_RANGE})
+#: A daemon that refuses a report while the agent still writes the next ones
+#: can reach the agent as INTERNAL ("Internal error from Core") instead: the
+#: same report ending this many streams in a row so, unacknowledged, is
+#: taken as refused too. (UNAVAILABLE and other statuses never count.)
+POISON = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN})
+POISON_STRIKES = 2
 
 #: Seconds ``stop()`` waits for a session's last acks before cancelling it.
 STOP_GRACE = 2.0
@@ -109,6 +115,7 @@ class Uplink:
         self.rejected_jobs_total = 0
         #: Reports the daemon refused (REFUSED): dropped, not sent again.
         self.refused_total = 0
+        self._strikes = (0, 0)   # (seq, streams it ended in a row with a POISON status)
         #: Stacks the daemon left out of reports (dropped_parts) on this stream.
         self._held: set[str] = set()
         self._rejection_logged: dict[str, float] = {}
@@ -207,13 +214,25 @@ class Uplink:
                             self._time_ack(acked)
                     got_reply = self._on_reply(resp, sent, got_reply)
         except grpc.aio.AioRpcError as e:
-            if e.code() in REFUSED and inflight:
+            if inflight and self._poisoned(inflight[0], e.code()):
                 self._refused(inflight.popleft(), e)
             raise
         finally:
             live[0] = False
             self._requeue(inflight)
         return got_reply
+
+    def _poisoned(self, head: pb.NodeReport, code: grpc.StatusCode) -> bool:
+        """The report at the head of the stream is the one the daemon refused."""
+        if code in REFUSED:
+            return True
+        if code not in POISON:
+            self._strikes = (0, 0)
+            return False
+        seq, n = self._strikes
+        n = n + 1 if seq == head.seq else 1
+        self._strikes = (head.seq, n)
+        return n >= POISON_STRIKES
 
     def _refused(self, report: pb.NodeReport, e: grpc.aio.AioRpcError) -> None:
         """The daemon answers a report in order and ends the stream at the one it
