@@ -132,17 +132,20 @@ def _big_stack(frames: int, name_len: int, tag: str = "") -> pb.Stack:
 def test_stacks_are_bounded_by_bytes_not_only_count() -> None:
     async def go():
         async with Harness(max_stored_stack_bytes=2 * MB) as h:
-            # 9 MB of text in one stack (1,100 frames of 4,090-character names).
-            err = await h.refused(report([], stacks=[_big_stack(1100, 4090)]))
-            assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert "frames" in err.details() or "max_stack_bytes" in err.details()
-            err = await h.refused(report([], stacks=[_big_stack(1000, 4000)]))
-            assert "max_stack_bytes 262144" in err.details()
-            # Under the per-stack bound, over the per-report one (8 MiB).
+            # 9 MB of text in one stack (1,100 frames of 4,090-character names),
+            # then 8 MB in 1,000 frames: each stack is left out, not the report.
+            (resp,) = await h.send(report([], stacks=[_big_stack(1100, 4090)]))
+            assert [(p.what, p.bound) for p in resp.dropped_parts] == [("stack", "stack_frames")]
+            (resp,) = await h.send(report([], stacks=[_big_stack(1000, 4000)], seq=2))
+            assert "max_stack_bytes 262144" in resp.dropped_parts[0].reason
+            # Under the per-stack bound, over the per-report one (8 MiB): the
+            # stacks past it are left out, the first ones kept.
             many = [_big_stack(60, 2000, f"s{k}") for k in range(40)]
-            err = await h.refused(report([], stacks=many))
-            assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert "max_report_stack_bytes" in err.details()
+            (resp,) = await h.send(report([], stacks=many, seq=3))
+            assert {p.bound for p in resp.dropped_parts} == {"report_stack_bytes"}
+            n = len(resp.dropped_parts)
+            assert 0 < n < 40 and [p.stack_id for p in resp.dropped_parts] == \
+                [st.id for st in many[40 - n:]]
             # 30 reports of distinct 240 KB stacks: the store keeps 2 MiB, not 7 MB.
             for k in range(30):
                 await h.send(report([], stacks=[_big_stack(60, 2000, f"t{k}")], seq=k + 1,
@@ -150,8 +153,9 @@ def test_stacks_are_bounded_by_bytes_not_only_count() -> None:
             store = h.daemon.table.stacks
             assert store.bytes <= 2 * MB and len(store) >= 8
             hits = await asyncio.to_thread(h.hits)
-            assert hits["stack_bytes"] == 1 and hits["report_stack_bytes"] == 1
-            assert hits["stored_stack_bytes"] == 30 - len(store)
+            assert hits["stack_frames"] == 1 and hits["stack_bytes"] == 1
+            assert hits["report_stack_bytes"] == len(resp.dropped_parts)
+            assert hits["stored_stack_bytes"] > 0
     _run(go())
 
 
@@ -210,12 +214,15 @@ def test_flight_recorder_summaries_are_bounded() -> None:
             s = sample("j", 0, 4, RankState.COMPUTE)
             s.flight_recorder.groups.extend(pb.ProcessGroupProgress(
                 pg_id=str(i), pg_name=str(i), ranks=[0, 1, 2, 3]) for i in range(3))
-            err = await h.refused(report([s]))
-            assert "its groups list 12 ranks (max_flight_recorder_ranks 8)" in err.details()
+            (resp,) = await h.send(report([s]))
+            (part,) = resp.dropped_parts
+            assert (part.what, part.job_id, part.rank) == ("flight_recorder", "j", 0)
+            assert "its groups list 12 ranks (max_flight_recorder_ranks 8)" in part.reason
+            assert 0 in h.daemon.table.jobs["j"].ranks   # the sample itself applied
             s.flight_recorder.groups.extend(pb.ProcessGroupProgress(pg_id=str(i), pg_name=str(i))
                                             for i in range(3, 6))
-            err = await h.refused(report([s]))
-            assert "max_flight_recorder_groups 4" in err.details()
+            (resp,) = await h.send(report([s], seq=2))
+            assert "max_flight_recorder_groups 4" in resp.dropped_parts[0].reason
             hits = await asyncio.to_thread(h.hits)
             assert hits["flight_recorder_ranks"] == 1 and hits["flight_recorder_groups"] == 1
     _run(go())

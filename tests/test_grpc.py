@@ -74,10 +74,6 @@ BAD = [
      grpc.StatusCode.INVALID_ARGUMENT),
     ("unknown protocol", pb.ReportRequest(protocol_version=99, report=pb.NodeReport(
         node="n", agent_id="a")), grpc.StatusCode.FAILED_PRECONDITION),
-    ("stack id not its frames", report([], stacks=[pb.Stack(id="0000", frames=[
-        pb.Frame(name="x", filename="y", line=1)])]), grpc.StatusCode.INVALID_ARGUMENT),
-    ("huge stack", report([], stacks=[pb.Stack(id="x", frames=[pb.Frame(name="f")] * 5000)]),
-     grpc.StatusCode.RESOURCE_EXHAUSTED),
     ("NaN duration", report([sample("job-x", 0, 1, RankState.COMPUTE, seconds=float("nan"))]),
      grpc.StatusCode.INVALID_ARGUMENT),
     ("unknown state", report([pb.RankSample(identity=pb.RankIdentity(
@@ -110,6 +106,26 @@ def test_bad_input_is_rejected_and_other_jobs_untouched(name, req, code) -> None
             await h.send(checkpoint_job(seq=2))
             h.daemon.tick()
             assert ("job-1", StallKind.CHECKPOINT_GATHER) in h.daemon.incidents.active
+    _run(go())
+
+
+#: A bad stack is left out of the report (dropped_parts), never the report.
+BAD_STACKS = [
+    ("stack id not its frames", pb.Stack(id="0000", frames=[
+        pb.Frame(name="x", filename="y", line=1)]), ""),
+    ("huge stack", pb.Stack(id="x", frames=[pb.Frame(name="f")] * 5000), "stack_frames"),
+]
+
+
+@pytest.mark.parametrize("name, stack, bound", BAD_STACKS, ids=[b[0] for b in BAD_STACKS])
+def test_a_bad_stack_is_left_out_not_the_report(name, stack, bound) -> None:
+    async def go():
+        async with Harness() as h:
+            (resp,) = await h.send(report([sample("job-x", 0, 1, RankState.COMPUTE)],
+                                          stacks=[stack]))
+            assert [(p.what, p.stack_id, p.bound) for p in resp.dropped_parts] == \
+                [("stack", stack.id, bound)]
+            assert "job-x" in h.daemon.table.jobs and not h.daemon.rejected_total
     _run(go())
 
 

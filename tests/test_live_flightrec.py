@@ -292,7 +292,7 @@ class _Found:
     def __init__(self, proc: RankProcess) -> None:
         self.proc = proc
 
-    def scan(self) -> list[RankProcess]:
+    def scan(self, budget: float | None = None) -> list[RankProcess]:
         return [self.proc]
 
 

@@ -15,7 +15,7 @@ import uuid
 import psutil
 
 from ncclwatch import __version__
-from ncclwatch.agent import imports
+from ncclwatch.agent import caps, imports
 from ncclwatch.agent.discover import Discovery, RankProcess
 from ncclwatch.agent.frprobe import FlightRecorderProbe
 from ncclwatch.agent.launchers import read_maps
@@ -205,7 +205,7 @@ class Agent:
         return report
 
     def _scan_and_sample(self) -> GpuReading:
-        procs = self.discovery.scan()
+        procs = self.discovery.scan(self.config.interval * caps.SCAN_SHARE)
         now = time.monotonic()
         alive = {p.pid: p for p in procs}
         for pid in list(self.trackers):
@@ -290,6 +290,9 @@ class Agent:
             except PySpyError as e:
                 log.debug("%s", e)
                 return
+        # Within the caps first (a recursion 5,000 deep keeps its innermost and
+        # outermost frames): what is classified is what is sent.
+        threads = caps.trim_threads(threads)
         # the main thread, or the rank's own thread it waits on (an async save)
         seen = self.classifier.classify_rank(threads, t.pid)
         if seen is None:
@@ -400,6 +403,9 @@ class Agent:
             fields_dropped_total=COUNTS.fields_dropped_total,
             texts_escaped_total=COUNTS.escaped_total,
             texts_truncated_total=COUNTS.truncated_total,
+            stacks_trimmed_total=caps.COUNTS.stacks_trimmed_total,
+            flight_recorder_trimmed_total=caps.COUNTS.flight_recorder_trimmed_total,
+            rank_budget_hits=tuple(caps.COUNTS.budget_list()),
         )
         exited, self._exited = self._exited, []
         return build_report(node=self.config.node, agent_id=self.agent_id, seq=self.seq,

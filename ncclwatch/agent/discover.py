@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 
 import psutil
 
-from ncclwatch.agent import container as containers, launchers, raytrain
+from ncclwatch.agent import caps, container as containers, launchers, raytrain, rankenv
 from ncclwatch.agent.container import NONE as NO_CONTAINER, ContainerInfo
 from ncclwatch.agent.pyspy import find_pyspy
 from ncclwatch.envpolicy import local_env
@@ -80,7 +80,8 @@ class RankProcess:
     @classmethod
     def of(cls, pid: int, create_time: float, identity: RankIdentity,
            env: Mapping[str, str], container: ContainerInfo = NO_CONTAINER) -> "RankProcess":
-        return cls(pid, create_time, identity, filter_env(env), local_env(env), container)
+        return cls(pid, create_time, identity, filter_env(rankenv.within_budget(env)),
+                   local_env(env), container)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -121,15 +122,22 @@ class Discovery:
         self._parents: dict[int, RankProcess | None] = {}
         self.errors_total = 0
         self.spawn_probes_total = 0
+        #: Pids the last scan's budget put off: looked at first by the next.
+        self._put_off: set[int] = set()
 
-    def scan(self) -> list[RankProcess]:
+    def scan(self, budget: float | None = None) -> list[RankProcess]:
+        """``budget``: seconds the scan may spend looking at new processes (and
+        young ones again); those past it are looked at first next round,
+        counted (caps: scan_time). Known ranks are never put off."""
         pids = set(psutil.pids())
         for gone in self._seen.keys() - pids:
             del self._seen[gone]
         for gone in self._parents.keys() - pids:
             del self._parents[gone]
         now = time.time()
-        for pid in pids:
+        deadline = time.monotonic() + budget if budget is not None else None
+        put_off, self._put_off = self._put_off & pids, set()
+        for pid in [*put_off, *(pids - put_off)]:
             if pid == self._own:
                 continue
             cached = self._seen.get(pid)
@@ -137,6 +145,10 @@ class Discovery:
             # non-rank is caught when it vanishes between two rounds.
             if cached is not None and not cached.recheck and (
                     cached.rank is None or not self._reused(pid, cached.create_time)):
+                continue
+            if deadline is not None and (cached is None or cached.rank is None) \
+                    and time.monotonic() > deadline:
+                self._put_off.add(pid)
                 continue
             seen = self._inspect(pid, now)
             if seen.create_time and now - seen.create_time < YOUNG:
@@ -151,6 +163,8 @@ class Discovery:
                 if seen.rank is None:
                     seen.recheck = True
             self._seen[pid] = seen
+        if self._put_off:
+            caps.COUNTS.hit("scan_time", len(self._put_off))
         self._settle_ray(now)
         return _one_per_rank(self._resolve())
 
@@ -175,7 +189,7 @@ class Discovery:
             seen = _Seen(create_time, ppid, launcher=launchers.launcher_of(cmdline) or "")
             if seen.launcher:
                 return seen
-            env = proc.environ()
+            env = rankenv.read_environ(pid, self._proc)   # within its budget (caps.py)
             shown = rank_of(env)
             if (shown is None or shown[0] == UNKNOWN_RANK) and raytrain.is_ray_process(cmdline,
                                                                                      env):
@@ -389,7 +403,7 @@ class Discovery:
                     known = rank < size
                     ident = replace(child, rank=rank if known else UNKNOWN_RANK, local_rank=0,
                                     rank_source=CHILDREN_SOURCE if known else UNKNOWN_SOURCE)
-                    env = proc.environ()
+                    env = rankenv.read_environ(ppid, self._proc)
                     self._parents[ppid] = RankProcess.of(ppid, proc.create_time(), ident, env,
                                                          self._container(ppid, env))
             except (psutil.Error, OSError):

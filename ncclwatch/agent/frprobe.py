@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterable
 
-from ncclwatch.agent import frpipe
+from ncclwatch.agent import caps, frpipe
 from ncclwatch.agent.discover import RankProcess
 from ncclwatch.flightrec import FrDump, summarize
 from ncclwatch.sanitize import gate
@@ -63,7 +63,11 @@ def summary_pb(dump: FrDump, written_at: float, now_wall: float) -> pb.FlightRec
     """The compact summary the daemon gets (per group: seq ids, pending op, timeout)."""
     out = pb.FlightRecorderSummary(version=gate("FlightRecorderSummary.version", dump.version),
                                    dump_age_seconds=max(0.0, now_wall - written_at))
-    for p in summarize(dump):
+    groups = summarize(dump)
+    kept = _within_caps(groups)
+    if len(kept) < len(groups):
+        caps.COUNTS.flight_recorder_trimmed_total += 1
+    for p in kept:
         pending_s = 0.0
         if p.pending_since_ns:
             pending_s = max(0.0, written_at - p.pending_since_ns / 1e9)
@@ -78,6 +82,20 @@ def summary_pb(dump: FrDump, written_at: float, now_wall: float) -> pb.FlightRec
             pending_timeout_ms=p.pending_timeout_ms or p.timeout_ms or 0,
             pending_seconds=pending_s, last_op=gate("ProcessGroupProgress.last_op", p.last_op)))
     return out
+
+
+def _within_caps(groups: list) -> list:
+    """The groups a summary may carry (caps.FR_GROUPS, caps.FR_RANKS listed in
+    all): those with a collective pending first (the wait the daemon looks
+    for), then the others, each in the dump's order."""
+    order = [g for g in groups if g.pending_op] + [g for g in groups if not g.pending_op]
+    kept, listed = [], 0
+    for g in order:
+        if len(kept) >= caps.FR_GROUPS or listed + len(g.ranks) > caps.FR_RANKS:
+            break
+        kept.append(g)
+        listed += len(g.ranks)
+    return kept
 
 
 @dataclass

@@ -19,6 +19,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
+from ncclwatch.agent import caps
 from ncclwatch.agent.pyspy import PySpyError, view_args
 
 log = logging.getLogger(__name__)
@@ -111,11 +112,16 @@ def is_spawn_child(cmdline: list[str]) -> bool:
 
 
 def read_maps(pid: int, proc: str = "/proc") -> str | None:
+    """The rank's mappings, at most caps.MAPS_BYTES of them (counted when cut)."""
     try:
-        with open(f"{proc}/{pid}/maps") as f:
-            return f.read()
+        with open(f"{proc}/{pid}/maps", errors="surrogateescape") as f:
+            text = f.read(caps.MAPS_BYTES + 1)
     except OSError:
         return None
+    if len(text) > caps.MAPS_BYTES:
+        caps.COUNTS.hit("maps_bytes")
+        text = text[:text.rfind("\n", 0, caps.MAPS_BYTES) + 1]
+    return text
 
 
 def torch_loaded(maps: str) -> bool:

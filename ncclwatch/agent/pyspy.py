@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from ncclwatch.agent import rootview
+from ncclwatch.agent import caps, rootview
 from ncclwatch.stacks import DumpFormatError, ThreadDump, parse_pyspy_json
 
 log = logging.getLogger(__name__)
@@ -188,7 +188,15 @@ class PySpy:
         except (OSError, subprocess.SubprocessError) as e:
             raise PySpyError(f"py-spy did not start for pid {pid}: {e}") from None
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout)
+            out, err = await asyncio.wait_for(_communicate(proc), timeout)
+        except _TooMuch:
+            _kill(proc)
+            await proc.wait()
+            if paused:
+                _resume(pid)
+            caps.COUNTS.hit("pyspy_output")
+            raise PySpyError(f"py-spy's dump of pid {pid} is over "
+                             f"{caps.PYSPY_OUTPUT_BYTES} bytes: left out this round") from None
         except asyncio.TimeoutError:
             _kill(proc)
             await proc.wait()
@@ -208,6 +216,32 @@ class PySpy:
             return parse_pyspy_json(out.decode(errors="replace"))
         except DumpFormatError as e:
             raise PySpyError(str(e)) from None
+
+
+class _TooMuch(Exception):
+    pass
+
+
+async def _read_capped(stream: asyncio.StreamReader, limit: int) -> bytes:
+    chunks, n = [], 0
+    while True:
+        b = await stream.read(1 << 16)
+        if not b:
+            return b"".join(chunks)
+        n += len(b)
+        if n > limit:
+            raise _TooMuch
+        chunks.append(b)
+
+
+async def _communicate(proc: asyncio.subprocess.Process) -> tuple[bytes, bytes]:
+    """py-spy's output and error, at most caps.PYSPY_OUTPUT_BYTES of output (a
+    rank's thousands of threads, each 4,096 frames deep, made hundreds of MB
+    of JSON): _TooMuch past it."""
+    out, err = await asyncio.gather(_read_capped(proc.stdout, caps.PYSPY_OUTPUT_BYTES),
+                                    _read_capped(proc.stderr, 1 << 20))
+    await proc.wait()
+    return out, err
 
 
 def _kill(proc: asyncio.subprocess.Process) -> None:

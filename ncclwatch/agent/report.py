@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence, TypeVar
 
+from ncclwatch.agent import caps
 from ncclwatch.agent.discover import RankProcess
 from ncclwatch.agent.gpu import GpuDevice, GpuProcessMemory
 from ncclwatch.agent.tracker import RankTracker
@@ -67,6 +68,11 @@ class AgentHealthCounts:
     pause_budget_seconds: float = 0.0
     native_dumps_refused_total: int = 0
     ranks_pause_budget_spent: int = 0
+    #: What one rank may cost (caps.py): stacks and FR summaries cut to the
+    #: daemon's bounds, per-rank work cut for its budget (caps.BUDGET_REASONS).
+    stacks_trimmed_total: int = 0
+    flight_recorder_trimmed_total: int = 0
+    rank_budget_hits: tuple[int, ...] = ()
 
 
 # -- text that leaves the node -------------------------------------------------------
@@ -128,9 +134,15 @@ def stack_pb(stack: Stack) -> pb.Stack:
     """The stack as it leaves the node. Its id is the hash of the frames as
     sent (gated), which the daemon checks: a frame that had to be escaped or
     redacted once made the id of the raw frames, and the daemon refused the
-    whole report. Samples name the stack by this id."""
-    frames = [Frame(gate("Frame.name", f.name), gate("Frame.filename", f.filename), f.line)
-              for f in stack.frames]
+    whole report. Samples name the stack by this id. Within the daemon's
+    bounds (caps.trim_frames, on the frames as sent): a deeper or larger stack
+    keeps its innermost and outermost frames and a marker between."""
+    raw = caps.trim_frames(stack.frames)   # the frames gated: at most STACK_FRAMES
+    gated = tuple(Frame(gate("Frame.name", f.name), gate("Frame.filename", f.filename), f.line)
+                  for f in raw)
+    frames = caps.trim_frames(gated)       # escaping may lengthen text: cut again
+    if any(f.filename == caps.MARKER_FILE for f in frames):
+        caps.COUNTS.stacks_trimmed_total += 1   # here or when py-spy's dump was read
     return pb.Stack(
         id=gate("Stack.id", stack_id(frames)),
         thread_name=gate("Stack.thread_name", stack.thread_name),
@@ -248,6 +260,9 @@ def build_report(*, node: str, agent_id: str, seq: int, now: float, wall: float,
             pause_budget_seconds_per_hour=health.pause_budget_seconds,
             native_dumps_refused_total=health.native_dumps_refused_total,
             ranks_pause_budget_spent=health.ranks_pause_budget_spent,
+            stacks_trimmed_total=health.stacks_trimmed_total,
+            flight_recorder_trimmed_total=health.flight_recorder_trimmed_total,
+            rank_budget_hits=list(health.rank_budget_hits),
         ),
     )
 

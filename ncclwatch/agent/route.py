@@ -83,6 +83,10 @@ class Router:
     def sent_total(self) -> int:
         return sum(s.sent_total for s in self.shards)
 
+    @property
+    def refused_total(self) -> int:
+        return sum(s.refused_total for s in self.shards)
+
     def submit(self, report: pb.NodeReport) -> None:
         for uplinks, part in zip(self.shards, split(report, len(self.shards))):
             uplinks.submit(part)

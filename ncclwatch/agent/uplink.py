@@ -9,7 +9,10 @@ the reports of another.
 Reports wait in a bounded queue that drops the oldest (a report is a full
 snapshot, so the newest is worth most) and counts drops. A report leaves
 the queue only when the daemon acknowledges it: reports a broken stream
-took but never got acked go back to the front, so nothing is lost silently. Stack frames are
+took but never got acked go back to the front, so nothing is lost silently,
+except a report the daemon refused for what it holds (``REFUSED``: it would
+be refused again): that one is dropped and counted, never sent again, and
+the stream starts anew with the next. Stack frames are
 attached at send time, once per stream: after a reconnect the daemon may be
 a fresh process, so every stack is sent again. Reconnects back off with full
 jitter; ``stop()`` interrupts a backoff at once. With a ``ClientTLS`` the
@@ -28,7 +31,7 @@ from typing import Callable
 
 import grpc
 
-from ncclwatch.agent import delta
+from ncclwatch.agent import caps, delta
 from ncclwatch.agent.report import PROTOCOL_VERSION as FULL_PROTOCOL
 from ncclwatch.agent.settings import AgentConfig
 from ncclwatch.tls import ClientTLS
@@ -65,6 +68,19 @@ CHANNEL_OPTIONS = (
     ("grpc.initial_reconnect_backoff_ms", 500),
     ("grpc.max_reconnect_backoff_ms", 5_000),
 )
+
+#: Statuses that refuse the report itself (malformed, or over a bound of the
+#: whole report): sending it again gets the same answer, and a requeued one
+#: kept the node's later reports from ever arriving. Any other status (the
+#: daemon away, UNAVAILABLE, a deadline) is transient: the report is sent again.
+REFUSED = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                     grpc.StatusCode.OUT_OF_RANGE})
+#: A daemon that refuses a report while the agent still writes the next ones
+#: can reach the agent as INTERNAL ("Internal error from Core") instead: the
+#: same report ending this many streams in a row so, unacknowledged, is
+#: taken as refused too. (UNAVAILABLE and other statuses never count.)
+POISON = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN})
+POISON_STRIKES = 2
 
 #: Seconds ``stop()`` waits for a session's last acks before cancelling it.
 STOP_GRACE = 2.0
@@ -104,6 +120,11 @@ class Uplink:
         self._on_connect = on_connect
         self.dropped_total = 0
         self.rejected_jobs_total = 0
+        #: Reports the daemon refused (REFUSED): dropped, not sent again.
+        self.refused_total = 0
+        self._strikes = (0, 0)   # (seq, streams it ended in a row with a POISON status)
+        #: Stacks the daemon left out of reports (dropped_parts) on this stream.
+        self._held: set[str] = set()
         self._rejection_logged: dict[str, float] = {}
         self.sent_total = 0
         self.connected = False
@@ -188,6 +209,7 @@ class Uplink:
         inflight: collections.deque[pb.NodeReport] = collections.deque()
         got_reply = False
         live = [True]  # gRPC may pull from the generator after the call ended
+        self._held = set()
         try:
             async with self._channel() as ch:
                 stub = pb_grpc.CollectorServiceStub(ch)
@@ -198,10 +220,33 @@ class Uplink:
                         if acked.seq == resp.ack_seq:
                             self._time_ack(acked)
                     got_reply = self._on_reply(resp, sent, got_reply)
+        except grpc.aio.AioRpcError as e:
+            if inflight and self._poisoned(inflight[0], e.code()):
+                self._refused(inflight.popleft(), e)
+            raise
         finally:
             live[0] = False
             self._requeue(inflight)
         return got_reply
+
+    def _poisoned(self, head: pb.NodeReport, code: grpc.StatusCode) -> bool:
+        """The report at the head of the stream is the one the daemon refused."""
+        if code in REFUSED:
+            return True
+        if code not in POISON:
+            self._strikes = (0, 0)
+            return False
+        seq, n = self._strikes
+        n = n + 1 if seq == head.seq else 1
+        self._strikes = (head.seq, n)
+        return n >= POISON_STRIKES
+
+    def _refused(self, report: pb.NodeReport, e: grpc.aio.AioRpcError) -> None:
+        """The daemon answers a report in order and ends the stream at the one it
+        refuses: the oldest unacknowledged. Dropped, counted, said."""
+        self.refused_total += 1
+        log.warning("collector %s refused report %d (%s: %s): dropped, not sent again",
+                    self.target, report.seq, e.code().name, (e.details() or "")[:300])
 
     def _time_ack(self, acked: pb.NodeReport) -> None:
         """How long after it was built a report's acknowledgement came back:
@@ -231,7 +276,9 @@ class Uplink:
             if self.last_error:
                 log.info("collector %s: connected", self.target)
             self.last_error = ""
-        sent.difference_update(resp.missing_stack_ids)
+        for part in resp.dropped_parts:
+            self._on_dropped(part, sent)
+        sent.difference_update(m for m in resp.missing_stack_ids if m not in self._held)
         if resp.resync and self._deltas is not None:
             # The daemon lost our ranks (restarted under this stream, or forgot
             # a job): full samples, job info included, as on a new stream.
@@ -253,6 +300,19 @@ class Uplink:
             self._rejection_logged[rej.job_id] = now
             log.warning("collector %s left job %s out of the report (%s): %s", self.target,
                         rej.job_id, rej.code, rej.reason)
+
+    def _on_dropped(self, part: pb.DroppedPart, sent: set[str]) -> None:
+        """The daemon left one stack (or one FR summary) out for its bound: a
+        stack is held back on this stream, never attached again."""
+        if part.stack_id:
+            self._held.add(part.stack_id)
+            sent.add(part.stack_id)
+        key = f"part:{part.what}:{part.stack_id or part.job_id}"
+        now = asyncio.get_running_loop().time()
+        if now - self._rejection_logged.get(key, -1e9) >= REJECTION_LOG_INTERVAL:
+            self._rejection_logged[key] = now
+            log.warning("collector %s left a %s out of the report (%s): %s", self.target,
+                        part.what, part.bound or "malformed", part.reason[:300])
 
     async def _requests(self, sent: set[str], inflight: "collections.deque[pb.NodeReport]",
                         live: list[bool]):
@@ -279,13 +339,29 @@ class Uplink:
             if self._timed is not None:
                 out.timed_seq, out.timed_round_trip_seconds = self._timed
             out.health.reports_dropped_total = self.dropped_total
-            for s in full:
-                sid = s.stack_id
-                if sid and sid not in sent and sid in self._stacks:
-                    out.stacks.append(self._stacks[sid])
-                    sent.add(sid)
+            out.health.reports_refused_total = self.refused_total
+            self._attach_stacks(out, full, sent)
             self.sent_total += 1
             yield pb.ReportRequest(protocol_version=protocol, report=out)
+
+
+    def _attach_stacks(self, out: pb.NodeReport, samples, sent: set[str]) -> None:
+        """The stacks this stream has not sent that ``samples`` name, within
+        the report's share (caps.REPORT_STACKS, REPORT_STACK_TEXT): the rest
+        go with the next report."""
+        text = 0
+        for s in samples:
+            sid = s.stack_id
+            if not sid or sid in sent or sid not in self._stacks:
+                continue
+            stack = self._stacks[sid]
+            n = len(stack.thread_name) + sum(len(f.name) + len(f.filename)
+                                             for f in stack.frames)
+            if len(out.stacks) >= caps.REPORT_STACKS or text + n > caps.REPORT_STACK_TEXT:
+                break
+            out.stacks.append(stack)
+            sent.add(sid)
+            text += n
 
 
 class Uplinks:
@@ -323,6 +399,10 @@ class Uplinks:
     @property
     def sent_total(self) -> int:
         return sum(u.sent_total for u in self.links)
+
+    @property
+    def refused_total(self) -> int:
+        return sum(u.refused_total for u in self.links)
 
     def submit(self, report: pb.NodeReport) -> None:
         for u in self.links:

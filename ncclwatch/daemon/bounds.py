@@ -5,8 +5,10 @@ TOML key ``max_...``) with a default well above what a real node sends, and
 every hit is counted in ``ncclwatch_daemon_bound_hits_total{bound}``. A hit
 refuses the smallest part that broke it: the whole report (a malformed
 field, INVALID_ARGUMENT or RESOURCE_EXHAUSTED with the bound in the message),
-one job of it (``rejected_jobs`` of the answer), or, for the stack store,
-the least recently used stacks (evicted, not refused).
+one job of it (``rejected_jobs`` of the answer), one stack or one sample's
+Flight Recorder summary (``dropped_parts`` of the answer), or, for the stack
+store, the least recently used stacks (evicted, not refused). The agent caps
+what it sends under the defaults here (``ncclwatch.agent.caps``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ class Bounds:
     #: Ranks (and rank-less members) of one job; also the largest world size.
     max_ranks_per_job: int = option(262144, "ranks and rank-less members of one job (and its "
                                     "largest world size)", **_N)
+    #: Frames of one stack (py-spy gives up to 4096); a deeper one is left out
+    #: of the report, the rest applied.
+    max_stack_frames: int = option(1024, "frames of one stack", **_N)
     #: Text (function and file names) of one stack, and of all stacks in a report.
     max_stack_bytes: int = option(256 * 1024, "bytes of text in one stack", **_N)
     max_report_stack_bytes: int = option(8 * 1024 * 1024, "bytes of stack text in one report",
@@ -69,7 +74,8 @@ class Bounds:
 #: Label of each bound in ncclwatch_daemon_bound_hits_total (all exported, 0 or not).
 BOUND_LABELS = {
     "max_jobs": "jobs", "max_jobs_per_agent": "jobs_per_agent",
-    "max_ranks_per_job": "ranks_per_job", "max_stack_bytes": "stack_bytes",
+    "max_ranks_per_job": "ranks_per_job", "max_stack_frames": "stack_frames",
+    "max_stack_bytes": "stack_bytes",
     "max_report_stack_bytes": "report_stack_bytes",
     "max_stored_stack_bytes": "stored_stack_bytes", "max_path": "path_length",
     "max_env_value": "env_length", "max_flight_recorder_groups": "flight_recorder_groups",

@@ -22,7 +22,7 @@ from ncclwatch.daemon.ownership import Ownership
 from ncclwatch.daemon.settings import DaemonConfig
 from ncclwatch.daemon.smooth import Smoother
 from ncclwatch.daemon.table import JobTable
-from ncclwatch.daemon.validate import ReportError, validate_request
+from ncclwatch.daemon.validate import Dropped, ReportError, validate_request
 from ncclwatch.model import CHECKPOINT_STATES, QUIET_CPU
 from ncclwatch.v1 import collector_pb2 as pb
 
@@ -81,16 +81,20 @@ class Daemon:
         """
         now = time.monotonic() if now is None else now
         who = identity_of(req.report.node, cert_names)
+        parts: list[Dropped] = []   # stacks and FR summaries left out, the rest applied
         try:
             if cert_names is not None:
                 self._check_identity(req.report, cert_names)
             self._check_agent(req.report.agent_id, who)
-            rejected = validate_request(req, self.table.world_size, self.config.bounds)
+            rejected = validate_request(req, self.table.world_size, self.config.bounds, parts)
         except ReportError as e:
             self.rejected_total[e.code.name] += 1
             if e.bound:
                 self.bound_hits_total[e.bound] += 1
             raise
+        for part in parts:
+            if part.error.bound:
+                self.bound_hits_total[part.error.bound] += 1
         self._resized(req.report, rejected, now)
         self._check_bounds(req.report, rejected, who)
         self._check_bytes(req.report, rejected, who)
@@ -104,7 +108,13 @@ class Daemon:
                                    left_out_slots=dropped, identity=who)
         agent = self.table.agents[req.report.agent_id]
         agent.connected = True
+        if parts:   # a stack left out is not asked for again: the agent keeps it back
+            gone = {p.stack_id for p in parts if p.stack_id}
+            missing = [m for m in missing if m not in gone]
         resp = pb.ReportResponse(ack_seq=req.report.seq, missing_stack_ids=missing)
+        for p in parts:
+            resp.dropped_parts.add(what=p.what, stack_id=p.stack_id, job_id=p.job_id,
+                                   rank=p.rank, bound=p.error.bound, reason=p.error.message)
         if agent.resync:
             agent.resync = False
             resp.resync = True

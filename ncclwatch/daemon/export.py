@@ -472,6 +472,15 @@ _AGENT_FAMILIES: tuple[tuple[str, str, str, Callable[[AgentRecord], float]], ...
      "characters, escaped", "counter", lambda a: a.health.texts_escaped_total),
     ("ncclwatch_agent_texts_truncated", "Strings from ranks cut to their length cap", "counter",
      lambda a: a.health.texts_truncated_total),
+    ("ncclwatch_agent_stacks_trimmed", "Stacks cut to the daemon's bounds (innermost and "
+     "outermost frames kept, a marker between)", "counter",
+     lambda a: a.health.stacks_trimmed_total),
+    ("ncclwatch_agent_flight_recorder_trimmed", "Flight Recorder summaries cut to the "
+     "daemon's bounds (waiting groups kept first)", "counter",
+     lambda a: a.health.flight_recorder_trimmed_total),
+    ("ncclwatch_agent_reports_refused", "Reports the daemon refused as malformed or too "
+     "large: dropped by the agent, never sent again", "counter",
+     lambda a: a.health.reports_refused_total),
 )
 
 
@@ -484,7 +493,24 @@ def _agent_families(agents: list[AgentRecord], now: float, staleness: float) -> 
             rows = [((a.node,), value(a)) for a in agents]
         out.append(Family(name, text, ("node",), type_, rows))
     out.append(_native_dump_histogram(agents))
+    out.append(_rank_budget_hits(agents))
     return out
+
+
+def _rank_budget_hits(agents: list[AgentRecord]) -> Family:
+    """Per-rank work an agent cut or skipped for its budget, by reason (every
+    reason exported, 0 or not)."""
+    from ncclwatch.agent.caps import BUDGET_REASONS
+
+    fam = Family("ncclwatch_agent_rank_budget_hits",
+                 "Per-rank work the agent cut or skipped for its budget (bytes read, "
+                 "values redacted, time of its round), by reason", ("node", "reason"),
+                 "counter")
+    for a in agents:
+        hits = list(a.health.rank_budget_hits)
+        for i, reason in enumerate(BUDGET_REASONS):
+            fam.add((a.node, reason), hits[i] if i < len(hits) else 0)
+    return fam
 
 
 def _native_dump_histogram(agents: list[AgentRecord]) -> Family:

@@ -8,6 +8,7 @@ job tables, so a bad agent cannot corrupt the state of other jobs.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable
 
 import grpc
@@ -20,7 +21,6 @@ from ncclwatch.v1 import collector_pb2 as pb
 PROTOCOL_VERSIONS = frozenset({1, 2})
 MAX_SAMPLES = 4096
 MAX_STACKS = 4096
-MAX_FRAMES = 1024
 MAX_STRING = 4096
 MAX_JOB_ID = 128
 MAX_WORLD_SIZE = 1 << 20
@@ -30,6 +30,8 @@ _STATES = frozenset(pb.RankState.values())
 _isfinite = math.isfinite
 _OPS = frozenset(pb.CollectiveOp.values())
 DEFAULT_BOUNDS = Bounds()
+#: Frames of one stack under the default bounds (a setting: max_stack_frames).
+MAX_FRAMES = DEFAULT_BOUNDS.max_stack_frames
 MAX_ENV_NAME = 256
 #: Seconds since boot no machine reaches (317 years): the daemon anchors ages
 #: on the agent's clock (table.AgentRecord.clock_offset), so it must be one.
@@ -105,6 +107,19 @@ def string_bound(field: str, bounds: Bounds) -> int:
     return getattr(bounds, b) if isinstance(b, str) else b
 
 
+@dataclass(frozen=True)
+class Dropped:
+    """A part of a report left out for a bound of its own, the rest applied:
+    a stack (``stack_id``) or a sample's Flight Recorder summary (``job_id``,
+    ``rank``)."""
+
+    what: str
+    error: "ReportError"
+    stack_id: str = ""
+    job_id: str = ""
+    rank: int = -1
+
+
 class ReportError(Exception):
     """``bound``: the label (bounds.BOUND_LABELS) of the bound it hit, if any."""
 
@@ -126,13 +141,19 @@ def _too_big(msg: str, bound: str = "") -> ReportError:
 
 def validate_request(req: pb.ReportRequest,
                      world_size_of: Callable[[str], int | None] = lambda job: None,
-                     bounds: Bounds = DEFAULT_BOUNDS) -> dict[str, ReportError]:
+                     bounds: Bounds = DEFAULT_BOUNDS,
+                     dropped: list[Dropped] | None = None) -> dict[str, ReportError]:
     """Raise ReportError unless ``req`` may be applied; return the jobs it may not.
 
     A malformed report is refused whole. A well-formed one whose samples of
     some job contradict what the daemon knows of that job (``world_size_of``
     gives a tracked job's world size, or None: a report may not change it) is
     applied without that job: the result maps each such job to why.
+
+    With ``dropped``, a stack or a Flight Recorder summary that breaks a check
+    of its own (too many frames, too much text, too many groups) is taken out
+    of ``req`` and listed there instead: one rank's deep stack never refuses
+    the node's report. Without it, as for any other field, the report is.
     """
     if req.protocol_version not in PROTOCOL_VERSIONS:
         raise ReportError(grpc.StatusCode.FAILED_PRECONDITION,
@@ -162,17 +183,12 @@ def validate_request(req: pb.ReportRequest,
         raise _too_big(f"{len(r.samples)} samples in one report (max {MAX_SAMPLES})")
     if len(r.stacks) > MAX_STACKS:
         raise _too_big(f"{len(r.stacks)} stacks in one report (max {MAX_STACKS})")
-    text = 0
-    for s in r.stacks:
-        text += _check_stack(s, bounds)
-    if text > bounds.max_report_stack_bytes:
-        raise _too_big(f"{text} bytes of stack text in one report (max_report_stack_bytes "
-                       f"{bounds.max_report_stack_bytes})", "report_stack_bytes")
+    _check_stacks(r, bounds, dropped)
     seen: set[tuple[str, int]] = set()
     new_jobs: dict[str, int] = {}  # jobs first seen in this very report
     rejected: dict[str, ReportError] = {}
     for i, s in enumerate(r.samples):
-        key = _check_sample(i, s, world_size_of, new_jobs, rejected, bounds)
+        key = _check_sample(i, s, world_size_of, new_jobs, rejected, bounds, dropped)
         if key in seen:
             raise _bad(f"samples[{i}]: rank {key[1]} of job {key[0]!r} appears twice")
         seen.add(key)
@@ -190,6 +206,29 @@ def validate_request(req: pb.ReportRequest,
         for i, c in enumerate(r.changes):
             _check_change(i, c, bounds.max_age_seconds)
     return rejected
+
+
+def _check_stacks(r: pb.NodeReport, bounds: Bounds, dropped: list[Dropped] | None) -> None:
+    """Each stack, and their text in all; with ``dropped``, the stacks that
+    fail (and those past the report's total) leave ``r`` and are listed."""
+    text, kept = 0, []
+    for s in r.stacks:
+        try:
+            n = _check_stack(s, bounds)
+            if text + n > bounds.max_report_stack_bytes:
+                raise _too_big(f"{text + n} bytes of stack text in one report "
+                               f"(max_report_stack_bytes {bounds.max_report_stack_bytes})",
+                               "report_stack_bytes")
+        except ReportError as e:
+            if dropped is None:
+                raise
+            dropped.append(Dropped("stack", e, stack_id=s.id[:MAX_ID]))
+            continue
+        text += n
+        kept.append(s)
+    if len(kept) < len(r.stacks):
+        del r.stacks[:]
+        r.stacks.extend(kept)
 
 
 def _check_change(i: int, c: pb.RankChange, max_age: float) -> None:
@@ -238,8 +277,9 @@ def _in_range(values: list[float]) -> bool:
 
 def _check_stack(s: pb.Stack, bounds: Bounds) -> int:
     """Check one stack; return the characters of text it holds."""
-    if len(s.frames) > MAX_FRAMES:
-        raise _too_big(f"stack {s.id[:16]!r} has {len(s.frames)} frames (max {MAX_FRAMES})")
+    if len(s.frames) > bounds.max_stack_frames:
+        raise _too_big(f"stack {s.id[:16]!r} has {len(s.frames)} frames (max_stack_frames "
+                       f"{bounds.max_stack_frames})", "stack_frames")
     if len(s.id) > MAX_ID or len(s.thread_name) > MAX_THREAD_NAME:
         raise _too_big(f"stack {s.id[:16]!r}: id over {MAX_ID} or thread_name over "
                        f"{MAX_THREAD_NAME} characters")
@@ -261,7 +301,8 @@ def _check_stack(s: pb.Stack, bounds: Bounds) -> int:
 
 def _check_sample(i: int, s: pb.RankSample, world_size_of: Callable[[str], int | None],
                   new_jobs: dict[str, int], rejected: dict[str, ReportError],
-                  bounds: Bounds = DEFAULT_BOUNDS) -> tuple[str, int]:
+                  bounds: Bounds = DEFAULT_BOUNDS,
+                  dropped: list[Dropped] | None = None) -> tuple[str, int]:
     # Runs for every sample: each field is read once, messages built only on error.
     ident = s.identity
     job_id, world, rank = ident.job_id, ident.world_size, ident.rank
@@ -345,7 +386,13 @@ def _check_sample(i: int, s: pb.RankSample, world_size_of: Callable[[str], int |
                                              sj.source)):
             raise _too_big(f"samples[{i}]: job.scheduler_job field over {MAX_JOB_ID} chars")
     if s.HasField("flight_recorder"):
-        _check_flight_recorder(i, s.flight_recorder, world, bounds)
+        try:
+            _check_flight_recorder(i, s.flight_recorder, world, bounds)
+        except ReportError as e:
+            if dropped is None:
+                raise
+            dropped.append(Dropped("flight_recorder", e, job_id=job_id, rank=rank))
+            s.ClearField("flight_recorder")   # the sample itself is applied
     return (job_id, rank if rank >= 0 else -1 - ident.pid)
 
 

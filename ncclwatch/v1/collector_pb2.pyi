@@ -413,7 +413,7 @@ class Frame(_message.Message):
     def __init__(self, name: _Optional[str] = ..., filename: _Optional[str] = ..., line: _Optional[int] = ...) -> None: ...
 
 class AgentHealth(_message.Message):
-    __slots__ = ("version", "ranks_watched", "nvml_up", "pyspy_runs_total", "pyspy_failures_total", "pyspy_seconds_total", "reports_dropped_total", "queue_length", "cpu_seconds_total", "gpus_expected", "fields_dropped_total", "texts_escaped_total", "texts_truncated_total", "native_dumps_total", "native_dump_failures_total", "native_dump_seconds_total", "native_dump_bucket_counts", "pause_budget_seconds_per_hour", "native_dumps_refused_total", "ranks_pause_budget_spent")
+    __slots__ = ("version", "ranks_watched", "nvml_up", "pyspy_runs_total", "pyspy_failures_total", "pyspy_seconds_total", "reports_dropped_total", "queue_length", "cpu_seconds_total", "gpus_expected", "fields_dropped_total", "texts_escaped_total", "texts_truncated_total", "native_dumps_total", "native_dump_failures_total", "native_dump_seconds_total", "native_dump_bucket_counts", "pause_budget_seconds_per_hour", "native_dumps_refused_total", "ranks_pause_budget_spent", "stacks_trimmed_total", "flight_recorder_trimmed_total", "reports_refused_total", "rank_budget_hits")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     RANKS_WATCHED_FIELD_NUMBER: _ClassVar[int]
     NVML_UP_FIELD_NUMBER: _ClassVar[int]
@@ -434,6 +434,10 @@ class AgentHealth(_message.Message):
     PAUSE_BUDGET_SECONDS_PER_HOUR_FIELD_NUMBER: _ClassVar[int]
     NATIVE_DUMPS_REFUSED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     RANKS_PAUSE_BUDGET_SPENT_FIELD_NUMBER: _ClassVar[int]
+    STACKS_TRIMMED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    FLIGHT_RECORDER_TRIMMED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_REFUSED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    RANK_BUDGET_HITS_FIELD_NUMBER: _ClassVar[int]
     version: str
     ranks_watched: int
     nvml_up: bool
@@ -454,21 +458,43 @@ class AgentHealth(_message.Message):
     pause_budget_seconds_per_hour: float
     native_dumps_refused_total: int
     ranks_pause_budget_spent: int
-    def __init__(self, version: _Optional[str] = ..., ranks_watched: _Optional[int] = ..., nvml_up: _Optional[bool] = ..., pyspy_runs_total: _Optional[int] = ..., pyspy_failures_total: _Optional[int] = ..., pyspy_seconds_total: _Optional[float] = ..., reports_dropped_total: _Optional[int] = ..., queue_length: _Optional[int] = ..., cpu_seconds_total: _Optional[float] = ..., gpus_expected: _Optional[int] = ..., fields_dropped_total: _Optional[int] = ..., texts_escaped_total: _Optional[int] = ..., texts_truncated_total: _Optional[int] = ..., native_dumps_total: _Optional[int] = ..., native_dump_failures_total: _Optional[int] = ..., native_dump_seconds_total: _Optional[float] = ..., native_dump_bucket_counts: _Optional[_Iterable[int]] = ..., pause_budget_seconds_per_hour: _Optional[float] = ..., native_dumps_refused_total: _Optional[int] = ..., ranks_pause_budget_spent: _Optional[int] = ...) -> None: ...
+    stacks_trimmed_total: int
+    flight_recorder_trimmed_total: int
+    reports_refused_total: int
+    rank_budget_hits: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, version: _Optional[str] = ..., ranks_watched: _Optional[int] = ..., nvml_up: _Optional[bool] = ..., pyspy_runs_total: _Optional[int] = ..., pyspy_failures_total: _Optional[int] = ..., pyspy_seconds_total: _Optional[float] = ..., reports_dropped_total: _Optional[int] = ..., queue_length: _Optional[int] = ..., cpu_seconds_total: _Optional[float] = ..., gpus_expected: _Optional[int] = ..., fields_dropped_total: _Optional[int] = ..., texts_escaped_total: _Optional[int] = ..., texts_truncated_total: _Optional[int] = ..., native_dumps_total: _Optional[int] = ..., native_dump_failures_total: _Optional[int] = ..., native_dump_seconds_total: _Optional[float] = ..., native_dump_bucket_counts: _Optional[_Iterable[int]] = ..., pause_budget_seconds_per_hour: _Optional[float] = ..., native_dumps_refused_total: _Optional[int] = ..., ranks_pause_budget_spent: _Optional[int] = ..., stacks_trimmed_total: _Optional[int] = ..., flight_recorder_trimmed_total: _Optional[int] = ..., reports_refused_total: _Optional[int] = ..., rank_budget_hits: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReportResponse(_message.Message):
-    __slots__ = ("ack_seq", "missing_stack_ids", "commands", "rejected_jobs", "resync")
+    __slots__ = ("ack_seq", "missing_stack_ids", "commands", "rejected_jobs", "resync", "dropped_parts")
     ACK_SEQ_FIELD_NUMBER: _ClassVar[int]
     MISSING_STACK_IDS_FIELD_NUMBER: _ClassVar[int]
     COMMANDS_FIELD_NUMBER: _ClassVar[int]
     REJECTED_JOBS_FIELD_NUMBER: _ClassVar[int]
     RESYNC_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_PARTS_FIELD_NUMBER: _ClassVar[int]
     ack_seq: int
     missing_stack_ids: _containers.RepeatedScalarFieldContainer[str]
     commands: _containers.RepeatedCompositeFieldContainer[Command]
     rejected_jobs: _containers.RepeatedCompositeFieldContainer[JobRejection]
     resync: bool
-    def __init__(self, ack_seq: _Optional[int] = ..., missing_stack_ids: _Optional[_Iterable[str]] = ..., commands: _Optional[_Iterable[_Union[Command, _Mapping]]] = ..., rejected_jobs: _Optional[_Iterable[_Union[JobRejection, _Mapping]]] = ..., resync: _Optional[bool] = ...) -> None: ...
+    dropped_parts: _containers.RepeatedCompositeFieldContainer[DroppedPart]
+    def __init__(self, ack_seq: _Optional[int] = ..., missing_stack_ids: _Optional[_Iterable[str]] = ..., commands: _Optional[_Iterable[_Union[Command, _Mapping]]] = ..., rejected_jobs: _Optional[_Iterable[_Union[JobRejection, _Mapping]]] = ..., resync: _Optional[bool] = ..., dropped_parts: _Optional[_Iterable[_Union[DroppedPart, _Mapping]]] = ...) -> None: ...
+
+class DroppedPart(_message.Message):
+    __slots__ = ("what", "stack_id", "job_id", "rank", "bound", "reason")
+    WHAT_FIELD_NUMBER: _ClassVar[int]
+    STACK_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    BOUND_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    what: str
+    stack_id: str
+    job_id: str
+    rank: int
+    bound: str
+    reason: str
+    def __init__(self, what: _Optional[str] = ..., stack_id: _Optional[str] = ..., job_id: _Optional[str] = ..., rank: _Optional[int] = ..., bound: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class JobRejection(_message.Message):
     __slots__ = ("job_id", "code", "reason")
