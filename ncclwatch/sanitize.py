@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ncclwatch import envpolicy
+from ncclwatch import envpolicy, envsplit
 
 #: Said at the end of a value cut to its cap.
 TRUNCATED = "...<truncated>"
@@ -234,7 +234,7 @@ def filter_env(env: Mapping[str, str]) -> dict[str, str]:
     names = sorted(k for k in env if envpolicy.is_allowed(k))[:envpolicy.MAX_VARIABLES]
     key, val = FIELDS["JobInfo.EnvEntry.key"], FIELDS["JobInfo.EnvEntry.value"]
     raw = {k: to_text(env[k])[:4 * val.cap] for k in names}
-    redacted = envpolicy.split_secrets(raw, {k: envpolicy.redact_value(v) for k, v in raw.items()})
+    redacted = envsplit.split_secrets(raw, {k: envpolicy.redact_value(v) for k, v in raw.items()})
     return {clean(envpolicy.redact_patterns(k), key.cap): clean(v, val.cap)
             for k, v in redacted.items()}
 
