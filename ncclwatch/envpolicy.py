@@ -6,7 +6,7 @@ and URL fragments always (structural), token formats, URLs with user info,
 ``key=value`` / ``key: value`` / ``--key value`` pairs whose key says secret,
 authorization schemes, a path component that names a password
 (``password-hunter2/``), any embedded run of token characters with no word
-structure, and keys split across two variables. The agent redacts paths and
+structure, and (envsplit) keys split across two variables. The agent redacts paths and
 stack frames with the same ``redact_value`` (ncclwatch.sanitize applies it:
 this module is rules only and imports none of the agent). The rules are data.
 
@@ -132,6 +132,37 @@ def _scheme(m: re.Match[str]) -> str:
     return m.group(1) + m.group(2) + REDACTED
 
 
+def _quoted_pair(m: re.Match[str]) -> str:
+    if not secret_key(m.group(2)):
+        return m.group(0)
+    value = m.group(0)[m.end(3) - m.start():]
+    q = value[0] if value[0] in "\"'" else ""
+    return m.group(0)[:m.end(3) - m.start()] + q + REDACTED + q
+
+
+def _spaced(m: re.Match[str]) -> str:
+    """``password x``: x goes when it looks like a credential (as _scheme), or
+    whatever it is after a ``login`` (a netrc line); "password for rank 0" stays."""
+    cred = m.group(3)
+    plain = len(cred) < 16 and cred.isalpha() and cred.islower()
+    if plain and "login" not in m.string[max(0, m.start() - 256):m.start()].lower():
+        return m.group(0)
+    return m.group(1) + m.group(2) + REDACTED
+
+
+#: What may follow a password word after '.' and still name a file, not hold a secret.
+_EXTENSION = re.compile(r"[a-z0-9]{1,4}")
+
+
+def _word_then_secret(m: re.Match[str]) -> str:
+    word, sep, rest = m.group(1), m.group(2), m.group(3)
+    if sep == "." and _EXTENSION.fullmatch(rest):
+        return m.group(0)                        # password.txt, secret.yaml
+    if sep == "/" and word.lower() in ("pwd", "pw"):
+        return m.group(0)                        # the working directory, not a secret's
+    return word + sep + REDACTED
+
+
 #: (pattern, replacement) for value parts that look like credentials. Each
 #: pattern starts only where its run starts and never backtracks into a run
 #: (possessive quantifiers), so every rule is linear in the value.
@@ -146,6 +177,16 @@ SECRET_VALUE_PATTERNS: tuple[tuple[re.Pattern[str], object], ...] = (
     # --password x, --api-key=x, -token x; a flag starts a run of [\w.-] (not
     # after '.': starts inside a run made "J.-J.-..." quadratic)
     (re.compile(r"(?<![\w.-])(--?)([A-Za-z][\w.-]*+)(=|[ \t]++)[^\s]++"), _flag),
+    # JSON and Python literals with quoted keys: "api_key": "x", 'password': 'x'
+    (re.compile(r"""(?<![\w"'])(["'])([A-Za-z_][\w.-]*+)\1([ \t]*+[:=][ \t]*+)"""
+                r"""(?:"[^"]*+"|'[^']*+'|[^\s,;&}\]]++)"""), _quoted_pair),
+    # netrc and prose-free lists: "login bob password hunter2" (a plain word
+    # too after "login"; elsewhere only a credential-like one: see _spaced)
+    (re.compile(r"(?i)(?<![\w.-])(password|passwd|passphrase)([ \t]++)([^\s]++)"), _spaced),
+    # A short flag that takes a password (sshpass -p x, mysql -p x); not a port
+    # (-p 8080) or a path (mkdir -p /x)
+    (re.compile(r"(?<![\w.-])(-p)([ \t]++)(?![0-9]++(?!\S)|[/.~-])([^\s]++)"),
+     lambda m: m.group(1) + m.group(2) + REDACTED),
     # key=value, key: value, key = value whose key says secret (query strings,
     # option lists, YAML-ish "token: x"); the key stays, so the value says what it was
     (re.compile(r"(?<![\w.-])([A-Za-z_][\w.-]*+)([ \t]*+[=:][ \t]*+)[^\s&;,]++"), _pair),
@@ -163,12 +204,14 @@ SECRET_VALUE_PATTERNS: tuple[tuple[re.Pattern[str], object], ...] = (
     # JWT: three dot-separated runs, the first holding "eyJ" at a word start
     (re.compile(r"(?<![A-Za-z0-9_-])([A-Za-z0-9_-]++)\.[A-Za-z0-9_-]{8,}+\.[A-Za-z0-9_-]*+"),
      _jwt),
-    # Opaque tokens with a vendor-neutral prefix, any case (``tok_3f9a...``)
-    (re.compile(r"(?<![A-Za-z0-9])tok_[A-Za-z0-9]{16,}"), REDACTED),
+    # Opaque tokens with a vendor-neutral prefix, any case (``tok_3f9a...``, ``TOK_9F8E...``)
+    (re.compile(r"(?<![A-Za-z0-9])(?i:tok_)[A-Za-z0-9]{16,}"), REDACTED),
     # A path component or word that names a password and then holds it:
-    # /home/alice/password-hunter2/nccl.log -> /home/alice/password-<redacted>/nccl.log
-    (re.compile(r"(?i)(?<![A-Za-z0-9])(passw(?:or)?d|passphrase|passwort|pwd|secret)([-_+])"
-                r"[^/\\\s,;&]++"), lambda m: m.group(1) + m.group(2) + REDACTED),
+    # /home/alice/password-hunter2/nccl.log -> /home/alice/password-<redacted>/nccl.log;
+    # PASSWORD.x (not password.txt), pw_x as a path component, and a directory
+    # named for a secret: /home/alice/secret/<redacted>/x
+    (re.compile(r"(?i)(?<![A-Za-z0-9])(passw(?:or)?d|passphrase|passwort|pwd|secret|(?<=/)pw)"
+                r"([-_+./])([^/\\\s,;&]++)"), _word_then_secret),
 )
 
 #: Structural rules, whatever the names say: every value of a query string
@@ -220,6 +263,42 @@ RANDOM_RUN_RULES: tuple[RandomRunRule, ...] = (
     RandomRunRule("lower_opaque", 20, "LD", max_structure=0.5, min_switches=0.35,
                   min_segment=16),
 )
+
+@dataclass(frozen=True, slots=True)
+class OpaqueSegmentRule:
+    """A segment (between ``/_+.-``) at least ``min_len`` long, of one case
+    (``upper`` or ``lower``) and digits, at least ``min_digits`` of them,
+    whose words hold at most ``max_structure`` of it once lower-cased (base32
+    ``JBSWY3DPEHPK3PXP``, ``kq8zmxwprtvb3nhyfdjl``: no vowels to speak of;
+    ``RESNET50V1BIMAGENET1K``, ``checkpoint2024120512``: words and numbers)."""
+
+    name: str
+    min_len: int
+    case: str
+    min_digits: int = 1
+    max_structure: float = 0.25
+
+
+OPAQUE_SEGMENT_RULES: tuple[OpaqueSegmentRule, ...] = (
+    OpaqueSegmentRule("upper_or_base32", 16, "upper"),
+    OpaqueSegmentRule("lower_opaque_words", 20, "lower"),
+)
+
+
+def _opaque_segment(segment: str) -> bool:
+    digits = sum(c.isdigit() for c in segment)
+    letters = len(segment) - digits
+    if not letters or not segment.isalnum() or not segment.isascii():
+        return False
+    case = "upper" if segment.isupper() else "lower" if segment.islower() else ""
+    return any(r.case == case and len(segment) >= r.min_len and digits >= r.min_digits
+               and _structure_lower(segment) <= r.max_structure * len(segment)
+               for r in OPAQUE_SEGMENT_RULES)
+
+
+def _structure_lower(segment: str) -> int:
+    return sum(len(w) for w in _STRUCTURE.findall(segment.lower()) if _name_piece(w))
+
 
 #: Hex keys and digests, wherever they sit (``run-<40 hex>``): 32+ hex digits
 #: with both digits and letters (a plain long number is not a key).
@@ -282,7 +361,34 @@ def redact_value(value: str) -> str:
     value = redact_patterns(value)
     value = _HEX_KEY.sub(REDACTED, value)
     value = _COMPONENT.sub(_redact_if_random, value)
-    return _RUN.sub(_redact_random_spans, value)
+    value = _RUN.sub(_redact_random_spans, value)
+    return _redact_neighbours(value) if REDACTED + "/" in value or "/" + REDACTED in value \
+        else value
+
+
+#: A path component beside a redacted one that is the rest of the same secret
+#: (a base64 key cut at a '/': ``/x/<redacted>/bPxRfiCYEXAMPLEKEY``): token
+#: characters only (no '.': ``m.pt`` is a file), an upper-case letter, and
+#: little word structure (``Llama-2-7b``, ``Model`` stay).
+_NEIGHBOUR = re.compile(r"[A-Za-z0-9+=_-]{4,}")
+
+
+def _redact_neighbours(value: str) -> str:
+    parts = value.split("/")
+    for _ in range(MAX_SPAN):
+        changed = False
+        for i, p in enumerate(parts):
+            if p == REDACTED or not _NEIGHBOUR.fullmatch(p) or p.lower() == p:
+                continue
+            near = (i and parts[i - 1] == REDACTED) or (i + 1 < len(parts)
+                                                        and parts[i + 1] == REDACTED)
+            alnum = sum(c.isalnum() for c in p)
+            if near and sum(_structure(seg) for seg in _SEGMENT.split(p)) <= 0.5 * alnum:
+                parts[i], changed = REDACTED, True
+        if not changed:
+            break
+    out = [p for i, p in enumerate(parts) if not (i and p == parts[i - 1] == REDACTED)]
+    return "/".join(out)
 
 
 def _redact_if_random(m: re.Match[str]) -> str:
@@ -432,6 +538,8 @@ def looks_random(run: str) -> bool:
     count, _, _, changes = _letters(core)
     kinds = frozenset(_kind(c) for c in core) - {"O"}
     segments = _SEGMENT.split(core)
+    if any(_opaque_segment(segment) for segment in segments):
+        return True
     return _judge(_Shape(len(core), kinds, count,
                          sum(_structure(segment) for segment in segments),
                          changes / max(1, count - 1), max(map(len, segments))))
@@ -454,106 +562,6 @@ def _name_piece(w: str) -> bool:
 def local_env(env: Mapping[str, str]) -> dict[str, str]:
     """The raw values of LOCAL_USE_NAMES: for the agent's own use, never reported."""
     return {k: env[k] for k in LOCAL_USE_NAMES if k in env}
-
-
-#: A value's tail and head as a token could continue them across variables.
-_TAIL = re.compile(r"[A-Za-z0-9+/_=-]{1,128}$")
-_HEAD = re.compile(r"^[A-Za-z0-9+/_-]{1,128}")
-#: Joined pieces shorter than this cannot make a token any rule knows; a piece
-#: shorter than _PIECE_MIN is a word (``INFO``, ``eth0``), not half a key,
-#: unless the join is a token format (``AKIA`` + ``IOSFODNN7EXAMPLE``): short
-#: pieces are judged by the format patterns only, never by shape.
-_SPLIT_MIN = 16
-_PIECE_MIN = 6
-_SHORT_PIECE_MIN = 2
-#: Values looked at for split keys (the allowlist keeps a process's count small).
-_SPLIT_MAX_VALUES = 64
-
-
-def split_secrets(raw: dict[str, str], redacted: dict[str, str] | None = None) -> dict[str, str]:
-    """Redact a key split across two variables (``NCCL_X_A=hf_abcd``,
-    ``NCCL_X_B=efgh...``), judged on the ``raw`` values and cut in their
-    ``redacted`` forms (each value already redacted alone; default: the raw
-    ones). For every ordered pair, the tail of one value and the head of the
-    other are joined and redacted; where the joined redaction differs from
-    the halves redacted apart, both halves go (also when one half alone was
-    redacted already: the other half is the rest of the same key). Bounded:
-    128 characters a piece, at most ``_SPLIT_MAX_VALUES`` values."""
-    out = dict(raw if redacted is None else redacted)
-    names = sorted(raw)[:_SPLIT_MAX_VALUES]
-    tails = {k: m.group(0) for k in names
-             if (m := _TAIL.search(raw[k])) and len(m.group(0)) >= _SHORT_PIECE_MIN}
-    heads = {k: m.group(0) for k in names
-             if (m := _HEAD.match(raw[k])) and len(m.group(0)) >= _SHORT_PIECE_MIN}
-    alone = {p: redact_value(p) for p in {*tails.values(), *heads.values()}}
-    cut_tail: set[str] = set()
-    cut_head: set[str] = set()
-    for a, tail in tails.items():
-        for b, head in heads.items():
-            if a == b or len(tail) + len(head) < _SPLIT_MIN:
-                continue
-            if min(len(tail), len(head)) < _PIECE_MIN:
-                # a short piece: a token format across the join, or nothing
-                split = REDACTED in redact_patterns(tail + head) and \
-                    REDACTED not in redact_patterns(tail) + redact_patterns(head)
-            elif alone[tail] != tail or alone[head] != head:
-                # one half is a token alone: the other is its rest only if it
-                # has a token's mixed case (``mlx5_0``, ``INFO`` beside a token stay)
-                rest = head if alone[tail] != tail else tail
-                split = alone[rest] == rest and _mixed_case(rest) and \
-                    redact_value(tail + head) != alone[tail] + alone[head]
-            else:           # an upper-case word beside a lower-case one is no key
-                split = _may_join(tail, head, raw[a] == tail, raw[b] == head) and \
-                    redact_value(tail + head) != alone[tail] + alone[head]
-            if split:
-                cut_tail.add(a)
-                cut_head.add(b)
-    for k in cut_tail | cut_head:
-        v = out[k]
-        if k in cut_tail:
-            v = _cut_end(v, tails[k])
-        if k in cut_head:
-            v = _cut_start(v, heads[k])
-        out[k] = v.replace(REDACTED + REDACTED, REDACTED)
-    return out
-
-
-def _mixed_case(piece: str) -> bool:
-    return piece.lower() != piece and piece.upper() != piece
-
-
-def _may_join(a: str, b: str, a_whole: bool, b_whole: bool) -> bool:
-    """Pieces that could be one token's: both of one case (or caseless:
-    digits), or one of mixed case and the other a whole value. ``IOSFODNN7EXAMPLE``
-    + ``mlx5_0`` are two words, and so are a mixed-case piece and the start
-    of ``mlx5_0:1,mlx5_1:1``."""
-    def case(p: str) -> str:
-        return "M" if _mixed_case(p) else "U" if p.lower() != p else \
-            "L" if p.upper() != p else ""
-    ca, cb = case(a), case(b)
-    if ca == cb or "" in (ca, cb):
-        return True
-    return (ca == "M" and b_whole) or (cb == "M" and a_whole)
-
-
-def _cut_end(value: str, piece: str) -> str:
-    """``value`` (a redacted form) without its last token piece: the raw
-    ``piece`` if it is still there, else whatever token run ends it."""
-    if value.endswith(piece):
-        return value[:len(value) - len(piece)] + REDACTED
-    if value.endswith(REDACTED):
-        return value
-    m = _TAIL.search(value)
-    return value[:m.start()] + REDACTED if m else value
-
-
-def _cut_start(value: str, piece: str) -> str:
-    if value.startswith(piece):
-        return REDACTED + value[len(piece):]
-    if value.startswith(REDACTED):
-        return value
-    m = _HEAD.match(value)
-    return REDACTED + value[m.end():] if m else value
 
 
 #: Allowlisted variables kept per process (by name order): a process with

@@ -40,6 +40,31 @@ CGROUP_CASES = [
     ("0::/user.slice/user-1000.slice/session-3.scope\n", "", "", ""),           # a login session
     ("0::/\n", "", "", ""),
     (f"0::/docker/{CID[:12]}\n", "", "", ""),                                  # no full id: nothing guessed
+    (f"0::/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/"
+     f"kubelet-kubepods-besteffort-pod{UID_}.slice/cri-containerd-{CID}.scope\n",
+     "containerd", CID, UID),                                                  # kind's kubelet root
+    (f"0::/kubepods.slice/kubepods-pod{UID_}.slice/cri-containerd-{CID}.scope/init.scope\n",
+     "containerd", CID, UID),                                                  # a cgroup it made inside
+    # Read from a private cgroup namespace (an agent pod): relative to the agent's cgroup.
+    (f"0::/../../kubepods-besteffort.slice/kubepods-besteffort-pod{UID_}.slice/"
+     f"cri-containerd-{CID}.scope\n", "containerd", CID, UID),
+    (f"0::/../../../pod{UID}/{CID}\n", "kubernetes", CID, UID),
+    # Named by the process itself in a delegated subtree: never a pod, never a container.
+    (f"0::/user.slice/user-0.slice/user@0.service/kubepods.slice/kubepods-burstable.slice/"
+     f"kubepods-burstable-pod{UID_}.slice/cri-containerd-{CID}.scope\n", "", "", ""),
+    (f"0::/user.slice/user-1000.slice/user@1000.service/app.slice/kubepods-burstable-pod{UID_}"
+     f".slice/crio-{CID}.scope\n", "", "", ""),
+    (f"0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{CID}.scope\n",
+     "", "", ""),                                                              # rootless podman: its word
+    (f"0::/../../../../user.slice/user-0.slice/user@0.service/kubepods/pod{UID}/{CID}\n",
+     "", "", ""),
+    (f"1:name=systemd:/user.slice/user-1000.slice/user@1000.service/docker/{CID}\n", "", "", ""),
+    (f"0::/system.slice/slurmstepd.scope/job_7/step_0/user/kubepods/pod{UID}/{CID}\n",
+     "", "", ""),                                                              # not at the root
+    (f"0::/system.slice/mine.service/kubepods-burstable-pod{UID_}.slice/docker-{CID}.scope\n",
+     "", "", ""),
+    (f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-besteffort-pod{UID_}.slice/"
+     f"cri-containerd-{CID}.scope\n", "", "", ""),                            # QoS slices disagree
 ]
 
 
@@ -118,6 +143,20 @@ def test_inspect_a_rank_in_a_kubernetes_pod(tmp_path) -> None:
     assert (info.namespace, info.pod) == ("", "")
     assert (info.declared_namespace, info.declared_pod) == ("ns2", "trainer-0")
     assert info.pod_uid == UID                          # the node's own word stays
+
+
+def test_a_delegated_cgroup_does_not_take_a_pods_name(tmp_path) -> None:
+    """A process under user@0.service names its cgroups as a pod's container:
+    the kubelet's directory of that pod exists, and still no pod is named."""
+    fake = (f"0::/user.slice/user-0.slice/user@0.service/kubepods.slice/kubepods-burstable."
+            f"slice/kubepods-burstable-pod{UID_}.slice/cri-containerd-{CID}.scope\n")
+    proc = _proc_tree(tmp_path, 12014, status="NSpid:\t12014\n", uts="uts:[4026531838]",
+                      cgroup=fake)
+    pods = tmp_path / "pods"
+    (pods / f"ml-team_trainer-0_{UID}").mkdir(parents=True)
+    info = inspect(12014, {}, proc=str(proc), pods_root=str(pods))
+    assert (info.runtime, info.container_id, info.pod_uid, info.namespace, info.pod) == \
+        ("", "", "", "", "")
 
 
 def test_a_rank_cannot_name_its_pod(tmp_path) -> None:

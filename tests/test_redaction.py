@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from ncclwatch.agent.report import sent_frame, sent_path
 from ncclwatch.envpolicy import REDACTED, is_allowed, redact_value
-from ncclwatch.sanitize import filter_env
+from ncclwatch.sanitize import filter_env, gate
 
 # -- the 17 variants that passed -----------------------------------------------------------
 
@@ -117,7 +117,9 @@ ISSUE_UNITS = ["ab/", "a:,", "eyJ-", "J.-", "aB/", "Ab1/"]
 #: Shapes of every other rule (checked to 256 KiB, to keep the suite quick).
 OTHER_UNITS = ["a/B", "=a:", "eyJ", "eyJaaaaaaaa.", "a.b.", "xox", "a", "1", "f0", "a@", ":a@",
                "?a=", "&a", "#", "://a", "a=b,", "key=", "sk-", "hf_", "Xk3/", "Zz9+", "a ",
-               "--a ", "bearer ", "token:", "a=", "-", "_/"]
+               "--a ", "bearer ", "token:", "a=", "-", "_/", "password ", "login password a ",
+               '"api_key":"', "'a':'", "-p a ", "PASSWORD.", "/secret/", "/pw_", "TOK_",
+               "JBSWY3DP", "kq8zmx", "/aB", "<redacted>/Ab"]
 
 
 def _seconds(value: str, tries: int) -> float:
@@ -191,6 +193,30 @@ REDACTED_SHAPES = [
      "a hex digest of 32+ digits: a key or a content address, either way opaque"),
     ("check_password_hunter2", "hunter2",
      "a function whose name holds a password word: the rest of its name goes (errs to redact)"),
+    # The shapes that still leaked in one field or more (env, path, frame, Slurm):
+    ("TOK_9F8E7D6C5B4A39281706F5E4", "9F8E7D6C5B4A", "tok_ in upper case is the same token"),
+    ("QX7ZK4M2N8P5R3T6W9Y2V8", "QX7ZK4M2N8P5", "an upper-case token: letters and digits, "
+     "no words once lower-cased"),
+    ("/ckpt/JBSWY3DPEHPK3PXPJBSWY3DPEHPK3PXP/m.pt", "JBSWY3DPEHPK3PXP",
+     "a base32 secret (TOTP seeds, upper case and 2-7) in a path"),
+    ("kq8zmxwprtvb3nhyfdjlqwr", "kq8zmxwprtvb", "a lower-case opaque token whose letters and "
+     "digits seldom alternate: no words (vowels) in it"),
+    ("gezdgnbvgy3tqojqgezdgnbvgy3tqojq", "gezdgnbvgy3t", "lower-case base32"),
+    ('{"api_key": "sw0rdfish9"}', "sw0rdfish9", "JSON with a quoted key that says secret"),
+    ("{'password':'hunter2x'}", "hunter2x", "the same as a Python literal"),
+    ("/home/alice/PASSWORD.hunter2/x", "hunter2", "a password word, then '.' and the secret"),
+    ("/home/alice/pw_hunter2/x", "hunter2", "pw_ starting a path component"),
+    ("/home/alice/secret/hunter2/nccl.log", "hunter2", "a directory named for a secret: "
+     "the component under it"),
+    ("/home/alice/.password/hunter2", "hunter2", "the same, a dot-directory"),
+    ("machine db login bob password hunter", "hunter",
+     "a netrc line: after 'login', even a plain word"),
+    ("password Hunter2x", "Hunter2x", "'password x' where x is credential-like"),
+    ("sshpass -p hunter2 ssh db", "hunter2", "a -p short flag with a password"),
+    ("/x/wJalrXUtnFEMIK7MDENG/bPxRfiCYEXAMPLEKEY", "bPxRfiCY",
+     "a 16+ character secret cut at '/': its tail goes with it"),
+    ("/x/wJalrXUtnFEMIK7/MDENGbPxRfiCYEXAMPLEKEY", "wJalrXUtnF",
+     "the same, its head (shorter than 16) before the redacted rest"),
 ]
 
 #: (value, why it stays as it is)
@@ -212,20 +238,45 @@ KEPT_SHAPES = [
     ("libnccl.so.2.18.3", "a library and its version"),
     ("hunter2", "a bare word: no rule tells a password from configuration without its "
                 "name (names holding PASS, PWD, SECRET... are never read)"),
+    ("/home/user/ckpt/step_100.pt", "words and numbers"),
+    ("/etc/ssl/password.txt", "a password word, then '.' and a file extension: a file's name"),
+    ("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt", "a directory of secrets names "
+     "them, it holds none ('secrets', not 'secret/')"),
+    ("pw_conv1", "pw_ outside a path component (a pointwise convolution)"),
+    ("/home/alice/pwd/run1", "pwd/ is a working directory, not a secret's"),
+    ("waiting for the password from rank 0", "prose: 'password' then a plain word"),
+    ("mkdir -p /scratch/ckpt", "-p before a path: a flag without a value"),
+    ("serve -p 29500", "-p before a port"),
+    ('{"model": "llama-7b", "lr": 3}', "JSON whose keys say nothing secret"),
+    ("RESNET50V1B_IMAGENET1K", "upper case, but words once lower-cased"),
+    ("NCCL_SOCKET_IFNAME", "an upper-case name"),
+    ("CHECKPOINT2024120512", "an upper-case word and a number"),
+    ("wav2vec2_large_xlsr_53", "a model name: short segments"),
+    ("/ckpt/global_step1000/Model.pt", "a file beside nothing redacted"),
 ]
 
 
+def _everywhere(value: str) -> dict[str, str]:
+    """``value`` as it leaves the node in each field a rank controls: an
+    environment value, a path, a frame, the Slurm job name and user."""
+    return {"env": filter_env({"NCCL_DEBUG_FILE": value})["NCCL_DEBUG_FILE"],
+            "path": sent_path(value), "frame": sent_frame(value),
+            "slurm job name": gate("SchedulerJob.job_name", value),
+            "slurm user": gate("SchedulerJob.user", value)}
+
+
 @pytest.mark.parametrize("value,secret,why", REDACTED_SHAPES)
-def test_each_secret_shape_is_redacted_in_env_paths_and_frames(value, secret, why) -> None:
-    env = filter_env({"NCCL_DEBUG_FILE": value})["NCCL_DEBUG_FILE"]
-    for where, out in (("env", env), ("path", sent_path(value)), ("frame", sent_frame(value))):
+def test_each_secret_shape_is_redacted_in_env_paths_frames_and_slurm(value, secret, why) -> None:
+    for where, out in _everywhere(value).items():
         assert secret not in out and REDACTED in out, (where, out, why)
 
 
 @pytest.mark.parametrize("value,why", KEPT_SHAPES)
-def test_each_accepted_shape_stays_readable_in_env_paths_and_frames(value, why) -> None:
-    env = filter_env({"NCCL_DEBUG_FILE": value})["NCCL_DEBUG_FILE"]
-    assert env == sent_path(value) == sent_frame(value) == value, why
+def test_each_accepted_shape_stays_readable_in_env_paths_frames_and_slurm(value, why) -> None:
+    got = _everywhere(value)
+    if len(value) > 128:                 # over the Slurm fields' cap: cut, not redacted
+        got = {k: v for k, v in got.items() if not k.startswith("slurm")}
+    assert set(got.values()) == {value}, (got, why)
 
 
 #: AWS-style keys split across two variables: the pieces of the issue's probe
@@ -260,3 +311,14 @@ def test_a_short_word_that_completes_a_cut_key_id_goes_with_it() -> None:
     out = filter_env({"NCCL_X_A": "AKIAIOSFODNN7EXA", "NCCL_DEBUG": "INFO"})
     assert out == {"NCCL_X_A": REDACTED, "NCCL_DEBUG": REDACTED}
     assert filter_env({"NCCL_X_A": "wJalrXUtnF", "NCCL_DEBUG": "INFO"})["NCCL_DEBUG"] == "INFO"
+
+
+@pytest.mark.parametrize("value,shown", [
+    ("/models/e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855/Llama-2-7b",
+     f"/models/{REDACTED}/Llama-2-7b"),
+    ("/x/wJalrXUtnFEMIK7MDENG/step_100/m.pt", f"/x/{REDACTED}/step_100/m.pt"),
+    ("/x/wJalrXUtnFEMIK7MDENG/bPxRfiCY/EXAMPLEKEY9", f"/x/{REDACTED}"),
+])
+def test_a_component_beside_a_redacted_one_goes_only_when_it_is_no_name(value, shown) -> None:
+    """Names beside a redacted component stay; the rest of a secret cut at '/' goes."""
+    assert set(_everywhere(value).values()) == {shown}

@@ -10,7 +10,8 @@ Nothing here runs a program: every fact is read from /proc, and a file
 inside the container is opened one component at a time with O_NOFOLLOW so
 that a symlink in a hostile image cannot make the agent read a host file.
 
-Kubernetes: the pod UID is in the cgroup path; the kubelet's log directory
+Kubernetes: the pod UID is in the cgroup path where the kubelet made it
+(``cgroupid``: paths anchored at the runtimes' own slices); the kubelet's log directory
 ``/var/log/pods/<namespace>_<pod>_<uid>`` names the pod, else the pod's own
 environment (``POD_NAME``/``POD_NAMESPACE`` from the downward API).
 """
@@ -23,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ncclwatch.agent import rankfs
+from ncclwatch.agent.cgroupid import container_of_cgroup
 
 #: The kubelet's per-pod log directories on the node.
 PODS_LOG_ROOT = "/var/log/pods"
@@ -52,30 +54,6 @@ class ContainerInfo:
 
 NONE = ContainerInfo()
 
-_ID = r"(?P<id>[0-9a-f]{64})"
-#: (runtime, pattern over one cgroup path): the first match names the container.
-#: systemd drivers name a scope ``<runtime>-<id>.scope``; cgroupfs drivers use
-#: a directory per runtime; Kubernetes' cgroupfs driver puts the bare id under
-#: the pod's directory.
-CONTAINER_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
-    (runtime, re.compile(p)) for runtime, p in (
-        ("containerd", rf"cri-containerd-{_ID}\.scope"),
-        ("containerd", rf":cri-containerd:{_ID}"),            # containerd, systemd v1 style
-        ("crio", rf"crio-{_ID}\.scope"),                       # crio-conmon-<id> is not it
-        ("docker", rf"docker-{_ID}\.scope"),
-        ("docker", rf"/docker/{_ID}(?:/|$)"),
-        ("podman", rf"libpod-{_ID}\.scope"),
-        ("podman", rf"/libpod_parent/libpod-{_ID}"),
-        ("kubernetes", rf"/kubepods/(?:[a-z]+/)?pod[0-9a-f-]{{36}}/{_ID}(?:/|$)"),
-    ))
-
-_UID = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}"
-#: Kubernetes pod UID in a cgroup path (systemd driver writes '-' as '_').
-POD_PATTERNS: tuple[re.Pattern[str], ...] = (
-    re.compile(rf"kubepods[a-z-]*-pod(?P<uid>{_UID})\.slice"),
-    re.compile(rf"/kubepods/(?:[a-z]+/)?pod(?P<uid>{_UID})(?:/|$)"),
-)
-
 #: Pod environment that names the pod (the downward API's usual names),
 #: in order of preference.
 POD_NAME_VARIABLES = ("POD_NAME", "MY_POD_NAME", "K8S_POD_NAME", "KUBERNETES_POD_NAME")
@@ -85,28 +63,6 @@ _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 #: A hostname as an image may set it; anything else (control characters for
 #: an operator's terminal, markup) is not shown at all.
 _HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,252})?$")
-
-
-def container_of_cgroup(text: str) -> tuple[str, str, str]:
-    """(runtime, container id, pod uid) from /proc/PID/cgroup's text ("" when absent)."""
-    runtime = cid = uid = ""
-    for line in text.splitlines():
-        path = line.split(":", 2)[-1]
-        if not cid:
-            for name, pat in CONTAINER_PATTERNS:
-                m = pat.search(path)
-                if m:
-                    runtime, cid = name, m.group("id")
-                    break
-        if not uid:
-            for pat in POD_PATTERNS:
-                m = pat.search(path)
-                if m:
-                    uid = m.group("uid").replace("_", "-")
-                    break
-    if uid and runtime in ("", "kubernetes"):
-        runtime = "kubernetes"
-    return runtime, cid, uid
 
 
 def pod_of(uid: str, root: str = PODS_LOG_ROOT) -> tuple[str, str]:

@@ -12,6 +12,7 @@ import time
 
 import grpc
 
+from ncclwatch import sanitize
 from ncclwatch.daemon.budget import Budget, BudgetConfig, budget
 from ncclwatch.daemon.detect import DetectConfig, detect_job
 from ncclwatch.daemon.detect.shape import halted, still_since
@@ -59,6 +60,8 @@ class Daemon:
         self.ownership = Ownership()
         #: Jobs left out of otherwise applied reports, by the status they had.
         self.rejected_jobs_total: collections.Counter[str] = collections.Counter()
+        #: Reports applied that held text to escape (sanitize.neutralise).
+        self.texts_escaped_total = 0
         self.detect_seconds_total = 0.0
         #: ingestpool.WorkerStats of each ingest worker (none without workers).
         self.ingest_workers: list = []
@@ -95,6 +98,13 @@ class Daemon:
         for part in parts:
             if part.error.bound:
                 self.bound_hits_total[part.error.bound] += 1
+        # Every string it holds is stored escaped (the one escaper): the page,
+        # the API and /metrics never see a control or bidi character of a
+        # report's own making. Checked above as sent (its stack ids are the
+        # hashes of the frames as sent).
+        if sanitize.neutralise(req.report):
+            self.texts_escaped_total += 1
+            rejected = {sanitize.stored("RankIdentity.job_id", k): e for k, e in rejected.items()}
         self._resized(req.report, rejected, now)
         self._check_bounds(req.report, rejected, who)
         self._check_bytes(req.report, rejected, who)

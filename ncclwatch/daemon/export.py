@@ -97,6 +97,7 @@ def capture(d: Daemon, now: float | None = None) -> Capture:
                                  for who, ids in table.node_agents.items()],
                        "held": table.held.total, "agent_ids": len(table.agents),
                        "reports": table.reports_total, "samples": table.samples_total,
+                       "escaped": d.texts_escaped_total,
                        "forms": dict(table.forms_total), "resyncs": table.resyncs_total,
                        "detect": d.detect_seconds_total, "jobs": len(table.jobs),
                        "stacks": len(table.stacks),
@@ -288,6 +289,9 @@ def build(c: Capture) -> list[Family]:
             k["agent_ids"]),
         one("ncclwatch_daemon_reports", "Node reports applied", k["reports"], "counter"),
         one("ncclwatch_daemon_rank_samples", "Rank samples applied", k["samples"], "counter"),
+        one("ncclwatch_daemon_escaped_reports", "Reports applied that held a control or bidi "
+            "character, or bytes that are not UTF-8, stored escaped (an agent's gate "
+            "escapes them all: a rise is a sender that is not one)", k["escaped"], "counter"),
         F("ncclwatch_daemon_rank_samples_by_form",
           "Rank samples applied, by the form they came in (protocol 2: full, change, brief)",
           ("form",), "counter", [((f,), n) for f, n in k["forms"].items()]),
