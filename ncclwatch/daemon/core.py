@@ -204,9 +204,7 @@ class Daemon:
                 why, bound = f"the daemon would hold {total + d} bytes (max_held_bytes " \
                              f"{b.max_held_bytes})", "held_bytes"
             if why:
-                self.bound_hits_total[bound] += 1
-                rejected[job_id] = ReportError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                               f"job {job_id!r} left out: {why}", bound)
+                self._leave_out(rejected, job_id, why, bound)
                 continue
             mine += d
             total += d
@@ -239,6 +237,12 @@ class Daemon:
         del report.samples[:]
         report.samples.extend(kept)
         return dropped
+
+    def _leave_out(self, rejected: dict, job_id: str, why: str, bound: str) -> None:
+        """A job of the report left out for a bound (the rest is applied)."""
+        self.bound_hits_total[bound] += 1
+        rejected[job_id] = ReportError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                       f"job {job_id!r} left out: {why}", bound)
 
     def _check_bounds(self, report: pb.NodeReport, rejected: dict[str, ReportError],
                       who: str = "") -> None:
@@ -295,9 +299,7 @@ class Daemon:
                 why, bound = f"job {job_id!r} would have over {b.max_ranks_per_job} ranks " \
                              f"(max_ranks_per_job)", "ranks_per_job"
             if why:
-                self.bound_hits_total[bound] += 1
-                rejected[job_id] = ReportError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                               f"job {job_id!r} left out: {why}", bound)
+                self._leave_out(rejected, job_id, why, bound)
                 continue
             jobs_left -= job is None
             agent_jobs.add(job_id)
