@@ -19,7 +19,8 @@ here, with one warm-up and one slack (two rules, below):
 - ``limit``: past ``factor x`` its longest normal still period ``+ slack``,
   never under a floor, never over a ceiling.
 - ``within_normal``: a still period no longer than the longest normal one of
-  a rank that stepped: no reason to look at it at all.
+  a rank seen making progress in ``WARMUP.rounds`` rounds: no reason even to
+  look at it (a look is a non-blocking py-spy dump, no pause).
 
 Two rules, by what a wrong call costs:
 
@@ -103,9 +104,12 @@ class StillRule:
         return limit
 
     def within_normal(self, h: StillHistory, still_for: float) -> bool:
-        """A still period no longer than the longest normal one, in a history
-        that counts."""
-        return self.stepped(h) and still_for < h.longest
+        """A still period no longer than the longest normal one, once the rank
+        made progress in ``WARMUP.rounds`` rounds: no reason to look at it
+        (a look costs no pause; its slow round looks anyway). Looks ask less
+        of a history than a pause does: the rank was seen still this long and
+        come back, whatever else it did."""
+        return h.rounds >= h.warmup.rounds and still_for < h.longest
 
     def describe(self) -> str:
         """The rule in words, for help texts and docs."""
