@@ -164,15 +164,7 @@ def test_stillness_past_the_ranks_own_normal_is_paused_once() -> None:
     assert len(r.due_at) == 1, r.due_at
     assert limit <= r.due_at[0] - r.t.still_since <= limit + 1.0
     # A job that stepped fast (1 s: never still) has no normal still period:
-    # not paused on its own history (stillness.py), only once the daemon asks.
-    fast = Rank()
-    for _ in range(40):
-        fast.step(1)
-    fast.still(10)
-    assert fast.due_at == []
-    fast.t.native_asked = fast.now
-    fast.still(1)
-    assert len(fast.due_at) == 1
+    # tests/test_stillness.py (paused only once the daemon asks).
 
 
 def test_the_ceiling_caps_a_long_normal() -> None:
