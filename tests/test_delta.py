@@ -431,3 +431,21 @@ def test_a_resync_resends_job_info_to_the_daemon_that_lost_it() -> None:
             assert up.resyncs_total == 1 and sent_env == ["reset", "reset"]
             assert h.daemon.table.resyncs_total == 1
     asyncio.run(go())
+
+
+def test_a_queued_report_first_after_a_restart_does_not_date_the_waits_late() -> None:
+    """A restarted daemon's first report from an agent may have waited in the
+    agent's queue (reconnect backoff): its transit is in the clock offset,
+    and the briefs after it carry no state. The better offset of those briefs
+    re-dates the waits to the agents' clocks (the offset here is 1000 s)."""
+    d, deltas = Daemon(DaemonConfig()), StreamDeltas(phase=0)
+    flush = 1110.0  # the queue of rounds built at agent clocks 100..110 arrives at once
+    for i, clock in enumerate(range(100, 111)):
+        still = [_rank(r, S.COLLECTIVE, Op.ALL_REDUCE, 90.0, float(clock), still=clock - 90.0)
+                 for r in range(4)]
+        req = _v2(deltas, _round(i + 1, still, float(clock)))
+        assert bool(req.report.samples) == (i == 0)  # full once, then briefs
+        d.ingest(req, now=flush + 0.001 * i)
+    since = d.table.jobs["job-1"].ranks[2].since
+    assert since == pytest.approx(1090.0, abs=0.1), since  # not 1100: the first report's age
+    assert d.table.reanchored_total >= 1

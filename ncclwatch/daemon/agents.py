@@ -8,6 +8,7 @@ reports (transit only ever adds), tightened by timed acknowledgements.
 from __future__ import annotations
 
 import collections
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +60,8 @@ class AgentRecord:
     #: seq -> recv - agent clock of recent reports, for their timed acks.
     _by_seq: dict = field(default_factory=dict)
     _last_clock: float = 0.0
+    #: The offset the last report's ages were anchored with (JobTable._reanchor).
+    anchored_offset: float = math.inf
 
     def stale(self, now: float, staleness: float) -> bool:
         return now - self.last_recv > max(staleness, 3 * self.interval)

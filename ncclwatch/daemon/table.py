@@ -32,6 +32,9 @@ GONE_JOB_TTL = 120.0
 #: A state's start moving later by more than this on the agent's clock: a new
 #: episode of it (the agent re-anchors a wait it saw the rank progress out of).
 NEW_EPISODE = 0.5
+#: The agent's clock offset falling by more than this re-dates its ranks'
+#: states (``JobTable._reanchor``): less is the jitter every report has.
+REANCHOR_STEP = 0.25
 #: Wire values -> enums, looked up per sample (from_proto goes through names).
 _STATE_OF = {v: RankState.from_proto(v) for v in pb.RankState.values()}
 _OP_OF = {v: CollectiveOp.from_proto(v) for v in pb.CollectiveOp.values()}
@@ -50,6 +53,8 @@ class JobTable:
         self.samples_total = 0
         self.reports_total = 0
         self.duplicates_total = 0
+        #: Times an agent's better clock offset re-dated its ranks (_reanchor).
+        self.reanchored_total = 0
         self._fresh_agents: tuple[float, set[str]] | None = None
         #: Rank samples applied by the form they came in (protocol 2), and the
         #: resyncs asked for (briefs or changes naming slots not held).
@@ -111,8 +116,13 @@ class JobTable:
             node = agent.node
         agent_id = agent.agent_id
         agent_clock = report.agent_monotonic_seconds
-        anchor = agent.clock_offset(recv, agent_clock, report.seq, report.timed_seq,
-                                    report.timed_round_trip_seconds) + agent_clock  # <= recv
+        offset = agent.clock_offset(recv, agent_clock, report.seq, report.timed_seq,
+                                    report.timed_round_trip_seconds)
+        anchor = offset + agent_clock  # <= recv
+        if agent_clock > 0:
+            if offset < agent.anchored_offset - REANCHOR_STEP and agent.ranks:
+                self._reanchor(agent, offset)
+            agent.anchored_offset = offset
         jobs = self.jobs
         held, payer = self.held, agent.identity
         job: Job | None = None
@@ -194,6 +204,32 @@ class JobTable:
         else:
             agent.ranks |= reported
         return missing
+
+    def _reanchor(self, agent: AgentRecord, offset: float) -> None:
+        """The agent's clock offset came out smaller than the one its ranks'
+        states were anchored with: date them by the better one.
+
+        A report that waited in the agent's queue (a daemon restarting, a
+        stream reconnecting after backoff) arrives with its queueing inside
+        ``recv - agent clock``; when it is the first the daemon sees, every
+        state it carries starts that much late, and the briefs after it carry
+        no state to correct it. A wait dated late is a watchdog budget that
+        errs large. ``since_agent`` is on the agent's clock, so the better
+        offset dates it again; earlier only, as ``_take_state`` keeps it.
+        """
+        jobs = self.jobs
+        agent_id = agent.agent_id
+        for job_id, rank in agent.ranks:
+            job = jobs.get(job_id)
+            rec = job.ranks.get(rank) if job else None
+            if rec is None or rec.agent_id != agent_id or rec.gone_at is not None \
+                    or rec.since_agent <= 0:
+                continue
+            since = rec.since_agent + offset
+            if since < rec.since:
+                rec.since = since
+                self.dirty.add(job_id)
+        self.reanchored_total += 1
 
     def _take_state(self, job: Job, rec: RankRecord, m: Any, anchor: float, agent_clock: float,
                     missing: list[str], moved: bool = False) -> bool:
