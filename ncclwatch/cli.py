@@ -105,8 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a node to make a client certificate for (repeatable); its agent "
                          "must report as this name")
     from ncclwatch import install
+    from ncclwatch.agent import viewhelper
 
     install.add_parser(sub)
+    vh = sub.add_parser("view-helper", help=viewhelper.HELP, description=viewhelper.HELP)
+    viewhelper.add_arguments(vh)
     return p
 
 
@@ -129,6 +132,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from ncclwatch import certs
 
             return certs.main(args)
+        if args.command == "view-helper":
+            from ncclwatch.agent import viewhelper
+
+            return viewhelper.main(args)
         if args.command == "install":
             from ncclwatch import install
 

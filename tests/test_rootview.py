@@ -156,3 +156,55 @@ def test_a_gone_rank_needs_none(tmp_path) -> None:
 ])
 def test_missing_capabilities(capeff, lacking) -> None:
     assert missing_capabilities(f"Name:\tx\nCapEff:\t{capeff}\n") == lacking
+
+
+def test_a_symlink_under_the_root_that_leads_out_is_walked_inside_it(tmp_path) -> None:
+    """The image's libpython path is a link to a file that exists on the host
+    only: followed as the agent's own root resolves it, it read as found (no
+    view, and py-spy would read the host's file); walked inside the rank's
+    root, it is not there, and the view is taken."""
+    host = tmp_path / "host-only"
+    host.mkdir()
+    (host / "libpython3.11.so.1.0").write_bytes(b"\x7fELF")
+    image = tmp_path / "image"
+    (image / "usr/lib").mkdir(parents=True)
+    os.symlink(host / "libpython3.11.so.1.0", image / "usr/lib/libpython3.11.so.1.0")
+    proc = _proc(tmp_path, str(image), [maps_line("r-xp", "/usr/lib/libpython3.11.so.1.0")])
+    assert needed(7, str(proc))
+    # The same link inside the image's own tree is the rank's file: no view.
+    (image / "lib").mkdir()
+    (image / "lib/libpython3.11.so.1.0").write_bytes(b"\x7fELF")
+    (image / "usr/lib/libpython3.11.so.1.0").unlink()
+    os.symlink("/lib/libpython3.11.so.1.0", image / "usr/lib/libpython3.11.so.1.0")
+    assert not needed(7, str(proc))
+
+
+def _write_exec(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.parametrize("what,expect", [
+    ("py-spy", None),                                   # PyPI's wheel: static-pie
+    ("/usr/bin/true", "dynamically linked"),            # PT_INTERP: /lib64/ld-linux...
+    ("script", "a script"),                             # #!: an interpreter by path
+    ("not-elf", "not a 64-bit"),
+    ("truncated", "not a 64-bit"),
+])
+def test_only_a_static_elf_may_run_in_a_view(tmp_path, what, expect) -> None:
+    from tests.conftest import need
+
+    path = {
+        "py-spy": lambda: Path(need("py-spy")),
+        "/usr/bin/true": lambda: Path("/usr/bin/true"),
+        "script": lambda: _write_exec(tmp_path / "s", b"#!/bin/sh\nexec py-spy \"$@\"\n"),
+        "not-elf": lambda: _write_exec(tmp_path / "n", b"MZ" + b"\0" * 200),
+        "truncated": lambda: _write_exec(tmp_path / "t", b"\x7fELF\x02\x01"),
+    }[what]()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        got = rootview.not_static(fd)
+    finally:
+        os.close(fd)
+    assert (got is None) if expect is None else (expect in got), got

@@ -290,32 +290,39 @@ def test_daemon_serves_under_its_syscall_filter_and_mdwe(tmp_path: Path, workers
         sd.close()
 
 
-CHROOT_DROPIN = UNITS / "ncclwatch-agent.service.d" / "chroot-ranks.conf"
+VIEW = "ncclwatch-view.service"
 
 
-def test_the_chroot_ranks_drop_in_adds_only_what_the_view_needs(local_units: Path) -> None:
-    """The opt-in for chroot'd ranks (rootview.py): the agent unit with the drop-in
-    applied verifies clean, gains CAP_SYS_ADMIN and CAP_SYS_CHROOT, mount
-    namespaces and the @mount calls, and nothing else."""
-    text = CHROOT_DROPIN.read_text()
-    combined = local_units / AGENT
-    combined.write_text(combined.read_text() + "\n" + text)
-    r = subprocess.run([systemd_analyze(), "verify", str(combined)], capture_output=True,
+def test_the_view_helper_unit_holds_only_what_the_view_needs(tmp_path: Path) -> None:
+    """The opt-in for chroot'd ranks (viewhelper.py): its own unit holds
+    CAP_SYS_ADMIN and CAP_SYS_CHROOT (with py-spy's two), mount namespaces
+    and the @mount calls after the privileged ones are denied, no network;
+    it verifies clean, and the agent's unit gains nothing."""
+    real = Path(sys.executable).with_name("ncclwatch")
+    text = (UNITS / VIEW).read_text()
+    assert f"ExecStart={INSTALLED} view-helper " in text
+    unit = tmp_path / VIEW
+    unit.write_text(text.replace(f"ExecStart={INSTALLED} ", f"ExecStart={real} "))
+    r = subprocess.run([systemd_analyze(), "verify", str(unit)], capture_output=True,
                        text=True, timeout=60)
     foreign = re.compile(r"^/(etc|run|usr/lib|lib)/systemd/\S+:")
     ours = [x for x in (r.stdout + r.stderr).splitlines() if x.strip() and not foreign.match(x)]
     assert r.returncode == 0 and not ours, ours
     sec = subprocess.run([systemd_analyze(), "security", "--offline=yes", "--no-pager",
-                          str(combined)], capture_output=True, text=True, timeout=60).stdout
+                          str(unit)], capture_output=True, text=True, timeout=60).stdout
     allowed = {m.group(1) for m in re.finditer(r"✗ RestrictNamespaces=~(\w+)", sec)}
     assert allowed == {"mnt"}, allowed
-    assert re.search(r"✗ CapabilityBoundingSet=~CAP_SYS_ADMIN", sec), sec
-    got = exposure(combined)
-    print(f"\nagent exposure with the chroot-ranks drop-in: {got} "
-          f"(without: {MAX_EXPOSURE[AGENT]})")
-    assert MAX_EXPOSURE[AGENT] < got <= 3.6, got
-    d = {k: v for k, v in (ln.split("=", 1) for ln in text.splitlines()
-                           if ln and ln[0] not in "#[")}
-    assert set(d["CapabilityBoundingSet"].split()) == {"CAP_SYS_ADMIN", "CAP_SYS_CHROOT"}
+    got = exposure(unit)
+    print(f"\nview helper exposure: {got} (agent {MAX_EXPOSURE[AGENT]})")
+    assert got <= 3.6, got
+    d = directives(VIEW)
+    assert set(d["CapabilityBoundingSet"][0].split()) == {
+        "CAP_SYS_ADMIN", "CAP_SYS_CHROOT", "CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH"}
     assert d["AmbientCapabilities"] == d["CapabilityBoundingSet"]
-    assert d["RestrictNamespaces"] == "mnt" and d["SystemCallFilter"] == "@mount"
+    assert d["RestrictNamespaces"] == ["mnt"] and d["SystemCallFilter"][-1] == "@mount"
+    assert d["PrivateNetwork"] == ["yes"] and d["RestrictAddressFamilies"] == ["AF_UNIX"]
+    assert d["RuntimeDirectoryMode"] == ["0700"]
+    assert f"--socket /run/{d['RuntimeDirectory'][0]}/view.sock" in d["ExecStart"][0]
+    agent = directives(AGENT)
+    assert "CAP_SYS_ADMIN" not in agent["CapabilityBoundingSet"][0]
+    assert "CAP_SYS_CHROOT" not in agent["CapabilityBoundingSet"][0]

@@ -63,7 +63,7 @@ class Agent:
         self.scheduler = scheduler or SchedulerLookup()
         self.gpu = gpu if gpu is not None else NvmlGpuReader()
         self.gpus_expected = expected_gpus()
-        self.pyspy = pyspy or PySpy(timeout=config.pyspy_timeout)
+        self.pyspy = pyspy or PySpy(timeout=config.pyspy_timeout, view_socket=config.view_helper)
         self.classifier = classifier
         self.trackers: dict[int, RankTracker] = {}
         self.stacks: dict[str, pb.Stack] = {}

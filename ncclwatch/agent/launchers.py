@@ -15,12 +15,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import subprocess
 import time
 from dataclasses import dataclass
 
 from ncclwatch.agent import caps
-from ncclwatch.agent.pyspy import PySpyError, view_args
+from ncclwatch.agent.pyspy import PySpyError, locals_sync
 
 log = logging.getLogger(__name__)
 
@@ -159,18 +158,12 @@ CONFIRM_DELAY = 0.2
 
 def _dump_index(pid: int, pyspy: str, timeout: float) -> tuple[int | None, bool]:
     try:
-        out = subprocess.run([pyspy, "dump", "--json", "--locals", "--nonblocking",
-                              "--pid", str(pid)], capture_output=True, text=True,
-                             timeout=timeout, stdin=subprocess.DEVNULL,
-                             start_new_session=True, **view_args(pyspy, pid))
-    except (subprocess.TimeoutExpired, OSError, subprocess.SubprocessError,
-            PySpyError) as e:
+        stdout = locals_sync(pyspy, pid, timeout)
+    except PySpyError as e:
         log.debug("py-spy --locals on pid %d: %s", pid, e)
         return None, False
-    if out.returncode != 0:
-        return None, False
     try:
-        threads = json.loads(out.stdout)
+        threads = json.loads(stdout)
     except ValueError:
         return None, False
     return wrap_index(threads)

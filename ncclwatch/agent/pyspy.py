@@ -61,28 +61,53 @@ def native_argv(binary: str, pid: int) -> list[str]:
     return [binary, "dump", "--json", "--native", "--pid", str(pid)]
 
 
+def locals_argv(binary: str, pid: int) -> list[str]:
+    """A nonblocking dump with each frame's locals (launchers.spawn_index)."""
+    return [binary, "dump", "--json", "--locals", "--nonblocking", "--pid", str(pid)]
+
+
 class PySpyError(RuntimeError):
     pass
 
 
+#: Where the view helper listens (viewhelper.py), unless the agent is told otherwise.
+DEFAULT_VIEW_SOCKET = "/run/ncclwatch-view/view.sock"
+#: Seconds to tell whether a rank needs a view: its files may sit on a hung mount.
+VIEW_ROUTE_TIMEOUT = 2.0
+#: A route through the view helper (view_route).
+HELPER = "helper"
 #: The agent's own py-spy, opened once per path: what a rank's view executes.
 _view_fds: dict[str, int] = {}
-#: Capabilities a chroot'd rank's view needs and this agent lacks (read once).
+#: Capabilities a chroot'd rank's view needs and this process lacks (read once).
 _view_lacks: list[str] | None = None
 _view_warned = False
 
 
-def view_args(binary: str, pid: int) -> dict:
-    """Popen arguments that run ``binary`` (py-spy) on ``pid`` in its view, or {}
-    when py-spy finds the rank's binaries unaided (rootview.needed)."""
-    global _view_lacks, _view_warned
+def view_route(binary: str, pid: int, socket_path: str | None) -> dict | str:
+    """How py-spy reaches ``pid``: {} (directly, the common case), HELPER (the
+    view helper at ``socket_path`` runs it in the rank's view), or Popen
+    arguments that run it in a view made here (an agent that holds the two
+    capabilities itself). Reads the rank's files: call it off the event loop."""
     if not rootview.needed(pid):
+        return {}
+    if socket_path and os.path.exists(socket_path):
+        return HELPER
+    return view_args(binary, pid, checked=True)
+
+
+def view_args(binary: str, pid: int, checked: bool = False) -> dict:
+    """Popen arguments that run ``binary`` (py-spy) on ``pid`` in its view, or {}
+    when py-spy finds the rank's binaries unaided (rootview.needed; ``checked``:
+    the caller knows a view is needed)."""
+    global _view_lacks, _view_warned
+    if not checked and not rootview.needed(pid):
         return {}
     if _view_lacks is None:
         _view_lacks = rootview.missing_capabilities()
     if _view_lacks:
         why = (f"pid {pid}: its root was changed with chroot, and py-spy finds its "
-               f"libpython only in a view that needs {' and '.join(_view_lacks)} "
+               f"libpython only in a view that needs {' and '.join(_view_lacks)}: run the "
+               f"view helper (ncclwatch view-helper, systemd/ncclwatch-view.service) "
                f"(docs/launchers.md, Ranks in containers)")
         if not _view_warned:
             _view_warned = True
@@ -91,14 +116,38 @@ def view_args(binary: str, pid: int) -> dict:
     try:
         view = rootview.read_view(pid)
         if binary not in _view_fds:
-            _view_fds[binary] = os.open(binary, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(binary, os.O_RDONLY | os.O_CLOEXEC)
+            problem = rootview.not_static(fd)
+            if problem:
+                os.close(fd)
+                raise PySpyError(f"pid {pid}: py-spy at {binary} is {problem}; a view runs "
+                                 f"only a static py-spy (PyPI's py-spy wheels are static)")
+            _view_fds[binary] = fd
     except OSError as e:
         raise PySpyError(f"pid {pid}: no view of its root: {e}") from None
     fd = _view_fds[binary]
-    # Executed through the fd opened here, in the agent's root: nothing in the
-    # view (nothing of the rank's) is ever run.
+    # Executed through the fd opened here, in the agent's root, and static:
+    # nothing in the view (nothing of the rank's) is ever run.
     return {"executable": f"/proc/self/fd/{fd}", "pass_fds": (fd,),
             "preexec_fn": lambda: rootview.enter(view)}
+
+
+def locals_sync(binary: str, pid: int, timeout: float,
+                socket_path: str | None = DEFAULT_VIEW_SOCKET) -> str:
+    """``locals_argv``'s output, for code off the event loop (PySpyError)."""
+    route = view_route(binary, pid, socket_path)
+    if route == HELPER:
+        from ncclwatch.agent import viewhelper
+        return viewhelper.ask_sync(socket_path, pid, "locals", timeout + 1.0).decode()
+    try:
+        out = subprocess.run(locals_argv(binary, pid), capture_output=True, text=True,
+                             timeout=timeout, stdin=subprocess.DEVNULL,
+                             start_new_session=True, **route)
+    except (subprocess.TimeoutExpired, OSError, subprocess.SubprocessError) as e:
+        raise PySpyError(f"py-spy --locals on pid {pid}: {e}") from None
+    if out.returncode != 0:
+        raise PySpyError(f"py-spy --locals exit {out.returncode} on pid {pid}")
+    return out.stdout
 
 
 class PySpy:
@@ -106,8 +155,12 @@ class PySpy:
 
     def __init__(self, binary: str | None = None,
                  timeout: float = DEFAULT_TIMEOUT_SECONDS,
-                 native_timeout: float = NATIVE_TIMEOUT_SECONDS) -> None:
+                 native_timeout: float = NATIVE_TIMEOUT_SECONDS,
+                 view_socket: str | None = DEFAULT_VIEW_SOCKET) -> None:
         self.binary = binary or find_pyspy()
+        self.view_socket = view_socket
+        #: pid -> the thread still telling its route (view_route): one at a time.
+        self._routing: dict[int, asyncio.Future] = {}
         self.timeout = timeout
         self.native_timeout = native_timeout
         self.runs_total = 0
@@ -147,7 +200,7 @@ class PySpy:
             start = time.monotonic()
             self.runs_total += 1
             try:
-                return await self._run(pid, dump_argv(self.binary, pid), self.timeout)
+                return await self._run(pid, "dump", self.timeout)
             except PySpyError:
                 self.failures_total += 1
                 raise
@@ -160,8 +213,7 @@ class PySpy:
             start = time.monotonic()
             self.native_total += 1
             try:
-                return await self._run(pid, native_argv(self.binary, pid), self.native_timeout,
-                                       paused=True)
+                return await self._run(pid, "native", self.native_timeout, paused=True)
             except PySpyError:
                 self.native_failures_total += 1
                 raise
@@ -172,50 +224,80 @@ class PySpy:
                     if took <= bound:
                         self.native_buckets[i] += 1
 
-    async def _run(self, pid: int, argv: list[str], timeout: float,
-                   paused: bool = False) -> list[ThreadDump]:
-        view = view_args(argv[0], pid)
+    async def _route(self, pid: int) -> dict | str:
+        """view_route off the event loop, bounded: a rank's files on a hung
+        mount cost one thread, never the round (and no second one)."""
+        if not rootview.chrooted(pid):
+            return {}  # the common rank: one procfs readlink
+        if pid in self._routing:
+            raise PySpyError(f"pid {pid}: its files did not answer yet (view check)")
+        fut = asyncio.ensure_future(asyncio.to_thread(view_route, self.binary, pid,
+                                                      self.view_socket))
+        self._routing[pid] = fut
+        fut.add_done_callback(lambda _f: self._routing.pop(pid, None))
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                # Never let py-spy inherit a terminal's signals (Ctrl-C to the agent).
-                start_new_session=True,
-                **view,
-            )
-        except (OSError, subprocess.SubprocessError) as e:
-            raise PySpyError(f"py-spy did not start for pid {pid}: {e}") from None
-        try:
-            out, err = await asyncio.wait_for(_communicate(proc), timeout)
-        except _TooMuch:
-            _kill(proc)
-            await proc.wait()
-            if paused:
-                _resume(pid)
-            caps.COUNTS.hit("pyspy_output")
-            raise PySpyError(f"py-spy's dump of pid {pid} is over "
-                             f"{caps.PYSPY_OUTPUT_BYTES} bytes: left out this round") from None
+            return await asyncio.wait_for(asyncio.shield(fut), VIEW_ROUTE_TIMEOUT)
         except asyncio.TimeoutError:
-            _kill(proc)
-            await proc.wait()
-            if paused:
-                _resume(pid)
-            raise PySpyError(f"py-spy timed out after {timeout:.1f}s on pid {pid}") from None
-        except asyncio.CancelledError:
-            _kill(proc)
-            if paused:
-                _resume(pid)
-            raise
-        if proc.returncode != 0:
-            msg = err.decode(errors="replace").strip().splitlines()
-            raise PySpyError(f"py-spy exit {proc.returncode} on pid {pid}: "
-                             f"{msg[-1] if msg else 'no message'}")
+            raise PySpyError(f"pid {pid}: its files did not answer within "
+                             f"{VIEW_ROUTE_TIMEOUT:.0f}s (view check)") from None
+
+    async def _run(self, pid: int, mode: str, timeout: float,
+                   paused: bool = False) -> list[ThreadDump]:
+        route = await self._route(pid)
+        if route == HELPER:
+            from ncclwatch.agent import viewhelper
+            out = await viewhelper.ask(self.view_socket, pid, mode, timeout + 2.0)
+        else:
+            argv = (native_argv if mode == "native" else dump_argv)(self.binary, pid)
+            out = await run_pyspy(argv, pid, timeout, paused, route)
         try:
             return parse_pyspy_json(out.decode(errors="replace"))
         except DumpFormatError as e:
             raise PySpyError(str(e)) from None
+
+
+async def run_pyspy(argv: list[str], pid: int, timeout: float, paused: bool,
+                    view: dict) -> bytes:
+    """One py-spy run under ``timeout``, its output bounded; the child is
+    killed (never the rank) past either, and a paused rank continued."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            # Never let py-spy inherit a terminal's signals (Ctrl-C to the agent).
+            start_new_session=True,
+            **view,
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        raise PySpyError(f"py-spy did not start for pid {pid}: {e}") from None
+    try:
+        out, err = await asyncio.wait_for(_communicate(proc), timeout)
+    except _TooMuch:
+        _kill(proc)
+        await proc.wait()
+        if paused:
+            _resume(pid)
+        caps.COUNTS.hit("pyspy_output")
+        raise PySpyError(f"py-spy's dump of pid {pid} is over "
+                         f"{caps.PYSPY_OUTPUT_BYTES} bytes: left out this round") from None
+    except asyncio.TimeoutError:
+        _kill(proc)
+        await proc.wait()
+        if paused:
+            _resume(pid)
+        raise PySpyError(f"py-spy timed out after {timeout:.1f}s on pid {pid}") from None
+    except asyncio.CancelledError:
+        _kill(proc)
+        if paused:
+            _resume(pid)
+        raise
+    if proc.returncode != 0:
+        msg = err.decode(errors="replace").strip().splitlines()
+        raise PySpyError(f"py-spy exit {proc.returncode} on pid {pid}: "
+                         f"{msg[-1] if msg else 'no message'}")
+    return out
 
 
 class _TooMuch(Exception):

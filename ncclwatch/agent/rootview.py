@@ -42,6 +42,8 @@ import os
 import re
 from dataclasses import dataclass
 
+from ncclwatch.agent import rankfs
+
 #: py-spy's own test for a shared libpython in the maps (python_process_info.rs).
 LIBPYTHON = re.compile(r"/libpython\d.\d\d?(m|d|u)?.so")
 #: Where, in the child's private copy of the agent's mounts, the view's tmpfs
@@ -108,17 +110,72 @@ def layout(pid: int, *, root_link: str, exe_link: str, entries: list[str],
                 links=tuple(links))
 
 
+def chrooted(pid: int, proc: str = "/proc") -> bool:
+    """The rank's root is not the top of its tree (a cheap procfs read: the
+    common rank, at the top, needs no more)."""
+    try:
+        return os.readlink(f"{proc}/{pid}/root") != "/"
+    except OSError:
+        return False
+
+
 def needed(pid: int, proc: str = "/proc") -> bool:
     """py-spy would miss this rank's libpython: its root is not the top of its tree
-    and a mapped libpython is not at ``/proc/PID/root`` + its maps path."""
+    and a mapped libpython is not at ``/proc/PID/root`` + its maps path.
+
+    The path is the rank's text, so it is walked inside the rank's root
+    (rankfs: no symlink leads out, nothing is opened but an ``O_PATH``); a
+    rank's files may sit on a slow or hung filesystem, so callers on the
+    event loop run this in a thread with a timeout (pyspy.view_route)."""
+    if not chrooted(pid, proc):
+        return False
     try:
-        if os.readlink(f"{proc}/{pid}/root") == "/":
-            return False
         with open(f"{proc}/{pid}/maps") as f:
             maps = f.read()
     except OSError:
         return False
-    return any(not os.path.exists(f"{proc}/{pid}/root{m}") for m in libpython_paths(maps))
+    return any(not _in_root(pid, m, proc) for m in libpython_paths(maps))
+
+
+def _in_root(pid: int, path: str, proc: str) -> bool:
+    """``path`` names a regular file inside the rank's root (as py-spy would open it)."""
+    try:
+        got = rankfs.open_in_root(pid, path, rankfs.REGULAR, follow_last=True, proc=proc)
+    except OSError:
+        return False
+    if got is None:
+        return False
+    os.close(got[0])
+    return True
+
+
+#: ELF program header type of the interpreter (the dynamic loader) path.
+_PT_INTERP = 3
+
+
+def not_static(fd: int) -> str | None:
+    """Why the executable open at ``fd`` may not run in a view, or None.
+
+    Executed in the view, a dynamic binary's loader (PT_INTERP), or a
+    script's ``#!`` interpreter, is looked up by path in the view, where
+    every top-level name leads into the rank's own files: the rank's image
+    would supply code that runs as root. Only a static ELF (py-spy's wheels
+    ship one) has nothing to look up."""
+    head = os.pread(fd, 64, 0)
+    if head[:2] == b"#!":
+        return "a script (its #! interpreter would come from the rank's image)"
+    if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+        return "not a 64-bit little-endian ELF executable"
+    phoff = int.from_bytes(head[32:40], "little")
+    phentsize = int.from_bytes(head[54:56], "little")
+    phnum = int.from_bytes(head[56:58], "little")
+    if phentsize < 4 or phnum > 256:
+        return "an ELF with unreadable program headers"
+    table = os.pread(fd, phentsize * phnum, phoff)
+    for i in range(phnum):
+        if int.from_bytes(table[i * phentsize:i * phentsize + 4], "little") == _PT_INTERP:
+            return "dynamically linked (its loader would come from the rank's image)"
+    return None
 
 
 def missing_capabilities(status: str | None = None) -> list[str]:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from ncclwatch.agent.container import PODS_LOG_ROOT
 from ncclwatch.agent.pausing import PausePolicy
 from ncclwatch.agent.policy import StackPolicy
+from ncclwatch.agent.pyspy import DEFAULT_VIEW_SOCKET
 from ncclwatch.config import (build, hostports, option, options_of, positive_float,
                               positive_int, rank_set)
 
@@ -48,6 +49,10 @@ class AgentConfig:
     policy: StackPolicy = field(default_factory=StackPolicy)
     pyspy_timeout: float = option(3.0, "timeout of one py-spy dump", positive_float, "SECONDS")
     pyspy_concurrency: int = 2
+    view_helper: str = option(
+        DEFAULT_VIEW_SOCKET, "the view helper's socket (ncclwatch view-helper): py-spy of a "
+        "rank whose root was changed with chroot runs there, where CAP_SYS_ADMIN and "
+        "CAP_SYS_CHROOT are, when the socket exists", metavar="PATH")
     max_queue: int = option(32, "reports kept while the collector is unreachable (the oldest "
                             "are dropped and counted)", positive_int, "N")
     tls: ClientTLS | None = None  # mTLS to the daemon (None: insecure)

@@ -8,8 +8,9 @@ With a shared libpython, py-spy alone fails on the chroot'd ones (it opens
 top of the mount tree, not to the root); the agent runs it in a view of its
 own making (ncclwatch/agent/rootview.py). The view needs CAP_SYS_ADMIN and
 CAP_SYS_CHROOT: run with the two capabilities the unit and the DaemonSet
-grant, the agent says so instead of failing silently; with the two added
-(systemd/examples/agent-chroot-ranks.conf), it gets the stack.
+grant, the agent says so instead of failing silently; with the view helper
+beside it (the one process that holds the two: ncclwatch view-helper), it
+gets the stack. Only a static py-spy runs in a view: a planted loader never.
 """
 
 from __future__ import annotations
@@ -96,21 +97,26 @@ PROBE = """
 import asyncio, json, sys
 from ncclwatch.agent.pyspy import PySpy, PySpyError
 try:
-    t = asyncio.run(PySpy().dump(int(sys.argv[1])))
+    t = asyncio.run(PySpy(view_socket=sys.argv[2]).dump(int(sys.argv[1])))
     print(json.dumps({"frames": [f.name for x in t for f in x.stack.frames]}))
 except PySpyError as e:
     print(json.dumps({"error": str(e)}))
 """
 
 
-def _probe_with(caps: list[str], pid: int) -> dict:
-    """PySpy().dump(pid) by root holding only ``caps`` (as the unit or the pod grant them)."""
+def _with_caps(caps: list[str]) -> list[str]:
+    """The argv prefix that runs a command as root holding only ``caps``."""
     setpriv = shutil.which("setpriv")
     if setpriv is None:
         pytest.fail("setpriv missing: install Debian's util-linux")
     spec = ",".join(["-all"] + [f"+{c}" for c in caps])
-    out = subprocess.run([setpriv, "--bounding-set", spec, "--inh-caps", "-all", "--no-new-privs",
-                          sys.executable, "-c", PROBE, str(pid)], capture_output=True, text=True,
+    return [setpriv, "--bounding-set", spec, "--inh-caps", "-all", "--no-new-privs"]
+
+
+def _probe_with(caps: list[str], pid: int, view_socket: str = "/nonexistent/view.sock") -> dict:
+    """PySpy().dump(pid) by root holding only ``caps`` (as the unit or the pod grant them)."""
+    out = subprocess.run([*_with_caps(caps), sys.executable, "-c", PROBE, str(pid), view_socket],
+                         capture_output=True, text=True,
                          timeout=60, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -167,5 +173,79 @@ def test_a_symlink_planted_for_libpython_never_leads_to_a_host_file(tmp_path) ->
             assert "spin_in_image" in [f.name for t in threads for f in t.stack.frames]
         finally:
             subprocess.run(["umount", str(host_only)], check=False)
+    finally:
+        proc.stop()
+
+
+def test_the_view_helper_alone_holds_the_two_capabilities(tmp_path) -> None:
+    """The agent with the unit's two capabilities gets the chroot'd rank's stack
+    through the view helper (systemd/ncclwatch-view.service: the only part
+    that holds CAP_SYS_ADMIN and CAP_SYS_CHROOT); without it, it says so."""
+    c, proc, pid = _start(tmp_path, "chroot")
+    sock = str(tmp_path / "run" / "view.sock")
+    helper = None
+    try:
+        if not rootview.needed(pid):
+            pytest.fail("this interpreter loads no shared libpython: no view to ask for")
+        agent_caps = ["sys_ptrace", "dac_read_search"]
+        alone = _probe_with(agent_caps, pid, sock)
+        assert "view helper" in alone.get("error", ""), alone
+        helper = Proc([*_with_caps([*agent_caps, "sys_admin", "sys_chroot"]), sys.executable,
+                       "-m", "ncclwatch", "view-helper", "--socket", sock,
+                       "--log-level", "debug"], name="view-helper")
+        deadline = time.time() + 30
+        while not os.path.exists(sock) and time.time() < deadline and helper.alive():
+            time.sleep(0.1)
+        assert os.path.exists(sock), helper.output()[-2000:]
+        got = _probe_with(agent_caps, pid, sock)
+        assert "spin_in_image" in got.get("frames", []), (got, helper.output()[-2000:])
+    finally:
+        if helper is not None:
+            helper.stop()
+        proc.stop()
+
+
+EVIL = r"""
+#include <fcntl.h>
+#include <unistd.h>
+int main(void) {
+    int fd = open("/tmp/loader-ran", O_CREAT | O_WRONLY, 0644);
+    if (fd >= 0) { write(fd, "ran as the agent\n", 17); close(fd); }
+    return 0;
+}
+"""
+
+
+def test_a_loader_planted_in_the_image_never_runs(tmp_path) -> None:
+    """A py-spy that is not static (conda's, a wrapper) would have its loader
+    looked up in the view, where /lib64 is the rank's: an image that plants a
+    loader there gets code run as root. The view refuses such a binary, and
+    the planted loader never runs; the agent's static py-spy still reads."""
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.fail("gcc missing: install Debian's gcc (and libc6-dev) to build the planted loader")
+    src, evil = tmp_path / "evil.c", tmp_path / "evil"
+    src.write_text(EVIL)
+    subprocess.run([cc, "-static", "-O1", "-o", str(evil), str(src)], check=True, timeout=120)
+    dynamic = tmp_path / "py-spy-dynamic"
+    shutil.copyfile("/usr/bin/true", dynamic)
+    dynamic.chmod(0o755)
+    c, proc, pid = _start(tmp_path, "chroot")
+    try:
+        if not rootview.needed(pid):
+            pytest.fail("this interpreter loads no shared libpython: no view is built here")
+        interp = subprocess.run(["readelf", "-l", str(dynamic)], capture_output=True,
+                                text=True).stdout
+        loader = interp.split("interpreter: ", 1)[1].split("]", 1)[0]
+        d = os.path.dirname(loader).lstrip("/")
+        _in_container(pid, f"rm -f {c.image}/{d}; mkdir -p {c.image}/{d}; "
+                           f"cp {evil} {c.image}{loader}; chmod 755 {c.image}{loader}")
+        with pytest.raises(PySpyError) as refused:
+            asyncio.run(PySpy(binary=str(dynamic), view_socket=None).dump(pid))
+        marker = Path(f"/proc/{pid}/root/tmp/loader-ran")
+        assert not marker.exists(), "the image's loader ran as the agent"
+        assert "dynamically linked" in str(refused.value), refused.value
+        threads = asyncio.run(PySpy(view_socket=None).dump(pid))
+        assert "spin_in_image" in [f.name for t in threads for f in t.stack.frames]
     finally:
         proc.stop()
