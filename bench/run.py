@@ -15,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "BENCHMARKS.md"
-GPU_HEADING = "## Agent overhead on GPU-shaped jobs (issue 26)"
+GPU_HEADING = "## Agent overhead on GPU-shaped jobs"
 
 
 def splice(text: str, heading: str, section: str) -> str:
@@ -82,7 +82,7 @@ def main() -> int:
             flag = "--quick" if a.quick else "--full"
             r = daemon_ingest.measure(daemon_ingest.QUICK if a.quick else daemon_ingest.FULL)
             from bench import targets
-            sections += ["## Daemon targets (issue 15)", "",
+            sections += ["## Daemon targets", "",
                          f"From the one `python -m bench.daemon_ingest {flag}` run below; "
                          "`bench/targets.py` judges each target.", "",
                          targets.render(r), "",
@@ -97,12 +97,12 @@ def main() -> int:
         sections += ["## ncclwatch diagnose on a big log", "",
                      f"Command: `python -m bench.diagnose_log --size {size:g}`", "",
                      diagnose_log.render(r), ""]
-    text = "\n".join(head + sections).rstrip() + "\n"
     if a.only in (None, "discovery"):
         from bench import discovery
         r = discovery.measure()
         sections += ["## Discovery per round", "", "Command: `python -m bench.discovery`", "",
                      discovery.render(r), ""]
+    text = "\n".join(head + sections).rstrip() + "\n"
     if a.only == "gpu" and OUT.exists():
         OUT.write_text(splice(OUT.read_text(), GPU_HEADING, sections[-1]))
         print(sections[-1])
@@ -110,13 +110,13 @@ def main() -> int:
     if a.only and OUT.exists():
         print(text)
         if verdicts:
-            print("\nissue 15 targets (this run):\n" + verdicts)
+            print("\ndaemon targets (this run):\n" + verdicts)
         print(f"(--only: {OUT.name} left as it is)", file=sys.stderr)
         return 0
     OUT.write_text(text)
     print(text)
     if verdicts:
-        print("\nissue 15 targets (this run):\n" + verdicts)
+        print("\ndaemon targets (this run):\n" + verdicts)
     return 0
 
 

@@ -209,12 +209,28 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
+def terminal_view(view: dict[str, Any]) -> dict[str, Any]:
+    """``view`` with every string escaped (sanitize.deep): job ids, Slurm
+    names, hosts, stack frames, paths and the sentences that quote them, so
+    nothing a job chose can move the cursor, clear the screen or forge a line.
+
+    A fix's snippet is ncclwatch's own multi-line code (remediation.FIXES, no
+    job text in it): it becomes ``snippet_lines``, split at its newlines first
+    and each line escaped, so it prints as the lines it is."""
+    safe = sanitize.deep(view)
+    for raw, job in zip(view.get("jobs", []), safe.get("jobs", [])):
+        for raw_stall, stall in zip(raw.get("stalls", []), job.get("stalls", [])):
+            fixes = (raw_stall.get("diagnosis") or {}).get("fixes", [])
+            for fx, out in zip(fixes, (stall.get("diagnosis") or {}).get("fixes", [])):
+                out["snippet_lines"] = [sanitize.escape(line)
+                                        for line in str(fx.get("snippet", "")).splitlines()]
+    return safe
+
+
 def render(view: dict[str, Any], daemon: str = "") -> str:
-    """The terminal text of a /api/v1/jobs view. Every string in it (job ids,
-    Slurm names, hosts, stack frames, paths, sentences that quote them) is
-    escaped first (sanitize.deep): nothing a job chose can move the cursor,
-    clear the screen or forge a line."""
-    view = sanitize.deep(view)
+    """The terminal text of a /api/v1/jobs view, every string escaped
+    (terminal_view)."""
+    view = terminal_view(view)
     jobs = view.get("jobs", [])
     if not jobs:
         n = sum(1 for a in view.get("agents", []) if a.get("connected"))
@@ -292,7 +308,7 @@ def render(view: dict[str, Any], daemon: str = "") -> str:
             for fx in dx.get("fixes", []):
                 out.append(f"  fix for {fw['name'] if fw else fx['framework']}: {fx['title']}. "
                            f"{fx['text']}")
-                out += [f"      {line}" for line in fx["snippet"].splitlines()]
+                out += [f"      {line}" if line else "" for line in fx["snippet_lines"]]
             if dx.get("runbook_url") or dx.get("runbook"):
                 out.append(f"  runbook: {urljoin(daemon, dx.get('runbook_url') or dx['runbook'])}")
         for w in j.get("config_warnings", []):
@@ -333,7 +349,7 @@ def _left(w: dict[str, Any]) -> int:
 
 
 def _evidence_text(w: dict) -> str:
-    """' (by native_frame: 1-2)': how the waiting was established (issue 18)."""
+    """' (by native_frame: 1-2)': how the waiting was established."""
     ev = w.get("evidence") or {}
     if not ev:
         return ""

@@ -35,7 +35,7 @@ Two rules, by what a wrong call costs:
   cut short (a helper thread's writes, a GIL switch, a logger at the edge of
   the still rate), so the longest one seen early can be a third of a step; a
   peer's evaluation makes a step half as long again. At 2x the healthy 30 s-
-  step benchmark shape was paused (BENCHMARKS.md).
+  step benchmark shape was paused (bench/HISTORY.md).
 - ``EVIDENCE`` (2x, 0 periods): the daemon counts a rank's stillness toward
   a job's shape past it. That costs nothing by itself: a finding resting on
   stillness alone also needs the rest of the job's shape (every other rank

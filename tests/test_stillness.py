@@ -195,6 +195,13 @@ def test_the_docs_state_the_rule_as_the_code_has_it() -> None:
             f"evidence uses {EVIDENCE.factor:g} x")
     text = " ".join(arch.split())
     assert all(s in text for s in said), [s for s in said if s not in text]
+    # The user guide says the same numbers as the help (PAUSE.describe()).
+    guide = " ".join((ROOT / "docs" / "user-guide.md").read_text().split())
+    said_guide = (f"{w.rounds} rounds of progress over {w.seconds:g} s",
+                  f"then {PAUSE.periods} still periods that ended",
+                  f"past {PAUSE.factor:g} x the longest + {PAUSE.slack:g} s",
+                  f"evidence uses {EVIDENCE.factor:g} x the longest + {EVIDENCE.slack:g} s")
+    assert all(s in guide for s in said_guide), [s for s in said_guide if s not in guide]
     text = " ".join(limits.split())
     assert f"{w.rounds} rounds of progress spread over {w.seconds:g} s" in text
     assert f"then {PAUSE.periods} still periods that ended" in text

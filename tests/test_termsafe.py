@@ -1,4 +1,4 @@
-"""Untrusted text on a terminal and in log lines (issue 20, item 6).
+"""Untrusted text on a terminal and in log lines.
 
 Reproductions, with the real daemon process, real gRPC and the real
 ``ncclwatch status``: a function name that clears the screen and prints
@@ -9,9 +9,11 @@ in a job id or node name that forges daemon log lines.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import subprocess
 import time
+import urllib.request
 
 import grpc
 import pytest
@@ -22,6 +24,7 @@ from ncclwatch.v1 import collector_pb2 as pb
 from ncclwatch.v1 import collector_pb2_grpc as pb_grpc
 from tests.conftest import Proc, free_port, need
 from tests.factories import BARRIER, SER, frames, report, sample, stack_pb
+from tests.test_status_render import assert_snippets_as_lines
 
 CLEAR = "\x1b[2J\x1b[H"
 FORGED = "1999-01-01 00:00:00,000 WARNING ncclwatch.daemon.core: FORGED"
@@ -67,6 +70,10 @@ def test_status_and_daemon_log_lines_escape_what_jobs_chose() -> None:
         assert "\\x1b[2J\\x1b[Hno stall\\x0d (" in text  # the frame, visible and inert
         assert "by \\x1b[2J\\x1b[Hmallory" in text and "x1b]0;title" in text
         assert "evil\\x1b[2J\\x1b[H\\x0a1999-01-01" in text  # the job id, one line
+        # ncclwatch's own multi-line fixes (not the job's text) print as lines.
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/api/v1/jobs") as r:
+            view = json.load(r)
+        assert assert_snippets_as_lines(view, text) > 0, text
         lines = text.splitlines() + daemon.output().splitlines()
         assert not [ln for ln in lines if ln.startswith("1999-01-01") or "FORGED" in ln
                     and "\\x0a" not in ln], "\n".join(lines)

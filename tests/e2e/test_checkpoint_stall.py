@@ -15,6 +15,7 @@ import time
 import pytest
 
 from tests.conftest import Monitor, need, record
+from tests.test_status_render import assert_snippets_as_lines
 
 pytestmark = pytest.mark.e2e
 
@@ -113,6 +114,10 @@ def test_slow_save_culprit_named_before_the_watchdog(ncclwatch_run, torch_job, t
                             capture_output=True, text=True, timeout=30)
     assert status.returncode == 0, status.stderr
     assert "culprit: rank 0" in status.stdout and "checkpoint_gather" in status.stdout
+    # The demo's fixes: each snippet line on its own line, no newline shown escaped.
+    assert assert_snippets_as_lines({"jobs": [mon.job_of(job.pids())]}, status.stdout) > 0, \
+        status.stdout
+    assert "\\x0a" not in status.stdout, status.stdout
     record("slow_save", {"detection_delay_s": round(delay, 2), "lead_time_s": round(lead, 1),
                          "pg_timeout_s": PG_TIMEOUT, "remaining_at_detection_s": r1})
     assert delay <= DETECT_WITHIN, f"detected {delay:.1f}s after torch.save started"
