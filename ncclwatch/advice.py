@@ -81,12 +81,14 @@ def headline(a: Advice) -> str:
     return verb[a.action] + left
 
 
-def view(a: Advice | None, runbook: str = "") -> dict | None:
-    """The advice as ``/api/v1/jobs`` shows it (``runbook``: the kind's page)."""
+def view(a: Advice | None, runbook: str = "", commands: list | None = None) -> dict | None:
+    """The advice as ``/api/v1/jobs`` shows it (``runbook``: the kind's page;
+    ``commands``: how to take each step where the job runs, actions.py)."""
     if a is None:
         return None
     return {"action": a.action, "headline": headline(a), "text": a.text,
             "decide_within_seconds": (None if a.decide_within_seconds is None
                                       else round(a.decide_within_seconds, 1)),
             "until": a.until,
-            "runbook_url": f"{runbook}#what-to-do-now" if runbook else None}
+            "runbook_url": f"{runbook}#what-to-do-now" if runbook else None,
+            "commands": commands or []}

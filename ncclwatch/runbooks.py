@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ncclwatch import advice, frameworks
+from ncclwatch import actions, advice, frameworks
 from ncclwatch.model import StallKind
 from ncclwatch.remediation import FIXES, REMEDIES, REMEDIES_FOR, for_kind
 
@@ -100,6 +100,16 @@ def _now() -> list[str]:
         head = advice.headline(advice.Advice(action, "", None, until))
         out += [f"- **{head}** (time left: until {until.replace('_', ' ')}): "
                 + _placeholders(text), ""]
+    out += ["### Each step where the job runs", "",
+            "`ncclwatch status` and the page fill these in for the stalled job (its "
+            "Slurm job id, pod, node, pid and Flight Recorder pipe), every value quoted "
+            "for the shell. Take the evidence before you stop anything: a stopped job "
+            "keeps no Flight Recorder and no stacks.", ""]
+    for name in dict.fromkeys(p for p, _, _ in actions.reference()):
+        out += [f"**{name}**", ""]
+        for platform, step, command in actions.reference():
+            if platform == name:
+                out += [f"- {actions.STEPS[step]}:", "", "  ```sh", f"  {command}", "  ```", ""]
     return out
 
 

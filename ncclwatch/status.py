@@ -262,6 +262,8 @@ def render(view: dict[str, Any], daemon: str = "") -> str:
             if now:
                 out.append(f"  NOW: {now['headline']}")
                 out.append(f"       {now['text']}")
+                for c in now.get("commands") or ():
+                    out.append(f"       {c['step']}: {c['command']}")
             w = s["watchdog"]
             out.append(f"  watchdog: {_left(w)}s of {w['timeout_seconds']:.0f}s "
                        f"left")

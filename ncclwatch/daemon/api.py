@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
-from ncclwatch import advice, frameworks, remediation
+from ncclwatch import actions, advice, frameworks, remediation
 from ncclwatch.daemon import clock, links, progress
 from ncclwatch.daemon.core import Daemon
 from ncclwatch.daemon.incidents import TRACE_FIELDS, Incident
@@ -376,7 +376,8 @@ def incident_view(d: Daemon, inc: Incident, now: float | None = None) -> dict[st
                       "history": list(inc.root_causes),
                       "framework": {"id": fw.id, "name": fw.name},
                       "fixes": remediation.fixes_view(fw.id, rc.id)},
-        "advice": advice.view(dx.advice, f"{_runbook_base(d)}{inc.kind.value}.md"),
+        "advice": advice.view(dx.advice, f"{_runbook_base(d)}{inc.kind.value}.md",
+                              _commands(job, f)),
         "forecast": forecast_view(dx),
         "clock": clock.view(inc, job, now),
         "flight_recorder": progress.view(job, inc.started_at, now) if job else None,
@@ -386,6 +387,20 @@ def incident_view(d: Daemon, inc: Incident, now: float | None = None) -> dict[st
         "trace_fields": list(TRACE_FIELDS),
         "trace": [list(p) for p in inc.trace],
     }
+
+
+def _commands(job, f) -> list[dict[str, str]]:
+    """How to act on the job where it runs (actions.py), for its first culprit."""
+    if not f.culprits:
+        return []
+    c = f.culprits[0]
+    ctr = _rec_container(job, c.rank) or (0, "", "", "", "", "", "", "", "")
+    sched = (job.scheduler_job or {}) if job else {}
+    return actions.commands(actions.Facts(
+        job_id=f.job_id, rank=c.rank, node=c.node, pid=c.pid,
+        slurm_job=sched.get("job_id", "") if sched.get("scheduler") == "slurm" else "",
+        namespace=ctr[5], pod=ctr[6], container_pid=ctr[0],
+        pipe_stem=(job.env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", "") if job else "")))
 
 
 def _for_seconds(job, c, now: float) -> float:

@@ -154,6 +154,28 @@ def _watch(mon: Monitor, slurm: SlurmCluster, job: SlurmJob, *, source: str) -> 
     return view
 
 
+def _act_as_advised(slurm: SlurmCluster, job: SlurmJob, view: dict) -> None:
+    """The stall's commands (actions.py) are Slurm's, and they work as shown
+    against the real cluster: the logs command names the job's output, the
+    stop command ends the job. The job sets no Flight Recorder pipe: that
+    step says so instead of giving a command that cannot work."""
+    stall = next(s for s in view["stalls"] if s["kind"] == "checkpoint_gather")
+    steps = {c["step"]: c for c in stall["advice"]["commands"]}
+    assert {c["platform"] for c in steps.values()} == {"slurm"}, steps
+    assert steps["flight_recorder"]["command"].startswith("# not enabled"), steps
+    env = {**os.environ, **slurm.env}
+    logs = subprocess.run(["bash", "-c", steps["logs"]["command"]], capture_output=True,
+                          text=True, timeout=30, env=env)
+    assert f"StdOut={job.out}" in logs.stdout, (logs.stdout, logs.stderr)
+    stop = subprocess.run(["bash", "-c", steps["stop"]["command"]], capture_output=True,
+                          text=True, timeout=30, env=env)
+    assert stop.returncode == 0, stop.stderr
+    deadline = time.time() + 60
+    while time.time() < deadline and slurm.job_state(job.id) in ("RUNNING", "PENDING"):
+        time.sleep(0.5)
+    assert slurm.job_state(job.id) not in ("RUNNING", "PENDING"), slurm.job_state(job.id)
+
+
 def test_srun_python_ranks_from_slurm_procid(slurm, ncclwatch_run, tmp_path) -> None:
     t0 = time.monotonic()
     mon = _monitor(ncclwatch_run, slurm)
@@ -162,6 +184,7 @@ def test_srun_python_ranks_from_slurm_procid(slurm, ncclwatch_run, tmp_path) -> 
         view = _watch(mon, slurm, job, source="env")
         # Nothing but Slurm's variables told ncclwatch the ranks.
         assert "RANK" not in view["env"] and view["env"]["SLURM_NTASKS"] == str(WORLD), view["env"]
+        _act_as_advised(slurm, job, view)
     finally:
         slurm.run("scancel", job.id, check=False)
     record("slurm_srun_python", {"detection_delay_s": view["detection_delay_s"],
