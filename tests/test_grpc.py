@@ -147,7 +147,11 @@ def test_a_conflicting_job_is_left_out_and_the_rest_of_the_report_applies(name, 
             h.daemon.tick()
             before = {r: (rec.state, rec.op, rec.since, rec.node) for r, rec in
                       h.daemon.table.jobs["job-1"].ranks.items()}
-            (resp,) = await h.send(make())            # the stream is not aborted
+            req = make()
+            # Milliseconds after the first on the daemon's clock: so on the agent's
+            # (a clock a second ahead would re-date the ranks: JobTable._reanchor).
+            req.report.agent_monotonic_seconds = 101.0
+            (resp,) = await h.send(req)               # the stream is not aborted
             assert [(j.job_id, j.code) for j in resp.rejected_jobs] == \
                 [("job-1", "FAILED_PRECONDITION")]
             assert why in resp.rejected_jobs[0].reason
