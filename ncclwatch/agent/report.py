@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence, TypeVar
+from typing import Callable, Iterable, Mapping, Sequence, TypeVar
 
 from ncclwatch.agent import caps
 from ncclwatch.agent.discover import RankProcess
@@ -33,16 +33,29 @@ LIMIT_KINDS = {
     "address_space": pb.MEMORY_LIMIT_KIND_ADDRESS_SPACE,
 }
 
-#: Job-side ways to tell ncclwatch the process-group timeout, first wins.
-TIMEOUT_ENV = ("NCCLWATCH_PG_TIMEOUT_S", "NCCLWATCH_WATCHDOG_TIMEOUT_SECONDS")
+#: Variables of a rank's environment that state its process-group timeout,
+#: first wins, with their unit in seconds. Only variables: the agent never runs
+#: the job's code to read ``init_process_group(timeout=...)``. DEEPSPEED_TIMEOUT
+#: (minutes) is the default of ``deepspeed.init_distributed``.
+TIMEOUT_ENV_UNITS: tuple[tuple[str, float], ...] = (
+    ("NCCLWATCH_PG_TIMEOUT_S", 1.0),
+    ("NCCLWATCH_WATCHDOG_TIMEOUT_SECONDS", 1.0),
+    ("DEEPSPEED_TIMEOUT", 60.0),
+)
+TIMEOUT_ENV = tuple(name for name, _ in TIMEOUT_ENV_UNITS)
 
 
-def declared_timeout(env: dict[str, str]) -> float:
-    for name in TIMEOUT_ENV:
+def declared_timeout_from(env: Mapping[str, str]) -> tuple[float, str]:
+    """(seconds, the variable) the environment states, else (0.0, "")."""
+    for name, unit in TIMEOUT_ENV_UNITS:
         value = _float(env.get(name))
         if value:
-            return value
-    return 0.0
+            return value * unit, name
+    return 0.0, ""
+
+
+def declared_timeout(env: Mapping[str, str]) -> float:
+    return declared_timeout_from(env)[0]
 
 
 @dataclass
