@@ -193,5 +193,29 @@ def test_the_daemon_serves_the_runbooks_alerts_link_to() -> None:
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(f"http://127.0.0.1:{srv.port}/runbooks/../../etc/passwd")
         assert err.value.code == 404
+        # A browser gets HTML, every heading an alert's anchor names with its id, under
+        # the headers of every page (no script, no framing); the bare name is the page too.
+        for name in sorted(names):
+            for path, accept in ((name, "text/html,*/*;q=0.8"), (name[:-3], "*/*")):
+                req = urllib.request.Request(f"http://127.0.0.1:{srv.port}/runbooks/{path}",
+                                             headers={"Accept": accept})
+                with urllib.request.urlopen(req) as r:
+                    html, headers = r.read().decode(), r.headers
+                assert headers["Content-Type"] == "text/html; charset=utf-8", path
+                assert "script-src 'none'" in headers["Content-Security-Policy"]
+                assert "frame-ancestors 'none'" in headers["Content-Security-Policy"]
+                assert headers["X-Content-Type-Options"] == "nosniff"
+                assert "<script" not in html and "<!--" not in html
+                for anchor in re.findall(r'<a id="([^"]+)"></a>',
+                                         (ROOT / "docs" / "runbooks" / name).read_text()):
+                    assert f'id="{anchor}"' in html, (name, anchor)
+        linked = {tuple(r["annotations"]["runbook_url"][len(RUNBOOK_PREFIX):].split("#"))
+                  for r in _alerts() if "#" in r["annotations"]["runbook_url"]
+                  and "{{" not in r["annotations"]["runbook_url"][len(RUNBOOK_PREFIX):]}
+        for name, anchor in linked:
+            with urllib.request.urlopen(urllib.request.Request(
+                    f"http://127.0.0.1:{srv.port}/runbooks/{name}",
+                    headers={"Accept": "text/html"})) as r:
+                assert f'id="{anchor}"' in r.read().decode(), (name, anchor)
     finally:
         srv.stop()
