@@ -56,8 +56,17 @@ def _rel(path: Path) -> str:
     return path.relative_to(ROOT).as_posix()
 
 
+#: The rules' runbook link when no daemon was seen in a week: the installed copy on a
+#: Prometheus host; in the cluster, either daemon through its Service instead.
+RUNBOOK_FALLBACK = "file:///usr/local/share/doc/ncclwatch/runbooks/"
+SERVICE_RUNBOOKS = "https://ncclwatch-daemon.ncclwatch.svc:7471/runbooks/"
+
+
 def prometheus_rule() -> str:
-    groups = [g for src in RULE_SOURCES for g in yaml.safe_load(src.read_text())["groups"]]
+    text = "".join(src.read_text() for src in RULE_SOURCES)
+    assert RUNBOOK_FALLBACK in text, "the rules' runbook fallback moved: update RUNBOOK_FALLBACK"
+    groups = [g for src in RULE_SOURCES for g in yaml.safe_load(
+        src.read_text().replace(RUNBOOK_FALLBACK, SERVICE_RUNBOOKS))["groups"]]
     doc = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
            "metadata": {"name": "ncclwatch",
                         "labels": {**LABELS, "app.kubernetes.io/component": "alerting"}},
@@ -140,6 +149,9 @@ def _one_shard(doc: dict, letter: str, k: int) -> dict:
     pod["metadata"]["labels"].update(label)
     (c,) = pod["spec"]["containers"]
     c.setdefault("env", []).append({"name": "NCCLWATCH_SHARD", "value": str(k)})
+    for e in c["env"]:
+        if e["name"] == "NCCLWATCH_EXTERNAL_URL":   # its own Service, as in shard_urls
+            e["value"] = shard_urls(k + 1)[k][LETTERS.index(letter)]
     return out
 
 

@@ -19,9 +19,13 @@ from tests.conftest import need_system
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "dashboards" / "prometheus"
 ALERTS = RULES / "alerts.yaml"
-#: How every runbook_url starts: the daemon's runbook base, else the repository path.
-RUNBOOK_PREFIX = ('{{ with query "ncclwatch_daemon_info" }}{{ . | first | label "runbook_base" }}'
-                  '{{ else }}docs/runbooks/{{ end }}')
+#: Where runbook_url points when no daemon was seen in a week: the installed copy.
+RUNBOOK_FALLBACK = "file:///usr/local/share/doc/ncclwatch/runbooks/"
+#: How every runbook_url starts: the daemon's runbook base (live, else the last in a
+#: week), else the fallback.
+RUNBOOK_PREFIX = ('{{ with query "ncclwatch_daemon_info or last_over_time(ncclwatch_daemon_info[1w])" }}'
+                  '{{ . | first | label "runbook_base" }}'
+                  '{{ else }}' + RUNBOOK_FALLBACK + '{{ end }}')
 DAEMON_URL = '{{ with query "ncclwatch_daemon_info" }}{{ . | first | label "url" }}/'
 KINDS = ("checkpoint_gather", "checkpoint_restore", "collective_hang", "desync", "rank_lost")
 
@@ -219,3 +223,13 @@ def test_the_daemon_serves_the_runbooks_alerts_link_to() -> None:
                 assert f'id="{anchor}"' in r.read().decode(), (name, anchor)
     finally:
         srv.stop()
+
+
+def test_with_no_daemon_seen_the_runbook_link_is_the_installed_copy() -> None:
+    """Never a relative path: the copy `ncclwatch install runbooks` puts on the host
+    (deploy/generate.py swaps in the daemons' Service for the cluster)."""
+    from deploy import generate
+    from ncclwatch.install import KINDS
+
+    assert RUNBOOK_FALLBACK == f"file://{KINDS['runbooks'].dest}/" == generate.RUNBOOK_FALLBACK
+    assert not [r["alert"] for r in _alerts() if "docs/runbooks" in r["annotations"]["runbook_url"]]

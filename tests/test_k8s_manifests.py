@@ -172,9 +172,18 @@ def test_generation_notices_a_changed_source(tmp_path: Path) -> None:
 
 def test_prometheus_rule_holds_exactly_the_shipped_rules() -> None:
     rule = one("PrometheusRule", "ncclwatch")
-    shipped = [g for src in generate.RULE_SOURCES
-               for g in yaml.safe_load(src.read_text())["groups"]]
+    shipped = [g for src in generate.RULE_SOURCES for g in yaml.safe_load(
+        src.read_text().replace(generate.RUNBOOK_FALLBACK, generate.SERVICE_RUNBOOKS))["groups"]]
     assert rule["spec"]["groups"] == shipped
+    # Every link absolute, and in the cluster: no daemon seen in a week sends people to
+    # either daemon's Service (one of its allowed hosts), never to a path on nobody's host.
+    links = [r["annotations"]["runbook_url"] for g in rule["spec"]["groups"]
+             for r in g["rules"] if "alert" in r]
+    assert links and all(f"{{{{ else }}}}{generate.SERVICE_RUNBOOKS}{{{{ end }}}}" in u
+                         for u in links), links
+    assert "file://" not in json.dumps(rule) and "docs/runbooks" not in json.dumps(rule)
+    host = generate.SERVICE_RUNBOOKS.split("//")[1].split(":")[0]
+    assert host in generate.allowed_hosts().split(",")
     alerts = [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
     assert {"NCCLWatchDaemonDown", "NCCLWatchDaemonReplicaDown"} <= set(alerts)
     assert len(alerts) == len(set(alerts)) >= 10
@@ -263,6 +272,17 @@ def test_agent_env_is_real_config_and_reaches_both_daemons() -> None:
 def _pods_selected(selector: dict) -> list[str]:
     return [d["metadata"]["name"] for _, d in objects() if d["kind"] == "Deployment"
             and selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()]
+
+
+@pytest.mark.parametrize("letter", "ab")
+def test_each_daemon_links_through_its_own_service(letter: str) -> None:
+    """The daemon's external URL (alerts' and status's links) is its own Service."""
+    (c,) = one("Deployment", f"ncclwatch-daemon-{letter}")["spec"]["template"]["spec"][
+        "containers"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    svc = one("Service", f"ncclwatch-daemon-{letter}")
+    http = next(p["port"] for p in svc["spec"]["ports"] if p["name"] == "http")
+    assert env["NCCLWATCH_EXTERNAL_URL"] == f"https://{svc['metadata']['name']}.ncclwatch.svc:{http}"
 
 
 def test_daemon_is_a_pair_that_differs_only_in_its_letter() -> None:
