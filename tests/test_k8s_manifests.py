@@ -8,6 +8,8 @@ from __future__ import annotations
 import copy
 import json
 import re
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -437,6 +439,7 @@ def test_agent_with_the_daemonsets_env_reports_to_both_daemons(tmp_path: Path,
     assert env["NCCLWATCH_NODE"] == ""  # from the downward API
     env["NCCLWATCH_NODE"] = "gpu-node-7"
     env = agent_tls_env(env, k8s_pki, "gpu-node-7")
+    alive = env["NCCLWATCH_ALIVE_FILE"] = str(tmp_path / "alive")   # the pod's /tmp/alive
     daemons, http = [], {}
     try:
         for target in env["NCCLWATCH_COLLECTOR"].split(","):
@@ -459,6 +462,10 @@ def test_agent_with_the_daemonsets_env_reports_to_both_daemons(tmp_path: Path,
             time.sleep(0.5)
         for host, port in http.items():
             assert want in _metrics(port, k8s_pki), (host, agent.output()[-2000:])
+        # The liveness probe, as the kubelet runs it in the pod: the agent goes round.
+        probe = [sys.executable if a == "python" else alive if a == "/tmp/alive" else a
+                 for a in c["livenessProbe"]["exec"]["command"]]
+        assert subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
     finally:
         for proc in daemons:
             proc.stop()

@@ -168,6 +168,7 @@ def test_agent_with_the_daemonsets_env_reports_to_every_shard(tmp_path: Path, k8
     env = {e["name"]: e.get("value", "") for e in c["env"]}
     env["NCCLWATCH_NODE"] = "gpu-node-7"
     env = agent_tls_env(env, k8s_pki, "gpu-node-7")
+    env["NCCLWATCH_ALIVE_FILE"] = str(tmp_path / "alive")   # the pod's /tmp/alive
     cm = one("ConfigMap", "ncclwatch-daemon")
     toml = localize(cm["data"]["daemon.toml"], cm, k8s_pki, tmp_path)
     procs, http = [], {}

@@ -50,6 +50,10 @@ class AgentConfig:
     pyspy_concurrency: int = 2
     max_queue: int = option(32, "reports kept while the collector is unreachable (the oldest "
                             "are dropped and counted)", positive_int, "N")
+    #: Where a probe without systemd reads the loop's liveness (agent/alive.py).
+    alive_file: str = option(
+        "", "touch this file after every healthy round, for a liveness probe "
+        "(python -m ncclwatch.agent.alive FILE SECONDS; default: none)", metavar="FILE")
     tls: ClientTLS | None = None  # mTLS to the daemon (None: insecure)
 
 
