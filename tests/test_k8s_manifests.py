@@ -145,6 +145,21 @@ CRD_SCHEMAS = {
 }
 
 
+_POD_ENDPOINT = CRD_SCHEMAS["PodMonitor"]["properties"]["spec"]["properties"][
+    "podMetricsEndpoints"]
+CRD_SCHEMAS["ServiceMonitor"] = {
+    "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False, "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"}, "kind": {"const": "ServiceMonitor"},
+        "metadata": _META,
+        "spec": {"type": "object", "required": ["selector", "endpoints"],
+                 "additionalProperties": False, "properties": {
+            "selector": _SELECTOR, "jobLabel": _STR,
+            "namespaceSelector": CRD_SCHEMAS["PodMonitor"]["properties"]["spec"]["properties"][
+                "namespaceSelector"],
+            "endpoints": _POD_ENDPOINT}}}}
+
+
 def test_operator_objects_match_their_crd_fields() -> None:
     crds = [(n, o) for n, o in objects() if not core(o)]
     assert sorted(o["kind"] for _, o in crds) == ["PodMonitor", "PrometheusRule"]
@@ -561,3 +576,51 @@ def test_podmonitor_scrapes_https_against_the_daemons_ca() -> None:
     hosts = re.search(r'^allowed_hosts = "(.*)"$', one("ConfigMap", "ncclwatch-daemon")[
         "data"]["daemon.toml"], re.M).group(1).split(",")
     assert ep["tlsConfig"]["serverName"] in hosts
+
+
+# -- the layout for a Prometheus that selects by label ----------------------------------
+
+@pytest.mark.parametrize("service_monitor", [False, True])
+def test_a_release_layout_is_labelled_for_kube_prometheus_stack(tmp_path: Path,
+                                                                  service_monitor: bool) -> None:
+    out = tmp_path / "layout"
+    argv = ["--layout", str(out), "--release", "kps"] + (["--service-monitor"] * service_monitor)
+    assert generate.main(argv) == 0
+    k = yaml.safe_load((out / "kustomization.yaml").read_text())
+    assert sorted(k["resources"]) == sorted(f.name for f in out.glob("*.yaml")
+                                            if f.name != "kustomization.yaml")
+    objs = [d for f in sorted(out.glob("*.yaml")) if f.name != "kustomization.yaml"
+            for d in yaml.safe_load_all(f.read_text()) if d]
+    monitors = [o for o in objs if o["kind"] in generate.MONITORING_KINDS]
+    assert sorted(o["kind"] for o in monitors) == sorted(
+        ["ServiceMonitor" if service_monitor else "PodMonitor", "PrometheusRule"])
+    for o in monitors:
+        jsonschema.validate(o, CRD_SCHEMAS[o["kind"]])
+        assert o["metadata"]["labels"]["release"] == "kps"
+    # everything else is the shipped objects, unchanged
+    assert [o for o in objs if core(o)] == [o for _, o in objects() if core(o)]
+    if service_monitor:
+        (sm,) = [o for o in monitors if o["kind"] == "ServiceMonitor"]
+        (pm,) = [o for _, o in objects() if o["kind"] == "PodMonitor"]
+        sel = sm["spec"]["selector"]
+        services = [o for _, o in objects() if o["kind"] == "Service"
+                    and sel["matchLabels"].items() <= o["metadata"]["labels"].items()
+                    and all(e["key"] in o["metadata"]["labels"] for e in sel["matchExpressions"])]
+        # each daemon once, through its own Service; not again through the shared one
+        assert sorted(s["metadata"]["name"] for s in services) == [
+            "ncclwatch-daemon-a", "ncclwatch-daemon-b"]
+        (ep,) = sm["spec"]["endpoints"]
+        (pep,) = pm["spec"]["podMetricsEndpoints"]
+        assert {k: ep[k] for k in ("port", "path", "interval", "scheme", "tlsConfig")} == \
+            {k: pep[k] for k in ("port", "path", "interval", "scheme", "tlsConfig")}
+        relabel = {r["targetLabel"]: r for r in ep["relabelings"]}
+        assert relabel["job"]["replacement"] == "ncclwatch"
+        assert relabel["replica"]["sourceLabels"] == [
+            "__meta_kubernetes_service_label_ncclwatch_io_replica"]
+
+
+def test_layout_options_need_a_layout_folder() -> None:
+    with pytest.raises(SystemExit) as e:
+        generate.main(["--release", "kps"])
+    assert e.value.code == 2
+
