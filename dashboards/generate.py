@@ -505,10 +505,10 @@ def job() -> Board:
     b.table("Config warnings",
             "Settings in the job's environment that defeat the watchdog or the evidence "
             "(`ncclwatch status` explains each code).", "none",
-            [q(f"max by (job_id, code, severity) (ncclwatch_job_config_warning{J})",
+            [q(f"max by (job_id, code, level) (ncclwatch_job_config_warning{J})",
                table_format=True)],
             transformations=[organize(exclude=["Time", "Value"],
-                                      order=["job_id", "severity", "code"])],
+                                      order=["job_id", "level", "code"])],
             no_value="no warnings", h=6)
 
     b.annotation("Incidents opened",

@@ -233,3 +233,25 @@ def test_with_no_daemon_seen_the_runbook_link_is_the_installed_copy() -> None:
 
     assert RUNBOOK_FALLBACK == f"file://{KINDS['runbooks'].dest}/" == generate.RUNBOOK_FALLBACK
     assert not [r["alert"] for r in _alerts() if "docs/runbooks" in r["annotations"]["runbook_url"]]
+
+
+def test_config_warnings_are_exported_with_the_level_the_alert_selects() -> None:
+    """`level`, not `severity` (the alert's own label); the alert selects a level the
+    job lint gives, and the daemon exports it for a real warning."""
+    from ncclwatch.daemon.core import Daemon, DaemonConfig
+    from ncclwatch.daemon.export import DaemonCollector
+    from ncclwatch.envlint import RULES as LINT
+    from ncclwatch.model import RankState
+    from tests.factories import report, sample
+
+    (rule,) = [r for r in _alerts() if r["alert"] == "NCCLWatchJobConfigDefeatsWatchdog"]
+    levels = re.findall(r'ncclwatch_job_config_warning\{level="(\w+)"\}', rule["expr"])
+    assert levels == ["warning"] and set(levels) <= {r.severity for r in LINT}
+    d = Daemon(DaemonConfig())
+    s = sample("job-1", 0, 1, RankState.COMPUTE, timeout=60.0)
+    s.job.env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
+    d.ingest(report([s]), now=10.0)
+    d.tick(now=10.5)
+    text = DaemonCollector(d, lambda fn: fn()).exposition().decode()
+    assert ('ncclwatch_job_config_warning{job_id="job-1",code="watchdog_cannot_abort",'
+            'level="warning"} 1.0') in text

@@ -165,7 +165,8 @@ def build(c: Capture) -> list[Family]:
                 ("job_id", "device"))
     warn = F("ncclwatch_job_config_warning",
              "1 per setting in the job's environment that defeats the watchdog or "
-             "the evidence", ("job_id", "code", "severity"))
+             "the evidence; level warning or info (not `severity`, the alerts' own label)",
+             ("job_id", "code", "level"))
     shown: set[tuple[str, int]] = set()
     shown_write: set[str] = set()
     unknown = RankState.UNKNOWN
