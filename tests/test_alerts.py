@@ -255,3 +255,25 @@ def test_config_warnings_are_exported_with_the_level_the_alert_selects() -> None
     text = DaemonCollector(d, lambda fn: fn()).exposition().decode()
     assert ('ncclwatch_job_config_warning{job_id="job-1",code="watchdog_cannot_abort",'
             'level="warning"} 1.0') in text
+
+
+def test_a_culprits_gpu_is_exported_with_dcgm_exporters_labels() -> None:
+    """Hostname (the node), gpu (the index) and UUID: dcgm-exporter's names, so the
+    culprit's DCGM_FI_DEV_* series join on them (rules.yaml)."""
+    from ncclwatch.daemon.core import Daemon, DaemonConfig
+    from ncclwatch.daemon.export import DaemonCollector
+    from ncclwatch.v1 import collector_pb2 as pb
+    from tests.factories import checkpoint_job
+
+    d = Daemon(DaemonConfig(stall_threshold=5.0))
+    req = checkpoint_job("job-1", 4, node="gpu-node-7")
+    req.report.samples[0].gpu.append(pb.GpuMemory(
+        device_index=3, device_uuid="GPU-5fd4b6a2-0c1e-4a8f-9b0e-3d2f1a6c7e88",
+        used_bytes=1 << 30, device_total_bytes=80 << 30, device_used_bytes=2 << 30))
+    req.report.samples[1].gpu.append(pb.GpuMemory(device_index=1, device_uuid="GPU-other"))
+    d.ingest(req, now=100.0)
+    d.tick(now=100.5)
+    text = DaemonCollector(d, lambda fn: fn()).exposition().decode()
+    lines = [x for x in text.splitlines() if x.startswith("ncclwatch_culprit_gpu_info{")]
+    assert lines == ['ncclwatch_culprit_gpu_info{job_id="job-1",rank="0",Hostname="gpu-node-7",'
+                     'gpu="3",UUID="GPU-5fd4b6a2-0c1e-4a8f-9b0e-3d2f1a6c7e88"} 1.0'], text

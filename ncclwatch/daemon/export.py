@@ -160,6 +160,10 @@ def build(c: Capture) -> list[Family]:
     rank_mem = F("ncclwatch_culprit_memory_bytes",
                  "Memory a culprit rank holds (host RSS, or its use of one GPU)",
                  ("job_id", "rank", "device"))
+    gpu_info = F("ncclwatch_culprit_gpu_info",
+                 "1 per GPU a culprit rank uses, labelled as dcgm-exporter labels the GPU "
+                 "(Hostname: the node, gpu: the index, UUID) so its DCGM_FI_DEV_* series join",
+                 ("job_id", "rank", "Hostname", "gpu", "UUID"))
     max_mem = F("ncclwatch_job_rank_memory_max_bytes",
                 "The largest memory any rank of the job holds, per device kind",
                 ("job_id", "device"))
@@ -201,7 +205,7 @@ def build(c: Capture) -> list[Family]:
                 ns, pod = _pod_of(culprit_recs.get(cu.rank))
                 culprit.add((job_id, kind.value, rank_label(cu.rank), cu.node, cu.state.value,
                              ns, pod), 1)
-                _culprit_memory(rank_mem, job_id, culprit_recs.get(cu.rank), shown)
+                _culprit_memory(rank_mem, gpu_info, job_id, culprit_recs.get(cu.rank), shown)
             dx = inc.diagnosis
             cause.add((job_id, kind.value, dx.root_cause.id), 1)
             if dx.advice is not None:
@@ -227,7 +231,7 @@ def build(c: Capture) -> list[Family]:
             warn.add((job_id, w.code, w.severity), 1)
     out = [active, duration, waiting, culprit, timeout, remaining, hang, ranks, world,
            at_risk, action, decide, cause, eta, overrun, mem_eta, written, expected, write_rate,
-           rank_mem, max_mem, warn]
+           rank_mem, gpu_info, max_mem, warn]
     out += _agent_families(_latest_per_node(c.agents), now, c.staleness)
     k = c.counters
     opened = F("ncclwatch_incidents_opened", "Incidents opened, by stall kind", ("kind",),
@@ -413,14 +417,17 @@ def _pod_of(rec) -> tuple[str, str]:
     return (c[5], c[6]) if c else ("", "")
 
 
-def _culprit_memory(fam: Family, job_id: str, rec, shown: set) -> None:
-    """A culprit's host RSS and per-GPU use, once per rank across stall kinds."""
+def _culprit_memory(fam: Family, gpus: Family, job_id: str, rec, shown: set) -> None:
+    """A culprit's host RSS and per-GPU use, and its GPUs by dcgm-exporter's labels,
+    once per rank across stall kinds."""
     if rec is None or (job_id, rec.rank) in shown:
         return
     shown.add((job_id, rec.rank))
     fam.add((job_id, rank_label(rec.rank), "host"), rec.rss_bytes)
     for index, used, _total in rec.gpu:
         fam.add((job_id, rank_label(rec.rank), f"gpu{index}"), used)
+    for index, uuid in rec.gpu_uuids:
+        gpus.add((job_id, rank_label(rec.rank), rec.node, str(index), uuid), 1)
 
 
 def _latest_per_node(agents: Iterable[AgentRecord]) -> list[AgentRecord]:
