@@ -277,3 +277,28 @@ def test_a_culprits_gpu_is_exported_with_dcgm_exporters_labels() -> None:
     lines = [x for x in text.splitlines() if x.startswith("ncclwatch_culprit_gpu_info{")]
     assert lines == ['ncclwatch_culprit_gpu_info{job_id="job-1",rank="0",Hostname="gpu-node-7",'
                      'gpu="3",UUID="GPU-5fd4b6a2-0c1e-4a8f-9b0e-3d2f1a6c7e88"} 1.0'], text
+
+
+
+def test_labelled_counters_start_at_zero_for_every_known_value() -> None:
+    """rate() and increase() need a series before the first event: a fresh daemon
+    exports every counter at 0 for each label value it knows in advance (only the
+    per-node and per-worker ones wait for a node or a worker)."""
+    from ncclwatch.daemon import export
+    from ncclwatch.daemon.core import Daemon, DaemonConfig
+    from ncclwatch.daemon.validate import REJECT_CODES
+
+    fams = {f.name: f for f in export.DaemonCollector(Daemon(DaemonConfig()),
+                                                      lambda fn: fn()).collect()
+            if f.type == "counter"}
+    per_node_or_worker = {name for name, _, type_, _ in export._AGENT_FAMILIES
+                          if type_ == "counter"} | {
+        "ncclwatch_agent_rank_budget_hits", "ncclwatch_daemon_ingest_worker_reports",
+        "ncclwatch_daemon_ingest_worker_cpu_seconds", "ncclwatch_daemon_ingest_worker_restarts"}
+    empty = {name for name, f in fams.items() if not f.samples}
+    assert empty == per_node_or_worker, empty ^ per_node_or_worker
+    for f in fams.values():
+        assert all(s.value == 0 for s in f.samples if s.name.endswith("_total")), f.name
+    for name in ("ncclwatch_daemon_rejected_reports", "ncclwatch_daemon_rejected_job_samples"):
+        assert [s.labels["code"] for s in fams[name].samples
+                if s.name.endswith("_total")] == list(REJECT_CODES)

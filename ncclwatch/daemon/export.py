@@ -34,6 +34,7 @@ from ncclwatch.daemon.bounds import BOUND_LABELS
 from ncclwatch.daemon.core import Daemon
 from ncclwatch.daemon.detect import DETECTED_KINDS
 from ncclwatch.daemon.ownership import OUTCOMES
+from ncclwatch.daemon.validate import REJECT_CODES
 from ncclwatch.model import RankState, rank_label
 
 
@@ -240,12 +241,12 @@ def build(c: Capture) -> list[Family]:
         opened.add((kind.value,), k["opened"].get(kind, 0))
     rejected = F("ncclwatch_daemon_rejected_reports", "Reports rejected, by gRPC status",
                  ("code",), "counter")
-    for code, n in sorted(k["rejected"].items()):
+    for code, n in _with_zeros(REJECT_CODES, k["rejected"]):
         rejected.add((code,), n)
     rejected_jobs = F("ncclwatch_daemon_rejected_job_samples",
                       "Jobs left out of an applied report (a world size or a rank that "
                       "contradicts what the daemon knows), by gRPC status", ("code",), "counter")
-    for code, n in sorted(k["rejected_jobs"].items()):
+    for code, n in _with_zeros(REJECT_CODES, k["rejected_jobs"]):
         rejected_jobs.add((code,), n)
     bound_hits = F("ncclwatch_daemon_bound_hits",
                    "Reports, jobs or stacks refused (stacks: evicted) for passing a bound of "
@@ -324,6 +325,13 @@ def build(c: Capture) -> list[Family]:
           ("url", "runbook_base"), "info", [(c.links, 1)]),
     ]
     return out
+
+
+def _with_zeros(known: Iterable[str], counts: dict[str, float]) -> list[tuple[str, float]]:
+    """Every known label value (0 until counted: a rate needs the series before
+    the first event), then any other value counted, in order."""
+    return [(v, counts.get(v, 0)) for v in known] + sorted(
+        (v, n) for v, n in counts.items() if v not in known)
 
 
 #: Sample-name suffix and exposed TYPE of each family type (text format 0.0.4).
