@@ -210,7 +210,7 @@ def test_a_real_stall_of_a_pod_pages_once_through_a_podmonitor_scraped_pair(tmp_
             "exp_alerts": [{"exp_labels": {
                 "severity": "warning", "job": "ncclwatch", "job_id": "torchelastic:abc",
                 "kind": "checkpoint_gather",
-                "rank": "0", "host": "node-a", "rank_namespace": "team",
+                "rank": "0", "host": "node-a", "node": "node-a", "rank_namespace": "team",
                 "rank_pod": "trainer-0"},
                 "exp_annotations": {
                     "summary": "Rank 0 is checkpointing while job torchelastic:abc waits",

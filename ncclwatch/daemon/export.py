@@ -120,8 +120,10 @@ def build(c: Capture) -> list[Family]:
     culprit = F("ncclwatch_stall_culprit_info",
                 "The rank(s) the others wait for, with host and state (and the "
                 "Kubernetes namespace and pod of a rank in one, else empty: rank_ "
-                "names, which no scrape's target labels overwrite)",
-                ("job_id", "kind", "rank", "host", "state", "rank_namespace", "rank_pod"))
+                "names, which no scrape's target labels overwrite); node: the same name "
+                "as host, the label the agents' series carry, for joins",
+                ("job_id", "kind", "rank", "host", "node", "state", "rank_namespace",
+                 "rank_pod"))
     timeout = F("ncclwatch_watchdog_timeout_seconds",
                 "Process-group (watchdog) timeout assumed for the job", ("job_id",))
     remaining = F("ncclwatch_watchdog_remaining_seconds",
@@ -204,8 +206,8 @@ def build(c: Capture) -> list[Family]:
                 continue
             for cu in inc.finding.culprits:
                 ns, pod = _pod_of(culprit_recs.get(cu.rank))
-                culprit.add((job_id, kind.value, rank_label(cu.rank), cu.node, cu.state.value,
-                             ns, pod), 1)
+                culprit.add((job_id, kind.value, rank_label(cu.rank), cu.node, cu.node,
+                             cu.state.value, ns, pod), 1)
                 _culprit_memory(rank_mem, gpu_info, job_id, culprit_recs.get(cu.rank), shown)
             dx = inc.diagnosis
             cause.add((job_id, kind.value, dx.root_cause.id), 1)

@@ -180,8 +180,9 @@ def test_checkpoint_stall_pages_through_alertmanager_before_the_watchdog(
         stall = _am_alerts(am, "NCCLWatchCheckpointGatherStall")
         time.sleep(0.5)
     assert stall, _get_json(f"{am}/api/v2/alerts")
-    assert {k: stall[0]["labels"][k] for k in ("job_id", "rank", "host", "kind", "severity")} == {
-        "job_id": job_id, "rank": "0", "host": host, "kind": "checkpoint_gather",
+    assert {k: stall[0]["labels"][k] for k in ("job_id", "rank", "host", "node", "kind",
+                                               "severity")} == {
+        "job_id": job_id, "rank": "0", "host": host, "node": host, "kind": "checkpoint_gather",
         "severity": "warning"}
     assert "Root cause: save_overruns_watchdog" in stall[0]["annotations"]["description"]
     assert stall[0]["status"]["state"] == "suppressed" and stall[0]["status"]["inhibitedBy"]
