@@ -32,6 +32,8 @@ from pathlib import Path
 
 import yaml
 
+from ncclwatch.install import RUNBOOK_FALLBACK
+
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "deploy" / "kubernetes"
 RULE_SOURCES = (ROOT / "dashboards" / "prometheus" / "alerts.yaml",
@@ -63,9 +65,9 @@ def _rel(path: Path) -> str:
     return path.relative_to(ROOT).as_posix()
 
 
-#: The rules' runbook link when no daemon was seen in a week: the installed copy on a
-#: Prometheus host; in the cluster, either daemon through its Service instead.
-RUNBOOK_FALLBACK = "file:///usr/local/share/doc/ncclwatch/runbooks/"
+#: The rules' runbook link when no daemon was seen in a week is the installed copy on
+#: a Prometheus host (install.RUNBOOK_FALLBACK); in the cluster, either daemon
+#: through its Service instead.
 SERVICE_RUNBOOKS = "https://ncclwatch-daemon.ncclwatch.svc:7471/runbooks/"
 
 
