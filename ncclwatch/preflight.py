@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Mapping
 
 from ncclwatch import envlint, frameworks
-from ncclwatch.agent.report import TIMEOUT_ENV, declared_timeout_from
+from ncclwatch.agent.timeouts import TIMEOUT_ENV, declared_timeout_from
 from ncclwatch.remediation import fixes_for
 from ncclwatch.savefit import Fit, save_seconds, seconds, size
 

@@ -118,11 +118,24 @@ def test_fits_exits_0_reads_the_timeout_and_lints_the_env(tmp_path, capsys) -> N
     ({"NCCLWATCH_PG_TIMEOUT_S": "soon", "DEEPSPEED_TIMEOUT": "10"}, (600.0, "DEEPSPEED_TIMEOUT")),
 ])
 def test_the_timeout_a_job_states_in_its_environment(env, expected) -> None:
-    from ncclwatch.agent.report import declared_timeout_from
+    from ncclwatch.agent.timeouts import declared_timeout_from
     from ncclwatch.envpolicy import ALLOWED_NAMES
 
     assert declared_timeout_from(env) == expected
     assert set(env) <= ALLOWED_NAMES   # the agent reads each of them
+
+
+@pytest.mark.parametrize("argv,seconds", [
+    (["python", "train.py", "--ddp_timeout", "3600"], 3600.0),
+    (["python", "train.py", "--ddp_timeout=5400", "--lr", "1e-4"], 5400.0),
+    (["train.py", "--ddp-timeout", "900", "--ddp_timeout", "1200"], 1200.0),   # the last wins
+    (["train.py", "--ddp_timeout"], 0.0), (["train.py", "--ddp_timeout", "soon"], 0.0),
+    (["train.py", "--timeout", "3600"], 0.0), ([], 0.0),
+])
+def test_the_timeout_a_rank_states_on_its_command_line(argv, seconds) -> None:
+    from ncclwatch.agent.timeouts import args_timeout
+
+    assert args_timeout(argv) == seconds
 
 
 def test_tight_margin_exits_3() -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ncclwatch.agent.report import declared_timeout_from
+from ncclwatch.agent.timeouts import declared_timeout_from
 from ncclwatch.envlint import lint
 from tests.conftest import ROOT
 

@@ -49,7 +49,7 @@ if unset_in_job TORCH_FR_DUMP_TEMP_FILE TORCH_NCCL_DEBUG_INFO_TEMP_FILE; then
 fi
 
 # The timeout, where the job states none of the ways ncclwatch reads
-# (ncclwatch/agent/report.py TIMEOUT_ENV_UNITS).
+# (ncclwatch/agent/timeouts.py).
 if unset_in_job NCCLWATCH_PG_TIMEOUT_S NCCLWATCH_WATCHDOG_TIMEOUT_SECONDS DEEPSPEED_TIMEOUT; then
     echo "export NCCLWATCH_PG_TIMEOUT_S=$PG_TIMEOUT_S"
 fi

@@ -14,6 +14,7 @@ from typing import Callable, Iterable, Mapping, Sequence, TypeVar
 
 from ncclwatch.agent import caps
 from ncclwatch.agent.discover import RankProcess
+from ncclwatch.agent.timeouts import declared_timeout
 from ncclwatch.agent.gpu import GpuDevice, GpuProcessMemory
 from ncclwatch.agent.tracker import RankTracker
 from ncclwatch.sanitize import COUNTS, clean, gate
@@ -33,29 +34,6 @@ LIMIT_KINDS = {
     "address_space": pb.MEMORY_LIMIT_KIND_ADDRESS_SPACE,
 }
 
-#: Variables of a rank's environment that state its process-group timeout,
-#: first wins, with their unit in seconds. Only variables: the agent never runs
-#: the job's code to read ``init_process_group(timeout=...)``. DEEPSPEED_TIMEOUT
-#: (minutes) is the default of ``deepspeed.init_distributed``.
-TIMEOUT_ENV_UNITS: tuple[tuple[str, float], ...] = (
-    ("NCCLWATCH_PG_TIMEOUT_S", 1.0),
-    ("NCCLWATCH_WATCHDOG_TIMEOUT_SECONDS", 1.0),
-    ("DEEPSPEED_TIMEOUT", 60.0),
-)
-TIMEOUT_ENV = tuple(name for name, _ in TIMEOUT_ENV_UNITS)
-
-
-def declared_timeout_from(env: Mapping[str, str]) -> tuple[float, str]:
-    """(seconds, the variable) the environment states, else (0.0, "")."""
-    for name, unit in TIMEOUT_ENV_UNITS:
-        value = _float(env.get(name))
-        if value:
-            return value * unit, name
-    return 0.0, ""
-
-
-def declared_timeout(env: Mapping[str, str]) -> float:
-    return declared_timeout_from(env)[0]
 
 
 @dataclass
@@ -230,7 +208,7 @@ def _process_pb(t: RankTracker) -> pb.ProcessStats:
 def _job_pb(t: RankTracker) -> pb.JobInfo:
     env = t.proc.env
     out = pb.JobInfo(source=gate("JobInfo.source", t.proc.identity.job_source), env=sent_env(env),
-                     watchdog_timeout_seconds=declared_timeout(env),
+                     watchdog_timeout_seconds=declared_timeout(env) or t.proc.args_timeout,
                      packages=[gate("JobInfo.packages", p) for p in sorted(t.packages)])
     sj = t.scheduler_job
     if sj is not None:
