@@ -44,6 +44,12 @@ DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 
 # Selectors. J: per-job metrics; N: per-node agent metrics; I: daemon-wide.
 J = '{job=~"$job", instance=~"$instance", replica=~"$replica|", job_id=~"$job_id"}'
+#: dcgm-exporter's series the job board joins (not the daemon's: no data without it).
+FOREIGN_METRICS = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_XID_ERRORS")
+#: A dcgm-exporter series (%s) for the culprit's GPU: the join of rules.yaml's
+#: ncclwatch:culprit_gpu_*:max, with the dashboard's filters on ncclwatch's side.
+GPU_JOIN = (f"max by (job_id, rank, Hostname, gpu, UUID) (ncclwatch_culprit_gpu_info{J})"
+            " * on (Hostname, UUID) group_left () max by (Hostname, UUID) (%s)")
 N = '{job=~"$job", instance=~"$instance", replica=~"$replica|", node=~"$node"}'
 I = '{job=~"$job", instance=~"$instance", replica=~"$replica|"}'
 
@@ -93,6 +99,9 @@ class Board:
         self.title = title
         self.next_id = 1
         self.no_job: list[str] = []  # panel titles whose queries have no job matcher
+        #: Panels that join another exporter's series (dcgm-exporter): those come
+        #: from its own scrape job and instances, so only ncclwatch's side is filtered.
+        self.foreign: list[str] = []
         self._annotation_extras: dict[str, dict] = {}  # fields the SDK's model lacks
         self.d = (db.Dashboard(title).uid(uid).description(description).tags(TAGS)
                   .readonly().refresh("10s").time("now-1h", "now").timezone("browser")
@@ -127,7 +136,9 @@ class Board:
            max_val: float | None = None, thresholds: db.ThresholdsConfig | None = None,
            threshold_style: cm.GraphTresholdsStyleMode = cm.GraphTresholdsStyleMode.OFF,
            overrides: Sequence[tuple[str, list[dm.DynamicConfigValue]]] = (),
-           job_scoped: bool = True) -> None:
+           job_scoped: bool = True, foreign: bool = False) -> None:
+        if foreign:
+            self.foreign.append(title)
         p = (timeseries.Panel().legend(_legend()).tooltip(_tooltip())
              .line_width(1).fill_opacity(25 if stack or bars else 10)
              .show_points(cm.VisibilityMode.NEVER).span_nulls(False)
@@ -484,6 +495,19 @@ def job() -> Board:
             "{{job_id}} culprit rank {{rank}} {{device}}"),
           q(f"max by (job_id, device) (ncclwatch_job_rank_memory_max_bytes{J})",
             "{{job_id}} largest rank ({{device}})")])
+    util, xid = FOREIGN_METRICS
+    b.ts("Culprit GPU (dcgm-exporter)",
+         "The culprit rank's GPU as dcgm-exporter reports it: utilisation (100% in a hung "
+         "collective or kernel, 0% in a save on the host) and the last XID error (0: none; "
+         "79: fallen off the bus, 48: double-bit ECC...). Joined on dcgm-exporter's own "
+         "labels, Hostname and UUID (ncclwatch_culprit_gpu_info); empty where "
+         "dcgm-exporter is not scraped or its Hostname is not the node's name.", "percent",
+         [q(GPU_JOIN % util, "{{job_id}} rank {{rank}} gpu {{gpu}} util"),
+          q(GPU_JOIN % xid, "{{job_id}} rank {{rank}} gpu {{gpu}} XID")],
+         max_val=None, foreign=True,
+         overrides=[("/ XID$/", [dm.DynamicConfigValue("unit", "none"),
+                                 dm.DynamicConfigValue("custom.axisPlacement", "right"),
+                                 dm.DynamicConfigValue("custom.drawStyle", "points")])])
 
     b.row("Checkpoint save")
     b.ts("Checkpoint written vs expected",
@@ -505,10 +529,10 @@ def job() -> Board:
     b.table("Config warnings",
             "Settings in the job's environment that defeat the watchdog or the evidence "
             "(`ncclwatch status` explains each code).", "none",
-            [q(f"max by (job_id, code, severity) (ncclwatch_job_config_warning{J})",
+            [q(f"max by (job_id, code, level) (ncclwatch_job_config_warning{J})",
                table_format=True)],
             transformations=[organize(exclude=["Time", "Value"],
-                                      order=["job_id", "severity", "code"])],
+                                      order=["job_id", "level", "code"])],
             no_value="no warnings", h=6)
 
     b.annotation("Incidents opened",
@@ -524,10 +548,19 @@ def job() -> Board:
 BOARDS = {"ncclwatch-fleet.json": fleet, "ncclwatch-job.json": job}
 
 
+#: The linter's rules a panel joining another exporter's series cannot meet.
+FOREIGN_RULES = ("target-job-rule", "target-instance-rule")
+
+
 def lint_config(boards: Sequence[Board]) -> dict:
-    """The .lint file: no exclusions. Every query selects the scrape ``job``; the
-    training job is ``job_id`` (``Board.no_job``: the panels without one)."""
-    return {"exclusions": {}}
+    """The .lint file. Every query of ncclwatch's series selects the scrape ``job``
+    (the training job is ``job_id``; ``Board.no_job``: the panels without one);
+    the exclusions are the other exporter's selectors of ``Board.foreign`` panels."""
+    entries = [{"dashboard": b.title, "panel": t} for b in boards for t in b.foreign]
+    why = ("dcgm-exporter's series come from its own scrape job and instances; the "
+           "query filters ncclwatch's side and joins on Hostname and UUID")
+    return {"exclusions": {r: {"reason": why, "entries": entries}
+                           for r in FOREIGN_RULES if entries}}
 
 
 def dumps(obj: dict) -> str:

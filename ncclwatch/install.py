@@ -68,6 +68,11 @@ KINDS = {
 }
 
 
+#: The alert rules' runbook link when no daemon was seen in a week: the copy the
+#: "runbooks" kind installs. `install rules --runbook-url URL` puts URL there instead.
+RUNBOOK_FALLBACK = f"file://{KINDS['runbooks'].dest}/"
+
+
 def _installed(share: str) -> list[Path]:
     """Files pip installed under <data>/share/<share>/, from the RECORD of the
     distribution this very module came from (another ncclwatch on sys.path,
@@ -111,12 +116,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--force", action="store_true", help="overwrite configs that exist")
     p.add_argument("--list", action="store_true",
                    help="print what would be copied where, and copy nothing")
+    p.add_argument("--runbook-url", metavar="URL",
+                   help="rules: where alerts link the runbooks when no daemon was seen in a "
+                   f"week (an http(s) copy of docs/runbooks; default: {RUNBOOK_FALLBACK})")
 
 
 def main(args: argparse.Namespace) -> int:
     kinds = list(KINDS) if "all" in args.kinds else list(dict.fromkeys(args.kinds))
     if args.dest and len(kinds) != 1:
         print("ncclwatch install: --dest takes one KIND", file=sys.stderr)
+        return 2
+    if args.runbook_url and not args.runbook_url.startswith(("http://", "https://")):
+        print("ncclwatch install: --runbook-url must be an http:// or https:// URL",
+              file=sys.stderr)
         return 2
     for name in kinds:
         k = KINDS[name]
@@ -137,7 +149,11 @@ def main(args: argparse.Namespace) -> int:
                 continue
             try:
                 dest.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(src, target)
+                if name == "rules" and args.runbook_url and src.name == "alerts.yaml":
+                    target.write_text(src.read_text().replace(
+                        RUNBOOK_FALLBACK, args.runbook_url.rstrip("/") + "/"))
+                else:
+                    shutil.copyfile(src, target)
                 os.chmod(target, 0o644)
             except OSError as e:  # typically not root for /etc: say so, no traceback
                 print(f"ncclwatch install: {target}: {e.strerror or e}", file=sys.stderr)

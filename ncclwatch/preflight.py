@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Mapping
 
 from ncclwatch import envlint, frameworks
-from ncclwatch.agent.report import TIMEOUT_ENV, declared_timeout
+from ncclwatch.agent.timeouts import TIMEOUT_ENV, declared_timeout_from
 from ncclwatch.remediation import fixes_for
 from ncclwatch.savefit import Fit, save_seconds, seconds, size
 
@@ -313,9 +313,8 @@ def main(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
                      + (f" with {args.optimizer} state" if args.optimizer != "none" else ""))
     if args.timeout is not None:
         timeout, timeout_from = args.timeout, "--timeout"
-    elif declared_timeout(dict(env)):
-        timeout = declared_timeout(dict(env))
-        timeout_from = next(n for n in TIMEOUT_ENV if env.get(n))
+    elif declared_timeout_from(env)[0]:
+        timeout, timeout_from = declared_timeout_from(env)
     else:
         timeout, timeout_from = DEFAULT_TIMEOUT, "NCCL's default"
     if not args.dir.is_dir():

@@ -63,6 +63,31 @@ def test_discovery_finds_the_rank_once_and_keeps_only_allowlisted_env(fake_rank)
     assert [x.pid for x in d.scan() if x.identity.job_id == r.identity.job_id] == [fake_rank.pid]
 
 
+def test_discovery_reads_the_timeout_a_rank_states_on_its_command_line(tmp_path) -> None:
+    """`--ddp_timeout 1800` (Hugging Face's) on the rank's command line is its declared
+    timeout; a variable in its environment says it first."""
+    from ncclwatch.agent.timeouts import declared_timeout
+
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path / f"c{i}.pt"),
+                               "--ddp_timeout", "1800"],
+                              env={**os.environ, **RANK_ENV, "MASTER_PORT": str(29560 + i),
+                                   **extra}, stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+             for i, extra in enumerate(({}, {"NCCLWATCH_PG_TIMEOUT_S": "900"}))]
+    try:
+        for p in procs:
+            assert p.stdout.readline().strip() == "ready"
+        found = {r.pid: r for r in Discovery("nodeA").scan()}
+        plain, stated = (found[p.pid] for p in procs)
+        assert plain.args_timeout == stated.args_timeout == 1800.0
+        assert (declared_timeout(plain.env) or plain.args_timeout) == 1800.0
+        assert (declared_timeout(stated.env) or stated.args_timeout) == 900.0
+    finally:
+        for p in procs:
+            os.killpg(p.pid, 9)
+            p.wait()
+
+
 def test_discovery_forgets_exited_ranks(fake_rank) -> None:
     d = Discovery("nodeA")
     assert any(r.pid == fake_rank.pid for r in d.scan())

@@ -19,9 +19,13 @@ from tests.conftest import need_system
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "dashboards" / "prometheus"
 ALERTS = RULES / "alerts.yaml"
-#: How every runbook_url starts: the daemon's runbook base, else the repository path.
-RUNBOOK_PREFIX = ('{{ with query "ncclwatch_daemon_info" }}{{ . | first | label "runbook_base" }}'
-                  '{{ else }}docs/runbooks/{{ end }}')
+#: Where runbook_url points when no daemon was seen in a week: the installed copy.
+RUNBOOK_FALLBACK = "file:///usr/local/share/doc/ncclwatch/runbooks/"
+#: How every runbook_url starts: the daemon's runbook base (live, else the last in a
+#: week), else the fallback.
+RUNBOOK_PREFIX = ('{{ with query "ncclwatch_daemon_info or last_over_time(ncclwatch_daemon_info[1w])" }}'
+                  '{{ . | first | label "runbook_base" }}'
+                  '{{ else }}' + RUNBOOK_FALLBACK + '{{ end }}')
 DAEMON_URL = '{{ with query "ncclwatch_daemon_info" }}{{ . | first | label "url" }}/'
 KINDS = ("checkpoint_gather", "checkpoint_restore", "collective_hang", "desync", "rank_lost")
 
@@ -193,5 +197,108 @@ def test_the_daemon_serves_the_runbooks_alerts_link_to() -> None:
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(f"http://127.0.0.1:{srv.port}/runbooks/../../etc/passwd")
         assert err.value.code == 404
+        # A browser gets HTML, every heading an alert's anchor names with its id, under
+        # the headers of every page (no script, no framing); the bare name is the page too.
+        for name in sorted(names):
+            for path, accept in ((name, "text/html,*/*;q=0.8"), (name[:-3], "*/*")):
+                req = urllib.request.Request(f"http://127.0.0.1:{srv.port}/runbooks/{path}",
+                                             headers={"Accept": accept})
+                with urllib.request.urlopen(req) as r:
+                    html, headers = r.read().decode(), r.headers
+                assert headers["Content-Type"] == "text/html; charset=utf-8", path
+                assert "script-src 'none'" in headers["Content-Security-Policy"]
+                assert "frame-ancestors 'none'" in headers["Content-Security-Policy"]
+                assert headers["X-Content-Type-Options"] == "nosniff"
+                assert "<script" not in html and "<!--" not in html
+                for anchor in re.findall(r'<a id="([^"]+)"></a>',
+                                         (ROOT / "docs" / "runbooks" / name).read_text()):
+                    assert f'id="{anchor}"' in html, (name, anchor)
+        linked = {tuple(r["annotations"]["runbook_url"][len(RUNBOOK_PREFIX):].split("#"))
+                  for r in _alerts() if "#" in r["annotations"]["runbook_url"]
+                  and "{{" not in r["annotations"]["runbook_url"][len(RUNBOOK_PREFIX):]}
+        for name, anchor in linked:
+            with urllib.request.urlopen(urllib.request.Request(
+                    f"http://127.0.0.1:{srv.port}/runbooks/{name}",
+                    headers={"Accept": "text/html"})) as r:
+                assert f'id="{anchor}"' in r.read().decode(), (name, anchor)
     finally:
         srv.stop()
+
+
+def test_with_no_daemon_seen_the_runbook_link_is_the_installed_copy() -> None:
+    """Never a relative path: the copy `ncclwatch install runbooks` puts on the host
+    (deploy/generate.py swaps in the daemons' Service for the cluster)."""
+    from deploy import generate
+    from ncclwatch.install import KINDS
+
+    assert RUNBOOK_FALLBACK == f"file://{KINDS['runbooks'].dest}/" == generate.RUNBOOK_FALLBACK
+    assert not [r["alert"] for r in _alerts() if "docs/runbooks" in r["annotations"]["runbook_url"]]
+
+
+def test_config_warnings_are_exported_with_the_level_the_alert_selects() -> None:
+    """`level`, not `severity` (the alert's own label); the alert selects a level the
+    job lint gives, and the daemon exports it for a real warning."""
+    from ncclwatch.daemon.core import Daemon, DaemonConfig
+    from ncclwatch.daemon.export import DaemonCollector
+    from ncclwatch.envlint import RULES as LINT
+    from ncclwatch.model import RankState
+    from tests.factories import report, sample
+
+    (rule,) = [r for r in _alerts() if r["alert"] == "NCCLWatchJobConfigDefeatsWatchdog"]
+    levels = re.findall(r'ncclwatch_job_config_warning\{level="(\w+)"\}', rule["expr"])
+    assert levels == ["warning"] and set(levels) <= {r.severity for r in LINT}
+    d = Daemon(DaemonConfig())
+    s = sample("job-1", 0, 1, RankState.COMPUTE, timeout=60.0)
+    s.job.env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
+    d.ingest(report([s]), now=10.0)
+    d.tick(now=10.5)
+    text = DaemonCollector(d, lambda fn: fn()).exposition().decode()
+    assert ('ncclwatch_job_config_warning{job_id="job-1",code="watchdog_cannot_abort",'
+            'level="warning"} 1.0') in text
+
+
+def test_a_culprits_gpu_is_exported_with_dcgm_exporters_labels() -> None:
+    """Hostname (the node), gpu (the index) and UUID: dcgm-exporter's names, so the
+    culprit's DCGM_FI_DEV_* series join on them (rules.yaml)."""
+    from ncclwatch.daemon.core import Daemon, DaemonConfig
+    from ncclwatch.daemon.export import DaemonCollector
+    from ncclwatch.v1 import collector_pb2 as pb
+    from tests.factories import checkpoint_job
+
+    d = Daemon(DaemonConfig(stall_threshold=5.0))
+    req = checkpoint_job("job-1", 4, node="gpu-node-7")
+    req.report.samples[0].gpu.append(pb.GpuMemory(
+        device_index=3, device_uuid="GPU-5fd4b6a2-0c1e-4a8f-9b0e-3d2f1a6c7e88",
+        used_bytes=1 << 30, device_total_bytes=80 << 30, device_used_bytes=2 << 30))
+    req.report.samples[1].gpu.append(pb.GpuMemory(device_index=1, device_uuid="GPU-other"))
+    d.ingest(req, now=100.0)
+    d.tick(now=100.5)
+    text = DaemonCollector(d, lambda fn: fn()).exposition().decode()
+    lines = [x for x in text.splitlines() if x.startswith("ncclwatch_culprit_gpu_info{")]
+    assert lines == ['ncclwatch_culprit_gpu_info{job_id="job-1",rank="0",Hostname="gpu-node-7",'
+                     'gpu="3",UUID="GPU-5fd4b6a2-0c1e-4a8f-9b0e-3d2f1a6c7e88"} 1.0'], text
+
+
+
+def test_labelled_counters_start_at_zero_for_every_known_value() -> None:
+    """rate() and increase() need a series before the first event: a fresh daemon
+    exports every counter at 0 for each label value it knows in advance (only the
+    per-node and per-worker ones wait for a node or a worker)."""
+    from ncclwatch.daemon import export
+    from ncclwatch.daemon.core import Daemon, DaemonConfig
+    from ncclwatch.daemon.validate import REJECT_CODES
+
+    fams = {f.name: f for f in export.DaemonCollector(Daemon(DaemonConfig()),
+                                                      lambda fn: fn()).collect()
+            if f.type == "counter"}
+    per_node_or_worker = {name for name, _, type_, _ in export._AGENT_FAMILIES
+                          if type_ == "counter"} | {
+        "ncclwatch_agent_rank_budget_hits", "ncclwatch_daemon_ingest_worker_reports",
+        "ncclwatch_daemon_ingest_worker_cpu_seconds", "ncclwatch_daemon_ingest_worker_restarts"}
+    empty = {name for name, f in fams.items() if not f.samples}
+    assert empty == per_node_or_worker, empty ^ per_node_or_worker
+    for f in fams.values():
+        assert all(s.value == 0 for s in f.samples if s.name.endswith("_total")), f.name
+    for name in ("ncclwatch_daemon_rejected_reports", "ncclwatch_daemon_rejected_job_samples"):
+        assert [s.labels["code"] for s in fams[name].samples
+                if s.name.endswith("_total")] == list(REJECT_CODES)

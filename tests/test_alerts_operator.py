@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.test_alerts import RULES, promtool
+from tests.test_alerts import RULES, RUNBOOK_FALLBACK, promtool
 
 #: The targets' labels, as the Prometheus Operator's generated scrape config sets them
 #: (pkg/prometheus/promcfg.go: namespace, pod, container, endpoint; service for a
@@ -210,7 +210,7 @@ def test_a_real_stall_of_a_pod_pages_once_through_a_podmonitor_scraped_pair(tmp_
             "exp_alerts": [{"exp_labels": {
                 "severity": "warning", "job": "ncclwatch", "job_id": "torchelastic:abc",
                 "kind": "checkpoint_gather",
-                "rank": "0", "host": "node-a", "rank_namespace": "team",
+                "rank": "0", "host": "node-a", "node": "node-a", "rank_namespace": "team",
                 "rank_pod": "trainer-0"},
                 "exp_annotations": {
                     "summary": "Rank 0 is checkpointing while job torchelastic:abc waits",
@@ -219,7 +219,7 @@ def test_a_real_stall_of_a_pod_pages_once_through_a_podmonitor_scraped_pair(tmp_
                         "checkpoint while the other ranks of job torchelastic:abc wait in the "
                         f"next collective; {_human(remaining)} of watchdog budget left. "
                         "Root cause: slow_save."),
-                    "runbook_url": "docs/runbooks/checkpoint_gather.md",
+                    "runbook_url": RUNBOOK_FALLBACK + "checkpoint_gather.md",
                     "daemon_url": "", "advice": ""}}]}]}],
     }
     out = _promtool_test(tmp_path, tests)

@@ -199,7 +199,8 @@ def test_a_rank_cannot_name_its_pod(tmp_path) -> None:
         series = [(f.name, labels) for f in build(capture(d, now=100.0))
                   for labels, _ in f.rows]
         assert not any("payments-api-0" in lab or "prod" in lab for _, lab in series)
-        labels = [dict(zip(("job", "kind", "rank", "host", "state", "namespace", "pod"), lab))
+        labels = [dict(zip(("job", "kind", "rank", "host", "node", "state", "namespace", "pod"),
+                           lab))
                   for name, lab in series if name == "ncclwatch_stall_culprit_info"]
         assert [(x["namespace"], x["pod"]) for x in labels] == [node_pod]
 

@@ -212,7 +212,8 @@ def test_http_endpoints_serve_the_stall() -> None:
                             (("job_id", "job-1"), ("kind", "checkpoint_gather")))] == 1
             assert samples[("ncclwatch_stall_culprit_info",
                             (("host", "node-a"), ("job_id", "job-1"), ("kind", "checkpoint_gather"),
-                             ("rank", "0"), ("rank_namespace", ""), ("rank_pod", ""),
+                             ("node", "node-a"), ("rank", "0"), ("rank_namespace", ""),
+                             ("rank_pod", ""),
                              ("state", "saving")))] == 1
             assert samples[("ncclwatch_watchdog_timeout_seconds", (("job_id", "job-1"),))] == 90
             assert samples[("ncclwatch_ranks", (("job_id", "job-1"), ("state", "collective")))] == 3

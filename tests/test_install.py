@@ -160,3 +160,21 @@ def test_install_into_a_folder_it_cannot_write_is_a_clear_error(tmp_path: Path, 
     assert main(["install", "dashboards", "--dest", str(blocker / "sub")]) == 1
     err = capsys.readouterr().err
     assert str(blocker / "sub") in err and "Traceback" not in err
+
+
+def test_rules_link_the_runbooks_where_runbook_url_says(tmp_path: Path) -> None:
+    """With no daemon seen in a week the alerts link the installed copy, or the
+    --runbook-url given to `install rules`: absolute either way."""
+    from ncclwatch.cli import main
+    from tests.test_alerts import RUNBOOK_FALLBACK
+
+    assert install.RUNBOOK_FALLBACK == RUNBOOK_FALLBACK
+    assert main(["install", "rules", "--dest", str(tmp_path / "a")]) == 0
+    assert (tmp_path / "a" / "alerts.yaml").read_text().count(RUNBOOK_FALLBACK) >= 10
+    assert main(["install", "rules", "--dest", str(tmp_path / "b"),
+                 "--runbook-url", "https://wiki.example/ncclwatch/runbooks"]) == 0
+    text = (tmp_path / "b" / "alerts.yaml").read_text()
+    assert RUNBOOK_FALLBACK not in text
+    assert "{{ else }}https://wiki.example/ncclwatch/runbooks/{{ end }}checkpoint_gather.md" in text
+    assert main(["install", "rules", "--dest", str(tmp_path / "c"),
+                 "--runbook-url", "wiki/runbooks"]) == 2

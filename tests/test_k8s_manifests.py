@@ -8,6 +8,8 @@ from __future__ import annotations
 import copy
 import json
 import re
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -143,6 +145,21 @@ CRD_SCHEMAS = {
 }
 
 
+_POD_ENDPOINT = CRD_SCHEMAS["PodMonitor"]["properties"]["spec"]["properties"][
+    "podMetricsEndpoints"]
+CRD_SCHEMAS["ServiceMonitor"] = {
+    "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False, "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"}, "kind": {"const": "ServiceMonitor"},
+        "metadata": _META,
+        "spec": {"type": "object", "required": ["selector", "endpoints"],
+                 "additionalProperties": False, "properties": {
+            "selector": _SELECTOR, "jobLabel": _STR,
+            "namespaceSelector": CRD_SCHEMAS["PodMonitor"]["properties"]["spec"]["properties"][
+                "namespaceSelector"],
+            "endpoints": _POD_ENDPOINT}}}}
+
+
 def test_operator_objects_match_their_crd_fields() -> None:
     crds = [(n, o) for n, o in objects() if not core(o)]
     assert sorted(o["kind"] for _, o in crds) == ["PodMonitor", "PrometheusRule"]
@@ -172,9 +189,18 @@ def test_generation_notices_a_changed_source(tmp_path: Path) -> None:
 
 def test_prometheus_rule_holds_exactly_the_shipped_rules() -> None:
     rule = one("PrometheusRule", "ncclwatch")
-    shipped = [g for src in generate.RULE_SOURCES
-               for g in yaml.safe_load(src.read_text())["groups"]]
+    shipped = [g for src in generate.RULE_SOURCES for g in yaml.safe_load(
+        src.read_text().replace(generate.RUNBOOK_FALLBACK, generate.SERVICE_RUNBOOKS))["groups"]]
     assert rule["spec"]["groups"] == shipped
+    # Every link absolute, and in the cluster: no daemon seen in a week sends people to
+    # either daemon's Service (one of its allowed hosts), never to a path on nobody's host.
+    links = [r["annotations"]["runbook_url"] for g in rule["spec"]["groups"]
+             for r in g["rules"] if "alert" in r]
+    assert links and all(f"{{{{ else }}}}{generate.SERVICE_RUNBOOKS}{{{{ end }}}}" in u
+                         for u in links), links
+    assert "file://" not in json.dumps(rule) and "docs/runbooks" not in json.dumps(rule)
+    host = generate.SERVICE_RUNBOOKS.split("//")[1].split(":")[0]
+    assert host in generate.allowed_hosts().split(",")
     alerts = [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
     assert {"NCCLWatchDaemonDown", "NCCLWatchDaemonReplicaDown"} <= set(alerts)
     assert len(alerts) == len(set(alerts)) >= 10
@@ -263,6 +289,17 @@ def test_agent_env_is_real_config_and_reaches_both_daemons() -> None:
 def _pods_selected(selector: dict) -> list[str]:
     return [d["metadata"]["name"] for _, d in objects() if d["kind"] == "Deployment"
             and selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()]
+
+
+@pytest.mark.parametrize("letter", "ab")
+def test_each_daemon_links_through_its_own_service(letter: str) -> None:
+    """The daemon's external URL (alerts' and status's links) is its own Service."""
+    (c,) = one("Deployment", f"ncclwatch-daemon-{letter}")["spec"]["template"]["spec"][
+        "containers"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    svc = one("Service", f"ncclwatch-daemon-{letter}")
+    http = next(p["port"] for p in svc["spec"]["ports"] if p["name"] == "http")
+    assert env["NCCLWATCH_EXTERNAL_URL"] == f"https://{svc['metadata']['name']}.ncclwatch.svc:{http}"
 
 
 def test_daemon_is_a_pair_that_differs_only_in_its_letter() -> None:
@@ -417,6 +454,7 @@ def test_agent_with_the_daemonsets_env_reports_to_both_daemons(tmp_path: Path,
     assert env["NCCLWATCH_NODE"] == ""  # from the downward API
     env["NCCLWATCH_NODE"] = "gpu-node-7"
     env = agent_tls_env(env, k8s_pki, "gpu-node-7")
+    alive = env["NCCLWATCH_ALIVE_FILE"] = str(tmp_path / "alive")   # the pod's /tmp/alive
     daemons, http = [], {}
     try:
         for target in env["NCCLWATCH_COLLECTOR"].split(","):
@@ -439,6 +477,10 @@ def test_agent_with_the_daemonsets_env_reports_to_both_daemons(tmp_path: Path,
             time.sleep(0.5)
         for host, port in http.items():
             assert want in _metrics(port, k8s_pki), (host, agent.output()[-2000:])
+        # The liveness probe, as the kubelet runs it in the pod: the agent goes round.
+        probe = [sys.executable if a == "python" else alive if a == "/tmp/alive" else a
+                 for a in c["livenessProbe"]["exec"]["command"]]
+        assert subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
     finally:
         for proc in daemons:
             proc.stop()
@@ -534,3 +576,51 @@ def test_podmonitor_scrapes_https_against_the_daemons_ca() -> None:
     hosts = re.search(r'^allowed_hosts = "(.*)"$', one("ConfigMap", "ncclwatch-daemon")[
         "data"]["daemon.toml"], re.M).group(1).split(",")
     assert ep["tlsConfig"]["serverName"] in hosts
+
+
+# -- the layout for a Prometheus that selects by label ----------------------------------
+
+@pytest.mark.parametrize("service_monitor", [False, True])
+def test_a_release_layout_is_labelled_for_kube_prometheus_stack(tmp_path: Path,
+                                                                  service_monitor: bool) -> None:
+    out = tmp_path / "layout"
+    argv = ["--layout", str(out), "--release", "kps"] + (["--service-monitor"] * service_monitor)
+    assert generate.main(argv) == 0
+    k = yaml.safe_load((out / "kustomization.yaml").read_text())
+    assert sorted(k["resources"]) == sorted(f.name for f in out.glob("*.yaml")
+                                            if f.name != "kustomization.yaml")
+    objs = [d for f in sorted(out.glob("*.yaml")) if f.name != "kustomization.yaml"
+            for d in yaml.safe_load_all(f.read_text()) if d]
+    monitors = [o for o in objs if o["kind"] in generate.MONITORING_KINDS]
+    assert sorted(o["kind"] for o in monitors) == sorted(
+        ["ServiceMonitor" if service_monitor else "PodMonitor", "PrometheusRule"])
+    for o in monitors:
+        jsonschema.validate(o, CRD_SCHEMAS[o["kind"]])
+        assert o["metadata"]["labels"]["release"] == "kps"
+    # everything else is the shipped objects, unchanged
+    assert [o for o in objs if core(o)] == [o for _, o in objects() if core(o)]
+    if service_monitor:
+        (sm,) = [o for o in monitors if o["kind"] == "ServiceMonitor"]
+        (pm,) = [o for _, o in objects() if o["kind"] == "PodMonitor"]
+        sel = sm["spec"]["selector"]
+        services = [o for _, o in objects() if o["kind"] == "Service"
+                    and sel["matchLabels"].items() <= o["metadata"]["labels"].items()
+                    and all(e["key"] in o["metadata"]["labels"] for e in sel["matchExpressions"])]
+        # each daemon once, through its own Service; not again through the shared one
+        assert sorted(s["metadata"]["name"] for s in services) == [
+            "ncclwatch-daemon-a", "ncclwatch-daemon-b"]
+        (ep,) = sm["spec"]["endpoints"]
+        (pep,) = pm["spec"]["podMetricsEndpoints"]
+        assert {k: ep[k] for k in ("port", "path", "interval", "scheme", "tlsConfig")} == \
+            {k: pep[k] for k in ("port", "path", "interval", "scheme", "tlsConfig")}
+        relabel = {r["targetLabel"]: r for r in ep["relabelings"]}
+        assert relabel["job"]["replacement"] == "ncclwatch"
+        assert relabel["replica"]["sourceLabels"] == [
+            "__meta_kubernetes_service_label_ncclwatch_io_replica"]
+
+
+def test_layout_options_need_a_layout_folder() -> None:
+    with pytest.raises(SystemExit) as e:
+        generate.main(["--release", "kps"])
+    assert e.value.code == 2
+

@@ -137,6 +137,18 @@ def test_every_daemon_answers_its_services_names() -> None:
             assert url.startswith("https://") and url.split("//")[1].rsplit(":", 1)[0] in hosts
 
 
+def test_every_daemon_links_through_its_own_service() -> None:
+    """Each daemon's external URL is its own Service, the URL the shard map names."""
+    urls = [u for group in generate.shard_urls() for u in group]
+    for k in range(N):
+        for x in "ab":
+            (c,) = one("Deployment", f"ncclwatch-daemon-{k}{x}")["spec"]["template"]["spec"][
+                "containers"]
+            env = {e["name"]: e.get("value") for e in c["env"]}
+            assert env["NCCLWATCH_EXTERNAL_URL"] == generate.shard_urls()[k]["ab".index(x)]
+            assert env["NCCLWATCH_EXTERNAL_URL"] in urls and env["NCCLWATCH_SHARD"] == str(k)
+
+
 def test_podmonitor_labels_every_daemon_with_its_shard() -> None:
     pm = one("PodMonitor", "ncclwatch-daemon")["spec"]
     assert sorted(_selected(pm["selector"]["matchLabels"])) == _daemons()
@@ -156,6 +168,7 @@ def test_agent_with_the_daemonsets_env_reports_to_every_shard(tmp_path: Path, k8
     env = {e["name"]: e.get("value", "") for e in c["env"]}
     env["NCCLWATCH_NODE"] = "gpu-node-7"
     env = agent_tls_env(env, k8s_pki, "gpu-node-7")
+    env["NCCLWATCH_ALIVE_FILE"] = str(tmp_path / "alive")   # the pod's /tmp/alive
     cm = one("ConfigMap", "ncclwatch-daemon")
     toml = localize(cm["data"]["daemon.toml"], cm, k8s_pki, tmp_path)
     procs, http = [], {}

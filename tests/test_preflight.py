@@ -109,6 +109,35 @@ def test_fits_exits_0_reads_the_timeout_and_lints_the_env(tmp_path, capsys) -> N
     assert "watchdog_cannot_abort" in {w["code"] for w in v["env_warnings"]}
 
 
+@pytest.mark.parametrize("env,expected", [
+    ({}, (0.0, "")),
+    ({"NCCLWATCH_PG_TIMEOUT_S": "1800", "DEEPSPEED_TIMEOUT": "60"},
+     (1800.0, "NCCLWATCH_PG_TIMEOUT_S")),
+    ({"NCCLWATCH_WATCHDOG_TIMEOUT_SECONDS": "900"}, (900.0, "NCCLWATCH_WATCHDOG_TIMEOUT_SECONDS")),
+    ({"DEEPSPEED_TIMEOUT": "45"}, (2700.0, "DEEPSPEED_TIMEOUT")),   # minutes
+    ({"NCCLWATCH_PG_TIMEOUT_S": "soon", "DEEPSPEED_TIMEOUT": "10"}, (600.0, "DEEPSPEED_TIMEOUT")),
+])
+def test_the_timeout_a_job_states_in_its_environment(env, expected) -> None:
+    from ncclwatch.agent.timeouts import declared_timeout_from
+    from ncclwatch.envpolicy import ALLOWED_NAMES
+
+    assert declared_timeout_from(env) == expected
+    assert set(env) <= ALLOWED_NAMES   # the agent reads each of them
+
+
+@pytest.mark.parametrize("argv,seconds", [
+    (["python", "train.py", "--ddp_timeout", "3600"], 3600.0),
+    (["python", "train.py", "--ddp_timeout=5400", "--lr", "1e-4"], 5400.0),
+    (["train.py", "--ddp-timeout", "900", "--ddp_timeout", "1200"], 1200.0),   # the last wins
+    (["train.py", "--ddp_timeout"], 0.0), (["train.py", "--ddp_timeout", "soon"], 0.0),
+    (["train.py", "--timeout", "3600"], 0.0), ([], 0.0),
+])
+def test_the_timeout_a_rank_states_on_its_command_line(argv, seconds) -> None:
+    from ncclwatch.agent.timeouts import args_timeout
+
+    assert args_timeout(argv) == seconds
+
+
 def test_tight_margin_exits_3() -> None:
     probe = preflight.Probe(bytes_written=100, seconds=1.0)        # 100 B/s
     v = preflight.judge(ROOT, 8000, "--size", probe, 100.0, "--timeout", 0.25, "torch", {})

@@ -412,3 +412,44 @@ def test_sdnotify_module_has_no_third_party_imports() -> None:
     text = Path(sdnotify.__file__).read_text()
     imports = set(re.findall(r"^(?:from|import) (\w+)", text, flags=re.M))
     assert imports <= {"__future__", "logging", "os", "socket", "time", "typing"}, imports
+
+
+def _probe(path: Path, max_age: float) -> subprocess.CompletedProcess:
+    """The DaemonSet's exec liveness probe, as the kubelet runs it."""
+    return subprocess.run([sys.executable, "-m", "ncclwatch.agent.alive", str(path),
+                           str(max_age)], capture_output=True, text=True, timeout=30)
+
+
+def test_agent_alive_file_fails_the_probe_when_the_loop_wedges(tmp_path) -> None:
+    """The pod's liveness is the watchdog ping's: a round that ends marks it. A
+    stopped agent (a wedged loop) fails the probe; once it goes round again, it passes."""
+    path = tmp_path / "alive"
+    assert _probe(path, 5).returncode == 1                       # no round yet
+    proc = Proc([need("ncclwatch"), "agent", "--collector", f"127.0.0.1:{free_port()}",
+                 "--interval", "0.2", "--alive-file", str(path)], name="ncclwatch-agent")
+    try:
+        deadline = time.time() + 30
+        while _probe(path, 1).returncode != 0:
+            assert time.time() < deadline and proc.alive(), proc.output()
+            time.sleep(0.2)
+        os.kill(proc.popen.pid, signal.SIGSTOP)                  # the loop goes no further
+        time.sleep(2.0)
+        stale = _probe(path, 1)
+        assert stale.returncode == 1 and "last healthy round" in stale.stderr, stale
+        os.kill(proc.popen.pid, signal.SIGCONT)
+        deadline = time.time() + 10
+        while _probe(path, 1).returncode != 0:
+            assert time.time() < deadline, proc.output()
+            time.sleep(0.2)
+    finally:
+        os.kill(proc.popen.pid, signal.SIGCONT)
+        proc.stop()
+
+
+def test_alive_check_imports_only_the_standard_library() -> None:
+    """The probe runs every few seconds: it must start fast and never need the agent."""
+    from ncclwatch.agent import alive
+
+    text = Path(alive.__file__).read_text()
+    assert set(re.findall(r"^(?:from|import) (\w+)", text, flags=re.M)) <= {
+        "__future__", "os", "sys", "time"}

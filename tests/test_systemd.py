@@ -169,7 +169,9 @@ def test_example_configs_load(command: str, options) -> None:
     cfg = resolve(options, args, file, env={})
     assert cfg["log_level"] == "info"
     if command == "daemon":
-        assert _job_timeouts(file.get("job_timeouts", {}), []) == {"slurm:*": 1800.0}
+        # A glob's timeout above torch's default would delay every alarm it matches.
+        assert all(s <= 600 for s in _job_timeouts(file.get("job_timeouts", {}), []).values())
+        assert cfg["watchdog_timeout"] == 600
         assert cfg["grpc"].endswith(":7470") and cfg["http"].endswith(":7471")
     else:
         assert cfg["collector"].endswith(":7470")

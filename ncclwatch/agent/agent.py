@@ -16,6 +16,7 @@ import psutil
 
 from ncclwatch import __version__
 from ncclwatch.agent import caps, imports
+from ncclwatch.agent.alive import touch as mark_alive
 from ncclwatch.agent.discover import Discovery, RankProcess
 from ncclwatch.agent.frprobe import FlightRecorderProbe
 from ncclwatch.agent.launchers import read_maps
@@ -118,6 +119,8 @@ class Agent:
                 # matter here: reports queue while it is away.
                 if self.notifier:
                     self.notifier.alive(self.status_line)
+                if self.config.alive_file:
+                    mark_alive(self.config.alive_file)
             next_at += self.config.interval
             delay = next_at - time.monotonic()
             if delay < 0:  # overran: skip ahead instead of bursting

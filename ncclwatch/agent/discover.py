@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import psutil
@@ -43,6 +43,7 @@ import psutil
 from ncclwatch.agent import caps, container as containers, launchers, raytrain, rankenv
 from ncclwatch.agent.container import NONE as NO_CONTAINER, ContainerInfo
 from ncclwatch.agent.pyspy import find_pyspy
+from ncclwatch.agent.timeouts import args_timeout
 from ncclwatch.envpolicy import local_env
 from ncclwatch.jobid import (
     MAX_JOB_ID_LEN, NODE_LOCAL_SOURCE, UNKNOWN_RANK, UNKNOWN_SOURCE, RankIdentity, identify, job_of,
@@ -76,12 +77,15 @@ class RankProcess:
     local: dict[str, str] = field(default_factory=dict)
     #: The container (and Kubernetes pod) it runs in; empty on the host.
     container: ContainerInfo = NO_CONTAINER
+    #: The process-group timeout its command line states (report.args_timeout), 0: none.
+    args_timeout: float = 0.0
 
     @classmethod
     def of(cls, pid: int, create_time: float, identity: RankIdentity,
-           env: Mapping[str, str], container: ContainerInfo = NO_CONTAINER) -> "RankProcess":
+           env: Mapping[str, str], container: ContainerInfo = NO_CONTAINER,
+           cmdline: Sequence[str] = ()) -> "RankProcess":
         return cls(pid, create_time, identity, filter_env(rankenv.within_budget(env)),
-                   local_env(env), container)
+                   local_env(env), container, args_timeout(cmdline))
 
     @property
     def key(self) -> tuple[str, int]:
@@ -212,7 +216,7 @@ class Discovery:
                 identity = self._spawn_identity(pid, ppid, env, seen, now)
                 if identity is not None:
                     seen.rank = RankProcess.of(pid, create_time, identity, env,
-                                               self._container(pid, env))
+                                               self._container(pid, env), cmdline)
                     return seen
                 if seen.recheck:
                     return seen
@@ -222,7 +226,8 @@ class Discovery:
                 return seen
             if identity.rank_source in (NODE_LOCAL_SOURCE, UNKNOWN_SOURCE):
                 seen.node_local = node_local_fields(env)
-            seen.rank = RankProcess.of(pid, create_time, identity, env, self._container(pid, env))
+            seen.rank = RankProcess.of(pid, create_time, identity, env, self._container(pid, env),
+                                       cmdline)
             return seen
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             return _Seen(0.0)

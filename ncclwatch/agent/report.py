@@ -10,10 +10,11 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence, TypeVar
+from typing import Callable, Iterable, Mapping, Sequence, TypeVar
 
 from ncclwatch.agent import caps
 from ncclwatch.agent.discover import RankProcess
+from ncclwatch.agent.timeouts import declared_timeout
 from ncclwatch.agent.gpu import GpuDevice, GpuProcessMemory
 from ncclwatch.agent.tracker import RankTracker
 from ncclwatch.sanitize import COUNTS, clean, gate
@@ -33,16 +34,6 @@ LIMIT_KINDS = {
     "address_space": pb.MEMORY_LIMIT_KIND_ADDRESS_SPACE,
 }
 
-#: Job-side ways to tell ncclwatch the process-group timeout, first wins.
-TIMEOUT_ENV = ("NCCLWATCH_PG_TIMEOUT_S", "NCCLWATCH_WATCHDOG_TIMEOUT_SECONDS")
-
-
-def declared_timeout(env: dict[str, str]) -> float:
-    for name in TIMEOUT_ENV:
-        value = _float(env.get(name))
-        if value:
-            return value
-    return 0.0
 
 
 @dataclass
@@ -217,7 +208,7 @@ def _process_pb(t: RankTracker) -> pb.ProcessStats:
 def _job_pb(t: RankTracker) -> pb.JobInfo:
     env = t.proc.env
     out = pb.JobInfo(source=gate("JobInfo.source", t.proc.identity.job_source), env=sent_env(env),
-                     watchdog_timeout_seconds=declared_timeout(env),
+                     watchdog_timeout_seconds=declared_timeout(env) or t.proc.args_timeout,
                      packages=[gate("JobInfo.packages", p) for p in sorted(t.packages)])
     sj = t.scheduler_job
     if sj is not None:

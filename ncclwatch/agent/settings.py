@@ -55,6 +55,10 @@ class AgentConfig:
         "CAP_SYS_CHROOT are, when the socket exists", metavar="PATH")
     max_queue: int = option(32, "reports kept while the collector is unreachable (the oldest "
                             "are dropped and counted)", positive_int, "N")
+    #: Where a probe without systemd reads the loop's liveness (agent/alive.py).
+    alive_file: str = option(
+        "", "touch this file after every healthy round, for a liveness probe "
+        "(python -m ncclwatch.agent.alive FILE SECONDS; default: none)", metavar="FILE")
     tls: ClientTLS | None = None  # mTLS to the daemon (None: insecure)
 
 

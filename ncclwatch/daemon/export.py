@@ -34,6 +34,7 @@ from ncclwatch.daemon.bounds import BOUND_LABELS
 from ncclwatch.daemon.core import Daemon
 from ncclwatch.daemon.detect import DETECTED_KINDS
 from ncclwatch.daemon.ownership import OUTCOMES
+from ncclwatch.daemon.validate import REJECT_CODES
 from ncclwatch.model import RankState, rank_label
 
 
@@ -119,8 +120,10 @@ def build(c: Capture) -> list[Family]:
     culprit = F("ncclwatch_stall_culprit_info",
                 "The rank(s) the others wait for, with host and state (and the "
                 "Kubernetes namespace and pod of a rank in one, else empty: rank_ "
-                "names, which no scrape's target labels overwrite)",
-                ("job_id", "kind", "rank", "host", "state", "rank_namespace", "rank_pod"))
+                "names, which no scrape's target labels overwrite); node: the same name "
+                "as host, the label the agents' series carry, for joins",
+                ("job_id", "kind", "rank", "host", "node", "state", "rank_namespace",
+                 "rank_pod"))
     timeout = F("ncclwatch_watchdog_timeout_seconds",
                 "Process-group (watchdog) timeout assumed for the job", ("job_id",))
     remaining = F("ncclwatch_watchdog_remaining_seconds",
@@ -160,12 +163,17 @@ def build(c: Capture) -> list[Family]:
     rank_mem = F("ncclwatch_culprit_memory_bytes",
                  "Memory a culprit rank holds (host RSS, or its use of one GPU)",
                  ("job_id", "rank", "device"))
+    gpu_info = F("ncclwatch_culprit_gpu_info",
+                 "1 per GPU a culprit rank uses, labelled as dcgm-exporter labels the GPU "
+                 "(Hostname: the node, gpu: the index, UUID) so its DCGM_FI_DEV_* series join",
+                 ("job_id", "rank", "Hostname", "gpu", "UUID"))
     max_mem = F("ncclwatch_job_rank_memory_max_bytes",
                 "The largest memory any rank of the job holds, per device kind",
                 ("job_id", "device"))
     warn = F("ncclwatch_job_config_warning",
              "1 per setting in the job's environment that defeats the watchdog or "
-             "the evidence", ("job_id", "code", "severity"))
+             "the evidence; level warning or info (not `severity`, the alerts' own label)",
+             ("job_id", "code", "level"))
     shown: set[tuple[str, int]] = set()
     shown_write: set[str] = set()
     unknown = RankState.UNKNOWN
@@ -198,9 +206,9 @@ def build(c: Capture) -> list[Family]:
                 continue
             for cu in inc.finding.culprits:
                 ns, pod = _pod_of(culprit_recs.get(cu.rank))
-                culprit.add((job_id, kind.value, rank_label(cu.rank), cu.node, cu.state.value,
-                             ns, pod), 1)
-                _culprit_memory(rank_mem, job_id, culprit_recs.get(cu.rank), shown)
+                culprit.add((job_id, kind.value, rank_label(cu.rank), cu.node, cu.node,
+                             cu.state.value, ns, pod), 1)
+                _culprit_memory(rank_mem, gpu_info, job_id, culprit_recs.get(cu.rank), shown)
             dx = inc.diagnosis
             cause.add((job_id, kind.value, dx.root_cause.id), 1)
             if dx.advice is not None:
@@ -226,7 +234,7 @@ def build(c: Capture) -> list[Family]:
             warn.add((job_id, w.code, w.severity), 1)
     out = [active, duration, waiting, culprit, timeout, remaining, hang, ranks, world,
            at_risk, action, decide, cause, eta, overrun, mem_eta, written, expected, write_rate,
-           rank_mem, max_mem, warn]
+           rank_mem, gpu_info, max_mem, warn]
     out += _agent_families(_latest_per_node(c.agents), now, c.staleness)
     k = c.counters
     opened = F("ncclwatch_incidents_opened", "Incidents opened, by stall kind", ("kind",),
@@ -235,12 +243,12 @@ def build(c: Capture) -> list[Family]:
         opened.add((kind.value,), k["opened"].get(kind, 0))
     rejected = F("ncclwatch_daemon_rejected_reports", "Reports rejected, by gRPC status",
                  ("code",), "counter")
-    for code, n in sorted(k["rejected"].items()):
+    for code, n in _with_zeros(REJECT_CODES, k["rejected"]):
         rejected.add((code,), n)
     rejected_jobs = F("ncclwatch_daemon_rejected_job_samples",
                       "Jobs left out of an applied report (a world size or a rank that "
                       "contradicts what the daemon knows), by gRPC status", ("code",), "counter")
-    for code, n in sorted(k["rejected_jobs"].items()):
+    for code, n in _with_zeros(REJECT_CODES, k["rejected_jobs"]):
         rejected_jobs.add((code,), n)
     bound_hits = F("ncclwatch_daemon_bound_hits",
                    "Reports, jobs or stacks refused (stacks: evicted) for passing a bound of "
@@ -319,6 +327,13 @@ def build(c: Capture) -> list[Family]:
           ("url", "runbook_base"), "info", [(c.links, 1)]),
     ]
     return out
+
+
+def _with_zeros(known: Iterable[str], counts: dict[str, float]) -> list[tuple[str, float]]:
+    """Every known label value (0 until counted: a rate needs the series before
+    the first event), then any other value counted, in order."""
+    return [(v, counts.get(v, 0)) for v in known] + sorted(
+        (v, n) for v, n in counts.items() if v not in known)
 
 
 #: Sample-name suffix and exposed TYPE of each family type (text format 0.0.4).
@@ -412,14 +427,17 @@ def _pod_of(rec) -> tuple[str, str]:
     return (c[5], c[6]) if c else ("", "")
 
 
-def _culprit_memory(fam: Family, job_id: str, rec, shown: set) -> None:
-    """A culprit's host RSS and per-GPU use, once per rank across stall kinds."""
+def _culprit_memory(fam: Family, gpus: Family, job_id: str, rec, shown: set) -> None:
+    """A culprit's host RSS and per-GPU use, and its GPUs by dcgm-exporter's labels,
+    once per rank across stall kinds."""
     if rec is None or (job_id, rec.rank) in shown:
         return
     shown.add((job_id, rec.rank))
     fam.add((job_id, rank_label(rec.rank), "host"), rec.rss_bytes)
     for index, used, _total in rec.gpu:
         fam.add((job_id, rank_label(rec.rank), f"gpu{index}"), used)
+    for index, uuid in rec.gpu_uuids:
+        gpus.add((job_id, rank_label(rec.rank), rec.node, str(index), uuid), 1)
 
 
 def _latest_per_node(agents: Iterable[AgentRecord]) -> list[AgentRecord]:

@@ -35,7 +35,7 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ncclwatch import runbooks
-from ncclwatch.daemon import api, page, pastepage
+from ncclwatch.daemon import api, page, pastepage, runbookpage
 from ncclwatch.daemon.core import Daemon
 from ncclwatch.daemon.export import DaemonCollector
 from ncclwatch.daemon.pageheaders import NOSNIFF
@@ -220,12 +220,8 @@ class HttpServer:
                             self._json(shards.job_view(job))
                     elif path == "/api/v1/incidents":
                         self._json(call(lambda: api.incidents_view(daemon)))
-                    elif path.startswith("/runbooks/"):  # i22: alerts link here
-                        text = runbooks.page(path.removeprefix("/runbooks/"))
-                        if text is None:
-                            self._send(404, "text/plain", b"no such runbook\n")
-                        else:
-                            self._send(200, "text/plain; charset=utf-8", text.encode())
+                    elif path.startswith("/runbooks/"):  # alerts link here
+                        self._runbook(path.removeprefix("/runbooks/"))
                     elif path == "/healthz":
                         # A round trip through the event loop: a wedged loop fails it.
                         self._send(200, "text/plain", call(lambda: b"ok\n"))
@@ -254,6 +250,19 @@ class HttpServer:
                 else:
                     pastepage.discard(self)
                     self._send(404, "text/plain", b"not found\n")
+
+            def _runbook(self, name: str) -> None:
+                """``<kind>.md``: HTML for a browser, the Markdown for anyone else;
+                ``<kind>`` (no suffix): HTML."""
+                bare = not name.endswith(".md")
+                text = runbooks.page(name + ".md" if bare else name)
+                if text is None:
+                    self._send(404, "text/plain", b"no such runbook\n")
+                elif bare or runbookpage.wants_html(self.headers.get("Accept")):
+                    self._send(200, "text/html; charset=utf-8",
+                               runbookpage.to_html(text).encode(), runbookpage.HEADERS)
+                else:
+                    self._send(200, "text/plain; charset=utf-8", text.encode())
 
             def _json(self, obj: Any) -> None:
                 self._send(200, "application/json", "".join(json_chunks(obj)).encode())

@@ -28,7 +28,7 @@ class RankRecord:
     __slots__ = (
         "rank", "local_rank", "node", "agent_id", "pid", "state", "op", "since",
         "stack_id", "seen", "cpu_util", "cpu_recent", "cpu_seconds", "rss_bytes", "io_write_bytes", "write_rate",
-        "files", "gpu", "gone_at", "vms_bytes", "limits", "curve", "stack_at",
+        "files", "gpu", "gpu_uuids", "gone_at", "vms_bytes", "limits", "curve", "stack_at",
         "rank_source", "container",
         "still_since", "still_at", "still_op", "since_agent", "progress_known",
         "history",
@@ -67,6 +67,8 @@ class RankRecord:
         self.files: tuple[tuple[str, int, str, int, int, str], ...] = ()
         # (device, used by this process, total); device-wide use is in limits
         self.gpu: tuple[tuple[int, int, int], ...] = ()
+        # (device index, NVML UUID) of those devices: dcgm-exporter's gpu and UUID
+        self.gpu_uuids: tuple[tuple[int, str], ...] = ()
         self.gone_at: float | None = None
         self.vms_bytes = 0
         # (kind, used, limit): host, cgroup, address_space, gpu<i>

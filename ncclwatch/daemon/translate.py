@@ -63,9 +63,10 @@ def take_process(rec: RankRecord, s: Any, recv: float) -> None:
     if gpus:
         rec.gpu = tuple([(g.device_index, g.used_bytes, g.device_total_bytes)
                          for g in gpus])
+        rec.gpu_uuids = tuple([(g.device_index, g.device_uuid) for g in gpus if g.device_uuid])
         limits += [(_gpu_name(g.device_index), g.device_used_bytes, total)
                    for g in gpus if (total := g.device_total_bytes) > 0]
     else:
-        rec.gpu = ()
+        rec.gpu = rec.gpu_uuids = ()
     rec.limits = tuple(limits)
     rec.curve.add(recv, rec.rss_bytes, written, rec.files, rec.limits)  # downsampled

@@ -120,6 +120,12 @@ class Dropped:
     rank: int = -1
 
 
+#: The gRPC codes a report, or a job in it, is refused with: the label values of
+#: ncclwatch_daemon_rejected_*_total, exported at 0 before the first refusal.
+REJECT_CODES: tuple[str, ...] = (
+    "INVALID_ARGUMENT", "FAILED_PRECONDITION", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED")
+
+
 class ReportError(Exception):
     """``bound``: the label (bounds.BOUND_LABELS) of the bound it hit, if any."""
 

@@ -1,0 +1,83 @@
+"""deploy/slurm/task-prolog.sh, run as Slurm runs a TaskProlog: with the task's
+environment, its ``export NAME=value`` lines parsed into the task's.
+
+Every job that states nothing gets the Flight Recorder with a live-dump pipe in
+a folder of its own and a declared timeout no longer than torch's default, so
+the job lint has nothing to say; whatever the job set stays as it set it. The
+real Slurm run (srun --task-prolog) is in tests/e2e/test_slurm.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ncclwatch.agent.timeouts import declared_timeout_from
+from ncclwatch.envlint import lint
+from tests.conftest import ROOT
+
+PROLOG = ROOT / "deploy" / "slurm" / "task-prolog.sh"
+
+
+def exports(text: str) -> dict[str, str]:
+    """What slurmstepd sets from a TaskProlog's output (``export NAME=value`` lines)."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("export ") and "=" in line:
+            name, _, value = line[len("export "):].partition("=")
+            out[name] = value
+    return out
+
+
+def run_prolog(env: dict[str, str], script: Path = PROLOG) -> dict[str, str]:
+    p = subprocess.run([str(script)], env=env, capture_output=True, text=True, timeout=30,
+                       cwd="/")
+    assert p.returncode == 0 and not p.stderr, p
+    return exports(p.stdout)
+
+
+def test_a_job_that_states_nothing_gets_the_flight_recorder_and_the_timeout(tmp_path) -> None:
+    task = {"SLURM_JOB_ID": "4242", "SLURM_PROCID": "3", "TMPDIR": str(tmp_path),
+            "PATH": os.environ["PATH"]}
+    got = run_prolog(task)
+    folder = tmp_path / "ncclwatch-fr-4242"
+    assert got == {
+        "TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": f"{folder}/pipe_rank_",
+        "TORCH_FR_DUMP_TEMP_FILE": f"{folder}/trace_rank_",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{folder}/trace_rank_",
+        "NCCLWATCH_PG_TIMEOUT_S": "600"}
+    assert folder.is_dir() and folder.stat().st_mode & 0o777 == 0o700
+    assert lint({**task, **got}) == ()                        # nothing defeats the watchdog
+    assert declared_timeout_from(got) == (600.0, "NCCLWATCH_PG_TIMEOUT_S")
+
+
+@pytest.mark.parametrize("job,kept", [
+    ({"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"}, ("TORCH_FR_BUFFER_SIZE",)),
+    ({"TORCH_FR_BUFFER_SIZE": "500"}, ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")),
+    ({"NCCLWATCH_PG_TIMEOUT_S": "1800"}, ("NCCLWATCH_PG_TIMEOUT_S",)),
+    ({"DEEPSPEED_TIMEOUT": "30"}, ("NCCLWATCH_PG_TIMEOUT_S",)),
+    ({"TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/scratch/p_"}, ("TORCH_NCCL_DEBUG_INFO_PIPE_FILE",)),
+    ({"TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}, ("TORCH_NCCL_DUMP_ON_TIMEOUT",)),
+    ({"TORCH_FR_DUMP_TEMP_FILE": ""}, ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")),
+])
+def test_what_the_job_set_stays_as_it_set_it(tmp_path, job, kept) -> None:
+    got = run_prolog({"SLURM_JOB_ID": "7", "TMPDIR": str(tmp_path),
+                      "PATH": os.environ["PATH"], **job})
+    assert not set(kept) & set(got), got
+    assert not set(job) & set(got), got
+
+
+def test_the_timeout_is_never_above_torchs_default() -> None:
+    assert run_prolog({"PATH": os.environ["PATH"]})["NCCLWATCH_PG_TIMEOUT_S"] == "600"
+
+
+def test_the_prolog_is_posix_sh_and_executable() -> None:
+    assert os.access(PROLOG, os.X_OK)
+    assert PROLOG.read_text().startswith("#!/bin/sh\n")
+    p = subprocess.run(["sh", "-n", str(PROLOG)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
