@@ -14,9 +14,14 @@ from ncclwatch.daemon.http import HttpServer, allowed_hosts
 from ncclwatch.daemon.webconfig import load
 from ncclwatch.diagnose import diagnose
 from ncclwatch.model import RankState as S
-from tests.factories import SAVE, stack_pb
+from tests.factories import SAVE, frames, stack_pb
 from tests.test_forecast import MB, _drive, _rank0
 from tests.test_webconfig import HASH, PASSWORD, write_config
+
+
+NATIVE = frames(("gloo::transport::tcp::UnboundBuffer::waitRecv", "libtorch_cpu.so"),
+                ("c10d::ProcessGroupGloo::barrier", "libtorch_cpu.so"),
+                ("barrier", "torch/distributed/distributed_c10d.py"))
 
 
 def _stalled():
@@ -25,8 +30,12 @@ def _stalled():
         s.stack_id = stack_pb(SAVE).id
         return s
     d, now = _drive(rank0, 12)
-    from tests.factories import report
-    d.ingest(report([rank0(12)], seq=99, stacks=[stack_pb(SAVE)]), now=now + 0.5)
+    from tests.factories import report, sample
+    from ncclwatch.model import CollectiveOp
+    waiter = sample("job-1", 1, 4, S.COLLECTIVE, CollectiveOp.BARRIER, seconds=12, timeout=90.0)
+    waiter.native_frame, waiter.native_stack_id = "gloo::Pair::recv", stack_pb(NATIVE).id
+    d.ingest(report([rank0(12), waiter], seq=99, stacks=[stack_pb(SAVE), stack_pb(NATIVE)]),
+             now=now + 0.5)
     return d, now + 0.5
 
 
@@ -44,6 +53,10 @@ def test_bundle_holds_every_rank_and_the_verdict(tmp_path) -> None:
     assert {"bundle.json", "verdict.json", "job.json", "env.json", "flight_recorder.json"} \
         <= set(files)
     assert "  _save (" in files["stacks/rank-0.txt"].decode()
+    rank1 = files["stacks/rank-1.txt"].decode()
+    assert "native dump: waits in gloo::Pair::recv" in rank1
+    assert "native stack, thread MainThread" in rank1 and "  c10d::ProcessGroupGloo::barrier (" \
+        in rank1
     v = json.loads(files["verdict.json"])
     assert v["stalls"][0]["kind"] == "checkpoint_gather" and v["stalls"][0]["trace"]
     assert [c["rank"] for c in v["stalls"][0]["culprits"]] == [0]

@@ -12,7 +12,8 @@ under one folder named after the job and the time:
 - ``job.json``: the job's view with every rank (``/api/v1/jobs?ranks=1``);
 - ``env.json``: the job's allowlisted environment (as the agents sent it);
 - ``stacks/rank-N.txt``: each rank's Python stack (every frame the daemon
-  holds) and what its native dump found (the wait frame, or that it found none);
+  holds) and, where a native dump of its current still period was taken, its
+  native stack and the wait it found;
 - ``flight_recorder.json``: the live Flight Recorder summaries per rank and
   their cross-rank analysis.
 
@@ -81,8 +82,9 @@ def collect(d: Daemon, job_id: str, fresh: dict[str, Any] | None = None,
     stalls = [api.incident_view(d, i, now) for i in [*d.incidents.for_job(job_id), *ended]]
     stacks = {}
     for r, rec in sorted(job.ranks.items()):
-        st = d.table.stacks.get(rec.stack_id) if rec.stack_id else None
-        stacks[rank_label(r)] = _stack_text(r, rec, st, d.table.fresh(rec, now), now)
+        py = d.table.stacks.get(rec.stack_id) if rec.stack_id else None
+        nat = d.table.stacks.get(rec.native_stack_id) if rec.native_stack_id else None
+        stacks[rank_label(r)] = _stack_text(r, rec, py, nat, d.table.fresh(rec, now), now)
     fr = {rank_label(r): {"seconds_ago": round(now - at, 1),
                           "summary": MessageToDict(s, preserving_proto_field_name=True)}
           for r, (at, s) in sorted(job.flight_recorder.items())}
@@ -97,7 +99,7 @@ def collect(d: Daemon, job_id: str, fresh: dict[str, Any] | None = None,
     }
 
 
-def _stack_text(key: int, rec, st, fresh: bool, now: float) -> str:
+def _stack_text(key: int, rec, st, native, fresh: bool, now: float) -> str:
     state = rec.state.value if fresh else "unknown"
     op = f" / {rec.op.value}" if rec.op.value != "none" else ""
     lines = [f"rank {rank_label(key)} on {rec.node}, pid {rec.pid}: {state}{op} "
@@ -108,14 +110,17 @@ def _stack_text(key: int, rec, st, fresh: bool, now: float) -> str:
         lines.append(f"native dump: waits in {rec.native_frame} ({rec.evidence.value})")
     elif rec.native_no_wait:
         lines.append("native dump: found no wait in this still period")
-    else:
-        lines.append("native dump: none taken (the rank was not paused)")
-    if st is None:
-        lines.append("python stack: none yet")
-    else:
-        lines.append(f"python stack, thread {st.thread_name or '?'} (innermost first):")
-        lines += [f"  {f.name} ({f.filename}:{f.line})" for f in st.frames[:MAX_FRAMES]]
+    elif native is None:
+        lines.append("native dump: none of this still period (the rank was not paused)")
+    lines += _frames("python stack", st) + _frames("native stack", native)
     return "\n".join(lines) + "\n"
+
+
+def _frames(title: str, st) -> list[str]:
+    if st is None:
+        return [f"{title}: none"]
+    return [f"{title}, thread {st.thread_name or '?'} (innermost first):",
+            *(f"  {f.name} ({f.filename}:{f.line})" for f in st.frames[:MAX_FRAMES])]
 
 
 def archive_name(job_id: str, wall: float) -> str:
