@@ -108,6 +108,10 @@ def test_api_dump_is_served_under_the_same_auth_and_host_rules(tmp_path) -> None
         assert code == 200 and h["Content-Type"] == "application/gzip"
         assert 'filename="ncclwatch-dump-job-1-' in h["Content-Disposition"]
         assert "stacks/rank-3.txt" in _members(body)
+        c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+        c.request("HEAD", "/api/v1/dump?job=job-1", headers=good)
+        assert c.getresponse().status == 200 and not d.table.agents["agent-a"].commands
+        c.close()
         # A fresh ask queues the three commands for the job's agent, then waits
         # (bounded) for reports that this test never sends.
         code, _, body = _get(srv.port, "/api/v1/dump?job=job-1&wait=0.5", good)

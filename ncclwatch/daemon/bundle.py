@@ -163,15 +163,17 @@ def parse(query: str) -> tuple[str, float]:
     return q["job"], wait
 
 
-def serve(d: Daemon, call, query: str) -> tuple[int, str, bytes, dict[str, str]]:
+def serve(d: Daemon, call, query: str, fresh_ask: bool = True) -> tuple[int, str, bytes,
+                                                                        dict[str, str]]:
     """The HTTP answer (code, type, body, headers), in the handler's thread:
-    ``call`` runs a function on the event loop."""
+    ``call`` runs a function on the event loop. ``fresh_ask``: False for HEAD,
+    which pauses nobody."""
     try:
         job_id, wait = parse(query)
     except ValueError as e:
         return 400, "text/plain", f"bad request: {e}\n".encode(), {}
     fresh: dict[str, Any] = {"asked": False}
-    if wait > 0:
+    if wait > 0 and fresh_ask:
         t0 = time.monotonic()   # the daemon's clock too (one process)
         try:
             agents = call(lambda: ask(d, job_id))

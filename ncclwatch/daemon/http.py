@@ -219,7 +219,8 @@ class HttpServer:
                         else:
                             self._json(shards.job_view(job))
                     elif path == "/api/v1/dump":  # a tar.gz; asks the agents first
-                        self._send(*bundle.serve(daemon, call, url.query))
+                        self._send(*bundle.serve(daemon, call, url.query,
+                                                 fresh_ask=not self.head))
                     elif path == "/api/v1/incidents":
                         self._json(call(lambda: api.incidents_view(daemon)))
                     elif path.startswith("/runbooks/"):  # i22: alerts link here
