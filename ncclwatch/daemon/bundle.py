@@ -21,7 +21,8 @@ The fresh ask (``ask``) is the one the daemon makes during a stall: a Python
 dump of every rank (py-spy --nonblocking: no pause), a native dump that the
 agents take only of ranks already sitting still, within their pause budget
 (agent/pausing.py), and the Flight Recorder through each rank's pipe. The
-HTTP handler waits for the ranks' next reports, bounded (``MAX_WAIT``), then
+HTTP handler waits for the ranks' next reports and, where the job sets the
+debug pipe, their Flight Recorder summaries, bounded (``MAX_WAIT``), then
 packs what is there.
 """
 
@@ -38,6 +39,7 @@ from urllib.parse import parse_qs
 from google.protobuf.json_format import MessageToDict
 
 from ncclwatch import __version__
+from ncclwatch.agent import frprobe
 from ncclwatch.daemon import api, progress
 from ncclwatch.daemon.core import Daemon
 from ncclwatch.model import rank_label
@@ -61,12 +63,22 @@ def ask(d: Daemon, job_id: str) -> int:
     return n
 
 
-def pending(d: Daemon, job_id: str, since: float) -> list[int]:
-    """Live ranks of the job that have not reported since ``since`` (daemon clock)."""
+def pending(d: Daemon, job_id: str, since: float) -> tuple[list[int], list[int]]:
+    """Live ranks of the job that have not reported since ``since`` (daemon
+    clock), and those with no Flight Recorder summary as fresh as an ask then
+    can make, where the job sets the debug pipe the agents ask through (else
+    none is coming). An agent asks a rank at most once per
+    ``frprobe.MIN_INTERVAL``: a dump taken within that before ``since`` is
+    the one this ask gets."""
     job = d.table.jobs.get(job_id)
     if job is None:
-        return []
-    return sorted(r for r, rec in job.ranks.items() if rec.gone_at is None and rec.seen < since)
+        return [], []
+    live = sorted(r for r, rec in job.ranks.items() if rec.gone_at is None)
+    quiet = [r for r in live if job.ranks[r].seen < since]
+    if not job.env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE"):
+        return quiet, []
+    oldest = since - frprobe.MIN_INTERVAL
+    return quiet, [r for r in live if job.flight_recorder.get(r, (-1e18,))[0] < oldest]
 
 
 def collect(d: Daemon, job_id: str, fresh: dict[str, Any] | None = None,
@@ -180,13 +192,14 @@ def serve(d: Daemon, call, query: str, fresh_ask: bool = True) -> tuple[int, str
         except KeyError:
             return 404, "text/plain", b"no such job\n", {}
         deadline = time.monotonic() + wait
-        left = call(lambda: pending(d, job_id, t0))
-        while left and time.monotonic() < deadline:
+        quiet, no_fr = call(lambda: pending(d, job_id, t0))
+        while (quiet or no_fr) and time.monotonic() < deadline:
             time.sleep(0.2)
-            left = call(lambda: pending(d, job_id, t0))
+            quiet, no_fr = call(lambda: pending(d, job_id, t0))
         fresh = {"asked": True, "agents": agents,
                  "waited_seconds": round(time.monotonic() - t0, 1),
-                 "ranks_not_refreshed": [rank_label(r) for r in left]}
+                 "ranks_not_refreshed": [rank_label(r) for r in quiet],
+                 "ranks_without_fresh_flight_recorder": [rank_label(r) for r in no_fr]}
     docs = call(lambda: collect(d, job_id, fresh))
     if docs is None:
         return 404, "text/plain", b"no such job\n", {}

@@ -45,7 +45,8 @@ def test_dump_of_a_stalled_job_reads_back_with_the_daemon_verdict(
     out = tmp_path / "bundles"
     out.mkdir()
     r = subprocess.run([need("ncclwatch"), "dump", job_id, "--daemon", mon.http,
-                        "--out", str(out)], capture_output=True, text=True, timeout=60)
+                        "--out", str(out), "--wait", "15"], capture_output=True, text=True,
+                       timeout=60)
     assert r.returncode == 0, r.stderr
     [archive] = list(out.iterdir())
     with tarfile.open(archive) as tar:
@@ -57,6 +58,10 @@ def test_dump_of_a_stalled_job_reads_back_with_the_daemon_verdict(
     assert any("save" in line for line in files["stacks/rank-0.txt"].decode().splitlines()[3:])
     head = json.loads(files["bundle.json"])
     assert head["fresh"]["asked"] and head["fresh"]["agents"] == 1, head
+    assert head["fresh"]["ranks_without_fresh_flight_recorder"] == [], head
+    fr = json.loads(files["flight_recorder.json"])
+    assert sorted(fr["ranks"]) == ["0", "1", "2"], fr     # taken after the ask
+    assert fr["analysis"]["missing_ranks"] == [0], fr["analysis"]
     assert json.loads(files["env.json"]).get("TORCH_FR_BUFFER_SIZE") == "2000"
     live = json.loads(files["verdict.json"])["stalls"][0]
     assert live["kind"] == stall["kind"] == "checkpoint_gather"
