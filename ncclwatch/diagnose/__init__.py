@@ -148,10 +148,10 @@ def _with_live(d: Diagnosis, live: list[bundle.LiveVerdict]) -> Diagnosis:
         return d
     s = v.stall
     culprits = bundle.ranks([c["rank"] for c in s["culprits"]])
-    said = (f"the daemon's live verdict ({v.path}): {s['kind']}, culprit rank(s) "
+    said = (f"the daemon's live verdict: {s['kind']}, culprit rank(s) "
             f"{rank_ranges(culprits) or '-'}: {s['summary']}")
     if d.cls not in ("none", "unknown"):
-        d.notes.append(said)
+        d.notes.append(f"{said} ({v.path})")
         return d
     d.cls, d.title, d.summary = v.cls, CLASS_BY_ID[v.cls].title, s["summary"]
     d.initiating, d.candidates = culprits, []

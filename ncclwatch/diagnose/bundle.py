@@ -72,14 +72,14 @@ def ranks(items: list) -> list[int]:
 def timeline(v: LiveVerdict) -> list[dict]:
     """The stall's moments as diagnose's timeline entries."""
     s = v.stall
-    where = f"{v.path} (live verdict)"
+    where = f"{Path(v.path).name}:verdict.json"
     out = [{"rank": None, "where": where, "what": f"{s['kind']} stall began",
             "time": s["started_at"]},
-           {"rank": None, "where": where, "what": f"ncclwatch detected it: {s['summary']}"[:240],
+           {"rank": None, "where": where, "what": f"detected: {s['summary']}"[:240],
             "time": s["detected_at"]}]
     for c in s["culprits"]:
         out.append({"rank": c["rank"], "where": where,
-                    "what": f"culprit: {c['state']} for {c['for_seconds']}s on {c['host']}",
+                    "what": f"culprit {c['state']} for {c['for_seconds']}s on {c['host']}",
                     "time": None})
     if s.get("ended_at"):
         out.append({"rank": None, "where": where, "what": "the stall ended", "time": s["ended_at"]})
