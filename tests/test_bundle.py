@@ -132,3 +132,27 @@ def test_the_page_links_each_job_to_its_bundle() -> None:
     d, now = _stalled()
     html = page.render(api.jobs_view(d, now=now))
     assert "<a class='dump' href='/api/v1/dump?job=job-1' download>evidence bundle</a>" in html
+
+
+def test_the_dump_command_fetches_with_the_credentials_given(tmp_path, capsys) -> None:
+    from ncclwatch.cli import main
+
+    d, _ = _stalled()
+    web = load(write_config(tmp_path / "web.yml", f"basic_auth_users:\n  ops: {HASH}\n"))
+    srv = HttpServer(d, "127.0.0.1", 0, lambda fn: fn(), web=web)
+    srv.start()
+    base = f"http://127.0.0.1:{srv.port}"
+    try:
+        assert main(["dump", "job-1", "--daemon", base, "--wait", "0",
+                     "--out", str(tmp_path)]) == 1
+        assert "HTTP 401" in capsys.readouterr().err
+        assert main(["dump", "job-1", "--daemon", f"http://ops:{PASSWORD}@127.0.0.1:{srv.port}",
+                     "--wait", "0", "--out", str(tmp_path)]) == 0
+        [got] = tmp_path.glob("ncclwatch-dump-job-1-*.tar.gz")
+        assert f"ncclwatch diagnose {got}" in capsys.readouterr().out
+        assert "stacks/rank-0.txt" in _members(got.read_bytes())
+        assert main(["dump", "nope", "--daemon", f"http://ops:{PASSWORD}@127.0.0.1:{srv.port}",
+                     "--wait", "0", "--out", str(tmp_path)]) == 1
+        assert "HTTP 404: no such job" in capsys.readouterr().err
+    finally:
+        srv.stop()
