@@ -83,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
             "failure class, initiating vs collateral ranks, timeline, evidence, fix")
     dg = sub.add_parser("diagnose", help=text, description=text + ". PATH: log files "
                         "(plain or .gz), directories of them (torchrun --log-dir, Slurm "
-                        "output), kernel logs (dmesg), Flight Recorder dumps. Exit status: 0 "
+                        "output), kernel logs (dmesg), Flight Recorder dumps, evidence bundles "
+                        "(`ncclwatch dump`). Exit status: 0 "
                         "no failure found, 1 a failure found (unknown included), 2 an input "
                         "or usage error.")
     dg.add_argument("paths", nargs="+", metavar="PATH")
