@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 TORCH  := torch==2.13.0
 PROTOS := $(wildcard proto/ncclwatch/v1/*.proto)
 
-.PHONY: all venv system-deps proto runbooks dashboards manifests certs test test-fast scenarios fuzz demo bench clean
+.PHONY: all venv system-deps proto runbooks dashboards manifests lock certs test test-fast scenarios fuzz demo bench clean
 
 all: test
 
@@ -68,6 +68,15 @@ dashboards: $(STAMP)
 # dashboards/ by deploy/generate.py (tests check): rerun after changing the rules or dashboards.
 manifests: $(STAMP)
 	$(PY) -m deploy.generate
+
+# requirements/runtime.lock: every runtime dependency of pyproject pinned and hashed,
+# for the image and node venvs (pip install --require-hashes); tests check it
+# against pyproject. Rerun after changing [project] dependencies (asks PyPI).
+lock: $(STAMP)
+	$(PIP) install -q pip-tools
+	env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null $(VENV)/bin/pip-compile -q --generate-hashes \
+	  --strip-extras --allow-unsafe --no-emit-index-url --no-emit-find-links \
+	  -o requirements/runtime.lock pyproject.toml
 
 # A test CA, a daemon certificate (localhost) and one for this node, in ./certs,
 # for trying mTLS (docs/security.md). Rerun to add nodes: NODE=name make certs.

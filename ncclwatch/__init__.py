@@ -1,3 +1,3 @@
 """ncclwatch: see the rank that will trip the NCCL watchdog before it fires."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

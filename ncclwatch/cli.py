@@ -1,4 +1,4 @@
-"""The ``ncclwatch`` command: run, agent, daemon, status, diagnose, certs."""
+"""The ``ncclwatch`` command: run, agent, daemon, status, dump, diagnose, certs."""
 
 from __future__ import annotations
 
@@ -83,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
             "failure class, initiating vs collateral ranks, timeline, evidence, fix")
     dg = sub.add_parser("diagnose", help=text, description=text + ". PATH: log files "
                         "(plain or .gz), directories of them (torchrun --log-dir, Slurm "
-                        "output), kernel logs (dmesg), Flight Recorder dumps. Exit status: 0 "
+                        "output), kernel logs (dmesg), Flight Recorder dumps, evidence bundles "
+                        "(`ncclwatch dump`). Exit status: 0 "
                         "no failure found, 1 a failure found (unknown included), 2 an input "
                         "or usage error.")
     dg.add_argument("paths", nargs="+", metavar="PATH")
@@ -104,6 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
     ce.add_argument("--node", action="append", default=[], metavar="NAME",
                     help="a node to make a client certificate for (repeatable); its agent "
                          "must report as this name")
+    text = ("a stalled job's evidence in one tar.gz, before it is stopped: every rank's "
+            "stacks, the live Flight Recorder, the environment, the verdict and its timeline "
+            "(`ncclwatch diagnose FILE` reads it back)")
+    from ncclwatch import dump  # noqa: PLC0415 - light: no grpc
+
+    du = sub.add_parser("dump", help=text, description=text)
+    dump.add_arguments(du)
     from ncclwatch import install
     from ncclwatch.agent import viewhelper
 
@@ -124,6 +132,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _status(args)
         if args.command == "diagnose":
             return _diagnose(args)
+        if args.command == "dump":
+            from ncclwatch import dump  # noqa: PLC0415
+
+            return dump.main(args)
         if args.command == "preflight":
             from ncclwatch import preflight  # noqa: PLC0415
 

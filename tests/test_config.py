@@ -49,7 +49,7 @@ def test_cli_reports_config_errors_with_exit_2(tmp_path, capsys) -> None:
     assert "HOST:PORT" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("cmd", ["run", "daemon", "agent", "status", "certs"])
+@pytest.mark.parametrize("cmd", ["run", "daemon", "agent", "status", "certs", "dump"])
 def test_every_subcommand_has_help(cmd, capsys) -> None:
     with pytest.raises(SystemExit) as e:
         main([cmd, "--help"])

@@ -227,6 +227,8 @@ def round_inputs(draw):
                                     memory_limits=(MemoryLimit("host", 1, 2),)), 1.0)
     t.scheduler_job = SchedulerJob(o(), h(), h(), h(), o())
     t.native = NativeWait(RankState.COLLECTIVE, CollectiveOp.WAIT, h())
+    t.still_since = t.native_for = 0.5      # a native dump of this still period...
+    t.native_dump_id = o()                  # ...and its stack's id
     pg = h()
     dump = FrDump(rank=0, version=h(), path="/x", pgs={pg: PgInfo(pg, h(), h(), (0, 1))},
                   entries=(FrEntry(pg, h(), 1, False, h(), "nccl", "scheduled", False, (), (),
@@ -278,18 +280,19 @@ def test_hostile_bytes_in_every_field_of_a_round(inputs) -> None:
     wire = pb.NodeReport.FromString(report.SerializeToString())
     # every field made it, nothing was dropped
     assert s.HasField("process") and s.HasField("job") and s.HasField("flight_recorder")
-    assert s.native_frame and s.identity.HasField("container")
+    assert s.native_frame and s.native_stack_id and s.identity.HasField("container")
     # what leaves the agent: clean, within the gate's cap, no planted token
     fields = _strings_by_field(wire)
-    assert {f for f, _ in fields} >= WIRE_FIELDS - {"RankChange.stack_id",
-                                                      "RankChange.native_frame"}
+    assert {f for f, _ in fields} >= WIRE_FIELDS - {
+        "RankChange.stack_id", "RankChange.native_frame", "RankChange.native_stack_id"}
     for field, text in fields:
         assert is_clean(text) and len(text) <= FIELDS[field].cap, (field, text[:80])
         if FIELDS[field].redact != sanitize.OWN:
             assert not any(p in text for p in _SECRET_PARTS), (field, text[:200])
     # the daemon takes it whole (protocol 2 with a change carrying the native frame too)
     req = pb.ReportRequest(protocol_version=2, report=wire)
-    req.report.changes.add(slot=1, stack_id=spb.id, native_frame=s.native_frame)
+    req.report.changes.add(slot=1, stack_id=spb.id, native_frame=s.native_frame,
+                           native_stack_id=s.native_stack_id)
     assert validate_request(req) == {}
     d = Daemon()
     d.ingest(pb.ReportRequest(protocol_version=1, report=wire), now=2.0)

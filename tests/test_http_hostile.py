@@ -77,7 +77,7 @@ def test_host_allowlist_refuses_a_rebound_name() -> None:
     with Served(LOOPBACK) as s:
         for host in ("attacker.example", f"attacker.example:{s.port}", "127.0.0.1.evil.com",
                      "localhost.attacker.example"):
-            for path in ("/api/v1/jobs", "/metrics", "/", "/healthz"):
+            for path in ("/api/v1/jobs", "/metrics", "/", "/healthz", "/api/v1/dump?job=job-1"):
                 code, _, body = _request(s.port, "GET", path, host)
                 assert code == 403 and b"allowed_hosts" in body, (host, path, code)
                 assert b"job-1" not in body
@@ -85,7 +85,7 @@ def test_host_allowlist_refuses_a_rebound_name() -> None:
                      "localhost."):
             code, _, body = _request(s.port, "GET", "/api/v1/jobs", host)
             assert code == 200 and b"job-1" in body, host
-        assert s.server._http.hosts_refused_total == 16
+        assert s.server._http.hosts_refused_total == 20
 
 
 def test_star_serves_any_host() -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+import ncclwatch
 from ncclwatch import install
 from tests.conftest import ROOT
 
@@ -69,7 +70,7 @@ def installed(tmp_path_factory) -> tuple[Path, dict[str, str], Path]:
 def test_wheel_holds_every_kind_and_the_docs(installed) -> None:
     wheel, _, _ = installed
     names = set(zipfile.ZipFile(wheel).namelist())
-    data = "ncclwatch-0.1.0.data/data/share/"
+    data = f"ncclwatch-{ncclwatch.__version__}.data/data/share/"
     for name, kind in install.KINDS.items():
         for path in _source_files(name):
             assert f"{data}{kind.share}/{path.name}" in names, (name, path.name)
@@ -142,7 +143,11 @@ def test_containerfile_installs_the_wheel_where_units_and_manifests_expect() -> 
     # Only pip and venv run at build time: no curl/wget/apt downloads.
     runs = [ln[4:] for ln in lines if ln.startswith("RUN ")]
     for cmd in (c.strip() for r in runs for c in r.split("&&")):
-        assert re.match(r"(python -m (pip|venv)|/opt/ncclwatch/bin/pip install|rm )", cmd), cmd
+        assert re.match(r"(python -m (pip|venv)|/opt/ncclwatch/bin/pip install|rm |cp )",
+                        cmd), cmd
+    # Dependencies only as the lock pins and hashes them; the wheel itself without any.
+    assert "pip install --no-cache-dir --require-hashes -r /dist/runtime.lock" in text
+    assert "pip install --no-cache-dir --no-deps /dist/ncclwatch-*.whl" in text
     # The venv is where the units' ExecStart= and Documentation= point.
     assert f"python -m venv {VENV_PREFIX}" in text and f"PATH={VENV_PREFIX}/bin:" in text
     user = re.search(r"^USER (\d+):(\d+)$", text, re.M)

@@ -99,7 +99,7 @@ def test_native_dump_only_of_a_rank_still_past_the_threshold() -> None:
 def test_once_per_still_period_and_the_wait_dates_from_it() -> None:
     policy = StackPolicy(native_after=3.0, pause=WARM)
     t = _still_rank(4.0)
-    t.observe_native(REDUCER, 5.0)
+    t.observe_native(REDUCER, 5.0, "native-stack")
     assert (t.state, t.op, t.evidence) == (S.COLLECTIVE, Op.ALL_REDUCE, E.NATIVE_FRAME)
     assert t.state_since == t.still_since == 1.0
     assert policy.native_due([t], 9.0) == []          # once per wait
@@ -108,11 +108,13 @@ def test_once_per_still_period_and_the_wait_dates_from_it() -> None:
     assert (t.state, t.op, t.evidence) == (S.COLLECTIVE, Op.ALL_REDUCE, E.NATIVE_FRAME)
     s = sample_pb(t, 8.0, (), {}, False)
     assert s.evidence == E.NATIVE_FRAME.to_proto() and s.native_frame == REDUCER.frame
+    assert s.native_stack_id == "native-stack"   # the dump's frames, for evidence bundles
     assert s.state_seconds == pytest.approx(7.0)
     # Progress ends it: the next stack decides again, and a new still period may be dumped.
     t.observe_process(_proc(1500, 9.0), 9.0)
     t.observe_stack(COMPUTE, "py-stack", 9.1)
     assert (t.state, t.evidence) == (S.COMPUTE, E.NONE)
+    assert sample_pb(t, 9.2, (), {}, False).native_stack_id == ""
 
 
 def test_a_native_dump_that_finds_no_wait_leaves_the_rank_unexplained() -> None:

@@ -317,6 +317,15 @@ class Agent:
         self._note_imports(t, [f.filename for f in stack.frames], now)
         t.observe_stack(c, sid, now)
 
+    def _intern_native(self, threads, pid: int) -> str:
+        """The native dump's main thread as a stack the reports carry (its id)."""
+        main = main_thread(list(caps.trim_threads(threads)), pid)
+        if main is None or not main.stack.frames:
+            return ""
+        spb = stack_pb(main.stack)
+        self.stacks.setdefault(spb.id, spb)
+        return spb.id
+
     def _note_imports(self, t: RankTracker, files: list[str], now: float) -> None:
         """What the rank imported (frameworks.py decides by it): its mapped shared
         objects (read again at most every MAPS_EVERY s) and its stack's files."""
@@ -358,7 +367,7 @@ class Agent:
         if t.still_since != still_for:
             return  # it moved while we looked
         w = classify_native_rank(threads, t.pid)
-        t.observe_native(w, time.monotonic())
+        t.observe_native(w, time.monotonic(), self._intern_native(threads, t.pid))
         if w is not None:
             self._wake.set()  # report the wait now, not at the next round
             log.info("rank %s of %s waits in %s (native frame %s)", t.proc.identity.rank,
@@ -419,7 +428,7 @@ class Agent:
     def _trim_stacks(self) -> None:
         if len(self.stacks) <= STACK_CACHE:
             return
-        in_use = {t.stack_id for t in self.trackers.values()}
+        in_use = {sid for t in self.trackers.values() for sid in (t.stack_id, t.native_dump_id)}
         for sid in list(self.stacks)[: len(self.stacks) - STACK_CACHE]:
             if sid not in in_use:
                 del self.stacks[sid]

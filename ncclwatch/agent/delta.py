@@ -63,7 +63,7 @@ class Sent:
     def changed(self, s: pb.RankSample, now: float) -> None:
         """The stream sent the rank's state (a RankChange or a full sample)."""
         self.state, self.op, self.stack_id = s.state, s.op, s.stack_id
-        self.evidence = (s.evidence, s.native_no_wait)
+        self.evidence = (s.evidence, s.native_no_wait, s.native_stack_id)
         self.since = now - s.state_seconds
         self.stack_at = now - s.stack_age_seconds
 
@@ -90,7 +90,8 @@ WHY_FULL: tuple[Rule, ...] = (
 #: Why a rank goes as a RankChange (state, op, stack, their times, progress, CPU)
 #: when no WHY_FULL rule holds, first match; none: a brief will do.
 WHY_CHANGE: tuple[Rule, ...] = (
-    ("changed", lambda s, k, now: (s.state, s.op, s.stack_id, (s.evidence, s.native_no_wait))
+    ("changed", lambda s, k, now: (s.state, s.op, s.stack_id,
+                                   (s.evidence, s.native_no_wait, s.native_stack_id))
      != (k.state, k.op, k.stack_id, k.evidence)),
     ("since", lambda s, k, now: abs(now - s.state_seconds - k.since) > SINCE_SLACK),
     # A new look at the same stack: the daemon confirms stalls by when stacks were taken.
@@ -171,7 +172,8 @@ class StreamDeltas:
                     stack_age_seconds=s.stack_age_seconds, stack_id=s.stack_id,
                     still_seconds=s.still_seconds, cpu_utilization=p.cpu_utilization,
                     cpu_seconds=p.cpu_seconds, evidence=s.evidence,
-                    native_frame=s.native_frame, native_no_wait=s.native_no_wait))
+                    native_frame=s.native_frame, native_no_wait=s.native_no_wait,
+                    native_stack_id=s.native_stack_id))
                 k.changed(s, now)
                 self.changes_total += 1
                 continue

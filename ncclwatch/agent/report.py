@@ -155,6 +155,7 @@ def sample_pb(t: RankTracker, now: float, gpu: Sequence[GpuProcessMemory],
         native_frame=gate("RankSample.native_frame", t.native.frame) if t.native is not None
         else "",
         native_no_wait=t.native_no_wait,
+        native_stack_id=gate("RankSample.native_stack_id", t.native_stack_id_now),
     )
     if t.sample is not None:
         s.still_seconds = t.still_seconds(now)

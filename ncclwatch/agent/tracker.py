@@ -43,7 +43,7 @@ class RankTracker:
         "still_since", "still_at_last_dump", "events_at_dump", "files_at_dump",
         "progress_tid", "packages", "maps_at",
         "_cpu_before", "quiet_from", "still_from",
-        "evidence", "native", "native_for", "native_stack", "forgiven", "pause_base",
+        "evidence", "native", "native_for", "native_stack", "native_dump_id", "forgiven", "pause_base",
         "own_cpu_util", "side_base", "history", "budget", "native_asked",
     )
 
@@ -99,6 +99,8 @@ class RankTracker:
         #: The still period (its still_since) a native dump was taken in: once each.
         self.native_for: float | None = None
         self.native_stack = ""
+        #: The interned stack (Stack.id) of the native dump of ``native_for``.
+        self.native_dump_id = ""
         #: Progress events our own native dump caused (ptrace stops the threads:
         #: voluntary switches), not counted as progress in the next round.
         self.forgiven = 0
@@ -287,18 +289,25 @@ class RankTracker:
         return (self.native is None and self.still_since is not None
                 and self.native_for == self.still_since)
 
+    @property
+    def native_stack_id_now(self) -> str:
+        """The native dump's stack while it is of this still period ("" after)."""
+        return (self.native_dump_id if self.still_since is not None
+                and self.native_for == self.still_since else "")
+
     def native_held(self, stack_id: str) -> bool:
         """The native wait still stands: the rank sat still since, same Python stack."""
         return (self.native is not None and self.still_since is not None
                 and self.native_for == self.still_since and stack_id == self.native_stack)
 
-    def observe_native(self, w: NativeWait | None, now: float) -> None:
-        """A native dump of this still period: ``w`` the wait it showed, if any.
+    def observe_native(self, w: NativeWait | None, now: float, dump_id: str = "") -> None:
+        """A native dump of this still period: ``w`` the wait it showed, if any;
+        ``dump_id``: its main thread's stack as interned for the daemon.
 
         The wait began when the rank went still: its Python stack showed the
         same frames since (a dump is taken only after one in this still period).
         """
-        self.native_for = self.still_since
+        self.native_for, self.native_dump_id = self.still_since, dump_id
         if w is None:
             return
         self.native, self.native_stack = w, self.stack_id

@@ -350,8 +350,7 @@ class Uplink:
         the report's share (caps.REPORT_STACKS, REPORT_STACK_TEXT): the rest
         go with the next report."""
         text = 0
-        for s in samples:
-            sid = s.stack_id
+        for sid in (i for s in samples for i in (s.stack_id, s.native_stack_id)):
             if not sid or sid in sent or sid not in self._stacks:
                 continue
             stack = self._stacks[sid]

@@ -1,4 +1,4 @@
-"""HTTP on 7471: /metrics, /api/v1/jobs, /api/v1/incidents, /healthz and /.
+"""HTTP on 7471: /metrics, /api/v1/jobs, /api/v1/incidents, /api/v1/dump, /healthz and /.
 
 A stdlib threading server; every handler takes what it needs of the
 daemon's state on the event loop (``call``), briefly: the per-rank walk,
@@ -35,7 +35,7 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ncclwatch import runbooks
-from ncclwatch.daemon import api, page, pastepage, runbookpage
+from ncclwatch.daemon import api, bundle, page, pastepage, runbookpage
 from ncclwatch.daemon.core import Daemon
 from ncclwatch.daemon.export import DaemonCollector
 from ncclwatch.daemon.pageheaders import NOSNIFF
@@ -218,6 +218,9 @@ class HttpServer:
                             self._send(404, "text/plain", b"no shard map, or no ?job=\n")
                         else:
                             self._json(shards.job_view(job))
+                    elif path == "/api/v1/dump":  # a tar.gz; asks the agents first
+                        self._send(*bundle.serve(daemon, call, url.query,
+                                                 fresh_ask=not self.head))
                     elif path == "/api/v1/incidents":
                         self._json(call(lambda: api.incidents_view(daemon)))
                     elif path.startswith("/runbooks/"):  # alerts link here

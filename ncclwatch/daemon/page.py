@@ -126,7 +126,9 @@ def _job(job: dict[str, Any]) -> str:
            f"{'STALLED' if stalled else 'ok'}</span></h2>{named}"
            f"<p><small>{job['ranks_reporting']}/{job['world_size']} ranks on "
            f"{escape(_nodes(job['nodes']))}; watchdog timeout {w['timeout_seconds']:.0f}s "
-           f"({escape(w['timeout_source'])})</small></p>{_owner(job.get('shard'))}"]
+           f"({escape(w['timeout_source'])}) · <a class='dump' href='/api/v1/dump?job="
+           f"{quote(job['job'], safe='')}' download>evidence bundle</a> (tar.gz: asks every "
+           f"rank for fresh stacks first)</small></p>{_owner(job.get('shard'))}"]
     for s in job["stalls"]:
         out.append(_stall(job["job"], s))
     key = escape(f"{job['job']}|ranks")

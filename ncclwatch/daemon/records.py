@@ -32,7 +32,7 @@ class RankRecord:
         "rank_source", "container",
         "still_since", "still_at", "still_op", "since_agent", "progress_known",
         "history",
-        "file_first", "evidence", "native_frame", "native_no_wait", "start",
+        "file_first", "evidence", "native_frame", "native_no_wait", "native_stack_id", "start",
         "payer", "cost",
     )
 
@@ -105,6 +105,8 @@ class RankRecord:
         self.evidence = WaitEvidence.NONE
         self.native_frame = ""
         self.native_no_wait = False
+        #: The interned stack of the native dump behind them ("": none taken).
+        self.native_stack_id = ""
         # When its process started (daemon clock, from the agent's process age);
         # None: not known. Evidence when two nodes claim the rank (ownership.py).
         self.start: float | None = None

@@ -256,6 +256,11 @@ class JobTable:
         rec.evidence = _EVIDENCE_OF[ev] if ev in _EVIDENCE_OF else WaitEvidence.from_proto(ev)
         rec.native_frame = m.native_frame
         rec.native_no_wait = m.native_no_wait
+        nid = m.native_stack_id
+        if nid != rec.native_stack_id:
+            if nid and not self.stacks.touch(nid):
+                missing.append(nid)
+            rec.native_stack_id = nid
         sid = m.stack_id
         if sid != rec.stack_id:
             if sid and not self.stacks.touch(sid):

@@ -60,6 +60,7 @@ STRING_BOUNDS: dict[str, int | str] = {
     "NodeReport.agent_id": MAX_ID,
     "RankChange.stack_id": MAX_ID,
     "RankChange.native_frame": MAX_STRING,
+    "RankChange.native_stack_id": MAX_ID,
     "RankIdentity.job_id": MAX_JOB_ID,
     "RankIdentity.rank_source": MAX_ID,
     "ContainerInfo.hostname": MAX_CONTAINER,
@@ -72,6 +73,7 @@ STRING_BOUNDS: dict[str, int | str] = {
     "ContainerInfo.declared_pod": MAX_CONTAINER,
     "RankSample.stack_id": MAX_ID,
     "RankSample.native_frame": MAX_STRING,
+    "RankSample.native_stack_id": MAX_ID,
     "FlightRecorderSummary.version": MAX_FR_VERSION,
     "ProcessGroupProgress.pg_id": MAX_PG_TEXT,
     "ProcessGroupProgress.pg_name": MAX_PG_TEXT,
@@ -250,8 +252,8 @@ def _check_change(i: int, c: pb.RankChange, max_age: float) -> None:
         if not 0 <= v < 1e12:
             raise _bad(f"changes[{i}]: still_seconds, cpu_utilization and cpu_seconds must "
                        f"be finite and >= 0")
-    if len(c.stack_id) > MAX_ID:
-        raise _bad(f"changes[{i}]: stack_id too long")
+    if len(c.stack_id) > MAX_ID or len(c.native_stack_id) > MAX_ID:
+        raise _bad(f"changes[{i}]: stack_id or native_stack_id too long")
     if len(c.native_frame) > MAX_STRING:
         raise _too_big(f"changes[{i}]: native_frame over {MAX_STRING} characters")
 
@@ -345,8 +347,8 @@ def _check_sample(i: int, s: pb.RankSample, world_size_of: Callable[[str], int |
     if not 0 <= v <= max_age:
         raise _bad(f"samples[{i}]: stack_age_seconds must be finite and in [0, {max_age:g}] "
                    f"(max_age_seconds), got {v}", "age")
-    if len(s.stack_id) > MAX_ID:
-        raise _bad(f"samples[{i}]: stack_id too long")
+    if len(s.stack_id) > MAX_ID or len(s.native_stack_id) > MAX_ID:
+        raise _bad(f"samples[{i}]: stack_id or native_stack_id too long")
     if len(s.native_frame) > MAX_STRING:
         raise _too_big(f"samples[{i}]: native_frame over {MAX_STRING} characters")
     p = s.process

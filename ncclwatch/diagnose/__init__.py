@@ -8,7 +8,8 @@ what pasting did to a line with paste.py), reads the dumps
 initiating ranks versus the collateral ones (or, where the logs name no
 initiator, the ranks it must be among), a timeline, the evidence lines, what
 evidence was missing and what to collect next time, and the fix from the
-remediation table the live daemon uses.
+remediation table the live daemon uses. An evidence bundle (``ncclwatch
+dump``) given by name brings the daemon's live verdict (bundle.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Iterable
 
 from ncclwatch import flightrec
-from ncclwatch.diagnose import advice
+from ncclwatch.diagnose import advice, bundle
 from ncclwatch.diagnose.logfiles import LogInputError
 from ncclwatch.diagnose.logscan import Scanner, scan
 from ncclwatch.diagnose.scanresult import ScanResult
@@ -32,7 +33,7 @@ from ncclwatch.diagnose.verdict import (
     timeout_seconds,
 )
 from ncclwatch.model import rank_ranges
-from ncclwatch.remediation import RootCause
+from ncclwatch.remediation import ALL_BY_ID, RootCause
 
 __all__ = ["Diagnosis", "LogInputError", "diagnose", "diagnose_stream"]
 
@@ -125,10 +126,42 @@ def diagnose(paths: Iterable[str | os.PathLike],
     """The verdict for log files, directories of them and Flight Recorder dumps;
     ``streams``: (name, binary stream) logs read as files are (the paste page)."""
     t0 = time.perf_counter()
+    paths, live = list(paths), []
+    for p in list(paths):                 # evidence bundles (ncclwatch dump): by name only
+        v = bundle.read(p)
+        if v is not None:
+            live.append(v)
+            paths.remove(p)
     result = scan(paths)
     for name, f in streams:
         Scanner(result).scan_stream(name, f)
-    return _verdict(result, t0)
+    return _with_live(_verdict(result, t0), live)
+
+
+def _with_live(d: Diagnosis, live: list[bundle.LiveVerdict]) -> Diagnosis:
+    """The bundle's live verdict where the logs name no failure (diagnose/bundle.py),
+    else a note beside the logs' own."""
+    for v in live:
+        d.inputs.setdefault("bundles", []).append(v.path)
+    v = next((v for v in live if v.stall), None)
+    if v is None:
+        return d
+    s = v.stall
+    culprits = bundle.ranks([c["rank"] for c in s["culprits"]])
+    said = (f"the daemon's live verdict: {s['kind']}, culprit rank(s) "
+            f"{rank_ranges(culprits) or '-'}: {s['summary']}")
+    if d.cls not in ("none", "unknown"):
+        d.notes.append(f"{said} ({v.path})")
+        return d
+    d.cls, d.title, d.summary = v.cls, CLASS_BY_ID[v.cls].title, s["summary"]
+    d.initiating, d.candidates = culprits, []
+    d.collateral = bundle.ranks(s["waiting"]["ranks"])
+    d.root_cause = ALL_BY_ID.get(s["diagnosis"]["root_cause"]) or d.root_cause
+    d.evidence = [(v.path, said), *d.evidence]
+    d.timeline = bundle.timeline(v) + d.timeline
+    d.alert_next_time, d.rule_out = advice.fingerprints(v.cls), advice.siblings(v.cls)
+    d.missing_evidence = []
+    return d
 
 
 def diagnose_stream(stream: BinaryIO, name: str = "pasted log") -> Diagnosis:

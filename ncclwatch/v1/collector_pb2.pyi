@@ -138,7 +138,7 @@ class NodeReport(_message.Message):
     def __init__(self, node: _Optional[str] = ..., agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., agent_monotonic_seconds: _Optional[float] = ..., agent_wall_seconds: _Optional[float] = ..., full_round: _Optional[bool] = ..., stacks: _Optional[_Iterable[_Union[Stack, _Mapping]]] = ..., samples: _Optional[_Iterable[_Union[RankSample, _Mapping]]] = ..., exited: _Optional[_Iterable[_Union[RankIdentity, _Mapping]]] = ..., health: _Optional[_Union[AgentHealth, _Mapping]] = ..., interval_seconds: _Optional[float] = ..., briefs: _Optional[_Union[RankBriefs, _Mapping]] = ..., slots_reset: _Optional[bool] = ..., changes: _Optional[_Iterable[_Union[RankChange, _Mapping]]] = ..., timed_seq: _Optional[int] = ..., timed_round_trip_seconds: _Optional[float] = ...) -> None: ...
 
 class RankChange(_message.Message):
-    __slots__ = ("slot", "state", "op", "state_seconds", "stack_age_seconds", "stack_id", "still_seconds", "cpu_utilization", "cpu_seconds", "evidence", "native_frame", "native_no_wait")
+    __slots__ = ("slot", "state", "op", "state_seconds", "stack_age_seconds", "stack_id", "still_seconds", "cpu_utilization", "cpu_seconds", "evidence", "native_frame", "native_no_wait", "native_stack_id")
     SLOT_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
@@ -151,6 +151,7 @@ class RankChange(_message.Message):
     EVIDENCE_FIELD_NUMBER: _ClassVar[int]
     NATIVE_FRAME_FIELD_NUMBER: _ClassVar[int]
     NATIVE_NO_WAIT_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_STACK_ID_FIELD_NUMBER: _ClassVar[int]
     slot: int
     state: RankState
     op: CollectiveOp
@@ -163,7 +164,8 @@ class RankChange(_message.Message):
     evidence: WaitEvidence
     native_frame: str
     native_no_wait: bool
-    def __init__(self, slot: _Optional[int] = ..., state: _Optional[_Union[RankState, str]] = ..., op: _Optional[_Union[CollectiveOp, str]] = ..., state_seconds: _Optional[float] = ..., stack_age_seconds: _Optional[float] = ..., stack_id: _Optional[str] = ..., still_seconds: _Optional[float] = ..., cpu_utilization: _Optional[float] = ..., cpu_seconds: _Optional[float] = ..., evidence: _Optional[_Union[WaitEvidence, str]] = ..., native_frame: _Optional[str] = ..., native_no_wait: _Optional[bool] = ...) -> None: ...
+    native_stack_id: str
+    def __init__(self, slot: _Optional[int] = ..., state: _Optional[_Union[RankState, str]] = ..., op: _Optional[_Union[CollectiveOp, str]] = ..., state_seconds: _Optional[float] = ..., stack_age_seconds: _Optional[float] = ..., stack_id: _Optional[str] = ..., still_seconds: _Optional[float] = ..., cpu_utilization: _Optional[float] = ..., cpu_seconds: _Optional[float] = ..., evidence: _Optional[_Union[WaitEvidence, str]] = ..., native_frame: _Optional[str] = ..., native_no_wait: _Optional[bool] = ..., native_stack_id: _Optional[str] = ...) -> None: ...
 
 class RankBriefs(_message.Message):
     __slots__ = ("slot", "still_seconds", "cpu_utilization", "cpu_seconds")
@@ -220,7 +222,7 @@ class ContainerInfo(_message.Message):
     def __init__(self, container_pid: _Optional[int] = ..., hostname: _Optional[str] = ..., container_id: _Optional[str] = ..., runtime: _Optional[str] = ..., pod_uid: _Optional[str] = ..., namespace: _Optional[str] = ..., pod: _Optional[str] = ..., declared_namespace: _Optional[str] = ..., declared_pod: _Optional[str] = ...) -> None: ...
 
 class RankSample(_message.Message):
-    __slots__ = ("identity", "state", "op", "state_seconds", "stack_age_seconds", "stack_id", "process", "gpu", "job", "flight_recorder", "still_seconds", "slot", "evidence", "native_frame", "native_no_wait")
+    __slots__ = ("identity", "state", "op", "state_seconds", "stack_age_seconds", "stack_id", "process", "gpu", "job", "flight_recorder", "still_seconds", "slot", "evidence", "native_frame", "native_no_wait", "native_stack_id")
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
@@ -236,6 +238,7 @@ class RankSample(_message.Message):
     EVIDENCE_FIELD_NUMBER: _ClassVar[int]
     NATIVE_FRAME_FIELD_NUMBER: _ClassVar[int]
     NATIVE_NO_WAIT_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_STACK_ID_FIELD_NUMBER: _ClassVar[int]
     identity: RankIdentity
     state: RankState
     op: CollectiveOp
@@ -251,7 +254,8 @@ class RankSample(_message.Message):
     evidence: WaitEvidence
     native_frame: str
     native_no_wait: bool
-    def __init__(self, identity: _Optional[_Union[RankIdentity, _Mapping]] = ..., state: _Optional[_Union[RankState, str]] = ..., op: _Optional[_Union[CollectiveOp, str]] = ..., state_seconds: _Optional[float] = ..., stack_age_seconds: _Optional[float] = ..., stack_id: _Optional[str] = ..., process: _Optional[_Union[ProcessStats, _Mapping]] = ..., gpu: _Optional[_Iterable[_Union[GpuMemory, _Mapping]]] = ..., job: _Optional[_Union[JobInfo, _Mapping]] = ..., flight_recorder: _Optional[_Union[FlightRecorderSummary, _Mapping]] = ..., still_seconds: _Optional[float] = ..., slot: _Optional[int] = ..., evidence: _Optional[_Union[WaitEvidence, str]] = ..., native_frame: _Optional[str] = ..., native_no_wait: _Optional[bool] = ...) -> None: ...
+    native_stack_id: str
+    def __init__(self, identity: _Optional[_Union[RankIdentity, _Mapping]] = ..., state: _Optional[_Union[RankState, str]] = ..., op: _Optional[_Union[CollectiveOp, str]] = ..., state_seconds: _Optional[float] = ..., stack_age_seconds: _Optional[float] = ..., stack_id: _Optional[str] = ..., process: _Optional[_Union[ProcessStats, _Mapping]] = ..., gpu: _Optional[_Iterable[_Union[GpuMemory, _Mapping]]] = ..., job: _Optional[_Union[JobInfo, _Mapping]] = ..., flight_recorder: _Optional[_Union[FlightRecorderSummary, _Mapping]] = ..., still_seconds: _Optional[float] = ..., slot: _Optional[int] = ..., evidence: _Optional[_Union[WaitEvidence, str]] = ..., native_frame: _Optional[str] = ..., native_no_wait: _Optional[bool] = ..., native_stack_id: _Optional[str] = ...) -> None: ...
 
 class FlightRecorderSummary(_message.Message):
     __slots__ = ("dump_age_seconds", "version", "groups")

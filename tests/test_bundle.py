@@ -1,0 +1,158 @@
+"""The evidence bundle: what the daemon packs of a stalled job, served as the
+other API routes are, and read back by ``ncclwatch diagnose`` with the live verdict."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import io
+import json
+import tarfile
+
+from ncclwatch.daemon import bundle
+from ncclwatch.daemon.http import HttpServer, allowed_hosts
+from ncclwatch.daemon.webconfig import load
+from ncclwatch.diagnose import diagnose
+from ncclwatch.model import RankState as S
+from tests.factories import SAVE, frames, stack_pb
+from tests.test_forecast import MB, _drive, _rank0
+from tests.test_webconfig import HASH, PASSWORD, write_config
+
+
+NATIVE = frames(("gloo::transport::tcp::UnboundBuffer::waitRecv", "libtorch_cpu.so"),
+                ("c10d::ProcessGroupGloo::barrier", "libtorch_cpu.so"),
+                ("barrier", "torch/distributed/distributed_c10d.py"))
+
+
+def _stalled():
+    def rank0(i: int):
+        s = _rank0(S.SAVING, i, file_size=(i + 1) * MB, seconds=i)
+        s.stack_id = stack_pb(SAVE).id
+        return s
+    d, now = _drive(rank0, 12)
+    from tests.factories import report, sample
+    from ncclwatch.model import CollectiveOp
+    waiter = sample("job-1", 1, 4, S.COLLECTIVE, CollectiveOp.BARRIER, seconds=12, timeout=90.0)
+    waiter.native_frame, waiter.native_stack_id = "gloo::Pair::recv", stack_pb(NATIVE).id
+    d.ingest(report([rank0(12), waiter], seq=99, stacks=[stack_pb(SAVE), stack_pb(NATIVE)]),
+             now=now + 0.5)
+    return d, now + 0.5
+
+
+def _members(body: bytes) -> dict[str, bytes]:
+    with tarfile.open(fileobj=io.BytesIO(body), mode="r:gz") as tar:
+        return {m.name.partition("/")[2]: tar.extractfile(m).read() for m in tar.getmembers()}
+
+
+def test_bundle_holds_every_rank_and_the_verdict(tmp_path) -> None:
+    d, now = _stalled()
+    name, body = bundle.archive(bundle.collect(d, "job-1", now=now))
+    assert name.startswith("ncclwatch-dump-job-1-") and name.endswith(".tar.gz")
+    files = _members(body)
+    assert {f"stacks/rank-{r}.txt" for r in range(4)} <= set(files)
+    assert {"bundle.json", "verdict.json", "job.json", "env.json", "flight_recorder.json"} \
+        <= set(files)
+    assert "  _save (" in files["stacks/rank-0.txt"].decode()
+    rank1 = files["stacks/rank-1.txt"].decode()
+    assert "native dump: waits in gloo::Pair::recv" in rank1
+    assert "native stack, thread MainThread" in rank1 and "  c10d::ProcessGroupGloo::barrier (" \
+        in rank1
+    v = json.loads(files["verdict.json"])
+    assert v["stalls"][0]["kind"] == "checkpoint_gather" and v["stalls"][0]["trace"]
+    assert [c["rank"] for c in v["stalls"][0]["culprits"]] == [0]
+    assert json.loads(files["bundle.json"])["format"] == bundle.FORMAT
+
+    path = tmp_path / name
+    path.write_bytes(body)
+    dx = diagnose([path])
+    assert (dx.cls, dx.initiating, dx.collateral) == ("checkpoint_gather_timeout", [0],
+                                                      [1, 2, 3]), dx.to_json()
+    assert dx.root_cause is not None and dx.timeline[0]["what"] == "checkpoint_gather stall began"
+
+
+def test_a_tar_that_is_no_bundle_is_not_read_as_one(tmp_path) -> None:
+    from ncclwatch.diagnose.bundle import read
+
+    p = tmp_path / "x.tar.gz"
+    with tarfile.open(p, "w:gz") as tar:
+        info = tarfile.TarInfo("x/bundle.json")
+        data = b'{"format": "something-else"}'
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    assert read(p) is None and read(tmp_path) is None
+
+
+def _get(port: int, path: str, headers: dict[str, str] | None = None):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    c.request("GET", path, headers=headers or {})
+    r = c.getresponse()
+    out = r.status, dict(r.getheaders()), r.read()
+    c.close()
+    return out
+
+
+def test_api_dump_is_served_under_the_same_auth_and_host_rules(tmp_path) -> None:
+    d, _ = _stalled()
+    web = load(write_config(tmp_path / "web.yml", f"basic_auth_users:\n  ops: {HASH}\n"))
+    srv = HttpServer(d, "127.0.0.1", 0, lambda fn: fn(), web=web,
+                     hosts=allowed_hosts("", "127.0.0.1"))
+    srv.start()
+    good = {"Authorization": "Basic " + base64.b64encode(f"ops:{PASSWORD}".encode()).decode()}
+    try:
+        assert _get(srv.port, "/api/v1/dump?job=job-1&wait=0")[0] == 401
+        assert _get(srv.port, "/api/v1/dump?job=job-1&wait=0",
+                    {**good, "Host": "evil.example"})[0] == 403
+        assert _get(srv.port, "/api/v1/dump?job=nope&wait=0", good)[0] == 404
+        assert _get(srv.port, "/api/v1/dump?job=job-1&wait=99", good)[0] == 400
+        code, h, body = _get(srv.port, "/api/v1/dump?job=job-1&wait=0", good)
+        assert code == 200 and h["Content-Type"] == "application/gzip"
+        assert 'filename="ncclwatch-dump-job-1-' in h["Content-Disposition"]
+        assert "stacks/rank-3.txt" in _members(body)
+        c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+        c.request("HEAD", "/api/v1/dump?job=job-1", headers=good)
+        assert c.getresponse().status == 200 and not d.table.agents["agent-a"].commands
+        c.close()
+        # A fresh ask queues the three commands for the job's agent, then waits
+        # (bounded) for reports that this test never sends.
+        code, _, body = _get(srv.port, "/api/v1/dump?job=job-1&wait=0.5", good)
+        fresh = json.loads(_members(body)["bundle.json"])["fresh"]
+        assert code == 200 and fresh["asked"] and fresh["agents"] == 1
+        assert fresh["ranks_not_refreshed"] and 0.5 <= fresh["waited_seconds"] < 2
+        cmds = list(d.table.agents["agent-a"].commands)
+        assert [c.WhichOneof("command") for c in cmds[-3:]] == \
+            ["dump_stacks", "dump_stacks", "dump_flight_recorder"]
+        assert cmds[-2].dump_stacks.native and not cmds[-3].dump_stacks.native
+    finally:
+        srv.stop()
+
+
+def test_the_page_links_each_job_to_its_bundle() -> None:
+    from ncclwatch.daemon import api, page
+
+    d, now = _stalled()
+    html = page.render(api.jobs_view(d, now=now))
+    assert "<a class='dump' href='/api/v1/dump?job=job-1' download>evidence bundle</a>" in html
+
+
+def test_the_dump_command_fetches_with_the_credentials_given(tmp_path, capsys) -> None:
+    from ncclwatch.cli import main
+
+    d, _ = _stalled()
+    web = load(write_config(tmp_path / "web.yml", f"basic_auth_users:\n  ops: {HASH}\n"))
+    srv = HttpServer(d, "127.0.0.1", 0, lambda fn: fn(), web=web)
+    srv.start()
+    base = f"http://127.0.0.1:{srv.port}"
+    try:
+        assert main(["dump", "job-1", "--daemon", base, "--wait", "0",
+                     "--out", str(tmp_path)]) == 1
+        assert "HTTP 401" in capsys.readouterr().err
+        assert main(["dump", "job-1", "--daemon", f"http://ops:{PASSWORD}@127.0.0.1:{srv.port}",
+                     "--wait", "0", "--out", str(tmp_path)]) == 0
+        [got] = tmp_path.glob("ncclwatch-dump-job-1-*.tar.gz")
+        assert f"ncclwatch diagnose {got}" in capsys.readouterr().out
+        assert "stacks/rank-0.txt" in _members(got.read_bytes())
+        assert main(["dump", "nope", "--daemon", f"http://ops:{PASSWORD}@127.0.0.1:{srv.port}",
+                     "--wait", "0", "--out", str(tmp_path)]) == 1
+        assert "HTTP 404: no such job" in capsys.readouterr().err
+    finally:
+        srv.stop()
