@@ -284,6 +284,11 @@ def test_an_unnumbered_member_can_be_the_culprit_and_others_wait_under_labels() 
     assert "culprit: rank ?1 on node-a (pid 501) saving" in text, text
     assert "waiting: ranks ?3,?2 in barrier" in text, text
     assert "unidentified rank ?1" in page.render(full)
+    # A metric label names its process, never an empty or daemon-only rank.
+    from ncclwatch.daemon.export import build, capture
+    fam = next(f for f in build(capture(d, now=100.0))
+               if f.name == "ncclwatch_stall_culprit_info")
+    assert [dict(zip(fam.labels, lab))["rank"] for lab, _ in fam.rows] == ["node-a:501"]
     # Exiting by pid ends that member, and only it.
     exit_report = report([], seq=2, full=False)
     exit_report.report.exited.add(job_id="job-u", rank=-1, pid=502, rank_source="unknown")
