@@ -39,6 +39,9 @@ class RankIdentity:
     local_rank: int     # -1 when not known
     world_size: int     # 0 when not known (PMIx alone does not say it)
     rank_source: str = "env:RANK"
+    #: Sources that showed different numbers ("ray_train_log:1 locals:...:2"):
+    #: the rank stays unnumbered, both shown (agent.ranklearn).
+    rank_conflict: str = ""
 
     @property
     def known(self) -> bool:

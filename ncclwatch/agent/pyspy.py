@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -51,9 +52,12 @@ def find_pyspy() -> str | None:
     return shutil.which("py-spy")
 
 
-def dump_argv(binary: str, pid: int) -> list[str]:
-    """The one place py-spy's command line is built (tests assert on it)."""
-    return [binary, "dump", "--json", "--nonblocking", "--pid", str(pid)]
+def dump_argv(binary: str, pid: int, with_locals: bool = False) -> list[str]:
+    """The one place py-spy's command line is built (tests assert on it).
+    ``with_locals``: frames' locals too (agent.ranklocals: an unnumbered
+    rank's set-up frames), still nonblocking."""
+    return [binary, "dump", "--json", *(("--locals",) if with_locals else ()),
+            "--nonblocking", "--pid", str(pid)]
 
 
 def native_argv(binary: str, pid: int) -> list[str]:
@@ -142,12 +146,15 @@ class PySpy:
         finally:
             self._busy.discard(pid)
 
-    async def dump(self, pid: int) -> list[ThreadDump]:
+    async def dump(self, pid: int, raw: list | None = None) -> list[ThreadDump]:
+        """A nonblocking dump; ``raw``: a list the dump's JSON, locals
+        included, is appended to (py-spy is then asked for locals)."""
         with self._one_at_a_time(pid):
             start = time.monotonic()
             self.runs_total += 1
             try:
-                return await self._run(pid, dump_argv(self.binary, pid), self.timeout)
+                return await self._run(pid, dump_argv(self.binary, pid, raw is not None),
+                                       self.timeout, raw=raw)
             except PySpyError:
                 self.failures_total += 1
                 raise
@@ -173,7 +180,7 @@ class PySpy:
                         self.native_buckets[i] += 1
 
     async def _run(self, pid: int, argv: list[str], timeout: float,
-                   paused: bool = False) -> list[ThreadDump]:
+                   paused: bool = False, raw: list | None = None) -> list[ThreadDump]:
         view = view_args(argv[0], pid)
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -212,8 +219,14 @@ class PySpy:
             msg = err.decode(errors="replace").strip().splitlines()
             raise PySpyError(f"py-spy exit {proc.returncode} on pid {pid}: "
                              f"{msg[-1] if msg else 'no message'}")
+        text = out.decode(errors="replace")
+        if raw is not None:
+            try:
+                raw.extend(json.loads(text))
+            except (ValueError, TypeError):
+                pass
         try:
-            return parse_pyspy_json(out.decode(errors="replace"))
+            return parse_pyspy_json(text)
         except DumpFormatError as e:
             raise PySpyError(str(e)) from None
 
