@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ncclwatch.agent.launchers import is_spawn_child, launcher_of, wrap_index
+from ncclwatch.agent.launchers import is_spawn_child, job_wide_id, launcher_of, wrap_index
 from ncclwatch.daemon.api import jobs_view
 from ncclwatch.daemon.core import Daemon, DaemonConfig
 from ncclwatch.jobid import RANK_VARIABLES, UNKNOWN_RANK, identify, rank_of
@@ -54,6 +54,28 @@ LAUNCHER_CASES = [
 @pytest.mark.parametrize("cmdline,expected", LAUNCHER_CASES)
 def test_launcher_table(cmdline, expected) -> None:
     assert launcher_of(cmdline) == expected
+
+
+#: hydra_pmi_proxy as Debian's mpiexec.mpich starts it (one per host, each
+#: given mpiexec's control port and the process group id).
+PROXY = ["/usr/bin/hydra_pmi_proxy", "--control-port", "vm:36483", "--rmk", "user",
+         "--launcher", "ssh", "--demux", "poll", "--pgid", "0", "--retries", "10",
+         "--usize", "-2", "--pmi-port", "0", "--gpus-per-proc", "-2", "--proxy-id", "1"]
+
+
+@pytest.mark.parametrize("cmdline,expected", [
+    (PROXY, "hydra/vm:36483/0"),
+    ([*PROXY[:-1], "0"], "hydra/vm:36483/0"),           # another node's proxy: the same job
+    ([*PROXY[:2], "[fe80::1]:80", *PROXY[3:]], "hydra/[fe80::1]:80/0"),
+    ([*PROXY[:2], "a b", *PROXY[3:]], None),            # not an address
+    ([*PROXY[:2], "x" * 300, *PROXY[3:]], None),
+    ([*PROXY[:10], "-1", *PROXY[11:]], None),           # not a group id
+    (PROXY[:1], None),
+    (["mpiexec.mpich", "--control-port", "vm:1", "--pgid", "0"], None),  # only the proxy
+    ([], None),
+])
+def test_hydra_names_the_job_the_same_on_every_node(cmdline, expected) -> None:
+    assert job_wide_id(cmdline) == expected
 
 
 @pytest.mark.parametrize("cmdline,expected", [

@@ -335,17 +335,21 @@ class Discovery:
         return n
 
     def _launcher_id(self, ppid: int, spawn_parent: int | None = None) -> str | None:
-        """Node-local job id for ranks whose environment names no job.
+        """Job id for ranks whose environment names no job.
 
         The nearest launcher ancestor (hydra_pmi_proxy, mpirun, ...), else the
-        spawning parent: ``<host>/<pid>.<start time>``.
+        spawning parent: the job-wide id its command line names
+        (``launchers.JOB_WIDE``: hydra's control port, the same on every
+        node), else node-local, ``<host>/<pid>.<start time>``.
         """
         pid, hops = ppid, 0
         while pid > 1 and hops < 8:
             try:
                 p = psutil.Process(pid)
-                if launchers.launcher_of(p.cmdline()) or pid == spawn_parent:
-                    return f"{self._host}/{pid}.{int(p.create_time())}"
+                cmdline = p.cmdline()
+                if launchers.launcher_of(cmdline) or pid == spawn_parent:
+                    return launchers.job_wide_id(cmdline) or \
+                        f"{self._host}/{pid}.{int(p.create_time())}"
                 pid, hops = p.ppid(), hops + 1
             except psutil.Error:
                 return None
