@@ -182,3 +182,49 @@ def test_the_learner_numbers_a_ray_worker_from_its_log(tmp_path) -> None:
     finally:
         p.kill()
         p.wait()
+
+
+class _Found:
+    """A discovery that finds one unnumbered member, whatever is learned."""
+
+    def __init__(self, rp: RankProcess) -> None:
+        self.rp = rp
+
+    def scan(self, budget: float | None = None) -> list[RankProcess]:
+        return [self.rp]
+
+
+def test_a_member_numbered_later_keeps_its_history_and_leaves_as_a_member() -> None:
+    import asyncio
+
+    import psutil
+
+    from ncclwatch.agent.agent import Agent
+    from ncclwatch.agent.gpu import NvmlGpuReader
+    from ncclwatch.agent.settings import AgentConfig
+    from tests.conftest import free_port
+
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        rp = _member(p.pid, create=psutil.Process(p.pid).create_time())
+
+        async def go():
+            agent = Agent(AgentConfig(collector=f"127.0.0.1:{free_port()}", interval=0.1,
+                                      node="n"), gpu=NvmlGpuReader(), discovery=_Found(rp))
+            agent._scan_and_sample()
+            t = agent.trackers[p.pid]
+            assert not t.proc.identity.known
+            agent.ranks_learned._of(rp).claim("ray_train_log", 1, 3)
+            agent._scan_and_sample()
+            # The same tracker (its states and stillness kept), under its number.
+            assert agent.trackers[p.pid] is t
+            i = t.proc.identity
+            assert (i.rank, i.rank_source, i.world_size) == (1, "ray_train_log", 3)
+            assert [e.identity.rank for e in agent._exited] == [UNKNOWN_RANK]
+            agent._scan_and_sample()                  # steady: nothing more leaves
+            assert len(agent._exited) == 1 and agent.trackers[p.pid] is t
+
+        asyncio.run(go())
+    finally:
+        p.kill()
+        p.wait()

@@ -27,6 +27,8 @@ pytestmark = pytest.mark.e2e
 DETECT_WITHIN = 30.0
 PG_TIMEOUT = 75
 SAVE_SECONDS = 40
+#: identified_by of a rank numbered from init_process_group's locals.
+LEARNED = "locals:init_process_group"
 
 
 @dataclass
@@ -36,8 +38,10 @@ class Launch:
     name: str
     argv: list[str]
     world: int
-    #: identified_by per rank (rank number -> source); None: the rank is unknown
-    #: and every member shows "unknown".
+    #: identified_by per rank (rank number -> source); None: nothing outside
+    #: the process says the rank: every member shows "unknown", unless a
+    #: nonblocking dump caught it in init_process_group (numbered from there,
+    #: and then rightly).
     sources: dict[int, str] | None
     env: dict[str, str] | None = None
 
@@ -140,7 +144,8 @@ def _job_seen(mon: Monitor, launch: Launch, pids: dict[int, int], timeout: float
 def _numbered(job: dict, launch: Launch) -> bool:
     live = [r for r in job["ranks"] if not r["gone"]]
     if launch.sources is None:
-        return all(r["rank"] is None and r["identified_by"] == "unknown" for r in live)
+        return all((r["rank"], r["identified_by"]) == (None, "unknown")
+                   or r["identified_by"] == LEARNED for r in live)
     return {r["rank"]: r["identified_by"] for r in live} == launch.sources
 
 
@@ -150,7 +155,7 @@ def _check(mon: Monitor, launch: Launch, jobs: list[Job], tmp: Path) -> dict:
     job = _job_seen(mon, launch, pids, 60)
     # Right numbers: each rank's pid is the process that says it is that rank.
     for r in job["ranks"]:
-        if launch.sources is not None:
+        if r["rank"] is not None:
             assert pids[r["rank"]] == r["pid"], (launch.name, r, pids)
     assert job["world_size"] == launch.world, job
     (tmp / f"go-{launch.name}").touch()
@@ -172,8 +177,8 @@ def _check(mon: Monitor, launch: Launch, jobs: list[Job], tmp: Path) -> dict:
     assert delay <= DETECT_WITHIN, f"{launch.name}: detected {delay:.1f}s after the save"
     culprits = [(c["pid"], c["state"]) for c in stall["culprits"]]
     assert culprits == [(pids[0], "saving")], (launch.name, stall["culprits"])
-    assert stall["culprits"][0]["identified_by"] == (
-        launch.sources[0] if launch.sources else "unknown")
+    assert stall["culprits"][0]["identified_by"] in (
+        (launch.sources[0],) if launch.sources else ("unknown", LEARNED))
     # Detected as soon as one rank waits long enough; the others join it.
     deadline = time.time() + 10
     while len(stall["waiting"]["ranks"]) < launch.world - 1 and time.time() < deadline:
@@ -184,9 +189,10 @@ def _check(mon: Monitor, launch: Launch, jobs: list[Job], tmp: Path) -> dict:
     if launch.sources is not None:
         assert stall["culprits"][0]["rank"] == 0
         assert waiting == list(range(1, launch.world)), stall["waiting"]
-    else:  # members without numbers wait under their labels ("?2")
-        assert stall["culprits"][0]["rank"] is None and len(waiting) == launch.world - 1
-        assert all(isinstance(w, str) and w.startswith("?") for w in waiting), waiting
+    else:  # members without numbers wait under their labels ("?2"), the others as numbers
+        assert stall["culprits"][0]["rank"] in (None, 0) and len(waiting) == launch.world - 1
+        assert all(isinstance(w, str) and w.startswith("?") or w in range(1, launch.world)
+                   for w in waiting), waiting
     assert stall["waiting"]["ops"] == ["barrier"], stall["waiting"]
     return {"job": job["job"], "source": job["source"], "delay_s": round(delay, 1),
             "identified_by": sorted({r["identified_by"] for r in job["ranks"]})}
