@@ -165,6 +165,11 @@ def test_locals_are_asked_for_a_bounded_number_of_dumps() -> None:
     assert asked == LOCALS_DUMPS
     numbered_rp = numbered(rp, (3, 4, "ray_train_log", ""))
     assert not learner.wants_locals(numbered_rp)          # a numbered rank: plain dumps
+    # A dump with locals that failed (over the output cap, too slow): no more.
+    other = _member(11, source="master")
+    assert learner.wants_locals(other)
+    learner.no_locals(other)
+    assert not learner.wants_locals(other)
 
 
 def test_the_learner_numbers_a_ray_worker_from_its_log(tmp_path) -> None:

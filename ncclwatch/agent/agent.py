@@ -306,6 +306,8 @@ class Agent:
                 threads = await self.pyspy.dump(t.pid, raw=raw)
             except PySpyError as e:
                 log.debug("%s", e)
+                if raw is not None:   # locals cost the stack (too long, too slow): no more
+                    self.ranks_learned.no_locals(t.proc)
                 return
         if raw:
             self.ranks_learned.from_locals(t.proc, raw)

@@ -45,8 +45,8 @@ from ncclwatch.agent.container import NONE as NO_CONTAINER, ContainerInfo
 from ncclwatch.agent.pyspy import find_pyspy
 from ncclwatch.envpolicy import local_env
 from ncclwatch.jobid import (
-    MAX_JOB_ID_LEN, NODE_LOCAL_SOURCE, UNKNOWN_RANK, UNKNOWN_SOURCE, RankIdentity, identify, job_of,
-    node_local_fields, rank_of,
+    LOOPBACK, MAX_JOB_ID_LEN, NODE_LOCAL_SOURCE, UNKNOWN_RANK, UNKNOWN_SOURCE, RankIdentity,
+    identify, job_of, node_local_fields, rank_of,
 )
 from ncclwatch.sanitize import filter_env
 
@@ -294,9 +294,13 @@ class Discovery:
         """An ``mp.spawn`` worker: rank from its spawn index where that is sound.
 
         The index is the rank when the spawn makes the whole world (WORLD_SIZE
-        unset or equal to the number of workers, no outer multi-task
+        equal to the number of workers, or unset with a rendezvous only this
+        node reaches: no MASTER_ADDR, or a loopback one; no outer multi-task
         launcher); with NODE_RANK and WORLD_SIZE it is NODE_RANK * nprocs + i.
-        Otherwise the worker is a member with an unknown rank.
+        Otherwise the worker is a member with an unknown rank (a spawn on each
+        of several nodes, its node's number only on its command line: the
+        index repeats on every node), numbered later if the job shows it
+        (ranklearn).
         """
         self.spawn_probes_total += 1
         index, final = launchers.spawn_index(pid, self._pyspy)
@@ -312,8 +316,9 @@ class Discovery:
         outer = rank_of({k: v for k, v in env.items() if k not in ("MASTER_ADDR", "MASTER_PORT")})
         multi_task = outer is not None and outer[1] > 1
         rank, world = UNKNOWN_RANK, size or 0
-        if index < nprocs and (size is None or size == nprocs) and not multi_task \
-                and not node:
+        addr = env.get("MASTER_ADDR", "")
+        whole = size == nprocs or (size is None and (not addr or addr.startswith(LOOPBACK)))
+        if index < nprocs and whole and not multi_task and not node:
             rank, world = index, nprocs
         elif size and node is not None and size % nprocs == 0 and node * nprocs + index < size:
             rank = node * nprocs + index

@@ -135,6 +135,10 @@ class RankLearner:
         got.locals_dumps += 1
         return True
 
+    def no_locals(self, rp: RankProcess) -> None:
+        """A dump with locals failed: the rank's stacks come without them."""
+        self._of(rp).locals_dumps = LOCALS_DUMPS
+
     def from_locals(self, rp: RankProcess, threads: list) -> None:
         """Numbers a dump with locals showed (``ranklocals``)."""
         got = self._of(rp)
