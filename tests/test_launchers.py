@@ -306,6 +306,7 @@ def test_an_unnumbered_member_can_be_the_culprit_and_others_wait_under_labels() 
     assert "culprit: rank ?1 on node-a (pid 501) saving" in text, text
     assert "waiting: ranks ?3,?2 in barrier" in text, text
     assert "unidentified rank ?1" in page.render(full)
+    assert all(r["rank_conflict"] is None for r in full["jobs"][0]["ranks"])
     # A metric label names its process, never an empty or daemon-only rank.
     from ncclwatch.daemon.export import build, capture
     fam = next(f for f in build(capture(d, now=100.0))
@@ -561,3 +562,16 @@ def test_mp_spawn_under_srun_workers_by_spawn_index_parent_is_no_rank(spawned) -
     assert sorted((r, w, s) for r, w, s, _ in found.values()) == [
         (0, 2, "spawn_index"), (1, 2, "spawn_index")], found
     assert {j for *_, j in found.values()} == {"slurm:4242.0"}
+
+
+def test_numbers_that_disagree_are_shown_beside_the_unnumbered_member() -> None:
+    from ncclwatch.daemon import page
+    d = Daemon(DaemonConfig())
+    s = _member(RankState.COLLECTIVE, CollectiveOp.BARRIER, 601, stack=stack_id(BARRIER))
+    s.identity.rank_conflict = "ray_train_log:1 locals:init_process_group:2"
+    d.ingest(report([s], stacks=[stack_pb(BARRIER)]), now=100.0)
+    view = jobs_view(d, now=100.0)
+    (r,) = view["jobs"][0]["ranks"]
+    assert (r["rank"], r["member"]) == (None, "?1")
+    assert r["rank_conflict"] == "ray_train_log:1 locals:init_process_group:2"
+    assert "(shown as ray_train_log:1 locals:init_process_group:2)" in page.render(view)
