@@ -198,6 +198,9 @@ class Discovery:
                 return self._ray_worker(pid, cmdline, env, seen, now)
             spawn = launchers.is_spawn_child(cmdline)
             if shown is None and not spawn:
+                # A Ray worker not yet titled is looked at again until it is.
+                seen.recheck = raytrain.is_starting(cmdline, env) and \
+                    now - create_time < SPAWN_PATIENCE
                 return seen  # no rank variables, no spawn child: no rank
             maps = launchers.read_maps(pid, self._proc)
             if maps is None:
