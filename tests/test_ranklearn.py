@@ -233,3 +233,29 @@ def test_a_member_numbered_later_keeps_its_history_and_leaves_as_a_member() -> N
     finally:
         p.kill()
         p.wait()
+
+
+def test_a_ray_jobs_store_server_is_checked_against_rays_log(tmp_path) -> None:
+    """Rank 0 found as the TCPStore's server stays as found when Ray's log
+    agrees, and is unnumbered, both shown, when it does not."""
+    from dataclasses import replace
+
+    from ncclwatch.agent.raytrain import STORE_SOURCE
+    for logged, expected in ((0, (0, STORE_SOURCE, "")),
+                             (2, (UNKNOWN_RANK, UNKNOWN_SOURCE,
+                                  "tcpstore_server:0 ray_train_log:2"))):
+        line = json.dumps({"process": 0, "world_rank": logged}).replace(
+            '"process": 0', '"process": PID')
+        p = _hold(tmp_path, f"{logged}/logs/train/ray-train-sys-worker-" + "ef" * 28 + ".log",
+                  line)
+        try:
+            rp = _member(p.pid)
+            rp = replace(rp, identity=replace(rp.identity, rank=0, rank_source=STORE_SOURCE))
+            (out,) = RankLearner().apply([rp], time.monotonic())
+            i = out.identity
+            assert (i.rank, i.rank_source, i.rank_conflict) == expected
+            if logged == 0:
+                assert out is rp
+        finally:
+            p.kill()
+            p.wait()

@@ -10,8 +10,9 @@ without pausing the rank or signalling it:
 - a set-up frame's locals in a nonblocking dump the agent takes anyway
   (``ranklocals``; only while unnumbered, at most ``LOCALS_DUMPS`` per rank).
 
-Each number keeps its source (``rank_source``). Two sources that disagree
-number nothing: the member stays unnumbered and both are shown
+Each number keeps its source (``rank_source``). A Ray job's rank 0 found
+as its TCPStore's server is checked against Ray's log too. Two sources
+that disagree number nothing: the member stays unnumbered and both are shown
 (``rank_conflict``). Nothing a rank supplies is executed: its texts are
 parsed as numbers only.
 """
@@ -23,12 +24,14 @@ from dataclasses import dataclass, field, replace
 
 from ncclwatch.agent import frpipe, ranklocals, raytrain, raytrainlog
 from ncclwatch.agent.discover import RankProcess
+from ncclwatch.jobid import UNKNOWN_RANK, UNKNOWN_SOURCE
 from ncclwatch.sanitize import for_log
 
 log = logging.getLogger(__name__)
 
-#: The sources, cheapest first (how each is read: the module docstring).
-SOURCES = ("flight_recorder", "ray_train_log", "locals")
+#: The sources, cheapest first (how each is read: the module docstring);
+#: ``tcpstore_server``: discovery's rank 0 of a Ray job, checked against Ray's log.
+SOURCES = ("tcpstore_server", "flight_recorder", "ray_train_log", "locals")
 #: Nonblocking dumps of one unnumbered rank that ask py-spy for locals.
 LOCALS_DUMPS = 30
 #: Seconds between two reads of a Ray Train worker's log, and for how long.
@@ -108,10 +111,13 @@ class RankLearner:
             del self._by[key]
         out = []
         for rp in procs:
-            if rp.identity.known:
+            checked = rp.identity.rank_source == raytrain.STORE_SOURCE
+            if rp.identity.known and not checked:
                 out.append(rp)
                 continue
             got = self._of(rp)
+            if checked:   # the TCPStore's server is rank 0: Ray's log must agree
+                got.claims.setdefault(raytrain.STORE_SOURCE, (rp.identity.rank, 0))
             pipe = frpipe.pipe_rank(rp.pid, rp.local.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", "")
                                     or rp.env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", ""),
                                     self._proc) if "flight_recorder" not in got.claims else None
@@ -166,6 +172,9 @@ def numbered(rp: RankProcess, verdict: tuple[int, int, str, str] | None) -> Rank
     rank, world, source, conflict = verdict
     i = rp.identity
     if conflict:
-        return replace(rp, identity=replace(i, rank_conflict=conflict))
+        return replace(rp, identity=replace(i, rank=UNKNOWN_RANK, rank_source=UNKNOWN_SOURCE,
+                                            rank_conflict=conflict))
+    if i.known:
+        return rp     # confirmed: the rank goes on as it was found
     return replace(rp, identity=replace(i, rank=rank, rank_source=source,
                                         world_size=i.world_size or world))
