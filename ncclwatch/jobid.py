@@ -20,7 +20,7 @@ from typing import Callable, Mapping
 
 from ncclwatch.envpolicy import redact_patterns
 
-_LOOPBACK = ("127.", "localhost", "::1", "0.0.0.0")
+LOOPBACK = ("127.", "localhost", "::1", "0.0.0.0")
 
 
 #: Rank of a job member whose number nothing outside the process shows.
@@ -39,6 +39,9 @@ class RankIdentity:
     local_rank: int     # -1 when not known
     world_size: int     # 0 when not known (PMIx alone does not say it)
     rank_source: str = "env:RANK"
+    #: Sources that showed different numbers ("ray_train_log:1 locals:...:2"):
+    #: the rank stays unnumbered, both shown (agent.ranklearn).
+    rank_conflict: str = ""
 
     @property
     def known(self) -> bool:
@@ -81,7 +84,7 @@ def _kubeflow(env: Mapping[str, str], host: str) -> str | None:
     # Kubeflow PyTorchJob / Trainer: torchrun's defaults as PET_* variables;
     # the master service's name holds the job's, the same in every pod.
     addr, port = env.get("PET_MASTER_ADDR"), env.get("PET_MASTER_PORT")
-    if not addr or not port or addr.startswith(_LOOPBACK):
+    if not addr or not port or addr.startswith(LOOPBACK):
         return None
     return f"{addr}:{port}/{env.get('PET_NNODES', '?')}"
 
@@ -91,7 +94,7 @@ def _master(env: Mapping[str, str], host: str) -> str | None:
     if not addr or not port:
         return None
     # A loopback rendezvous is only meaningful on this node.
-    scope = f"{host}/" if addr.startswith(_LOOPBACK) else ""
+    scope = f"{host}/" if addr.startswith(LOOPBACK) else ""
     return f"{scope}{addr}:{port}/{env.get('WORLD_SIZE', '?')}"
 
 

@@ -112,6 +112,13 @@ def rank_label(key: int) -> str:
     return str(key) if key >= 0 else f"?{-key}"
 
 
+def rank_or_process(key: int, host: str, pid: int) -> str:
+    """A rank as a metric label: '3', or for a member whose number nothing
+    showed its process, 'host:pid' (the daemon's '?1' names nothing outside
+    it; a label is never empty)."""
+    return str(key) if key >= 0 else f"{host or '?'}:{pid}"
+
+
 def rank_name(key: int) -> str:
     """'rank 3', or 'unidentified rank ?1' (its pid is shown beside it)."""
     return f"rank {key}" if key >= 0 else f"unidentified rank {rank_label(key)}"

@@ -170,6 +170,7 @@ FIELDS: dict[str, FieldRule] = {
     "RankChange.native_stack_id": FieldRule(64, OWN),
     "RankIdentity.job_id": FieldRule(128, LABEL),
     "RankIdentity.rank_source": FieldRule(64, OWN),
+    "RankIdentity.rank_conflict": FieldRule(128, OWN),
     "ContainerInfo.hostname": FieldRule(253, LABEL),
     "ContainerInfo.container_id": FieldRule(253, LABEL),
     "ContainerInfo.runtime": FieldRule(253, OWN),

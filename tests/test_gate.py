@@ -91,7 +91,7 @@ _FRAMES = [Frame("save", "/job/save.py", 3), Frame("main", "/job/train.py", 9)]
 def _full_request() -> pb.ReportRequest:
     """A valid protocol-2 report with every string field of the wire set."""
     ident = pb.RankIdentity(job_id="job-1", rank=0, local_rank=0, world_size=2, pid=100,
-                            rank_source="RANK", container=pb.ContainerInfo(
+                            rank_source="RANK", rank_conflict="a:1 b:2", container=pb.ContainerInfo(
                                 container_pid=1, hostname="h", container_id="c", runtime="docker",
                                 pod_uid="u", namespace="n", pod="p", declared_namespace="dn",
                                 declared_pod="dp"))
@@ -115,7 +115,8 @@ def _full_request() -> pb.ReportRequest:
     r = pb.NodeReport(node="node-a", agent_id="agent-a", seq=1, agent_monotonic_seconds=10.0,
                       interval_seconds=1.0, full_round=True, samples=[s], stacks=[stack],
                       exited=[pb.RankIdentity(job_id="job-0", rank=0, world_size=1, pid=99,
-                                              rank_source="RANK", container=ident.container)],
+                                              rank_source="RANK", rank_conflict="a:1 b:2",
+                                              container=ident.container)],
                       changes=[pb.RankChange(slot=1, stack_id=stack.id,
                                              native_frame="c10d::Work::wait")],
                       health=pb.AgentHealth(version="1.0"))
@@ -212,7 +213,7 @@ def round_inputs(draw):
     o = lambda: draw(_HOSTILE)    # noqa: E731
     env = {"NCCL_DEBUG_FILE": h(), "NCCL_" + h(): h(), "TORCH_NCCL_X": h()}
     ident = RankIdentity(job_id=h(), job_source=o(), rank=0, local_rank=0, world_size=2,
-                         rank_source=o())
+                         rank_source=o(), rank_conflict=o())
     container = ContainerInfo(container_pid=7, hostname=h(), container_id=h(), runtime=o(),
                               pod_uid=h(), namespace=h(), pod=h(), declared_namespace=h(),
                               declared_pod=h())

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ncclwatch.agent.launchers import is_spawn_child, launcher_of, wrap_index
+from ncclwatch.agent.launchers import is_spawn_child, job_wide_id, launcher_of, wrap_index
 from ncclwatch.daemon.api import jobs_view
 from ncclwatch.daemon.core import Daemon, DaemonConfig
 from ncclwatch.jobid import RANK_VARIABLES, UNKNOWN_RANK, identify, rank_of
@@ -54,6 +54,28 @@ LAUNCHER_CASES = [
 @pytest.mark.parametrize("cmdline,expected", LAUNCHER_CASES)
 def test_launcher_table(cmdline, expected) -> None:
     assert launcher_of(cmdline) == expected
+
+
+#: hydra_pmi_proxy as Debian's mpiexec.mpich starts it (one per host, each
+#: given mpiexec's control port and the process group id).
+PROXY = ["/usr/bin/hydra_pmi_proxy", "--control-port", "vm:36483", "--rmk", "user",
+         "--launcher", "ssh", "--demux", "poll", "--pgid", "0", "--retries", "10",
+         "--usize", "-2", "--pmi-port", "0", "--gpus-per-proc", "-2", "--proxy-id", "1"]
+
+
+@pytest.mark.parametrize("cmdline,expected", [
+    (PROXY, "hydra/vm:36483/0"),
+    ([*PROXY[:-1], "0"], "hydra/vm:36483/0"),           # another node's proxy: the same job
+    ([*PROXY[:2], "[fe80::1]:80", *PROXY[3:]], "hydra/[fe80::1]:80/0"),
+    ([*PROXY[:2], "a b", *PROXY[3:]], None),            # not an address
+    ([*PROXY[:2], "x" * 300, *PROXY[3:]], None),
+    ([*PROXY[:10], "-1", *PROXY[11:]], None),           # not a group id
+    (PROXY[:1], None),
+    (["mpiexec.mpich", "--control-port", "vm:1", "--pgid", "0"], None),  # only the proxy
+    ([], None),
+])
+def test_hydra_names_the_job_the_same_on_every_node(cmdline, expected) -> None:
+    assert job_wide_id(cmdline) == expected
 
 
 @pytest.mark.parametrize("cmdline,expected", [
@@ -284,6 +306,12 @@ def test_an_unnumbered_member_can_be_the_culprit_and_others_wait_under_labels() 
     assert "culprit: rank ?1 on node-a (pid 501) saving" in text, text
     assert "waiting: ranks ?3,?2 in barrier" in text, text
     assert "unidentified rank ?1" in page.render(full)
+    assert all(r["rank_conflict"] is None for r in full["jobs"][0]["ranks"])
+    # A metric label names its process, never an empty or daemon-only rank.
+    from ncclwatch.daemon.export import build, capture
+    fam = next(f for f in build(capture(d, now=100.0))
+               if f.name == "ncclwatch_stall_culprit_info")
+    assert [dict(zip(fam.labels, lab))["rank"] for lab, _ in fam.rows] == ["node-a:501"]
     # Exiting by pid ends that member, and only it.
     exit_report = report([], seq=2, full=False)
     exit_report.report.exited.add(job_id="job-u", rank=-1, pid=502, rank_source="unknown")
@@ -534,3 +562,16 @@ def test_mp_spawn_under_srun_workers_by_spawn_index_parent_is_no_rank(spawned) -
     assert sorted((r, w, s) for r, w, s, _ in found.values()) == [
         (0, 2, "spawn_index"), (1, 2, "spawn_index")], found
     assert {j for *_, j in found.values()} == {"slurm:4242.0"}
+
+
+def test_numbers_that_disagree_are_shown_beside_the_unnumbered_member() -> None:
+    from ncclwatch.daemon import page
+    d = Daemon(DaemonConfig())
+    s = _member(RankState.COLLECTIVE, CollectiveOp.BARRIER, 601, stack=stack_id(BARRIER))
+    s.identity.rank_conflict = "ray_train_log:1 locals:init_process_group:2"
+    d.ingest(report([s], stacks=[stack_pb(BARRIER)]), now=100.0)
+    view = jobs_view(d, now=100.0)
+    (r,) = view["jobs"][0]["ranks"]
+    assert (r["rank"], r["member"]) == (None, "?1")
+    assert r["rank_conflict"] == "ray_train_log:1 locals:init_process_group:2"
+    assert "(shown as ray_train_log:1 locals:init_process_group:2)" in page.render(view)

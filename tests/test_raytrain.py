@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from ncclwatch.agent.raytrain import (
-    gcs_address, is_ray_process, is_train_worker, job_id, may_become_worker, store_servers,
+    gcs_address, is_ray_process, is_starting, is_train_worker, job_id, may_become_worker,
+    store_servers,
 )
 from ncclwatch.agent.sample import progress_events, thread_progress
 from ncclwatch.stacks import Frame, Stack, ThreadDump, main_thread
@@ -240,3 +241,16 @@ def test_a_native_dumps_host_is_read_past_its_libc_frames() -> None:
     plain = _native("MainThread", 10, [("pthread_cond_wait", "/lib/libc.so.6", 0),
                                        ("train", "/job/train.py", 5)])
     assert main_thread([plain, renamed], 10) is plain
+
+
+def test_a_worker_not_yet_titled_is_looked_at_again() -> None:
+    """Ray's worker runs default_worker.py until it sets its title (seconds on a
+    busy node): that process may still become a train worker."""
+    venv = "/venv/lib/python3.11/site-packages/ray/_private/workers"
+    starting = ["/venv/bin/python", f"{venv}/setup_worker.py", f"{venv}/default_worker.py",
+                "--node-ip-address=10.0.0.1"]
+    assert is_starting(starting, RAY_ENV)
+    assert not is_starting(starting, {})                           # not Ray's
+    assert not is_starting(["/venv/bin/python", "train.py", f"{venv}/default_worker.py"][:2],
+                           RAY_ENV)
+    assert not is_starting(["ray::RayTrainWorker"], RAY_ENV)        # titled: the usual way

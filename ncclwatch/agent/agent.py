@@ -23,6 +23,7 @@ from ncclwatch.agent.launchers import read_maps
 from ncclwatch.agent.gpu import EMPTY, GpuReader, GpuReading, NvmlGpuReader, expected_gpus
 from ncclwatch.agent.policy import CpuMeter
 from ncclwatch.agent.pyspy import PySpy, PySpyError
+from ncclwatch.agent.ranklearn import RankLearner
 from ncclwatch.agent.report import AgentHealthCounts, build_report, sample_pb, stack_pb
 from ncclwatch.agent.sample import ProcessSampler, progress_events, side_events
 from ncclwatch.agent.scheduler import SchedulerLookup
@@ -60,6 +61,8 @@ class Agent:
                                                 pods_root=config.pods_log_dir)
         self.sampler = ProcessSampler()
         self.frprobe = FlightRecorderProbe()
+        #: Numbers of unnumbered members, learned from what the job holds.
+        self.ranks_learned = RankLearner()
         self.frame_packages = imports.FramePackages()
         self.scheduler = scheduler or SchedulerLookup()
         self.gpu = gpu if gpu is not None else NvmlGpuReader()
@@ -210,9 +213,22 @@ class Agent:
     def _scan_and_sample(self) -> GpuReading:
         procs = self.discovery.scan(self.config.interval * caps.SCAN_SHARE)
         now = time.monotonic()
+        procs = self.ranks_learned.apply(procs, now)
         alive = {p.pid: p for p in procs}
         for pid in list(self.trackers):
             t = self.trackers[pid]
+            new = alive.get(pid)
+            if new is not None and _numbered_later(t.proc, new):
+                # The job showed the member's number (ranklearn): the same
+                # process goes on under it, its history kept; the daemon sees
+                # the unnumbered member leave as the rank appears.
+                if new.identity.rank != t.proc.identity.rank:
+                    self._exited.append(t.proc)
+                    log.info("rank %d of job %s is pid %d (rank from %s)", new.identity.rank,
+                             for_log(new.identity.job_id), pid,
+                             for_log(new.identity.rank_source))
+                t.proc = new
+                continue
             # A changed identity (a Lightning child numbered once its siblings
             # are all up) ends the old one: the daemon sees it exit.
             if pid not in alive or alive[pid].create_time != t.proc.create_time \
@@ -288,11 +304,16 @@ class Agent:
         async with self._sem:
             if self._stopped.is_set() or t.pid not in self.trackers:
                 return
+            raw: list | None = [] if self.ranks_learned.wants_locals(t.proc) else None
             try:
-                threads = await self.pyspy.dump(t.pid)
+                threads = await self.pyspy.dump(t.pid, raw=raw)
             except PySpyError as e:
                 log.debug("%s", e)
+                if raw is not None:   # locals cost the stack (too long, too slow): no more
+                    self.ranks_learned.no_locals(t.proc)
                 return
+        if raw:
+            self.ranks_learned.from_locals(t.proc, raw)
         # Within the caps first (a recursion 5,000 deep keeps its innermost and
         # outermost frames): what is classified is what is sent.
         threads = caps.trim_threads(threads)
@@ -433,6 +454,13 @@ class Agent:
             if sid not in in_use:
                 del self.stacks[sid]
         self._sent_ids = {raw: sid for raw, sid in self._sent_ids.items() if sid in self.stacks}
+
+
+def _numbered_later(old: RankProcess, new: RankProcess) -> bool:
+    """``new`` is ``old`` given a number (or a disagreement) the job showed."""
+    return (old.create_time == new.create_time and not old.identity.known
+            and old.identity.job_id == new.identity.job_id
+            and (new.identity.known or new.identity.rank_conflict != old.identity.rank_conflict))
 
 
 def _running(pid: int) -> bool:

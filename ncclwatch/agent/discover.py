@@ -46,8 +46,8 @@ from ncclwatch.agent.pyspy import find_pyspy
 from ncclwatch.agent.timeouts import args_timeout
 from ncclwatch.envpolicy import local_env
 from ncclwatch.jobid import (
-    MAX_JOB_ID_LEN, NODE_LOCAL_SOURCE, UNKNOWN_RANK, UNKNOWN_SOURCE, RankIdentity, identify, job_of,
-    node_local_fields, rank_of,
+    LOOPBACK, MAX_JOB_ID_LEN, NODE_LOCAL_SOURCE, UNKNOWN_RANK, UNKNOWN_SOURCE, RankIdentity,
+    identify, job_of, node_local_fields, rank_of,
 )
 from ncclwatch.sanitize import filter_env
 
@@ -202,6 +202,9 @@ class Discovery:
                 return self._ray_worker(pid, cmdline, env, seen, now)
             spawn = launchers.is_spawn_child(cmdline)
             if shown is None and not spawn:
+                # A Ray worker not yet titled is looked at again until it is.
+                seen.recheck = raytrain.is_starting(cmdline, env) and \
+                    now - create_time < SPAWN_PATIENCE
                 return seen  # no rank variables, no spawn child: no rank
             maps = launchers.read_maps(pid, self._proc)
             if maps is None:
@@ -299,9 +302,13 @@ class Discovery:
         """An ``mp.spawn`` worker: rank from its spawn index where that is sound.
 
         The index is the rank when the spawn makes the whole world (WORLD_SIZE
-        unset or equal to the number of workers, no outer multi-task
+        equal to the number of workers, or unset with a rendezvous only this
+        node reaches: no MASTER_ADDR, or a loopback one; no outer multi-task
         launcher); with NODE_RANK and WORLD_SIZE it is NODE_RANK * nprocs + i.
-        Otherwise the worker is a member with an unknown rank.
+        Otherwise the worker is a member with an unknown rank (a spawn on each
+        of several nodes, its node's number only on its command line: the
+        index repeats on every node), numbered later if the job shows it
+        (ranklearn).
         """
         self.spawn_probes_total += 1
         index, final = launchers.spawn_index(pid, self._pyspy)
@@ -317,8 +324,9 @@ class Discovery:
         outer = rank_of({k: v for k, v in env.items() if k not in ("MASTER_ADDR", "MASTER_PORT")})
         multi_task = outer is not None and outer[1] > 1
         rank, world = UNKNOWN_RANK, size or 0
-        if index < nprocs and (size is None or size == nprocs) and not multi_task \
-                and not node:
+        addr = env.get("MASTER_ADDR", "")
+        whole = size == nprocs or (size is None and (not addr or addr.startswith(LOOPBACK)))
+        if index < nprocs and whole and not multi_task and not node:
             rank, world = index, nprocs
         elif size and node is not None and size % nprocs == 0 and node * nprocs + index < size:
             rank = node * nprocs + index
@@ -340,17 +348,21 @@ class Discovery:
         return n
 
     def _launcher_id(self, ppid: int, spawn_parent: int | None = None) -> str | None:
-        """Node-local job id for ranks whose environment names no job.
+        """Job id for ranks whose environment names no job.
 
         The nearest launcher ancestor (hydra_pmi_proxy, mpirun, ...), else the
-        spawning parent: ``<host>/<pid>.<start time>``.
+        spawning parent: the job-wide id its command line names
+        (``launchers.JOB_WIDE``: hydra's control port, the same on every
+        node), else node-local, ``<host>/<pid>.<start time>``.
         """
         pid, hops = ppid, 0
         while pid > 1 and hops < 8:
             try:
                 p = psutil.Process(pid)
-                if launchers.launcher_of(p.cmdline()) or pid == spawn_parent:
-                    return f"{self._host}/{pid}.{int(p.create_time())}"
+                cmdline = p.cmdline()
+                if launchers.launcher_of(cmdline) or pid == spawn_parent:
+                    return launchers.job_wide_id(cmdline) or \
+                        f"{self._host}/{pid}.{int(p.create_time())}"
                 pid, hops = p.ppid(), hops + 1
             except psutil.Error:
                 return None

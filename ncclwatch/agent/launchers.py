@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass
 
@@ -72,6 +73,29 @@ SPAWN_WRAP = ("_wrap", "torch/multiprocessing/spawn.py")
 
 def _is_python(arg0: str) -> bool:
     return os.path.basename(arg0).startswith("python")
+
+
+#: Launcher processes whose command line names the whole job, the same on
+#: every node: program -> (name, flag of the job's address, flag of its group).
+#: Hydra starts one ``hydra_pmi_proxy`` per node, each told mpiexec's
+#: control port and the process group id: an MPICH job across nodes is one job.
+JOB_WIDE: dict[str, tuple[str, str, str]] = {
+    "hydra_pmi_proxy": ("hydra", "--control-port", "--pgid"),
+}
+_ADDRESS = re.compile(r"[A-Za-z0-9._\-\[\]:]{1,200}\Z")
+
+
+def job_wide_id(cmdline: list[str]) -> str | None:
+    """``hydra/<control host:port>/<pgid>`` for a JOB_WIDE launcher, else None."""
+    row = JOB_WIDE.get(os.path.basename(cmdline[0])) if cmdline else None
+    if row is None:
+        return None
+    name, addr_flag, group_flag = row
+    args = dict(zip(cmdline[1:], cmdline[2:]))
+    addr, group = args.get(addr_flag, ""), args.get(group_flag, "")
+    if not _ADDRESS.match(addr) or not (group.isascii() and group.isdigit() and len(group) < 10):
+        return None
+    return f"{name}/{addr}/{group}"
 
 
 def launcher_of(cmdline: list[str]) -> str | None:

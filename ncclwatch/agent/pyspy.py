@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -51,9 +52,12 @@ def find_pyspy() -> str | None:
     return shutil.which("py-spy")
 
 
-def dump_argv(binary: str, pid: int) -> list[str]:
-    """The one place py-spy's command line is built (tests assert on it)."""
-    return [binary, "dump", "--json", "--nonblocking", "--pid", str(pid)]
+def dump_argv(binary: str, pid: int, with_locals: bool = False) -> list[str]:
+    """The one place py-spy's command line is built (tests assert on it).
+    ``with_locals``: frames' locals too (agent.ranklocals: an unnumbered
+    rank's set-up frames), still nonblocking."""
+    return [binary, "dump", "--json", *(("--locals",) if with_locals else ()),
+            "--nonblocking", "--pid", str(pid)]
 
 
 def native_argv(binary: str, pid: int) -> list[str]:
@@ -63,7 +67,7 @@ def native_argv(binary: str, pid: int) -> list[str]:
 
 def locals_argv(binary: str, pid: int) -> list[str]:
     """A nonblocking dump with each frame's locals (launchers.spawn_index)."""
-    return [binary, "dump", "--json", "--locals", "--nonblocking", "--pid", str(pid)]
+    return dump_argv(binary, pid, with_locals=True)
 
 
 class PySpyError(RuntimeError):
@@ -195,12 +199,14 @@ class PySpy:
         finally:
             self._busy.discard(pid)
 
-    async def dump(self, pid: int) -> list[ThreadDump]:
+    async def dump(self, pid: int, raw: list | None = None) -> list[ThreadDump]:
+        """A nonblocking dump; ``raw``: a list the dump's JSON, locals
+        included, is appended to (py-spy is then asked for locals)."""
         with self._one_at_a_time(pid):
             start = time.monotonic()
             self.runs_total += 1
             try:
-                return await self._run(pid, "dump", self.timeout)
+                return await self._run(pid, "dump", self.timeout, raw=raw)
             except PySpyError:
                 self.failures_total += 1
                 raise
@@ -241,17 +247,26 @@ class PySpy:
             raise PySpyError(f"pid {pid}: its files did not answer within "
                              f"{VIEW_ROUTE_TIMEOUT:.0f}s (view check)") from None
 
-    async def _run(self, pid: int, mode: str, timeout: float,
-                   paused: bool = False) -> list[ThreadDump]:
+    async def _run(self, pid: int, mode: str, timeout: float, paused: bool = False,
+                   raw: list | None = None) -> list[ThreadDump]:
+        """``raw``: a list the dump's JSON (with frames' locals) is put in too."""
         route = await self._route(pid)
         if route == HELPER:
             from ncclwatch.agent import viewhelper
-            out = await viewhelper.ask(self.view_socket, pid, mode, timeout + 2.0)
+            asked = "locals" if raw is not None and mode == "dump" else mode
+            out = await viewhelper.ask(self.view_socket, pid, asked, timeout + 2.0)
         else:
-            argv = (native_argv if mode == "native" else dump_argv)(self.binary, pid)
+            argv = (native_argv(self.binary, pid) if mode == "native"
+                    else dump_argv(self.binary, pid, raw is not None))
             out = await run_pyspy(argv, pid, timeout, paused, route)
+        text = out.decode(errors="replace")
+        if raw is not None:
+            try:
+                raw.extend(json.loads(text))
+            except (ValueError, TypeError):
+                pass
         try:
-            return parse_pyspy_json(out.decode(errors="replace"))
+            return parse_pyspy_json(text)
         except DumpFormatError as e:
             raise PySpyError(str(e)) from None
 

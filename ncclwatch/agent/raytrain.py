@@ -59,6 +59,18 @@ def may_become_worker(cmdline: list[str], env: Mapping[str, str]) -> bool:
     return t.startswith(IDLE_TITLES) or "." in t.split(" ", 1)[0]
 
 
+#: The script a Ray worker process runs until it sets its title: on a busy
+#: node that can take longer than discovery's YOUNG (a train worker, first
+#: seen untitled, was never looked at again; CI).
+STARTING_SCRIPT = "ray/_private/workers/default_worker.py"
+
+
+def is_starting(cmdline: list[str], env: Mapping[str, str]) -> bool:
+    """A Ray worker process (Ray's env) that has not set its ``ray::`` title yet."""
+    return bool(env.get("RAY_JOB_ID")) and any(
+        a.endswith(STARTING_SCRIPT) for a in cmdline[:4])
+
+
 def gcs_address(env: Mapping[str, str], proc: str = "/proc") -> str:
     """The cluster's GCS address from the raylet's command line (else RAY_ADDRESS)."""
     raylet = env.get("RAY_RAYLET_PID", "")

@@ -105,6 +105,7 @@ def identity_pb(proc: RankProcess) -> pb.RankIdentity:
     out = pb.RankIdentity(job_id=gate("RankIdentity.job_id", i.job_id), rank=i.rank,
                           local_rank=i.local_rank, world_size=i.world_size, pid=proc.pid,
                           rank_source=gate("RankIdentity.rank_source", i.rank_source),
+                          rank_conflict=gate("RankIdentity.rank_conflict", i.rank_conflict),
                           process_age_seconds=max(0.0, time.time() - proc.create_time)
                           if proc.create_time else 0.0)
     c = proc.container

@@ -272,6 +272,7 @@ def _rank(r: int, rec, fresh: bool, now: float, wall: float) -> dict[str, Any]:
     return {
         "rank": r if r >= 0 else None, "member": rank_label(r),
         "identified_by": rec.rank_source or "env:RANK",
+        "rank_conflict": rec.rank_conflict or None,
         "local_rank": rec.local_rank, "host": rec.node, "pid": rec.pid,
         "container": container_view(rec.container),
         "state": rec.state.value if fresh else "unknown",

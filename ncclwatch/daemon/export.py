@@ -35,7 +35,7 @@ from ncclwatch.daemon.core import Daemon
 from ncclwatch.daemon.detect import DETECTED_KINDS
 from ncclwatch.daemon.ownership import OUTCOMES
 from ncclwatch.daemon.validate import REJECT_CODES
-from ncclwatch.model import RankState, rank_label
+from ncclwatch.model import RankState, rank_or_process
 
 
 @dataclass
@@ -206,8 +206,8 @@ def build(c: Capture) -> list[Family]:
                 continue
             for cu in inc.finding.culprits:
                 ns, pod = _pod_of(culprit_recs.get(cu.rank))
-                culprit.add((job_id, kind.value, rank_label(cu.rank), cu.node, cu.node,
-                             cu.state.value, ns, pod), 1)
+                culprit.add((job_id, kind.value, rank_or_process(cu.rank, cu.node, cu.pid),
+                             cu.node, cu.node, cu.state.value, ns, pod), 1)
                 _culprit_memory(rank_mem, gpu_info, job_id, culprit_recs.get(cu.rank), shown)
             dx = inc.diagnosis
             cause.add((job_id, kind.value, dx.root_cause.id), 1)
@@ -229,7 +229,10 @@ def build(c: Capture) -> list[Family]:
             for m in dx.evidence.memory:
                 if m.eta_seconds is not None and (m.rank, m.device) not in seen:
                     seen.add((m.rank, m.device))
-                    mem_eta.add((job_id, rank_label(m.rank), m.device), m.eta_seconds)
+                    rec = culprit_recs.get(m.rank)
+                    mem_eta.add((job_id, rank_or_process(m.rank, rec.node if rec else "",
+                                                         rec.pid if rec else 0), m.device),
+                                m.eta_seconds)
         for w in warnings:
             warn.add((job_id, w.code, w.severity), 1)
     out = [active, duration, waiting, culprit, timeout, remaining, hang, ranks, world,
@@ -433,11 +436,12 @@ def _culprit_memory(fam: Family, gpus: Family, job_id: str, rec, shown: set) -> 
     if rec is None or (job_id, rec.rank) in shown:
         return
     shown.add((job_id, rec.rank))
-    fam.add((job_id, rank_label(rec.rank), "host"), rec.rss_bytes)
+    label = rank_or_process(rec.rank, rec.node, rec.pid)
+    fam.add((job_id, label, "host"), rec.rss_bytes)
     for index, used, _total in rec.gpu:
-        fam.add((job_id, rank_label(rec.rank), f"gpu{index}"), used)
+        fam.add((job_id, label, f"gpu{index}"), used)
     for index, uuid in rec.gpu_uuids:
-        gpus.add((job_id, rank_label(rec.rank), rec.node, str(index), uuid), 1)
+        gpus.add((job_id, label, rec.node, str(index), uuid), 1)
 
 
 def _latest_per_node(agents: Iterable[AgentRecord]) -> list[AgentRecord]:

@@ -144,7 +144,7 @@ def _job(job: dict[str, Any]) -> str:
                    "</details></section>")
         return "".join(out)
     rows = "".join(
-        f"<tr><td>{r['member']}</td><td>{escape(r['host'])}</td>"
+        f"<tr><td>{r['member']}{_conflict(r)}</td><td>{escape(r['host'])}</td>"
         f"<td>{r['pid']}{_in_container(r)}</td>"
         f"<td>{escape(r['state'])}{' / ' + escape(r['op']) if r['op'] else ''}</td>"
         f"<td>{r['for_seconds']:.0f}s</td><td>{r['cpu_utilization']:.2f}</td>"
@@ -179,6 +179,12 @@ def _owner(shard: dict[str, Any] | None) -> str:
            " <b class='bad'>not this daemon's</b>: an agent with another shard map "
            "reports it here (mid-move?); its alerts come from its owner")
     return f"<p class='shard'><small>owned by shard {k}: {links}{why}</small></p>"
+
+
+def _conflict(r: dict) -> str:
+    """Numbers the job showed for an unnumbered member that disagree: shown, never merged."""
+    c = r.get("rank_conflict")
+    return f" <span class='bad'>(shown as {escape(c)})</span>" if c else ""
 
 
 def _in_container(r: dict[str, Any]) -> str:

@@ -29,7 +29,7 @@ class RankRecord:
         "rank", "local_rank", "node", "agent_id", "pid", "state", "op", "since",
         "stack_id", "seen", "cpu_util", "cpu_recent", "cpu_seconds", "rss_bytes", "io_write_bytes", "write_rate",
         "files", "gpu", "gpu_uuids", "gone_at", "vms_bytes", "limits", "curve", "stack_at",
-        "rank_source", "container",
+        "rank_source", "rank_conflict", "container",
         "still_since", "still_at", "still_op", "since_agent", "progress_known",
         "history",
         "file_first", "evidence", "native_frame", "native_no_wait", "native_stack_id", "start",
@@ -78,6 +78,8 @@ class RankRecord:
         self.stack_at: float | None = None
         # How the agent identified the rank ("env:RANK", "spawn_index", "unknown", ...).
         self.rank_source = ""
+        # Sources that showed different numbers for this member (agent ranklearn).
+        self.rank_conflict = ""
         # (container pid, hostname, container id, runtime, pod uid, namespace,
         # pod, declared namespace, declared pod) of a rank in a container
         # (ContainerInfo), None on the host.

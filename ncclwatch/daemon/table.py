@@ -149,6 +149,7 @@ class JobTable:
             take_process(rec, s, recv)
             rec.local_rank = ident.local_rank
             rec.rank_source = ident.rank_source
+            rec.rank_conflict = ident.rank_conflict
             rec.container = container_of(ident)
             rec.node = node
             rec.agent_id = agent_id

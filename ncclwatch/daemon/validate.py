@@ -63,6 +63,7 @@ STRING_BOUNDS: dict[str, int | str] = {
     "RankChange.native_stack_id": MAX_ID,
     "RankIdentity.job_id": MAX_JOB_ID,
     "RankIdentity.rank_source": MAX_ID,
+    "RankIdentity.rank_conflict": MAX_JOB_ID,
     "ContainerInfo.hostname": MAX_CONTAINER,
     "ContainerInfo.container_id": MAX_CONTAINER,
     "ContainerInfo.runtime": MAX_CONTAINER,
@@ -205,6 +206,8 @@ def validate_request(req: pb.ReportRequest,
             raise _bad(f"exited[{i}]: needs a job_id and a rank >= -1")
         if len(e.rank_source) > MAX_ID:
             raise _bad(f"exited[{i}]: rank_source too long")
+        if len(e.rank_conflict) > MAX_JOB_ID:
+            raise _bad(f"exited[{i}]: rank_conflict too long")
         if e.HasField("container"):
             _check_container(f"exited[{i}]", e.container)
     if r.HasField("briefs") or r.slots_reset or r.changes:
@@ -325,6 +328,8 @@ def _check_sample(i: int, s: pb.RankSample, world_size_of: Callable[[str], int |
         raise _bad(f"samples[{i}]: rank {rank} out of range for world size {world}")
     if len(ident.rank_source) > MAX_ID:
         raise _bad(f"samples[{i}]: rank_source too long")
+    if len(ident.rank_conflict) > MAX_JOB_ID:
+        raise _bad(f"samples[{i}]: rank_conflict too long")
     if ident.HasField("container"):
         _check_container(f"samples[{i}]", ident.container)
     known = world_size_of(job_id)

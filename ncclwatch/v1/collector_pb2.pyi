@@ -180,13 +180,14 @@ class RankBriefs(_message.Message):
     def __init__(self, slot: _Optional[_Iterable[int]] = ..., still_seconds: _Optional[_Iterable[float]] = ..., cpu_utilization: _Optional[_Iterable[float]] = ..., cpu_seconds: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class RankIdentity(_message.Message):
-    __slots__ = ("job_id", "rank", "local_rank", "world_size", "pid", "rank_source", "container", "process_age_seconds")
+    __slots__ = ("job_id", "rank", "local_rank", "world_size", "pid", "rank_source", "rank_conflict", "container", "process_age_seconds")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     RANK_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    RANK_CONFLICT_FIELD_NUMBER: _ClassVar[int]
     CONTAINER_FIELD_NUMBER: _ClassVar[int]
     PROCESS_AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
@@ -195,9 +196,10 @@ class RankIdentity(_message.Message):
     world_size: int
     pid: int
     rank_source: str
+    rank_conflict: str
     container: ContainerInfo
     process_age_seconds: float
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., world_size: _Optional[int] = ..., pid: _Optional[int] = ..., rank_source: _Optional[str] = ..., container: _Optional[_Union[ContainerInfo, _Mapping]] = ..., process_age_seconds: _Optional[float] = ...) -> None: ...
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., world_size: _Optional[int] = ..., pid: _Optional[int] = ..., rank_source: _Optional[str] = ..., rank_conflict: _Optional[str] = ..., container: _Optional[_Union[ContainerInfo, _Mapping]] = ..., process_age_seconds: _Optional[float] = ...) -> None: ...
 
 class ContainerInfo(_message.Message):
     __slots__ = ("container_pid", "hostname", "container_id", "runtime", "pod_uid", "namespace", "pod", "declared_namespace", "declared_pod")

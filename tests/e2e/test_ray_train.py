@@ -4,9 +4,12 @@ Ray starts the workers as actor processes (``ray::RayTrainWorker``) and sets
 their RANK inside them after start: nothing in their initial environment
 names a rank. ncclwatch finds them by title and Ray's own variables, groups
 them by Ray job (the cluster's GCS address and the job id), names rank 0 as
-the worker serving the job's TCPStore and leaves the others unnumbered. Rank
-0 then saves slowly while the others wait in a barrier: the stall is found
-with rank 0 the saving culprit, the delay printed. The same NCCL-shaped
+the worker serving the job's TCPStore and the others from Ray Train's own
+log of each worker (``ray_train_log``). Rank 0 then saves slowly while the
+others wait in a barrier: the stall is found with rank 0 the saving culprit,
+the delay printed. The ``rank1-saves`` row: rank 1 saves, the others wait
+NCCL-shaped, and the culprit must be named rank 1 (by number, in the API and
+in the alert's label) within 10 s of the save's start. The same NCCL-shaped
 (issue 26): the others wait in ``Work.wait()`` of an async all_reduce called
 from the training function, a thread spinning in every worker; no Python
 frame says they wait, so a native dump of each (the agent's own, real py-spy
@@ -80,20 +83,27 @@ def _job_seen(mon: Monitor, tree: _Tree, pids: dict[int, int], timeout: float) -
             last = j
             r0 = live[pids[0]]
             others = [live[pids[r]] for r in range(1, WORKERS)]
-            if (r0["rank"], r0["identified_by"]) == (0, "tcpstore_server") and all(
-                    (o["rank"], o["identified_by"]) == (None, "unknown") for o in others):
+            # Rank 0 from its TCPStore (or Ray's log, when that came first), the
+            # others from Ray Train's log of each worker: every one numbered.
+            if r0["rank"] == 0 and r0["identified_by"] in ("tcpstore_server", "ray_train_log") \
+                    and all((o["rank"], o["identified_by"]) == (r, "ray_train_log")
+                            for r, o in enumerate(others, 1)):
                 return j
         time.sleep(0.5)
-    pytest.fail(f"ncclwatch never showed the Ray Train workers {pids} as one job with rank 0 "
-                f"named; last {last}; their job's rows (pid, rank, identified_by, gone, state): "
+    pytest.fail(f"ncclwatch never showed the Ray Train workers {pids} as one job with every "
+                f"rank numbered; last {last}; their job's rows (pid, rank, identified_by, gone, state): "
                 f"{near}\n{mon.output()[-6000:]}")
 
 
-#: (row, workload args, waiters' evidence, detection goal printed, asserted bound)
+#: (row, workload args, the saving rank, waiters' evidence, detection goal
+#: printed, asserted bound)
 ROWS = (
-    ("barrier", (), "python_frame", None, PG_TIMEOUT - 20),
-    ("async-wait", ("--wait-op", "async-wait", "--busy-thread", "0.6"), "native_frame", 10.0,
+    ("barrier", (), 0, "python_frame", None, PG_TIMEOUT - 20),
+    ("async-wait", ("--wait-op", "async-wait", "--busy-thread", "0.6"), 0, "native_frame", 10.0,
      45.0),
+    # Rank 1 saves: its number comes from Ray's log, never the TCPStore.
+    ("rank1-saves", ("--saver", "1", "--wait-op", "async-wait", "--busy-thread", "0.6"), 1,
+     "native_frame", 10.0, 10.0),
 )
 
 
@@ -110,10 +120,19 @@ def _evidence_seen(mon: Monitor, pids: dict[int, int], stall: dict, until: float
     return seen
 
 
+def _culprit_series(mon: Monitor, job_id: str) -> list[str]:
+    """The rank labels of the job's checkpoint_gather culprit series on /metrics."""
+    out = []
+    for line in mon.get("/metrics").splitlines():
+        if line.startswith("ncclwatch_stall_culprit_info{") and 'kind="checkpoint_gather"' in line \
+                and f'job_id="{job_id}"' in line:
+            out.append(line.split('rank="', 1)[1].split('"', 1)[0])
+    return out
+
+
 @pytest.mark.parametrize("row", ROWS, ids=[r[0] for r in ROWS])
-def test_ray_train_workers_are_found_and_rank_0_named_saving(ncclwatch_run, tmp_path,
-                                                             row) -> None:
-    name, extra, evidence, goal, bound = row
+def test_ray_train_workers_are_found_and_the_saver_named(ncclwatch_run, tmp_path, row) -> None:
+    name, extra, saver, evidence, goal, bound = row
     need("py-spy")
     try:
         import ray  # noqa: F401
@@ -154,12 +173,15 @@ def test_ray_train_workers_are_found_and_rank_0_named_saving(ncclwatch_run, tmp_
                   f"(goal {goal:.0f}s{'' if delay <= goal else ': MISSED'}; asserted "
                   f"{bound:.0f}s)", file=sys.__stdout__, flush=True)
         culprits = [(c["rank"], c["pid"], c["state"]) for c in stall["culprits"]]
-        assert culprits == [(0, pids[0], "saving")], stall["culprits"]
+        assert culprits == [(saver, pids[saver], "saving")], stall["culprits"]
+        # The alert's label names it by number too (never empty, never '?1').
+        labels = [lab for lab in _culprit_series(mon, seen["job"])]
+        assert labels == [str(saver)], labels
         frames = [f["name"] for f in stall["culprits"][0]["stack"]["frames"]]
         assert any(f.endswith("_save") or f == "save" for f in frames), frames
-        # The others wait under their labels: their numbers are never guessed.
-        assert all(isinstance(w, str) and w.startswith("?")
-                   for w in stall["waiting"]["ranks"]), stall["waiting"]
+        # The others wait under their numbers, learned from what Ray holds.
+        assert sorted(stall["waiting"]["ranks"]) == sorted(
+            r for r in range(WORKERS) if r != saver), stall["waiting"]
         # How their waiting was established: a c10d frame on the Python stack
         # (barrier), or a native dump read on the TrainingThread (async-wait).
         seen = _evidence_seen(mon, pids, stall, until=time.time() + 20)

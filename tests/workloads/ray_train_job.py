@@ -3,7 +3,8 @@
 Ray starts each worker as an actor process and sets RANK/WORLD_SIZE inside
 it after it starts: nothing in a worker's initial environment says its rank.
 After init every worker prints a ready marker and waits for --go; then rank
-0 saves slowly (ThrottledWriter) while the others wait in a barrier, or,
+0 (``--saver N``: rank N) saves slowly (ThrottledWriter) while the others
+wait in a barrier, or,
 with ``--wait-op async-wait``, NCCL-shaped: ``all_reduce(async_op=True)``
 then ``Work.wait()`` from the training function (no c10d frame on the Python
 stack), with ``--busy-thread F`` a thread spinning in every worker as NCCL's
@@ -39,7 +40,7 @@ def train_fn(config: dict) -> None:
     state = {"w": torch.zeros(config["mb"] * 2**18)}
     while not os.path.exists(config["go"]):
         time.sleep(0.1)
-    if rank == 0:
+    if rank == config["saver"]:
         marker("save_start", rank)
         size = config["mb"] * 2**20
         torch.save(state, ThrottledWriter(os.path.join(config["dir"], f"ckpt-{os.getpid()}.pt"),
@@ -65,6 +66,7 @@ def main() -> None:
     p.add_argument("--pg-timeout", type=float, default=75.0)
     p.add_argument("--wait-op", choices=["barrier", "async-wait"], default="barrier")
     p.add_argument("--busy-thread", type=float, default=0.0, metavar="FRACTION")
+    p.add_argument("--saver", type=int, default=0, help="the rank that saves")
     args = p.parse_args()
     import ray
     from ray.train import RunConfig, ScalingConfig
@@ -76,7 +78,7 @@ def main() -> None:
         train_fn,
         train_loop_config={"go": args.go, "dir": args.dir, "mb": args.mb,
                            "save_seconds": args.save_seconds, "wait_op": args.wait_op,
-                           "busy_thread": args.busy_thread},
+                           "busy_thread": args.busy_thread, "saver": args.saver},
         scaling_config=ScalingConfig(num_workers=args.workers, use_gpu=False),
         torch_config=TorchConfig(backend="gloo", timeout_s=int(args.pg_timeout)),
         run_config=RunConfig(storage_path=os.path.join(args.dir, "ray-results"), name="ncclwatch"),
