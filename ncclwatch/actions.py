@@ -16,8 +16,11 @@ import shlex
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-#: The steps of acting on a stall, in the order to take them.
+#: The steps of acting on a stall, in the order to take them. The first is the
+#: same everywhere (EVIDENCE); each platform says how to take the others.
 STEPS: dict[str, str] = {
+    "evidence": "every rank's stacks, the Flight Recorder, the environment and the verdict "
+                "in one archive, before anything is stopped (`ncclwatch diagnose` reads it)",
     "flight_recorder": "Flight Recorder dump of the culprit (each rank writes its own file)",
     "stacks": "the culprit's Python and native stacks (pauses that one rank for the unwind)",
     "logs": "the job's output",
@@ -73,9 +76,15 @@ def _srun(f: Facts, argv: str) -> str:
     return f"srun --jobid={q(f.slurm_job)} --overlap -w {q(f.node)} -N1 -n1 {argv}"
 
 
+def evidence(f: Facts) -> str:
+    """``ncclwatch dump``: the one step that asks the daemon, not the job's platform."""
+    return f"ncclwatch dump {q(f.job_id)}"
+
+
 #: First match wins; the last applies to every job.
 PLATFORMS: tuple[Platform, ...] = (
     Platform("slurm", lambda f: bool(f.slurm_job), {
+        "evidence": evidence,
         "flight_recorder": lambda f: _srun(f, f"sh -c {q('echo 1 > ' + q(f.pipe))}"),
         "stacks": lambda f: _srun(f, f"py-spy dump --native --pid {f.pid}"),
         "logs": lambda f: f"scontrol show job {q(f.slurm_job)} | grep -E 'StdOut|StdErr'",
@@ -83,6 +92,7 @@ PLATFORMS: tuple[Platform, ...] = (
                            "# still there after a minute: the same without --signal"),
     }),
     Platform("kubernetes", lambda f: bool(f.pod and f.namespace), {
+        "evidence": evidence,
         "flight_recorder": lambda f: (f"kubectl -n {q(f.namespace)} exec {q(f.pod)} -- "
                                       f"sh -c {q('echo 1 > ' + q(f.pipe))}"),
         "stacks": lambda f: (f"kubectl -n {q(f.namespace)} exec {q(f.pod)} -- "
@@ -98,6 +108,7 @@ PLATFORMS: tuple[Platform, ...] = (
                            "# the job that owns the pod: its pods get their grace period"),
     }),
     Platform("host", lambda f: True, {
+        "evidence": evidence,
         "flight_recorder": lambda f: _on(f, f"echo 1 > {q(f.pipe)}"),
         "stacks": lambda f: _on(f, f"py-spy dump --native --pid {f.pid}"),
         "logs": lambda f: _on(f, f"ls -l /proc/{f.pid}/fd/1 /proc/{f.pid}/fd/2") + (

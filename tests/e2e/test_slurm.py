@@ -154,16 +154,24 @@ def _watch(mon: Monitor, slurm: SlurmCluster, job: SlurmJob, *, source: str) -> 
     return view
 
 
-def _act_as_advised(slurm: SlurmCluster, job: SlurmJob, view: dict) -> None:
+def _act_as_advised(slurm: SlurmCluster, job: SlurmJob, view: dict, mon: Monitor,
+                    tmp: Path) -> None:
     """The stall's commands (actions.py) are Slurm's, and they work as shown
-    against the real cluster: the logs command names the job's output, the
-    stop command ends the job. The job sets no Flight Recorder pipe: that
-    step says so instead of giving a command that cannot work."""
+    against the real cluster: the evidence command writes the job's bundle,
+    the logs command names the job's output, the stop command ends the job.
+    The job sets no Flight Recorder pipe: that step says so instead of giving
+    a command that cannot work."""
     stall = next(s for s in view["stalls"] if s["kind"] == "checkpoint_gather")
     steps = {c["step"]: c for c in stall["advice"]["commands"]}
     assert {c["platform"] for c in steps.values()} == {"slurm"}, steps
     assert steps["flight_recorder"]["command"].startswith("# not enabled"), steps
-    env = {**os.environ, **slurm.env}
+    env = {**os.environ, **slurm.env, "NCCLWATCH_DAEMON": mon.http,
+           "PATH": f"{Path(need('ncclwatch')).parent}:{slurm.env['PATH']}"}
+    out = tmp / "evidence"
+    out.mkdir()
+    dump = subprocess.run(["bash", "-c", steps["evidence"]["command"] + " --wait 2"],
+                          capture_output=True, text=True, timeout=60, env=env, cwd=out)
+    assert dump.returncode == 0 and list(out.glob("*.tar.gz")), (dump.stdout, dump.stderr)
     logs = subprocess.run(["bash", "-c", steps["logs"]["command"]], capture_output=True,
                           text=True, timeout=30, env=env)
     assert f"StdOut={job.out}" in logs.stdout, (logs.stdout, logs.stderr)
@@ -184,7 +192,7 @@ def test_srun_python_ranks_from_slurm_procid(slurm, ncclwatch_run, tmp_path) -> 
         view = _watch(mon, slurm, job, source="env")
         # Nothing but Slurm's variables told ncclwatch the ranks.
         assert "RANK" not in view["env"] and view["env"]["SLURM_NTASKS"] == str(WORLD), view["env"]
-        _act_as_advised(slurm, job, view)
+        _act_as_advised(slurm, job, view, mon, tmp_path)
     finally:
         slurm.run("scancel", job.id, check=False)
     record("slurm_srun_python", {"detection_delay_s": view["detection_delay_s"],
