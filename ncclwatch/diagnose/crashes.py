@@ -46,7 +46,7 @@ def job_failed(facts: Facts) -> bool:
         e.event in (Event.EXIT, Event.TIMEOUT, Event.WATCHDOG_ABORT, Event.MISSING_RANKS,
                     Event.HEARTBEAT)
         or e.sign in ("nccl_error", "nccl_cuda_error", "store_get_failed", "store_connect_failed",
-                      "ib_async_event")
+                      "ib_async_event", "nccl_error_frame")
         or (e.event is Event.NETWORK and any(t in e.text for t in NETWORK_FAILURES))
         for e in facts.scan.evidence)
         or any(exception_kind(t) not in ("teardown", "truncated") for t in facts.scan.tracebacks))

@@ -142,6 +142,15 @@ SIGNS: tuple[LogSign, ...] = (
             example="frame #4: c10d::ProcessGroupNCCL::WorkNCCL::checkTimeout(std::optional<std::"
             "chrono::duration<long, std::ratio<1l, 1000l> > >) + 0x1d2 (0x7f3c1a6d0a22 in /usr/"
             "local/lib/python3.10/dist-packages/torch/lib/libtorch_cuda.so)"),
+    # The watchdog's exception when it found an NCCL error rather than a timeout:
+    # "Exception raised from checkForNCCLErrorsInternal at .../ProcessGroupNCCL.cpp:1736" and
+    # its frame "c10d::ProcessGroupNCCL::checkForNCCLErrorsInternal(...)": a peer process
+    # exited (a node killed, often for memory) or the network failed. The rank whose
+    # frames these are lost its peer (rules/network.py).
+    LogSign("nccl_error_frame", Event.PEER_CLOSED, ("checkForNCCLErrors",),
+            r"(?P<frame>checkForNCCLErrors\w*)",
+            example="Exception raised from checkForNCCLErrorsInternal at /opt/pytorch/pytorch/"
+            "torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1736 (most recent call first):"),
     # The heartbeat monitor's frames (2.2+): "c10d::ProcessGroupNCCL::HeartbeatMonitor::
     # runLoop()" (2.6+), "c10d::ProcessGroupNCCL::heartbeatMonitor()" (2.2-2.5).
     LogSign("nccl_heartbeat_frame", Event.HEARTBEAT, ("HeartbeatMonitor::", "heartbeatMonitor("),
@@ -366,6 +375,16 @@ SIGNS: tuple[LogSign, ...] = (
             r"(?P<where>Detected (?P<count>\d+) oom[_-]kill event|have been OOM Killed)",
             example="slurmstepd: error: Detected 1 oom_kill event in StepId=4411.0. Some of the "
             "step tasks have been OOM Killed."),
+    # Slurm killing a job or step over its memory limit (the scheduler's own accounting,
+    # not the kernel's cgroup): "slurmstepd: error: Job 7518 exceeded memory limit
+    # (626359956 > 512000000), being killed", older without "error:". (A step that only
+    # went over at some point, "Exceeded step memory limit at some point", goes on:
+    # severity.BENIGN.)
+    LogSign("slurm_memory_limit", Event.OOM, ("exceeded memory limit",),
+            r"(?P<where>(?:Job|Step) (?P<step>[\w.]+) exceeded memory limit) ?\((?P<used>\d+)[ >]*"
+            r"(?P<limit>\d+)\),? ?being killed",  # (a wrap before "> " reads as a quote)
+            example="slurmstepd: error: Job 7518 exceeded memory limit (626359956 > 512000000), "
+            "being killed"),
     # Kubernetes: a container's last state ("Reason: OOMKilled" in kubectl describe, the pod
     # status column, operators' events).
     LogSign("k8s_oom_killed", Event.OOM, ("OOMKilled",), r"(?P<where>OOMKilled)",

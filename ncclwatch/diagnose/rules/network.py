@@ -35,7 +35,8 @@ def rule_network(facts: Facts) -> LogFinding | None:
                 items.append((False, time_order(tb), r, tb.where, tb.exception))
     peers = [(r, tb) for r, rf in facts.ranks.items() for tb in rf.tracebacks
              if exception_kind(tb) == "peer"]
-    if not items and (store := _store_lost(facts) or _store_unreachable(facts)):
+    if not items and (store := _store_lost(facts) or _store_unreachable(facts)
+                      or _watchdog_found_error(facts)):
         return store
     if not items:
         # gloo: every failing rank lost a peer, nobody timed out, nobody crashed: the
@@ -135,3 +136,27 @@ def _store_unreachable(facts: Facts) -> LogFinding | None:
                       collect=["rank 0's log and torchrun's agent log (the store host)",
                                "the address every node resolves MASTER_ADDR to, and whether the "
                                "port is open between the nodes (firewall, interface)"])
+
+
+def _watchdog_found_error(facts: Facts) -> LogFinding | None:
+    """The watchdog's own exception came from checkForNCCLErrors (an NCCL error), and no
+    rank timed out: the ranks whose frames these are lost a peer, a process that exited or
+    was killed (a whole node, often for memory), or the link under it. Not a hang."""
+    lines = [e for e in facts.scan.evidence if e.sign == "nccl_error_frame"]
+    if not lines or any(e.event in (Event.TIMEOUT, Event.PROGRESS) for e in facts.scan.evidence):
+        return None
+    lost = sorted({e.rank for e in lines if e.rank is not None})
+    return LogFinding("network_error", [], lost, "nccl_network_error",
+                      "the NCCL watchdog found an NCCL error, not a timeout (its exception is "
+                      "raised from checkForNCCLErrors)"
+                      + (f" on {who(lost)}, which only lost a peer" if lost else "")
+                      + ": a peer process exited or was killed (a whole node, often for "
+                      "memory), or the network failed under it; no line says which.",
+                      [(e.where, e.text[:240]) for e in lines[:4]],
+                      ["rule out a peer node killed for memory or lost (its scheduler events, "
+                       "its kernel log) before blaming the network"],
+                      candidates=[r for r in facts.world if r not in lost] if lost else [],
+                      missing=["the log of the peer that went away"],
+                      collect=["every node's log and the scheduler's events (a node killed for "
+                               "memory or lost)", "NCCL_DEBUG=WARN (the NCCL error's own line: "
+                               "'remote process exited or there was a network error')"])
