@@ -38,7 +38,7 @@ import zlib
 from pathlib import Path
 from typing import BinaryIO, Iterable
 
-from ncclwatch.diagnose import paste
+from ncclwatch.diagnose import paste, severity
 from ncclwatch.diagnose.lineprefix import (
     DEFAULT_PG,
     PREFIX_SAMPLE,
@@ -63,6 +63,7 @@ from ncclwatch.diagnose.scanresult import (
     PyTraceback,
     ScanResult,
 )
+from ncclwatch.diagnose.severity import Level
 from ncclwatch.diagnose.signtypes import Event, LogSign
 from ncclwatch.diagnose.wraps import joined, logical, wrap_span
 from ncclwatch.logstream import open_stream, read_head
@@ -511,6 +512,9 @@ class _FileScan:
             if mt is None:
                 missed.add(sign.id)
                 continue
+            if sign.event is Event.ERROR and sign.reader is None \
+                    and severity.benign(rest, Level.ERROR) is not None:
+                continue  # a generic error shape the benign table spares (with its reason)
             fields = {k: v for k, v in mt.groupdict().items() if v is not None}
             if any(len(v) > MAX_DIGITS and v.lstrip("-").isdigit() for v in fields.values()):
                 self._bound(f"a number of more than {MAX_DIGITS} digits (line {line_no}): "

@@ -190,6 +190,10 @@ BENIGN: tuple[Benign, ...] = (
            "a Python warnings-module line (deprecations, API notices) of a job that goes on",
            "/venv/torch/distributed/fsdp/_state_dict_utils.py:773: UserWarning: When using "
            "``NO_SHARD`` for ``ShardingStrategy``, full_state_dict will be returned."),
+    Benign("slurm_step_memory_swapped", r"Exceeded (?:step|job) memory limit at some point",
+           "Slurm's accounting saw the step over its memory limit once (pages swapped out) "
+           "and let it run; a kill says 'exceeded memory limit (N > M), being killed'",
+           "slurmstepd: error: Exceeded step memory limit at some point.", Level.ERROR),
     Benign("error_count_zero", r"\b0 errors?\b|\berrors?: 0\b|\bno errors?\b",
            "a count of errors that is zero", "WARNING: check finished, 0 errors", Level.ERROR),
 )
