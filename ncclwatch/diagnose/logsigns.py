@@ -429,6 +429,14 @@ SIGNS: tuple[LogSign, ...] = (
             r"Sending process (?P<pid>\d+) closing signal (?P<signame>SIG\w+)",
             example="W1203 12:36:12.416000 21547 torch/distributed/elastic/multiprocessing/api.py:"
             "1028] Sending process 21552 closing signal SIGTERM"),
+    # The deepspeed launcher's sigkill_handler stopping the workers by pid after one of them
+    # exited non-zero (its own OOM kill, a crash): "[2023-02-03 03:17:53,592] [INFO]
+    # [launch.py:318:sigkill_handler] Killing subprocess 143917". At INFO level, and a
+    # failure all the same: a paste cut before the exit line still says a worker died.
+    LogSign("deepspeed_teardown", Event.FAILED, ("Killing subprocess",),
+            r"sigkill_handler\] Killing subprocess (?P<pid>\d+)",
+            example="[2023-02-03 03:17:53,592] [INFO] [launch.py:318:sigkill_handler] Killing "
+            "subprocess 143917"),
     # (A failure in itself: torchrun stops the workers only after one failed, and a paste
     # cut off before the failure's own line still says the job failed.)
     # The deepspeed launcher (launch.py sigkill_handler) when a worker exits non-zero:
