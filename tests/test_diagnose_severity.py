@@ -28,7 +28,7 @@ from ncclwatch.diagnose.severity import (
 )
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_diagnose_fallback import HEALTHY, _with_lines  # noqa: E402
+from test_diagnose_fallback import HEALTHY, _with_lines
 
 #: A message in error words, and one in plain words.
 ERROR_TEXT = "the optimizer step failed on this node"

@@ -97,7 +97,7 @@ class LogSign:
     #: at a line's head, where a terminal of 40 columns or more does not cut.
     whole_only: bool = False
 
-    def compile(self) -> "re.Pattern[str] | ReaderPattern":
+    def compile(self) -> re.Pattern[str] | ReaderPattern:
         if self.reader is not None:
             return ReaderPattern(self.reader)
         return re.compile(self.pattern, re.IGNORECASE if self.ignore_case else 0)
