@@ -99,6 +99,16 @@ SHAPES: dict[str, tuple[tuple[str, ...], set[str] | None]] = {
                          "frame #2: c10d::ProcessGroupNCCL::watchdogHandler() + 0x233 "
                          "(0x7f3c1a6d7313 in /venv/lib/python3.11/site-packages/torch/lib/"
                          "libtorch_cuda.so)"), WAITED),
+    # The watchdog's frames of an NCCL error (a peer node killed, the network), not a
+    # timeout: a network error, the rank whose frames they are only lost its peer.
+    "watchdog_nccl_error_frames": (("Exception raised from checkForNCCLErrorsInternal at /opt/"
+                                    "pytorch/pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL"
+                                    ".cpp:1736 (most recent call first):",
+                                    "frame #1: c10d::ProcessGroupNCCL::checkForNCCLErrorsInternal("
+                                    "std::vector<std::shared_ptr<c10d::NCCLComm>, std::allocator<"
+                                    "std::shared_ptr<c10d::NCCLComm> > > const&) + 0x35d "
+                                    "(0x7fcbaa1378dd in /venv/lib/python3.10/site-packages/torch/"
+                                    "lib/libtorch_cuda.so)"), {"network_error"}),
     "heartbeat_frame": (("frame #2: c10d::ProcessGroupNCCL::HeartbeatMonitor::runLoop() + 0x6c1 "
                          "(0x7f6e3a3e1d41 in /venv/lib/python3.12/site-packages/torch/lib/"
                          "libtorch_cuda.so)",), WAITED),

@@ -119,3 +119,51 @@ def test_store_get_reset_is_a_network_error_naming_no_rank(tmp_path):
                "exception: Socket Timeout")
     d = _diagnose(tmp_path, timeout)
     assert d.cls not in ("network_error", "none"), d.summary
+
+
+_SUMMARY = ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+            "Root Cause (first observed failure):", "[0]:", "  time      : 2024-03-28_18:48:30",
+            "  host      : node-3", "  rank      : 3 (local_rank: 3)",
+            "  exitcode  : 1 (pid: 4541)", "  error_file: <N/A>")
+
+
+def test_a_failure_summary_names_its_failing_rank(tmp_path):
+    d = _diagnose(tmp_path, "[rank0]:step 100 loss 1.25", *_SUMMARY)
+    assert (d.cls, d.initiating) == ("rank_crash", [3])
+
+
+def test_a_summary_rank_that_only_waited_is_not_named(tmp_path):
+    d = _diagnose(tmp_path, _wd(3), *_SUMMARY)
+    assert d.cls == "collective_hang" and 3 not in d.initiating
+
+
+def test_a_rank_that_only_lost_its_store_connection_is_collateral(tmp_path):
+    d = _diagnose(
+        tmp_path,
+        "slurmstepd: error: Detected 1 oom_kill event in StepId=4411.0. Some of the step tasks "
+        "have been OOM Killed.",
+        "[rank5]:Traceback (most recent call last):",
+        '[rank5]:  File "/job/train.py", line 301, in <module>',
+        "[rank5]:torch.distributed.DistStoreError: failed to recv, got 0 bytes. Connection was "
+        "likely closed. Did the remote server shutdown or crash?")
+    assert d.cls == "rank_crash" and 5 not in d.initiating, (d.cls, d.initiating, d.summary)
+
+
+def test_a_store_never_reached_names_its_address(tmp_path):
+    d = _diagnose(
+        tmp_path,
+        "[W socket.cpp:697] [c10d] The client socket has failed to connect to "
+        "[::ffff:10.0.0.7]:29500 (errno: 110 - Connection timed out).",
+        "[E socket.cpp:753] [c10d] The client socket has failed to connect to any network "
+        "address of (10.0.0.7, 29500).")
+    assert d.cls == "network_error" and d.initiating == []
+    assert "(10.0.0.7, 29500)" in d.summary
+
+
+def test_the_retries_alone_are_no_failure(tmp_path):
+    d = _diagnose(
+        tmp_path,
+        "[W socket.cpp:697] [c10d] The client socket has failed to connect to "
+        "[::ffff:10.0.0.7]:29500 (errno: 110 - Connection timed out).",
+        "[rank0]:step 1 loss 1.25")
+    assert d.cls == "none", (d.summary, d.evidence)

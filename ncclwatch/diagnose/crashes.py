@@ -45,7 +45,8 @@ def job_failed(facts: Facts) -> bool:
     return bool(facts.scan.failures or any(
         e.event in (Event.EXIT, Event.TIMEOUT, Event.WATCHDOG_ABORT, Event.MISSING_RANKS,
                     Event.HEARTBEAT)
-        or e.sign in ("nccl_error", "nccl_cuda_error", "store_get_failed")
+        or e.sign in ("nccl_error", "nccl_cuda_error", "store_get_failed", "store_connect_failed",
+                      "ib_async_event", "nccl_error_frame")
         or (e.event is Event.NETWORK and any(t in e.text for t in NETWORK_FAILURES))
         for e in facts.scan.evidence)
         or any(exception_kind(t) not in ("teardown", "truncated") for t in facts.scan.tracebacks))
@@ -77,6 +78,12 @@ def own_crashes(facts: Facts) -> list[tuple[tuple, int, str, str]]:
                 assert fe is not None
                 out.append(((True, 0.0, fe.file, fe.line), r, fe.where,
                             f"rank {r} exited with {sig} (exitcode {fe.exitcode}, pid {fe.pid})"))
+            elif _summary_exit(facts, rf, watchdog):
+                fe = rf.failure
+                assert fe is not None
+                out.append(((True, 0.0, fe.file, fe.line), r, fe.where,
+                            f"rank {r} exited with exitcode {fe.exitcode} (pid {fe.pid}), as "
+                            "the launcher's failure summary says, and no rank waited for another"))
     if not facts.scan.failures:
         # torchrun's "failed (exitcode: -9) local_rank: 0 (pid: N)" without the summary;
         # the deepspeed launcher's line names its only worker when that is local rank 0.
@@ -95,6 +102,16 @@ def own_crashes(facts: Facts) -> list[tuple[tuple, int, str, str]]:
                                if only else "")))
     out.sort()
     return out
+
+
+def _summary_exit(facts: Facts, rf: RankFacts, watchdog: bool) -> bool:
+    """A launcher's failure summary names a rank that exited non-zero (not by a signal)
+    and nothing says it only waited or lost a peer: that rank failed on its own."""
+    fe = rf.failure
+    return bool(fe is not None and fe.exitcode is not None and fe.exitcode > 0
+                and not fe.signame and not watchdog and not rf.waited
+                and not rf.network and not rf.peer_closed and not anyone_waited(facts)
+                and all(exception_kind(tb) in ("error", "truncated") for tb in rf.tracebacks))
 
 
 def unranked_crash(facts: Facts) -> list[Evidence]:

@@ -38,7 +38,7 @@ import zlib
 from pathlib import Path
 from typing import BinaryIO, Iterable
 
-from ncclwatch.diagnose import paste
+from ncclwatch.diagnose import paste, severity
 from ncclwatch.diagnose.lineprefix import (
     DEFAULT_PG,
     PREFIX_SAMPLE,
@@ -63,6 +63,7 @@ from ncclwatch.diagnose.scanresult import (
     PyTraceback,
     ScanResult,
 )
+from ncclwatch.diagnose.severity import Level
 from ncclwatch.diagnose.signtypes import Event, LogSign
 from ncclwatch.diagnose.wraps import joined, logical, wrap_span
 from ncclwatch.logstream import open_stream, read_head
@@ -293,7 +294,9 @@ class _FileScan:
                 _raw, le = logical(chunk, first, last, back=False, wrapped=True)
                 raw = joined(chunk, first, le)
             matched, missed = self._line(raw, cur_line)
-            if missed and not self.open:
+            # A line only the severity grammar read (its level token in the first piece)
+            # may still be the first piece of a sign a narrow terminal wrapped.
+            if (missed or (matched and matched <= self.m.readers)) and not self.open:
                 # A trigger whose pattern found too little: a narrow terminal wrapped the
                 # line (pieces of one width); read it whole for the signs not yet read.
                 a, b = wrap_span(chunk, first, le)
@@ -307,11 +310,23 @@ class _FileScan:
                         # ...unless the run read whole completes a specific sign this
                         # line missed (a generic failure shape completes by chance):
                         # then the line is a piece after all.
-                        whole = self._decode(joined(chunk, a, b))
-                        if not any(self.m.patterns[i].search(whole)
-                                   for i in self.m.signs_in(chunk[first:le + 1])
-                                   if self.m.signs[i].id in missed
-                                   and self.m.signs[i].event is not Event.ERROR):
+                        whole_raw = joined(chunk, a, b)
+                        whole = self._decode(whole_raw)
+                        own = self.m.signs_in(chunk[first:le + 1])
+                        cands = [i for i in own if self.m.signs[i].id in missed]
+                        # ...or a sign only the join holds (its trigger cut between pieces)
+                        seen: set[int] = set()
+                        qs = a
+                        while qs <= b:
+                            qe = chunk.find(b"\n", qs)
+                            qe = b if qe < 0 or qe > b else qe
+                            seen.update(self.m.signs_in(chunk[qs:qe]))
+                            qs = qe + 1
+                        cands += [i for i in self.m.signs_in(whole_raw) if i not in seen]
+                        # (The grammar reads a level at the run's head: the line it starts on.)
+                        if not any(self.m.patterns[i].search(whole) for i in cands
+                                   if self.m.signs[i].event is not Event.ERROR
+                                   or (self.m.signs[i].reader is not None and a == first)):
                             b = max(le, ps - 1)
                         break
                     ps = pe + 1
@@ -319,8 +334,17 @@ class _FileScan:
                     whole = joined(chunk, a, b)
                     # Cited at the trigger's line: the run may reach back over lines that
                     # only happen to be as wide (a log's own lines of that width).
-                    got, _m = self._line(whole, cur_line, only={
-                        self.m.signs[i].id for i in self.m.signs_in(whole)} - matched)
+                    only = {self.m.signs[i].id for i in self.m.signs_in(whole)} - matched
+                    graded = only & self.m.readers
+                    # A level is read at the head of the trigger's line, never lent by a
+                    # line before it that ended where it did (a sentence, a bracket).
+                    lent = a != first and paste.ends_line(self._decode(
+                        chunk[chunk.rfind(b"\n", 0, first - 1) + 1:first - 1]), wrapped=True)
+                    if lent:
+                        only -= graded
+                    got, _m = self._line(whole, cur_line, only=only)
+                    if lent and graded:
+                        got |= self._line(joined(chunk, first, b), cur_line, only=graded)[0]
                     if got:  # else the lines after it were no wrap: each is read itself
                         le = max(le, b)
             pos = le + 1
@@ -477,19 +501,26 @@ class _FileScan:
             self.r.ranks_seen.add(rank)
         pg, pg_rank = pg_of(rest)
         missed: set[str] = set()
+        read = False  # a failure sign of its own read this line: the grammar adds nothing
         for i in self.m.signs_in(text.encode()):
             sign = self.m.signs[i]
             if only is not None and sign.id not in only:
+                continue
+            if read and sign.reader is not None:
                 continue
             mt = self.m.patterns[i].search(rest)
             if mt is None:
                 missed.add(sign.id)
                 continue
+            if sign.event is Event.ERROR and sign.reader is None \
+                    and severity.benign(rest, Level.ERROR) is not None:
+                continue  # a generic error shape the benign table spares (with its reason)
             fields = {k: v for k, v in mt.groupdict().items() if v is not None}
             if any(len(v) > MAX_DIGITS and v.lstrip("-").isdigit() for v in fields.values()):
                 self._bound(f"a number of more than {MAX_DIGITS} digits (line {line_no}): "
                             "the line was skipped")
                 continue
+            read = read or (sign.reader is None and sign.failure)
             if matched is not None:
                 matched.add(sign.id)
             if sign.id not in self.r.hits:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 
+from ncclwatch.diagnose import severity
 from ncclwatch.diagnose.logwords import BUSY_MESSAGES, SAVE_DONE_MESSAGES, SAVE_MESSAGES
 from ncclwatch.diagnose.signtypes import Event, LogSign
 
@@ -50,6 +51,12 @@ MIN_TRIGGER = 2 * FRAGMENT - 1
 _WD = ("[rank2]:[E0521 03:30:06.553507662 ProcessGroupNCCL.cpp:757] [Rank 2] Watchdog caught "
        "collective operation timeout: WorkNCCL(SeqNum=4412, OpType=ALLREDUCE, NumelIn=1, "
        "NumelOut=1, Timeout(ms)=600000) ran for 600089 milliseconds before timing out.")
+
+def _level_fields(text: str) -> dict[str, str] | None:
+    """The level_line sign's reader: the level and format of a line the grammar fails."""
+    got = severity.failing(text)
+    return None if got is None else {"level": got[0].name.lower(), "format": got[1]}
+
 
 SIGNS: tuple[LogSign, ...] = (
     # -- the NCCL watchdog (ProcessGroupNCCL.cpp) --------------------------------
@@ -135,6 +142,15 @@ SIGNS: tuple[LogSign, ...] = (
             example="frame #4: c10d::ProcessGroupNCCL::WorkNCCL::checkTimeout(std::optional<std::"
             "chrono::duration<long, std::ratio<1l, 1000l> > >) + 0x1d2 (0x7f3c1a6d0a22 in /usr/"
             "local/lib/python3.10/dist-packages/torch/lib/libtorch_cuda.so)"),
+    # The watchdog's exception when it found an NCCL error rather than a timeout:
+    # "Exception raised from checkForNCCLErrorsInternal at .../ProcessGroupNCCL.cpp:1736" and
+    # its frame "c10d::ProcessGroupNCCL::checkForNCCLErrorsInternal(...)": a peer process
+    # exited (a node killed, often for memory) or the network failed. The rank whose
+    # frames these are lost its peer (rules/network.py).
+    LogSign("nccl_error_frame", Event.PEER_CLOSED, ("checkForNCCLErrors",),
+            r"(?P<frame>checkForNCCLErrors\w*)",
+            example="Exception raised from checkForNCCLErrorsInternal at /opt/pytorch/pytorch/"
+            "torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1736 (most recent call first):"),
     # The heartbeat monitor's frames (2.2+): "c10d::ProcessGroupNCCL::HeartbeatMonitor::
     # runLoop()" (2.6+), "c10d::ProcessGroupNCCL::heartbeatMonitor()" (2.2-2.5).
     LogSign("nccl_heartbeat_frame", Event.HEARTBEAT, ("HeartbeatMonitor::", "heartbeatMonitor("),
@@ -160,10 +176,26 @@ SIGNS: tuple[LogSign, ...] = (
     # c10d's TCPStore wait (the startup barrier, a rank 0 that never came back):
     # "[c10d] waitForInput: socket SocketImpl(...) timed out after 1800000ms"
     LogSign("store_timeout", Event.TIMEOUT, ("timed out after",),
-            r"(?:waitForInput|[Ss]ocket|TCPStore|[Ss]tore).*?timed out after (?P<timeout_ms>\d+) ?ms",
+            r"(?:waitForInput|[Ss]ocket|TCPStore|[Ss]tore).*?timed out after (?P<timeout_ms>\d+) ?ms"
+            r"(?! while trying to connect)",
             example="[rank1]:[W516 14:34:56.854597329 socket.cpp:489] [c10d] waitForInput: socket "
             "SocketImpl(fd=79, addr=[localhost]:41170, remote=[localhost]:29500) timed out after "
             "1800000ms"),
+    # A c10d store (or the rendezvous's) that a client never reached, after c10d's retries:
+    # "[E socket.cpp:610] [c10d] The client socket has failed to connect to any network
+    # address of (05, 40323).", 2.x "The client socket has timed out after 600000ms while
+    # trying to connect to (172.18.21.4, 37907).", "TCP client failed to connect/validate
+    # to host 172.18.21.4:37907 - timed out". The address is the store's (MASTER_ADDR or
+    # the rendezvous endpoint). The per-address retries ("[W ...] ... has failed to
+    # connect to [host]:port (errno: 110 ...)") are severity.BENIGN's.
+    LogSign("store_connect_failed", Event.STORE,
+            ("connect to any network address", "failed to connect/validate to",
+             "while trying to connect to"),
+            r"(?:connect to any network address of (?P<address>\([^)]*\))|failed to connect/"
+            r"validate to host (?P<address2>\S+?)(?: -|$)|timed out after \d+ ?ms while trying "
+            r"to connect to (?P<address3>\([^)]*\)))",
+            example="[E socket.cpp:610] [c10d] The client socket has failed to connect to any "
+            "network address of (05, 40323)."),
     # The TCPStore client's own timeout, as Python raises it: "RuntimeError: Socket Timeout".
     LogSign("store_socket_timeout", Event.STORE, ("Socket Timeout",),
             r"(?P<what>Socket Timeout)",
@@ -249,11 +281,22 @@ SIGNS: tuple[LogSign, ...] = (
     LogSign("ib_error", Event.NETWORK,
             ("Got completion from peer", "got completion with error", "ibv_poll_cq",
              "ibv_post_send", "ibv_post_recv", "ibv_modify_qp", "ibv_create_qp", "ibv_reg_mr",
-             "IBV_WC_"),
+             "ibv_get_async_event", "IBV_WC_"),
             _NCCL_PREFIX + r".*?(?P<message>(?:NET/IB\w*\s*:\s*)?(?:Got completion from peer|got "
             r"completion with error|(?:Call to )?ibv_\w+|IBV_WC_\w+).*)",
             example="worker-node1:2304:2340 [5] NCCL WARN NET/IBP:Got completion from peer "
             "7.6.13.83<36315> with status=12 opcode=32698 len=32696 vendor err 129 (Send)"),
+    # InfiniBand async events NCCL's IB thread reports (net_ib.cc, 2.x and the 2.4-era
+    # net_ib.cu): "NET/IB : Got async event : port error", "... : local catastrophic
+    # error", "NET/IB : mlx5_0:1 Got async event : local access violation work queue
+    # error": the link or the adapter failed under the job. Events that are no error (a
+    # GID table change, a port coming back) are not this sign's.
+    LogSign("ib_async_event", Event.NETWORK, ("Got async event",),
+            _NCCL_PREFIX + r".*?Got async event\s*:\s*(?P<event>[^.]*?\b(?:error|err|failed|"
+            r"catastrophic|fatal)\b[^.]*)",
+            ignore_case=True,
+            example="node-48:34050:34121 [0] transport/net_ib.cc:93 NCCL WARN NET/IB : Got async "
+            "event : port error"),
     # NCCL's CUDA calls failing: out of memory (an OOM of that GPU), or any other CUDA
     # error (the GPU or driver failed): "host:pid:tid [3] include/alloc.h:178 NCCL WARN
     # Cuda failure 'out of memory'", "... Cuda failure 2 'out of memory'", "Cuda failure
@@ -332,6 +375,16 @@ SIGNS: tuple[LogSign, ...] = (
             r"(?P<where>Detected (?P<count>\d+) oom[_-]kill event|have been OOM Killed)",
             example="slurmstepd: error: Detected 1 oom_kill event in StepId=4411.0. Some of the "
             "step tasks have been OOM Killed."),
+    # Slurm killing a job or step over its memory limit (the scheduler's own accounting,
+    # not the kernel's cgroup): "slurmstepd: error: Job 7518 exceeded memory limit
+    # (626359956 > 512000000), being killed", older without "error:". (A step that only
+    # went over at some point, "Exceeded step memory limit at some point", goes on:
+    # severity.BENIGN.)
+    LogSign("slurm_memory_limit", Event.OOM, ("exceeded memory limit",),
+            r"(?P<where>(?:Job|Step) (?P<step>[\w.]+) exceeded memory limit) ?\((?P<used>\d+)[ >]*"
+            r"(?P<limit>\d+)\),? ?being killed",  # (a wrap before "> " reads as a quote)
+            example="slurmstepd: error: Job 7518 exceeded memory limit (626359956 > 512000000), "
+            "being killed"),
     # Kubernetes: a container's last state ("Reason: OOMKilled" in kubectl describe, the pod
     # status column, operators' events).
     LogSign("k8s_oom_killed", Event.OOM, ("OOMKilled",), r"(?P<where>OOMKilled)",
@@ -342,9 +395,12 @@ SIGNS: tuple[LogSign, ...] = (
     # of 0.95 ... Top 10 memory users:".
     LogSign("ray_memory_monitor", Event.OOM,
             ("killed due to memory pressure", "running low on memory", "memory usage threshold",
-             "memory users:"),
+             "memory users:", "Memory on the node (IP:"),
             r"(?P<where>killed due to memory pressure|running low on memory|exceeds the memory "
-            r"usage threshold|Top \d+ memory users)",
+            r"usage threshold|Top \d+ memory users|Memory on the node \(IP: (?P<ip>[\w.:-]+))"
+            # The task it killed, where Ray names it: "... where the task (task ID: ..,
+            # name=head, rank=0,, pid=4503, memory used=..." (a Ray Train worker's rank).
+            r"(?:.*?where the task \(.*?\brank=(?P<rank>\d+))?",
             example="(raylet) [2024-11-08 14:22:31,043 E 612 612] (raylet) node_manager.cc:3069: "
             "1 Workers (tasks / actors) killed due to memory pressure (OOM), 0 Workers crashed "
             "due to other reasons at node (ID: 3f2e, IP: 10.0.0.7) over the last time period."),
@@ -373,6 +429,14 @@ SIGNS: tuple[LogSign, ...] = (
             r"Sending process (?P<pid>\d+) closing signal (?P<signame>SIG\w+)",
             example="W1203 12:36:12.416000 21547 torch/distributed/elastic/multiprocessing/api.py:"
             "1028] Sending process 21552 closing signal SIGTERM"),
+    # The deepspeed launcher's sigkill_handler stopping the workers by pid after one of them
+    # exited non-zero (its own OOM kill, a crash): "[2023-02-03 03:17:53,592] [INFO]
+    # [launch.py:318:sigkill_handler] Killing subprocess 143917". At INFO level, and a
+    # failure all the same: a paste cut before the exit line still says a worker died.
+    LogSign("deepspeed_teardown", Event.FAILED, ("Killing subprocess",),
+            r"sigkill_handler\] Killing subprocess (?P<pid>\d+)",
+            example="[2023-02-03 03:17:53,592] [INFO] [launch.py:318:sigkill_handler] Killing "
+            "subprocess 143917"),
     # (A failure in itself: torchrun stops the workers only after one failed, and a paste
     # cut off before the failure's own line still says the job failed.)
     # The deepspeed launcher (launch.py sigkill_handler) when a worker exits non-zero:
@@ -492,6 +556,15 @@ SIGNS: tuple[LogSign, ...] = (
             r"(?<![\w-])Killed(?![\w-])|(?<![A-Za-z.-])Error (?=[a-z]))",
             example="/bin/bash: line 1: 402287 Killed                  python train.py --config "
             "configs/llama3_8b.yaml"),
+    # The severity grammar (severity.py): a line at error or fatal level in any logger's
+    # format, or a warning in error words, that no row above read and no benign shape
+    # explains (c10d's "[E socket.cpp:610]", XLA's "2023-09-01 10:20:11.257981: E
+    # external/xla/...cc:2593]", "NCCL WARN ... port error", "slurmstepd: error: ...").
+    LogSign("level_line", Event.ERROR, severity.LEVEL_TRIGGERS, "",
+            reader=_level_fields, whole_only=True,
+            example="2023-09-01 10:20:11.257981: E external/xla/xla/pjrt/"
+            "pjrt_stream_executor_client.cc:2593] Execution of replica 3 failed: INTERNAL: "
+            "Failed to execute XLA Runtime executable"),
     LogSign("world_size", Event.WORLD, ("WORLD_SIZE=", "world_size=", "world size: ", "world_size: "),
             r"(?:WORLD_SIZE|world[_ ]size)(?:=|: )(?P<world>\d+)",
             example="2024-11-08 14:02:51,892 INFO     [train_vlm.py:212] world_size=8 backend=nccl",
@@ -507,7 +580,8 @@ def _check_table() -> None:
     ids = [s.id for s in SIGNS]
     if len(ids) != len(set(ids)):
         raise AssertionError("duplicate log sign ids")
-    bad = [t for s in SIGNS for t in s.triggers if not MIN_TRIGGER <= len(t) <= MAX_TRIGGER]
+    bad = [t for s in SIGNS for t in s.triggers if not MIN_TRIGGER <= len(t) <= MAX_TRIGGER
+           and not (s.whole_only and 3 <= len(t) <= MAX_TRIGGER)]
     if bad:
         raise AssertionError(f"triggers not {MIN_TRIGGER}-{MAX_TRIGGER} characters long: {bad}")
 

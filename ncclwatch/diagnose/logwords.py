@@ -76,12 +76,15 @@ NETWORK_EXCEPTIONS: tuple[str, ...] = (
 NETWORK_FAILURES: tuple[str, ...] = (
     "Got completion from peer", "Call to recv", "Call to send", "Connection closed by remote peer",
     "Connection reset by peer", "Socket recv failed", "Failed to execute operation",
-    "Connection refused", "Broken pipe",
+    "Connection refused", "Broken pipe", "Got async event", "ibv_get_async_event",
 )
 #: Exceptions that a peer's death causes (collateral unless nothing else failed).
 PEER_EXCEPTIONS: tuple[str, ...] = (
     "Connection closed by peer", "Connection reset by peer", "Broken pipe",
     "remote process exiting prematurely", "ncclRemoteError",
+    # The c10d store's host went away under a client (torch 2.x TCPStore): "failed to recv,
+    # got 0 bytes. Connection was likely closed. Did the remote server shutdown or crash?"
+    "Connection was likely closed", "Did the remote server shutdown",
 )
 #: Exceptions of the rank being killed by its launcher (the teardown after another
 #: rank failed): never the initiating failure.

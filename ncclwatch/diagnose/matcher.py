@@ -41,11 +41,17 @@ class Matcher:
         self.triggers = [t.encode() for t in triggers]
         self.ac = ahocorasick_rs.BytesAhoCorasick(self.triggers)
         self.patterns = [s.compile() for s in self.signs]
+        #: Signs read by a function (the severity grammar), not by a pattern of their own.
+        self.readers = frozenset(s.id for s in self.signs if s.reader is not None)
         # Pattern index of scan_ac -> (whole trigger?, a trigger's start at a line's end?,
         # a trigger's end at a line's start?). The pieces carry their newline, so they
         # match only where a wrap could have cut (a word inside a line costs nothing).
         roles: dict[bytes, list[bool]] = {t: [True, False, False] for t in self.triggers}
+        cut = {t.encode() for s in self.signs for t in s.triggers
+               if not (s.whole_only and len(t) < logsigns.MIN_TRIGGER)}
         for t in self.triggers:
+            if t not in cut:
+                continue
             for n in range(logsigns.FRAGMENT, len(t)):
                 for eol in (b"\n", b"\r\n"):
                     roles.setdefault(t[:n] + eol, [False, False, False])[1] = True

@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 import re
 
+from ncclwatch.diagnose import severity
+
 #: Decoration in front of the launcher's prefix, removed in this order.
 DECORATION: tuple[tuple[str, str], ...] = (
     ("ansi", r"\x1b\[[0-9;]*[A-Za-z]"),
@@ -39,8 +41,10 @@ _DECORATION = [re.compile(rx) for _name, rx in DECORATION]
 _LAUNCHER = re.compile(r"\[(?:rank|default)(?P<rank>\d{1,9})\]:|\[rank=(?P<rank_eq>\d{1,9})\]")
 #: How far into a line a launcher prefix may start (after host, pid, time decoration).
 PREFIX_REACH = 240
-#: OpenMPI's --tag-output: ``[jobid,rank]<stdout>:``.
-_MPI = re.compile(r"^\[\d+,(?P<rank>\d{1,9})\]<std(?:out|err|diag)>:\s?")
+#: OpenMPI's --tag-output: ``[jobid,rank]<stdout>:``, also behind --timestamp-output's
+#: ``2019-06-02T16:13:44.884Z: `` (kept in front of the rest: the line's time).
+_MPI = re.compile(r"^(?P<time>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z?: )?"
+                  r"\[\d+,(?P<rank>\d{1,9})\]<std(?:out|err|diag)>:\s?")
 #: A progress bar that did not end its line: the next line's text follows it.
 _PROGRESS_TAIL = re.compile(r"\d+%\|[^|]*\||/s\]|/it\]")
 _PROGRESS_BAR = re.compile(r"\d+%\|[^|]*\|")
@@ -63,8 +67,15 @@ LINE_STARTS: tuple[str, ...] = (
     # Thread-3 (_pin_memory_loop):", "Exception ignored in: ..."); a pdsh-style host tag
     # ("worker-3: ", "node12: ", as pdsh and DeepSpeed's multi-node runner print it).
     r"Exception (?:in|ignored in)\b", r"[A-Za-z][\w.-]*\d: ",
+    # nccl-tests' tables and comments ("#       size         count      type   redop").
+    r"#",
+    # A Python warnings-module line ("/venv/.../_initialize.py:25: UserWarning: ...").
+    r"\S+\.py:\d+: \w*Warning: ",
 )
-_LINE_START = re.compile("|".join(f"(?:{s})" for s in LINE_STARTS))
+#: ...and every launcher or platform tag the severity grammar skips (TorchX's
+#: ``trainer/0 [1]:``, a syslog host, dmesg's seconds) starts one too.
+_LINE_START = re.compile("|".join(f"(?:{s})" for s in LINE_STARTS
+                                  + tuple(rx for _n, rx, _e in severity.TAGS)))
 #: A wrapped line is long; shorter ones ended where they did.
 WRAP_MIN = 60
 #: At most this many wrapped lines are joined to a line.
@@ -118,7 +129,8 @@ def is_progress_bar(part: str) -> bool:
 def mpi_rank(line: str) -> tuple[int | None, str]:
     """(rank, rest) for an OpenMPI ``--tag-output`` line, else (None, line)."""
     m = _MPI.match(line)
-    return (int(m.group("rank")), line[m.end():]) if m else (None, line)
+    return (int(m.group("rank")), (m.group("time") or "") + line[m.end():]) if m \
+        else (None, line)
 
 
 def launcher_prefix(line: str) -> tuple[int | None, str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass
+from typing import Callable
 
 
 class Event(str, enum.Enum):
@@ -88,6 +89,40 @@ class LogSign:
     #: failure found" (at least "unknown", with the line quoted). Context signs
     #: (checkpoint and progress lines, NCCL's warnings of a job that went on) are not.
     failure: bool = True
+    #: Where a line is read by a function rather than ``pattern`` (the severity grammar):
+    #: text -> the event's fields, or None where the line is not this sign's.
+    reader: Callable[[str], dict[str, str] | None] | None = None
+    #: Triggers shorter than logsigns.MIN_TRIGGER are allowed and matched whole only,
+    #: none of their hard-wrap pieces: short level tokens (``[E ``, glog's ``E12``) stand
+    #: at a line's head, where a terminal of 40 columns or more does not cut.
+    whole_only: bool = False
 
-    def compile(self) -> re.Pattern[str]:
+    def compile(self) -> re.Pattern[str] | ReaderPattern:
+        if self.reader is not None:
+            return ReaderPattern(self.reader)
         return re.compile(self.pattern, re.IGNORECASE if self.ignore_case else 0)
+
+
+class ReaderMatch:
+    """What a reader found, shaped as the scanner reads a regex match."""
+
+    __slots__ = ("fields",)
+
+    def __init__(self, fields: dict[str, str]) -> None:
+        self.fields = fields
+
+    def groupdict(self) -> dict[str, str]:
+        return self.fields
+
+
+class ReaderPattern:
+    """A sign's reader where the scanner expects a compiled pattern (``search``)."""
+
+    __slots__ = ("reader",)
+
+    def __init__(self, reader: Callable[[str], dict[str, str] | None]) -> None:
+        self.reader = reader
+
+    def search(self, text: str) -> ReaderMatch | None:
+        fields = self.reader(text)
+        return None if fields is None else ReaderMatch(fields)

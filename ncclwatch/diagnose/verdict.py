@@ -109,8 +109,12 @@ def decide(facts: Facts) -> LogFinding:
         ev = [(where, f"{sid}: {text[:200]}") for sid, (where, text) in failing[:6]]
         named = ", ".join(f"{sid} ({facts.scan.hit_counts.get(sid, 1)} line(s))"
                           for sid, _h in failing[:6])
+        ids = {sid for sid, _h in failing}
+        ranks = sorted({e.rank for e in facts.scan.evidence
+                        if e.sign in ids and e.rank is not None})
         return LogFinding("unknown", [], [], "", "failure evidence found, but no known pattern "
                           "explains it" + (f": {named}" if named else "")
+                          + (f"; the failing lines are {who(ranks)}'s" if ranks else "")
                           + "; see the evidence lines.", ev,
                           missing=["a line that points at a rank or a cause"],
                           collect=["every rank's log (torchrun --log-dir DIR --tee 3)",

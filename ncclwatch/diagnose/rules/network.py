@@ -35,13 +35,16 @@ def rule_network(facts: Facts) -> LogFinding | None:
                 items.append((False, time_order(tb), r, tb.where, tb.exception))
     peers = [(r, tb) for r, rf in facts.ranks.items() for tb in rf.tracebacks
              if exception_kind(tb) == "peer"]
-    if not items and (store := _store_lost(facts)):
+    if not items and (store := _store_lost(facts) or _store_unreachable(facts)
+                      or _watchdog_found_error(facts)):
         return store
     if not items:
         # gloo: every failing rank lost a peer, nobody timed out, nobody crashed: the
         # connections broke under live processes. gloo names only ip:port, not the rank.
+        # (A process killed for memory somewhere, unranked, is what went away instead.)
         if peers and not any(rf.timeouts or rf.timeout_tracebacks()
-                             for rf in facts.ranks.values()):
+                             for rf in facts.ranks.values()) \
+                and not any(e.event is Event.OOM for e in facts.unattributed):
             ev = [(tb.where, f"rank {r}: {tb.exception[:200]}") for r, tb in peers[:4]]
             reporting = sorted({r for r, _tb in peers})
             return LogFinding("network_error", reporting, [], "nccl_network_error",
@@ -50,6 +53,9 @@ def rule_network(facts: Facts) -> LogFinding | None:
                               "is not in the logs: every reporting rank counts as initiating.",
                               ev)
         return None
+    if all("Got async event" in it[4] for it in items) \
+            and facts.all_evidence(Event.FINISHED):
+        return None  # an InfiniBand event the job outlived: quoted as failure evidence, no cause
     items.sort(key=lambda x: (x[0],) + x[1])
     lead = items[0]
     first_timeout = min((time_order(e) for rf in facts.ranks.values() for e in rf.timeouts),
@@ -104,3 +110,53 @@ def _store_lost(facts: Facts) -> LogFinding | None:
                             "TORCH_CPP_LOG_LEVEL=INFO TORCH_DISTRIBUTED_DEBUG=DETAIL (the "
                             "store's own connection messages)", "the network path between "
                             "the nodes and MASTER_ADDR:MASTER_PORT (firewall, interface)"])
+
+
+def _store_unreachable(facts: Facts) -> LogFinding | None:
+    """Clients that never reached the c10d store (or the rendezvous's) after c10d's
+    retries, and nothing else failed: the store's host never listened there, or the
+    network or a firewall kept the clients out. The address is the one they tried."""
+    lines = [e for e in facts.all_evidence(Event.STORE) if e.sign == "store_connect_failed"]
+    if not lines or any(rf.tracebacks and any(exception_kind(tb) == "error" for tb in rf.tracebacks)
+                        for rf in facts.ranks.values()):
+        return None
+    e = lines[0]
+    address = next((v for k, v in e.fields.items() if k.startswith("address")), "?")
+    reporting = sorted({x.rank for x in lines if x.rank is not None})
+    return LogFinding("network_error", [], reporting, "nccl_network_error",
+                      f"the c10d store at {address} was never reached"
+                      + (f" by {who(reporting)}" if reporting else "")
+                      + " (c10d gave up after its retries): the store's host (rank 0's process, "
+                      "torchrun's agent or the rendezvous endpoint) was not listening there, or "
+                      "the network between them kept the clients out.",
+                      [(x.where, x.text[:240]) for x in lines[:4]],
+                      ["rule out a wrong MASTER_ADDR / MASTER_PORT or --rdzv-endpoint (the "
+                       "address above) and a store host that crashed before listening"],
+                      missing=["the log of the store's host (rank 0 or the rendezvous endpoint)"],
+                      collect=["rank 0's log and torchrun's agent log (the store host)",
+                               "the address every node resolves MASTER_ADDR to, and whether the "
+                               "port is open between the nodes (firewall, interface)"])
+
+
+def _watchdog_found_error(facts: Facts) -> LogFinding | None:
+    """The watchdog's own exception came from checkForNCCLErrors (an NCCL error), and no
+    rank timed out: the ranks whose frames these are lost a peer, a process that exited or
+    was killed (a whole node, often for memory), or the link under it. Not a hang."""
+    lines = [e for e in facts.scan.evidence if e.sign == "nccl_error_frame"]
+    if not lines or any(e.event in (Event.TIMEOUT, Event.PROGRESS) for e in facts.scan.evidence):
+        return None
+    lost = sorted({e.rank for e in lines if e.rank is not None})
+    return LogFinding("network_error", [], lost, "nccl_network_error",
+                      "the NCCL watchdog found an NCCL error, not a timeout (its exception is "
+                      "raised from checkForNCCLErrors)"
+                      + (f" on {who(lost)}, which only lost a peer" if lost else "")
+                      + ": a peer process exited or was killed (a whole node, often for "
+                      "memory), or the network failed under it; no line says which.",
+                      [(e.where, e.text[:240]) for e in lines[:4]],
+                      ["rule out a peer node killed for memory or lost (its scheduler events, "
+                       "its kernel log) before blaming the network"],
+                      candidates=[r for r in facts.world if r not in lost] if lost else [],
+                      missing=["the log of the peer that went away"],
+                      collect=["every node's log and the scheduler's events (a node killed for "
+                               "memory or lost)", "NCCL_DEBUG=WARN (the NCCL error's own line: "
+                               "'remote process exited or there was a network error')"])
