@@ -110,25 +110,13 @@ def pipe_path(env: Mapping[str, str], rank: int) -> str | None:
     return f"{stem}{rank}.pipe"
 
 
-#: At most this many descriptors of a rank are looked at for its pipe.
-MAX_FDS = 4096
-
-
 def pipe_rank(pid: int, stem: str, proc: str = "/proc") -> int | None:
     """The global rank in the name of the debug-info pipe rank ``pid`` holds
     open (``<stem><rank>.pipe``: torch names it by the rank's number), or None.
     Only the descriptors' link texts are read; nothing is opened."""
     if not stem:
         return None
-    try:
-        names = os.listdir(f"{proc}/{pid}/fd")
-    except OSError:
-        return None
-    for name in names[:MAX_FDS]:
-        try:
-            target = os.readlink(f"{proc}/{pid}/fd/{name}")
-        except OSError:
-            continue
+    for _name, target in rankfs.fd_targets(pid, proc):
         tail = target[len(stem):-len(".pipe")] if target.startswith(stem) \
             and target.endswith(".pipe") else ""
         if tail.isascii() and tail.isdigit() and len(tail) <= 9:

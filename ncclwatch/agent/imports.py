@@ -13,7 +13,6 @@ the package.
 
 from __future__ import annotations
 
-import os
 import posixpath
 import re
 
@@ -80,12 +79,4 @@ class FramePackages:
 
 def _has_init(pid: int, d: str) -> bool:
     """``d/__init__.py`` is a regular file in the rank's root (named, never opened)."""
-    try:
-        got = rankfs.open_in_root(pid, d.rstrip("/") + "/__init__.py", rankfs.REGULAR,
-                                  os.O_PATH)
-    except OSError:
-        return False
-    if got is None:
-        return False
-    os.close(got[0])
-    return True
+    return rankfs.regular_in_root(pid, d.rstrip("/") + "/__init__.py")

@@ -268,3 +268,36 @@ def newest_sibling(pid: int, directory: str, suffix: str, exclude: str,
     finally:
         os.close(dfd)
     return (best[1], best[2]) if best else ("", 0)
+
+
+#: At most this many of a rank's descriptors are looked at (fd_targets).
+MAX_FDS = 4096
+
+
+def fd_targets(pid: int, proc: str = "/proc"):
+    """(fd name, link text) of the rank's open descriptors, at most MAX_FDS:
+    the link texts only, nothing opened (a pipe's or a log's name says what
+    it is). Empty when the rank is gone or its fds cannot be listed."""
+    try:
+        names = os.listdir(f"{proc}/{pid}/fd")
+    except OSError:
+        return
+    for name in names[:MAX_FDS]:
+        try:
+            yield name, os.readlink(f"{proc}/{pid}/fd/{name}")
+        except OSError:
+            continue
+
+
+def regular_in_root(pid: int, path: str, *, follow_last: bool = False,
+                    proc: str = "/proc") -> bool:
+    """``path`` names a regular file inside the rank's root (walked as
+    ``open_in_root`` walks; named with ``O_PATH``, never opened)."""
+    try:
+        got = open_in_root(pid, path, REGULAR, _O_PATH, follow_last=follow_last, proc=proc)
+    except OSError:
+        return False
+    if got is None:
+        return False
+    os.close(got[0])
+    return True

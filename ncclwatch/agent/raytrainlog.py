@@ -27,21 +27,11 @@ _SYS_LOG = re.compile(r"/logs/train/ray-train-sys-worker-[0-9a-f]{16,64}\.log\Z"
 READ_BYTES = 64 << 10
 #: ``... [rank=1, world_size=3]``: Ray's "Setting up process group" message.
 _WORLD = re.compile(r"\bworld_size=(\d{1,7})\]")
-#: At most this many descriptors of a worker are looked at.
-MAX_FDS = 4096
 
 
 def log_fd(pid: int, proc: str = "/proc") -> str | None:
     """``/proc/PID/fd/N`` of the worker's Ray Train system log, or None."""
-    try:
-        names = os.listdir(f"{proc}/{pid}/fd")
-    except OSError:
-        return None
-    for name in names[:MAX_FDS]:
-        try:
-            target = os.readlink(f"{proc}/{pid}/fd/{name}")
-        except OSError:
-            continue
+    for name, target in rankfs.fd_targets(pid, proc):
         if _SYS_LOG.search(target):
             return f"{proc}/{pid}/fd/{name}"
     return None

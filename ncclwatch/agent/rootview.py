@@ -134,19 +134,8 @@ def needed(pid: int, proc: str = "/proc") -> bool:
             maps = f.read()
     except OSError:
         return False
-    return any(not _in_root(pid, m, proc) for m in libpython_paths(maps))
-
-
-def _in_root(pid: int, path: str, proc: str) -> bool:
-    """``path`` names a regular file inside the rank's root (as py-spy would open it)."""
-    try:
-        got = rankfs.open_in_root(pid, path, rankfs.REGULAR, follow_last=True, proc=proc)
-    except OSError:
-        return False
-    if got is None:
-        return False
-    os.close(got[0])
-    return True
+    return any(not rankfs.regular_in_root(pid, m, follow_last=True, proc=proc)
+               for m in libpython_paths(maps))
 
 
 #: ELF program header type of the interpreter (the dynamic loader) path.
