@@ -259,10 +259,3 @@ def build_report(*, node: str, agent_id: str, seq: int, now: float, wall: float,
         ),
     )
 
-
-def _float(v: str | None) -> float:
-    try:
-        x = float(v) if v else 0.0
-    except ValueError:
-        return 0.0
-    return x if 0 < x < 1e7 else 0.0
