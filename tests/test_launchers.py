@@ -5,6 +5,7 @@ hypothesis where a rule holds for every environment)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -344,7 +345,12 @@ def test_rank_ranges_lists_unnumbered_members_after_the_numbers() -> None:
 
 # -- discovery against real processes ------------------------------------------
 
-SLURM = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0",
+#: A job id of this test run's own: a process of another run (or a leftover)
+#: with the same job and rank is older, and discovery keeps the oldest per
+#: rank (a fork of it is not the rank), so a shared id made these tests flaky
+#: whenever two runs shared the machine.
+SLURM_JOB = str(100000 + os.getpid() % 800000)
+SLURM = {"SLURM_JOB_ID": SLURM_JOB, "SLURM_STEP_ID": "0", "SLURM_PROCID": "0",
          "SLURM_NTASKS": "1", "SLURM_LOCALID": "0"}
 TORCH_IDLE = "import torch.distributed, time; print('up', flush=True); time.sleep(60)"
 
@@ -397,7 +403,7 @@ def test_srun_style_ranks_and_what_is_not_a_rank(spawned) -> None:
     time.sleep(max(0.0, YOUNG + 0.5 - (time.time() - t0)))  # past the fork-exec window
     d = Discovery("n")
     pids = {task.pid, sleeper.pid, batch.pid, no_torch.pid}
-    assert _found(d, pids) == {task.pid: (1, 2, "env:SLURM_PROCID", "slurm:4242.0")}
+    assert _found(d, pids) == {task.pid: (1, 2, "env:SLURM_PROCID", f"slurm:{SLURM_JOB}.0")}
     # Settled: non-Python processes are never looked at again; the Python one
     # without torch is (it may import torch later).
     assert not d._seen[sleeper.pid].recheck and not d._seen[batch.pid].recheck
@@ -532,11 +538,11 @@ def test_a_child_between_fork_and_exec_is_no_rank_while_young(spawned) -> None:
     found = _found(d, {parent.pid, child})
     assert time.time() - born < YOUNG, "the machine is too slow to see the fork young"
     assert d._seen[child].rank is None and d._seen[child].recheck, d._seen[child]
-    assert found == {parent.pid: (0, 1, "env:SLURM_PROCID", "slurm:4242.0")}, found
+    assert found == {parent.pid: (0, 1, "env:SLURM_PROCID", f"slurm:{SLURM_JOB}.0")}, found
     time.sleep(max(0.0, born + YOUNG + 0.5 - time.time()))
     found = _found(d, {parent.pid, child})
     assert d._seen[child].rank is not None  # read again once it is no longer young
-    assert found == {parent.pid: (0, 1, "env:SLURM_PROCID", "slurm:4242.0")}, found
+    assert found == {parent.pid: (0, 1, "env:SLURM_PROCID", f"slurm:{SLURM_JOB}.0")}, found
 
 
 def test_mp_spawn_under_srun_workers_by_spawn_index_parent_is_no_rank(spawned) -> None:
@@ -561,7 +567,7 @@ def test_mp_spawn_under_srun_workers_by_spawn_index_parent_is_no_rank(spawned) -
     assert parent.pid not in found, found
     assert sorted((r, w, s) for r, w, s, _ in found.values()) == [
         (0, 2, "spawn_index"), (1, 2, "spawn_index")], found
-    assert {j for *_, j in found.values()} == {"slurm:4242.0"}
+    assert {j for *_, j in found.values()} == {f"slurm:{SLURM_JOB}.0"}
 
 
 def test_numbers_that_disagree_are_shown_beside_the_unnumbered_member() -> None:
