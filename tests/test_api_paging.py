@@ -237,3 +237,27 @@ def test_pages_walk_members_of_unknown_rank_too() -> None:
                     ("job-v", "0")]
     summary = api.jobs_view(d, ranks=False, now=1000.5)["jobs"][0]["rank_states"]
     assert summary == [{"state": "compute", "op": None, "count": 4, "ranks": "2-3,?1,?2"}]
+
+
+def test_a_member_numbered_later_is_not_also_an_unknown_rank() -> None:
+    """A member reported with no number (Ray Train's worker before its log is
+    read) and then, the same process, under its number: the job's rank
+    states count it once, under the number, and no '?N' stays 'unknown'."""
+    from ncclwatch.daemon.api import jobs_view
+    from ncclwatch.daemon.core import Daemon, DaemonConfig
+    from ncclwatch.jobid import UNKNOWN_RANK
+    from ncclwatch.model import RankState
+    from ncclwatch.v1 import collector_pb2 as pb
+    from tests.factories import report, sample
+
+    d = Daemon(DaemonConfig())
+    member = sample("ray:j", UNKNOWN_RANK, 2, RankState.COMPUTE, pid=4242)
+    d.ingest(report([sample("ray:j", 0, 2, RankState.COMPUTE, pid=4241), member], seq=1),
+             now=100.0)
+    later = report([sample("ray:j", 0, 2, RankState.COMPUTE, pid=4241),
+                    sample("ray:j", 1, 2, RankState.COMPUTE, pid=4242)], seq=2)
+    later.report.exited.append(pb.RankIdentity(job_id="ray:j", rank=UNKNOWN_RANK, pid=4242))
+    d.ingest(later, now=101.0)
+    (job,) = jobs_view(d, now=101.5)["jobs"]
+    assert job["rank_states"] == [{"state": "compute", "op": None, "count": 2,
+                                   "ranks": "0-1"}], job["rank_states"]

@@ -256,7 +256,12 @@ def rank_states(ranks: list, world: int, fresh, now: float) -> list[dict[str, An
     read '?1', '?2', and each stands for one of the numbers nobody reported."""
     groups: dict[tuple[str, str], list[int]] = {}
     seen, unidentified = set(), 0
+    # A member numbered later leaves its '?N' record behind (gone): the same
+    # process, now counted under its number, is not an unknown rank too.
+    numbered = {(rec.node, rec.pid) for r, rec in ranks if r >= 0 and rec.gone_at is None}
     for r, rec in ranks:
+        if r < 0 and rec.gone_at is not None and (rec.node, rec.pid) in numbered:
+            continue
         key = (rec.state.value, rec.op.value) if fresh(rec, now) else ("unknown", "none")
         groups.setdefault(key, []).append(r)
         seen.add(r)
