@@ -95,7 +95,7 @@ test-fast: $(STAMP)
 scenarios: $(STAMP)
 	$(PY) -m pytest tests/scenarios -s
 
-# The gRPC fuzz test at 100k examples (make test runs 10k); about 20 minutes.
+# The gRPC fuzz test at 100k examples (make test runs 4k); about 20 minutes.
 fuzz: $(STAMP)
 	NCCLWATCH_FUZZ_EXAMPLES=100000 $(PY) -m pytest tests/test_fuzz.py -q
 
