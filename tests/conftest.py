@@ -154,6 +154,17 @@ class Monitor:
                 return job
         return None
 
+    def wait_stall(self, pids: set[int], kind: str, until: float) -> dict | None:
+        """The job's active stall of ``kind`` (the job that holds ``pids``), polled
+        until it shows or the wall clock passes ``until``; None if it never did."""
+        while True:
+            j = self.job_of(pids)
+            stall = next((s for s in (j or {}).get("stalls", [])
+                          if s["kind"] == kind and s["active"]), None)
+            if stall is not None or time.time() >= until:
+                return stall
+            time.sleep(0.25)
+
     def alive(self) -> bool:
         return all(p.alive() for p in self.procs)
 

@@ -146,13 +146,8 @@ def test_ranks_in_a_container_are_named_from_the_host(ncclwatch_run, tmp_path) -
         (tmp_path / "go").touch()
         save = job.wait_marker("save_start", 60)[0]
         job.wait_marker("wait_start", 30)
-        stall, deadline = None, save["t"] + DETECT_BOUND
-        while time.time() < deadline and stall is None:
-            j = mon.job_of(set(host_pid.values()))
-            stall = next((s for s in (j or {}).get("stalls", [])
-                          if s["kind"] == "checkpoint_gather" and s["active"]), None)
-            if stall is None:
-                time.sleep(0.25)
+        stall = mon.wait_stall(set(host_pid.values()), "checkpoint_gather",
+                               save["t"] + DETECT_BOUND)
         delay = time.time() - save["t"]
         assert stall is not None, (f"no checkpoint_gather within {DETECT_BOUND:.0f}s of the "
                                    f"save:\n{mon.get('/api/v1/jobs')[:4000]}")
@@ -252,13 +247,8 @@ def test_a_slow_save_in_a_container_with_its_own_root(ncclwatch_run, tmp_path,
         (tmp_path / "go").touch()
         save = job.wait_marker("save_start", 60)[0]
         job.wait_marker("wait_start", 30)
-        stall, deadline = None, save["t"] + DETECT_BOUND
-        while time.time() < deadline and stall is None:
-            j = mon.job_of(set(host_pid.values()))
-            stall = next((s for s in (j or {}).get("stalls", [])
-                          if s["kind"] == "checkpoint_gather" and s["active"]), None)
-            if stall is None:
-                time.sleep(0.25)
+        stall = mon.wait_stall(set(host_pid.values()), "checkpoint_gather",
+                               save["t"] + DETECT_BOUND)
         delay = time.time() - save["t"]
         assert stall is not None, (f"{root_kind}: no checkpoint_gather within "
                                    f"{DETECT_BOUND:.0f}s of the save:\n"

@@ -293,13 +293,8 @@ def test_mp_spawn_across_two_nodes_with_the_node_rank_on_its_command_line(ncclwa
                 assert r["rank"] is None or pids[r["rank"]] == r["pid"], r
         go.touch()
         save = _wait(nodes, "save_start", 1, 60)[0]
-        stall, deadline = None, save["t"] + DETECT_WITHIN
-        while time.time() < deadline and stall is None:
-            j = mon.job_of(set(pids.values()))
-            stall = next((s for s in (j or {}).get("stalls", [])
-                          if s["kind"] == "checkpoint_gather" and s["active"]), None)
-            if stall is None:
-                time.sleep(0.25)
+        stall = mon.wait_stall(set(pids.values()), "checkpoint_gather",
+                               save["t"] + DETECT_WITHIN)
         delay = time.time() - save["t"]
         assert stall is not None, mon.get("/api/v1/jobs")[:3000]
         print(f"\nmp.spawn across two nodes: rank 0 named {delay:.1f}s after the save began "

@@ -160,13 +160,8 @@ def test_ray_train_workers_are_found_and_the_saver_named(ncclwatch_run, tmp_path
         (tmp_path / "go").touch()
         save = job.wait_marker("save_start", 60)[0]
         job.wait_marker("wait_start", 30, count=WORKERS - 1)
-        stall, deadline = None, save["t"] + bound
-        while time.time() < deadline and stall is None:
-            j = mon.job_of(set(pids.values()))
-            stall = next((s for s in (j or {}).get("stalls", [])
-                          if s["kind"] == "checkpoint_gather" and s["active"]), None)
-            if stall is None:
-                time.sleep(0.25)
+        stall = mon.wait_stall(set(pids.values()), "checkpoint_gather",
+                               save["t"] + bound)
         delay = time.time() - save["t"]
         assert stall is not None, (f"no checkpoint_gather within {bound:.0f}s of the save:\n"
                                    f"{mon.get('/api/v1/jobs')[:4000]}\n{mon.output()[-3000:]}")
