@@ -276,7 +276,37 @@ def test_a_culprits_gpu_is_exported_with_dcgm_exporters_labels() -> None:
     text = DaemonCollector(d, lambda fn: fn()).exposition().decode()
     lines = [x for x in text.splitlines() if x.startswith("ncclwatch_culprit_gpu_info{")]
     assert lines == ['ncclwatch_culprit_gpu_info{job_id="job-1",rank="0",Hostname="gpu-node-7",'
-                     'gpu="3",UUID="GPU-5fd4b6a2-0c1e-4a8f-9b0e-3d2f1a6c7e88"} 1.0'], text
+                     'gpu="3",UUID="GPU-5fd4b6a2-0c1e-4a8f-9b0e-3d2f1a6c7e88",'
+                     'rank_namespace="",rank_pod=""} 1.0'], text
+
+
+def test_a_culprits_gpu_carries_its_pod_for_dcgm_exporters_pod_join() -> None:
+    """In a pod, the culprit's GPU names the pod under rank_ names (the scrape's target
+    labels namespace and pod are the daemon's own, dcgm-exporter's pod mapping arrives
+    as exported_*): rules.yaml joins them where dcgm-exporter's Hostname is not the node.
+    The pod is the node's word (cgroup, kubelet), not the one the rank declares."""
+    from ncclwatch.daemon.core import Daemon, DaemonConfig
+    from ncclwatch.daemon.export import DaemonCollector
+    from ncclwatch.v1 import collector_pb2 as pb
+    from tests.factories import checkpoint_job
+
+    d = Daemon(DaemonConfig(stall_threshold=5.0))
+    req = checkpoint_job("job-1", 4, node="gpu-node-7")
+    for i, s in enumerate(req.report.samples):
+        s.identity.container.CopyFrom(pb.ContainerInfo(
+            container_pid=7, hostname=f"trainer-{i}", runtime="containerd", pod_uid=f"uid-{i}",
+            namespace="team", pod=f"trainer-{i}", declared_namespace="elsewhere",
+            declared_pod="not-me"))
+        s.gpu.append(pb.GpuMemory(device_index=i, device_uuid=f"GPU-{i}", used_bytes=1 << 30))
+    d.ingest(req, now=100.0)
+    d.tick(now=100.5)
+    text = DaemonCollector(d, lambda fn: fn()).exposition().decode()
+    lines = [x for x in text.splitlines() if x.startswith("ncclwatch_culprit_gpu_info{")]
+    assert lines == ['ncclwatch_culprit_gpu_info{job_id="job-1",rank="0",Hostname="gpu-node-7",'
+                     'gpu="0",UUID="GPU-0",rank_namespace="team",rank_pod="trainer-0"} 1.0'], text
+    # the same pod as the culprit's own series says
+    assert 'rank_namespace="team",rank_pod="trainer-0"} 1.0' in next(
+        x for x in text.splitlines() if x.startswith("ncclwatch_stall_culprit_info{"))
 
 
 

@@ -165,8 +165,10 @@ def build(c: Capture) -> list[Family]:
                  ("job_id", "rank", "device"))
     gpu_info = F("ncclwatch_culprit_gpu_info",
                  "1 per GPU a culprit rank uses, labelled as dcgm-exporter labels the GPU "
-                 "(Hostname: the node, gpu: the index, UUID) so its DCGM_FI_DEV_* series join",
-                 ("job_id", "rank", "Hostname", "gpu", "UUID"))
+                 "(Hostname: the node, gpu: the index, UUID) so its DCGM_FI_DEV_* series join; "
+                 "rank_namespace and rank_pod: the rank's Kubernetes pod (else empty), which "
+                 "dcgm-exporter's pod mapping names as exported_namespace and exported_pod",
+                 ("job_id", "rank", "Hostname", "gpu", "UUID", "rank_namespace", "rank_pod"))
     max_mem = F("ncclwatch_job_rank_memory_max_bytes",
                 "The largest memory any rank of the job holds, per device kind",
                 ("job_id", "device"))
@@ -205,10 +207,11 @@ def build(c: Capture) -> list[Family]:
             if not inc:
                 continue
             for cu in inc.finding.culprits:
-                ns, pod = _pod_of(culprit_recs.get(cu.rank))
+                rec = culprit_recs.get(cu.rank)
+                ns, pod = _pod_of(rec)
                 culprit.add((job_id, kind.value, rank_or_process(cu.rank, cu.node, cu.pid),
                              cu.node, cu.node, cu.state.value, ns, pod), 1)
-                _culprit_memory(rank_mem, gpu_info, job_id, culprit_recs.get(cu.rank), shown)
+                _culprit_memory(rank_mem, gpu_info, job_id, rec, shown)
             dx = inc.diagnosis
             cause.add((job_id, kind.value, dx.root_cause.id), 1)
             if dx.advice is not None:
@@ -431,8 +434,8 @@ def _pod_of(rec) -> tuple[str, str]:
 
 
 def _culprit_memory(fam: Family, gpus: Family, job_id: str, rec, shown: set) -> None:
-    """A culprit's host RSS and per-GPU use, and its GPUs by dcgm-exporter's labels,
-    once per rank across stall kinds."""
+    """A culprit's host RSS and per-GPU use, and its GPUs by dcgm-exporter's labels
+    and its pod, once per rank across stall kinds."""
     if rec is None or (job_id, rec.rank) in shown:
         return
     shown.add((job_id, rec.rank))
@@ -440,8 +443,9 @@ def _culprit_memory(fam: Family, gpus: Family, job_id: str, rec, shown: set) -> 
     fam.add((job_id, label, "host"), rec.rss_bytes)
     for index, used, _total in rec.gpu:
         fam.add((job_id, label, f"gpu{index}"), used)
+    ns, pod = _pod_of(rec)
     for index, uuid in rec.gpu_uuids:
-        gpus.add((job_id, label, rec.node, str(index), uuid), 1)
+        gpus.add((job_id, label, rec.node, str(index), uuid, ns, pod), 1)
 
 
 def _latest_per_node(agents: Iterable[AgentRecord]) -> list[AgentRecord]:
