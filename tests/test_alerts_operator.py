@@ -73,7 +73,11 @@ class Scrape:
         return labels
 
     def relabel(self, name: str, labels: dict[str, str]) -> list[dict[str, str]]:
-        """The series as scraped: daemon series of a lone daemon come from both replicas."""
+        """The series as scraped: daemon series of a lone daemon come from both replicas.
+        Another exporter's (dcgm-exporter's) are written in tests.yaml as its own
+        scrape labels them, target labels and exported_* included: kept as they are."""
+        if not name.startswith("ncclwatch_") and name != "up":
+            return [labels]
         own = {k: v for k, v in labels.items() if k not in ("instance", "replica", "job")}
         if "replica" in labels:
             return [{**own, **self.target(labels.get("instance", "d:7471"), labels["replica"])}]
