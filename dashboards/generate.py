@@ -46,10 +46,19 @@ DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 J = '{job=~"$job", instance=~"$instance", replica=~"$replica|", job_id=~"$job_id"}'
 #: dcgm-exporter's series the job board joins (not the daemon's: no data without it).
 FOREIGN_METRICS = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_XID_ERRORS")
-#: A dcgm-exporter series (%s) for the culprit's GPU: the join of rules.yaml's
-#: ncclwatch:culprit_gpu_*:max, with the dashboard's filters on ncclwatch's side.
-GPU_JOIN = (f"max by (job_id, rank, Hostname, gpu, UUID) (ncclwatch_culprit_gpu_info{J})"
-            " * on (Hostname, UUID) group_left () max by (Hostname, UUID) (%s)")
+#: A dcgm-exporter series (%s) for the culprit's GPU: the joins of rules.yaml's
+#: ncclwatch:culprit_gpu_*:max (by the rank's pod as exported_namespace/exported_pod,
+#: then as namespace/pod, then by node), with the dashboard's filters on ncclwatch's side.
+_GPU_BY = "max by (job_id, rank, Hostname, gpu, UUID, rank_namespace, rank_pod)"
+_IN_POD = J[:-1] + ', rank_pod!=""}'
+GPU_JOIN = " or ".join([
+    *(f"{_GPU_BY} (ncclwatch_culprit_gpu_info{_IN_POD})"
+      " * on (rank_namespace, rank_pod, UUID) group_left ()"
+      " max by (rank_namespace, rank_pod, UUID) (label_replace(label_replace(%s,"
+      f' "rank_namespace", "$1", "{ns}", "(.+)"), "rank_pod", "$1", "{pod}", "(.+)"))'
+      for ns, pod in (("exported_namespace", "exported_pod"), ("namespace", "pod"))),
+    f"{_GPU_BY} (ncclwatch_culprit_gpu_info{J})"
+    " * on (Hostname, UUID) group_left () max by (Hostname, UUID) (%s)"])
 N = '{job=~"$job", instance=~"$instance", replica=~"$replica|", node=~"$node"}'
 I = '{job=~"$job", instance=~"$instance", replica=~"$replica|"}'
 
@@ -500,10 +509,13 @@ def job() -> Board:
          "The culprit rank's GPU as dcgm-exporter reports it: utilisation (100% in a hung "
          "collective or kernel, 0% in a save on the host) and the last XID error (0: none; "
          "79: fallen off the bus, 48: double-bit ECC...). Joined on dcgm-exporter's own "
-         "labels, Hostname and UUID (ncclwatch_culprit_gpu_info); empty where "
-         "dcgm-exporter is not scraped or its Hostname is not the node's name.", "percent",
-         [q(GPU_JOIN % util, "{{job_id}} rank {{rank}} gpu {{gpu}} util"),
-          q(GPU_JOIN % xid, "{{job_id}} rank {{rank}} gpu {{gpu}} XID")],
+         "labels (ncclwatch_culprit_gpu_info): the rank's pod and the GPU's UUID, as "
+         "dcgm-exporter's pod mapping names the pod using each GPU (exported_namespace "
+         "and exported_pod, or namespace and pod under honor_labels), else Hostname and "
+         "UUID; empty where dcgm-exporter is not scraped, or neither maps the rank's pod "
+         "nor has the node's name as Hostname.", "percent",
+         [q(GPU_JOIN.replace("%s", util), "{{job_id}} rank {{rank}} gpu {{gpu}} util"),
+          q(GPU_JOIN.replace("%s", xid), "{{job_id}} rank {{rank}} gpu {{gpu}} XID")],
          max_val=None, foreign=True,
          overrides=[("/ XID$/", [dm.DynamicConfigValue("unit", "none"),
                                  dm.DynamicConfigValue("custom.axisPlacement", "right"),
@@ -558,7 +570,8 @@ def lint_config(boards: Sequence[Board]) -> dict:
     the exclusions are the other exporter's selectors of ``Board.foreign`` panels."""
     entries = [{"dashboard": b.title, "panel": t} for b in boards for t in b.foreign]
     why = ("dcgm-exporter's series come from its own scrape job and instances; the "
-           "query filters ncclwatch's side and joins on Hostname and UUID")
+           "query filters ncclwatch's side and joins on dcgm-exporter's own labels "
+           "(the pod it maps a GPU to, or Hostname, with UUID)")
     return {"exclusions": {r: {"reason": why, "entries": entries}
                            for r in FOREIGN_RULES if entries}}
 

@@ -93,6 +93,8 @@ def substitute(expr: str, outside: Callable[[str], str],
     ``outside(name)`` gives the text for a reference outside string literals,
     ``inside(name)`` for one inside a string literal (None: leave it as is).
     PromQL string literals are "...", '...' (backslash escapes) and `...`.
+    ``$1`` in a string is a regex group (label_replace's replacement), no variable:
+    kept, as Grafana keeps a reference to a variable it does not have.
     """
     out: list[str] = []
     i, n = 0, len(expr)
@@ -120,7 +122,9 @@ def substitute(expr: str, outside: Callable[[str], str],
             i += 1
             continue
         name = variable_name(m.group(0))
-        if quote is None:
+        if quote is not None and name.isdigit():
+            out.append(m.group(0))
+        elif quote is None:
             out.append(outside(name))
         else:
             text = inside(name)

@@ -243,8 +243,17 @@ def test_every_query_of_ncclwatchs_series_selects_the_scrape_job() -> None:
     for name in FILES:
         for title, _, t, _ in iter_targets(_load(name)):
             if title == "Culprit GPU (dcgm-exporter)":
-                assert generate.J in t["expr"] and "DCGM_FI_DEV_" in t["expr"]
-                assert t["expr"].count("{") == 1, t["expr"]  # only ncclwatch's side filtered
+                assert generate.J[:-1] in t["expr"] and "DCGM_FI_DEV_" in t["expr"]
+                # only ncclwatch's side filtered, every one of its selectors by all of J
+                ast, err = parse_promql(t["expr"])
+                assert err is None, err
+                want = {"job", "instance", "replica", "job_id"}
+                for s in selectors(ast):
+                    have = {m.name for m in s.matchers.matchers}
+                    if s.name in generate.FOREIGN_METRICS:
+                        assert not have, t["expr"]
+                    else:
+                        assert s.name == "ncclwatch_culprit_gpu_info" and want <= have, t["expr"]
 
 
 def test_promql_parser_is_real() -> None:
@@ -349,7 +358,8 @@ def test_panel_queries_fill_every_variable() -> None:
         queries = panel_queries(GRAFANA / name, job_id="job-1", instance="127.0.0.1:7471")
         assert len(queries) == sum(len(p["targets"]) for p in iter_panels(d))
         for title, expr in queries:
-            assert "$" not in expr and "[[" not in expr, (title, expr)
+            # "$1": label_replace's regex group, which Grafana keeps (no such variable)
+            assert "$" not in expr.replace('"$1"', "") and "[[" not in expr, (title, expr)
             promql_parser.parse(expr)
             if "ncclwatch_stall_active" in expr:
                 assert 'job_id=~"job-1"' in expr and 'job=~".+"' in expr
@@ -371,3 +381,16 @@ def test_panel_queries_default_to_all_and_escape_regex_values() -> None:
                                rate_interval="30s"))
     assert 'node=~"gpu-1"' in fleet["Agent queue length"]
     assert "[30s]" in fleet["Daemon throughput"]
+
+
+def test_a_regex_group_in_a_string_is_no_variable() -> None:
+    """label_replace's "$1" stays (Grafana has no variable 1 and keeps it); a variable
+    in a string is still filled, and one outside a string is never a group."""
+    from dashboards.queries import substitute
+
+    fill = {"job": "ncclwatch"}.__getitem__
+    assert (substitute('label_replace(x{job=~"$job"}, "p", "$1", "exported_pod", "(.+)")',
+                       fill, fill)
+            == 'label_replace(x{job=~"ncclwatch"}, "p", "$1", "exported_pod", "(.+)")')
+    with pytest.raises(KeyError):
+        substitute("x[$1]", fill, fill)
