@@ -1,7 +1,8 @@
 """`ncclwatch install KIND`: put what a node needs besides code in place.
 
 The wheel carries the systemd units, example configs, alert and recording
-rules, Grafana dashboards, Kubernetes manifests and runbooks as data files
+rules, Grafana dashboards, Kubernetes manifests, the Slurm TaskProlog and
+runbooks as data files
 under ``<prefix>/share/ncclwatch/`` (and the docs under
 ``<prefix>/share/doc/ncclwatch/``; pyproject.toml ``data-files``), so no node
 needs a source checkout. This command finds them where pip put them (the
@@ -32,6 +33,12 @@ class Kind:
     keep_existing: bool        # files people edit (configs): never overwritten without --force
     then: str                  # the next step, printed after copying
     help: str
+    prefix: str = ""           # put before each file's name (a folder other software shares)
+    mode: int = 0o644          # of the installed files (0o755: a script something runs)
+
+    def name(self, source: str) -> str:
+        """The installed name of the shipped file ``source``."""
+        return self.prefix + source
 
 
 #: What can be installed. pyproject.toml's [tool.setuptools.data-files] ships the same
@@ -62,6 +69,12 @@ KINDS = {
                                "ncclwatch-kubernetes-sharded", False,
                                "set the image in kustomization.yaml, then kubectl apply -k <dest>",
                                "the same, for two shards of daemon pairs (docs/deployment.md)"),
+    "slurm": Kind("ncclwatch/slurm", ("deploy/slurm/task-prolog.sh",), "/etc/slurm", True,
+                  "set TaskProlog=/etc/slurm/ncclwatch-task-prolog.sh in slurm.conf on every "
+                  "node (its --dest if you gave one), then scontrol reconfigure",
+                  "the Slurm TaskProlog: the Flight Recorder and a declared timeout for every "
+                  "task (ncclwatch-task-prolog.sh, kept if present, unless --force)",
+                  prefix="ncclwatch-", mode=0o755),
     "runbooks": Kind("doc/ncclwatch/runbooks", ("docs/runbooks/*.md",),
                      "/usr/local/share/doc/ncclwatch/runbooks", False, "",
                      "the alerts' runbooks (Markdown)"),
@@ -104,7 +117,8 @@ def sources(kind: str) -> list[Path]:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    text = "copy the shipped units, configs, rules, dashboards, manifests or runbooks into place"
+    text = ("copy the shipped units, configs, rules, dashboards, manifests, Slurm prolog or "
+            "runbooks into place")
     p = sub.add_parser("install", help=text, description=text + ": " + "; ".join(
         f"{name}: {k.help}, to {k.dest}" for name, k in KINDS.items()))
     p.add_argument("kinds", nargs="+", choices=[*KINDS, "all"], metavar="KIND",
@@ -140,7 +154,7 @@ def main(args: argparse.Namespace) -> int:
         dest = Path(args.root) / dest.relative_to(dest.anchor) if dest.is_absolute() \
             else Path(args.root) / dest if args.root != "/" else dest
         for src in files:
-            target = dest / src.name
+            target = dest / k.name(src.name)
             if args.list:
                 print(f"{src} -> {target}")
                 continue
@@ -154,7 +168,7 @@ def main(args: argparse.Namespace) -> int:
                         RUNBOOK_FALLBACK, args.runbook_url.rstrip("/") + "/"))
                 else:
                     shutil.copyfile(src, target)
-                os.chmod(target, 0o644)
+                os.chmod(target, k.mode)
             except OSError as e:  # typically not root for /etc: say so, no traceback
                 print(f"ncclwatch install: {target}: {e.strerror or e}", file=sys.stderr)
                 return 1

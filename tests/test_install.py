@@ -1,7 +1,7 @@
 """The wheel carries what a node needs besides code, and `ncclwatch install`
 lays it out from an installed wheel (no source checkout): units, configs,
-rules, dashboards, Kubernetes manifests, runbooks; the units' Documentation=
-is a file the wheel installs."""
+rules, dashboards, Kubernetes manifests, the Slurm TaskProlog, runbooks; the
+units' Documentation= is a file the wheel installs."""
 
 from __future__ import annotations
 
@@ -100,11 +100,13 @@ def test_install_lays_out_every_kind_from_the_installed_wheel(installed, tmp_pat
         dest = Path(kind.dest)
         dest = root / (dest.relative_to("/") if dest.is_absolute() else dest)
         want = _source_files(name)
-        assert sorted(p.name for p in dest.iterdir()) == sorted(p.name for p in want), name
+        assert (sorted(p.name for p in dest.iterdir())
+                == sorted(kind.name(p.name) for p in want)), name
         for src in want:
-            assert filecmp.cmp(src, dest / src.name, shallow=False), (name, src.name)
-            assert (dest / src.name).stat().st_mode & 0o777 == 0o644
+            assert filecmp.cmp(src, dest / kind.name(src.name), shallow=False), (name, src.name)
+            assert (dest / kind.name(src.name)).stat().st_mode & 0o777 == kind.mode
     assert (root / "etc/systemd/system/ncclwatch-agent.service").exists()
+    assert (root / "etc/slurm/ncclwatch-task-prolog.sh").stat().st_mode & 0o777 == 0o755
     assert "next: systemctl daemon-reload" in out
     # Configs are edited in place: a second run keeps them, --force replaces them.
     agent = root / "etc/ncclwatch/agent.toml"
@@ -119,6 +121,35 @@ def test_install_lays_out_every_kind_from_the_installed_wheel(installed, tmp_pat
     listed = _run(exe, "install", "kubernetes", "--list", "--dest", str(tmp_path / "k"),
                   env=env, cwd=tmp_path).stdout
     assert "kustomization.yaml" in listed and not (tmp_path / "k").exists()
+
+
+def test_install_slurm_puts_the_task_prolog_where_slurm_conf_names_it(tmp_path: Path,
+                                                                       capsys) -> None:
+    """`ncclwatch install slurm`: /etc/slurm/ncclwatch-task-prolog.sh (the path the
+    docs give TaskProlog=), executable, and a site's edits kept unless --force; the
+    installed copy runs as slurmstepd runs it."""
+    from ncclwatch.cli import main
+    from tests.test_slurm_prolog import run_prolog
+
+    root = tmp_path / "root"
+    assert main(["install", "slurm", "--root", str(root)]) == 0
+    out = capsys.readouterr().out
+    prolog = root / "etc/slurm/ncclwatch-task-prolog.sh"
+    assert f"installed {prolog}" in out and "TaskProlog=/etc/slurm/ncclwatch-task-prolog.sh" in out
+    assert [p.name for p in prolog.parent.iterdir()] == [prolog.name]
+    assert filecmp.cmp(prolog, ROOT / "deploy/slurm/task-prolog.sh", shallow=False)
+    assert prolog.stat().st_mode & 0o777 == 0o755
+    got = run_prolog({"PATH": os.environ["PATH"], "SLURM_JOB_ID": "4242",
+                      "TMPDIR": str(tmp_path)}, prolog)
+    assert got["NCCLWATCH_PG_TIMEOUT_S"] == "600", got
+    # PG_TIMEOUT_S is the site's to edit: a second run keeps it, --force replaces it.
+    prolog.write_text(prolog.read_text().replace("PG_TIMEOUT_S=600", "PG_TIMEOUT_S=1800"))
+    assert main(["install", "slurm", "--root", str(root)]) == 0
+    assert f"kept {prolog}" in capsys.readouterr().out and "=1800" in prolog.read_text()
+    assert main(["install", "slurm", "--root", str(root), "--force"]) == 0
+    assert filecmp.cmp(prolog, ROOT / "deploy/slurm/task-prolog.sh", shallow=False)
+    assert main(["install", "slurm", "--dest", str(tmp_path / "d"), "--list"]) == 0
+    assert f"-> {tmp_path / 'd' / 'ncclwatch-task-prolog.sh'}" in capsys.readouterr().out
 
 
 def test_install_rejects_dest_for_several_kinds(capsys) -> None:
