@@ -3,9 +3,10 @@
 # process-group timeout for every task of every job (docs/deployment.md
 # "Running under Slurm").
 #
-# Install on every node:  TaskProlog=/etc/slurm/ncclwatch-task-prolog.sh  in
-# slurm.conf (or, for one job, `srun --task-prolog=PATH`). Slurm runs it as the
-# job's user with the task's environment before each task, and sets every
+# Install on every node (`ncclwatch install slurm` copies it there from the
+# wheel):  TaskProlog=/etc/slurm/ncclwatch-task-prolog.sh  in slurm.conf (or,
+# for one job, `srun --task-prolog=PATH`). Slurm runs it as the job's user
+# with the task's environment before each task, and sets every
 # "export NAME=value" line it prints in the task. A variable the job already
 # set is left as the job set it: this prints nothing for it.
 
