@@ -35,6 +35,7 @@ class Kind:
     help: str
     prefix: str = ""           # put before each file's name (a folder other software shares)
     mode: int = 0o644          # of the installed files (0o755: a script something runs)
+    in_all: bool = True        # part of `install all` (not: what only some sites run)
 
     def name(self, source: str) -> str:
         """The installed name of the shipped file ``source``."""
@@ -74,7 +75,7 @@ KINDS = {
                   "node (its --dest if you gave one), then scontrol reconfigure",
                   "the Slurm TaskProlog: the Flight Recorder and a declared timeout for every "
                   "task (ncclwatch-task-prolog.sh, kept if present, unless --force)",
-                  prefix="ncclwatch-", mode=0o755),
+                  prefix="ncclwatch-", mode=0o755, in_all=False),
     "runbooks": Kind("doc/ncclwatch/runbooks", ("docs/runbooks/*.md",),
                      "/usr/local/share/doc/ncclwatch/runbooks", False, "",
                      "the alerts' runbooks (Markdown)"),
@@ -122,7 +123,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("install", help=text, description=text + ": " + "; ".join(
         f"{name}: {k.help}, to {k.dest}" for name, k in KINDS.items()))
     p.add_argument("kinds", nargs="+", choices=[*KINDS, "all"], metavar="KIND",
-                   help=f"what to install: {', '.join(KINDS)} or all")
+                   help=f"what to install: {', '.join(KINDS)}, or all (every one but "
+                   f"{', '.join(n for n, k in KINDS.items() if not k.in_all)})")
     p.add_argument("--dest", metavar="DIR", help="destination folder (one KIND only; "
                    "default: the KIND's usual place)")
     p.add_argument("--root", metavar="DIR", default="/",
@@ -136,7 +138,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    kinds = list(KINDS) if "all" in args.kinds else list(dict.fromkeys(args.kinds))
+    kinds = [n for n, k in KINDS.items() if k.in_all] if "all" in args.kinds \
+        else list(dict.fromkeys(args.kinds))
     if args.dest and len(kinds) != 1:
         print("ncclwatch install: --dest takes one KIND", file=sys.stderr)
         return 2

@@ -96,6 +96,9 @@ def test_install_lays_out_every_kind_from_the_installed_wheel(installed, tmp_pat
     assert where.startswith(str(venv / "share" / "ncclwatch")), where  # not this checkout
     root = tmp_path / "root"
     out = _run(exe, "install", "all", "--root", str(root), env=env, cwd=tmp_path).stdout
+    # `all` is what every node takes: the Slurm prolog only where asked for.
+    assert not (root / "etc/slurm").exists(), out
+    out += _run(exe, "install", "slurm", "--root", str(root), env=env, cwd=tmp_path).stdout
     for name, kind in install.KINDS.items():
         dest = Path(kind.dest)
         dest = root / (dest.relative_to("/") if dest.is_absolute() else dest)
@@ -160,32 +163,41 @@ def test_install_rejects_dest_for_several_kinds(capsys) -> None:
 
 
 def test_containerfile_installs_the_wheel_where_units_and_manifests_expect() -> None:
-    """No container engine here: what the image does is read from its
-    Containerfile and checked against the units, the manifests and pyproject."""
+    """What the image does, read from its Containerfile as deploy.imageroot reads it
+    (tests/e2e/test_image.py builds and runs it), checked against the units, the
+    manifests and pyproject."""
+    from deploy import imageroot
+
     text = (ROOT / "Containerfile").read_text()
-    lines = [ln for ln in re.sub(r"\\\n", " ", text).splitlines()
-             if ln.strip() and not ln.lstrip().startswith("#")]
-    bases = [ln.split()[1] for ln in lines if ln.startswith("FROM ")]
-    assert bases and all(re.fullmatch(r"docker\.io/library/python:\$\{PYTHON\}-slim", b)
-                         for b in bases), bases
-    python = re.search(r"^ARG PYTHON=(\d+\.\d+)$", text, re.M).group(1)
+    stages = imageroot.stages(text)
+    # One base from outside, Debian's own; every other stage starts from an earlier one.
+    [outside] = [s.base for s in stages if s.base not in {t.name for t in stages}]
+    suite = imageroot.DEBIAN_SLIM.match(outside)["suite"]
+    python = DEBIAN_PYTHON[suite]
     requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
     assert tuple(map(int, python.split("."))) >= tuple(map(int, requires[2:].split(".")))
-    # Only pip and venv run at build time: no curl/wget/apt downloads.
-    runs = [ln[4:] for ln in lines if ln.startswith("RUN ")]
+    # Build-time downloads: Debian's packages through apt, PyPI's through pip; no curl/wget.
+    runs = [i.args for s in stages for i in s.steps if i.op == "RUN"]
     for cmd in (c.strip() for r in runs for c in r.split("&&")):
-        assert re.match(r"(python -m (pip|venv)|/opt/ncclwatch/bin/pip install|rm |cp )",
+        assert re.match(r"(apt-get update$|DEBIAN_FRONTEND=noninteractive apt-get install -y "
+                        r"--no-install-recommends |python3 -m venv |/build/bin/pip wheel "
+                        r"--no-cache-dir --no-deps |/opt/ncclwatch/bin/pip install |rm |cp )",
                         cmd), cmd
     # Dependencies only as the lock pins and hashes them; the wheel itself without any.
-    assert "pip install --no-cache-dir --require-hashes -r /dist/runtime.lock" in text
-    assert "pip install --no-cache-dir --no-deps /dist/ncclwatch-*.whl" in text
+    pips = [c.strip() for r in runs for c in r.split("&&") if "/opt/ncclwatch/bin/pip" in c]
+    assert [("--require-hashes" in c, "-r /dist/runtime.lock" in c, "--no-deps" in c)
+            for c in pips] == [(True, True, False), (False, False, True)], pips
     # The venv is where the units' ExecStart= and Documentation= point.
-    assert f"python -m venv {VENV_PREFIX}" in text and f"PATH={VENV_PREFIX}/bin:" in text
+    assert f"python3 -m venv {VENV_PREFIX}" in text and f"PATH={VENV_PREFIX}/bin:" in text
     user = re.search(r"^USER (\d+):(\d+)$", text, re.M)
     assert user and int(user.group(1)) != 0
     assert re.search(r'^ENTRYPOINT \["ncclwatch"\]$', text, re.M)
-    ignored = (ROOT / ".dockerignore").read_text().split()
+    ignored = imageroot.ignore_patterns(ROOT)
     assert ".venv" in ignored and ".git" in ignored
+
+
+#: The python3 of each Debian suite the image may start from.
+DEBIAN_PYTHON = {"bookworm": "3.11", "trixie": "3.13"}
 
 
 def test_install_into_a_folder_it_cannot_write_is_a_clear_error(tmp_path: Path, capsys) -> None:
