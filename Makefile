@@ -36,7 +36,8 @@ $(DEMO_STAMP): pyproject.toml constraints.txt
 SYSTEM_DEPS := promtool:prometheus prometheus:prometheus \
 	prometheus-alertmanager:prometheus-alertmanager chromium:chromium systemd-analyze:systemd \
 	munged:munge slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client \
-	mpirun.openmpi:openmpi-bin mpiexec.mpich:mpich fusermount:fuse3 setpriv:util-linux unshare:util-linux
+	mpirun.openmpi:openmpi-bin mpiexec.mpich:mpich fusermount:fuse3 setpriv:util-linux unshare:util-linux \
+	mmdebstrap:mmdebstrap ip:iproute2 nsenter:util-linux
 # Shared libraries loaded at run time (soname:Debian package): fusepy needs libfuse 2.
 SYSTEM_LIBS := libfuse.so.2:libfuse2
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
