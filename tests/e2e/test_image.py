@@ -133,6 +133,8 @@ def test_the_manifests_pods_from_the_image_name_a_real_stall(image, tmp_path,
             assert stall is not None, logs
             assert stall["kind"] == "checkpoint_gather", stall
             assert [c["rank"] for c in stall["culprits"]] == [0], stall
+            # The waiters' frame: the image's py-spy read ranks of another root.
+            assert "barrier" in json.dumps(stall), stall
             [seen] = view["agents"]
             assert seen["node"] == NODE and seen["version"] == ncclwatch.__version__, seen
             # The alert's link is the Service's URL the manifest sets.
