@@ -14,6 +14,7 @@ from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 
 from ncclwatch import sanitize
 from ncclwatch.agent.container import describe as describe_container
+from ncclwatch.daemon.clock import ago, span
 from ncclwatch.model import SIZE_SOURCES, rank_ranges, scheduler_label
 from ncclwatch.savefit import seconds
 
@@ -270,7 +271,7 @@ def render(view: dict[str, Any], daemon: str = "") -> str:
             anchors = (s.get("clock") or {}).get("anchors", [])
             if anchors:  # every duration from one reading, each naming its anchor
                 out.append("  clock: " + "; ".join(
-                    f"{a['what']} {a['seconds_ago']:.0f}s ago" for a in anchors))
+                    f"{a['what']} {ago(a)}" for a in anchors))
             ck = (s.get("forecast") or {}).get("checkpoint")
             if ck:
                 size = (f"{ck['expected_bytes'] / 2**20:.1f} MiB (size from "
@@ -291,7 +292,7 @@ def render(view: dict[str, Any], daemon: str = "") -> str:
                 where = describe_container(c.get("container"))
                 out.append(f"  culprit: rank {c.get('member', c['rank'])} on {c['host']} "
                            f"(pid {c['pid']}{'; ' + where if where else ''}) "
-                           f"{c['state']} for {c['for_seconds']:.0f}s "
+                           f"{c['state']} for {span(c.get('for_seconds_min'), c['for_seconds'])} "
                            f"(since {STATE_ANCHOR.get(c['state'], c['state'] + ' began')})")
                 for f in (c.get("stack") or {}).get("frames", [])[:8]:
                     out.append(f"      {f['name']} ({f['file']}:{f['line']})")

@@ -347,6 +347,7 @@ def incident_view(d: Daemon, inc: Incident, now: float | None = None) -> dict[st
                      op=c.op.value if c.op.value != "none" else None,
                      # at the view's one clock (clock.py), not the last tick's
                      for_seconds=round(_for_seconds(job, c, now), 1),
+                     **_seen_for(job, c, now),
                      **_culprit_progress(job, c.rank),
                      stack=stack_view(d, c.stack_id)) for c in f.culprits]
     waiting_stacks = [{"ranks": _keys(ranks), "stack": stack_view(d, sid)}
@@ -413,6 +414,14 @@ def _for_seconds(job, c, now: float) -> float:
     """How long the culprit has been doing what it does, at the view's clock."""
     rec = job.ranks.get(c.rank) if job else None
     return max(0.0, now - rec.since) if rec is not None and rec.since > 0 else c.for_seconds
+
+
+def _seen_for(job, c, now: float) -> dict[str, float]:
+    """``for_seconds_min``: at least this long (the first report that showed the
+    state), where the start is known only as a span (clock.seen_for)."""
+    rec = job.ranks.get(c.rank) if job else None
+    at_least = clock.seen_for(rec, now) if rec is not None else None
+    return {} if at_least is None else {"for_seconds_min": round(at_least, 1)}
 
 
 def _runbook_base(d: Daemon) -> str:

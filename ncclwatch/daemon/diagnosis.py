@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ncclwatch.advice import Advice, advise
+from ncclwatch.daemon import clock
 from ncclwatch.daemon.budget import Budget
 from ncclwatch.daemon.detect import Finding
 from ncclwatch.daemon.forecast import (
@@ -183,7 +184,8 @@ def facts(e: StallEvidence, now: float) -> dict[str, str]:
         "rank": rank_label(lead.rank) if lead else "?",
         "host": lead.node if lead else "?",
         "activity": (lead.state.value.replace("_", " ") if lead else "?"),
-        "for_s": seconds(lead.for_seconds if lead else now - f.started_at),
+        "for_s": (clock.span(lead.seen_for, lead.for_seconds, seconds) if lead
+                  else seconds(now - f.started_at)),
         "culprits": rank_ranges(c.rank for c in f.culprits) or "none",
         "culprit_states": ", ".join(sorted(set(e.culprit_states))) or "unknown",
         "waiting": rank_ranges(f.waiting),

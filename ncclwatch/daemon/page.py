@@ -18,6 +18,7 @@ from urllib.parse import quote
 
 from ncclwatch import __version__
 from ncclwatch.agent.container import describe as describe_container
+from ncclwatch.daemon.clock import ago, span
 from ncclwatch.daemon.links import job_anchor
 from ncclwatch.daemon.pageheaders import page_headers
 from ncclwatch.model import SIZE_SOURCES, scheduler_label
@@ -227,13 +228,14 @@ def _stall(job_id: str, s: dict[str, Any]) -> str:
         out.append(f"<p class='culprit' data-rank='{c['member']}'>culprit: <b>{who}</b> "
                    f"on <b>{escape(c['host'])}</b> (pid {c['pid']}{_in_container(c)}), "
                    f"{escape(c['state'])} for "
-                   f"{c['for_seconds']:.0f}s{'; writing ' + files if files else ''}</p>")
+                   f"{span(c.get('for_seconds_min'), c['for_seconds'])}"
+                   f"{'; writing ' + files if files else ''}</p>")
     out.append(f"<p class='why'><b>Why:</b> {escape(dx['cause'])}</p>")
     out.append(_fixes(dx, runbook, key))
     anchors = (s.get("clock") or {}).get("anchors", [])
     if anchors:
         out.append("<p class='clock'><small>clock: " + " · ".join(
-            f"{escape(a['what'])} {a['seconds_ago']:.0f}s ago" for a in anchors)
+            f"{escape(a['what'])} {ago(a)}" for a in anchors)
             + "</small></p>")
     out.append(_waiting(s["waiting"]))
     fr = s.get("flight_recorder")

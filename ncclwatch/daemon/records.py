@@ -33,7 +33,7 @@ class RankRecord:
         "still_since", "still_at", "still_op", "since_agent", "progress_known",
         "history",
         "file_first", "evidence", "native_frame", "native_no_wait", "native_stack_id", "start",
-        "payer", "cost",
+        "payer", "cost", "seen_in_state",
     )
 
     def __init__(self, rank: int) -> None:
@@ -91,6 +91,9 @@ class RankRecord:
         # ``since`` on the agent's own clock: a later start of the same state
         # there is a new wait (the agent saw progress in between), not jitter.
         self.since_agent = 0.0
+        # When a report first showed the current state (daemon time): the latest
+        # the state can have begun; ``since`` is the earliest.
+        self.seen_in_state = 0.0
         # Whether the agent reports progress (still_seconds) for this rank.
         self.progress_known = False
         # Its rounds of progress and the still periods they ended: its normal

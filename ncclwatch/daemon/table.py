@@ -249,6 +249,7 @@ class JobTable:
             changed = True
             job.set_state(rec, state, op)
             rec.since = since
+            rec.seen_in_state = anchor
         elif since < rec.since:
             # Same state: keep the earliest anchor, immune to network jitter.
             rec.since = since

@@ -122,11 +122,15 @@ def _watch(base: str, job: subprocess.Popen, lines: list[str], args) -> int:
             alerted = time.time()
             _say()
             _say("=" * 78)
-            # The incident's own clock (one reading, named anchors), not this loop's.
+            # Measured from the job's own log line (torch.save's start, as rank 0
+            # printed it), not from ncclwatch's estimate of that moment: its
+            # ``culprit_began`` anchor is the earliest the evidence allows, which
+            # may be the rank's previous stack, seconds before.
             anchors = {a["id"]: a for a in (stalls[0][1].get("clock") or {}).get("anchors", [])}
-            delay = (f"opened {anchors['opened']['at'] - anchors['culprit_began']['at']:.0f}s "
-                     f"after {anchors['culprit_began']['what']}"
-                     if {"opened", "culprit_began"} <= set(anchors) else "")
+            began = _save_start(lines)
+            delay = (f"opened {anchors['opened']['at'] - began:.0f}s after rank 0's torch.save "
+                     "began (the job's own save_start line)"
+                     if began is not None and "opened" in anchors else "")
             _say(f"!! ncclwatch ALERT {delay}")
             _say(status.render({"jobs": [stalls[0][0]], "agents": view["agents"]}, base))
             _say("=" * 78)
@@ -151,6 +155,16 @@ def _watch(base: str, job: subprocess.Popen, lines: list[str], args) -> int:
     _say("== fix: save sharded (torch.distributed.checkpoint) or raise the timeout around saves.")
     _post_mortem(lines)
     return 0
+
+
+def _save_start(lines: list[str]) -> float | None:
+    """When the saver's torch.save began, by the job's own clock line."""
+    for line in lines:
+        if line.startswith("NCCLWATCH_DEMO phase=save_start "):
+            for word in line.split():
+                if word.startswith("t="):
+                    return float(word[2:])
+    return None
 
 
 def _post_mortem(lines: list[str]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from ncclwatch.daemon import clock
 from ncclwatch.daemon.records import Job, RankRecord
 from ncclwatch.daemon.settings import DaemonConfig
 from ncclwatch.daemon.table import JobTable
@@ -46,7 +47,8 @@ class Culprit:
     state: RankState
     op: CollectiveOp
     stack_id: str
-    for_seconds: float
+    for_seconds: float                # since the earliest start the evidence allows
+    seen_for: float | None = None     # since the first report that showed it (None: same)
 
 
 @dataclass(frozen=True)
@@ -126,7 +128,8 @@ def blocked(job: Job, table: JobTable, now: float, threshold: float,
 def culprit_of(job: Job, rank: int, now: float) -> Culprit:
     rec = job.ranks[rank]
     return Culprit(rank=rank, node=rec.node, pid=rec.pid, state=rec.state, op=rec.op,
-                   stack_id=rec.stack_id, for_seconds=now - rec.since)
+                   stack_id=rec.stack_id, for_seconds=now - rec.since,
+                   seen_for=clock.seen_for(rec, now))
 
 
 def _registry() -> tuple[Detector, ...]:

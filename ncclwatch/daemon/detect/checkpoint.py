@@ -21,6 +21,7 @@ completed, that a culprit never enqueued, waits on that culprit
 
 from __future__ import annotations
 
+from ncclwatch.daemon import clock
 from ncclwatch.daemon.detect import Culprit, DetectConfig, Finding, blocked, culprit_of
 from ncclwatch.daemon.detect.shape import fr_note, fr_waiting, still_peers
 from ncclwatch.daemon.records import Job
@@ -79,7 +80,8 @@ def detect(job: Job, table: JobTable, now: float, cfg: DetectConfig) -> list[Fin
         how = ("/".join(o.value for o in ops) if not provisional
                else "stillness (provisional: no frame says where yet)")
         summary = (f"{who} on {lead.node} is {lead.state.value.replace('_', ' ')} "
-                   f"for {lead.for_seconds:.0f}s while {len(ranks)} rank(s) wait in "
+                   f"for {clock.span(lead.seen_for, lead.for_seconds)} while {len(ranks)} "
+                   "rank(s) wait in "
                    f"{how} for {now - started:.0f}s{note}")
         findings.append(Finding(kind=kind, job_id=job.job_id, culprits=tuple(culprits),
                                 waiting=ranks, waiting_ops=ops,
