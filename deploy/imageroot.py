@@ -15,8 +15,8 @@ what a runtime reads to start a container from it.
     python -m deploy.imageroot --out /var/tmp/ncclwatch-image     (root; mmdebstrap)
 
 Behind a TLS-intercepting proxy, ``--build-ca FILE`` (default: the PIP_CERT,
-REQUESTS_CA_BUNDLE or SSL_CERT_FILE this process has) is visible to RUN steps
-only, at ``/run/build-ca.pem`` with PIP_CERT pointing at it, as a build secret
+REQUESTS_CA_BUNDLE or SSL_CERT_FILE this process has, else the host's system
+bundle; ``--build-ca ''`` for none) is visible to RUN steps only, at ``/run/build-ca.pem`` with PIP_CERT pointing at it, as a build secret
 would be; nothing of it stays in the image.
 """
 
@@ -291,11 +291,18 @@ class Builder:
             raise BuildError(f"{where}: RUN exited {done.returncode}")
 
 
+#: The host's own trust store (Debian's update-ca-certificates output, a site's
+#: proxy CA included), when no variable names one.
+HOST_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+
+
 def host_ca() -> str:
+    """What this host trusts for downloads: a CA bundle its pip or requests are
+    told of, else its system bundle."""
     for name in ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"):
         if os.environ.get(name) and Path(os.environ[name]).is_file():
             return os.environ[name]
-    return ""
+    return HOST_BUNDLE if Path(HOST_BUNDLE).is_file() else ""
 
 
 def build(out: Path, context: Path = ROOT, containerfile: Path = CONTAINERFILE,
@@ -321,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--containerfile", type=Path, default=CONTAINERFILE)
     p.add_argument("--build-ca", default=None, metavar="FILE",
                    help="CA bundle for RUN steps' downloads (default: PIP_CERT, "
-                        "REQUESTS_CA_BUNDLE or SSL_CERT_FILE if set)")
+                        "REQUESTS_CA_BUNDLE or SSL_CERT_FILE if set, else "
+                        f"{HOST_BUNDLE}; '' for none)")
     a = p.parse_args(argv)
     if os.geteuid() != 0:
         print("imageroot: needs root (mmdebstrap, chroot, mount)", file=sys.stderr)

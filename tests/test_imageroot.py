@@ -83,3 +83,18 @@ def test_copy_leaves_out_ignored_paths_and_stays_in_the_context(tmp_path: Path) 
         b._copy("../ctx2 /x", root, "/", "Containerfile:2")
     with pytest.raises(imageroot.BuildError, match="no such earlier stage"):
         b._copy("--from=nope /dist/ /dist/", root, "/", "Containerfile:3")
+
+
+def test_the_build_trusts_what_the_host_trusts(monkeypatch, tmp_path: Path) -> None:
+    """RUN steps download through whatever this host's pip would (a site's
+    intercepting proxy included): a bundle named by a variable, else the system's."""
+    for name in ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    system = imageroot.HOST_BUNDLE if Path(imageroot.HOST_BUNDLE).is_file() else ""
+    assert imageroot.host_ca() == system
+    mine = tmp_path / "ca.pem"
+    mine.write_text("x")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(mine))
+    assert imageroot.host_ca() == str(mine)
+    monkeypatch.setenv("PIP_CERT", str(tmp_path / "missing.pem"))   # not a file: skipped
+    assert imageroot.host_ca() == str(mine)
