@@ -16,8 +16,9 @@ what a runtime reads to start a container from it.
 
 Behind a TLS-intercepting proxy, ``--build-ca FILE`` (default: the PIP_CERT,
 REQUESTS_CA_BUNDLE or SSL_CERT_FILE this process has, else the host's system
-bundle; ``--build-ca ''`` for none) is visible to RUN steps only, at ``/run/build-ca.pem`` with PIP_CERT pointing at it, as a build secret
-would be; nothing of it stays in the image.
+bundle; ``--build-ca ''`` for none) is visible to RUN steps only, at
+``/run/build-ca.pem`` with PIP_CERT pointing at it, as a build secret would be;
+nothing of it stays in the image.
 """
 
 from __future__ import annotations

@@ -29,15 +29,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 import yaml
 
 from tests.conftest import Proc
 
-#: Capabilities by the names Kubernetes uses, as setpriv spells them.
-CAP_NAMES = {"SYS_PTRACE": "sys_ptrace", "DAC_READ_SEARCH": "dac_read_search",
-             "SYS_ADMIN": "sys_admin", "SYS_CHROOT": "sys_chroot", "NET_BIND_SERVICE":
-             "net_bind_service", "KILL": "kill", "CHOWN": "chown"}
-#: Bit numbers in /proc/PID/status CapEff (linux/capability.h).
+#: Capabilities this runner grants and reads, by the names Kubernetes uses (setpriv
+#: spells them in lower case), with their bit in /proc/PID/status CapEff
+#: (linux/capability.h).
 CAP_BITS = {"CHOWN": 0, "DAC_READ_SEARCH": 2, "KILL": 5, "NET_BIND_SERVICE": 10,
             "SYS_CHROOT": 18, "SYS_PTRACE": 19, "SYS_ADMIN": 21}
 SIZE = re.compile(r"^(\d+)(Ki|Mi|Gi)?$")
@@ -109,7 +108,6 @@ class Pod:
 
     def main_pid(self, timeout: float = 20) -> int:
         """The container's first process as the host sees it (the chroot'd one)."""
-        import psutil
         deadline = time.time() + timeout
         while True:
             try:
@@ -188,7 +186,10 @@ class Kubelet:
         if "ALL" not in caps.get("drop", []):
             raise ValueError("a container that keeps the runtime's default capabilities: "
                              "drop ALL and add what it needs")
-        add = [CAP_NAMES[c] for c in caps.get("add", [])]
+        unknown = set(caps.get("add", [])) - set(CAP_BITS)
+        if unknown:
+            raise ValueError(f"capabilities this runner does not know: {sorted(unknown)}")
+        add = [c.lower() for c in caps.get("add", [])]
         capset = ",".join(["-all", *[f"+{c}" for c in add]])
         creds = [f"--reuid={uid}", f"--regid={gid}",
                  f"--groups={','.join(groups)}" if groups else "--clear-groups",
@@ -297,7 +298,8 @@ def cap_eff(pid: int) -> set[str]:
 
 
 def root_mount_options(pid: int) -> set[str]:
-    """The mount options of a process's ``/`` as it sees it."""
+    """The mount options of a process's ``/`` as it sees it (the topmost mount)."""
+    opts: set[str] = set()
     for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines():
         parts = line.split()
         if parts[4] == "/":

@@ -37,7 +37,7 @@ def anchors(inc, job) -> list[tuple[str, float, str, float | None]]:
     lead = inc.finding.culprits[0] if inc.finding.culprits else None
     rec = job.ranks.get(lead.rank) if job is not None and lead is not None else None
     if rec is not None and rec.since > 0:
-        by = rec.seen_in_state if seen_for(rec, 0.0) is not None else None
+        by = rec.seen_in_state if _spanned(rec) else None
         out.append(("culprit_began", rec.since, WORDS["culprit_began"].format(
             rank=lead.rank, state=lead.state.value.replace("_", " ")), by))
     out.append(("first_wait", inc.started_at, WORDS["first_wait"], None))
@@ -80,12 +80,15 @@ def ago(anchor: dict) -> str:
     return span(anchor.get("by_seconds_ago"), anchor["seconds_ago"]) + " ago"
 
 
+def _spanned(rec) -> bool:
+    """The rank's estimated start and the first report of its state differ enough to show."""
+    return rec.since > 0 and rec.seen_in_state - rec.since > SPAN_SHOWN
+
+
 def seen_for(rec, now: float) -> float | None:
     """How long at least a rank has been in its state (the first report that
     showed it), where that differs from its estimated start; else None."""
-    if rec.since > 0 and rec.seen_in_state - rec.since > SPAN_SHOWN:
-        return max(0.0, now - rec.seen_in_state)
-    return None
+    return max(0.0, now - rec.seen_in_state) if _spanned(rec) else None
 
 
 def since(inc, job, now: float, anchor: str) -> float | None:

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, Proc, free_port, need
+from tests.kubelet import cap_eff
 
 pytestmark = pytest.mark.e2e
 
@@ -40,14 +41,6 @@ def _setpriv(caps: list[str]) -> list[str]:
         pytest.fail("setpriv missing: install Debian's util-linux")
     spec = ",".join(["-all"] + [f"+{c}" for c in caps])
     return [setpriv, "--bounding-set", spec, "--inh-caps", "-all", "--no-new-privs"]
-
-
-CAP_BITS = {"dac_read_search": 2, "sys_ptrace": 19}
-
-
-def _effective(pid: int) -> int:
-    status = open(f"/proc/{pid}/status").read()
-    return int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("CapEff:")), 16)
 
 
 def _jobs(http: int) -> list[dict]:
@@ -97,7 +90,7 @@ def test_pod_capabilities_find_another_users_rank_and_its_stack(tmp_path) -> Non
         while not _agent_up(http, "ptrace-only"):
             assert agent.alive() and time.time() < deadline, agent.output()[-2000:]
             time.sleep(0.3)
-        assert _effective(agent.popen.pid) == 1 << CAP_BITS["sys_ptrace"]
+        assert cap_eff(agent.popen.pid) == {"SYS_PTRACE"}
         time.sleep(5)  # ten rounds
         assert not any(j["job"] == JOB for j in _jobs(http)), _jobs(http)
         agent.stop()
@@ -114,7 +107,7 @@ def test_pod_capabilities_find_another_users_rank_and_its_stack(tmp_path) -> Non
         print(f"rank of uid {NOBODY} found with a stack {time.time() - started:.1f} s "
               f"after the agent started")
         # Read once it reports (setpriv has exec'd it): before, the pid is setpriv's own.
-        assert _effective(agent.popen.pid) == sum(1 << CAP_BITS[c] for c in granted)
+        assert cap_eff(agent.popen.pid) == {c.upper() for c in granted}
         assert found["rank"] == 0 and found["host"] == "pod-caps"
         assert "Permission denied" not in agent.output(), agent.output()[-3000:]
     finally:
