@@ -40,11 +40,12 @@ import dataclasses
 import errno
 import logging
 import os
+import re
 import select
 import time
 from collections.abc import Mapping, Sequence
 
-from ncclwatch.agent import rankfs
+from ncclwatch.agent import asowner, rankfs
 from ncclwatch.flightrec import (
     MAX_DUMP_BYTES,
     FlightRecorderError,
@@ -72,7 +73,12 @@ _TRUE = ("1", "true", "yes", "on", "y", "t")
 class PipeUnavailable(Exception):
     """The debug-info pipe cannot be used (not configured, or an OS error that
     needs a person: permission denied, ...). "Nobody is listening" is not this:
-    trigger() answers False and request_dump() None for that."""
+    trigger() answers False and request_dump() None for that. ``reason``: the
+    part that is the same for every rank (the agent says it once)."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason or message
 
 
 def _version_tuple(v: str | Sequence[int] | None) -> tuple[int, int] | None:
@@ -168,21 +174,56 @@ def dump_path(env: Mapping[str, str], rank: int,
 # ------------------------------------------------------------------ trigger
 
 
+#: Errors that mean "no FIFO with a reader there": trigger() answers False.
+_NOBODY = (errno.ENXIO, errno.ENOENT, errno.ELOOP, errno.ENOTDIR)
+_RANK_PATH = re.compile(r"^/proc/(\d+)/(?:root|cwd)(?:/|$)")
+
+
 def _open_fifo(pipe: str) -> int | None:
     """A non-blocking write fd on the FIFO, or None when there is no FIFO with a
     reader. ``pipe`` is walked inside the rank's root (``rankfs.open_named``:
     every component, not only the last), named with O_PATH and checked to be
-    a FIFO before that very inode is opened for writing."""
+    a FIFO before that very inode is opened for writing. torch's FIFO is the
+    training user's, 0644 under the usual umask: where root may not write it
+    the same inode is opened as its owner (``asowner``)."""
     try:
         got = rankfs.open_named(pipe, rankfs.FIFO, os.O_WRONLY)
     except OSError as e:
-        if e.errno in (errno.ENXIO, errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
+        if e.errno in _NOBODY:
             return None      # no reader / gone / a symlink where none may be
-        raise PipeUnavailable(f"{pipe}: {e.strerror}") from None
+        if e.errno != errno.EACCES:
+            raise PipeUnavailable(f"{pipe}: {e.strerror}", reason=e.strerror or "") from None
+        return _open_as_owner(pipe)   # EACCES: it was a FIFO, root may not write it
     if got is None:
         log.warning("%s is not a FIFO: not writing to it", pipe)
         return None
     return got[0]
+
+
+def _open_as_owner(pipe: str) -> int | None:
+    """``_open_fifo``'s answer for a FIFO root may not write, opened as its
+    owner. Only a rank's path (``/proc/PID/root/...``), and only a FIFO of
+    that rank's user."""
+    m = _RANK_PATH.match(pipe)
+    try:
+        if m is None:
+            raise PermissionError(errno.EACCES, "not a rank's path: not opened as its owner")
+        rank_uid = os.stat(f"/proc/{m.group(1)}").st_uid
+        got = rankfs.open_named(pipe, rankfs.FIFO, os.O_PATH)
+        if got is None:
+            return None                # no longer a FIFO: never written
+        opath, st = got
+        try:
+            return asowner.open_fifo(opath, st, rank_uid)
+        finally:
+            os.close(opath)
+    except asowner.NoOwnerSwitch as e:
+        raise PipeUnavailable(f"{pipe}: permission denied, and {e.strerror}",
+                              reason=e.strerror) from None
+    except OSError as e:
+        if e.errno in _NOBODY:
+            return None
+        raise PipeUnavailable(f"{pipe}: {e.strerror}", reason=e.strerror or "") from None
 
 
 def _write_byte(fd: int) -> bool:

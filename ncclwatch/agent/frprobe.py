@@ -115,6 +115,7 @@ class FlightRecorderProbe:
         self.requests_total = 0
         self.dumps_total = 0
         self.failures_total = 0
+        self._told: set[str] = set()
 
     def request(self, procs: Iterable[RankProcess], now: float | None = None) -> int:
         """Trigger a dump of each rank that has a pipe; returns how many were asked."""
@@ -135,6 +136,11 @@ class FlightRecorderProbe:
             try:
                 ok = frpipe.trigger(_in_ns(proc.pid, pipe))
             except frpipe.PipeUnavailable as e:
+                # Said once per cause (a missing capability is the same on every rank).
+                if e.reason not in self._told:
+                    self._told.add(e.reason)
+                    log.warning("rank %d: live Flight Recorder unavailable: %s "
+                                "(said once)", proc.identity.rank, e)
                 log.debug("rank %d: %s", proc.identity.rank, e)
                 ok = False
             if not ok:
