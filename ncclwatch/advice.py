@@ -8,6 +8,10 @@ answers, each with the time left to decide and what that time runs to:
   before the watchdog kills it and the nodes' state is lost;
 - a rank will run out of memory: stop it now, before the OOM killer does;
 - nothing is forecast: take the Flight Recorder dump now, while it exists.
+
+Under an assumed timeout (timeoutsource: the job stated none) no deadline is
+certain, so the answer is the one that is safe for any timeout the job could
+have: take the evidence now. Never "let it run" on a guess.
 """
 
 from __future__ import annotations
@@ -42,6 +46,13 @@ RULES: tuple[Rule, ...] = (
      "watchdog ({remaining}); the OOM killer would take its node down with it. " + DUMP
      + ", then restart from the last complete checkpoint with the fix below.",
      lambda e: e.memory_runs_out.eta_seconds, "memory_runs_out"),
+    ("dump_now", lambda e: e.overrun is not None and e.budget.assumed,
+     "Take the evidence now: the save should end in {eta}, but this job's watchdog "
+     "timeout is not known ({timeout_note}). " + DUMP + ". Then check the job's timeout "
+     "(init_process_group(timeout=...), or its framework's setting): if it is longer than "
+     "the save, let it finish; if not, stop the job cleanly before the watchdog does "
+     "(scancel, or SIGTERM to the launcher) and restart with the fix below.",
+     lambda e: None, "watchdog_fires"),
     ("stop_cleanly", lambda e: e.overrun is not None and e.overrun > 0,
      "Stop the job cleanly now: the save needs {eta} more, the watchdog fires in "
      "{remaining} ({overrun} too late) and the job dies with this checkpoint half-written. "
@@ -56,7 +67,7 @@ RULES: tuple[Rule, ...] = (
      "Take the Flight Recorder dump now, before the watchdog (in {remaining}) ends the job "
      "and the trace with it: " + DUMP.removeprefix("Take the Flight Recorder dump first ")
      + ". Nothing forecasts the end of this stall.",
-     lambda e: e.budget.remaining, "watchdog_fires"),
+     lambda e: None if e.budget.assumed else e.budget.remaining, "watchdog_fires"),
 )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ncclwatch.model import StallKind
+from ncclwatch.timeoutsource import HOW_TO_STATE
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,17 @@ ROOT_CAUSES: tuple[RootCause, ...] = (
         "collective, or raise init_process_group(timeout=...) above the save time; write "
         "to faster local storage and copy to shared storage afterwards.",
         _DCP_EXAMPLE + "\n\n" + _TIMEOUT_EXAMPLE, always_at_risk=True),
+    RootCause(
+        "save_within_assumed_timeout", StallKind.CHECKPOINT_GATHER,
+        "A one-rank checkpoint write against a timeout the job never stated",
+        "rank {rank} is writing {expected} at {rate}/s (size from the {expected_source}) and "
+        "should end in {eta}, but the job's watchdog timeout is not known: {timeout_note}; "
+        "{waiting_n} rank(s) wait in {ops}.",
+        "Take the evidence now, then find the job's timeout (init_process_group(timeout=...) "
+        "or its framework's setting): a job that sets one shorter than this save dies first. "
+        f"So that ncclwatch can count on it, {HOW_TO_STATE}. The pattern does not scale: "
+        "plan for sharded checkpoints (torch.distributed.checkpoint).",
+        _DCP_EXAMPLE + "\n\n" + _TIMEOUT_EXAMPLE),
     RootCause(
         "save_within_budget", StallKind.CHECKPOINT_GATHER,
         "A one-rank checkpoint write that fits the budget",
@@ -294,6 +306,7 @@ REMEDIES: dict[str, str] = {
 REMEDIES_FOR: dict[str, tuple[str, ...]] = {
     "gather_out_of_memory": ("sharded_save", "offload_gather"),
     "save_overruns_watchdog": ("sharded_save", "async_save", "checkpoint_timeout"),
+    "save_within_assumed_timeout": ("sharded_save", "async_save", "checkpoint_timeout"),
     "save_within_budget": ("sharded_save", "async_save"),
     "slow_state_dict_gather": ("sharded_save", "offload_gather"),
     "slow_save": ("sharded_save", "async_save", "checkpoint_timeout"),

@@ -12,7 +12,7 @@ import urllib.request
 from typing import Any
 from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 
-from ncclwatch import sanitize
+from ncclwatch import sanitize, timeoutsource
 from ncclwatch.agent.container import describe as describe_container
 from ncclwatch.daemon.clock import ago, span
 from ncclwatch.model import SIZE_SOURCES, rank_ranges, scheduler_label
@@ -228,6 +228,16 @@ def terminal_view(view: dict[str, Any]) -> dict[str, Any]:
     return safe
 
 
+def _assumed(w: dict[str, Any], job_w: dict[str, Any]) -> str:
+    """"(assumed 600 s ...)" where the timeout is a guess (timeoutsource.note);
+    a stall's view from an older daemon has no source: the job's says it."""
+    note = w.get("timeout_note")
+    if note is None:
+        note = timeoutsource.note(w["timeout_seconds"],
+                                  w.get("timeout_source") or job_w.get("timeout_source", ""))
+    return f" ({note})" if note else ""
+
+
 def render(view: dict[str, Any], daemon: str = "") -> str:
     """The terminal text of a /api/v1/jobs view, every string escaped
     (terminal_view)."""
@@ -245,7 +255,8 @@ def render(view: dict[str, Any], daemon: str = "") -> str:
         rows.append([j["job"], scheduler_label(j.get("scheduler_job")) or "-",
                      f"{j['ranks_reporting']}/{j['world_size']}",
                      ",".join(j["nodes"]), stalls,
-                     f"{_left(w)}s/{w['timeout_seconds']:.0f}s"]
+                     f"{_left(w)}s/{w['timeout_seconds']:.0f}s"
+                     + (" assumed" if timeoutsource.assumed(w.get("timeout_source", "")) else "")]
                     + ([_shard_text(j.get("shard") or {})] if sharded else []))
     out.append(_table(rows, ["JOB", "SCHEDULER JOB", "RANKS", "NODES", "STALL",
                              "WATCHDOG LEFT"] + (["SHARD"] if sharded else [])))
@@ -267,7 +278,7 @@ def render(view: dict[str, Any], daemon: str = "") -> str:
                     out.append(f"       {c['step']}: {c['command']}")
             w = s["watchdog"]
             out.append(f"  watchdog: {_left(w)}s of {w['timeout_seconds']:.0f}s "
-                       f"left")
+                       f"left{_assumed(w, j['watchdog'])}")
             anchors = (s.get("clock") or {}).get("anchors", [])
             if anchors:  # every duration from one reading, each naming its anchor
                 out.append("  clock: " + "; ".join(
@@ -281,6 +292,8 @@ def render(view: dict[str, Any], daemon: str = "") -> str:
                            f"at {ck['write_bytes_per_second'] / 2**20:.2f} MiB/s")
             if ck and ck.get("eta_seconds") is not None:
                 over = ck["overrun_seconds"]
+                fires = ("an assumed watchdog fires" if _assumed(w, j["watchdog"])
+                         else "the watchdog fires")
                 out.append(f"  forecast: save ends in {seconds(ck['eta_seconds'])}, "
                            + (f"{seconds(over)} after the watchdog fires" if over > 0 else
                               f"{seconds(-over)} before the watchdog fires"))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
-from ncclwatch import actions, advice, frameworks, remediation
+from ncclwatch import actions, advice, frameworks, remediation, timeoutsource
 from ncclwatch.daemon import clock, links, progress
 from ncclwatch.daemon.core import Daemon
 from ncclwatch.daemon.incidents import TRACE_FIELDS, Incident
@@ -199,6 +199,12 @@ def _job_head(d: Daemon, job_id: str, job, now: float, wall: float) -> dict[str,
     return {
         "job": job_id, "source": job.source, "world_size": job.world_size,
         "scheduler_job": job.scheduler_job,
+def _assumed_view(b) -> dict[str, Any]:
+    """Whether the budget's timeout is a guess, and the clause that says so
+    (timeoutsource.note; empty when the job or the operator stated it)."""
+    return {"timeout_assumed": b.assumed, "timeout_note": timeoutsource.note(b.timeout, b.source)}
+
+
         "ranks_reporting": job.live_ranks, "nodes": sorted(job.nodes),
         "watchdog": {"timeout_seconds": b.timeout, "timeout_source": b.source,
                      "remaining_seconds": _down(b.remaining),
@@ -206,6 +212,7 @@ def _job_head(d: Daemon, job_id: str, job, now: float, wall: float) -> dict[str,
                      "longest_blocked_seconds": round(b.blocked_seconds, 1)},
         "hang_threshold": hang_threshold_view(d, job, now),
         "timeout_changes": [{"seconds_ago": round(now - t, 1), "timeout": what,
+                     **_assumed_view(b),
                              "from_seconds": old, "to_seconds": new, "host": node,
                              "rank": rank}
                             for t, what, old, new, node, rank in job.timeout_changes],
@@ -370,6 +377,7 @@ def incident_view(d: Daemon, inc: Incident, now: float | None = None) -> dict[st
                      "min_remaining_seconds": _down(min(inc.min_remaining, left.remaining))},
         "culprits": culprits,
         "unknown_ranks": list(f.unknown),
+                     "timeout_source": inc.budget.source, **_assumed_view(inc.budget),
         "waiting": {"ranks": _keys(f.waiting), "ops": [o.value for o in f.waiting_ops],
                     "evidence": evidence_view(f), "provisional": f.provisional,
                     "stacks": waiting_stacks},

@@ -1,10 +1,13 @@
 """The watchdog budget: how long until the process-group timeout fires.
 
 remaining = timeout - time the longest-blocked rank has been blocked. The
-timeout comes from the most specific source: the job's own Flight Recorder
-(the pending collective's timeout_ms, exact), what the job declares
-(NCCLWATCH_WATCHDOG_TIMEOUT_SECONDS in its environment), a per-job override
-in the daemon's config, then the daemon default (600 s, NCCL's default).
+timeout comes from the most specific source (``timeout_for``): the job's own
+Flight Recorder (the pending collective's timeout_ms, exact; that of the
+group the longest-blocked rank waits in when its dump shows it), what the
+job states (its environment, command line, config file or set-up frame:
+agent/timeouts.py), a per-job override in the daemon's config, what a
+previous incarnation of the job id showed, then the daemon default (600 s,
+torch's default: an assumed value, said so wherever shown).
 
 The budget errs small, never large: a wait's start is the earliest moment
 the evidence allows (the agent's tracker and the table's receive anchor both
@@ -17,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
+from ncclwatch import timeoutsource
+from ncclwatch.daemon import jobfacts
 from ncclwatch.daemon.records import Job
 from ncclwatch.daemon.settings import NCCL_DEFAULT_TIMEOUT
 from ncclwatch.daemon.table import JobTable
@@ -38,6 +43,11 @@ class Budget:
     remaining: float
     #: Daemon monotonic time the budget was computed at.
     at: float = 0.0
+
+    @property
+    def assumed(self) -> bool:
+        """The timeout is the daemon's guess (timeoutsource): say so, advise safely."""
+        return timeoutsource.assumed(self.source)
 
     def aged(self, now: float) -> "Budget":
         """The budget as it stands at ``now`` (>= ``at``): a blocked rank's wait

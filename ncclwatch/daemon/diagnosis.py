@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from ncclwatch import timeoutsource
 from ncclwatch.advice import Advice, advise
 from ncclwatch.daemon import clock
 from ncclwatch.daemon.budget import Budget
@@ -101,6 +102,7 @@ RULES: dict[StallKind, tuple[Rule, ...]] = {
     StallKind.CHECKPOINT_GATHER: (
         ("gather_out_of_memory", lambda e: e.memory_runs_out is not None),
         ("save_overruns_watchdog", lambda e: e.overrun is not None and e.overrun > 0),
+        ("save_within_assumed_timeout", lambda e: e.overrun is not None and e.budget.assumed),
         ("save_within_budget", lambda e: e.overrun is not None),
         ("slow_state_dict_gather", lambda e: "gathering_state_dict" in e.culprit_states),
         ("slow_save", lambda e: True),
@@ -193,8 +195,9 @@ def facts(e: StallEvidence, now: float) -> dict[str, str]:
         "ops": "/".join(o.value for o in f.waiting_ops) or "a collective",
         "groups": f.summary.partition(": ")[2] or f.summary,
         "unknown": rank_ranges(f.unknown) or "none",
-        "remaining": seconds(b.remaining),
+        "remaining": timeoutsource.budget_words(seconds(b.remaining), b.timeout, b.source),
         "timeout": seconds(b.timeout),
+        "timeout_note": timeoutsource.note(b.timeout, b.source) or "stated by the job",
         "written": size(w.written_bytes) if w else "?",
         "expected": size(w.expected_bytes) if w and w.expected_bytes else "an unknown size",
         "expected_source": SIZE_SOURCES.get(w.expected_source if w else "", "unknown"),

@@ -125,7 +125,12 @@ def build(c: Capture) -> list[Family]:
                 ("job_id", "kind", "rank", "host", "node", "state", "rank_namespace",
                  "rank_pod"))
     timeout = F("ncclwatch_watchdog_timeout_seconds",
-                "Process-group (watchdog) timeout assumed for the job", ("job_id",))
+                "Process-group (watchdog) timeout the budget runs on: learned from the job, "
+                "stated for it, or assumed (ncclwatch_watchdog_timeout_assumed)", ("job_id",))
+    assumed = F("ncclwatch_watchdog_timeout_assumed",
+                "1 when the job stated no timeout ncclwatch could learn and the budget runs "
+                "on the daemon's default (torch's 600 s unless --watchdog-timeout): the job "
+                "may time out sooner; 0 when the job or the config stated it", ("job_id",))
     remaining = F("ncclwatch_watchdog_remaining_seconds",
                   "Timeout minus how long the longest-blocked rank has been blocked", ("job_id",))
     hang = F("ncclwatch_hang_threshold_seconds",
@@ -198,6 +203,7 @@ def build(c: Capture) -> list[Family]:
         if gpu_max is not None:
             max_mem.add((job_id, "gpu"), gpu_max)
         timeout.add((job_id,), b.timeout)
+        assumed.add((job_id,), 1.0 if b.assumed else 0.0)
         remaining.add((job_id,), b.remaining)
         for kind, inc in incs:
             active.add((job_id, kind.value), 1 if inc else 0)
@@ -238,7 +244,7 @@ def build(c: Capture) -> list[Family]:
                                 m.eta_seconds)
         for w in warnings:
             warn.add((job_id, w.code, w.severity), 1)
-    out = [active, duration, waiting, culprit, timeout, remaining, hang, ranks, world,
+    out = [active, duration, waiting, culprit, timeout, assumed, remaining, hang, ranks, world,
            at_risk, action, decide, cause, eta, overrun, mem_eta, written, expected, write_rate,
            rank_mem, gpu_info, max_mem, warn]
     out += _agent_families(_latest_per_node(c.agents), now, c.staleness)

@@ -16,7 +16,7 @@ from html import escape
 from typing import Any
 from urllib.parse import quote
 
-from ncclwatch import __version__
+from ncclwatch import __version__, timeoutsource
 from ncclwatch.agent.container import describe as describe_container
 from ncclwatch.daemon.clock import ago, span
 from ncclwatch.daemon.links import job_anchor
@@ -45,7 +45,9 @@ table{border-collapse:collapse;margin:.4em 0}td,th{border:1px solid #ccc;padding
 .now small{display:block;color:#fff;opacity:.92}.now small a{color:#fff}
 .fix{border-left:4px solid #1a5fb4;background:#f3f7ff;padding:.2em .7em;margin:.4em 0}
 .fix pre{margin:.2em 0;background:#fff}
-.ok{color:#070}.bad{color:#c00;font-weight:bold}
+.ended{border-left:4px solid #2d7a2d;padding:.1em .7em;margin:.3em 0}
+.ended.lost{border:2px solid #c00;background:#fff5f5}
+.ok{color:#070}.bad{color:#c00;font-weight:bold}.assumed{color:#a35200}
 pre{background:#f6f6f6;padding:.4em;overflow:auto;margin:.2em 0;font-size:12.5px}
 p{margin:.2em 0}small{color:#666}summary{cursor:pointer}
 """
@@ -127,7 +129,7 @@ def _job(job: dict[str, Any]) -> str:
            f"{'STALLED' if stalled else 'ok'}</span></h2>{named}"
            f"<p><small>{job['ranks_reporting']}/{job['world_size']} ranks on "
            f"{escape(_nodes(job['nodes']))}; watchdog timeout {w['timeout_seconds']:.0f}s "
-           f"({escape(w['timeout_source'])}) · <a class='dump' href='/api/v1/dump?job="
+           f"({escape(w['timeout_source'])}){_assumed(w)} · <a class='dump' href='/api/v1/dump?job="
            f"{quote(job['job'], safe='')}' download>evidence bundle</a> (tar.gz: asks every "
            f"rank for fresh stacks first)</small></p>{_owner(job.get('shard'))}"]
     for s in job["stalls"]:
@@ -219,7 +221,7 @@ def _stall(job_id: str, s: dict[str, Any]) -> str:
     out.append(f"<p class='budget'>watchdog budget: <meter min='0' max='1' low='0.5' "
                f"high='0.75' optimum='0' value='{used:.3f}'></meter> "
                f"<b class='remaining'>{math.floor(w['remaining_seconds'])}s</b> of "
-               f"{w['timeout_seconds']:.0f}s left</p>")
+               f"{w['timeout_seconds']:.0f}s left{_assumed(w)}</p>")
     out.append(_forecast(s["forecast"], w["remaining_seconds"]))
     for c in s["culprits"]:
         files = ", ".join(f"{escape(f['path'])} ({f['size_bytes'] / 2**20:.1f} MiB)"
@@ -252,6 +254,13 @@ def _stall(job_id: str, s: dict[str, Any]) -> str:
         if st:
             shown.add(st["id"])
         out.append(_stack(f"culprit's stack: rank {c['member']}", st, f"{key}|stack|{c['member']}"))
+def _assumed(w: dict[str, Any]) -> str:
+    """The guess said as one, beside every timeout shown (timeoutsource.note)."""
+    text = w.get("timeout_note") or timeoutsource.note(w["timeout_seconds"],
+                                                        w.get("timeout_source", ""))
+    return f" <b class='assumed'>{escape(text)}</b>" if text else ""
+
+
     out.append(_groups(s["rank_groups"], shown, key))
     if s["env"]:
         env = " ".join(f"{escape(k)}={escape(v)}" for k, v in sorted(s["env"].items()))

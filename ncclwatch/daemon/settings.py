@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from ncclwatch.config import (boolean, hostport, non_negative_int, option, positive_float, positive_int,
                               urls)
 from ncclwatch.daemon.bounds import Bounds
+from ncclwatch.timeoutsource import TORCH_DEFAULT
 
 if TYPE_CHECKING:
     from ncclwatch.daemon.webconfig import WebConfig
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from ncclwatch.tls import ServerTLS
 
 #: The process-group timeout NCCL (and gloo) apply when a job sets none (seconds).
-NCCL_DEFAULT_TIMEOUT = 600.0
+NCCL_DEFAULT_TIMEOUT = TORCH_DEFAULT
 
 _SECONDS = {"type": positive_float, "metavar": "SECONDS"}
 
@@ -33,7 +34,7 @@ class DaemonConfig:
                        "HOST:PORT", run="127.0.0.1:7471")
     watchdog_timeout: float = option(
         NCCL_DEFAULT_TIMEOUT, "process-group timeout assumed for jobs that declare none "
-        f"(NCCL's default is {NCCL_DEFAULT_TIMEOUT:g})", **_SECONDS)
+        f"(NCCL's default is {NCCL_DEFAULT_TIMEOUT:g}); said to be assumed wherever shown", **_SECONDS)
     #: Job id glob -> watchdog timeout (seconds): the [job_timeouts] table of
     #: the config file and the --job-timeout flags (cli._job_timeouts).
     job_timeouts: dict[str, float] = option(
