@@ -37,7 +37,7 @@ from tests.conftest import Proc
 #: Capabilities this runner grants and reads, by the names Kubernetes uses (setpriv
 #: spells them in lower case), with their bit in /proc/PID/status CapEff
 #: (linux/capability.h).
-CAP_BITS = {"CHOWN": 0, "DAC_READ_SEARCH": 2, "KILL": 5, "NET_BIND_SERVICE": 10,
+CAP_BITS = {"CHOWN": 0, "DAC_READ_SEARCH": 2, "KILL": 5, "SETUID": 7, "NET_BIND_SERVICE": 10,
             "SYS_CHROOT": 18, "SYS_PTRACE": 19, "SYS_ADMIN": 21}
 SIZE = re.compile(r"^(\d+)(Ki|Mi|Gi)?$")
 

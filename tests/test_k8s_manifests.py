@@ -234,10 +234,11 @@ def test_agent_daemonset_security_context() -> None:
     assert pod["hostPID"] is True
     assert not pod.get("hostNetwork") and not pod.get("hostIPC")
     assert pod["automountServiceAccountToken"] is False
-    # The systemd unit's two capabilities, nothing else.
+    # The systemd unit's three capabilities, nothing else.
     unit_caps = {cap.removeprefix("CAP_") for cap in _unit("CapabilityBoundingSet").split()}
     assert sc["capabilities"]["drop"] == ["ALL"] and set(sc["capabilities"]) == {"drop", "add"}
-    assert set(sc["capabilities"]["add"]) == unit_caps == {"SYS_PTRACE", "DAC_READ_SEARCH"}
+    assert set(sc["capabilities"]["add"]) == unit_caps == {"SYS_PTRACE", "DAC_READ_SEARCH",
+                                                                   "SETUID"}
     assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
     assert sc["readOnlyRootFilesystem"] is True
     assert sc["runAsUser"] == 0  # root: other users' ranks (the unit has no User= either)

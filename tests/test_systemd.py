@@ -24,9 +24,12 @@ UNITS = ROOT / "systemd"
 AGENT = "ncclwatch-agent.service"
 DAEMON = "ncclwatch-daemon.service"
 INSTALLED = "/opt/ncclwatch/bin/ncclwatch"
-# What the units reach with systemd 252 (Debian 12); the agent must stay <= 3.0.
+# What the units reach with systemd 252 (Debian 12); the agent must stay <= 3.3.
 # A newer systemd may score new settings: then re-measure, never just raise these.
-MAX_EXPOSURE = {AGENT: 2.9, DAEMON: 1.1}
+# The agent was 2.9 before CAP_SETUID (+0.3, "may change UID/GID identities") and
+# setfsuid allowed back (scored as "@privileged is included"): the live Flight
+# Recorder pipe of every user's rank (docs/security.md says why those two).
+MAX_EXPOSURE = {AGENT: 3.3, DAEMON: 1.1}
 
 
 def systemd_analyze() -> str:
@@ -95,7 +98,7 @@ def exposure(unit_path: Path) -> float:
 
 def test_security_exposure(local_units: Path) -> None:
     got = {u: exposure(local_units / u) for u in (AGENT, DAEMON)}
-    assert got[AGENT] <= 3.0, got
+    assert got[AGENT] <= 3.3, got
     assert got[DAEMON] < got[AGENT], got
     for unit, limit in MAX_EXPOSURE.items():
         assert got[unit] <= limit, f"{unit}: exposure {got[unit]} > {limit} (was reached before)"
@@ -129,16 +132,24 @@ def test_docs_install_where_execstart_points() -> None:
 
 def test_agent_capabilities_and_what_py_spy_and_nvml_need() -> None:
     d = directives(AGENT)
-    caps = {"CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH"}
+    # CAP_SETUID: the live Flight Recorder FIFO opened as its owner (asowner.py).
+    caps = {"CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH", "CAP_SETUID"}
     assert set(d["CapabilityBoundingSet"][0].split()) == caps
     assert set(d["AmbientCapabilities"][0].split()) == caps
     assert "User" not in d and "DynamicUser" not in d  # root: other users' ranks
     # py-spy: ptrace syscalls stay allowed, the process tree stays visible.
-    for f in d.get("SystemCallFilter", []):
+    filters = d.get("SystemCallFilter", [])
+    for f in filters:
         if f.startswith("~"):
             assert not {"@debug", "ptrace", "process_vm_readv", "@ipc"} & set(f[1:].split()), f
-        else:
-            assert "@debug" in f.split(), f
+    assert "@debug" in filters[0].split(), filters
+    # setfsuid, which ~@privileged removes, is allowed back by a later line (systemd
+    # applies them in order), and nothing else of the set-uid family is.
+    privileged = subprocess.run([systemd_analyze(), "syscall-filter", "@privileged"],
+                                capture_output=True, text=True, timeout=30).stdout.split()
+    assert "setfsuid" in privileged
+    removes = next(i for i, f in enumerate(filters) if f.startswith("~") and "@privileged" in f)
+    assert filters[removes + 1:] == ["setfsuid"], filters
     assert "ProtectProc" not in d and "ProcSubset" not in d
     # Checkpoints and interpreters may live in /tmp or /home: read, never hide.
     assert "PrivateTmp" not in d and d["ProtectHome"] == ["read-only"]

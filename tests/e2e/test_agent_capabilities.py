@@ -64,7 +64,7 @@ def test_pod_capabilities_find_another_users_rank_and_its_stack(tmp_path) -> Non
     if os.geteuid() != 0:
         pytest.fail("this test runs the agent as root with a reduced capability set: run as root")
     granted = _granted()
-    assert sorted(granted) == ["dac_read_search", "sys_ptrace"]
+    assert sorted(granted) == ["dac_read_search", "setuid", "sys_ptrace"]
     os.chmod(tmp_path, 0o755)
     rank = Proc([shutil.which("setpriv"), "--reuid", str(NOBODY), "--regid", str(NOBODY),
                  "--clear-groups", sys.executable, "-c",

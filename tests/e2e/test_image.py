@@ -157,7 +157,7 @@ def _as_the_manifests_say(daemon_pid: int, agent_pid: int) -> None:
     uid = next(line.split()[1:] for line in status.splitlines() if line.startswith("Uid:"))
     assert set(uid) == {"65532"}, status
     assert cap_eff(daemon_pid) == set()
-    assert cap_eff(agent_pid) == {"SYS_PTRACE", "DAC_READ_SEARCH"}
+    assert cap_eff(agent_pid) == {"SYS_PTRACE", "DAC_READ_SEARCH", "SETUID"}
     for pid in (daemon_pid, agent_pid):
         assert "ro" in root_mount_options(pid), pid
         assert "NoNewPrivs:\t1" in Path(f"/proc/{pid}/status").read_text()
