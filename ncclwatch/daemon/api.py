@@ -15,7 +15,7 @@ import math
 import time
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, quote
 
 from ncclwatch import actions, advice, frameworks, remediation, timeoutsource
 from ncclwatch.daemon import clock, links, progress
@@ -120,6 +120,8 @@ class JobsPage:
     staleness: float
     next_cursor: str | None
     shards: dict[str, Any] | None = None  # ShardMap.view(): every shard's page
+    #: Ended incidents kept (a day), newest first, with their outcome (ended_view).
+    ended: list[dict[str, Any]] | None = None
 
 
 def jobs_view(d: Daemon, query: JobsQuery | None = None, *, ranks: bool = True,
@@ -174,7 +176,8 @@ def collect_jobs(d: Daemon, q: JobsQuery, now: float | None = None, *,
     return JobsPage(now=now, wall=wall, fresh=d.table.fresh, jobs=out,
                     agents=list(d.table.agents.values()), staleness=d.table.staleness,
                     next_cursor=next_cursor,
-                    shards=d.config.shards.view() if d.config.shards else None)
+                    shards=d.config.shards.view() if d.config.shards else None,
+                    ended=ended_view(d, now) if q.job is None and q.cursor is None else None)
 
 
 def finish_jobs(p: JobsPage) -> dict[str, Any]:
@@ -191,6 +194,8 @@ def finish_jobs(p: JobsPage) -> dict[str, Any]:
            "agents": agents_view(p.agents, now, p.staleness), "next_cursor": p.next_cursor}
     if p.shards is not None:
         out["shards"] = p.shards
+    if p.ended is not None:
+        out["ended"] = p.ended
     return out
 
 
@@ -401,6 +406,7 @@ def incident_view(d: Daemon, inc: Incident, now: float | None = None) -> dict[st
         "cause": dx.sentence, "fix": rc.fix,
         "trace_fields": list(TRACE_FIELDS),
         "trace": [list(p) for p in inc.trace],
+        **outcome_view(inc),
     }
 
 
@@ -545,6 +551,52 @@ def agents_view(agents: list, now: float, staleness: float) -> list[dict[str, An
                     "last_report_seconds": round(now - a.last_recv, 1),
                     "ranks_watched": a.health.ranks_watched, "nvml_up": a.health.nvml_up,
                     "version": a.health.version, "report_gaps": a.gaps_total})
+    return out
+
+
+def outcome_view(inc: Incident) -> dict[str, Any]:
+    """How the incident ended for the job (outcome.py), and its first save
+    forecast scored against that; both None while active or settling."""
+    o, sc, f = inc.outcome, inc.score, inc.forecast
+    return {
+        "outcome": None if o is None else {
+            "outcome": o.outcome, "lost": o.lost, "sentence": o.sentence,
+            "waited_seconds": o.waited_seconds,
+            "lost_rank": None if o.lost_rank is None else rank_label(o.lost_rank),
+            "lost_host": o.lost_host or None},
+        "forecast_score": None if f is None else {
+            "verdict": f.verdict,
+            "made_seconds_into_stall": round(f.made_at - inc.started_at, 1),
+            "predicted_end_seconds": round(f.ends_at - inc.started_at, 1),
+            "budget_end_seconds": round(f.budget_ends_at - inc.started_at, 1),
+            "happened": sc.happened if sc else None, "right": sc.right if sc else None,
+            "error_seconds": sc.error_seconds if sc else None},
+    }
+
+
+def ended_view(d: Daemon, now: float) -> list[dict[str, Any]]:
+    """Ended incidents kept (incidents.KEEP_ENDED), newest first, in brief: also
+    those of jobs that left the table, with a link to the evidence bundle where
+    one can be had (the job is held, or its bundle was kept as it left)."""
+    out = []
+    for inc in reversed(d.incidents.ended):
+        f = inc.finding
+        bundle = inc.job_id in d.table.jobs or inc.job_id in d.kept_bundles
+        out.append({
+            "id": inc.id, "job": inc.job_id, "kind": inc.kind.value,
+            "job_held": inc.job_id in d.table.jobs,
+            "started_at": round(inc.started_wall, 3),
+            "ended_at": round(inc.ended_wall, 3) if inc.ended_wall else None,
+            "ended_seconds_ago": round(now - inc.ended_at, 1) if inc.ended_at else None,
+            "duration_seconds": round((inc.ended_at or now) - inc.started_at, 1),
+            "culprits": [{"rank": rank_label(c.rank), "host": c.node, "state": c.state.value}
+                         for c in f.culprits],
+            "unknown_ranks": [rank_label(r) for r in f.unknown],
+            "root_cause": inc.diagnosis.root_cause.id, "cause": inc.diagnosis.sentence,
+            "evidence_bundle": (f"/api/v1/dump?job={quote(inc.job_id, safe='')}"
+                                if bundle else None),
+            **outcome_view(inc),
+        })
     return out
 
 

@@ -17,6 +17,9 @@ under one folder named after the job and the time:
 - ``flight_recorder.json``: the live Flight Recorder summaries per rank and
   their cross-rank analysis.
 
+A job whose stall lost it (outcome.py) has its bundle packed as it leaves
+the table (``Daemon.kept_bundles``): the same URL serves it for a day.
+
 The fresh ask (``ask``) is the one the daemon makes during a stall: a Python
 dump of every rank (py-spy --nonblocking: no pause), a native dump that the
 agents take only of ranks already sitting still, within their pause budget
@@ -184,6 +187,11 @@ def serve(d: Daemon, call, query: str, fresh_ask: bool = True) -> tuple[int, str
         job_id, wait = parse(query)
     except ValueError as e:
         return 400, "text/plain", f"bad request: {e}\n".encode(), {}
+    kept = call(lambda: None if job_id in d.table.jobs else d.kept_bundles.get(job_id))
+    if kept is not None:  # a lost job that left the table: its bundle as it left
+        _, name, body = kept
+        return 200, "application/gzip", body, {
+            "Content-Disposition": f'attachment; filename="{name}"'}
     fresh: dict[str, Any] = {"asked": False}
     if wait > 0 and fresh_ask:
         t0 = time.monotonic()   # the daemon's clock too (one process)

@@ -17,7 +17,7 @@ from ncclwatch.daemon.budget import Budget, BudgetConfig, budget
 from ncclwatch.daemon.detect import DetectConfig, detect_job
 from ncclwatch.daemon.detect.shape import halted, still_since
 from ncclwatch.daemon.diagnosis import diagnose_stall
-from ncclwatch.daemon.incidents import Incidents
+from ncclwatch.daemon.incidents import KEEP_ENDED, Incidents
 from ncclwatch.daemon.nodebudget import identity_of, rank_cost
 from ncclwatch.daemon.ownership import Ownership
 from ncclwatch.daemon.settings import DaemonConfig
@@ -36,6 +36,9 @@ REFRESH_EVERY = 10.0
 #: Ask a stalled job for Flight Recorder dumps at most this often (one dump per
 #: rank is a file of up to a few MB written by torch; the wait does not change fast).
 FLIGHT_RECORDER_EVERY = 30.0
+#: Evidence bundles kept of lost jobs that left the table: how many, each at
+#: most this many ranks and bytes (packed once, on the event loop).
+KEEP_BUNDLES, KEEP_BUNDLE_RANKS, KEEP_BUNDLE_BYTES = 16, 1024, 8 << 20
 #: Tell a job's agents its shape says a stall is under way (native dumps of
 #: its still ranks allowed) at most this often.
 NATIVE_ASK_EVERY = 2.0
@@ -46,6 +49,11 @@ class Daemon:
         self.config = config or DaemonConfig()
         self.table = JobTable(staleness=self.config.staleness)
         self.table.stacks.max_bytes = self.config.bounds.max_stored_stack_bytes
+        self.table.job_ttl = self.config.gone_job_ttl
+        #: Evidence bundles of lost jobs that left the table: job id -> (daemon
+        #: time, file name, tar.gz), the newest KEEP_BUNDLES for KEEP_ENDED.
+        self.kept_bundles: collections.OrderedDict[str, tuple[float, str, bytes]] = \
+            collections.OrderedDict()
         #: Hits of each bound (bounds.BOUND_LABELS), counted where refused.
         self.bound_hits_total: collections.Counter[str] = collections.Counter()
         self.incidents = Incidents()
@@ -400,8 +408,13 @@ class Daemon:
         wall = time.time() if wall is None else wall
         t0 = time.perf_counter()
         table = self.table
-        for job_id in table.expire(now):
+        def leaving(job_id: str, job) -> None:
             self.incidents.end_job(job_id, now, wall)
+            self.incidents.settle(now, table.jobs.get, table.fresh, job_id)
+            self._keep_bundle(job_id, now)
+
+        self.incidents.prune(now)
+        for job_id in table.expire(now, leaving):
             self.budgets.pop(job_id, None)
             self._escalated.pop(job_id, None)
             self._fr_asked.pop(job_id, None)
@@ -433,9 +446,31 @@ class Daemon:
                     log.warning("job %s at risk (%s): %s", job_id,
                                 inc.diagnosis.root_cause.id, inc.diagnosis.sentence)
             self._escalate(job_id, bool(findings), now)
+        self.incidents.settle(now, table.jobs.get, table.fresh)
         table.dirty.clear()
         self.ticks_total += 1
         self.detect_seconds_total += time.perf_counter() - t0
+
+    def _keep_bundle(self, job_id: str, now: float) -> None:
+        """Pack the evidence bundle of a job leaving the table whose stall lost
+        it, so that the page's and the alert's link still lands on it."""
+        for old in [j for j, (t, _, _) in self.kept_bundles.items() if now - t > KEEP_ENDED]:
+            del self.kept_bundles[old]
+        lost = [i for i in self.incidents.recent(job_id) if i.outcome and i.outcome.lost]
+        job = self.table.jobs.get(job_id)
+        if not lost or job is None or len(job.ranks) > KEEP_BUNDLE_RANKS:
+            return
+        from ncclwatch.daemon import bundle  # bundle builds on this module
+
+        name, body = bundle.archive(bundle.collect(self, job_id, {"asked": False,
+                                                                  "kept": "left the table"},
+                                                   now=now))
+        if len(body) > KEEP_BUNDLE_BYTES:
+            return
+        self.kept_bundles[job_id] = (now, name, body)
+        self.kept_bundles.move_to_end(job_id)
+        while len(self.kept_bundles) > KEEP_BUNDLES:
+            self.kept_bundles.popitem(last=False)
 
     def _confirmed(self, job, f) -> bool:
         """A culprit's state must come from a stack taken after the others waited a while.

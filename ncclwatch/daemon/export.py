@@ -14,6 +14,7 @@ culprits; everything else is per job, per node or per state.
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -33,9 +34,12 @@ from ncclwatch.daemon.agents import AgentRecord
 from ncclwatch.daemon.bounds import BOUND_LABELS
 from ncclwatch.daemon.core import Daemon
 from ncclwatch.daemon.detect import DETECTED_KINDS
+from ncclwatch.daemon.incidents import ERROR_BUCKETS
+from ncclwatch.daemon.outcome import OUTCOMES as INCIDENT_OUTCOMES
+from ncclwatch.daemon.outcome import VERDICTS
 from ncclwatch.daemon.ownership import OUTCOMES
 from ncclwatch.daemon.validate import REJECT_CODES
-from ncclwatch.model import RankState, rank_or_process
+from ncclwatch.model import RankState, rank_label, rank_or_process
 
 
 @dataclass
@@ -88,6 +92,7 @@ def capture(d: Daemon, now: float | None = None) -> Capture:
                    links=(url, links.runbook_base(cfg.runbook_url, url)),
                    staleness=table.staleness, fresh=table.fresh, counters={
                        "opened": dict(d.incidents.opened_total),
+                       **_outcome_counters(d),
                        "rejected": dict(d.rejected_total),
                        "rejected_jobs": dict(d.rejected_jobs_total),
                        "bound_hits": {**d.bound_hits_total, "stored_stack_bytes":
@@ -253,6 +258,7 @@ def build(c: Capture) -> list[Family]:
                "counter")
     for kind in DETECTED_KINDS:
         opened.add((kind.value,), k["opened"].get(kind, 0))
+    out += _outcome_families(k)
     rejected = F("ncclwatch_daemon_rejected_reports", "Reports rejected, by gRPC status",
                  ("code",), "counter")
     for code, n in _with_zeros(REJECT_CODES, k["rejected"]):
@@ -339,6 +345,57 @@ def build(c: Capture) -> list[Family]:
           ("url", "runbook_base"), "info", [(c.links, 1)]),
     ]
     return out
+
+
+def _outcome_counters(d: Daemon) -> dict[str, Any]:
+    """On the loop: ended incidents by outcome, forecasts scored, lost jobs (a day)."""
+    inc = d.incidents
+    lost: dict[tuple[str, str, str, str, str], None] = {}
+    for i in inc.ended:   # one series per job, kind, outcome and culprit (deduplicated)
+        o = i.outcome
+        if o is None or not o.lost:
+            continue
+        c = i.finding.culprits[0] if i.finding.culprits else None
+        rank = c.rank if c else o.lost_rank
+        host = c.node if c else o.lost_host
+        lost[(i.job_id, i.kind.value, o.outcome,
+              rank_label(rank) if rank is not None else "", host)] = None
+    return {"outcomes": dict(inc.outcomes_total), "verdicts": dict(inc.verdicts_total),
+            "forecast_error": (list(inc.error_buckets), inc.error_sum, inc.error_count),
+            "lost": list(lost)}
+
+
+def _outcome_families(k: dict[str, Any]) -> list[Family]:
+    outcomes = Family("ncclwatch_incident_outcomes",
+                      "Incidents ended, by stall kind and how the job came out of it "
+                      "(completed, killed_by_watchdog, rank_lost, lost_sight)",
+                      ("kind", "outcome"), "counter")
+    for kind in DETECTED_KINDS:
+        for o in INCIDENT_OUTCOMES:
+            outcomes.add((kind.value, o), k["outcomes"].get((kind.value, o), 0))
+    lost = Family("ncclwatch_job_lost",
+                  "1 for a day after a stall of the job ended with the job lost "
+                  "(killed_by_watchdog, rank_lost, lost_sight); rank and host: the culprit, "
+                  "or the rank that went first", ("job_id", "kind", "outcome", "rank", "host"))
+    for labels in k["lost"]:
+        lost.add(labels, 1)
+    verdicts = Family("ncclwatch_forecast_verdicts",
+                      "Save forecasts scored when their stall ended: what the first forecast "
+                      "said (ends_in_time, overruns) and whether the outcome bore it out",
+                      ("verdict", "right"), "counter")
+    for v in VERDICTS:
+        for right in (True, False):
+            verdicts.add((v, "true" if right else "false"), k["verdicts"].get((v, right), 0))
+    buckets, total, count = k["forecast_error"]
+    error = Family("ncclwatch_forecast_error_seconds",
+                   "How far the first save forecast's end was from the save's end, for "
+                   "stalls that completed (seconds)", (), "histogram")
+    for le, n in zip(ERROR_BUCKETS, itertools.accumulate(buckets)):
+        error.add((floatToGoString(le),), n)
+    error.add(("+Inf",), count)
+    error.add(("sum",), total)
+    error.add(("count",), count)
+    return [outcomes, lost, verdicts, error]
 
 
 def _with_zeros(known: Iterable[str], counts: dict[str, float]) -> list[tuple[str, float]]:

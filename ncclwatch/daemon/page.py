@@ -47,6 +47,8 @@ table{border-collapse:collapse;margin:.4em 0}td,th{border:1px solid #ccc;padding
 .fix pre{margin:.2em 0;background:#fff}
 .ended{border-left:4px solid #2d7a2d;padding:.1em .7em;margin:.3em 0}
 .ended.lost{border:2px solid #c00;background:#fff5f5}
+.ended{border-left:4px solid #2d7a2d;padding:.1em .7em;margin:.3em 0}
+.ended.lost{border:2px solid #c00;background:#fff5f5}
 .ok{color:#070}.bad{color:#c00;font-weight:bold}.assumed{color:#a35200}
 pre{background:#f6f6f6;padding:.4em;overflow:auto;margin:.2em 0;font-size:12.5px}
 p{margin:.2em 0}small{color:#666}summary{cursor:pointer}
@@ -111,22 +113,80 @@ def render(view: dict[str, Any]) -> str:
         parts.append("<p>No training jobs seen yet. Agents connected: "
                      f"{sum(1 for a in view['agents'] if a['connected'])}.</p>")
     # Stalled jobs first: the one that needs a person goes above the fold.
+    ended: dict[str, list[dict[str, Any]]] = {}
+    for e in view.get("ended") or []:
+        ended.setdefault(e["job"], []).append(e)
+    held = {j["job"] for j in view["jobs"]}
+    # Lost jobs that left the table next, a day long: the page that woke
+    # someone says the job died, not that all is well.
+    gone = [_gone_job(job_id, es) for job_id, es in ended.items()
+            if job_id not in held and any(_lost(e) for e in es)]
     for job in sorted(view["jobs"], key=lambda j: not j["stalls"]):
-        parts.append(_job(job))
+        if not job["stalls"] and gone:
+            parts += gone
+            gone = []
+        parts.append(_job(job, ended.get(job["job"], [])))
+    parts += gone
     parts.append(_agents(view["agents"]))
     owner = f"<script id='owner'>{_OWNER_SCRIPT}</script>" if view.get("shards") else ""
     parts.append(f"</main><script id='refresh'>{_SCRIPT}</script>{owner}</body></html>")
     return "".join(parts)
 
 
-def _job(job: dict[str, Any]) -> str:
+def _lost(e: dict[str, Any]) -> bool:
+    return bool(e.get("outcome") and e["outcome"]["lost"])
+
+
+def _ended(items: list[dict[str, Any]]) -> str:
+    """The job's ended incidents (a day): lost ones in red with the outcome,
+    the culprit and the evidence bundle; completed ones in green."""
+    out = []
+    for e in items:
+        o = e.get("outcome")
+        lost = _lost(e)
+        said = escape(o["sentence"]) if o else "ended; its outcome is being decided"
+        who = ", ".join(f"rank {escape(c['rank'])} on {escape(c['host'])} "
+                        f"({escape(c['state'].replace('_', ' '))})" for c in e["culprits"])
+        sc = e.get("forecast_score")
+        score = ""
+        if sc and sc.get("right") is not None:
+            score = (f" · the forecast said {escape(sc['verdict'].replace('_', ' '))}: "
+                     f"{'right' if sc['right'] else 'wrong'}"
+                     + (f" (end off by {abs(sc['error_seconds']):.0f}s)"
+                        if sc.get("error_seconds") is not None else ""))
+        link = (f" · <a class='dump' href='{escape(e['evidence_bundle'])}' download>evidence "
+                "bundle</a>" if e.get("evidence_bundle") else "")
+        ago_ = e.get("ended_seconds_ago")
+        out.append(
+            f"<div class='ended {'lost' if lost else 'done'}' data-outcome='"
+            f"{escape(o['outcome']) if o else ''}'><p><b class='{'bad' if lost else 'ok'}'>"
+            f"{escape(e['kind'].replace('_', ' '))} ended</b>"
+            f"{f' {ago_:.0f}s ago' if ago_ is not None else ''} after "
+            f"{e['duration_seconds']:.0f}s: {said}</p><p><small>"
+            f"{'culprit: ' + who if who else 'no culprit named'}; root cause "
+            f"{escape(e['root_cause'])}{score}{link}</small></p></div>")
+    return "".join(out)
+
+
+def _gone_job(job_id: str, items: list[dict[str, Any]]) -> str:
+    """A lost job that left the job table: its ended incidents, under the
+    anchor alerts link to."""
+    return (f"<section class='job gone' id='{escape(job_anchor(job_id))}'><h2>job "
+            f"{escape(job_id)} — <span class='bad'>LOST</span></h2><p><small>its ranks are "
+            "gone and it left the job table; kept here for a day</small></p>"
+            f"{_ended(items)}</section>")
+
+
+def _job(job: dict[str, Any], ended: list[dict[str, Any]] | None = None) -> str:
     w = job["watchdog"]
     stalled = bool(job["stalls"])
+    ended = ended or []
+    lost = not stalled and any(_lost(e) for e in ended)
     sj = job.get("scheduler_job")
     named = f"<p class='scheduler-job'>{escape(scheduler_label(sj))}</p>" if sj else ""
     out = [f"<section class='job' id='{escape(job_anchor(job['job']))}'>"
-           f"<h2>job {escape(job['job'])} — <span class='{'bad' if stalled else 'ok'}'>"
-           f"{'STALLED' if stalled else 'ok'}</span></h2>{named}"
+           f"<h2>job {escape(job['job'])} — <span class='{'bad' if stalled or lost else 'ok'}'>"
+           f"{'STALLED' if stalled else 'LOST' if lost else 'ok'}</span></h2>{named}"
            f"<p><small>{job['ranks_reporting']}/{job['world_size']} ranks on "
            f"{escape(_nodes(job['nodes']))}; watchdog timeout {w['timeout_seconds']:.0f}s "
            f"({escape(w['timeout_source'])}){_assumed(w)} · <a class='dump' href='/api/v1/dump?job="
@@ -134,6 +194,7 @@ def _job(job: dict[str, Any]) -> str:
            f"rank for fresh stacks first)</small></p>{_owner(job.get('shard'))}"]
     for s in job["stalls"]:
         out.append(_stall(job["job"], s))
+    out.append(_ended(ended))
     key = escape(f"{job['job']}|ranks")
     if "ranks" not in job:  # a large job: its ranks by state (per rank: the API)
         rows = "".join(

@@ -33,7 +33,7 @@ class RankRecord:
         "still_since", "still_at", "still_op", "since_agent", "progress_known",
         "history",
         "file_first", "evidence", "native_frame", "native_no_wait", "native_stack_id", "start",
-        "payer", "cost", "seen_in_state",
+        "payer", "cost", "seen_in_state", "gone_waiting",
     )
 
     def __init__(self, rank: int) -> None:
@@ -70,6 +70,10 @@ class RankRecord:
         # (device index, NVML UUID) of those devices: dcgm-exporter's gpu and UUID
         self.gpu_uuids: tuple[tuple[int, str], ...] = ()
         self.gone_at: float | None = None
+        # Whether it was waiting on its peers (in a collective, at a device
+        # sync) when it went: a waiter the watchdog killed, not a rank that
+        # died first (outcome.py).
+        self.gone_waiting = False
         self.vms_bytes = 0
         # (kind, used, limit): host, cgroup, address_space, gpu<i>
         self.limits: tuple[tuple[str, int, int], ...] = ()

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 NCCL_DEFAULT_TIMEOUT = TORCH_DEFAULT
 
 _SECONDS = {"type": positive_float, "metavar": "SECONDS"}
+#: A job whose ranks are all gone is forgotten after this long (seconds).
+GONE_JOB_TTL = 120.0
 
 
 @dataclass
@@ -51,6 +53,10 @@ class DaemonConfig:
                                **_SECONDS)
     staleness: float = option(10.0, "seconds without a report before an agent's ranks are "
                               "unknown", **_SECONDS)
+    gone_job_ttl: float = option(
+        GONE_JOB_TTL, "seconds a job whose ranks are all gone (or silent) stays in the job table "
+        "before it is forgotten; its ended incidents, with their outcome, stay on the page "
+        "and in the API for a day", **_SECONDS)
     tick: float = 0.5
     tls: ServerTLS | None = None  # mTLS for the agents' gRPC (None: insecure)
     web: WebConfig | None = None  # HTTPS and basic auth for HTTP (None: plain)

@@ -12,7 +12,7 @@ import collections
 import logging
 import math
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 from ncclwatch.daemon.agents import AgentRecord
@@ -20,6 +20,7 @@ from ncclwatch.daemon.jobfacts import take_facts
 from ncclwatch.daemon.learn import CPU_RECENT_TAU, smooth_cpu, take_progress
 from ncclwatch.daemon.nodebudget import Held, rank_cost
 from ncclwatch.daemon.records import Job, RankRecord
+from ncclwatch.daemon.settings import GONE_JOB_TTL
 from ncclwatch.daemon.stackstore import StackStore
 from ncclwatch.daemon.translate import container_of, take_process
 from ncclwatch.model import CollectiveOp, RankState, WaitEvidence
@@ -27,8 +28,6 @@ from ncclwatch.v1 import collector_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-#: A job whose ranks are all gone is forgotten after this long.
-GONE_JOB_TTL = 120.0
 #: A state's start moving later by more than this on the agent's clock: a new
 #: episode of it (the agent re-anchors a wait it saw the rank progress out of).
 NEW_EPISODE = 0.5
@@ -49,6 +48,8 @@ class JobTable:
         self.agents: dict[str, AgentRecord] = {}
         self.stacks = StackStore()
         self.staleness = staleness
+        #: Seconds a job whose ranks are all gone (or silent) is kept (expire).
+        self.job_ttl = GONE_JOB_TTL
         self.dirty: set[str] = set()
         self.samples_total = 0
         self.reports_total = 0
@@ -371,6 +372,7 @@ class JobTable:
                 or (agent_id is not None and rec.agent_id != agent_id):
             return
         rec.gone_at = now
+        rec.gone_waiting = rec.rank in job.waiting
         rec.still_at = None  # a wait cut short by exit is no normal wait
         job.set_state(rec, RankState.UNKNOWN, CollectiveOp.NONE)
         rec.since = now
@@ -414,22 +416,28 @@ class JobTable:
         agent = self.agents.get(rec.agent_id)
         return agent is not None and not agent.stale(now, self.staleness)
 
-    def expire(self, now: float) -> list[str]:
-        """Forget jobs whose ranks are all gone (or silent) for a while."""
+    def expire(self, now: float,
+               before: Callable[[str, Job], None] | None = None) -> list[str]:
+        """Forget jobs whose ranks are all gone (or silent) for ``job_ttl``.
+
+        ``before``: called with each such job while the table still holds it
+        (its incidents end with what the table knows of it)."""
         dead = []
         for job_id, job in self.jobs.items():
-            if now - job.last_update < GONE_JOB_TTL:
+            if now - job.last_update < self.job_ttl:
                 continue
             if all(r.gone_at is not None or not self.fresh(r, now) for r in job.ranks.values()):
                 dead.append(job_id)
         for job_id in dead:
+            if before is not None:
+                before(job_id, self.jobs[job_id])
             job = self.jobs.pop(job_id)
             self.held.release_job(job)
             for aid in {r.agent_id for r in job.ranks.values()}:
                 if (agent := self.agents.get(aid)) is not None:
                     agent.jobs.discard(job_id)
         for agent_id in [a for a, rec in self.agents.items()
-                         if not rec.connected and now - rec.last_recv > GONE_JOB_TTL]:
+                         if not rec.connected and now - rec.last_recv > self.job_ttl]:
             gone = self.agents.pop(agent_id)
             ids = self.node_agents.get(gone.identity)
             if ids is not None:
