@@ -195,6 +195,7 @@ FIELDS: dict[str, FieldRule] = {
     "OpenFile.header_error": FieldRule(200, VALUE),
     "GpuMemory.device_uuid": FieldRule(MAX_NAME, OWN),
     "JobInfo.source": FieldRule(64, OWN),
+    "JobInfo.watchdog_timeout_source": FieldRule(64, OWN),
     "JobInfo.packages": FieldRule(64, LABEL),
     "JobInfo.EnvEntry.key": FieldRule(MAX_NAME, LABEL),
     "JobInfo.EnvEntry.value": FieldRule(MAX_ENV_VALUE, VALUE),

@@ -65,9 +65,8 @@ def test_discovery_finds_the_rank_once_and_keeps_only_allowlisted_env(fake_rank)
 
 def test_discovery_reads_the_timeout_a_rank_states_on_its_command_line(tmp_path) -> None:
     """`--ddp_timeout 1800` (Hugging Face's) on the rank's command line is its declared
-    timeout; a variable in its environment says it first."""
-    from ncclwatch.agent.timeouts import declared_timeout
-
+    timeout, marked with its source; ncclwatch's own variable in its environment
+    says it first."""
     procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path / f"c{i}.pt"),
                                "--ddp_timeout", "1800"],
                               env={**os.environ, **RANK_ENV, "MASTER_PORT": str(29560 + i),
@@ -79,9 +78,8 @@ def test_discovery_reads_the_timeout_a_rank_states_on_its_command_line(tmp_path)
             assert p.stdout.readline().strip() == "ready"
         found = {r.pid: r for r in Discovery("nodeA").scan()}
         plain, stated = (found[p.pid] for p in procs)
-        assert plain.args_timeout == stated.args_timeout == 1800.0
-        assert (declared_timeout(plain.env) or plain.args_timeout) == 1800.0
-        assert (declared_timeout(stated.env) or stated.args_timeout) == 900.0
+        assert (plain.timeout, plain.timeout_source) == (1800.0, "args:--ddp_timeout")
+        assert (stated.timeout, stated.timeout_source) == (900.0, "env:NCCLWATCH_PG_TIMEOUT_S")
     finally:
         for p in procs:
             os.killpg(p.pid, 9)

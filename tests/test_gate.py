@@ -218,7 +218,8 @@ def round_inputs(draw):
                               pod_uid=h(), namespace=h(), pod=h(), declared_namespace=h(),
                               declared_pod=h())
     proc = RankProcess(pid=4242, create_time=1.0, identity=ident,
-                       env=sanitize.filter_env(env), container=container)
+                       env=sanitize.filter_env(env), container=container,
+                       timeout=90.0, timeout_source=o())
     t = RankTracker(proc, 0.0)
     t.packages = frozenset({h(), h()})     # package names from paths the rank chose
     files = (OpenFile(h(), 10, previous_path=h(), expected_source=o(), copy_source_path=h(),

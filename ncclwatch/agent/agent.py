@@ -15,7 +15,7 @@ import uuid
 import psutil
 
 from ncclwatch import __version__
-from ncclwatch.agent import caps, imports
+from ncclwatch.agent import caps, imports, ranklocals
 from ncclwatch.agent.alive import touch as mark_alive
 from ncclwatch.agent.discover import Discovery, RankProcess
 from ncclwatch.agent.frprobe import FlightRecorderProbe
@@ -314,6 +314,7 @@ class Agent:
                 return
         if raw:
             self.ranks_learned.from_locals(t.proc, raw)
+            t.timeout_shown(ranklocals.timeout_claim(raw))
         # Within the caps first (a recursion 5,000 deep keeps its innermost and
         # outermost frames): what is classified is what is sent.
         threads = caps.trim_threads(threads)

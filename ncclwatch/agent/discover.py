@@ -34,16 +34,17 @@ rank), and an unnumbered member whose parent is in the same job is a fork.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import psutil
 
-from ncclwatch.agent import caps, container as containers, launchers, raytrain, rankenv
+from ncclwatch.agent import caps, container as containers, launchers, rankenv, rankfs, raytrain
 from ncclwatch.agent.container import NONE as NO_CONTAINER, ContainerInfo
 from ncclwatch.agent.pyspy import find_pyspy
-from ncclwatch.agent.timeouts import args_timeout
+from ncclwatch.agent.timeouts import stated_timeout
 from ncclwatch.envpolicy import local_env
 from ncclwatch.jobid import (
     LOOPBACK, MAX_JOB_ID_LEN, NODE_LOCAL_SOURCE, UNKNOWN_RANK, UNKNOWN_SOURCE, RankIdentity,
@@ -77,19 +78,49 @@ class RankProcess:
     local: dict[str, str] = field(default_factory=dict)
     #: The container (and Kubernetes pod) it runs in; empty on the host.
     container: ContainerInfo = NO_CONTAINER
-    #: The process-group timeout its command line states (report.args_timeout), 0: none.
-    args_timeout: float = 0.0
+    #: The process-group timeout it states (its environment, command line or
+    #: the config file that names: agent.timeouts.stated_timeout), 0: none,
+    #: and where it was read (``args:--ddp_timeout``).
+    timeout: float = 0.0
+    timeout_source: str = ""
 
     @classmethod
     def of(cls, pid: int, create_time: float, identity: RankIdentity,
            env: Mapping[str, str], container: ContainerInfo = NO_CONTAINER,
-           cmdline: Sequence[str] = ()) -> "RankProcess":
-        return cls(pid, create_time, identity, filter_env(rankenv.within_budget(env)),
-                   local_env(env), container, args_timeout(cmdline))
+           cmdline: Sequence[str] = (), proc: str = "/proc") -> "RankProcess":
+        shown = filter_env(rankenv.within_budget(env))
+        seconds, source = stated_timeout(
+            shown, cmdline, lambda path, limit: read_config(pid, path, limit, proc))
+        return cls(pid, create_time, identity, shown, local_env(env), container,
+                   seconds, source)
 
     @property
     def key(self) -> tuple[str, int]:
         return (self.identity.job_id, self.identity.rank)
+
+
+def read_config(pid: int, path: str, limit: int, proc: str = "/proc") -> bytes | None:
+    """A config file the rank's command line names, as the rank sees it: walked
+    inside its root (``rankfs.open_in_root``: relative to its working
+    directory, never out of its root), a regular file of at most ``limit``
+    bytes, else None. Read once per process (discovery caches the verdict)."""
+    try:
+        got = rankfs.open_in_root(pid, path, rankfs.REGULAR, os.O_RDONLY, follow_last=True,
+                                  proc=proc)
+    except (OSError, ValueError):
+        return None
+    if got is None:
+        return None
+    fd, st = got
+    try:
+        if st.st_size > limit:
+            return None
+        data = os.read(fd, limit + 1)
+        return data if len(data) <= limit else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 @dataclass(slots=True)
@@ -219,7 +250,7 @@ class Discovery:
                 identity = self._spawn_identity(pid, ppid, env, seen, now)
                 if identity is not None:
                     seen.rank = RankProcess.of(pid, create_time, identity, env,
-                                               self._container(pid, env), cmdline)
+                                               self._container(pid, env), cmdline, self._proc)
                     return seen
                 if seen.recheck:
                     return seen
@@ -230,7 +261,7 @@ class Discovery:
             if identity.rank_source in (NODE_LOCAL_SOURCE, UNKNOWN_SOURCE):
                 seen.node_local = node_local_fields(env)
             seen.rank = RankProcess.of(pid, create_time, identity, env, self._container(pid, env),
-                                       cmdline)
+                                       cmdline, self._proc)
             return seen
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             return _Seen(0.0)

@@ -14,7 +14,6 @@ from typing import Callable, Iterable, Mapping, Sequence, TypeVar
 
 from ncclwatch.agent import caps
 from ncclwatch.agent.discover import RankProcess
-from ncclwatch.agent.timeouts import declared_timeout
 from ncclwatch.agent.gpu import GpuDevice, GpuProcessMemory
 from ncclwatch.agent.tracker import RankTracker
 from ncclwatch.sanitize import COUNTS, clean, gate
@@ -209,8 +208,10 @@ def _process_pb(t: RankTracker) -> pb.ProcessStats:
 
 def _job_pb(t: RankTracker) -> pb.JobInfo:
     env = t.proc.env
+    timeout, timeout_source = t.stated_timeout()
     out = pb.JobInfo(source=gate("JobInfo.source", t.proc.identity.job_source), env=sent_env(env),
-                     watchdog_timeout_seconds=declared_timeout(env) or t.proc.args_timeout,
+                     watchdog_timeout_seconds=timeout,
+                     watchdog_timeout_source=gate("JobInfo.watchdog_timeout_source", timeout_source),
                      packages=[gate("JobInfo.packages", p) for p in sorted(t.packages)])
     sj = t.scheduler_job
     if sj is not None:

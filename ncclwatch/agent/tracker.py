@@ -44,7 +44,7 @@ class RankTracker:
         "progress_tid", "packages", "maps_at",
         "_cpu_before", "quiet_from", "still_from",
         "evidence", "native", "native_for", "native_stack", "native_dump_id", "forgiven", "pause_base",
-        "own_cpu_util", "side_base", "history", "budget", "native_asked",
+        "own_cpu_util", "side_base", "history", "budget", "native_asked", "locals_timeout",
     )
 
     def __init__(self, proc: RankProcess, now: float) -> None:
@@ -78,6 +78,9 @@ class RankTracker:
         self.flight_recorder = None
         #: The scheduler's name and user for the rank's job (SchedulerJob), if any.
         self.scheduler_job = None
+        #: (seconds, source) of the timeout a set-up frame's locals showed while
+        #: the rank started (ranklocals.timeout_claim); kept for the process's life.
+        self.locals_timeout: tuple[float, str] = (0.0, "")
         #: Since when the rank has made no progress (None: it made some last round).
         self.still_since: float | None = None
         self.still_at_last_dump = False
@@ -214,6 +217,18 @@ class RankTracker:
     def job_changed(self) -> None:
         """What the rank says of its job changed: send the job info again."""
         self.env_sent = False
+
+    def timeout_shown(self, shown: tuple[float, str]) -> None:
+        """A timeout a set-up frame held (a new one sends the job info again)."""
+        if shown[0] and shown != self.locals_timeout:
+            self.locals_timeout = shown
+            self.env_sent = False
+
+    def stated_timeout(self) -> tuple[float, str]:
+        """(seconds, source) the rank states: what its set-up frame passed to
+        init_process_group, else its environment, command line or config file."""
+        return self.locals_timeout if self.locals_timeout[0] else (
+            self.proc.timeout, self.proc.timeout_source)
 
     def named(self, job) -> None:
         """The scheduler's name for the rank's job (a change sends it again)."""

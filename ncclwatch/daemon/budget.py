@@ -37,7 +37,7 @@ class BudgetConfig:
 @dataclass(frozen=True)
 class Budget:
     timeout: float
-    source: str                 # flight_recorder | job | config | default
+    source: str                 # where the timeout came from: timeout_for
     blocked_rank: int | None    # the longest-blocked rank
     blocked_seconds: float
     remaining: float
@@ -59,22 +59,33 @@ class Budget:
                       self.blocked_seconds + dt, self.remaining - dt, now)
 
 
-def timeout_for(job: Job, cfg: BudgetConfig) -> tuple[float, str]:
+def timeout_for(job: Job, cfg: BudgetConfig, waiter: int | None = None,
+                since: float = 0.0) -> tuple[float, str]:
+    """(seconds, source), most exact first: the Flight Recorder's timeout of the
+    group ``waiter`` (the longest-blocked rank, waiting since ``since``) waits
+    in, the Flight Recorder's default group, what the job states (its source:
+    ``args:--distributed-timeout-minutes``, ...), the config's per-job
+    timeout, what a previous incarnation showed, the daemon's default."""
+    seconds, source = jobfacts.group_timeout(job, waiter, since)
+    if seconds > 0:
+        return seconds, source
     if job.fr_timeout > 0:
-        return job.fr_timeout, "flight_recorder"
+        return job.fr_timeout, jobfacts.FLIGHT_RECORDER
     if job.declared_timeout > 0:
-        return job.declared_timeout, "job"
+        return job.declared_timeout, job.declared_timeout_source or jobfacts.STATED
     for pattern, seconds in cfg.job_timeouts.items():
         if fnmatchcase(job.job_id, pattern):
             return seconds, "config"
+    if job.previous_timeout[0] > 0:
+        return job.previous_timeout
     return cfg.default_timeout, "default"
 
 
 def budget(job: Job, table: JobTable, now: float, cfg: BudgetConfig) -> Budget:
-    timeout, source = timeout_for(job, cfg)
     worst, worst_for = None, 0.0
     for r in job.waiting:
         rec = job.ranks[r]
         if rec.gone_at is None and now - rec.since > worst_for:
             worst, worst_for = r, now - rec.since
+    timeout, source = timeout_for(job, cfg, worst, now - worst_for)
     return Budget(timeout, source, worst, worst_for, timeout - worst_for, now)

@@ -121,6 +121,16 @@ class RankRecord:
         self.start: float | None = None
 
 
+@dataclass(slots=True)
+class TimeoutNote:
+    """A job's timeout as its own evidence showed it: seconds, source, when
+    (daemon clock). Small on purpose: it outlives the job (jobfacts.PastTimeouts)."""
+
+    seconds: float = 0.0
+    source: str = ""
+    at: float = 0.0
+
+
 @dataclass
 class Job:
     job_id: str
@@ -147,6 +157,14 @@ class Job:
     flight_recorder: dict[int, tuple[float, Any]] = field(default_factory=dict)
     #: The process-group timeout a Flight Recorder dump states (timeout_ms), seconds.
     fr_timeout: float = 0.0
+    #: Where the job stated declared_timeout (``args:--ddp_timeout``,
+    #: ``env:DEEPSPEED_TIMEOUT``, ``locals:...``: agent.timeouts); "": not said.
+    declared_timeout_source: str = ""
+    #: The timeout this incarnation showed last, from its own evidence (what a
+    #: later incarnation of the same job id starts from: jobfacts.PastTimeouts).
+    timeout_note: TimeoutNote = field(default_factory=lambda: TimeoutNote())
+    #: (seconds, source) a previous incarnation of this job id showed; (0, ""): none.
+    previous_timeout: tuple[float, str] = (0.0, "")
     #: How the batch scheduler names the job (scheduler, job_id, job_name, user,
     #: source), as the agent found it; None: not under a scheduler, or not yet known.
     scheduler_job: dict[str, str] | None = None

@@ -16,7 +16,7 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from ncclwatch.daemon.agents import AgentRecord
-from ncclwatch.daemon.jobfacts import take_facts
+from ncclwatch.daemon.jobfacts import PastTimeouts, take_facts
 from ncclwatch.daemon.learn import CPU_RECENT_TAU, smooth_cpu, take_progress
 from ncclwatch.daemon.nodebudget import Held, rank_cost
 from ncclwatch.daemon.records import Job, RankRecord
@@ -48,6 +48,8 @@ class JobTable:
         self.agents: dict[str, AgentRecord] = {}
         self.stacks = StackStore()
         self.staleness = staleness
+        #: The timeout each job id showed, for its next incarnation (jobfacts).
+        self.past_timeouts = PastTimeouts()
         #: Seconds a job whose ranks are all gone (or silent) is kept (expire).
         self.job_ttl = GONE_JOB_TTL
         self.dirty: set[str] = set()
@@ -134,6 +136,7 @@ class JobTable:
                 job = jobs.get(job_id)
                 if job is None:
                     job = jobs[job_id] = Job(job_id, ident.world_size, recv)
+                    self.past_timeouts.carry(job, recv)   # a restart: its last run's
                 self.dirty.add(job.job_id)
                 agent.jobs.add(job.job_id)
             rank, pid = ident.rank, ident.pid

@@ -88,6 +88,7 @@ STRING_BOUNDS: dict[str, int | str] = {
     "OpenFile.header_error": MAX_HEADER_ERROR,
     "GpuMemory.device_uuid": MAX_DEVICE_UUID,
     "JobInfo.source": MAX_ID,
+    "JobInfo.watchdog_timeout_source": MAX_ID,
     "JobInfo.packages": MAX_PACKAGE_NAME,
     "JobInfo.EnvEntry.key": MAX_ENV_NAME,
     "JobInfo.EnvEntry.value": "max_env_value",
@@ -391,6 +392,8 @@ def _check_sample(i: int, s: pb.RankSample, world_size_of: Callable[[str], int |
     if has_job:
         if len(s.job.source) > MAX_ID:
             raise _bad(f"samples[{i}]: job.source over {MAX_ID} characters")
+        if len(s.job.watchdog_timeout_source) > MAX_ID:
+            raise _bad(f"samples[{i}]: job.watchdog_timeout_source over {MAX_ID} characters")
         timeout = s.job.watchdog_timeout_seconds
         if not _isfinite(timeout) or timeout < 0:
             raise _bad(f"samples[{i}]: job.watchdog_timeout_seconds must be finite and >= 0")

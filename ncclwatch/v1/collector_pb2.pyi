@@ -364,7 +364,7 @@ class GpuMemory(_message.Message):
     def __init__(self, device_index: _Optional[int] = ..., device_uuid: _Optional[str] = ..., used_bytes: _Optional[int] = ..., device_total_bytes: _Optional[int] = ..., device_used_bytes: _Optional[int] = ...) -> None: ...
 
 class JobInfo(_message.Message):
-    __slots__ = ("source", "env", "watchdog_timeout_seconds", "scheduler_job", "packages")
+    __slots__ = ("source", "env", "watchdog_timeout_seconds", "watchdog_timeout_source", "scheduler_job", "packages")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -375,14 +375,16 @@ class JobInfo(_message.Message):
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     ENV_FIELD_NUMBER: _ClassVar[int]
     WATCHDOG_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    WATCHDOG_TIMEOUT_SOURCE_FIELD_NUMBER: _ClassVar[int]
     SCHEDULER_JOB_FIELD_NUMBER: _ClassVar[int]
     PACKAGES_FIELD_NUMBER: _ClassVar[int]
     source: str
     env: _containers.ScalarMap[str, str]
     watchdog_timeout_seconds: float
+    watchdog_timeout_source: str
     scheduler_job: SchedulerJob
     packages: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, source: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., watchdog_timeout_seconds: _Optional[float] = ..., scheduler_job: _Optional[_Union[SchedulerJob, _Mapping]] = ..., packages: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, source: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., watchdog_timeout_seconds: _Optional[float] = ..., watchdog_timeout_source: _Optional[str] = ..., scheduler_job: _Optional[_Union[SchedulerJob, _Mapping]] = ..., packages: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SchedulerJob(_message.Message):
     __slots__ = ("scheduler", "job_id", "job_name", "user", "source")
