@@ -28,7 +28,7 @@ from ncclwatch.agent.timeouts import (
     config_timeout_from, stated_timeout,
 )
 from ncclwatch.daemon import jobfacts
-from ncclwatch.daemon.budget import BudgetConfig, timeout_for
+from ncclwatch.daemon.budget import BudgetConfig, budget, timeout_for
 from ncclwatch.daemon.core import Daemon, DaemonConfig
 from ncclwatch.flightrec import load_dump
 from ncclwatch.model import CollectiveOp as Op
@@ -104,7 +104,8 @@ def test_torchtitan_toml_named_on_the_command_line_is_read_in_the_ranks_root(tmp
     # A real process as the rank: its root and working directory are where the walk starts.
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], cwd=tmp_path)
     try:
-        assert stated_timeout({}, argv, _reader(p.pid)) == (240.0, "config:comm.train_timeout_seconds")
+        assert stated_timeout({}, argv, _reader(p.pid)) == \
+            (240.0, "config:comm.train_timeout_seconds")
         # relative to the rank's working directory, not the agent's
         assert stated_timeout({}, ["--job.config_file=llama3_debug.toml"], _reader(p.pid)) == \
             (240.0, "config:comm.train_timeout_seconds")
@@ -203,7 +204,8 @@ def _fr(rank: int, timeout_ms: dict[str, int] | None = None) -> pb.FlightRecorde
 def _multipg(seq: int, *, fr: bool, stated: tuple[float, str] = (0.0, ""),
              pair23_ms: int = 30_000, job: str = "job-m", wait: float = 20.0):
     """The real multipg job: rank 2 waits in pair23's all_reduce (rank 3 never came)."""
-    samples = [sample(job, 0, 4, S.COMPUTE, seconds=wait), sample(job, 1, 4, S.COMPUTE, seconds=wait),
+    samples = [sample(job, 0, 4, S.COMPUTE, seconds=wait),
+               sample(job, 1, 4, S.COMPUTE, seconds=wait),
                sample(job, 2, 4, S.COLLECTIVE, Op.ALL_REDUCE, seconds=wait),
                sample(job, 3, 4, S.COMPUTE, seconds=wait)]
     for s in samples:
@@ -224,8 +226,7 @@ def test_the_waiters_group_timeout_is_the_budgets_not_the_default_groups() -> No
     # rank 2 waits in pair23 (its dump, written during the wait, shows it pending)
     assert jobfacts.group_timeout(job, 2, since) == (30.0, "flight_recorder:group pair23")
     assert timeout_for(job, BudgetConfig(), 2, since) == (30.0, "flight_recorder:group pair23")
-    b = d.budgets.get("job-m") or __import__("ncclwatch.daemon.budget", fromlist=["budget"]
-                                             ).budget(job, d.table, 101.0, BudgetConfig())
+    b = budget(job, d.table, 101.0, BudgetConfig())
     assert (b.timeout, b.source, b.blocked_rank) == (30.0, "flight_recorder:group pair23", 2)
     # Its group unknown (no dump of this wait, or another rank): today's rule.
     assert timeout_for(job, BudgetConfig(), 2, since + 1e6) == (5.0, "flight_recorder")
@@ -287,11 +288,13 @@ def test_a_restart_starts_from_its_previous_runs_timeout_until_it_states_its_own
     # a second restart inherits the newest, with its original source (no chain of prefixes)
     t2 = _end(d, "job-m", t + 70.0)
     d.ingest(_multipg(4, fr=False), now=t2 + 1.0)
-    assert timeout_for(d.table.jobs["job-m"], cfg) == (45.0, "previous_run:env:NCCLWATCH_PG_TIMEOUT_S")
+    assert timeout_for(d.table.jobs["job-m"], cfg) == \
+        (45.0, "previous_run:env:NCCLWATCH_PG_TIMEOUT_S")
     # ... and a third, still stating nothing, inherits the same (not previous_run:previous_run:)
     t3 = _end(d, "job-m", t2 + 5.0)
     d.ingest(_multipg(5, fr=False), now=t3 + 1.0)
-    assert timeout_for(d.table.jobs["job-m"], cfg) == (45.0, "previous_run:env:NCCLWATCH_PG_TIMEOUT_S")
+    assert timeout_for(d.table.jobs["job-m"], cfg) == \
+        (45.0, "previous_run:env:NCCLWATCH_PG_TIMEOUT_S")
     # after a day, forgotten: the default again
     t4 = _end(d, "job-m", t3 + 5.0)
     d.ingest(_multipg(6, fr=False), now=t4 + jobfacts.PAST_KEEP + 1.0)
@@ -316,4 +319,5 @@ def test_past_timeouts_are_bounded_and_a_measured_kill_is_kept_only_without_a_be
     j = again[1]
     jobfacts._set_timeout(j, "job", 90.0, 11.0, "n", 0, "locals:_setup_torch_process_group")
     jobfacts.observed_kill(j, 80.0, 12.0)
-    assert (j.timeout_note.seconds, j.timeout_note.source) == (90.0, "locals:_setup_torch_process_group")
+    assert (j.timeout_note.seconds, j.timeout_note.source) == \
+        (90.0, "locals:_setup_torch_process_group")
