@@ -8,6 +8,7 @@ import http.client
 import io
 import json
 import tarfile
+import time
 
 from ncclwatch.daemon import bundle
 from ncclwatch.daemon.http import HttpServer, allowed_hosts
@@ -29,7 +30,9 @@ def _stalled():
         s = _rank0(S.SAVING, i, file_size=(i + 1) * MB, seconds=i)
         s.stack_id = stack_pb(SAVE).id
         return s
-    d, now = _drive(rank0, 12)
+    # Reports in the past of the daemon's real clock (a fresh ask over HTTP waits
+    # for reports newer than itself), whatever the machine's uptime.
+    d, now = _drive(rank0, 12, start=time.monotonic() - 20)
     from tests.factories import report, sample
     from ncclwatch.model import CollectiveOp
     waiter = sample("job-1", 1, 4, S.COLLECTIVE, CollectiveOp.BARRIER, seconds=12, timeout=90.0)

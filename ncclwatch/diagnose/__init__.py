@@ -9,7 +9,9 @@ initiating ranks versus the collateral ones (or, where the logs name no
 initiator, the ranks it must be among), a timeline, the evidence lines, what
 evidence was missing and what to collect next time, and the fix from the
 remediation table the live daemon uses. An evidence bundle (``ncclwatch
-dump``) given by name brings the daemon's live verdict (bundle.py).
+dump``) given by name brings the daemon's live verdict (bundle.py); where
+logs come with it, the more specific reading leads (verdict.specificity)
+and the other supports it.
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ from ncclwatch.diagnose.verdict import (
     decide,
     gather_facts,
     root_cause,
+    specificity,
     timeline,
     timeout_seconds,
+    who,
 )
 from ncclwatch.model import rank_ranges
 from ncclwatch.remediation import ALL_BY_ID, RootCause
@@ -61,6 +65,12 @@ class Diagnosis:
     alert_next_time: list[dict[str, str]] = field(default_factory=list)
     #: Failures that leave the same traces, and how to tell them apart.
     rule_out: list[dict[str, str]] = field(default_factory=list)
+    #: Ranks whose own watchdog fired in the logs (they timed out waiting).
+    timed_out: list[int] = field(default_factory=list)
+    #: Where the process-group timeout came from ("the logs", or the bundle's words).
+    timeout_from: str = ""
+    #: A bundle's live verdict as it stood when taken (bundle.view); None: no bundle.
+    live: dict[str, Any] | None = None
 
     @property
     def failed(self) -> bool:
@@ -80,6 +90,8 @@ class Diagnosis:
             "flight_recorder": self.flight_recorder, "inputs": self.inputs,
             "missing_evidence": self.missing_evidence, "collect_next_time": self.collect_next_time,
             "alert_next_time": self.alert_next_time, "rule_out": self.rule_out,
+            "timeout_from": self.timeout_from, "timed_out_ranks": self.timed_out,
+            "live": self.live,
         }
 
 
@@ -139,8 +151,10 @@ def diagnose(paths: Iterable[str | os.PathLike],
 
 
 def _with_live(d: Diagnosis, live: list[bundle.LiveVerdict]) -> Diagnosis:
-    """The bundle's live verdict where the logs name no failure (diagnose/bundle.py),
-    else a note beside the logs' own."""
+    """The bundle's live verdict and the logs' reading, the more specific one
+    leading (verdict.specificity): a live checkpoint stall explains the logs'
+    generic hang, whose watchdog lines then say how it ended; logs that name a
+    cause as specific (a crash after the dump) keep theirs, the live one a note."""
     for v in live:
         d.inputs.setdefault("bundles", []).append(v.path)
     v = next((v for v in live if v.stall), None)
@@ -148,20 +162,55 @@ def _with_live(d: Diagnosis, live: list[bundle.LiveVerdict]) -> Diagnosis:
         return d
     s = v.stall
     culprits = bundle.ranks([c["rank"] for c in s["culprits"]])
+    waiting = bundle.ranks(s["waiting"]["ranks"])
+    outcome, outcome_from = v.outcome, ("bundle" if v.outcome else None)
+    if outcome is None and d.timed_out and set(d.timed_out) <= {*culprits, *waiting}:
+        outcome, outcome_from = "killed_by_watchdog", "logs"   # the waiters' watchdog fired
+    led = specificity(v.cls, culprits) > specificity(d.cls, d.initiating)
+    d.live = bundle.view(v, outcome, outcome_from, led)
     said = (f"the daemon's live verdict: {s['kind']}, culprit rank(s) "
             f"{rank_ranges(culprits) or '-'}: {s['summary']}")
-    if d.cls not in ("none", "unknown"):
+    if not led:
         d.notes.append(f"{said} ({v.path})")
         return d
-    d.cls, d.title, d.summary = v.cls, CLASS_BY_ID[v.cls].title, s["summary"]
+    notes = []
+    if d.cls not in ("none", "unknown"):     # the logs' own reading supports the live one
+        notes.append(_supporting(d, v, outcome_from))
+        if d.initiating and not set(d.initiating) & set(culprits):
+            notes.append(f"the logs point at {who(d.initiating)} instead of the live "
+                         f"culprit(s) {rank_ranges(culprits)}: check both.")
+    rc_id, instead = bundle.root_cause_id(v, outcome)
+    if instead:
+        notes.append(f"the live verdict forecast {rc_id}, but {bundle.OUTCOMES[outcome]}: "
+                     f"the fix of {instead} applies.")
+    d.cls = v.cls
+    d.title = bundle.title(v, CLASS_BY_ID[v.cls].title, outcome)
+    d.summary = s["summary"]
     d.initiating, d.candidates = culprits, []
-    d.collateral = bundle.ranks(s["waiting"]["ranks"])
-    d.root_cause = ALL_BY_ID.get(s["diagnosis"]["root_cause"]) or d.root_cause
+    d.collateral = sorted(set(waiting) | (set(d.collateral) - set(culprits)))
+    d.root_cause = ALL_BY_ID.get(instead or rc_id) or d.root_cause
     d.evidence = [(v.path, said), *d.evidence]
+    d.notes = notes + d.notes
     d.timeline = bundle.timeline(v) + d.timeline
+    if d.timeout_s is None and d.live["watchdog"]["timeout_seconds"] is not None:
+        d.timeout_s = d.live["watchdog"]["timeout_seconds"]
+        d.timeout_from = f"the bundle: {d.live['watchdog']['timeout_from']}"
     d.alert_next_time, d.rule_out = advice.fingerprints(v.cls), advice.siblings(v.cls)
     d.missing_evidence = []
     return d
+
+
+def _supporting(d: Diagnosis, v: bundle.LiveVerdict, outcome_from: str | None) -> str:
+    """The logs' finding as the live verdict's supporting evidence."""
+    if outcome_from == "logs":
+        s = v.stall or {}
+        overtaken = bundle.root_cause_id(v, "killed_by_watchdog")[1]
+        how = (", as forecast" if s.get("at_risk") else
+               ", though the live verdict forecast it to end in time" if overtaken else "")
+        return (f"the logs agree: the waiters' watchdog fired{how} "
+                f"({who(d.timed_out, 'timed out', 'timed out')}); the logs alone read "
+                f"{d.cls}: {d.summary}")
+    return f"the logs agree: alone they read {d.cls}: {d.summary}"
 
 
 def diagnose_stream(stream: BinaryIO, name: str = "pasted log") -> Diagnosis:
@@ -181,9 +230,12 @@ def _verdict(result: ScanResult, t0: float) -> Diagnosis:
               "bounded": list(result.bounded),
               "ranks_seen": rank_ranges(result.ranks_seen) if result.ranks_seen else "",
               "seconds": round(time.perf_counter() - t0, 3)}
+    timeout = timeout_seconds(facts)
     return Diagnosis(finding.cls, CLASS_BY_ID[finding.cls].title, finding.summary,
                      finding.initiating, finding.collateral, root_cause(finding),
                      finding.evidence, finding.notes, timeline(facts, finding),
-                     timeout_seconds(facts), fr_json, inputs, finding.candidates,
+                     timeout, fr_json, inputs, finding.candidates,
                      finding.missing, finding.collect, advice.fingerprints(finding.cls),
-                     advice.siblings(finding.cls))
+                     advice.siblings(finding.cls),
+                     sorted(r for r, rf in facts.ranks.items() if rf.timeouts),
+                     "the logs" if timeout is not None else "")

@@ -18,6 +18,14 @@ from ncclwatch.diagnose.verdict import who
 from ncclwatch.model import rank_ranges
 
 WIDTH = 100
+#: What the collateral ranks did, by where the stall stood: a bundle's stall still
+#: live when taken had timed nobody out yet (the outcome unknown: None).
+COLLATERAL = {
+    "logs": "only timed out or failed waiting for them",
+    "live": "waiting for them when the bundle was taken",
+    "killed_by_watchdog": "only timed out or failed waiting for them",
+    "ended": "waited for them",
+}
 
 
 def escape(text: str) -> str:
@@ -67,6 +75,42 @@ def _time(t: float | None) -> str:
     return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).strftime("%H:%M:%S.%f")[:-3]
 
 
+def _phase(d: Diagnosis) -> str:
+    """Where the headline's stall stood (a COLLATERAL key)."""
+    lv = d.live
+    if not lv or not lv["led"]:
+        return "logs"
+    if lv["outcome"]:
+        return "killed_by_watchdog" if lv["outcome"] == "killed_by_watchdog" else "ended"
+    return "live" if lv["active"] else "ended"
+
+
+def _live(lv: dict | None) -> list[str]:
+    """The bundle's live verdict as it stood when taken: the stall, its root
+    cause, the budget then, the daemon's advice then, and the outcome if known."""
+    if not lv:
+        return []
+    taken = f"taken {_time(lv['taken_at']).strip()} UTC" if lv["taken_at"] else "taken"
+    culprits = ", ".join(f"rank {c['rank'] if c['rank'] is not None else '?'} {c['state']}"
+                         + (f" on {c['host']}" if c.get("host") else "")
+                         for c in lv["culprits"]) or "no culprit named"
+    w = lv["watchdog"]
+    out = [f"Live verdict (the daemon's, in the bundle {taken}; "
+           + ("it leads" if lv["led"] else "the logs lead") + "):",
+           f"  {lv['kind']}: culprit {culprits}"
+           + (f"; waiting: {_ranks(lv['waiting_ranks'])}" if lv["waiting_ranks"] else ""),
+           f"  root cause ({lv['root_cause']}): {lv['cause']}",
+           f"  watchdog: {w['words']} (timeout {w['timeout_from']})"]
+    if lv["advice"]:
+        a = lv["advice"]
+        out.append(f"  advice then: {a['headline']}: {a['text']}")
+    if lv["outcome"]:
+        out.append(f"  outcome: {lv['outcome_words'] or lv['outcome']} "
+                   f"(from the {lv['outcome_from']}"
+                   + (f": {lv['outcome_sentence']})" if lv["outcome_sentence"] else ")"))
+    return out + [""]
+
+
 def text(d: Diagnosis) -> str:
     base, short = _shortener(d)
     lines = [f"{d.title} ({d.cls})", "", f"  {d.summary}", ""]
@@ -76,15 +120,17 @@ def text(d: Diagnosis) -> str:
         among = ([f"  initiator among:    {_ranks(d.candidates)}  (the logs do not say "
                   "which)"] if d.candidates else [])
         lines += [f"  initiating rank(s): {_ranks(d.initiating)}", *among,
-                  f"  collateral rank(s): {_ranks(d.collateral)}  (only timed out or failed "
-                  "waiting for them)" if d.collateral else "  collateral rank(s): -"]
+                  f"  collateral rank(s): {_ranks(d.collateral)}  ({COLLATERAL[_phase(d)]})"
+                  if d.collateral else "  collateral rank(s): -"]
         if d.timeout_s:
-            lines.append(f"  process-group timeout: {d.timeout_s:g} s")
+            lines.append(f"  process-group timeout: {d.timeout_s:g} s"
+                         + (f" ({d.timeout_from})" if d.timeout_from else ""))
         lines.append("")
     for n in d.notes:
         lines.append(f"  note: {n}")
     if d.notes:
         lines.append("")
+    lines += _live(d.live)
     if d.evidence:
         lines.append("Evidence:")
         for where, why in d.evidence:

@@ -34,29 +34,43 @@ from ncclwatch.remediation import ALL_BY_ID, RootCause
 
 #: The public names other modules (the CLI, the paste page, tests) import from here.
 __all__ = ["CLASSES", "CLASS_BY_ID", "Facts", "LogFinding", "RULES", "decide", "failure_signs",
-           "gather_facts", "root_cause", "timeline", "timeout_seconds", "who"]
+           "gather_facts", "root_cause", "specificity", "timeline", "timeout_seconds", "who"]
 
 
 @dataclass(frozen=True)
 class FailureClass:
     id: str
     title: str
+    #: How much of the cause the class names (headline): where two readings of one
+    #: job meet (logs and a bundle's live verdict), the higher leads and the other
+    #: supports it. A hang says only that a rank did not join; a checkpoint stall,
+    #: a crash, a desync or a transport error says why; an OOM in the save, why the
+    #: save failed.
+    specificity: int = 0
 
 
 CLASSES: tuple[FailureClass, ...] = (
-    FailureClass("gather_oom", "Out of memory while gathering or saving the checkpoint"),
-    FailureClass("desync", "Ranks ran different collectives (desync)"),
-    FailureClass("network_error", "Network / NCCL transport error"),
-    FailureClass("rank_crash", "A rank crashed"),
+    FailureClass("gather_oom", "Out of memory while gathering or saving the checkpoint", 4),
+    FailureClass("desync", "Ranks ran different collectives (desync)", 3),
+    FailureClass("network_error", "Network / NCCL transport error", 3),
+    FailureClass("rank_crash", "A rank crashed", 3),
     FailureClass("checkpoint_gather_timeout",
-                 "Checkpoint gather/save outlasted the process-group timeout"),
-    FailureClass("collective_hang", "A rank never joined a collective (hang)"),
-    FailureClass("none", "No failure found"),
-    FailureClass("unknown", "Failure evidence without a recognised pattern"),
+                 "Checkpoint gather/save outlasted the process-group timeout", 3),
+    FailureClass("collective_hang", "A rank never joined a collective (hang)", 2),
+    FailureClass("none", "No failure found", 0),
+    FailureClass("unknown", "Failure evidence without a recognised pattern", 1),
 )
 
 
 CLASS_BY_ID = {c.id: c for c in CLASSES}
+
+
+def specificity(cls: str, initiating: Sequence[int]) -> tuple[int, bool]:
+    """The headline rule's key: the class's specificity, then whether the
+    reading names the initiating rank (not only the ranks it must be among).
+    A tie keeps the logs' reading (they may have seen the end)."""
+    c = CLASS_BY_ID.get(cls)
+    return (c.specificity if c else 0, bool(initiating))
 
 
 SIGN_BY_ID = {s.id: s for s in SIGNS}
