@@ -110,7 +110,7 @@ def test_a_bundle_taken_with_budget_left_reads_as_live_not_as_outlasted(tmp_path
            "from the job)" in text
     assert "collateral rank(s): 1-3  (waiting for them when the bundle was taken)" in text
     assert "only timed out" not in text
-    assert f"advice then: {stall['advice']['headline']}" in text
+    assert f"advice when taken: {stall['advice']['headline']}" in text
     assert "root cause (save_within_budget): rank 0 is writing" in text
     assert "  outcome:" not in text                   # not known: nothing said
 

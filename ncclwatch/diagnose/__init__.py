@@ -175,8 +175,9 @@ def _with_live(d: Diagnosis, live: list[bundle.LiveVerdict]) -> Diagnosis:
         return d
     notes = []
     if d.cls not in ("none", "unknown"):     # the logs' own reading supports the live one
-        notes.append(_supporting(d, v, outcome_from))
-        if d.initiating and not set(d.initiating) & set(culprits):
+        apart = bool(d.initiating) and not set(d.initiating) & set(culprits)
+        notes.append(_supporting(d, v, "the logs" if apart else "the logs agree"))
+        if apart:
             notes.append(f"the logs point at {who(d.initiating)} instead of the live "
                          f"culprit(s) {rank_ranges(culprits)}: check both.")
     rc_id, instead = bundle.root_cause_id(v, outcome)
@@ -200,17 +201,17 @@ def _with_live(d: Diagnosis, live: list[bundle.LiveVerdict]) -> Diagnosis:
     return d
 
 
-def _supporting(d: Diagnosis, v: bundle.LiveVerdict, outcome_from: str | None) -> str:
+def _supporting(d: Diagnosis, v: bundle.LiveVerdict, lead: str) -> str:
     """The logs' finding as the live verdict's supporting evidence."""
-    if outcome_from == "logs":
+    if d.timed_out:
         s = v.stall or {}
         overtaken = bundle.root_cause_id(v, "killed_by_watchdog")[1]
         how = (", as forecast" if s.get("at_risk") else
                ", though the live verdict forecast it to end in time" if overtaken else "")
-        return (f"the logs agree: the waiters' watchdog fired{how} "
+        return (f"{lead}: the waiters' watchdog fired{how} "
                 f"({who(d.timed_out, 'timed out', 'timed out')}); the logs alone read "
                 f"{d.cls}: {d.summary}")
-    return f"the logs agree: alone they read {d.cls}: {d.summary}"
+    return f"{lead}: alone they read {d.cls}: {d.summary}"
 
 
 def diagnose_stream(stream: BinaryIO, name: str = "pasted log") -> Diagnosis:

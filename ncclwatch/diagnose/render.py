@@ -103,7 +103,7 @@ def _live(lv: dict | None) -> list[str]:
            f"  watchdog: {w['words']} (timeout {w['timeout_from']})"]
     if lv["advice"]:
         a = lv["advice"]
-        out.append(f"  advice then: {a['headline']}: {a['text']}")
+        out.append(f"  advice when {w['as_of']}: {a['headline']}: {a['text']}")
     if lv["outcome"]:
         out.append(f"  outcome: {lv['outcome_words'] or lv['outcome']} "
                    f"(from the {lv['outcome_from']}"
