@@ -199,25 +199,25 @@ def finish_jobs(p: JobsPage) -> dict[str, Any]:
     return out
 
 
-def _job_head(d: Daemon, job_id: str, job, now: float, wall: float) -> dict[str, Any]:
-    b = d.budget_of(job_id, now)
-    return {
-        "job": job_id, "source": job.source, "world_size": job.world_size,
-        "scheduler_job": job.scheduler_job,
 def _assumed_view(b) -> dict[str, Any]:
     """Whether the budget's timeout is a guess, and the clause that says so
     (timeoutsource.note; empty when the job or the operator stated it)."""
     return {"timeout_assumed": b.assumed, "timeout_note": timeoutsource.note(b.timeout, b.source)}
 
 
+def _job_head(d: Daemon, job_id: str, job, now: float, wall: float) -> dict[str, Any]:
+    b = d.budget_of(job_id, now)
+    return {
+        "job": job_id, "source": job.source, "world_size": job.world_size,
+        "scheduler_job": job.scheduler_job,
         "ranks_reporting": job.live_ranks, "nodes": sorted(job.nodes),
         "watchdog": {"timeout_seconds": b.timeout, "timeout_source": b.source,
+                     **_assumed_view(b),
                      "remaining_seconds": _down(b.remaining),
                      "longest_blocked_rank": b.blocked_rank,
                      "longest_blocked_seconds": round(b.blocked_seconds, 1)},
         "hang_threshold": hang_threshold_view(d, job, now),
         "timeout_changes": [{"seconds_ago": round(now - t, 1), "timeout": what,
-                     **_assumed_view(b),
                              "from_seconds": old, "to_seconds": new, "host": node,
                              "rank": rank}
                             for t, what, old, new, node, rank in job.timeout_changes],
@@ -377,12 +377,12 @@ def incident_view(d: Daemon, inc: Incident, now: float | None = None) -> dict[st
         "duration_seconds": round((inc.ended_at or now) - inc.started_at, 1),
         "detection_delay_seconds": round(inc.detected_at - inc.started_at, 1),
         "watchdog": {"timeout_seconds": inc.budget.timeout,
+                     "timeout_source": inc.budget.source, **_assumed_view(inc.budget),
                      "remaining_seconds": _down(left.remaining),
                      "remaining_at_detection_seconds": round(inc.budget_at_detection.remaining, 1),
                      "min_remaining_seconds": _down(min(inc.min_remaining, left.remaining))},
         "culprits": culprits,
         "unknown_ranks": list(f.unknown),
-                     "timeout_source": inc.budget.source, **_assumed_view(inc.budget),
         "waiting": {"ranks": _keys(f.waiting), "ops": [o.value for o in f.waiting_ops],
                     "evidence": evidence_view(f), "provisional": f.provisional,
                     "stacks": waiting_stacks},
