@@ -47,8 +47,6 @@ table{border-collapse:collapse;margin:.4em 0}td,th{border:1px solid #ccc;padding
 .fix pre{margin:.2em 0;background:#fff}
 .ended{border-left:4px solid #2d7a2d;padding:.1em .7em;margin:.3em 0}
 .ended.lost{border:2px solid #c00;background:#fff5f5}
-.ended{border-left:4px solid #2d7a2d;padding:.1em .7em;margin:.3em 0}
-.ended.lost{border:2px solid #c00;background:#fff5f5}
 .ok{color:#070}.bad{color:#c00;font-weight:bold}.assumed{color:#a35200}
 pre{background:#f6f6f6;padding:.4em;overflow:auto;margin:.2em 0;font-size:12.5px}
 p{margin:.2em 0}small{color:#666}summary{cursor:pointer}
@@ -256,6 +254,13 @@ def _in_container(r: dict[str, Any]) -> str:
     return f"<span class='container'>; {escape(text)}</span>" if text else ""
 
 
+def _assumed(w: dict[str, Any]) -> str:
+    """The guess said as one, beside every timeout shown (timeoutsource.note)."""
+    text = w.get("timeout_note") or timeoutsource.note(w["timeout_seconds"],
+                                                        w.get("timeout_source", ""))
+    return f" <b class='assumed'>{escape(text)}</b>" if text else ""
+
+
 def _nodes(nodes: list[str]) -> str:
     return ", ".join(nodes) if len(nodes) <= 8 else f"{', '.join(nodes[:8])} and {len(nodes) - 8} more"
 
@@ -315,13 +320,6 @@ def _stall(job_id: str, s: dict[str, Any]) -> str:
         if st:
             shown.add(st["id"])
         out.append(_stack(f"culprit's stack: rank {c['member']}", st, f"{key}|stack|{c['member']}"))
-def _assumed(w: dict[str, Any]) -> str:
-    """The guess said as one, beside every timeout shown (timeoutsource.note)."""
-    text = w.get("timeout_note") or timeoutsource.note(w["timeout_seconds"],
-                                                        w.get("timeout_source", ""))
-    return f" <b class='assumed'>{escape(text)}</b>" if text else ""
-
-
     out.append(_groups(s["rank_groups"], shown, key))
     if s["env"]:
         env = " ".join(f"{escape(k)}={escape(v)}" for k, v in sorted(s["env"].items()))
