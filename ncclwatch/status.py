@@ -295,8 +295,8 @@ def render(view: dict[str, Any], daemon: str = "") -> str:
                 fires = ("an assumed watchdog fires" if _assumed(w, j["watchdog"])
                          else "the watchdog fires")
                 out.append(f"  forecast: save ends in {seconds(ck['eta_seconds'])}, "
-                           + (f"{seconds(over)} after the watchdog fires" if over > 0 else
-                              f"{seconds(-over)} before the watchdog fires"))
+                           + (f"{seconds(over)} after {fires}" if over > 0 else
+                              f"{seconds(-over)} before {fires}"))
             for m in (s.get("forecast") or {}).get("memory", []):
                 if m.get("eta_seconds") is not None and m.get("applies", True):
                     out.append(f"  forecast: rank {m['rank']} reaches its {m['device']} memory "
