@@ -105,8 +105,13 @@ def test_waiters_gone_long_before_an_assumed_timeout_say_what_the_real_one_is() 
     o = d.incidents.ended[0].outcome
     assert o.outcome == "killed_by_watchdog"
     assert o.waited_seconds == pytest.approx(25.0, abs=1.0)
-    assert "before the 10.0min (default) budget ran out: the job's real timeout is likely " \
+    assert "before the 10.0min assumed budget ran out: the job's real timeout is likely " \
            "about 25s" in o.sentence
+    # The measured wait is the job id's timeout from now on (its restart's budget).
+    _settle(d, 116.0)                      # the next tick's budget
+    b = d.budget_of("job-1", 116.0 + SETTLE + 0.1)
+    assert b.source == "observed_kill" and b.timeout == pytest.approx(25.0, abs=1.0)
+    assert not b.assumed
 
 
 def test_the_first_waiter_killed_turns_the_stall_into_rank_lost_still_killed_by_watchdog() -> None:

@@ -446,7 +446,8 @@ class Daemon:
                     log.warning("job %s at risk (%s): %s", job_id,
                                 inc.diagnosis.root_cause.id, inc.diagnosis.sentence)
             self._escalate(job_id, bool(findings), now)
-        self.incidents.settle(now, table.jobs.get, table.fresh)
+        for job_id in self.incidents.settle(now, table.jobs.get, table.fresh):
+            self.budgets.pop(job_id, None)     # its timeout is now the measured one
         table.dirty.clear()
         self.ticks_total += 1
         self.detect_seconds_total += time.perf_counter() - t0

@@ -14,6 +14,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ncclwatch.daemon import jobfacts
 from ncclwatch.daemon.budget import Budget
 from ncclwatch.daemon.detect import Finding
 from ncclwatch.daemon.diagnosis import StallDiagnosis
@@ -153,22 +154,31 @@ class Incidents:
         self.settling.append(inc)
 
     def settle(self, now: float, job_of: Callable[[str], Job | None],
-               fresh: Callable[[RankRecord, float], bool], job_id: str | None = None) -> None:
+               fresh: Callable[[RankRecord, float], bool], job_id: str | None = None
+               ) -> list[str]:
         """Decide the outcome of incidents ended SETTLE seconds ago (those of
         ``job_id`` at once: it is leaving the table).
 
         A stall's finding goes away on the tick a waiter leaves its wait; its
-        exit shows on the agent's next round, so the decision waits for it."""
-        keep = []
+        exit shows on the agent's next round, so the decision waits for it.
+        Returns the jobs whose timeout a kill measured (their budget changed)."""
+        keep, measured = [], []
         for inc in self.settling:
             if inc.job_id != job_id and now - (inc.ended_at or now) < SETTLE:
                 keep.append(inc)
                 continue
             end = inc.ended_at if inc.ended_at is not None else now
-            inc.outcome = decide(end_facts(inc, job_of(inc.job_id), fresh, end))
+            job = job_of(inc.job_id)
+            inc.outcome = decide(end_facts(inc, job, fresh, end))
+            if job is not None and inc.outcome.outcome == "killed_by_watchdog" \
+                    and inc.outcome.waited_seconds:
+                # The waiters' measured wait is the job's timeout: its restart's budget.
+                jobfacts.observed_kill(job, inc.outcome.waited_seconds, end)
+                measured.append(inc.job_id)
             inc.score = score(inc.forecast, inc.outcome, end)
             self._count(inc)
         self.settling = keep
+        return measured
 
     def _count(self, inc: Incident) -> None:
         assert inc.outcome is not None

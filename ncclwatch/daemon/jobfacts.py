@@ -73,10 +73,12 @@ def observed_kill(job: Job, waited: float, now: float) -> None:
     """The hook for an incident's outcome: all the waiters of a stall went after
     waiting ``waited`` seconds (the watchdog fired), which measures the job's
     timeout. Kept for the job's next incarnation (``observed_kill``) only when
-    nothing exact was shown; the current incarnation is over."""
+    nothing exact was shown; a restart quick enough to find this record still
+    held (launchers restart in seconds, within --gone-job-ttl) starts from it too."""
     if waited > 0 and job.timeout_note.source in ("", OBSERVED_KILL):
         n = job.timeout_note
         n.seconds, n.source, n.at = waited, OBSERVED_KILL, now
+        job.previous_timeout = (waited, OBSERVED_KILL)
 
 
 class PastTimeouts:

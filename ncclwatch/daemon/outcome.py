@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from ncclwatch import timeoutsource
 from ncclwatch.savefit import seconds
 
 #: Deaths this close are one moment: an exit shows on the agent's next round,
@@ -97,7 +98,8 @@ LOST = frozenset({"killed_by_watchdog", "rank_lost", "lost_sight"})
 def _budget_note(e: EndFacts, waited: float) -> str:
     """Where the death fell against the budget the daemon assumed."""
     slack = max(WATCHDOG_SLACK, WATCHDOG_SHARE * e.timeout)
-    t = f"{seconds(e.timeout)} ({e.timeout_source})"
+    t = (f"{seconds(e.timeout)} assumed" if timeoutsource.assumed(e.timeout_source)
+         else f"{seconds(e.timeout)} ({e.timeout_source})")
     if abs(waited - e.timeout) <= slack:
         return f"as the {t} watchdog budget ran out"
     if waited < e.timeout:
