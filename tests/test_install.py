@@ -144,11 +144,11 @@ def test_install_slurm_puts_the_task_prolog_where_slurm_conf_names_it(tmp_path: 
     assert prolog.stat().st_mode & 0o777 == 0o755
     got = run_prolog({"PATH": os.environ["PATH"], "SLURM_JOB_ID": "4242",
                       "TMPDIR": str(tmp_path)}, prolog)
-    assert got["NCCLWATCH_PG_TIMEOUT_S"] == "600", got
-    # PG_TIMEOUT_S is the site's to edit: a second run keeps it, --force replaces it.
-    prolog.write_text(prolog.read_text().replace("PG_TIMEOUT_S=600", "PG_TIMEOUT_S=1800"))
+    assert got["TORCH_FR_BUFFER_SIZE"] == "2000", got
+    # FR_BUFFER_SIZE is the site's to edit: a second run keeps it, --force replaces it.
+    prolog.write_text(prolog.read_text().replace("FR_BUFFER_SIZE=2000", "FR_BUFFER_SIZE=5000"))
     assert main(["install", "slurm", "--root", str(root)]) == 0
-    assert f"kept {prolog}" in capsys.readouterr().out and "=1800" in prolog.read_text()
+    assert f"kept {prolog}" in capsys.readouterr().out and "=5000" in prolog.read_text()
     assert main(["install", "slurm", "--root", str(root), "--force"]) == 0
     assert filecmp.cmp(prolog, ROOT / "deploy/slurm/task-prolog.sh", shallow=False)
     assert main(["install", "slurm", "--dest", str(tmp_path / "d"), "--list"]) == 0

@@ -49,18 +49,16 @@ def test_a_job_that_states_nothing_gets_the_flight_recorder_and_the_timeout(tmp_
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
         "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": f"{folder}/pipe_rank_",
         "TORCH_FR_DUMP_TEMP_FILE": f"{folder}/trace_rank_",
-        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{folder}/trace_rank_",
-        "NCCLWATCH_PG_TIMEOUT_S": "600"}
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{folder}/trace_rank_"}
     assert folder.is_dir() and folder.stat().st_mode & 0o777 == 0o700
     assert lint({**task, **got}) == ()                        # nothing defeats the watchdog
-    assert declared_timeout_from(got) == (600.0, "NCCLWATCH_PG_TIMEOUT_S")
+    # No timeout of its own: a guess would become policy (the daemon says when it assumes one).
+    assert declared_timeout_from(got) == (0.0, "")
 
 
 @pytest.mark.parametrize("job,kept", [
     ({"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"}, ("TORCH_FR_BUFFER_SIZE",)),
     ({"TORCH_FR_BUFFER_SIZE": "500"}, ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")),
-    ({"NCCLWATCH_PG_TIMEOUT_S": "1800"}, ("NCCLWATCH_PG_TIMEOUT_S",)),
-    ({"DEEPSPEED_TIMEOUT": "30"}, ("NCCLWATCH_PG_TIMEOUT_S",)),
     ({"TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/scratch/p_"}, ("TORCH_NCCL_DEBUG_INFO_PIPE_FILE",)),
     ({"TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}, ("TORCH_NCCL_DUMP_ON_TIMEOUT",)),
     ({"TORCH_FR_DUMP_TEMP_FILE": ""}, ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")),
@@ -72,8 +70,41 @@ def test_what_the_job_set_stays_as_it_set_it(tmp_path, job, kept) -> None:
     assert not set(job) & set(got), got
 
 
-def test_the_timeout_is_never_above_torchs_default() -> None:
-    assert run_prolog({"PATH": os.environ["PATH"]})["NCCLWATCH_PG_TIMEOUT_S"] == "600"
+def test_no_timeout_is_exported() -> None:
+    text = PROLOG.read_text()
+    assert "NCCLWATCH_PG_TIMEOUT_S" not in run_prolog({"PATH": os.environ["PATH"]})
+    assert "PG_TIMEOUT" not in text
+
+
+SITE = """#!/bin/sh
+echo "export TORCH_FR_BUFFER_SIZE=100"
+echo "export SITE_SCRATCH=/scratch/$SLURM_JOB_ID"
+echo "unset TORCH_NCCL_DUMP_ON_TIMEOUT"
+echo "print site prolog ran"
+"""
+
+
+def test_a_sites_own_prolog_runs_first_and_its_exports_win(tmp_path) -> None:
+    """Slurm takes one TaskProlog: ours runs the site's, passes its lines through
+    unchanged, and gives no default to a variable the site's exported or unset."""
+    site = tmp_path / "task-prolog.site"
+    site.write_text(SITE)
+    site.chmod(0o755)
+    env = {"SLURM_JOB_ID": "9", "TMPDIR": str(tmp_path), "PATH": os.environ["PATH"],
+           "NCCLWATCH_SITE_TASK_PROLOG": str(site)}
+    p = subprocess.run([str(PROLOG)], env=env, capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0 and not p.stderr, p
+    lines = p.stdout.splitlines()
+    assert lines[:4] == ["export TORCH_FR_BUFFER_SIZE=100", "export SITE_SCRATCH=/scratch/9",
+                         "unset TORCH_NCCL_DUMP_ON_TIMEOUT", "print site prolog ran"], lines
+    got = exports(p.stdout)
+    assert got["TORCH_FR_BUFFER_SIZE"] == "100" and got["SITE_SCRATCH"] == "/scratch/9"
+    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in got           # the pair is the site's call
+    assert not any(x.endswith("TORCH_NCCL_DUMP_ON_TIMEOUT=1") for x in lines), lines
+    assert got["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"].endswith("/ncclwatch-fr-9/pipe_rank_")
+    # A site prolog that is not executable is not run.
+    site.chmod(0o644)
+    assert "SITE_SCRATCH" not in run_prolog(env)
 
 
 def test_the_prolog_is_posix_sh_and_executable() -> None:

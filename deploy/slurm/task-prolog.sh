@@ -1,7 +1,6 @@
 #!/bin/sh
-# ncclwatch's Slurm TaskProlog: the Flight Recorder and the declared
-# process-group timeout for every task of every job (docs/deployment.md
-# "Running under Slurm").
+# ncclwatch's Slurm TaskProlog: the Flight Recorder and its live-dump pipe for
+# every task of every job (docs/deployment.md "Running under Slurm").
 #
 # Install on every node (`ncclwatch install slurm` copies it there from the
 # wheel):  TaskProlog=/etc/slurm/ncclwatch-task-prolog.sh  in slurm.conf (or,
@@ -9,19 +8,37 @@
 # with the task's environment before each task, and sets every
 # "export NAME=value" line it prints in the task. A variable the job already
 # set is left as the job set it: this prints nothing for it.
+#
+# No timeout is exported: a guessed one would become policy; the daemon says
+# when it assumes one.
+#
+# Slurm takes one TaskProlog. A site that had its own moves it to
+# SITE_TASK_PROLOG (or names it in NCCLWATCH_SITE_TASK_PROLOG): when that file
+# is executable it runs first, its output is passed through unchanged, and a
+# variable it exports or unsets is never given ncclwatch's default.
 
-# torch's NCCL default (10 min). Where the site's launchers pass another
-# init_process_group(timeout=...), put that here: a value above the jobs' real
-# timeout would delay every alarm.
-PG_TIMEOUT_S=600
+SITE_TASK_PROLOG="${NCCLWATCH_SITE_TASK_PROLOG:-/etc/slurm/task-prolog.site}"
 # Flight Recorder entries per rank (torch's default from 2.11).
 FR_BUFFER_SIZE=2000
 # Per job: the debug pipes (<stem><rank>.pipe) and dumps (<stem><rank>) of two
 # jobs on one node must not meet.
 FR_DIR="${TMPDIR:-/tmp}/ncclwatch-fr-${SLURM_JOB_ID:-0}"
 
-unset_in_job() {  # NAME...: true when the job set none of them
+# The site's prolog first; the names its export/unset lines decide.
+SITE_NAMES=" "
+if [ -f "$SITE_TASK_PROLOG" ] && [ -x "$SITE_TASK_PROLOG" ]; then
+    site_out=$("$SITE_TASK_PROLOG")
+    if [ -n "$site_out" ]; then
+        printf '%s\n' "$site_out"
+        SITE_NAMES=" $(printf '%s\n' "$site_out" | sed -n \
+            's/^[[:space:]]*\(export\|unset\)[[:space:]]\{1,\}\([A-Za-z_][A-Za-z0-9_]*\).*/\2/p' \
+            | tr '\n' ' ')"
+    fi
+fi
+
+unset_in_job() {  # NAME...: true when neither the job nor the site's prolog set any
     for name in "$@"; do
+        case "$SITE_NAMES" in *" $name "*) return 1 ;; esac
         eval "[ -z \"\${$name+x}\" ]" || return 1
     done
     return 0
@@ -49,9 +66,4 @@ if unset_in_job TORCH_FR_DUMP_TEMP_FILE TORCH_NCCL_DEBUG_INFO_TEMP_FILE; then
     echo "export TORCH_NCCL_DEBUG_INFO_TEMP_FILE=$FR_DIR/trace_rank_"
 fi
 
-# The timeout, where the job states none of the ways ncclwatch reads
-# (ncclwatch/agent/timeouts.py).
-if unset_in_job NCCLWATCH_PG_TIMEOUT_S NCCLWATCH_WATCHDOG_TIMEOUT_SECONDS DEEPSPEED_TIMEOUT; then
-    echo "export NCCLWATCH_PG_TIMEOUT_S=$PG_TIMEOUT_S"
-fi
 exit 0

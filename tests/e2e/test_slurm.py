@@ -277,21 +277,27 @@ def test_scontrol_names_a_job_whose_ranks_do_not(slurm, monkeypatch) -> None:
         slurm.run("scancel", job, check=False)
 
 
-def test_task_prolog_sets_the_flight_recorder_and_timeout_in_every_task(slurm: SlurmCluster,
-                                                                        tmp_path) -> None:
+def test_task_prolog_sets_the_flight_recorder_in_every_task(slurm: SlurmCluster,
+                                                             tmp_path) -> None:
     """deploy/slurm/task-prolog.sh as slurmstepd runs it (srun --task-prolog: the same
     contract as TaskProlog=): each task's environment holds its exports, the job's
-    own settings win, and the pipe folder is the job's own."""
+    own settings and the site's own prolog's exports win, the pipe folder is the
+    job's own, and no timeout is made up."""
     from tests.test_slurm_prolog import PROLOG
 
     tmp_path.chmod(0o755)
+    site = tmp_path / "task-prolog.site"
+    site.write_text("#!/bin/sh\necho export TORCH_FR_BUFFER_SIZE=100\n"
+                    "echo export NCCLWATCH_SITE_SEEN=1\n")
+    site.chmod(0o755)
     script = ("#!/bin/sh\n"
               f"srun --task-prolog={PROLOG} -n 2 sh -c "
               "'env | grep -E \"^(TORCH_|NCCLWATCH_)\" | sort > "
               f"{tmp_path}/env.$SLURM_PROCID'\n")
     job = slurm.sbatch(script, "--job-name=prolog", "--ntasks=2", "--time=2",
                        f"--output={tmp_path}/out", f"--chdir={tmp_path}",
-                       f"--export=ALL,TMPDIR={tmp_path},TORCH_NCCL_DUMP_ON_TIMEOUT=0")
+                       f"--export=ALL,TMPDIR={tmp_path},TORCH_NCCL_DUMP_ON_TIMEOUT=0,"
+                       f"NCCLWATCH_SITE_TASK_PROLOG={site}")
     deadline = time.time() + 60
     while slurm.job_state(job) not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
         assert time.time() < deadline, slurm.logs()
@@ -301,7 +307,8 @@ def test_task_prolog_sets_the_flight_recorder_and_timeout_in_every_task(slurm: S
     for rank in (0, 1):
         env = dict(line.split("=", 1) for line in
                    (tmp_path / f"env.{rank}").read_text().splitlines())
-        assert env["TORCH_FR_BUFFER_SIZE"] == "2000" and env["NCCLWATCH_PG_TIMEOUT_S"] == "600"
+        assert env["TORCH_FR_BUFFER_SIZE"] == "100" and env["NCCLWATCH_SITE_SEEN"] == "1"
+        assert "NCCLWATCH_PG_TIMEOUT_S" not in env
         assert env["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] == f"{folder}/pipe_rank_"
         assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "0"        # the job's, not the prolog's
     assert folder.is_dir()
