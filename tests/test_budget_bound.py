@@ -12,6 +12,8 @@ with arbitrary sampling times, transit delays, ticks and reads.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -68,6 +70,39 @@ def test_the_agent_never_puts_a_wait_start_after_the_truth(gaps, wait_at, cpu_ra
             t.observe_stack(Classification(RankState.COLLECTIVE, CollectiveOp.BARRIER), "b", at)
     assert t.state is RankState.COLLECTIVE
     assert t.state_since <= wait_at + 1e-9, (t.state_since, wait_at)
+
+
+_CLASSES = (Classification(RankState.COLLECTIVE, CollectiveOp.BARRIER),
+            Classification(RankState.COMPUTE), Classification(RankState.SAVING),
+            Classification(RankState.DEVICE_WAIT))
+_STEP = st.one_of(
+    st.tuples(st.just("sample"), st.floats(0.01, 3.0), st.floats(0.0, 2.0), st.integers(0, 50)),
+    st.tuples(st.just("stack"), st.floats(0.01, 3.0), st.integers(0, 3), st.just(0)),
+    st.tuples(st.just("forgive"), st.just(0.0), st.integers(1, 100), st.just(0)))
+
+
+@settings(max_examples=500, deadline=None)
+@given(steps=st.lists(_STEP, min_size=1, max_size=30))
+def test_the_agents_wait_start_is_always_a_time(steps) -> None:
+    """Any order of samples, dumps and forgiven events (the agent's own ptrace
+    stops, a Flight Recorder dump it asked for): the start is finite. Found:
+    events forgiven before the first dump, then a quiet, still spell from the
+    agent's first samples (its marks unbounded, -inf) and the same barrier
+    again read as a new wait starting at -inf; the report's infinite
+    state_seconds was refused whole by the daemon, blinding the node."""
+    t = _tracker()
+    now, cpu, events = 0.0, 0.0, 0
+    for what, dt, a, b in steps:
+        now += dt
+        if what == "sample":
+            cpu, events = cpu + a * dt, events + b
+            t.observe_process(_ps(cpu, events), now)
+        elif what == "stack":
+            t.observe_stack(_CLASSES[a], f"s{a}", now)
+        else:
+            t.forgive(a)
+            events += a
+        assert -math.inf < t.state_since <= now, (t.state_since, steps)
 
 
 def _report(seq: int, agent_clock: float, waited: float, saving: float,

@@ -381,16 +381,17 @@ class RankTracker:
         the same state (``new_wait``) may have begun before the last dump,
         which showed that state too: only the marks bound it."""
         waiting = c.op is not CollectiveOp.NONE or c.state is not RankState.COMPUTE
+        # An unbounded mark (-inf: no sample before the spell) counts from the
+        # agent's first sample of it: the earliest moment it knows of.
+        marks = [max(f, s) if f == -math.inf else f  # type: ignore[type-var]
+                 for f, s in ((self.quiet_from, self.quiet_since),
+                              (self.still_from, self.still_since)) if f is not None]
         if self.stack_at is None:
             # First look: if it has been quiet or still, it may have waited that
             # long (at least: since the agent's first samples, for all it knows).
-            marks = [max(f, s) if f == -math.inf else f  # type: ignore[type-var]
-                     for f, s in ((self.quiet_from, self.quiet_since),
-                                  (self.still_from, self.still_since)) if f is not None]
             return min(marks) if (waiting and marks) else now
         start = self.stack_at
         if new_wait and waiting:
-            marks = [m for m in (self.quiet_from, self.still_from) if m is not None]
             return max(marks) if marks else start
         if waiting and self.quiet_from is not None:
             start = max(start, self.quiet_from)
