@@ -84,15 +84,27 @@ echo "print site prolog ran"
 """
 
 
+def with_site_prolog(site: Path, where: Path) -> Path:
+    """The shipped prolog with its SITE_TASK_PROLOG line pointed at ``site``, as
+    a site edits it (the job's environment cannot name it)."""
+    text = PROLOG.read_text()
+    line = "SITE_TASK_PROLOG=/etc/slurm/task-prolog.site\n"
+    assert text.count(line) == 1, "the prolog's SITE_TASK_PROLOG line moved"
+    out = where / "ncclwatch-task-prolog.sh"
+    out.write_text(text.replace(line, f"SITE_TASK_PROLOG={site}\n"))
+    out.chmod(0o755)
+    return out
+
+
 def test_a_sites_own_prolog_runs_first_and_its_exports_win(tmp_path) -> None:
     """Slurm takes one TaskProlog: ours runs the site's, passes its lines through
     unchanged, and gives no default to a variable the site's exported or unset."""
     site = tmp_path / "task-prolog.site"
     site.write_text(SITE)
     site.chmod(0o755)
-    env = {"SLURM_JOB_ID": "9", "TMPDIR": str(tmp_path), "PATH": os.environ["PATH"],
-           "NCCLWATCH_SITE_TASK_PROLOG": str(site)}
-    p = subprocess.run([str(PROLOG)], env=env, capture_output=True, text=True, timeout=30)
+    prolog = with_site_prolog(site, tmp_path)
+    env = {"SLURM_JOB_ID": "9", "TMPDIR": str(tmp_path), "PATH": os.environ["PATH"]}
+    p = subprocess.run([str(prolog)], env=env, capture_output=True, text=True, timeout=30)
     assert p.returncode == 0 and not p.stderr, p
     lines = p.stdout.splitlines()
     assert lines[:4] == ["export TORCH_FR_BUFFER_SIZE=100", "export SITE_SCRATCH=/scratch/9",
@@ -104,7 +116,20 @@ def test_a_sites_own_prolog_runs_first_and_its_exports_win(tmp_path) -> None:
     assert got["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"].endswith("/ncclwatch-fr-9/pipe_rank_")
     # A site prolog that is not executable is not run.
     site.chmod(0o644)
-    assert "SITE_SCRATCH" not in run_prolog(env)
+    assert "SITE_SCRATCH" not in run_prolog(env, prolog)
+
+
+def test_a_job_cannot_name_the_site_prolog(tmp_path) -> None:
+    """Nothing a job sets chooses what the prolog runs: an executable named in a
+    variable of the task's environment is never run by the shipped prolog."""
+    marker = tmp_path / "ran"
+    planted = tmp_path / "planted.sh"
+    planted.write_text(f"#!/bin/sh\ntouch {marker}\necho export PLANTED=1\n")
+    planted.chmod(0o755)
+    env = {"SLURM_JOB_ID": "9", "TMPDIR": str(tmp_path), "PATH": os.environ["PATH"],
+           "NCCLWATCH_SITE_TASK_PROLOG": str(planted), "SITE_TASK_PROLOG": str(planted)}
+    assert "PLANTED" not in run_prolog(env)
+    assert not marker.exists()
 
 
 def test_the_prolog_is_posix_sh_and_executable() -> None:

@@ -13,11 +13,12 @@
 # when it assumes one.
 #
 # Slurm takes one TaskProlog. A site that had its own moves it to
-# SITE_TASK_PROLOG (or names it in NCCLWATCH_SITE_TASK_PROLOG): when that file
-# is executable it runs first, its output is passed through unchanged, and a
-# variable it exports or unsets is never given ncclwatch's default.
+# SITE_TASK_PROLOG (edit the line below to put it elsewhere; the job's
+# environment cannot name it, so a job never picks what runs here): when that
+# file is executable it runs first, its output is passed through unchanged,
+# and a variable it exports or unsets is never given ncclwatch's default.
 
-SITE_TASK_PROLOG="${NCCLWATCH_SITE_TASK_PROLOG:-/etc/slurm/task-prolog.site}"
+SITE_TASK_PROLOG=/etc/slurm/task-prolog.site
 # Flight Recorder entries per rank (torch's default from 2.11).
 FR_BUFFER_SIZE=2000
 # Per job: the debug pipes (<stem><rank>.pipe) and dumps (<stem><rank>) of two

@@ -283,21 +283,21 @@ def test_task_prolog_sets_the_flight_recorder_in_every_task(slurm: SlurmCluster,
     contract as TaskProlog=): each task's environment holds its exports, the job's
     own settings and the site's own prolog's exports win, the pipe folder is the
     job's own, and no timeout is made up."""
-    from tests.test_slurm_prolog import PROLOG
+    from tests.test_slurm_prolog import with_site_prolog
 
     tmp_path.chmod(0o755)
     site = tmp_path / "task-prolog.site"
     site.write_text("#!/bin/sh\necho export TORCH_FR_BUFFER_SIZE=100\n"
                     "echo export NCCLWATCH_SITE_SEEN=1\n")
     site.chmod(0o755)
+    prolog = with_site_prolog(site, tmp_path)
     script = ("#!/bin/sh\n"
-              f"srun --task-prolog={PROLOG} -n 2 sh -c "
+              f"srun --task-prolog={prolog} -n 2 sh -c "
               "'env | grep -E \"^(TORCH_|NCCLWATCH_)\" | sort > "
               f"{tmp_path}/env.$SLURM_PROCID'\n")
     job = slurm.sbatch(script, "--job-name=prolog", "--ntasks=2", "--time=2",
                        f"--output={tmp_path}/out", f"--chdir={tmp_path}",
-                       f"--export=ALL,TMPDIR={tmp_path},TORCH_NCCL_DUMP_ON_TIMEOUT=0,"
-                       f"NCCLWATCH_SITE_TASK_PROLOG={site}")
+                       f"--export=ALL,TMPDIR={tmp_path},TORCH_NCCL_DUMP_ON_TIMEOUT=0")
     deadline = time.time() + 60
     while slurm.job_state(job) not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
         assert time.time() < deadline, slurm.logs()
