@@ -88,10 +88,39 @@ class ProcessSample:
     side_events: int | None = None
 
 
+#: Threads of a rank whose read/write calls are no progress, by the name torch
+#: gives them (/proc/PID/task/TID/comm, torch-signals.md): the heartbeat monitor
+#: reads the Flight Recorder's debug-info pipe every second
+#: (TORCH_NCCL_COORD_CHECK_MILSEC) while the rank waits. Counted, that read
+#: ended every still period of a rank with a live pipe, and its hang never
+#: reached the threshold.
+SIDE_THREADS = frozenset({"pt_nccl_heartbt"})
+
+
+def side_thread_ids(pid: int, proc: str = "/proc") -> tuple[int, ...]:
+    """The rank's SIDE_THREADS; () when none or unreadable."""
+    try:
+        tids = os.listdir(f"{proc}/{pid}/task")
+    except OSError:
+        return ()
+    out = []
+    for t in tids:
+        try:
+            with open(f"{proc}/{pid}/task/{t}/comm") as f:
+                if f.read().strip() in SIDE_THREADS:
+                    out.append(int(t))
+        except (OSError, ValueError):
+            continue
+    return tuple(out)
+
+
 class ProcessSampler:
     """Reads one ProcessSample per pid; counts what it could not read."""
 
     def __init__(self, cgroup_root: str = CGROUP_ROOT) -> None:
+        #: pid -> (thread count when looked, its SIDE_THREADS): looked again
+        #: only when the count changes.
+        self._side: dict[int, tuple[int, tuple[int, ...]]] = {}
         self._procs: dict[int, psutil.Process] = {}
         self._cgroups: dict[int, str | None] = {}
         self._previous: dict[tuple[int, str, str], tuple[float, str, int]] = {}
@@ -146,6 +175,8 @@ class ProcessSampler:
             self.errors_total += 1
             log.debug("cannot sample pid %d: %s", pid, e)
             return None
+        if calls and not tid:
+            calls -= self._side_calls(pid, threads)
         others = None
         if side and not tid and calls:
             main = _io_calls(f"/proc/{pid}/task/{pid}/io")
@@ -171,7 +202,15 @@ class ProcessSampler:
             side_events=others,
         )
 
+    def _side_calls(self, pid: int, threads: int) -> int:
+        """Read/write calls of the rank's SIDE_THREADS so far (0: none)."""
+        seen = self._side.get(pid)
+        if seen is None or seen[0] != threads:
+            seen = self._side[pid] = (threads, side_thread_ids(pid))
+        return sum(_io_calls(f"/proc/{pid}/task/{t}/io") or 0 for t in seen[1])
+
     def forget(self, pid: int) -> None:
+        self._side.pop(pid, None)
         self._procs.pop(pid, None)
         self._cgroups.pop(pid, None)
         self.sizes.retain(set(self._procs))

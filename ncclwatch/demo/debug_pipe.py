@@ -17,8 +17,24 @@ import threading
 import time
 
 
+#: torch's heartbeat monitor thread, which polls the pipe (its comm name).
+THREAD_NAME = b"pt_nccl_heartbt"
+
+
+def _name_thread() -> None:
+    """Name this OS thread as torch names its pipe reader (prctl PR_SET_NAME):
+    the agent tells the reader's polls from progress by that name."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(15, ctypes.c_char_p(THREAD_NAME), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _serve(stem: str, prefix: str, rank: int) -> None:
     import torch
+
+    _name_thread()
 
     path = f"{stem}{rank}.pipe"
     try:
@@ -47,5 +63,5 @@ def start(rank: int) -> bool:
     if not stem or not prefix or os.environ.get("TORCH_FR_BUFFER_SIZE", "0") in ("", "0"):
         return False
     threading.Thread(target=_serve, args=(stem, prefix, rank), daemon=True,
-                     name="pt_debug_pipe").start()
+                     name=THREAD_NAME.decode()).start()
     return True
