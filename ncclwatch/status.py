@@ -137,7 +137,10 @@ def fetch_shards(daemons: str, timeout: float = 5.0, *, ca: str | None = None,
         for a in v.get("agents", []):  # every shard hears every node
             if a["agent_id"] not in agents or a.get("connected"):
                 agents[a["agent_id"]] = a
+    ended = {e["id"]: e for k, v in sorted(views.items()) for e in v.get("ended") or []
+             if shard(e["job"], n) == k}
     view = {**first, "jobs": [jobs[j] for j in sorted(jobs)], "next_cursor": None,
+            "ended": sorted(ended.values(), key=lambda e: -(e.get("ended_at") or 0)),
             "agents": sorted(agents.values(), key=lambda a: (a["node"], a["agent_id"])),
             "shards": {"count": n, "asked": sorted(views), "urls": groups}}
     return view, errors
@@ -243,9 +246,10 @@ def render(view: dict[str, Any], daemon: str = "") -> str:
     (terminal_view)."""
     view = terminal_view(view)
     jobs = view.get("jobs", [])
+    lost = _lost_lines(view.get("ended") or [])
     if not jobs:
         n = sum(1 for a in view.get("agents", []) if a.get("connected"))
-        return f"no training jobs seen ({n} agent(s) connected)"
+        return "\n".join([f"no training jobs seen ({n} agent(s) connected)", *lost])
     out = []
     rows = []
     sharded = (view.get("shards") or {}).get("count", 1) > 1
@@ -336,7 +340,27 @@ def render(view: dict[str, Any], daemon: str = "") -> str:
             out.append("")
             out.append(f"{j['job']} ranks: " + "; ".join(
                 f"{k}: {v}" for k, v in sorted(states.items())))
-    return "\n".join(out)
+    return "\n".join(out + lost)
+
+
+def _lost_lines(ended: list[dict[str, Any]]) -> list[str]:
+    """Jobs a stall lost in the last day (the API's ``ended``, outcome.py): said
+    after the live ones, so a resolved alert never reads as all well."""
+    out = []
+    for e in ended:
+        o = e.get("outcome") or {}
+        if not o.get("lost"):
+            continue
+        who = ", ".join(f"rank {c['rank']} on {c['host']} ({c['state']})"
+                        for c in e.get("culprits", [])) or "no culprit named"
+        ago_ = e.get("ended_seconds_ago")
+        out += ["", f"LOST {e['job']}: {e['kind']} ended"
+                    + (f" {seconds(ago_)} ago" if ago_ is not None else "")
+                    + f": {o.get('sentence', '')}",
+                f"  culprit: {who}; root cause {e.get('root_cause', '?')}"]
+        if e.get("evidence_bundle"):
+            out.append(f"  evidence bundle: {e['evidence_bundle']}")
+    return out
 
 
 def _identity_lines(j: dict) -> list[str]:

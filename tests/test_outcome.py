@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+from ncclwatch import status
 from ncclwatch.daemon import api, export, page
 from ncclwatch.daemon.core import Daemon, DaemonConfig
 from ncclwatch.daemon.incidents import SETTLE
@@ -177,6 +178,11 @@ def test_a_lost_job_stays_on_the_page_api_and_metrics_after_it_left_the_table() 
     html = page.render(view)
     assert "id='job-job-1'" in html and "LOST" in html and "killed by the watchdog" in html
     assert "href='/api/v1/dump?job=job-1'" in html
+    said = status.render(view)
+    assert said.startswith("no training jobs seen"), said
+    assert "LOST job-1: checkpoint_gather ended" in said and "job killed by the watchdog" in said
+    assert "culprit: rank 0 on node-a (saving)" in said
+    assert "evidence bundle: /api/v1/dump?job=job-1" in said
     text = export.encode(export.build(export.capture(d, now=150.0))).decode()
     assert ('ncclwatch_job_lost{job_id="job-1",kind="checkpoint_gather",'
             'outcome="killed_by_watchdog",rank="0",host="node-a"} 1.0') in text

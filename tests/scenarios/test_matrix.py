@@ -37,6 +37,9 @@ pytestmark = pytest.mark.e2e
 #: detection delays past their bounds.
 CONCURRENCY = 2
 POLL = 0.5
+#: Seconds a row waits after its verdict for the outcome of a stall that already
+#: ended (the daemon decides it incidents.SETTLE seconds after the end).
+OUTCOME_WAIT = 8.0
 
 
 @dataclass
@@ -71,6 +74,9 @@ class Outcome:
     error: str = ""
     #: Pauses of the job's ranks while watched (bench/pausewatch.py summary).
     pauses: dict | None = None
+    #: Stalls that ended while the row ran: (kind, outcome, the first save
+    #: forecast's verdict, right, its end's error in seconds), as the daemon scored it.
+    scored: list[tuple] = field(default_factory=list)
 
     @property
     def delay(self) -> float | None:
@@ -107,6 +113,10 @@ class Outcome:
                 out.append(f"false alarm: {self.kinds_seen}")
             if self.returncode not in (0, None):
                 out.append(f"healthy job exited {self.returncode}")
+        if s.healthy:
+            lost = [x[1] for x in self.scored if x[1] not in (None, "completed")]
+            if lost:
+                out.append(f"a stall of a healthy job ended {lost}")
         else:
             if self.first_kind != s.kind:
                 out.append(f"kind {self.first_kind} != {s.kind}")
@@ -253,6 +263,34 @@ def _watch(mon: Monitor, s: Scenario, job: Job, out: Outcome, pids: set[int],
         time.sleep(POLL)
     if out.job_id == "":
         out.error = "ncclwatch never saw the job"
+    else:
+        _score(mon, out)
+
+
+def _score(mon: Monitor, out: Outcome) -> None:
+    """The outcome of each stall that ended while the row ran, and its save
+    forecast scored against it (no wait where none ended)."""
+    deadline = time.time() + OUTCOME_WAIT
+    while True:
+        ended = [e for e in json.loads(mon.get("/api/v1/jobs")).get("ended", [])
+                 if e["job"] == out.job_id]
+        if all(e.get("outcome") for e in ended) or time.time() > deadline:
+            break
+        time.sleep(POLL)
+    for e in ended:
+        sc = e.get("forecast_score") or {}
+        out.scored.append((e["kind"], (e.get("outcome") or {}).get("outcome"),
+                           sc.get("verdict"), sc.get("right"), sc.get("error_seconds")))
+
+
+def _scored(o: Outcome) -> str:
+    """outcome, and the forecast's verdict scored: 'completed: ends_in_time right (+2.1s)'."""
+    parts = []
+    for kind, outcome, verdict, right, err in o.scored:
+        score = "" if verdict is None else f" {verdict} {'right' if right else 'wrong'}" + (
+            "" if err is None else f" ({err:+.1f}s)")
+        parts.append(f"{outcome or 'undecided'}{':' + score if score else ''}")
+    return "; ".join(parts) or "-"
 
 
 def _fold(view: dict, out: Outcome, now: float) -> None:
@@ -313,7 +351,7 @@ def _pauses(p: dict | None) -> str:
 def table(outcomes: list[Outcome]) -> str:
     head = ["scenario", "ranks", "expected", "detected", "culprits", "state", "evidence",
             "root cause", "fix for / now", "at risk", "delay s", "goal s", "lead s", "forecast s",
-            "pauses", "result"]
+            "pauses", "ended: forecast scored", "result"]
     rows = []
     for o in outcomes:
         s = o.scenario
@@ -325,7 +363,7 @@ def table(outcomes: list[Outcome]) -> str:
                      ",".join(o.evidence_seen) or "-", o.root_cause or "-",
                      f"{o.framework or '-'} / {o.advice or '-'}",
                      "yes" if o.at_risk_at else "no", _fmt(o.delay), _fmt(s.goal),
-                     _fmt(o.lead), _fmt(o.forecast_delay), _pauses(o.pauses),
+                     _fmt(o.lead), _fmt(o.forecast_delay), _pauses(o.pauses), _scored(o),
                      "ok" if not problems else "FAIL: " + "; ".join(problems)])
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
@@ -361,6 +399,8 @@ def test_scenario_matrix(ncclwatch_run) -> None:
         "detection_delay_s": o.delay, "lead_time_s": o.lead,
         "overrun_forecast_after_s": o.forecast_delay, "goal_s": o.scenario.goal,
         "pauses": o.pauses, "problems": o.problems(),
+        "ended": [dict(zip(("kind", "outcome", "forecast_verdict", "forecast_right",
+                            "forecast_error_s"), x)) for x in o.scored],
     } for o in outcomes], indent=1))
     record("scenario_matrix", {o.scenario.name: {"delay_s": o.delay, "lead_s": o.lead}
                                for o in outcomes})
