@@ -24,7 +24,8 @@ from ncclwatch.agent.gpu import EMPTY, GpuReader, GpuReading, NvmlGpuReader, exp
 from ncclwatch.agent.policy import CpuMeter
 from ncclwatch.agent.pyspy import PySpy, PySpyError
 from ncclwatch.agent.ranklearn import RankLearner
-from ncclwatch.agent.report import AgentHealthCounts, build_report, sample_pb, stack_pb
+from ncclwatch.agent.report import (PARTS, AgentHealthCounts, admit, build_report, sample_pb,
+                                    stack_pb)
 from ncclwatch.agent.sample import ProcessSampler, progress_events, side_events
 from ncclwatch.agent.scheduler import SchedulerLookup
 from ncclwatch.agent.settings import AgentConfig
@@ -400,12 +401,13 @@ class Agent:
         now = time.monotonic()
         by_pid = gpu_reading.by_pid()
         devices = {d.index: d for d in gpu_reading.devices}
-        samples = []
+        built: list[tuple[pb.RankSample, float]] = []
         refresh = self.rounds % JOB_INFO_EVERY == 0
         for t in self.trackers.values():
             with_job = refresh or not t.env_sent
             try:
-                samples.append(sample_pb(t, now, by_pid.get(t.pid, ()), devices, with_job))
+                built.append((sample_pb(t, now, by_pid.get(t.pid, ()), devices, with_job),
+                              t.proc.create_time))
             except Exception as e:  # noqa: BLE001 - one rank never fails the round
                 COUNTS.fields_dropped_total += 1
                 (log.debug if t.pid in self._left_out else log.info)(
@@ -413,6 +415,9 @@ class Agent:
                 self._left_out.add(t.pid)
                 continue
             t.reported()
+        # The numbers are final here (ranklearn ran in the scan): each sample
+        # within the daemon's rules, one process per (job, rank).
+        samples = admit(built)
         self._trim_stacks()
         self.seq += 1
         cpu = self._self.cpu_times()
@@ -440,6 +445,7 @@ class Agent:
             stacks_trimmed_total=caps.COUNTS.stacks_trimmed_total,
             flight_recorder_trimmed_total=caps.COUNTS.flight_recorder_trimmed_total,
             rank_budget_hits=tuple(caps.COUNTS.budget_list()),
+            parts_left_out=tuple(PARTS.as_list()),
         )
         exited, self._exited = self._exited, []
         return build_report(node=self.config.node, agent_id=self.agent_id, seq=self.seq,

@@ -7,7 +7,9 @@ frames a stream has not seen yet.
 
 from __future__ import annotations
 
+import collections
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Sequence, TypeVar
@@ -16,7 +18,8 @@ from ncclwatch.agent import caps
 from ncclwatch.agent.discover import RankProcess
 from ncclwatch.agent.gpu import GpuDevice, GpuProcessMemory
 from ncclwatch.agent.tracker import RankTracker
-from ncclwatch.sanitize import COUNTS, clean, gate
+from ncclwatch.jobid import UNKNOWN_RANK, UNKNOWN_SOURCE
+from ncclwatch.sanitize import COUNTS, clean, for_log, gate
 from ncclwatch.stacks import Frame, Stack, stack_id
 from ncclwatch.v1 import collector_pb2 as pb
 
@@ -63,6 +66,8 @@ class AgentHealthCounts:
     stacks_trimmed_total: int = 0
     flight_recorder_trimmed_total: int = 0
     rank_budget_hits: tuple[int, ...] = ()
+    #: Parts the agent left out or changed before sending, by PART_REASONS.
+    parts_left_out: tuple[int, ...] = ()
 
 
 # -- text that leaves the node -------------------------------------------------------
@@ -257,6 +262,142 @@ def build_report(*, node: str, agent_id: str, seq: int, now: float, wall: float,
             stacks_trimmed_total=health.stacks_trimmed_total,
             flight_recorder_trimmed_total=health.flight_recorder_trimmed_total,
             rank_budget_hits=list(health.rank_budget_hits),
+            parts_left_out=list(health.parts_left_out),
         ),
     )
 
+
+
+# -- each part within the daemon's rules, before it is sent -------------------------
+#
+# The daemon judges a report part by part; the agent applies the same rules
+# to what it is about to send, after the ranks' numbers are learned, so one
+# process's reading costs its own part, never the node's report.
+
+#: Why a part of a report was left out or changed before sending, in
+#: AgentHealth.parts_left_out order. ``duplicate_rank``: a second process of
+#: one job claimed a rank, sent unnumbered with ``rank_conflict``;
+#: ``world_size``, ``rank_range``, ``age``: the sample is left out;
+#: ``not_finite``: the reading (process stats, job info, still time) is left
+#: out of the sample, the rank's state still sent.
+PART_REASONS = ("duplicate_rank", "world_size", "rank_range", "age", "not_finite")
+
+
+def _max_ranks() -> int:
+    # Until the shared contract module holds it: the daemon's default bound.
+    return caps._DAEMON.max_ranks_per_job  # noqa: SLF001
+
+
+def _max_age() -> float:
+    return caps._DAEMON.max_age_seconds  # noqa: SLF001
+
+
+def _finite(*values: float) -> bool:
+    return all(math.isfinite(v) and 0 <= v < 1e12 for v in values)
+
+
+#: Sample rules that leave the whole sample out: (reason, breaks it). A rank
+#: with a world over the daemon's bound or a number outside its world cannot
+#: be placed in a job; a state older than any clock fakes a wait.
+SAMPLE_RULES: tuple[tuple[str, Callable[[pb.RankSample], bool]], ...] = (
+    ("world_size", lambda s: not 0 <= s.identity.world_size <= _max_ranks()),
+    ("rank_range", lambda s: not (s.identity.rank == UNKNOWN_RANK or 0 <= s.identity.rank
+                                  < (s.identity.world_size or _max_ranks()))),
+    ("age", lambda s: not (0 <= s.state_seconds <= _max_age()
+                           and 0 <= s.stack_age_seconds <= _max_age())),
+)
+
+#: Readings of a sample that are left out (the field cleared) when not finite:
+#: (field, breaks it). The rank's state, stack and wait still go.
+READING_RULES: tuple[tuple[str, Callable[[pb.RankSample], bool]], ...] = (
+    ("still_seconds", lambda s: s.HasField("still_seconds") and not _finite(s.still_seconds)),
+    ("process", lambda s: s.HasField("process") and not _finite(
+        s.process.cpu_utilization, s.process.cpu_seconds)),
+    ("job", lambda s: s.HasField("job") and not _finite(s.job.watchdog_timeout_seconds)),
+)
+
+
+def check_sample(s: pb.RankSample) -> str | None:
+    """The reason ``s`` may not be sent (PART_REASONS), None: it may. Readings
+    that are not finite are cleared from ``s`` (reason ``not_finite``)."""
+    for reason, breaks in SAMPLE_RULES:
+        if breaks(s):
+            return reason
+    cleared = [name for name, breaks in READING_RULES if breaks(s)]
+    for name in cleared:
+        s.ClearField(name)
+    return "not_finite" if cleared else None
+
+
+class PartCounts:
+    """Parts left out or changed, by reason (sent in the agent's health), each
+    said once per process and reason."""
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter = collections.Counter()
+        self._said: set[tuple[str, int, int, str]] = set()
+
+    def left_out(self, reason: str, s: pb.RankSample, why: str) -> None:
+        assert reason in PART_REASONS, reason
+        self.counts[reason] += 1
+        i = s.identity
+        key = (i.job_id, i.rank, i.pid, reason)
+        if key not in self._said:
+            if len(self._said) > 4096:
+                self._said.clear()
+            self._said.add(key)
+            log.warning("pid %d of job %s: %s (%s)", i.pid, for_log(i.job_id), why, reason)
+
+    def as_list(self) -> list[int]:
+        return [self.counts[r] for r in PART_REASONS]
+
+
+PARTS = PartCounts()
+
+
+def one_per_rank(sent: Sequence[tuple[pb.RankSample, float]]) -> list[pb.RankSample]:
+    """One process per (job, rank) among ``sent`` (sample, process start
+    time; 0: unknown). The number stays with the process that has it from
+    its environment (``env:*``), else with the older; each other claimant is
+    sent unnumbered, its ``rank_conflict`` naming the number it claimed and
+    the process that holds it: never merged. Return those changed."""
+    claims: dict[tuple[str, int], list[tuple[pb.RankSample, float]]] = {}
+    for s, started in sent:
+        if s.identity.rank != UNKNOWN_RANK:
+            claims.setdefault((s.identity.job_id, s.identity.rank), []).append((s, started))
+    out = []
+    for (_job, rank), ones in claims.items():
+        if len(ones) < 2:
+            continue
+        ones.sort(key=lambda e: (not e[0].identity.rank_source.startswith("env:"),
+                                 e[1] or math.inf, e[0].identity.pid))
+        holder = ones[0][0].identity
+        for s, _ in ones[1:]:
+            i = s.identity
+            i.rank_conflict = gate("RankIdentity.rank_conflict",
+                                   f"{i.rank_source}:{rank} held by pid {holder.pid} "
+                                   f"({holder.rank_source})")
+            i.rank, i.rank_source = UNKNOWN_RANK, UNKNOWN_SOURCE
+            out.append(s)
+    return out
+
+
+def admit(sent: Sequence[tuple[pb.RankSample, float]],
+          parts: PartCounts = PARTS) -> list[pb.RankSample]:
+    """The samples of ``sent`` (sample, process start time) as they may go:
+    each checked by the daemon's sample rules (a failing one left out alone,
+    counted by reason), then one process per (job, rank)."""
+    kept = []
+    for s, started in sent:
+        reason = check_sample(s)
+        if reason == "not_finite":
+            parts.left_out(reason, s, "a reading that is not a finite number was left out")
+        elif reason is not None:
+            i = s.identity
+            parts.left_out(reason, s, f"its sample was left out (rank {i.rank}, world size "
+                                      f"{i.world_size}, state {s.state_seconds:g} s)")
+            continue
+        kept.append((s, started))
+    for s in one_per_rank(kept):
+        parts.left_out("duplicate_rank", s, f"sent unnumbered: {s.identity.rank_conflict}")
+    return [s for s, _ in kept]

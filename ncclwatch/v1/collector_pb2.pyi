@@ -421,7 +421,7 @@ class Frame(_message.Message):
     def __init__(self, name: _Optional[str] = ..., filename: _Optional[str] = ..., line: _Optional[int] = ...) -> None: ...
 
 class AgentHealth(_message.Message):
-    __slots__ = ("version", "ranks_watched", "nvml_up", "pyspy_runs_total", "pyspy_failures_total", "pyspy_seconds_total", "reports_dropped_total", "queue_length", "cpu_seconds_total", "gpus_expected", "fields_dropped_total", "texts_escaped_total", "texts_truncated_total", "native_dumps_total", "native_dump_failures_total", "native_dump_seconds_total", "native_dump_bucket_counts", "pause_budget_seconds_per_hour", "native_dumps_refused_total", "ranks_pause_budget_spent", "stacks_trimmed_total", "flight_recorder_trimmed_total", "reports_refused_total", "rank_budget_hits")
+    __slots__ = ("version", "ranks_watched", "nvml_up", "pyspy_runs_total", "pyspy_failures_total", "pyspy_seconds_total", "reports_dropped_total", "queue_length", "cpu_seconds_total", "gpus_expected", "fields_dropped_total", "texts_escaped_total", "texts_truncated_total", "native_dumps_total", "native_dump_failures_total", "native_dump_seconds_total", "native_dump_bucket_counts", "pause_budget_seconds_per_hour", "native_dumps_refused_total", "ranks_pause_budget_spent", "stacks_trimmed_total", "flight_recorder_trimmed_total", "reports_refused_total", "rank_budget_hits", "parts_left_out")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     RANKS_WATCHED_FIELD_NUMBER: _ClassVar[int]
     NVML_UP_FIELD_NUMBER: _ClassVar[int]
@@ -446,6 +446,7 @@ class AgentHealth(_message.Message):
     FLIGHT_RECORDER_TRIMMED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     REPORTS_REFUSED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     RANK_BUDGET_HITS_FIELD_NUMBER: _ClassVar[int]
+    PARTS_LEFT_OUT_FIELD_NUMBER: _ClassVar[int]
     version: str
     ranks_watched: int
     nvml_up: bool
@@ -470,7 +471,8 @@ class AgentHealth(_message.Message):
     flight_recorder_trimmed_total: int
     reports_refused_total: int
     rank_budget_hits: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, version: _Optional[str] = ..., ranks_watched: _Optional[int] = ..., nvml_up: _Optional[bool] = ..., pyspy_runs_total: _Optional[int] = ..., pyspy_failures_total: _Optional[int] = ..., pyspy_seconds_total: _Optional[float] = ..., reports_dropped_total: _Optional[int] = ..., queue_length: _Optional[int] = ..., cpu_seconds_total: _Optional[float] = ..., gpus_expected: _Optional[int] = ..., fields_dropped_total: _Optional[int] = ..., texts_escaped_total: _Optional[int] = ..., texts_truncated_total: _Optional[int] = ..., native_dumps_total: _Optional[int] = ..., native_dump_failures_total: _Optional[int] = ..., native_dump_seconds_total: _Optional[float] = ..., native_dump_bucket_counts: _Optional[_Iterable[int]] = ..., pause_budget_seconds_per_hour: _Optional[float] = ..., native_dumps_refused_total: _Optional[int] = ..., ranks_pause_budget_spent: _Optional[int] = ..., stacks_trimmed_total: _Optional[int] = ..., flight_recorder_trimmed_total: _Optional[int] = ..., reports_refused_total: _Optional[int] = ..., rank_budget_hits: _Optional[_Iterable[int]] = ...) -> None: ...
+    parts_left_out: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, version: _Optional[str] = ..., ranks_watched: _Optional[int] = ..., nvml_up: _Optional[bool] = ..., pyspy_runs_total: _Optional[int] = ..., pyspy_failures_total: _Optional[int] = ..., pyspy_seconds_total: _Optional[float] = ..., reports_dropped_total: _Optional[int] = ..., queue_length: _Optional[int] = ..., cpu_seconds_total: _Optional[float] = ..., gpus_expected: _Optional[int] = ..., fields_dropped_total: _Optional[int] = ..., texts_escaped_total: _Optional[int] = ..., texts_truncated_total: _Optional[int] = ..., native_dumps_total: _Optional[int] = ..., native_dump_failures_total: _Optional[int] = ..., native_dump_seconds_total: _Optional[float] = ..., native_dump_bucket_counts: _Optional[_Iterable[int]] = ..., pause_budget_seconds_per_hour: _Optional[float] = ..., native_dumps_refused_total: _Optional[int] = ..., ranks_pause_budget_spent: _Optional[int] = ..., stacks_trimmed_total: _Optional[int] = ..., flight_recorder_trimmed_total: _Optional[int] = ..., reports_refused_total: _Optional[int] = ..., rank_budget_hits: _Optional[_Iterable[int]] = ..., parts_left_out: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReportResponse(_message.Message):
     __slots__ = ("ack_seq", "missing_stack_ids", "commands", "rejected_jobs", "resync", "dropped_parts")
