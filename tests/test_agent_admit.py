@@ -152,3 +152,32 @@ def test_readings_that_are_not_finite_are_cleared_and_the_rank_still_sent() -> N
     fine = pb.RankSample(identity=pb.RankIdentity(job_id=JOB, rank=1, world_size=2, pid=11),
                          still_seconds=3.0, process=pb.ProcessStats(cpu_utilization=0.5))
     assert check_sample(fine) is None and fine.HasField("process")
+
+
+def test_a_rank_sample_the_daemon_dropped_is_said_once_and_never_resyncs(caplog) -> None:
+    from ncclwatch.agent import delta
+    from ncclwatch.agent.uplink import Uplink
+
+    connects: list[int] = []
+    u = Uplink("127.0.0.1:1", {}, on_connect=lambda: connects.append(1))
+    u._deltas = delta.StreamDeltas(phase=0)
+    s = pb.RankSample(identity=pb.RankIdentity(job_id=JOB, rank=0, world_size=2, pid=10),
+                      state=pb.RANK_STATE_COMPUTE, still_seconds=1.0,
+                      process=pb.ProcessStats(cpu_utilization=0.1))
+    first = pb.NodeReport(agent_monotonic_seconds=1.0, full_round=True, samples=[s])
+    u._deltas.convert(first, pb.NodeReport())
+    part = pb.DroppedPart(what="rank_sample", job_id=JOB, rank=0, bound="ranks_per_job",
+                          reason="world size over max_ranks_per_job")
+    sent: set[str] = set()
+    caplog.set_level("WARNING", logger="ncclwatch.agent.uplink")
+    for _ in range(3):
+        u._on_reply(pb.ReportResponse(ack_seq=1, dropped_parts=[part]), sent, True)
+    assert u.parts_dropped_total == 3
+    assert len([r for r in caplog.records if "rank_sample" in r.getMessage()]) == 1
+    assert not connects and u.resyncs_total == 0 and not sent
+    # The stream goes on from what it sent (a brief, not everything again in full).
+    s.state_seconds = s.stack_age_seconds = 1.0   # one second on, nothing else moved
+    out = pb.NodeReport()
+    u._deltas.convert(pb.NodeReport(agent_monotonic_seconds=2.0, full_round=True, samples=[s]),
+                      out)
+    assert not out.slots_reset and list(out.briefs.slot) == [1] and not out.samples

@@ -86,6 +86,8 @@ POISON_STRIKES = 2
 STOP_GRACE = 2.0
 #: Seconds between two log lines about the same rejected job.
 REJECTION_LOG_INTERVAL = 60.0
+#: Dropped parts said once each; past this many, said again from the start.
+MAX_PARTS_SAID = 4096
 
 
 class Backoff:
@@ -126,6 +128,9 @@ class Uplink:
         #: Stacks the daemon left out of reports (dropped_parts) on this stream.
         self._held: set[str] = set()
         self._rejection_logged: dict[str, float] = {}
+        #: Parts the daemon left out of reports (dropped_parts), and those said.
+        self.parts_dropped_total = 0
+        self._parts_said: set[tuple[str, str, int, str]] = set()
         self.sent_total = 0
         self.connected = False
         self.last_error = ""
@@ -302,17 +307,24 @@ class Uplink:
                         rej.job_id, rej.code, rej.reason)
 
     def _on_dropped(self, part: pb.DroppedPart, sent: set[str]) -> None:
-        """The daemon left one stack (or one FR summary) out for its bound: a
-        stack is held back on this stream, never attached again."""
+        """The daemon left one part out (a stack, a FR summary, a rank's
+        sample), the rest applied: counted, said once per part and reason. A
+        stack is held back on this stream, never attached again; a sample is
+        neither resent nor a cause to resync (the daemon skips its slot)."""
+        self.parts_dropped_total += 1
         if part.stack_id:
             self._held.add(part.stack_id)
             sent.add(part.stack_id)
-        key = f"part:{part.what}:{part.stack_id or part.job_id}"
-        now = asyncio.get_running_loop().time()
-        if now - self._rejection_logged.get(key, -1e9) >= REJECTION_LOG_INTERVAL:
-            self._rejection_logged[key] = now
-            log.warning("collector %s left a %s out of the report (%s): %s", self.target,
-                        part.what, part.bound or "malformed", part.reason[:300])
+        key = (part.what, part.stack_id or part.job_id, part.rank, part.bound or part.reason[:64])
+        if key in self._parts_said:
+            return
+        if len(self._parts_said) >= MAX_PARTS_SAID:
+            self._parts_said.clear()
+        self._parts_said.add(key)
+        log.warning("collector %s left a %s out of the report (%s%s): %s", self.target,
+                    part.what, part.bound or "malformed",
+                    f", job {part.job_id} rank {part.rank}" if part.job_id else "",
+                    part.reason[:300])
 
     async def _requests(self, sent: set[str], inflight: "collections.deque[pb.NodeReport]",
                         live: list[bool]):
