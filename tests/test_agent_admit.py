@@ -18,7 +18,7 @@ from ncclwatch.agent.agent import Agent, AgentConfig
 from ncclwatch.agent.discover import RankProcess
 from ncclwatch.agent.gpu import EMPTY, RecordedGpuReader
 from ncclwatch.agent.ranklearn import RankLearner
-from ncclwatch.agent.report import PART_REASONS, PARTS, PartCounts, admit, check_sample
+from ncclwatch.agent.report import PART_REASONS, PARTS, PartCounts, admit
 from ncclwatch.agent.tracker import RankTracker
 from ncclwatch.jobid import UNKNOWN_RANK, UNKNOWN_SOURCE, RankIdentity
 from ncclwatch.v1 import collector_pb2 as pb
@@ -90,12 +90,13 @@ def test_a_learned_duplicate_of_an_env_rank_goes_unnumbered_with_its_conflict(
 def test_without_an_env_number_the_older_process_keeps_the_rank() -> None:
     parts = PartCounts()
     old, young = pb.RankSample(), pb.RankSample()
-    for s, pid, src in ((old, 20, "flight_recorder"), (young, 10, "ray_train_log")):
+    for s, pid, src, age in ((old, 20, "flight_recorder", 400.0),
+                             (young, 10, "ray_train_log", 5.0)):
         s.identity.CopyFrom(pb.RankIdentity(job_id=JOB, rank=1, world_size=2, pid=pid,
-                                            rank_source=src))
+                                            rank_source=src, process_age_seconds=age))
     other_job = pb.RankSample(identity=pb.RankIdentity(job_id="other", rank=1, world_size=2,
                                                        pid=30, rank_source="env:RANK"))
-    kept = admit([(young, 500.0), (old, 100.0), (other_job, 50.0)], parts)
+    kept = admit([young, old, other_job], parts)
     assert len(kept) == 3          # never merged, never dropped
     assert (old.identity.rank, young.identity.rank, other_job.identity.rank) == (1, -1, 1)
     assert young.identity.rank_conflict == "ray_train_log:1 held by pid 20 (flight_recorder)"
@@ -108,24 +109,26 @@ def test_a_world_far_over_the_bound_costs_its_own_sample_only() -> None:
     good = _proc(os.getpid(), 1000.0, rank=0)
     bad = _proc(os.getppid(), 900.0, rank=3, world=10**7, job="huge")
     agent.trackers = {p.pid: RankTracker(p, now) for p in (good, bad)}
-    before = PARTS.counts["world_size"]
+    before = PARTS.counts["world_size_over_limit"]
     report = agent._build(EMPTY)
     assert [(s.identity.job_id, s.identity.pid) for s in report.samples] == [(JOB, os.getpid())]
-    assert PARTS.counts["world_size"] == before + 1
-    assert dict(zip(PART_REASONS, report.health.parts_left_out))["world_size"] == before + 1
+    assert PARTS.counts["world_size_over_limit"] == before + 1
+    health = dict(zip(PART_REASONS, report.health.parts_left_out))
+    assert health["world_size_over_limit"] == before + 1
     # Every round it is still there, it is left out again (counted), and only it.
     report = agent._build(EMPTY)
     assert [s.identity.pid for s in report.samples] == [os.getpid()]
-    assert PARTS.counts["world_size"] == before + 2
+    assert PARTS.counts["world_size_over_limit"] == before + 2
 
 
 @pytest.mark.parametrize("reason, breaks", [
-    ("world_size", lambda s: setattr(s.identity, "world_size", -1)),
-    ("rank_range", lambda s: setattr(s.identity, "rank", 2)),
-    ("rank_range", lambda s: setattr(s.identity, "rank", -7)),
-    ("age", lambda s: setattr(s, "state_seconds", math.inf)),
-    ("age", lambda s: setattr(s, "stack_age_seconds", math.nan)),
-    ("age", lambda s: setattr(s, "state_seconds", 400 * 86400.0)),
+    ("world_size_over_limit", lambda s: setattr(s.identity, "world_size", 10**7)),
+    ("bad_world_size", lambda s: setattr(s.identity, "world_size", -1)),
+    ("rank_out_of_range", lambda s: setattr(s.identity, "rank", 2)),
+    ("rank_out_of_range", lambda s: setattr(s.identity, "rank", -7)),
+    ("age_over_limit", lambda s: setattr(s, "state_seconds", math.inf)),
+    ("not_finite", lambda s: setattr(s, "stack_age_seconds", math.nan)),
+    ("age_over_limit", lambda s: setattr(s, "state_seconds", 400 * 86400.0)),
 ])
 def test_each_sample_rule_leaves_that_sample_out(reason, breaks) -> None:
     parts = PartCounts()
@@ -133,8 +136,7 @@ def test_each_sample_rule_leaves_that_sample_out(reason, breaks) -> None:
                                                       pid=10 + r, rank_source="env:RANK"))
                for r in (0, 1))
     breaks(bad)
-    assert check_sample(bad) == reason
-    assert admit([(ok, 1.0), (bad, 2.0)], parts) == [ok]
+    assert admit([ok, bad], parts) == [ok]
     assert parts.counts == {reason: 1}
 
 
@@ -144,14 +146,15 @@ def test_readings_that_are_not_finite_are_cleared_and_the_rank_still_sent() -> N
                       state=pb.RANK_STATE_COLLECTIVE, state_seconds=5.0, still_seconds=math.nan,
                       process=pb.ProcessStats(cpu_utilization=math.inf, rss_bytes=7),
                       job=pb.JobInfo(watchdog_timeout_seconds=-math.inf))
-    assert admit([(s, 1.0)], parts) == [s]
+    assert admit([s], parts) == [s]
     assert not s.HasField("still_seconds") and not s.HasField("process")
     assert not s.HasField("job")
     assert (s.state, s.state_seconds) == (pb.RANK_STATE_COLLECTIVE, 5.0)
     assert parts.counts == {"not_finite": 1}
     fine = pb.RankSample(identity=pb.RankIdentity(job_id=JOB, rank=1, world_size=2, pid=11),
                          still_seconds=3.0, process=pb.ProcessStats(cpu_utilization=0.5))
-    assert check_sample(fine) is None and fine.HasField("process")
+    assert admit([fine], parts) == [fine] and fine.HasField("process")
+    assert parts.counts == {"not_finite": 1}
 
 
 def test_a_rank_sample_the_daemon_dropped_is_said_once_and_never_resyncs(caplog) -> None:

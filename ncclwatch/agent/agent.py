@@ -401,13 +401,12 @@ class Agent:
         now = time.monotonic()
         by_pid = gpu_reading.by_pid()
         devices = {d.index: d for d in gpu_reading.devices}
-        built: list[tuple[pb.RankSample, float]] = []
+        built: list[pb.RankSample] = []
         refresh = self.rounds % JOB_INFO_EVERY == 0
         for t in self.trackers.values():
             with_job = refresh or not t.env_sent
             try:
-                built.append((sample_pb(t, now, by_pid.get(t.pid, ()), devices, with_job),
-                              t.proc.create_time))
+                built.append(sample_pb(t, now, by_pid.get(t.pid, ()), devices, with_job))
             except Exception as e:  # noqa: BLE001 - one rank never fails the round
                 COUNTS.fields_dropped_total += 1
                 (log.debug if t.pid in self._left_out else log.info)(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import math
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Sequence, TypeVar
@@ -18,6 +17,8 @@ from ncclwatch.agent import caps
 from ncclwatch.agent.discover import RankProcess
 from ncclwatch.agent.gpu import GpuDevice, GpuProcessMemory
 from ncclwatch.agent.tracker import RankTracker
+from ncclwatch.contract import checks
+from ncclwatch.contract.limits import MAX_READING
 from ncclwatch.jobid import UNKNOWN_RANK, UNKNOWN_SOURCE
 from ncclwatch.sanitize import COUNTS, clean, for_log, gate
 from ncclwatch.stacks import Frame, Stack, stack_id
@@ -270,63 +271,35 @@ def build_report(*, node: str, agent_id: str, seq: int, now: float, wall: float,
 
 # -- each part within the daemon's rules, before it is sent -------------------------
 #
-# The daemon judges a report part by part; the agent applies the same rules
-# to what it is about to send, after the ranks' numbers are learned, so one
-# process's reading costs its own part, never the node's report.
+# The daemon judges a report part by part (ncclwatch.contract.checks); the
+# agent applies the same checks to what it is about to send, after the ranks'
+# numbers are learned, so one process's reading costs its own part, never the
+# node's report.
 
-#: Why a part of a report was left out or changed before sending, in
-#: AgentHealth.parts_left_out order. ``duplicate_rank``: a second process of
-#: one job claimed a rank, sent unnumbered with ``rank_conflict``;
-#: ``world_size``, ``rank_range``, ``age``: the sample is left out;
-#: ``not_finite``: the reading (process stats, job info, still time) is left
-#: out of the sample, the rank's state still sent.
-PART_REASONS = ("duplicate_rank", "world_size", "rank_range", "age", "not_finite")
+#: Why a part was left out or changed before sending, in
+#: AgentHealth.parts_left_out order: the contract's reasons (checks.REASONS).
+PART_REASONS = tuple(checks.REASONS)
 
-
-def _max_ranks() -> int:
-    # Until the shared contract module holds it: the daemon's default bound.
-    return caps._DAEMON.max_ranks_per_job  # noqa: SLF001
-
-
-def _max_age() -> float:
-    return caps._DAEMON.max_age_seconds  # noqa: SLF001
-
-
-def _finite(*values: float) -> bool:
-    return all(math.isfinite(v) and 0 <= v < 1e12 for v in values)
-
-
-#: Sample rules that leave the whole sample out: (reason, breaks it). A rank
-#: with a world over the daemon's bound or a number outside its world cannot
-#: be placed in a job; a state older than any clock fakes a wait.
-SAMPLE_RULES: tuple[tuple[str, Callable[[pb.RankSample], bool]], ...] = (
-    ("world_size", lambda s: not 0 <= s.identity.world_size <= _max_ranks()),
-    ("rank_range", lambda s: not (s.identity.rank == UNKNOWN_RANK or 0 <= s.identity.rank
-                                  < (s.identity.world_size or _max_ranks()))),
-    ("age", lambda s: not (0 <= s.state_seconds <= _max_age()
-                           and 0 <= s.stack_age_seconds <= _max_age())),
-)
-
-#: Readings of a sample that are left out (the field cleared) when not finite:
-#: (field, breaks it). The rank's state, stack and wait still go.
+#: Readings of a sample cleared when not finite (field, breaks it): the rank's
+#: state, stack and wait still go, counted under ``not_finite``. Every other
+#: fault (a world past max_ranks_per_job, a rank outside its world, an age
+#: past max_age_seconds) leaves the whole sample out.
 READING_RULES: tuple[tuple[str, Callable[[pb.RankSample], bool]], ...] = (
-    ("still_seconds", lambda s: s.HasField("still_seconds") and not _finite(s.still_seconds)),
-    ("process", lambda s: s.HasField("process") and not _finite(
-        s.process.cpu_utilization, s.process.cpu_seconds)),
-    ("job", lambda s: s.HasField("job") and not _finite(s.job.watchdog_timeout_seconds)),
+    ("still_seconds", lambda s: s.HasField("still_seconds")
+     and not 0 <= s.still_seconds < MAX_READING),
+    ("process", lambda s: s.HasField("process") and not all(
+        0 <= v < MAX_READING for v in (s.process.cpu_utilization, s.process.cpu_seconds))),
+    ("job", lambda s: s.HasField("job") and not 0 <= s.job.watchdog_timeout_seconds
+     < MAX_READING),
 )
 
 
-def check_sample(s: pb.RankSample) -> str | None:
-    """The reason ``s`` may not be sent (PART_REASONS), None: it may. Readings
-    that are not finite are cleared from ``s`` (reason ``not_finite``)."""
-    for reason, breaks in SAMPLE_RULES:
-        if breaks(s):
-            return reason
+def neutralise(s: pb.RankSample) -> list[str]:
+    """Clear the readings of ``s`` that are not finite; return their names."""
     cleared = [name for name, breaks in READING_RULES if breaks(s)]
     for name in cleared:
         s.ClearField(name)
-    return "not_finite" if cleared else None
+    return cleared
 
 
 class PartCounts:
@@ -338,7 +311,7 @@ class PartCounts:
         self._said: set[tuple[str, int, int, str]] = set()
 
     def left_out(self, reason: str, s: pb.RankSample, why: str) -> None:
-        assert reason in PART_REASONS, reason
+        assert reason in checks.REASONS, reason
         self.counts[reason] += 1
         i = s.identity
         key = (i.job_id, i.rank, i.pid, reason)
@@ -346,7 +319,8 @@ class PartCounts:
             if len(self._said) > 4096:
                 self._said.clear()
             self._said.add(key)
-            log.warning("pid %d of job %s: %s (%s)", i.pid, for_log(i.job_id), why, reason)
+            log.warning("pid %d of job %s: %s (%s)", i.pid, for_log(i.job_id), for_log(why),
+                        reason)
 
     def as_list(self) -> list[int]:
         return [self.counts[r] for r in PART_REASONS]
@@ -355,49 +329,50 @@ class PartCounts:
 PARTS = PartCounts()
 
 
-def one_per_rank(sent: Sequence[tuple[pb.RankSample, float]]) -> list[pb.RankSample]:
-    """One process per (job, rank) among ``sent`` (sample, process start
-    time; 0: unknown). The number stays with the process that has it from
-    its environment (``env:*``), else with the older; each other claimant is
-    sent unnumbered, its ``rank_conflict`` naming the number it claimed and
-    the process that holds it: never merged. Return those changed."""
-    claims: dict[tuple[str, int], list[tuple[pb.RankSample, float]]] = {}
-    for s, started in sent:
-        if s.identity.rank != UNKNOWN_RANK:
-            claims.setdefault((s.identity.job_id, s.identity.rank), []).append((s, started))
-    out = []
-    for (_job, rank), ones in claims.items():
-        if len(ones) < 2:
+def one_per_rank(samples: Sequence[pb.RankSample]) -> list[pb.RankSample]:
+    """One process per (job, rank) among ``samples``: the number stays with
+    the one the contract prefers (checks.prefer: the environment's, else the
+    older); each other claimant is sent unnumbered, its ``rank_conflict``
+    naming the number it claimed and the process that holds it: never
+    merged. Return those changed."""
+    holder: dict[tuple[str, int], pb.RankSample] = {}
+    losers = []
+    for s in samples:
+        if s.identity.rank == UNKNOWN_RANK:
             continue
-        ones.sort(key=lambda e: (not e[0].identity.rank_source.startswith("env:"),
-                                 e[1] or math.inf, e[0].identity.pid))
-        holder = ones[0][0].identity
-        for s, _ in ones[1:]:
-            i = s.identity
-            i.rank_conflict = gate("RankIdentity.rank_conflict",
-                                   f"{i.rank_source}:{rank} held by pid {holder.pid} "
-                                   f"({holder.rank_source})")
-            i.rank, i.rank_source = UNKNOWN_RANK, UNKNOWN_SOURCE
-            out.append(s)
-    return out
+        key = (s.identity.job_id, s.identity.rank)
+        cur = holder.get(key)
+        if cur is None:
+            holder[key] = s
+        elif checks.prefer(s, cur):
+            holder[key] = s
+            losers.append(cur)
+        else:
+            losers.append(s)
+    for s in losers:
+        i, h = s.identity, holder[(s.identity.job_id, s.identity.rank)].identity
+        i.rank_conflict = gate("RankIdentity.rank_conflict",
+                               f"{i.rank_source}:{i.rank} held by pid {h.pid} "
+                               f"({h.rank_source})")
+        i.rank, i.rank_source = UNKNOWN_RANK, UNKNOWN_SOURCE
+    return losers
 
 
-def admit(sent: Sequence[tuple[pb.RankSample, float]],
-          parts: PartCounts = PARTS) -> list[pb.RankSample]:
-    """The samples of ``sent`` (sample, process start time) as they may go:
-    each checked by the daemon's sample rules (a failing one left out alone,
-    counted by reason), then one process per (job, rank)."""
+def admit(samples: Sequence[pb.RankSample], parts: PartCounts = PARTS) -> list[pb.RankSample]:
+    """``samples`` as they may go: readings that are not finite cleared, each
+    sample checked by the contract (checks.check_sample; a failing one left
+    out alone, counted by its reason), then one process per (job, rank)."""
     kept = []
-    for s, started in sent:
-        reason = check_sample(s)
-        if reason == "not_finite":
-            parts.left_out(reason, s, "a reading that is not a finite number was left out")
-        elif reason is not None:
-            i = s.identity
-            parts.left_out(reason, s, f"its sample was left out (rank {i.rank}, world size "
-                                      f"{i.world_size}, state {s.state_seconds:g} s)")
+    for s in samples:
+        cleared = neutralise(s)
+        if cleared:
+            parts.left_out("not_finite", s, f"left out {', '.join(cleared)}: not a finite "
+                                            f"reading")
+        fault = checks.check_sample(s)
+        if fault is not None:
+            parts.left_out(fault.reason, s, f"its sample was left out: {fault.message}")
             continue
-        kept.append((s, started))
+        kept.append(s)
     for s in one_per_rank(kept):
         parts.left_out("duplicate_rank", s, f"sent unnumbered: {s.identity.rank_conflict}")
-    return [s for s, _ in kept]
+    return kept
