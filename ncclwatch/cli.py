@@ -18,7 +18,7 @@ from ncclwatch import __version__
 from ncclwatch.agent.settings import AGENT_SIDE, AgentConfig, ClientTLSFiles, stack_policy
 from ncclwatch.config import (ConfigError, add_options, build, load_file, option, options_of,
                               positive_float, resolve)
-from ncclwatch.daemon.bounds import Bounds
+from ncclwatch.contract.bounds import Bounds
 from ncclwatch.daemon.settings import DaemonConfig, DaemonInputs, ServerTLSFiles
 
 log = logging.getLogger("ncclwatch")
@@ -30,7 +30,7 @@ class LogSettings:
 
 
 #: Every command's settings, derived from the dataclasses that hold them
-#: (daemon/settings.py, agent/settings.py, daemon/bounds.py).
+#: (daemon/settings.py, agent/settings.py, contract/bounds.py).
 _LOG = options_of(LogSettings)
 DAEMON_OPTIONS = (*options_of(DaemonConfig), *options_of(ServerTLSFiles),
                   *options_of(DaemonInputs), *options_of(Bounds), *_LOG)

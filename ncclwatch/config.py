@@ -190,10 +190,26 @@ def _check_file(options: Sequence[Option], file: Mapping[str, Any]) -> None:
         raise ConfigError(f"{_where(file)}: unknown config key(s): {', '.join(unknown)}")
 
 
+def parse_ranks(text: str) -> frozenset[int] | None:
+    """'0-3,7' -> {0, 1, 2, 3, 7}; '' -> None (every rank). Here, not in the
+    agent: a setting's parser is the library's (tests/test_layers.py)."""
+    text = text.strip()
+    if not text:
+        return None
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ValueError(f"bad rank range {part!r} (expected e.g. 0-3,7)")
+        a, b = int(lo), int(hi) if sep else int(lo)
+        if b < a:
+            raise ValueError(f"bad rank range {part!r}: end before start")
+        out.update(range(a, b + 1))
+    return frozenset(out)
+
+
 def rank_set(v: Any) -> frozenset[int] | None:
     """Ranks from a flag, env or config: "0-3,7", a list of ints, or an already parsed set."""
-    from ncclwatch.agent.discover import parse_ranks
-
     if isinstance(v, (set, frozenset, list, tuple)):
         return frozenset(int(r) for r in v)
     return parse_ranks(str(v))

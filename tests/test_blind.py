@@ -19,10 +19,11 @@ from ncclwatch.agent import caps, rankenv
 from ncclwatch.agent.discover import RankProcess
 from ncclwatch.agent.report import stack_pb
 from ncclwatch.agent.uplink import POISON_STRIKES, Uplink
-from ncclwatch.daemon.bounds import Bounds
+from ncclwatch.contract.bounds import Bounds
 from ncclwatch.daemon.core import Daemon, DaemonConfig
 from ncclwatch.daemon.server import DaemonServer
-from ncclwatch.daemon.validate import MAX_FRAMES, validate_request
+from ncclwatch.contract.limits import MAX_FRAMES
+from ncclwatch.daemon.admission import Admission, admit
 from ncclwatch.jobid import RankIdentity
 from ncclwatch.model import CollectiveOp, RankState
 from ncclwatch.signatures import DEFAULT_CLASSIFIER
@@ -55,7 +56,7 @@ def test_a_stack_of_5000_frames_is_trimmed_head_tail_and_marker() -> None:
     assert got[0].name == "barrier" and got[-1].name == "<module>"
     # The daemon takes it as sent, whole: its id is that of the frames sent.
     req = report([], stacks=[sent])
-    assert sent.id == stack_id(got) and validate_request(req) == {}
+    assert sent.id == stack_id(got) and admit(req) == Admission()
     # Classified from the kept frames: the innermost says barrier.
     trimmed = caps.trim_threads([ThreadDump(1, 1, "MainThread", True,
                                             Stack(frames, "MainThread"))])

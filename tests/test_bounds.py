@@ -17,7 +17,7 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ncclwatch.daemon.bounds import BOUND_LABELS, Bounds
+from ncclwatch.contract.bounds import BOUND_LABELS, Bounds
 from ncclwatch.daemon.core import Daemon, DaemonConfig
 from ncclwatch.daemon.server import DaemonServer
 from ncclwatch.model import RankState
@@ -116,9 +116,14 @@ def test_ranks_per_job_bound_counts_rankless_members_too() -> None:
                 [("big", "RESOURCE_EXHAUSTED")]
             assert "max_ranks_per_job" in resp.rejected_jobs[0].reason
             assert "big" not in h.daemon.table.jobs
-            err = await h.refused(report([sample("wide", 0, 9, RankState.COMPUTE)]))
-            assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
-            assert "max_ranks_per_job" in err.details()
+            # A world past the bound costs its sample, not the report.
+            (resp,) = await h.send(report([sample("wide", 0, 9, RankState.COMPUTE),
+                                           sample("ok", 0, 2, RankState.COMPUTE)], seq=2))
+            (part,) = resp.dropped_parts
+            assert (part.what, part.job_id, part.bound) == ("rank_sample", "wide", "ranks_per_job")
+            assert part.reason.startswith("world_size_over_limit: ") and \
+                "max_ranks_per_job" in part.reason
+            assert "wide" not in h.daemon.table.jobs and "ok" in h.daemon.table.jobs
             assert (await asyncio.to_thread(h.hits))["ranks_per_job"] == 2
     _run(go())
 
@@ -159,19 +164,22 @@ def test_stacks_are_bounded_by_bytes_not_only_count() -> None:
     _run(go())
 
 
-def test_megabyte_paths_and_env_values_are_refused() -> None:
+def test_megabyte_paths_and_env_values_cost_their_sample() -> None:
     async def go():
         async with Harness() as h:
             s = sample("j", 0, 1, RankState.SAVING)
             s.process.files_writing.append(pb.OpenFile(path="/ckpt/" + "a" * MB, size_bytes=1))
-            err = await h.refused(report([s]))
-            assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert "over 4096 characters (max_path)" in err.details()
+            (resp,) = await h.send(report([s, sample("ok", 0, 1, RankState.COMPUTE)]))
+            (part,) = resp.dropped_parts
+            assert (part.what, part.job_id, part.rank) == ("rank_sample", "j", 0)
+            assert "over 4096 characters (max_path)" in part.reason
             s = sample("j", 0, 1, RankState.SAVING, timeout=60.0)
             s.job.env["NCCL_DEBUG_FILE"] = "x" * MB
-            err = await h.refused(report([s]))
-            assert "'NCCL_DEBUG_FILE'" in err.details() and "max_env_value" in err.details()
-            assert not h.daemon.table.jobs
+            (resp,) = await h.send(report([s], seq=2))
+            assert "'NCCL_DEBUG_FILE'" in resp.dropped_parts[0].reason
+            assert "max_env_value" in resp.dropped_parts[0].reason
+            assert set(h.daemon.table.jobs) == {"ok"}
+            assert h.daemon.node_faults["node-a"] == {"path_too_long": 1, "env_too_long": 1}
             hits = await asyncio.to_thread(h.hits)
             assert hits["path_length"] == 1 and hits["env_length"] == 1
     _run(go())
@@ -195,15 +203,17 @@ def test_an_absurd_interval_cannot_keep_a_dead_agent_fresh() -> None:
 
 
 @pytest.mark.parametrize("field", ["state_seconds", "stack_age_seconds"])
-def test_ages_of_centuries_are_refused(field) -> None:
+def test_ages_of_centuries_cost_their_sample(field) -> None:
     async def go():
         async with Harness() as h:
-            s = sample("j", 0, 1, RankState.COMPUTE)
+            s = sample("j", 0, 2, RankState.COMPUTE)
             setattr(s, field, 3e9)
-            err = await h.refused(report([s]))
-            assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
-            assert f"{field} must be finite and in [0, 3.16224e+07] (max_age_seconds)" \
-                in err.details()
+            (resp,) = await h.send(report([s, sample("j", 1, 2, RankState.COMPUTE)]))
+            (part,) = resp.dropped_parts
+            assert part.reason.startswith("age_over_limit: ") and \
+                f"{field} must be finite and in [0, 3.16224e+07] (max_age_seconds)" \
+                in part.reason
+            assert set(h.daemon.table.jobs["j"].ranks) == {1}
             assert (await asyncio.to_thread(h.hits))["age"] == 1
     _run(go())
 
@@ -248,14 +258,13 @@ def test_bounds_come_from_flags_environment_and_toml(tmp_path) -> None:
                 assert [j.job_id for j in resp.rejected_jobs] == ["cli-2"]
                 s = sample("p", 0, 1, RankState.SAVING)
                 s.process.files_writing.append(pb.OpenFile(path="/" + "a" * 64))
-                with pytest.raises(grpc.aio.AioRpcError) as ei:
-                    [r async for r in stub.Report(iter([report([s], agent="b")]))]
-                assert "over 64 characters (max_path)" in ei.value.details()
+                (resp,) = [r async for r in stub.Report(iter([report([s], agent="b")]))]
+                assert "over 64 characters (max_path)" in resp.dropped_parts[0].reason
                 s = sample("e", 0, 1, RankState.SAVING, timeout=5.0)
                 s.job.env["NCCL_DEBUG"] = "x" * 17
-                with pytest.raises(grpc.aio.AioRpcError) as ei:
-                    [r async for r in stub.Report(iter([report([s], agent="c")]))]
-                assert "value over 16 characters (max_env_value)" in ei.value.details()
+                (resp,) = [r async for r in stub.Report(iter([report([s], agent="c")]))]
+                assert "value over 16 characters (max_env_value)" in \
+                    resp.dropped_parts[0].reason
         _run(go())
         hits = _hits(http_port)
         assert (hits["jobs_per_agent"], hits["path_length"], hits["env_length"]) == (1, 1, 1)

@@ -65,7 +65,7 @@ def test_status_without_a_daemon_is_a_clear_error(capsys) -> None:
 
 
 def test_rank_ranges_for_the_agent_filter() -> None:
-    from ncclwatch.agent.discover import parse_ranks
+    from ncclwatch.config import parse_ranks
 
     assert parse_ranks("") is None
     assert parse_ranks("0-3,7") == frozenset({0, 1, 2, 3, 7})

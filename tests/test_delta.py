@@ -8,6 +8,7 @@ checks that every field a verdict reads, and every verdict, is the same.
 from __future__ import annotations
 
 import asyncio
+import re
 import urllib.request
 
 import grpc
@@ -26,7 +27,8 @@ from ncclwatch.agent.delta import (
 from ncclwatch.agent.uplink import Uplink
 from ncclwatch.daemon import validate
 from ncclwatch.daemon.core import Daemon, DaemonConfig
-from ncclwatch.daemon.validate import ReportError, validate_request
+from ncclwatch.daemon.admission import Admission, admit
+from ncclwatch.daemon.validate import ReportError
 from ncclwatch.model import CollectiveOp, RankState
 from ncclwatch.v1 import collector_pb2 as pb
 from tests.factories import BARRIER, SAVE, report, sample, stack_pb
@@ -278,14 +280,24 @@ def _with_briefs(**fields) -> pb.ReportRequest:
 @pytest.mark.parametrize("req,match", [
     (_with_briefs(still_seconds=[0.0, 1.0]), "1 slots but 2 still_seconds"),
     (_with_briefs(slot=[0]), "slot 0"),
-    (_with_briefs(still_seconds=[float("nan")]), "still_seconds must be finite"),
-    (_with_briefs(cpu_seconds=[-1.0]), "cpu_seconds must be finite"),
-    (_with_briefs(cpu_utilization=[float("inf")]), "cpu_utilization must be finite"),
 ])
 def test_malformed_briefs_are_refused_whole(req, match) -> None:
+    """The arrays' shape is the agent's encoding: the node's own fault."""
     with pytest.raises(ReportError, match=match) as e:
-        validate_request(req)
+        admit(req)
     assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+@pytest.mark.parametrize("field", ["still_seconds", "cpu_seconds", "cpu_utilization"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0])
+def test_a_brief_with_a_bad_reading_is_dropped_alone(field, bad) -> None:
+    """A reading is its rank's: that brief goes, the other is applied."""
+    req = _with_briefs(slot=[1, 2], still_seconds=[0.0, 1.0], cpu_utilization=[0.5, 0.5],
+                       cpu_seconds=[1.0, 2.0])
+    getattr(req.report.briefs, field)[0] = bad
+    adm = admit(req)
+    assert [(p.what, p.reason) for p in adm.dropped] == [("brief", "not_finite")]
+    assert list(req.report.briefs.slot) == [2] and list(req.report.briefs.cpu_seconds) == [2.0]
 
 
 def _with_change(**fields) -> pb.ReportRequest:
@@ -304,10 +316,15 @@ def _with_change(**fields) -> pb.ReportRequest:
     (_with_change(cpu_seconds=float("inf")), "cpu_seconds must be finite"),
     (_with_change(stack_id="x" * 65), "stack_id too long"),
 ])
-def test_malformed_changes_are_refused_whole(req, match) -> None:
-    with pytest.raises(ReportError, match=match) as e:
-        validate_request(req)
-    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+def test_a_malformed_change_is_dropped_alone(req, match) -> None:
+    """One rank's change costs that change (and its slot), never the report."""
+    good = req.report.changes.add(slot=2, state=pb.RANK_STATE_COMPUTE, state_seconds=1.0)
+    adm = admit(req)
+    assert [p.what for p in adm.dropped] == ["change"]
+    assert re.search(match, adm.dropped[0].message), adm.dropped[0].message
+    assert adm.dropped[0].fault.code == "INVALID_ARGUMENT"
+    assert list(req.report.changes) == [good]
+    assert adm.slots == ([] if "slot 0" in match else [1])
 
 
 def test_a_step_into_a_collective_goes_as_a_change_the_daemon_applies() -> None:
@@ -327,8 +344,8 @@ def test_briefs_need_protocol_2_and_protocol_1_stays_accepted() -> None:
     req = _with_briefs()
     req.protocol_version = 1
     with pytest.raises(ReportError, match="protocol_version 2"):
-        validate_request(req)
-    assert validate_request(report([sample("j", 0, 1, S.COMPUTE)])) == {}
+        admit(req)
+    assert admit(report([sample("j", 0, 1, S.COMPUTE)])) == Admission()
 
 
 async def _until(cond, seconds: float = 30.0) -> None:

@@ -2,10 +2,10 @@
 
 Every string field of the wire format has a row in the agent's gate
 (``sanitize.FIELDS``: cap, redaction) and in the daemon's bounds
-(``validate.STRING_BOUNDS``). The proto is walked by descriptor reflection, so
+(``contract.limits.STRING_BOUNDS``). The proto is walked by descriptor reflection, so
 a string field added to any message a NodeReport reaches fails here until it
-has both, and the daemon is shown to refuse one character past each bound
-and to accept whatever the gate lets through. Then hostile bytes go into
+has both, and the daemon is shown to drop the part (or, for the node's own fields,
+refuse the report) one character past each bound and to accept whatever the gate lets through. Then hostile bytes go into
 every input of a round (the rank's env, identity, files, stack frames and
 thread name, native frame, container and pod, Slurm job, Flight Recorder
 dump): what leaves the agent is clean, capped and free of the planted
@@ -30,9 +30,11 @@ from ncclwatch.agent.sample import MemoryLimit, OpenFile, ProcessSample
 from ncclwatch.agent.scheduler import SchedulerJob
 from ncclwatch.agent.tracker import RankTracker
 from ncclwatch.daemon.api import jobs_view
-from ncclwatch.daemon.bounds import Bounds
+from ncclwatch.contract.bounds import Bounds
 from ncclwatch.daemon.core import Daemon
-from ncclwatch.daemon.validate import STRING_BOUNDS, ReportError, string_bound, validate_request
+from ncclwatch.contract.limits import STRING_BOUNDS, string_bound
+from ncclwatch.daemon.admission import Admission, admit
+from ncclwatch.daemon.validate import ReportError
 from ncclwatch.flightrec.model import FrDump, FrEntry, PgInfo
 from ncclwatch.jobid import RankIdentity
 from ncclwatch.model import CollectiveOp, RankState
@@ -164,7 +166,7 @@ def _with(field: str, length: int) -> pb.ReportRequest:
 
 
 def test_the_full_report_is_valid() -> None:
-    assert validate_request(_full_request()) == {}
+    assert admit(_full_request()) == Admission()
 
 
 #: A derived field: a value of the gate's cap cannot be valid (it is a hash of the frames).
@@ -172,12 +174,23 @@ DERIVED = {"Stack.id"}
 
 
 @pytest.mark.parametrize("field", sorted(WIRE_FIELDS))
-def test_the_daemon_refuses_one_character_past_each_bound(field) -> None:
+def test_the_daemon_drops_the_part_one_character_past_each_bound(field) -> None:
+    """A rank's string costs its part (a node's own field, the report)."""
     bound = string_bound(field, Bounds())
-    with pytest.raises(ReportError):
-        validate_request(_with(field, bound + 1))
+    node_field = field in ("NodeReport.node", "NodeReport.agent_id", "AgentHealth.version")
+    req = _with(field, bound + 1)
+    if node_field:
+        with pytest.raises(ReportError):
+            admit(req)
+    else:
+        adm = admit(req)
+        assert adm.dropped and all(p.reason in ("string_too_long", "path_too_long",
+                                                "env_too_long", "too_many_items",
+                                                "stack_id_mismatch", "stack_too_big",
+                                                "bad_container", "bad_job_id")
+                                   for p in adm.dropped), (field, adm.dropped)
     if field not in DERIVED:     # and takes whatever the agent's gate lets through
-        validate_request(_with(field, FIELDS[field].cap))
+        assert admit(_with(field, FIELDS[field].cap)) == Admission()
 
 
 # -- hostile bytes through a whole round ------------------------------------------------
@@ -295,7 +308,7 @@ def test_hostile_bytes_in_every_field_of_a_round(inputs) -> None:
     req = pb.ReportRequest(protocol_version=2, report=wire)
     req.report.changes.add(slot=1, stack_id=spb.id, native_frame=s.native_frame,
                            native_stack_id=s.native_stack_id)
-    assert validate_request(req) == {}
+    assert admit(req) == Admission()
     d = Daemon()
     d.ingest(pb.ReportRequest(protocol_version=1, report=wire), now=2.0)
     view = jobs_view(d, now=2.0)

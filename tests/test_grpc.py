@@ -64,22 +64,51 @@ def test_report_is_applied_and_acked() -> None:
     _run(go())
 
 
+#: The node's own faults: the whole report is refused.
 BAD = [
     ("bad protobuf", None, grpc.StatusCode.INVALID_ARGUMENT),
-    ("rank out of range", report([sample("job-x", 9, 4, RankState.COMPUTE)]),
-     grpc.StatusCode.INVALID_ARGUMENT),
-    ("negative rank", report([sample("job-x", -2, 4, RankState.COMPUTE)]),
-     grpc.StatusCode.INVALID_ARGUMENT),
-    ("duplicate rank", report([sample("job-x", 1, 4, RankState.COMPUTE)] * 2),
-     grpc.StatusCode.INVALID_ARGUMENT),
     ("unknown protocol", pb.ReportRequest(protocol_version=99, report=pb.NodeReport(
         node="n", agent_id="a")), grpc.StatusCode.FAILED_PRECONDITION),
-    ("NaN duration", report([sample("job-x", 0, 1, RankState.COMPUTE, seconds=float("nan"))]),
+    ("no node name", pb.ReportRequest(protocol_version=1, report=pb.NodeReport(
+        agent_id="a", samples=[sample("job-x", 0, 1, RankState.COMPUTE)])),
      grpc.StatusCode.INVALID_ARGUMENT),
-    ("unknown state", report([pb.RankSample(identity=pb.RankIdentity(
-        job_id="job-x", rank=0, world_size=1, pid=5), state=77)]),
-     grpc.StatusCode.INVALID_ARGUMENT),
+    ("NaN interval", report([sample("job-x", 0, 1, RankState.COMPUTE)],
+                            interval=float("nan")), grpc.StatusCode.INVALID_ARGUMENT),
 ]
+
+#: One rank's faults: its sample is dropped alone, the report applied.
+BAD_SAMPLES = [
+    ("rank out of range", sample("job-x", 9, 4, RankState.COMPUTE), "rank_out_of_range"),
+    ("negative rank", sample("job-x", -2, 4, RankState.COMPUTE), "rank_out_of_range"),
+    ("NaN duration", sample("job-x", 0, 1, RankState.COMPUTE, seconds=float("nan")),
+     "not_finite"),
+    ("unknown state", pb.RankSample(identity=pb.RankIdentity(
+        job_id="job-x", rank=0, world_size=1, pid=5), state=77), "bad_state"),
+    ("world over the limit", sample("job-x", 0, 1 << 30, RankState.COMPUTE),
+     "world_size_over_limit"),
+    ("no pid", pb.RankSample(identity=pb.RankIdentity(job_id="job-x", rank=0, world_size=1)),
+     "bad_pid"),
+]
+
+
+@pytest.mark.parametrize("name,bad,reason", BAD_SAMPLES, ids=[b[0] for b in BAD_SAMPLES])
+def test_a_bad_sample_is_dropped_alone_and_the_report_applies(name, bad, reason) -> None:
+    async def go():
+        async with Harness() as h:
+            await h.send(checkpoint_job())
+            h.daemon.tick()
+            req = report([bad, sample("job-ok", 0, 1, RankState.COMPUTE)], seq=2)
+            req.report.agent_monotonic_seconds = 101.0
+            (resp,) = await h.send(req)               # the stream is not aborted
+            assert [(p.what, p.job_id, p.reason.split(":")[0]) for p in resp.dropped_parts] \
+                == [("rank_sample", "job-x", reason)]
+            assert "samples[0]: " in resp.dropped_parts[0].reason
+            assert "job-x" not in h.daemon.table.jobs
+            assert h.daemon.table.jobs["job-ok"].ranks[0].state is RankState.COMPUTE
+            assert not h.daemon.rejected_total
+            assert h.daemon.node_faults["node-a"] == {reason: 1}
+            assert h.daemon.dropped_parts_total == {("rank_sample", reason): 1}
+    _run(go())
 
 
 @pytest.mark.parametrize("name,req,code", BAD, ids=[b[0] for b in BAD])

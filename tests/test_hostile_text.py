@@ -258,10 +258,10 @@ def test_hostile_bytes_of_one_rank_blind_nothing(hostile_node, caplog) -> None:
     mine = [x for x in stacks if x.id == bad.stack_id]
     assert mine and mine[0].thread_name == "Main\\x1b]0;owned\\x07 <redacted>", mine
     # the daemon takes the round whole: the stack's id is that of its frames as sent
-    from ncclwatch.daemon.validate import validate_request
+    from ncclwatch.daemon.admission import Admission, admit
     sent = pb.NodeReport.FromString(report.SerializeToString())
     sent.stacks.extend(stacks)
-    assert validate_request(pb.ReportRequest(protocol_version=1, report=sent)) == {}
+    assert admit(pb.ReportRequest(protocol_version=1, report=sent)) == Admission()
     assert report.health.texts_escaped_total >= 5
     # no log line of the agent carries a raw newline or escape from the job
     for rec in caplog.records:

@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from ncclwatch.agent import uplink
-from ncclwatch.daemon.bounds import BOUND_LABELS, Bounds
+from ncclwatch.contract.bounds import BOUND_LABELS, Bounds
 from ncclwatch.daemon.core import Daemon, DaemonConfig
 from ncclwatch.daemon.export import build, capture
 from ncclwatch.daemon.validate import ReportError

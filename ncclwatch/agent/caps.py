@@ -9,7 +9,7 @@ other rank and job on the node unwatched), and one environment of 256
 Two kinds of cap, each in this one module:
 
 - **What is sent** stays under the daemon's *default* bounds
-  (``daemon.bounds.Bounds``, ``daemon.validate``), derived from them here
+  (``contract.bounds.Bounds``, ``contract.limits``), derived from them here
   and never written twice: a stack keeps its innermost and outermost frames
   with one marker frame between, its text under half of ``max_stack_bytes``;
   a Flight Recorder summary keeps its waiting groups first.
@@ -24,8 +24,8 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass, replace
 
-from ncclwatch.daemon import validate
-from ncclwatch.daemon.bounds import Bounds
+from ncclwatch.contract import limits
+from ncclwatch.contract.bounds import Bounds
 from ncclwatch.stacks import Frame, Stack, ThreadDump
 
 _DAEMON = Bounds()
@@ -33,7 +33,7 @@ _DAEMON = Bounds()
 # -- what is sent: under the daemon's default bounds ---------------------------------
 
 #: Frames of one stack (the daemon refuses a stack of more than MAX_FRAMES).
-STACK_FRAMES = validate.MAX_FRAMES // 2
+STACK_FRAMES = limits.MAX_FRAMES // 2
 #: Frames kept from the innermost end of a trimmed stack (what it does now);
 #: the rest of STACK_FRAMES, less the marker, from the outermost (how it got there).
 STACK_HEAD = STACK_FRAMES * 3 // 4
@@ -42,9 +42,9 @@ STACK_TEXT = _DAEMON.max_stack_bytes // 2
 #: Characters of stack text attached to one report (more wait for the next).
 REPORT_STACK_TEXT = _DAEMON.max_report_stack_bytes // 2
 #: Stacks attached to one report.
-REPORT_STACKS = validate.MAX_STACKS // 2
+REPORT_STACKS = limits.MAX_STACKS // 2
 #: Process groups of one Flight Recorder summary, and ranks they list in all.
-FR_GROUPS = min(validate.MAX_PROCESS_GROUPS, _DAEMON.max_flight_recorder_groups) // 2
+FR_GROUPS = min(limits.MAX_PROCESS_GROUPS, _DAEMON.max_flight_recorder_groups) // 2
 FR_RANKS = _DAEMON.max_flight_recorder_ranks // 2
 
 #: The file name of the marker frame that stands for the frames left out.

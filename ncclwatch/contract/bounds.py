@@ -1,14 +1,15 @@
-"""What one report, one agent or one job may cost the daemon.
+"""What one report, one agent or one job may cost the daemon: the bounds of the contract.
 
-Every bound is a daemon setting (flag ``--max-...``, ``NCCLWATCH_MAX_...``,
+The agent caps what it sends under the defaults (``ncclwatch.agent.caps``)
+and the daemon enforces the settings it runs with; both import them from
+here. Every bound is a daemon setting (flag ``--max-...``, ``NCCLWATCH_MAX_...``,
 TOML key ``max_...``) with a default well above what a real node sends, and
 every hit is counted in ``ncclwatch_daemon_bound_hits_total{bound}``. A hit
-refuses the smallest part that broke it: the whole report (a malformed
-field, INVALID_ARGUMENT or RESOURCE_EXHAUSTED with the bound in the message),
-one job of it (``rejected_jobs`` of the answer), one stack or one sample's
-Flight Recorder summary (``dropped_parts`` of the answer), or, for the stack
-store, the least recently used stacks (evicted, not refused). The agent caps
-what it sends under the defaults here (``ncclwatch.agent.caps``).
+refuses the smallest part that broke it: one job of a report
+(``rejected_jobs`` of the answer), one rank sample, change, stack or Flight
+Recorder summary (``dropped_parts`` of the answer), the whole report only
+for the node's own fields (its interval, its clock), or, for the stack store,
+the least recently used stacks (evicted, not refused).
 """
 
 from __future__ import annotations

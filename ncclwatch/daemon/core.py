@@ -13,6 +13,8 @@ import time
 import grpc
 
 from ncclwatch import sanitize
+from ncclwatch.contract.limits import MAX_NODE
+from ncclwatch.daemon.admission import admit
 from ncclwatch.daemon.budget import Budget, BudgetConfig, budget
 from ncclwatch.daemon.detect import DetectConfig, detect_job
 from ncclwatch.daemon.detect.shape import halted, still_since
@@ -23,7 +25,7 @@ from ncclwatch.daemon.ownership import Ownership
 from ncclwatch.daemon.settings import DaemonConfig
 from ncclwatch.daemon.smooth import Smoother
 from ncclwatch.daemon.table import JobTable
-from ncclwatch.daemon.validate import Dropped, ReportError, validate_request
+from ncclwatch.daemon.validate import ReportError
 from ncclwatch.model import CHECKPOINT_STATES, QUIET_CPU
 from ncclwatch.v1 import collector_pb2 as pb
 
@@ -78,6 +80,16 @@ class Daemon:
         self._fr_asked: dict[str, float] = {}
         self._native_asked: dict[str, float] = {}
         self.started_at = time.monotonic()
+        #: What each node's reports cost it: node identity (``who``: its
+        #: certificate's, else the report's node; for a report refused before
+        #: that is known, its node cut at MAX_NODE, or "") -> reason
+        #: (contract.checks.REASONS) -> parts dropped and reports refused; and
+        #: the daemon's monotonic time of its last one. At most max_agents
+        #: nodes, the least recent forgotten first (record_fault).
+        self.node_faults: dict[str, collections.Counter[str]] = {}
+        self.node_fault_at: dict[str, float] = {}
+        #: Parts dropped (admission.py), by part and reason.
+        self.dropped_parts_total: collections.Counter[tuple[str, str]] = collections.Counter()
         #: Forecasts as countdowns, not a new guess each tick (smooth.py).
         self.smooth = Smoother()
 
@@ -92,20 +104,23 @@ class Daemon:
         """
         now = time.monotonic() if now is None else now
         who = identity_of(req.report.node, cert_names)
-        parts: list[Dropped] = []   # stacks and FR summaries left out, the rest applied
         try:
             if cert_names is not None:
                 self._check_identity(req.report, cert_names)
             self._check_agent(req.report.agent_id, who)
-            rejected = validate_request(req, self.table.world_size, self.config.bounds, parts)
+            adm = admit(req, self.table.world_size, self.config.bounds)
         except ReportError as e:
             self.rejected_total[e.code.name] += 1
             if e.bound:
                 self.bound_hits_total[e.bound] += 1
+            self.record_fault(who[:MAX_NODE], e.reason or "refused", now)
             raise
+        parts, rejected = adm.dropped, adm.rejected
         for part in parts:
-            if part.error.bound:
-                self.bound_hits_total[part.error.bound] += 1
+            if part.bound:
+                self.bound_hits_total[part.bound] += 1
+            self.dropped_parts_total[part.what, part.reason] += 1
+            self.record_fault(who, part.reason, now)
         # Every string it holds is stored escaped (the one escaper): the page,
         # the API and /metrics never see a control or bidi character of a
         # report's own making. Checked above as sent (its stack ids are the
@@ -117,11 +132,13 @@ class Daemon:
         self._check_bounds(req.report, rejected, who)
         self._check_bytes(req.report, rejected, who)
         aside = self.ownership.judge(self.table, req.report, now, rejected)
-        dropped: list[int] = []
+        dropped: list[int] = list(adm.slots)
         if aside:
-            dropped = self._set_aside(req.report, aside)
+            dropped += self._set_aside(req.report, aside)
         if rejected:
             dropped += self._drop_jobs(req.report, rejected)
+            for e in rejected.values():
+                self.record_fault(who, e.reason or "job_over_bound", now)
         missing = self.table.apply(req.report, now, left_out=rejected.keys(),
                                    left_out_slots=dropped, identity=who)
         agent = self.table.agents[req.report.agent_id]
@@ -132,7 +149,8 @@ class Daemon:
         resp = pb.ReportResponse(ack_seq=req.report.seq, missing_stack_ids=missing)
         for p in parts:
             resp.dropped_parts.add(what=p.what, stack_id=p.stack_id, job_id=p.job_id,
-                                   rank=p.rank, bound=p.error.bound, reason=p.error.message)
+                                   rank=p.rank, bound=p.bound,
+                                   reason=f"{p.reason}: {p.message}")
         if agent.resync:
             agent.resync = False
             resp.resync = True
@@ -143,17 +161,30 @@ class Daemon:
             resp.commands.append(agent.commands.popleft())
         return resp
 
+    def record_fault(self, who: str, reason: str, now: float) -> None:
+        """Count one part dropped or report refused against node ``who``."""
+        faults = self.node_faults.get(who)
+        if faults is None:
+            top = self.config.bounds.max_agents
+            while len(self.node_faults) >= top:
+                oldest = min(self.node_fault_at, key=self.node_fault_at.__getitem__)
+                del self.node_faults[oldest], self.node_fault_at[oldest]
+            faults = self.node_faults[who] = collections.Counter()
+        faults[reason] += 1
+        self.node_fault_at[who] = now
+
     def _check_identity(self, report: pb.NodeReport, names: frozenset[str]) -> None:
         """Under mTLS a node is who its certificate says, and so is its agent."""
         shown = ", ".join(repr(n) for n in sorted(names)) or "no name"
         if report.node not in names:
             raise ReportError(grpc.StatusCode.PERMISSION_DENIED,
-                              f"certificate for {shown} cannot report for node {report.node!r}")
+                              f"certificate for {shown} cannot report for node {report.node!r}",
+                              reason="identity")
         agent = self.table.agents.get(report.agent_id)
         if agent is not None and agent.node != report.node:
             raise ReportError(grpc.StatusCode.PERMISSION_DENIED,
                               f"agent {report.agent_id[:8]} reports for node {agent.node!r}; "
-                              f"certificate for {shown} cannot use it")
+                              f"certificate for {shown} cannot use it", reason="identity")
 
     def _check_agent(self, agent_id: str, who: str) -> None:
         """A new agent id counts against its node's and the daemon's bounds:
@@ -165,11 +196,11 @@ class Daemon:
         if mine >= b.max_agents_per_node:
             raise ReportError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                               f"node {who!r} holds {mine} agent ids (max_agents_per_node "
-                              f"{b.max_agents_per_node})", "agents_per_node")
+                              f"{b.max_agents_per_node})", "agents_per_node", "agents_over_limit")
         if len(table.agents) >= b.max_agents:
             raise ReportError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                               f"the daemon holds {len(table.agents)} agent ids (max_agents "
-                              f"{b.max_agents})", "agents")
+                              f"{b.max_agents})", "agents", "agents_over_limit")
 
     def node_jobs(self, who: str) -> set[str]:
         """The jobs the agents of node identity ``who`` reported that the table holds."""
@@ -250,7 +281,8 @@ class Daemon:
         """A job of the report left out for a bound (the rest is applied)."""
         self.bound_hits_total[bound] += 1
         rejected[job_id] = ReportError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                       f"job {job_id!r} left out: {why}", bound)
+                                       f"job {job_id!r} left out: {why}", bound,
+                                       "job_over_bound")
 
     def _check_bounds(self, report: pb.NodeReport, rejected: dict[str, ReportError],
                       who: str = "") -> None:

@@ -31,7 +31,7 @@ from prometheus_client.utils import floatToGoString
 from ncclwatch import __version__
 from ncclwatch.daemon import links
 from ncclwatch.daemon.agents import AgentRecord
-from ncclwatch.daemon.bounds import BOUND_LABELS
+from ncclwatch.contract.bounds import BOUND_LABELS
 from ncclwatch.daemon.core import Daemon
 from ncclwatch.daemon.detect import DETECTED_KINDS
 from ncclwatch.daemon.incidents import ERROR_BUCKETS

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from ncclwatch.config import (boolean, hostport, non_negative_int, option, positive_float, positive_int,
                               urls)
-from ncclwatch.daemon.bounds import Bounds
+from ncclwatch.contract.bounds import Bounds
 from ncclwatch.timeoutsource import TORCH_DEFAULT
 
 if TYPE_CHECKING:
