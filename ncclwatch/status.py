@@ -15,6 +15,7 @@ from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 from ncclwatch import sanitize, timeoutsource
 from ncclwatch.agent.container import describe as describe_container
 from ncclwatch.daemon.clock import ago, span
+from ncclwatch.daemon.page import fault_sentence
 from ncclwatch.model import SIZE_SOURCES, rank_ranges, scheduler_label
 from ncclwatch.savefit import seconds
 
@@ -135,8 +136,12 @@ def fetch_shards(daemons: str, timeout: float = 5.0, *, ca: str | None = None,
             else:
                 jobs[j["job"]]["shard"]["reported_by"] = j["shard"]["reported_by"]
         for a in v.get("agents", []):  # every shard hears every node
-            if a["agent_id"] not in agents or a.get("connected"):
-                agents[a["agent_id"]] = a
+            key = a["agent_id"] or "node:" + a["node"]   # "": no agent held (refused)
+            held = agents.get(key)
+            if held is None or a.get("connected"):
+                agents[key] = a
+            if held is not None:   # each shard drops its own jobs' parts: say them all
+                agents[key] = {**agents[key], **_both_faults(a, held)}
     ended = {e["id"]: e for k, v in sorted(views.items()) for e in v.get("ended") or []
              if shard(e["job"], n) == k}
     view = {**first, "jobs": [jobs[j] for j in sorted(jobs)], "next_cursor": None,
@@ -246,7 +251,7 @@ def render(view: dict[str, Any], daemon: str = "") -> str:
     (terminal_view)."""
     view = terminal_view(view)
     jobs = view.get("jobs", [])
-    lost = _lost_lines(view.get("ended") or [])
+    lost = _lost_lines(view.get("ended") or []) + _fault_lines(view.get("agents", []))
     if not jobs:
         n = sum(1 for a in view.get("agents", []) if a.get("connected"))
         return "\n".join([f"no training jobs seen ({n} agent(s) connected)", *lost])
@@ -361,6 +366,31 @@ def _lost_lines(ended: list[dict[str, Any]]) -> list[str]:
         if e.get("evidence_bundle"):
             out.append(f"  evidence bundle: {e['evidence_bundle']}")
     return out
+
+
+def _fault_lines(agents: list[dict[str, Any]]) -> list[str]:
+    """A line per node whose report parts were dropped or reports refused
+    lately (the API's ``faults_recent``): a blind node is never silent."""
+    by_node: dict[str, dict[str, Any]] = {}
+    for a in agents:
+        if a.get("faults_recent") and a["node"] not in by_node:
+            by_node[a["node"]] = a
+    if not by_node:
+        return []
+    return ["", *(f"FAULTS on {node}: {fault_sentence(a)}; those parts are missing from "
+                  f"the daemon's picture (runbook ncclwatch_health.md#node-report-faults)"
+                  for node, a in sorted(by_node.items()))]
+
+
+def _both_faults(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Two shards' fault fields of one agent as one: counts summed, the later last."""
+    faults = dict(a.get("faults") or {})
+    for r, n in (b.get("faults") or {}).items():
+        faults[r] = faults.get(r, 0) + n
+    agos = [x for x in (a.get("last_fault_seconds_ago"), b.get("last_fault_seconds_ago"))
+            if x is not None]
+    return {"faults": faults, "last_fault_seconds_ago": min(agos) if agos else None,
+            "faults_recent": bool(a.get("faults_recent") or b.get("faults_recent"))}
 
 
 def _identity_lines(j: dict) -> list[str]:

@@ -122,6 +122,8 @@ class JobsPage:
     shards: dict[str, Any] | None = None  # ShardMap.view(): every shard's page
     #: Ended incidents kept (a day), newest first, with their outcome (ended_view).
     ended: list[dict[str, Any]] | None = None
+    #: Node identity -> (its fault counts by reason, daemon time of the last).
+    faults: dict[str, tuple[dict[str, int], float]] | None = None
 
 
 def jobs_view(d: Daemon, query: JobsQuery | None = None, *, ranks: bool = True,
@@ -177,7 +179,8 @@ def collect_jobs(d: Daemon, q: JobsQuery, now: float | None = None, *,
                     agents=list(d.table.agents.values()), staleness=d.table.staleness,
                     next_cursor=next_cursor,
                     shards=d.config.shards.view() if d.config.shards else None,
-                    ended=ended_view(d, now) if q.job is None and q.cursor is None else None)
+                    ended=ended_view(d, now) if q.job is None and q.cursor is None else None,
+                    faults=node_faults(d))
 
 
 def finish_jobs(p: JobsPage) -> dict[str, Any]:
@@ -191,7 +194,8 @@ def finish_jobs(p: JobsPage) -> dict[str, Any]:
             job["ranks"] = [_rank(r, rec, p.fresh(rec, now), now, wall) for r, rec in detail]
         jobs.append(job)
     out = {"api": API_VERSION, "generated_at": wall, "jobs": jobs,
-           "agents": agents_view(p.agents, now, p.staleness), "next_cursor": p.next_cursor}
+           "agents": agents_view(p.agents, now, p.staleness, p.faults),
+           "next_cursor": p.next_cursor}
     if p.shards is not None:
         out["shards"] = p.shards
     if p.ended is not None:
@@ -543,15 +547,51 @@ def stack_view(d: Daemon, stack_id: str) -> dict[str, Any] | None:
                        for f in s.frames[:MAX_STACK_FRAMES]]}
 
 
-def agents_view(agents: list, now: float, staleness: float) -> list[dict[str, Any]]:
+#: Seconds a node's last dropped part or refused report keeps it said as
+#: faulty (page in red, ``ncclwatch status``): a few rounds' worth and more.
+FAULT_RECENT_SECONDS = 300.0
+
+
+def node_faults(d: Daemon) -> dict[str, tuple[dict[str, int], float]]:
+    """On the loop: each node identity's fault counts (parts of its reports
+    dropped, reports refused whole) and when the last one was."""
+    at = d.node_fault_at
+    return {who: (dict(n), at.get(who, 0.0))
+            for who, n in d.node_faults.items() if n}
+
+
+def agents_view(agents: list, now: float, staleness: float,
+                faults: dict[str, tuple[dict[str, int], float]] | None = None
+                ) -> list[dict[str, Any]]:
+    """One row per agent; ``faults`` (node_faults) go on every agent of the node
+    identity, and a node whose every report was refused (no agent held) still
+    gets a row: a blind node is never left out."""
+    faults = faults or {}
     out = []
     for a in sorted(agents, key=lambda a: (a.node, a.agent_id)):
         out.append({"node": a.node, "agent_id": a.agent_id, "connected": a.connected,
                     "stale": a.stale(now, staleness),
                     "last_report_seconds": round(now - a.last_recv, 1),
                     "ranks_watched": a.health.ranks_watched, "nvml_up": a.health.nvml_up,
-                    "version": a.health.version, "report_gaps": a.gaps_total})
+                    "version": a.health.version, "report_gaps": a.gaps_total,
+                    **_faults_of(faults.get(a.identity or a.node), now)})
+    held = {a.identity or a.node for a in agents}
+    for who in sorted(set(faults) - held):
+        out.append({"node": who, "agent_id": "", "connected": False, "stale": True,
+                     "last_report_seconds": None, "ranks_watched": 0, "nvml_up": False,
+                     "version": "", "report_gaps": 0, **_faults_of(faults[who], now)})
     return out
+
+
+def _faults_of(f: tuple[dict[str, int], float] | None, now: float) -> dict[str, Any]:
+    """``faults``: counts by reason since the daemon started; ``faults_recent``:
+    the last was under FAULT_RECENT_SECONDS ago (say it loud)."""
+    if not f:
+        return {"faults": {}, "last_fault_seconds_ago": None, "faults_recent": False}
+    counts, at = f
+    ago_ = round(max(0.0, now - at), 1)
+    return {"faults": dict(sorted(counts.items())), "last_fault_seconds_ago": ago_,
+            "faults_recent": ago_ <= FAULT_RECENT_SECONDS}
 
 
 def outcome_view(inc: Incident) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 from ncclwatch import __version__
+from ncclwatch.contract.checks import REASONS
 from ncclwatch.daemon import links
 from ncclwatch.daemon.agents import AgentRecord
 from ncclwatch.contract.bounds import BOUND_LABELS
@@ -71,6 +72,9 @@ class Capture:
     links: tuple[str, str] = ("", "")
 
 
+#: The reasons ncclwatch_daemon_node_faults_total names: the contract's (any other: "other").
+FAULT_REASONS = frozenset(REASONS)
+
 #: What ncclwatch_daemon_identity_refusals_total counts (all exported, 0 or not).
 IDENTITY_REFUSALS = ("exited", "rankless_job_facts", "dump_stacks")
 
@@ -99,6 +103,8 @@ def capture(d: Daemon, now: float | None = None) -> Capture:
                                       table.stacks.evicted_for_bytes_total},
                        "identity": dict(table.identity_refusals_total),
                        "claims": dict(d.ownership.claims_total),
+                       "node_faults": {who: dict(n) for who, n in
+                                       d.node_faults.items()},
                        "nodes": [(who, table.held.of(who), len(d.node_jobs(who)), len(ids))
                                  for who, ids in table.node_agents.items()],
                        "held": table.held.total, "agent_ids": len(table.agents),
@@ -287,6 +293,14 @@ def build(c: Capture) -> list[Family]:
     for outcome in OUTCOMES:
         claims.add((outcome,), k["claims"].get(outcome, 0))
 
+    faults = F("ncclwatch_daemon_node_faults",
+               "Parts of a node identity's reports the daemon dropped, or its reports "
+               "refused whole, by the contract's reason (any other: other)",
+               ("node", "reason"), "counter")
+    for who, row in sorted(k["node_faults"].items()):
+        for reason, n in fault_reasons(row):
+            faults.add((who, reason), n)
+
     def one(name: str, text: str, value: float, type_: str = "gauge") -> Family:
         return F(name, text, (), type_, [((), value)])
 
@@ -301,7 +315,7 @@ def build(c: Capture) -> list[Family]:
         return F(name, text, ("node",), "gauge", [((n[0],), n[col]) for n in nodes])
 
     out += [
-        opened, rejected, rejected_jobs, bound_hits, identity, claims,
+        opened, rejected, rejected_jobs, bound_hits, identity, claims, faults,
         per_node("ncclwatch_daemon_node_held_bytes", "Bytes of rank and job data the daemon "
                  "holds from a node identity (its certificate's node; without TLS, its "
                  "node), estimated (max_node_bytes)", 1),
@@ -411,6 +425,16 @@ _EXPOSED = {"gauge": ("", "gauge"), "counter": ("_total", "counter"), "info": ("
 #: Histogram rows carry their series in the last label value: a bucket's
 #: bound ("0.5", "+Inf"), or "sum" / "count".
 _HIST_SERIES = ("sum", "count")
+
+
+def fault_reasons(counts: dict[str, int]) -> list[tuple[str, int]]:
+    """A node's fault counts by reason, any reason outside the contract's set
+    summed as ``other``: the label's values stay a fixed set."""
+    out: dict[str, int] = {}
+    for reason, n in counts.items():
+        key = reason if reason in FAULT_REASONS else "other"
+        out[key] = out.get(key, 0) + n
+    return sorted(out.items())
 
 
 def _label(v: str) -> str:

@@ -418,12 +418,41 @@ def _groups(groups: list[dict[str, Any]], shown: set[str], key: str) -> str:
 
 
 def _agents(agents: list[dict[str, Any]]) -> str:
+    """The agents' table; nodes whose parts were dropped or reports refused
+    lately come first, their faults in red (a blind node is never silent)."""
+    shown = sorted(agents, key=lambda a: not a.get("faults_recent"))[:RANK_ROWS]
     rows = "".join(
         f"<tr><td>{escape(a['node'])}</td><td>{'yes' if a['connected'] else 'no'}</td>"
-        f"<td>{a['last_report_seconds']:.0f}s ago</td><td>{a['ranks_watched']}</td>"
-        f"<td>{'yes' if a['nvml_up'] else 'no'}</td></tr>" for a in agents[:RANK_ROWS])
+        f"<td>{_last_report(a)}</td><td>{a['ranks_watched']}</td>"
+        f"<td>{'yes' if a['nvml_up'] else 'no'}</td><td>{_faults(a)}</td></tr>" for a in shown)
     more = (f"<p><small>and {len(agents) - RANK_ROWS} more (API)</small></p>"
             if len(agents) > RANK_ROWS else "")
-    return (f"<details data-key='agents'><summary>agents ({len(agents)})</summary><table><tr>"
-            f"<th>node</th><th>connected</th><th>last report</th><th>ranks</th><th>NVML</th>"
-            f"</tr>{rows}</table>{more}</details>")
+    loud = " open" if any(a.get("faults_recent") for a in agents) else ""
+    return (f"<details data-key='agents'{loud}><summary>agents ({len(agents)})</summary><table>"
+            f"<tr><th>node</th><th>connected</th><th>last report</th><th>ranks</th><th>NVML</th>"
+            f"<th>report faults</th></tr>{rows}</table>{more}</details>")
+
+
+def fault_sentence(a: dict[str, Any]) -> str:
+    """What the page and ``ncclwatch status`` say of an agents-view row with
+    faults: "12 parts dropped or refused (world_size: 10, ...) since the daemon
+    started; last 3s ago" ("" for none)."""
+    faults = a.get("faults") or {}
+    if not faults:
+        return ""
+    by = ", ".join(f"{r}: {n}" for r, n in sorted(faults.items(), key=lambda x: (-x[1], x[0])))
+    return (f"{sum(faults.values())} parts dropped or reports refused ({by}) since the daemon "
+            f"started; last {a.get('last_fault_seconds_ago') or 0:.0f}s ago")
+
+
+def _last_report(a: dict[str, Any]) -> str:
+    s = a.get("last_report_seconds")
+    return "never applied" if s is None else f"{s:.0f}s ago"
+
+
+def _faults(a: dict[str, Any]) -> str:
+    text = fault_sentence(a)
+    if not text:
+        return "-"
+    return (f"<b class='bad faults'>{escape(text)}</b>" if a.get("faults_recent")
+            else f"<small>{escape(text)}</small>")
