@@ -142,9 +142,10 @@ def check_sample(s: Any, bounds: Bounds = DEFAULT_BOUNDS) -> Fault | None:
     for name, v in (("state_seconds", s.state_seconds),
                     ("stack_age_seconds", s.stack_age_seconds)):
         if not 0 <= v <= max_age:  # NaN fails too
-            return Fault(P, "age_over_limit" if v > max_age else "not_finite",
+            over = max_age < v < math.inf
+            return Fault(P, "age_over_limit" if over else "not_finite",
                          f"{name} must be finite and in [0, {max_age:g}] (max_age_seconds), "
-                         f"got {v}", "age")
+                         f"got {v}", "age" if over else "")
     if not 0 <= s.still_seconds < MAX_READING or not 0 <= ident.process_age_seconds < MAX_READING:
         return Fault(P, "not_finite", "still_seconds and process_age_seconds must be finite "
                      "and >= 0")
@@ -215,9 +216,10 @@ def check_change(c: Any, bounds: Bounds = DEFAULT_BOUNDS) -> Fault | None:
     max_age = bounds.max_age_seconds
     for v in (c.state_seconds, c.stack_age_seconds):
         if not 0 <= v <= max_age:  # NaN fails too
-            return Fault(P, "age_over_limit" if v > max_age else "not_finite",
+            over = max_age < v < math.inf
+            return Fault(P, "age_over_limit" if over else "not_finite",
                          f"state_seconds and stack_age_seconds must be finite and in "
-                         f"[0, {max_age:g}] (max_age_seconds)", "age")
+                         f"[0, {max_age:g}] (max_age_seconds)", "age" if over else "")
     for v in (c.still_seconds, c.cpu_utilization, c.cpu_seconds):
         if not 0 <= v < MAX_READING:
             return Fault(P, "not_finite", "still_seconds, cpu_utilization and cpu_seconds "
@@ -283,8 +285,10 @@ def check_flight_recorder(fr: Any, world: int,
     analysis: it is checked whole."""
     P, where = "flight_recorder", "flight_recorder"
     if not 0 <= fr.dump_age_seconds <= bounds.max_age_seconds:
-        return Fault(P, "age_over_limit", f"{where}: dump_age_seconds must be finite and in "
-                     f"[0, {bounds.max_age_seconds:g}] (max_age_seconds)", "age")
+        over = bounds.max_age_seconds < fr.dump_age_seconds < math.inf
+        return Fault(P, "age_over_limit" if over else "not_finite", f"{where}: dump_age_seconds "
+                     f"must be finite and in [0, {bounds.max_age_seconds:g}] (max_age_seconds)",
+                     "age" if over else "")
     groups = min(MAX_PROCESS_GROUPS, bounds.max_flight_recorder_groups)
     if len(fr.groups) > groups or len(fr.version) > MAX_FR_VERSION:
         many = len(fr.groups) > groups
