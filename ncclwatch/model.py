@@ -7,6 +7,7 @@ handles wire integers; ``to_proto``/``from_proto`` are the only bridges.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 
 from ncclwatch.v1 import collector_pb2 as pb
 
@@ -180,3 +181,26 @@ SIZE_SOURCES = {
 #: collective makes none (gloo: one futex wait; NCCL: a spin in
 #: cudaStreamSynchronize); a training step makes hundreds.
 STILL_EVENTS_PER_S = 2.0
+
+
+def describe_container(view: Mapping[str, object] | None) -> str:
+    """The API's ``container`` object in words, for the page and ``ncclwatch status``:
+    ``pid 32 in container trainer-0 (containerd 4c15c0c881a4), pod ml/trainer-0``."""
+    if not view:
+        return ""
+    parts = []
+    where = "in container"
+    if view.get("hostname"):
+        where += f" {view['hostname']}"
+    if view.get("id"):
+        where += f" ({view.get('runtime') or 'runtime'} {str(view['id'])[:12]})"
+    parts.append(f"pid {view['pid']} {where}" if view.get("pid") else where)
+    if view.get("pod"):
+        ns = f"{view['namespace']}/" if view.get("namespace") else ""
+        parts.append(f"pod {ns}{view['pod']}")
+    declared = view.get("declared_by_rank") or {}
+    if declared.get("pod") and (declared.get("pod"), declared.get("namespace")) != \
+            (view.get("pod"), view.get("namespace")):
+        ns = f"{declared['namespace']}/" if declared.get("namespace") else ""
+        parts.append(f"pod {ns}{declared['pod']} declared by the rank")
+    return ", ".join(parts)

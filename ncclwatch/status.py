@@ -13,10 +13,9 @@ from typing import Any
 from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 
 from ncclwatch import sanitize, timeoutsource
-from ncclwatch.agent.container import describe as describe_container
 from ncclwatch.daemon.clock import ago, span
 from ncclwatch.daemon.page import fault_sentence
-from ncclwatch.model import SIZE_SOURCES, rank_ranges, scheduler_label
+from ncclwatch.model import SIZE_SOURCES, describe_container, rank_ranges, scheduler_label
 from ncclwatch.savefit import seconds
 
 DEFAULT_DAEMON = "http://127.0.0.1:7471"

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from ncclwatch.agent.container import (
-    NONE, container_of_cgroup, describe, inspect, nspid, pod_from_env, pod_of,
-    read_in_root,
+    NONE, container_of_cgroup, inspect, nspid, pod_from_env, pod_of, read_in_root,
 )
 from ncclwatch.daemon.api import container_view
+from ncclwatch.model import describe_container as describe
 from ncclwatch.jobid import identify
 from ncclwatch.v1 import collector_pb2 as pb
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass, replace
 
-from ncclwatch.contract import limits
+from ncclwatch.contract import health, limits
 from ncclwatch.contract.bounds import Bounds
 from ncclwatch.stacks import Frame, Stack, ThreadDump
 
@@ -71,9 +71,9 @@ MAPS_BYTES = 16 << 20
 #: the rest wait for the next round.
 SCAN_SHARE = 0.5
 
-#: Why a rank's work was cut or skipped, in AgentHealth.rank_budget_hits order.
-BUDGET_REASONS = ("environ_bytes", "env_variables", "env_text", "pyspy_output", "maps_bytes",
-                  "scan_time")
+#: Why a rank's work was cut or skipped, in AgentHealth.rank_budget_hits order
+#: (the daemon exports them: their home is the contract's).
+BUDGET_REASONS = health.BUDGET_REASONS
 
 
 @dataclass

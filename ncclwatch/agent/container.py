@@ -163,26 +163,3 @@ def inspect(pid: int, env: Mapping[str, str], *, proc: str = "/proc",
                          runtime=runtime, pod_uid=uid, namespace=ns[:MAX_NAME],
                          pod=pod[:MAX_NAME], declared_namespace=ns_env[:MAX_NAME],
                          declared_pod=pod_env[:MAX_NAME])
-
-
-def describe(view: Mapping[str, object] | None) -> str:
-    """The API's ``container`` object in words, for the page and ``ncclwatch status``:
-    ``pid 32 in container trainer-0 (containerd 4c15c0c881a4), pod ml/trainer-0``."""
-    if not view:
-        return ""
-    parts = []
-    where = "in container"
-    if view.get("hostname"):
-        where += f" {view['hostname']}"
-    if view.get("id"):
-        where += f" ({view.get('runtime') or 'runtime'} {str(view['id'])[:12]})"
-    parts.append(f"pid {view['pid']} {where}" if view.get("pid") else where)
-    if view.get("pod"):
-        ns = f"{view['namespace']}/" if view.get("namespace") else ""
-        parts.append(f"pod {ns}{view['pod']}")
-    declared = view.get("declared_by_rank") or {}
-    if declared.get("pod") and (declared.get("pod"), declared.get("namespace")) != \
-            (view.get("pod"), view.get("namespace")):
-        ns = f"{declared['namespace']}/" if declared.get("namespace") else ""
-        parts.append(f"pod {ns}{declared['pod']} declared by the rank")
-    return ", ".join(parts)

@@ -24,6 +24,7 @@ from typing import Iterable
 
 from ncclwatch.agent import caps, frpipe
 from ncclwatch.agent.discover import RankProcess
+from ncclwatch.contract import health
 from ncclwatch.flightrec import FrDump, summarize
 from ncclwatch.sanitize import gate
 from ncclwatch.v1 import collector_pb2 as pb
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 #: polls its pipe every second with dump-on-timeout on, else every 8 minutes).
 WAIT_SECONDS = 15.0
 #: Ask one rank at most this often, whatever the daemon says.
-MIN_INTERVAL = 20.0
+MIN_INTERVAL = health.FLIGHT_RECORDER_MIN_INTERVAL
 
 
 def _in_ns(pid: int, path: str) -> str:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ncclwatch.agent import caps, rootview
+from ncclwatch.contract import health
 from ncclwatch.stacks import DumpFormatError, ThreadDump, parse_pyspy_json
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ DEFAULT_TIMEOUT_SECONDS = 3.0
 #: A native dump reads libtorch's symbols first: slower than a Python one.
 NATIVE_TIMEOUT_SECONDS = 8.0
 #: Upper bounds (seconds) of the native-dump histogram buckets; +Inf follows.
-NATIVE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+NATIVE_BUCKETS = health.NATIVE_BUCKETS
 
 
 def find_pyspy() -> str | None:

@@ -42,7 +42,7 @@ from urllib.parse import parse_qs
 from google.protobuf.json_format import MessageToDict
 
 from ncclwatch import __version__
-from ncclwatch.agent import frprobe
+from ncclwatch.contract.health import FLIGHT_RECORDER_MIN_INTERVAL
 from ncclwatch.daemon import api, progress
 from ncclwatch.daemon.core import Daemon
 from ncclwatch.model import rank_label
@@ -71,8 +71,8 @@ def pending(d: Daemon, job_id: str, since: float) -> tuple[list[int], list[int]]
     clock), and those with no Flight Recorder summary as fresh as an ask then
     can make, where the job sets the debug pipe the agents ask through (else
     none is coming). An agent asks a rank at most once per
-    ``frprobe.MIN_INTERVAL``: a dump taken within that before ``since`` is
-    the one this ask gets."""
+    ``FLIGHT_RECORDER_MIN_INTERVAL`` (its own pacing): a dump taken within
+    that before ``since`` is the one this ask gets."""
     job = d.table.jobs.get(job_id)
     if job is None:
         return [], []
@@ -80,7 +80,7 @@ def pending(d: Daemon, job_id: str, since: float) -> tuple[list[int], list[int]]
     quiet = [r for r in live if job.ranks[r].seen < since]
     if not job.env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE"):
         return quiet, []
-    oldest = since - frprobe.MIN_INTERVAL
+    oldest = since - FLIGHT_RECORDER_MIN_INTERVAL
     return quiet, [r for r in live if job.flight_recorder.get(r, (-1e18,))[0] < oldest]
 
 

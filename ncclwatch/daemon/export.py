@@ -617,7 +617,7 @@ def _agent_families(agents: list[AgentRecord], now: float, staleness: float) -> 
 def _rank_budget_hits(agents: list[AgentRecord]) -> Family:
     """Per-rank work an agent cut or skipped for its budget, by reason (every
     reason exported, 0 or not)."""
-    from ncclwatch.agent.caps import BUDGET_REASONS
+    from ncclwatch.contract.health import BUDGET_REASONS
 
     fam = Family("ncclwatch_agent_rank_budget_hits",
                  "Per-rank work the agent cut or skipped for its budget (bytes read, "
@@ -632,7 +632,7 @@ def _rank_budget_hits(agents: list[AgentRecord]) -> Family:
 
 def _native_dump_histogram(agents: list[AgentRecord]) -> Family:
     """How long each native dump paused its rank (py-spy's run: an upper bound)."""
-    from ncclwatch.agent.pyspy import NATIVE_BUCKETS
+    from ncclwatch.contract.health import NATIVE_BUCKETS
 
     fam = Family("ncclwatch_agent_native_dump_seconds",
                  "Seconds a native dump (py-spy --native) paused its rank, an upper bound",

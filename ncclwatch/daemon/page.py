@@ -17,11 +17,10 @@ from typing import Any
 from urllib.parse import quote
 
 from ncclwatch import __version__, timeoutsource
-from ncclwatch.agent.container import describe as describe_container
 from ncclwatch.daemon.clock import ago, span
 from ncclwatch.daemon.links import job_anchor
 from ncclwatch.daemon.pageheaders import page_headers
-from ncclwatch.model import SIZE_SOURCES, scheduler_label
+from ncclwatch.model import SIZE_SOURCES, describe_container, scheduler_label
 from ncclwatch.savefit import seconds
 
 #: Jobs up to this many ranks are shown rank by rank; larger ones by state.
