@@ -49,8 +49,9 @@ SCRIPT = [
     ("report", [b"\xff\xff\xff\x00garbage"]),
     ("report", [_compute(4).SerializeToString(), b"\x0a\xff",
                 _compute(5).SerializeToString()]),
-    ("report", [report([sample("job-x", 9, 4, RankState.COMPUTE)], agent="agent-x")
-                .SerializeToString()]),
+    # The node's own fault (its interval): refused whole.
+    ("report", [report([sample("job-x", 0, 4, RankState.COMPUTE)], agent="agent-x",
+                       interval=float("nan")).SerializeToString()]),
     ("report", [pb.ReportRequest(protocol_version=99, report=pb.NodeReport(
         node="n", agent_id="a")).SerializeToString()]),
     ("report", [report([], stacks=[pb.Stack(id="x", frames=[pb.Frame(

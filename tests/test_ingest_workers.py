@@ -139,7 +139,8 @@ def test_every_report_of_many_agents_is_acked_and_applied_in_order() -> None:
 
 def test_bad_reports_are_rejected_as_in_process() -> None:
     """Not protobuf: the worker says INVALID_ARGUMENT itself (counted in the core);
-    invalid content: the core's validation, through the worker."""
+    a node's own fault: the core's refusal, through the worker; one rank's
+    fault: its sample dropped, the report applied."""
     async def go():
         async with Workers(2) as w:
             async with w.channel() as ch:
@@ -155,13 +156,19 @@ def test_bad_reports_are_rejected_as_in_process() -> None:
             assert sum(s.forwarded_total for s in w.daemon.ingest_workers) == 0
 
             with pytest.raises(grpc.aio.AioRpcError) as ei:
-                await w.send(report([sample("job-x", 9, 4, RankState.COMPUTE)]))
+                await w.send(report([sample("job-x", 0, 4, RankState.COMPUTE)],
+                                    interval=float("nan")))
             assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert "job-x" not in w.daemon.table.jobs
             assert w.daemon.rejected_total["INVALID_ARGUMENT"] == 2
+            (resp,) = await w.send(report([sample("job-x", 9, 4, RankState.COMPUTE),
+                                           sample("job-y", 0, 1, RankState.COMPUTE)],
+                                          agent="agent-y"))
+            assert [(p.what, p.job_id) for p in resp.dropped_parts] == [("rank_sample", "job-x")]
+            assert "job-x" not in w.daemon.table.jobs and "job-y" in w.daemon.table.jobs
             # An answer the stream got before the bad report stands; nothing after it.
-            good, bad = checkpoint_job(seq=1), report([sample("j", -2, 4, RankState.COMPUTE)],
-                                                     seq=2)
+            good, bad = checkpoint_job(seq=1), report([sample("j", 0, 4, RankState.COMPUTE)],
+                                                     seq=2, interval=-1.0)
             got = []
             with pytest.raises(grpc.aio.AioRpcError):
                 async with w.channel() as ch:

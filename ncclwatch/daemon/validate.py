@@ -15,7 +15,6 @@ import math
 import grpc
 
 from ncclwatch.contract.bounds import Bounds
-from ncclwatch.contract.checks import Fault
 from ncclwatch.contract.limits import (
     DEFAULT_BOUNDS, MAX_CLOCK, MAX_ID, MAX_NODE, MAX_SAMPLES, MAX_STACKS,
     PROTOCOL_VERSIONS)
@@ -38,11 +37,6 @@ class ReportError(Exception):
         self.message = message
         self.bound = bound
         self.reason = reason
-
-    @classmethod
-    def of(cls, fault: Fault, where: str = "") -> "ReportError":
-        return cls(grpc.StatusCode[fault.code], f"{where}{fault.message}", fault.bound,
-                   fault.reason)
 
 
 def _bad(msg: str, reason: str, bound: str = "") -> ReportError:
