@@ -11,15 +11,17 @@ world size is left out whole (``rejected``). Two processes holding one
 (job, rank) keep the number for the environment's (or the older) one; the
 other is dropped as ``duplicate_rank``, never merged, never the report.
 
-core.py applies the rest, answers ``dropped_parts`` and counts each
-reason; it adds the table's own judgments (bounds of jobs and bytes, which
-node owns a rank).
+The table's judgments of a job are here too (``over_bounds``,
+``over_bytes``: jobs, ranks and bytes per agent, node and daemon; the
+table read, never written). core.py applies the rest, answers
+``dropped_parts`` and counts each reason; it keeps the two judgments that
+change the table (a job resized, which node owns a rank: ownership.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import grpc
 
@@ -27,6 +29,7 @@ from ncclwatch.contract import checks
 from ncclwatch.contract.bounds import Bounds
 from ncclwatch.contract.checks import Fault
 from ncclwatch.contract.limits import DEFAULT_BOUNDS, MAX_ID, MAX_JOB_ID
+from ncclwatch.daemon.nodebudget import rank_cost
 from ncclwatch.daemon.validate import ReportError, check_node
 from ncclwatch.v1 import collector_pb2 as pb
 
@@ -205,3 +208,128 @@ def _briefs(r: pb.NodeReport, out: Admission) -> None:
     drop = set(bad)
     for name in ("slot", "still_seconds", "cpu_utilization", "cpu_seconds"):
         _keep(getattr(b, name), drop)
+
+
+# -- the table's judgments: a job left out whole ---------------------------------------
+
+
+def node_jobs(table: Any, who: str) -> set[str]:
+    """The jobs the agents of node identity ``who`` reported that the table holds."""
+    agents = table.agents
+    return set().union(*(agents[a].jobs for a in table.node_agents.get(who, ())
+                         if a in agents))
+
+
+def _leave_out(rejected: dict, job_id: str, why: str, bound: str, hits: list[str]) -> None:
+    """A job of the report left out for a bound (the rest is applied)."""
+    hits.append(bound)
+    rejected[job_id] = ReportError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                   f"job {job_id!r} left out: {why}", bound,
+                                   "job_over_bound")
+
+
+def over_bounds(table: Any, report: pb.NodeReport, rejected: dict[str, ReportError],
+                bounds: Bounds, who: str = "") -> list[str]:
+    """Jobs, jobs per agent and per node, ranks per job: a job whose samples would pass
+    a bound is left out of the report (RESOURCE_EXHAUSTED in rejected_jobs);
+    what the daemon already tracks is never pushed out by newcomers."""
+    b, hits = bounds, []
+    samples = report.samples
+    if not samples:
+        return hits
+    agent = table.agents.get(report.agent_id)
+    mine = agent.jobs if agent is not None else set()
+    n = len(samples)
+    ids = dict.fromkeys(s.identity.job_id for s in samples)
+    new_keys: dict[str, set] = {}
+    for job_id in ids:
+        job = table.jobs.get(job_id)
+        if job_id in rejected or (job is not None and job_id in mine
+                                  and len(job.ranks) + n <= b.max_ranks_per_job):
+            continue  # the steady case: nothing here can pass a bound
+        new_keys[job_id] = set()
+    if not new_keys:
+        return hits
+    for s in samples:  # one pass: the ranks each job to check would gain
+        ident = s.identity
+        keys = new_keys.get(ident.job_id)
+        if keys is None:
+            continue
+        job = table.jobs.get(ident.job_id)
+        if ident.rank >= 0:
+            if job is None or ident.rank not in job.ranks:
+                keys.add(ident.rank)
+        elif job is None or (report.node, ident.pid) not in job.unknown_keys:
+            keys.add((report.node, ident.pid))
+    jobs_left = b.max_jobs - len(table.jobs)
+    agent_jobs = set(mine)
+    of_node: set[str] | None = None     # computed once a job is new to the agent
+    for job_id, keys in new_keys.items():
+        job = table.jobs.get(job_id)
+        new = job_id not in agent_jobs
+        if new and of_node is None:
+            of_node = node_jobs(table, who or report.node)
+        why = ""
+        if job is None and jobs_left <= 0:
+            why, bound = f"the daemon tracks {len(table.jobs)} jobs (max_jobs " \
+                         f"{b.max_jobs})", "jobs"
+        elif job_id not in agent_jobs and len(agent_jobs) >= b.max_jobs_per_agent:
+            why, bound = f"agent {report.agent_id[:8]} reports {len(agent_jobs)} jobs " \
+                         f"(max_jobs_per_agent {b.max_jobs_per_agent})", "jobs_per_agent"
+        elif new and job_id not in of_node and len(of_node) >= b.max_jobs_per_node:
+            why, bound = f"node {who or report.node!r} reports {len(of_node)} jobs " \
+                         f"(max_jobs_per_node {b.max_jobs_per_node})", "jobs_per_node"
+        elif (len(job.ranks) if job else 0) + len(keys) > b.max_ranks_per_job:
+            why, bound = f"job {job_id!r} would have over {b.max_ranks_per_job} ranks " \
+                         f"(max_ranks_per_job)", "ranks_per_job"
+        if why:
+            _leave_out(rejected, job_id, why, bound, hits)
+            continue
+        jobs_left -= job is None
+        agent_jobs.add(job_id)
+        if of_node is not None:
+            of_node.add(job_id)
+    return hits
+
+
+def over_bytes(table: Any, report: pb.NodeReport, rejected: dict[str, ReportError],
+               bounds: Bounds, who: str) -> list[str]:
+    """A job whose full samples would grow what node ``who`` holds past its
+    bytes, or all nodes' past theirs, is left out of the report
+    (RESOURCE_EXHAUSTED); what is held already is never pushed out. Return
+    the labels of the bounds hit."""
+    b, hits = bounds, []
+    grow: dict[str, int] = {}
+    node = report.node
+    for s in report.samples:
+        ident = s.identity
+        job_id = ident.job_id
+        if job_id in rejected:
+            continue
+        job = table.jobs.get(job_id)
+        rec = None
+        if job is not None:
+            key = job.key_of(ident.rank, node, ident.pid, create=False)
+            rec = job.ranks.get(key) if key is not None else None
+        fr = job.flight_recorder.get(ident.rank) if job and job.flight_recorder else None
+        d = rank_cost(s, fr[1] if fr else None) - (
+            rec.cost if rec is not None and rec.payer == who else 0)
+        if s.HasField("job"):
+            d += s.job.ByteSize() - (job.facts_cost if job is not None
+                                     and job.facts_payer == who else 0)
+        grow[job_id] = grow.get(job_id, 0) + d
+    mine, total = table.held.of(who), table.held.total
+    for job_id, d in grow.items():
+        why = ""
+        if d > 0 and mine + d > b.max_node_bytes:
+            why, bound = f"node {who!r} would hold {mine + d} bytes (max_node_bytes " \
+                         f"{b.max_node_bytes})", "node_bytes"
+        elif d > 0 and total + d > b.max_held_bytes:
+            why, bound = f"the daemon would hold {total + d} bytes (max_held_bytes " \
+                         f"{b.max_held_bytes})", "held_bytes"
+        if why:
+            _leave_out(rejected, job_id, why, bound, hits)
+            continue
+        mine += d
+        total += d
+    return hits

@@ -14,13 +14,13 @@ import grpc
 
 from ncclwatch import sanitize
 from ncclwatch.contract.limits import MAX_NODE
-from ncclwatch.daemon.admission import admit
+from ncclwatch.daemon.admission import admit, node_jobs, over_bounds, over_bytes
 from ncclwatch.daemon.budget import Budget, BudgetConfig, budget
 from ncclwatch.daemon.detect import DetectConfig, detect_job
 from ncclwatch.daemon.detect.shape import halted, still_since
 from ncclwatch.daemon.diagnosis import diagnose_stall
 from ncclwatch.daemon.incidents import KEEP_ENDED, Incidents
-from ncclwatch.daemon.nodebudget import identity_of, rank_cost
+from ncclwatch.daemon.nodebudget import identity_of
 from ncclwatch.daemon.ownership import Ownership
 from ncclwatch.daemon.settings import DaemonConfig
 from ncclwatch.daemon.smooth import Smoother
@@ -129,8 +129,9 @@ class Daemon:
             self.texts_escaped_total += 1
             rejected = {sanitize.stored("RankIdentity.job_id", k): e for k, e in rejected.items()}
         self._resized(req.report, rejected, now)
-        self._check_bounds(req.report, rejected, who)
-        self._check_bytes(req.report, rejected, who)
+        for bound in (*over_bounds(self.table, req.report, rejected, self.config.bounds, who),
+                      *over_bytes(self.table, req.report, rejected, self.config.bounds, who)):
+            self.bound_hits_total[bound] += 1
         aside = self.ownership.judge(self.table, req.report, now, rejected)
         dropped: list[int] = list(adm.slots)
         if aside:
@@ -204,49 +205,7 @@ class Daemon:
 
     def node_jobs(self, who: str) -> set[str]:
         """The jobs the agents of node identity ``who`` reported that the table holds."""
-        agents = self.table.agents
-        return set().union(*(agents[a].jobs for a in self.table.node_agents.get(who, ())
-                             if a in agents))
-
-    def _check_bytes(self, report: pb.NodeReport, rejected: dict[str, ReportError],
-                     who: str) -> None:
-        """A job whose full samples would grow what node ``who`` holds past its
-        bytes, or all nodes' past theirs, is left out of the report
-        (RESOURCE_EXHAUSTED); what is held already is never pushed out."""
-        b, table = self.config.bounds, self.table
-        grow: dict[str, int] = {}
-        node = report.node
-        for s in report.samples:
-            ident = s.identity
-            job_id = ident.job_id
-            if job_id in rejected:
-                continue
-            job = table.jobs.get(job_id)
-            rec = None
-            if job is not None:
-                key = job.key_of(ident.rank, node, ident.pid, create=False)
-                rec = job.ranks.get(key) if key is not None else None
-            fr = job.flight_recorder.get(ident.rank) if job and job.flight_recorder else None
-            d = rank_cost(s, fr[1] if fr else None) - (
-                rec.cost if rec is not None and rec.payer == who else 0)
-            if s.HasField("job"):
-                d += s.job.ByteSize() - (job.facts_cost if job is not None
-                                         and job.facts_payer == who else 0)
-            grow[job_id] = grow.get(job_id, 0) + d
-        mine, total = table.held.of(who), table.held.total
-        for job_id, d in grow.items():
-            why = ""
-            if d > 0 and mine + d > b.max_node_bytes:
-                why, bound = f"node {who!r} would hold {mine + d} bytes (max_node_bytes " \
-                             f"{b.max_node_bytes})", "node_bytes"
-            elif d > 0 and total + d > b.max_held_bytes:
-                why, bound = f"the daemon would hold {total + d} bytes (max_held_bytes " \
-                             f"{b.max_held_bytes})", "held_bytes"
-            if why:
-                self._leave_out(rejected, job_id, why, bound)
-                continue
-            mine += d
-            total += d
+        return node_jobs(self.table, who)
 
     def _resized(self, report: pb.NodeReport, rejected: dict[str, ReportError],
                  now: float) -> None:
@@ -276,75 +235,6 @@ class Daemon:
         del report.samples[:]
         report.samples.extend(kept)
         return dropped
-
-    def _leave_out(self, rejected: dict, job_id: str, why: str, bound: str) -> None:
-        """A job of the report left out for a bound (the rest is applied)."""
-        self.bound_hits_total[bound] += 1
-        rejected[job_id] = ReportError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                       f"job {job_id!r} left out: {why}", bound,
-                                       "job_over_bound")
-
-    def _check_bounds(self, report: pb.NodeReport, rejected: dict[str, ReportError],
-                      who: str = "") -> None:
-        """Jobs, jobs per agent and per node, ranks per job: a job whose samples would pass
-        a bound is left out of the report (RESOURCE_EXHAUSTED in rejected_jobs);
-        what the daemon already tracks is never pushed out by newcomers."""
-        b, table = self.config.bounds, self.table
-        samples = report.samples
-        if not samples:
-            return
-        agent = table.agents.get(report.agent_id)
-        mine = agent.jobs if agent is not None else set()
-        n = len(samples)
-        ids = dict.fromkeys(s.identity.job_id for s in samples)
-        new_keys: dict[str, set] = {}
-        for job_id in ids:
-            job = table.jobs.get(job_id)
-            if job_id in rejected or (job is not None and job_id in mine
-                                      and len(job.ranks) + n <= b.max_ranks_per_job):
-                continue  # the steady case: nothing here can pass a bound
-            new_keys[job_id] = set()
-        if not new_keys:
-            return
-        for s in samples:  # one pass: the ranks each job to check would gain
-            ident = s.identity
-            keys = new_keys.get(ident.job_id)
-            if keys is None:
-                continue
-            job = table.jobs.get(ident.job_id)
-            if ident.rank >= 0:
-                if job is None or ident.rank not in job.ranks:
-                    keys.add(ident.rank)
-            elif job is None or (report.node, ident.pid) not in job.unknown_keys:
-                keys.add((report.node, ident.pid))
-        jobs_left = b.max_jobs - len(table.jobs)
-        agent_jobs = set(mine)
-        node_jobs: set[str] | None = None     # computed once a job is new to the agent
-        for job_id, keys in new_keys.items():
-            job = table.jobs.get(job_id)
-            new = job_id not in agent_jobs
-            if new and node_jobs is None:
-                node_jobs = self.node_jobs(who or report.node)
-            why = ""
-            if job is None and jobs_left <= 0:
-                why, bound = f"the daemon tracks {len(table.jobs)} jobs (max_jobs " \
-                             f"{b.max_jobs})", "jobs"
-            elif job_id not in agent_jobs and len(agent_jobs) >= b.max_jobs_per_agent:
-                why, bound = f"agent {report.agent_id[:8]} reports {len(agent_jobs)} jobs " \
-                             f"(max_jobs_per_agent {b.max_jobs_per_agent})", "jobs_per_agent"
-            elif new and job_id not in node_jobs and len(node_jobs) >= b.max_jobs_per_node:
-                why, bound = f"node {who or report.node!r} reports {len(node_jobs)} jobs " \
-                             f"(max_jobs_per_node {b.max_jobs_per_node})", "jobs_per_node"
-            elif (len(job.ranks) if job else 0) + len(keys) > b.max_ranks_per_job:
-                why, bound = f"job {job_id!r} would have over {b.max_ranks_per_job} ranks " \
-                             f"(max_ranks_per_job)", "ranks_per_job"
-            if why:
-                self._leave_out(rejected, job_id, why, bound)
-                continue
-            jobs_left -= job is None
-            agent_jobs.add(job_id)
-            if node_jobs is not None:
-                node_jobs.add(job_id)
 
     def _drop_jobs(self, report: pb.NodeReport, rejected: dict[str, ReportError]) -> list[int]:
         """Take the rejected jobs' samples and exits out of the report, counted;
