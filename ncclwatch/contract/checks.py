@@ -63,7 +63,6 @@ REASONS: dict[str, str] = {
     "flight_recorder_ranks": "a Flight Recorder summary listing too many ranks",
     "bad_sequence": "a Flight Recorder sequence id below -1",
     "job_over_bound": "a job past a bound of jobs, ranks or bytes",
-    "not_owner": "a rank another node owns",
 }
 
 #: gRPC status names a fault would have refused a report with (daemon side).
