@@ -126,7 +126,7 @@ def test_a_world_far_over_the_bound_costs_its_own_sample_only() -> None:
     ("bad_world_size", lambda s: setattr(s.identity, "world_size", -1)),
     ("rank_out_of_range", lambda s: setattr(s.identity, "rank", 2)),
     ("rank_out_of_range", lambda s: setattr(s.identity, "rank", -7)),
-    ("age_over_limit", lambda s: setattr(s, "state_seconds", math.inf)),
+    ("not_finite", lambda s: setattr(s, "state_seconds", math.inf)),
     ("not_finite", lambda s: setattr(s, "stack_age_seconds", math.nan)),
     ("age_over_limit", lambda s: setattr(s, "state_seconds", 400 * 86400.0)),
 ])

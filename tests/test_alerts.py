@@ -323,7 +323,8 @@ def test_labelled_counters_start_at_zero_for_every_known_value() -> None:
             if f.type == "counter"}
     per_node_or_worker = {name for name, _, type_, _ in export._AGENT_FAMILIES
                           if type_ == "counter"} | {
-        "ncclwatch_agent_rank_budget_hits", "ncclwatch_daemon_ingest_worker_reports",
+        "ncclwatch_agent_rank_budget_hits", "ncclwatch_agent_parts_left_out",
+        "ncclwatch_daemon_ingest_worker_reports",
         "ncclwatch_daemon_ingest_worker_cpu_seconds", "ncclwatch_daemon_ingest_worker_restarts",
         "ncclwatch_daemon_node_faults"}   # per node: nodes x reasons at 0 would be thousands
     empty = {name for name, f in fams.items() if not f.samples}

@@ -127,3 +127,19 @@ def test_the_alert_says_refused_whole_only_for_the_contracts_node_reasons() -> N
     names = re.search(r'match "\^\(([a-z_|]+)\)\$"', rule["annotations"]["description"])[1]
     assert set(names.split("|")) <= set(REASONS) and "identity" in names
     assert "ncclwatch_daemon_node_faults_total" in rule["expr"]
+
+
+def test_the_parts_an_agent_left_out_are_exported_by_the_contracts_reason() -> None:
+    """The agent's own count (AgentHealth.parts_left_out, in REASONS order) is on
+    /metrics by node and reason, every reason present."""
+    d = Daemon(DaemonConfig())
+    req = report([sample("train", 0, 1, RankState.COMPUTE)], node="node-b")
+    counts = [0] * len(REASONS)
+    counts[list(REASONS).index("duplicate_rank")] = 2
+    req.report.health.parts_left_out.extend(counts)
+    d.ingest(req, 10.0)
+    fam = next(f for f in build(capture(d, 10.0)) if f.name == "ncclwatch_agent_parts_left_out")
+    rows = dict(fam.rows)
+    assert rows[("node-b", "duplicate_rank")] == 2
+    assert {r for n, r in rows if n == "node-b"} == set(REASONS)
+    assert sum(rows.values()) == 2

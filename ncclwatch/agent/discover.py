@@ -516,19 +516,3 @@ def _one_per_rank(candidates: list[RankProcess]) -> list[RankProcess]:
             best[key] = rp
     return sorted(best.values(), key=lambda rp: (rp.identity.job_id, rp.identity.rank, rp.pid))
 
-
-def parse_ranks(text: str) -> frozenset[int] | None:
-    """'0-3,7' -> {0, 1, 2, 3, 7}; '' -> None (every rank)."""
-    text = text.strip()
-    if not text:
-        return None
-    out: set[int] = set()
-    for part in text.split(","):
-        lo, sep, hi = part.strip().partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise ValueError(f"bad rank range {part!r} (expected e.g. 0-3,7)")
-        a, b = int(lo), int(hi) if sep else int(lo)
-        if b < a:
-            raise ValueError(f"bad rank range {part!r}: end before start")
-        out.update(range(a, b + 1))
-    return frozenset(out)

@@ -28,7 +28,9 @@ PARTS = ("node", "job", "rank_sample", "change", "brief", "exited", "stack",
          "flight_recorder")
 
 #: Every reason a part is dropped (or a report refused) for, and what it means:
-#: the label values of the counters by reason on both ends.
+#: the label values of the counters by reason on both ends. Append only: the
+#: agent sends its counts in this order (AgentHealth.parts_left_out), so a
+#: reason moved or removed would relabel an older agent's counts.
 REASONS: dict[str, str] = {
     # the node's own fields: the whole report
     "unsupported_protocol": "a protocol version this daemon does not speak",

@@ -611,7 +611,25 @@ def _agent_families(agents: list[AgentRecord], now: float, staleness: float) -> 
         out.append(Family(name, text, ("node",), type_, rows))
     out.append(_native_dump_histogram(agents))
     out.append(_rank_budget_hits(agents))
+    out.append(_parts_left_out(agents))
     return out
+
+
+def _parts_left_out(agents: list[AgentRecord]) -> Family:
+    """Parts of its reports an agent left out (or cleared) before sending, by the
+    contract's reason: a process that breaks the contract costs its own part on
+    the agent's side as on the daemon's (every reason exported, 0 or not)."""
+    from ncclwatch.contract.checks import REASONS
+
+    fam = Family("ncclwatch_agent_parts_left_out",
+                 "Rank samples the agent left out of its reports (or whose readings it "
+                 "cleared) for breaking the report contract, by reason", ("node", "reason"),
+                 "counter")
+    for a in agents:
+        counts = list(a.health.parts_left_out)
+        for i, reason in enumerate(REASONS):
+            fam.add((a.node, reason), counts[i] if i < len(counts) else 0)
+    return fam
 
 
 def _rank_budget_hits(agents: list[AgentRecord]) -> Family:
