@@ -96,9 +96,10 @@ test-fast: $(STAMP)
 scenarios: $(STAMP)
 	$(PY) -m pytest tests/scenarios -s
 
-# The gRPC fuzz test at 100k examples (make test runs 4k); about 20 minutes.
+# The gRPC fuzz test at 100k examples (make test runs 4k; about 20 minutes) and the
+# one-process-one-part property at 10k (make test runs 300).
 fuzz: $(STAMP)
-	NCCLWATCH_FUZZ_EXAMPLES=100000 $(PY) -m pytest tests/test_fuzz.py -q
+	NCCLWATCH_FUZZ_EXAMPLES=100000 $(PY) -m pytest tests/test_fuzz.py tests/test_admission_property.py -q
 
 # Benchmarks: writes BENCHMARKS.md (tens of minutes; BENCH_ARGS=--quick for a short run).
 bench: $(STAMP)

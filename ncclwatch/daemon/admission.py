@@ -142,21 +142,7 @@ def _samples(r: pb.NodeReport, world_size_of: Callable[[str], int | None], bound
                 out.dropped.append(Dropped("flight_recorder", f, f"samples[{i}].{f.message}",
                                            job_id=s.identity.job_id, rank=s.identity.rank))
                 s.ClearField("flight_recorder")   # the sample itself is applied
-    new_jobs: dict[str, int] = {}  # jobs first seen in this very report
-    rejected = out.rejected
-    for i, s in enumerate(samples):
-        if i in drop:
-            continue
-        ident = s.identity
-        job_id, world = ident.job_id, ident.world_size
-        known = world_size_of(job_id)
-        if known is None:
-            known = new_jobs.setdefault(job_id, world)
-        if known and world and known != world and job_id not in rejected:
-            rejected[job_id] = ReportError(grpc.StatusCode.FAILED_PRECONDITION,
-                                           f"samples[{i}]: job {job_id!r} has world size "
-                                           f"{known}, report says {world}", "",
-                                           "world_size_mismatch")
+    _worlds(samples, drop, world_size_of, out.rejected)
     if not drop:
         return
     for i, f in sorted(drop.items()):
@@ -167,6 +153,43 @@ def _samples(r: pb.NodeReport, world_size_of: Callable[[str], int | None], bound
         if s.slot:
             out.slots.append(s.slot)
     _keep(samples, set(drop))
+
+
+def _worlds(samples, drop: dict[int, Fault], world_size_of: Callable[[str], int | None],
+            rejected: dict[str, ReportError]) -> None:
+    """One world size per job. Where the report's samples of a job disagree, the
+    job's is the one the daemon knows, else the one most of them say (the first
+    said on a tie); the others are dropped alone: one process with a strange
+    WORLD_SIZE costs its own sample, not its job's. Where they all agree on
+    another size than the known one, the job is left out of this report
+    (rejected, FAILED_PRECONDITION): a restarted job at a new size, which
+    core._resized may take. 0 is a world size nobody stated (PMIx)."""
+    by_job: dict[str, dict[int, list[int]]] = {}
+    for i, s in enumerate(samples):
+        if i not in drop and s.identity.world_size:
+            by_job.setdefault(s.identity.job_id, {}).setdefault(
+                s.identity.world_size, []).append(i)
+    for job_id, worlds in by_job.items():
+        known = world_size_of(job_id)
+        if len(worlds) == 1:
+            (world, idx), = worlds.items()
+            if known and world != known:
+                rejected[job_id] = ReportError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"samples[{idx[0]}]: job {job_id!r} has world size {known}, report "
+                    f"says {world}", "", "world_size_mismatch")
+            continue
+        # The job's own: known, else most said, ties to the first said.
+        first = {w: min(idx) for w, idx in worlds.items()}
+        own = known or max(
+            worlds, key=lambda w: (len(worlds[w]), -first[w]))
+        for world, idx in worlds.items():
+            if world == own:
+                continue
+            for i in idx:
+                drop[i] = Fault("rank_sample", "world_size_mismatch",
+                                f"job {job_id!r} has world size {own}, this process says "
+                                f"{world}")
 
 
 def _exited(r: pb.NodeReport, out: Admission) -> None:
