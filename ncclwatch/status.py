@@ -388,7 +388,14 @@ def _both_faults(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         faults[r] = faults.get(r, 0) + n
     agos = [x for x in (a.get("last_fault_seconds_ago"), b.get("last_fault_seconds_ago"))
             if x is not None]
+    # The agent's own count is the same agent's health, seen by both: the larger.
+    left = dict(a.get("left_out") or {})
+    for r, n in (b.get("left_out") or {}).items():
+        left[r] = max(left.get(r, 0), n)
+    left_agos = [x for x in (a.get("left_out_seconds_ago"), b.get("left_out_seconds_ago"))
+                 if x is not None]
     return {"faults": faults, "last_fault_seconds_ago": min(agos) if agos else None,
+            "left_out": left, "left_out_seconds_ago": min(left_agos) if left_agos else None,
             "faults_recent": bool(a.get("faults_recent") or b.get("faults_recent"))}
 
 

@@ -108,9 +108,13 @@ def test_two_shards_faults_of_one_agent_are_summed() -> None:
     x = {"faults": {"duplicate_rank": 2}, "last_fault_seconds_ago": 5.0, "faults_recent": True}
     y = {"faults": {"world_size_over_limit": 3}, "last_fault_seconds_ago": 1.0,
          "faults_recent": False}
+    x["left_out"], x["left_out_seconds_ago"] = {"duplicate_rank": 4}, 9.0
+    y["left_out"], y["left_out_seconds_ago"] = {"duplicate_rank": 3, "not_finite": 1}, 2.0
     assert status._both_faults(x, y) == {  # noqa: SLF001
         "faults": {"duplicate_rank": 2, "world_size_over_limit": 3},
-        "last_fault_seconds_ago": 1.0, "faults_recent": True}
+        "last_fault_seconds_ago": 1.0, "faults_recent": True,
+        # the agent's own count is one agent's, seen by both shards: the larger
+        "left_out": {"duplicate_rank": 4, "not_finite": 1}, "left_out_seconds_ago": 2.0}
 
 
 def test_the_alert_says_refused_whole_only_for_the_contracts_node_reasons() -> None:
@@ -143,3 +147,18 @@ def test_the_parts_an_agent_left_out_are_exported_by_the_contracts_reason() -> N
     assert rows[("node-b", "duplicate_rank")] == 2
     assert {r for n, r in rows if n == "node-b"} == set(REASONS)
     assert sum(rows.values()) == 2
+    # The node is faulty though the daemon dropped nothing: the agents view,
+    # the page and status say what the agent left out.
+    (a,) = api.jobs_view(d, now=12.0)["agents"]
+    assert a["faults"] == {} and a["left_out"] == {"duplicate_rank": 2}
+    assert a["left_out_seconds_ago"] == 2.0 and a["faults_recent"]
+    said = "2 samples the agent left out before sending (duplicate_rank: 2); last 2s ago"
+    view = api.jobs_view(d, now=12.0)
+    assert said in page.render(view)
+    assert f"FAULTS on node-b: {said}" in status.render(view)
+    # The same count again is no new fault: it goes quiet after 5 minutes.
+    req2 = report([sample("train", 0, 1, RankState.COMPUTE)], node="node-b", seq=2)
+    req2.report.health.parts_left_out.extend(counts)
+    d.ingest(req2, 400.0)
+    (a,) = api.jobs_view(d, now=400.0)["agents"]
+    assert a["left_out_seconds_ago"] == 390.0 and not a["faults_recent"]

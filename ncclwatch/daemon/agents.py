@@ -33,6 +33,10 @@ class AgentRecord:
     reports_total: int = 0
     connected: bool = False
     health: pb.AgentHealth = field(default_factory=pb.AgentHealth)
+    #: The samples the agent says it left out before sending (its health's
+    #: parts_left_out, summed), and when that last grew (daemon monotonic).
+    left_out_total: int = 0
+    left_out_at: float | None = None
     ranks: set[tuple[str, int]] = field(default_factory=set)
     #: Jobs this agent reported that the table still holds (live or gone, until
     #: they expire): what bounds.max_jobs_per_agent counts.

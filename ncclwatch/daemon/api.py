@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import parse_qs, quote
 
 from ncclwatch import actions, advice, frameworks, remediation, timeoutsource
+from ncclwatch.contract.checks import REASONS
 from ncclwatch.daemon import clock, links, progress
 from ncclwatch.daemon.core import Daemon
 from ncclwatch.daemon.incidents import TRACE_FIELDS, Incident
@@ -574,13 +575,26 @@ def agents_view(agents: list, now: float, staleness: float,
                     "last_report_seconds": round(now - a.last_recv, 1),
                     "ranks_watched": a.health.ranks_watched, "nvml_up": a.health.nvml_up,
                     "version": a.health.version, "report_gaps": a.gaps_total,
-                    **_faults_of(faults.get(a.identity or a.node), now)})
+                    **_with_left_out(_faults_of(faults.get(a.identity or a.node), now),
+                                     a, now)})
     held = {a.identity or a.node for a in agents}
     for who in sorted(set(faults) - held):
         out.append({"node": who, "agent_id": "", "connected": False, "stale": True,
                      "last_report_seconds": None, "ranks_watched": 0, "nvml_up": False,
-                     "version": "", "report_gaps": 0, **_faults_of(faults[who], now)})
+                     "version": "", "report_gaps": 0, **_faults_of(faults[who], now),
+                     "left_out": {}, "left_out_seconds_ago": None})
     return out
+
+
+def _with_left_out(view: dict[str, Any], a, now: float) -> dict[str, Any]:
+    """The agent's own side (checks.REASONS order): ``left_out``, the samples it
+    left out before sending, by reason; recent ones make the node's faults
+    recent too (a node whose agent catches every bad part is no less faulty)."""
+    counts = {r: n for r, n in zip(REASONS, a.health.parts_left_out) if n}
+    ago_ = None if a.left_out_at is None else round(max(0.0, now - a.left_out_at), 1)
+    recent = ago_ is not None and ago_ <= FAULT_RECENT_SECONDS
+    return {**view, "left_out": counts, "left_out_seconds_ago": ago_,
+            "faults_recent": view["faults_recent"] or recent}
 
 
 def _faults_of(f: tuple[dict[str, int], float] | None, now: float) -> dict[str, Any]:

@@ -436,12 +436,20 @@ def fault_sentence(a: dict[str, Any]) -> str:
     """What the page and ``ncclwatch status`` say of an agents-view row with
     faults: "12 parts dropped or refused (world_size: 10, ...) since the daemon
     started; last 3s ago" ("" for none)."""
-    faults = a.get("faults") or {}
-    if not faults:
-        return ""
-    by = ", ".join(f"{r}: {n}" for r, n in sorted(faults.items(), key=lambda x: (-x[1], x[0])))
-    return (f"{sum(faults.values())} parts dropped or reports refused ({by}) since the daemon "
-            f"started; last {a.get('last_fault_seconds_ago') or 0:.0f}s ago")
+    faults, left = a.get("faults") or {}, a.get("left_out") or {}
+    said = []
+    if faults:
+        said.append(f"{sum(faults.values())} parts dropped or reports refused ({_by(faults)}) "
+                    f"since the daemon started; last {a.get('last_fault_seconds_ago') or 0:.0f}s "
+                    "ago")
+    if left:
+        said.append(f"{sum(left.values())} samples the agent left out before sending "
+                    f"({_by(left)}); last {a.get('left_out_seconds_ago') or 0:.0f}s ago")
+    return "; ".join(said)
+
+
+def _by(counts: dict[str, int]) -> str:
+    return ", ".join(f"{r}: {n}" for r, n in sorted(counts.items(), key=lambda x: (-x[1], x[0])))
 
 
 def _last_report(a: dict[str, Any]) -> str:

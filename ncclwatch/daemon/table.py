@@ -96,6 +96,10 @@ class JobTable:
         agent.last_recv_wall = recv_wall if recv_wall is not None else time.time()
         agent.interval = report.interval_seconds or agent.interval
         agent.health = report.health
+        agent_left_out = sum(report.health.parts_left_out)
+        if agent_left_out > agent.left_out_total:
+            agent.left_out_at = recv   # a part left out since: a fault of the node's
+        agent.left_out_total = agent_left_out
         briefs = report.briefs.slot
         if report.slots_reset:
             agent.slots = {}
