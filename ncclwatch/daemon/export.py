@@ -618,33 +618,33 @@ def _agent_families(agents: list[AgentRecord], now: float, staleness: float) -> 
 def _parts_left_out(agents: list[AgentRecord]) -> Family:
     """Parts of its reports an agent left out (or cleared) before sending, by the
     contract's reason: a process that breaks the contract costs its own part on
-    the agent's side as on the daemon's (every reason exported, 0 or not)."""
+    the agent's side as on the daemon's."""
     from ncclwatch.contract.checks import REASONS
 
-    fam = Family("ncclwatch_agent_parts_left_out",
-                 "Rank samples the agent left out of its reports (or whose readings it "
-                 "cleared) for breaking the report contract, by reason", ("node", "reason"),
-                 "counter")
-    for a in agents:
-        counts = list(a.health.parts_left_out)
-        for i, reason in enumerate(REASONS):
-            fam.add((a.node, reason), counts[i] if i < len(counts) else 0)
-    return fam
+    return _by_reason(agents, "ncclwatch_agent_parts_left_out",
+                      "Rank samples the agent left out of its reports (or whose readings it "
+                      "cleared) for breaking the report contract, by reason", REASONS,
+                      lambda a: a.health.parts_left_out)
 
 
 def _rank_budget_hits(agents: list[AgentRecord]) -> Family:
-    """Per-rank work an agent cut or skipped for its budget, by reason (every
-    reason exported, 0 or not)."""
+    """Per-rank work an agent cut or skipped for its budget, by reason."""
     from ncclwatch.contract.health import BUDGET_REASONS
 
-    fam = Family("ncclwatch_agent_rank_budget_hits",
-                 "Per-rank work the agent cut or skipped for its budget (bytes read, "
-                 "values redacted, time of its round), by reason", ("node", "reason"),
-                 "counter")
+    return _by_reason(agents, "ncclwatch_agent_rank_budget_hits",
+                      "Per-rank work the agent cut or skipped for its budget (bytes read, "
+                      "values redacted, time of its round), by reason", BUDGET_REASONS,
+                      lambda a: a.health.rank_budget_hits)
+
+
+def _by_reason(agents: list[AgentRecord], name: str, text: str, reasons, counts_of) -> Family:
+    """A counter per node and reason from an agent's health list, in ``reasons``'
+    order (every reason exported, 0 or not: an older agent sends fewer)."""
+    fam = Family(name, text, ("node", "reason"), "counter")
     for a in agents:
-        hits = list(a.health.rank_budget_hits)
-        for i, reason in enumerate(BUDGET_REASONS):
-            fam.add((a.node, reason), hits[i] if i < len(hits) else 0)
+        counts = list(counts_of(a))
+        for i, reason in enumerate(reasons):
+            fam.add((a.node, reason), counts[i] if i < len(counts) else 0)
     return fam
 
 

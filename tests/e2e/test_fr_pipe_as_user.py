@@ -11,19 +11,17 @@ Without CAP_SETUID the agent says what it lacks."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import ROOT, Proc, free_port, need
-from tests.e2e.test_agent_capabilities import _setpriv
+from tests.e2e.test_agent_capabilities import _jobs, _setpriv
 
 pytestmark = pytest.mark.e2e
 
@@ -40,15 +38,6 @@ def _unit_caps() -> list[str]:
     line = next(x for x in UNIT.read_text().splitlines()
                 if x.startswith("CapabilityBoundingSet="))
     return [c.removeprefix("CAP_").lower() for c in line.split("=", 1)[1].split()]
-
-
-def _jobs(http: int) -> list[dict]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{http}/api/v1/jobs?ranks=1",
-                                    timeout=5) as r:
-            return json.loads(r.read())["jobs"]
-    except OSError:
-        return []
 
 
 def _stall_fr(http: int, pids: set[int]) -> dict | None:
