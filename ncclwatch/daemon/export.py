@@ -624,7 +624,7 @@ def _parts_left_out(agents: list[AgentRecord]) -> Family:
     return _by_reason(agents, "ncclwatch_agent_parts_left_out",
                       "Rank samples the agent left out of its reports (or whose readings it "
                       "cleared) for breaking the report contract, by reason", REASONS,
-                      lambda a: a.health.parts_left_out)
+                      lambda a: a.health.parts_left_out, zeros=False)
 
 
 def _rank_budget_hits(agents: list[AgentRecord]) -> Family:
@@ -637,14 +637,19 @@ def _rank_budget_hits(agents: list[AgentRecord]) -> Family:
                       lambda a: a.health.rank_budget_hits)
 
 
-def _by_reason(agents: list[AgentRecord], name: str, text: str, reasons, counts_of) -> Family:
+def _by_reason(agents: list[AgentRecord], name: str, text: str, reasons, counts_of, *,
+               zeros: bool = True) -> Family:
     """A counter per node and reason from an agent's health list, in ``reasons``'
-    order (every reason exported, 0 or not: an older agent sends fewer)."""
+    order (an older agent sends fewer). ``zeros``: every reason exported, 0 or
+    not; else a reason's series appears with its first count (the contract's
+    ~30 reasons at 0 on every node would be most of a fleet's series)."""
     fam = Family(name, text, ("node", "reason"), "counter")
     for a in agents:
         counts = list(counts_of(a))
         for i, reason in enumerate(reasons):
-            fam.add((a.node, reason), counts[i] if i < len(counts) else 0)
+            n = counts[i] if i < len(counts) else 0
+            if n or zeros:
+                fam.add((a.node, reason), n)
     return fam
 
 
