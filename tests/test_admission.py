@@ -80,6 +80,22 @@ def test_of_two_learned_numbers_the_older_process_keeps_it() -> None:
     assert [(p.reason, p.rank) for p in adm.dropped] == [("duplicate_rank", 0)]
     assert [s.identity.pid for s in req.report.samples] == [200]
 
+def test_the_process_the_daemon_holds_keeps_its_rank_against_a_newcomer() -> None:
+    """Found by the property test: a process that starts claiming a live rank from
+    its environment, older and first in the report, never pushes out the
+    process the daemon already holds for it."""
+    d = Daemon(DaemonConfig())
+    held = sample("job-1", 1, 2, RankState.COLLECTIVE, pid=1101)
+    held.identity.rank_source, held.identity.process_age_seconds = "env:RANK", 50.0
+    d.ingest(report([held], seq=1), now=100.0)
+    newcomer = sample("job-1", 1, 2, RankState.COMPUTE, pid=1100)
+    newcomer.identity.rank_source, newcomer.identity.process_age_seconds = "env:RANK", 900.0
+    resp = d.ingest(report([newcomer, held], seq=2), now=101.0)
+    assert d.table.jobs["job-1"].ranks[1].pid == 1101
+    assert [(p.what, p.rank) for p in resp.dropped_parts] == [("rank_sample", 1)]
+    assert "kept pid 1101" in resp.dropped_parts[0].reason
+
+
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0])
 def test_a_non_finite_state_seconds_costs_its_sample(value) -> None:

@@ -124,8 +124,8 @@ def test_one_process_costs_only_its_own_part(victim: int, mutations) -> None:
     s = req.report.samples[victim]
     for m in mutations:
         m(s, req.report)
+    mine = (s.identity.job_id, s.identity.rank)   # as sent (ingest escapes it in place)
     resp = d.ingest(req, now=101.0)          # never refused: it would raise
-    mine = (s.identity.job_id, s.identity.rank)
     theirs = {stack_id(_stack(pid)) for i, (*_, pid, _) in enumerate(RANKS) if i != victim}
     for i, (job, rank, _, _, _, pid, _) in enumerate(RANKS):
         if i == victim:

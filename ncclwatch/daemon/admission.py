@@ -70,17 +70,20 @@ class Admission:
 
 def admit(req: pb.ReportRequest,
           world_size_of: Callable[[str], int | None] = lambda job: None,
-          bounds: Bounds = DEFAULT_BOUNDS) -> Admission:
+          bounds: Bounds = DEFAULT_BOUNDS,
+          holder_of: Callable[[str, int], int | None] = lambda job, rank: None) -> Admission:
     """Check ``req``; raise ReportError for the node's own fault, else take
     each faulty part out of it and return what was left out and why.
 
     ``world_size_of`` gives a tracked job's world size, or None: a report
-    may not change it (the job is left out, FAILED_PRECONDITION)."""
+    may not change it (the job is left out, FAILED_PRECONDITION).
+    ``holder_of`` gives the pid the daemon holds for a (job, rank), or None:
+    of two processes claiming it in one report, that one keeps it."""
     check_node(req, bounds)
     r = req.report
     out = Admission()
     _stacks(r, bounds, out)
-    _samples(r, world_size_of, bounds, out)
+    _samples(r, world_size_of, bounds, out, holder_of)
     _exited(r, out)
     if r.changes:
         _changes(r, bounds, out)
@@ -116,7 +119,8 @@ def _stacks(r: pb.NodeReport, bounds: Bounds, out: Admission) -> None:
 
 
 def _samples(r: pb.NodeReport, world_size_of: Callable[[str], int | None], bounds: Bounds,
-             out: Admission) -> None:
+             out: Admission,
+             holder_of: Callable[[str, int], int | None] = lambda job, rank: None) -> None:
     samples = r.samples
     drop: dict[int, Fault] = {}
     seen: dict[tuple[str, int], int] = {}
@@ -128,7 +132,15 @@ def _samples(r: pb.NodeReport, world_size_of: Callable[[str], int | None], bound
         key = checks.rank_key(s.identity)
         j = seen.get(key)
         if j is not None:
-            keep, lose = (j, i) if checks.prefer(samples[j], s) else (i, j)
+            # The process the daemon already holds for the rank keeps it (a newcomer
+            # never pushes it out); between newcomers, the contract's preference.
+            holder, first = holder_of(*key), samples[j].identity.pid
+            if holder is not None and holder in (first, s.identity.pid) \
+                    and first != s.identity.pid:
+                keep_first = holder == first
+            else:
+                keep_first = checks.prefer(samples[j], s)
+            keep, lose = (j, i) if keep_first else (i, j)
             seen[key] = keep
             kept = samples[keep].identity
             drop[lose] = Fault("rank_sample", "duplicate_rank",

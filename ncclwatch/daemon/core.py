@@ -108,7 +108,7 @@ class Daemon:
             if cert_names is not None:
                 self._check_identity(req.report, cert_names)
             self._check_agent(req.report.agent_id, who)
-            adm = admit(req, self.table.world_size, self.config.bounds)
+            adm = admit(req, self.table.world_size, self.config.bounds, self._holder)
         except ReportError as e:
             self.rejected_total[e.code.name] += 1
             if e.bound:
@@ -173,6 +173,12 @@ class Daemon:
             faults = self.node_faults[who] = collections.Counter()
         faults[reason] += 1
         self.node_fault_at[who] = now
+
+    def _holder(self, job_id: str, rank: int) -> int | None:
+        """The pid the table holds for (job, rank), if any (admission's incumbent)."""
+        job = self.table.jobs.get(job_id)
+        rec = job.ranks.get(rank) if job is not None and rank >= 0 else None
+        return rec.pid if rec is not None and rec.gone_at is None else None
 
     def _check_identity(self, report: pb.NodeReport, names: frozenset[str]) -> None:
         """Under mTLS a node is who its certificate says, and so is its agent."""
