@@ -561,7 +561,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--busy-thread", type=float, default=0.0, metavar="FRACTION",
                    help="every rank burns this fraction of a core in a thread (GIL "
                         "released), as NCCL ranks spin while they wait: never CPU-quiet")
+    p.add_argument("--init-method", default=None, metavar="URL",
+                   help="tcp://host:port or file:///path: meet there, as hand-rolled "
+                        "launchers do (with --rank and --world-size; default: env://)")
+    p.add_argument("--rank", type=int, default=None,
+                   help="this process's rank, given on the command line (--init-method)")
+    p.add_argument("--world-size", type=int, default=None,
+                   help="the job's world size, given on the command line (--init-method)")
     args = p.parse_args(argv)
+    if args.init_method and (args.rank is None or args.world_size is None):
+        p.error("--init-method needs --rank and --world-size")
     if args.mem_limit_mb is None:
         args.mem_limit_mb = args.model_mb * 2 / 3
     return args
@@ -570,13 +579,15 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     global RANK
     args = parse_args(argv)
-    RANK = int(os.environ.get("RANK", "0"))
+    RANK = args.rank if args.init_method else int(os.environ.get("RANK", "0"))
     die_with_parent()
     torch.set_num_threads(1)  # small boxes: one compute thread per rank
     if args.busy_thread > 0:
         busy_thread(min(args.busy_thread, 1.0))
+    where = (dict(init_method=args.init_method, rank=args.rank, world_size=args.world_size)
+             if args.init_method else {})
     dist.init_process_group(
-        "gloo", timeout=datetime.timedelta(seconds=args.pg_timeout))
+        "gloo", timeout=datetime.timedelta(seconds=args.pg_timeout), **where)
     from ncclwatch.demo import debug_pipe
     piped = debug_pipe.start(RANK)
     marker("ready", world=dist.get_world_size(), scenario=args.scenario,
