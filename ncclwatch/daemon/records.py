@@ -28,7 +28,7 @@ class RankRecord:
     __slots__ = (
         "rank", "local_rank", "node", "agent_id", "pid", "state", "op", "since",
         "stack_id", "seen", "cpu_util", "cpu_recent", "cpu_seconds", "rss_bytes", "io_write_bytes", "write_rate",
-        "files", "gpu", "gpu_uuids", "gone_at", "vms_bytes", "limits", "curve", "stack_at",
+        "files", "gpu", "gpu_uuids", "gpu_activity", "gone_at", "vms_bytes", "limits", "curve", "stack_at",
         "rank_source", "rank_conflict", "container",
         "still_since", "still_at", "still_op", "since_agent", "progress_known",
         "history",
@@ -69,6 +69,9 @@ class RankRecord:
         self.gpu: tuple[tuple[int, int, int], ...] = ()
         # (device index, NVML UUID) of those devices: dcgm-exporter's gpu and UUID
         self.gpu_uuids: tuple[tuple[int, str], ...] = ()
+        # (device index, utilisation percent or -1, power W or -1, power limit W
+        # or 0) of those devices, device-wide: what gpuactivity.judge reads
+        self.gpu_activity: tuple[tuple[int, int, float, float], ...] = ()
         self.gone_at: float | None = None
         # Whether it was waiting on its peers (in a collective, at a device
         # sync) when it went: a waiter the watchdog killed, not a rank that
