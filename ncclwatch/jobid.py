@@ -2,9 +2,10 @@
 
 The job id must be the same for every rank of a job on every node and
 differ between jobs, with no coordination: it comes from the first source in
-JOB_ID_SOURCES that the environment has (an explicit id, the launcher's run
-id, the scheduler's job id, the PMIx namespace, a Kubernetes JobSet's or
-Kubeflow job's name, else the rendezvous address;
+JOB_ID_SOURCES that the environment has (an explicit id, TorchX's app
+handle, the launcher's run id, SkyPilot's task id, the scheduler's job id,
+the PMIx namespace, a Kubernetes JobSet's or Kubeflow job's name, else the
+rendezvous address;
 discovery may add the launcher process as a last, node-local source).
 
 The rank comes from the first row of RANK_VARIABLES the environment fills.
@@ -52,9 +53,23 @@ def _explicit(env: Mapping[str, str], host: str) -> str | None:
     return env.get("NCCLWATCH_JOB_ID") or None
 
 
+def _torchx(env: Mapping[str, str], host: str) -> str | None:
+    # TorchX's runner gives every role of an app its handle,
+    # ``<scheduler>://<session>/<app id>`` (TORCHX_JOB_ID), on every node; its
+    # dist.ddp component also passes the app id to torchrun as --rdzv_id.
+    return env.get("TORCHX_JOB_ID") or None
+
+
 def _torchelastic(env: Mapping[str, str], host: str) -> str | None:
     run_id = env.get("TORCHELASTIC_RUN_ID", "")
     return run_id if run_id and run_id != "none" else None
+
+
+def _skypilot(env: Mapping[str, str], host: str) -> str | None:
+    # SkyPilot exports its task id (``sky-<launch time>_<cluster>_<job id>``) to
+    # the run section on every node; its torchrun example uses a static
+    # rendezvous (no run id) on the head node's IP.
+    return env.get("SKYPILOT_TASK_ID") or None
 
 
 def _slurm(env: Mapping[str, str], host: str) -> str | None:
@@ -101,7 +116,9 @@ def _master(env: Mapping[str, str], host: str) -> str | None:
 #: (source name, extractor) in order of preference.
 JOB_ID_SOURCES: tuple[tuple[str, Callable[[Mapping[str, str], str], str | None]], ...] = (
     ("explicit", _explicit),
+    ("torchx", _torchx),
     ("torchelastic", _torchelastic),
+    ("skypilot", _skypilot),
     ("slurm", _slurm),
     ("pmix", _pmix),
     ("jobset", _jobset),
