@@ -568,6 +568,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="this process's rank, given on the command line (--init-method)")
     p.add_argument("--world-size", type=int, default=None,
                    help="the job's world size, given on the command line (--init-method)")
+    p.add_argument("--local-rank", "--local_rank", type=int, default=None,
+                   help="ignored: torch.distributed.launch (without --use-env) and "
+                        "DeepSpeed's launcher pass it")
     args = p.parse_args(argv)
     if args.init_method and (args.rank is None or args.world_size is None):
         p.error("--init-method needs --rank and --world-size")
