@@ -5,13 +5,20 @@ job is reached with ``srun --overlap`` and stopped with ``scancel``, a pod
 with ``kubectl``, a job started by hand on a host through its pids. The
 commands are shown for an operator to run; ncclwatch runs none of them.
 Every value filled in comes from what the agent observed (a rank's pod name
-is its own text), so each is quoted for the shell, and none is ever put in a
+is its own text, its SLURM_JOB_ID its own choice), so each must first match
+the grammar of what it stands for (``GRAMMARS``: a Slurm job id is digits, a
+pod name a DNS name, a pid a number above 1): a value that does not leaves
+its step with no command, saying which value is not usable. Quoting keeps a
+value one word; the grammar keeps it from being an option (``--state=RUNNING``
+as a job id would make ``scancel`` signal every running job), and options
+are ended with ``--`` where the tool reads it. No value is ever put in a
 comment (a newline in it would end the comment): a pasted command runs what
 it shows, never what a rank chose.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 from typing import Callable, Mapping
@@ -52,6 +59,50 @@ class Facts:
 
 Command = Callable[[Facts], str]
 
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_DNS_LABEL = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"
+#: Linux's largest pid (pid_max's ceiling, 2^22).
+PID_MAX = 4_194_304
+
+#: Field -> (what it stands for, its grammar): a value placed in a command must
+#: match all of it. Names as their tools define them: Slurm job ids (an array
+#: task ``123_4``, a step ``123.0``; scancel(1)), host names (RFC 1123, which
+#: never start with ``-``), Kubernetes namespaces (a DNS label) and pod names
+#: (a DNS subdomain), pids (2..PID_MAX: pid 1 is never a rank's), and the
+#: Flight Recorder pipe (an absolute path of plain characters, no ``..``).
+GRAMMARS: dict[str, tuple[str, re.Pattern[str]]] = {
+    "slurm_job": ("a Slurm job id", re.compile(r"[0-9]{1,10}(?:_[0-9]{1,10})?(?:\.[0-9]{1,10})?")),
+    "node": ("a host name", re.compile(rf"(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*")),
+    "namespace": ("a Kubernetes namespace", re.compile(_DNS_LABEL)),
+    "pod": ("a Kubernetes pod name", re.compile(rf"(?=.{{1,253}}$){_DNS_LABEL}(?:\.{_DNS_LABEL})*")),
+    "pid": ("a process id", re.compile(r"[1-9][0-9]{0,6}")),
+    "container_pid": ("a process id in the container", re.compile(r"[0-9]{1,7}")),
+    "pipe": ("an absolute path", re.compile(r"(?!.*(?:^|/)\.\.(?:/|$))/[A-Za-z0-9._/+-]{1,4095}")),
+}
+
+
+def unusable(f: Facts, fields: tuple[str, ...]) -> str:
+    """The first of ``fields`` whose value in ``f`` is out of its grammar, as
+    "<field> is not <what it stands for>"; "" when every one fits."""
+    for name in fields:
+        what, grammar = GRAMMARS[name]
+        value = str(getattr(f, name))
+        ok = grammar.fullmatch(value) is not None
+        if ok and name in ("pid", "container_pid"):
+            ok = int(value) <= PID_MAX and (name == "container_pid" or int(value) > 1)
+        if not ok:
+            return f"{name} is not {what}"
+    return ""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step's command: the observed values it places (checked against
+    ``GRAMMARS`` first) and how it is built from them."""
+
+    fields: tuple[str, ...]
+    build: Command
+
 
 @dataclass(frozen=True)
 class Platform:
@@ -60,8 +111,8 @@ class Platform:
     name: str
     #: Whether the job runs here, from its facts.
     applies: Callable[[Facts], bool]
-    #: step -> the command, every observed value quoted for the shell.
-    commands: Mapping[str, Command]
+    #: step -> its command, every observed value checked and quoted for the shell.
+    commands: Mapping[str, Step]
 
 
 q = shlex.quote
@@ -69,52 +120,75 @@ q = shlex.quote
 
 def _on(f: Facts, remote: str) -> str:
     """``remote`` (already quoted for the node's shell) run on the culprit's node."""
-    return f"ssh {q(f.node)} {q(remote)}"
+    return f"ssh -- {q(f.node)} {q(remote)}"
 
 
 def _srun(f: Facts, argv: str) -> str:
     return f"srun --jobid={q(f.slurm_job)} --overlap -w {q(f.node)} -N1 -n1 {argv}"
 
 
+def _poke(pipe: str) -> str:
+    """Write to the rank's debug-info pipe only if it is one (a FIFO): never
+    create or fill a file the rank named."""
+    return f"test -p {q(pipe)} && echo 1 > {q(pipe)}"
+
+
 def evidence(f: Facts) -> str:
     """``ncclwatch dump``: the one step that asks the daemon, not the job's platform."""
-    return f"ncclwatch dump {q(f.job_id)}"
+    return f"ncclwatch dump -- {q(f.job_id)}"
 
+
+#: The host's stop: TERM to the rank's parent (its launcher), never to pid 1 or
+#: to the shell the parent is not.
+_HOST_STOP = ("p=$(ps -o ppid= -p {pid} | tr -d ' '); "
+              "[ \"${{p:-1}}\" -gt 1 ] && kill -TERM -- \"$p\"")
+
+EVIDENCE = Step((), evidence)
+NODE, PID, PIPE = ("node",), ("pid",), ("pipe",)
 
 #: First match wins; the last applies to every job.
 PLATFORMS: tuple[Platform, ...] = (
     Platform("slurm", lambda f: bool(f.slurm_job), {
-        "evidence": evidence,
-        "flight_recorder": lambda f: _srun(f, f"sh -c {q('echo 1 > ' + q(f.pipe))}"),
-        "stacks": lambda f: _srun(f, f"py-spy dump --native --pid {f.pid}"),
-        "logs": lambda f: f"scontrol show job {q(f.slurm_job)} | grep -E 'StdOut|StdErr'",
-        "stop": lambda f: (f"scancel --signal=TERM --full {q(f.slurm_job)}   "
-                           "# still there after a minute: the same without --signal"),
+        "evidence": EVIDENCE,
+        "flight_recorder": Step(("slurm_job", *NODE, *PIPE),
+                                lambda f: _srun(f, f"sh -c {q(_poke(f.pipe))}")),
+        "stacks": Step(("slurm_job", *NODE, *PID),
+                       lambda f: _srun(f, f"py-spy dump --native --pid {f.pid}")),
+        "logs": Step(("slurm_job",),
+                     lambda f: f"scontrol show job {q(f.slurm_job)} | grep -E 'StdOut|StdErr'"),
+        "stop": Step(("slurm_job",),
+                     lambda f: (f"scancel --signal=TERM --full -- {q(f.slurm_job)}   "
+                                "# still there after a minute: the same without --signal")),
     }),
     Platform("kubernetes", lambda f: bool(f.pod and f.namespace), {
-        "evidence": evidence,
-        "flight_recorder": lambda f: (f"kubectl -n {q(f.namespace)} exec {q(f.pod)} -- "
-                                      f"sh -c {q('echo 1 > ' + q(f.pipe))}"),
-        "stacks": lambda f: (f"kubectl -n {q(f.namespace)} exec {q(f.pod)} -- "
-                             f"py-spy dump --native --pid {f.container_pid or f.pid}   "
-                             f"# py-spy in the image, and SYS_PTRACE; else ncclwatch's "
-                             f"stacks on the daemon page"),
-        "logs": lambda f: (f"kubectl -n {q(f.namespace)} logs {q(f.pod)} --all-containers "
-                           f"--timestamps --tail=2000"),
-        "stop": lambda f: (f"kubectl -n {q(f.namespace)} delete $(kubectl -n {q(f.namespace)} "
-                           f"get pod {q(f.pod)} -o jsonpath="
-                           "'{.metadata.ownerReferences[0].kind}/"
-                           "{.metadata.ownerReferences[0].name}') --wait=false   "
-                           "# the job that owns the pod: its pods get their grace period"),
+        "evidence": EVIDENCE,
+        "flight_recorder": Step(("namespace", "pod", *PIPE), lambda f: (
+            f"kubectl -n {q(f.namespace)} exec {q(f.pod)} -- sh -c {q(_poke(f.pipe))}")),
+        "stacks": Step(("namespace", "pod", *PID, "container_pid"), lambda f: (
+            f"kubectl -n {q(f.namespace)} exec {q(f.pod)} -- "
+            f"py-spy dump --native --pid {f.container_pid or f.pid}   "
+            f"# py-spy in the image, and SYS_PTRACE; else ncclwatch's "
+            f"stacks on the daemon page")),
+        "logs": Step(("namespace", "pod"), lambda f: (
+            f"kubectl -n {q(f.namespace)} logs --all-containers --timestamps "
+            f"--tail=2000 -- {q(f.pod)}")),
+        "stop": Step(("namespace", "pod"), lambda f: (
+            f"kubectl -n {q(f.namespace)} delete $(kubectl -n {q(f.namespace)} "
+            f"get pod -o jsonpath="
+            "'{.metadata.ownerReferences[0].kind}/"
+            f"{{.metadata.ownerReferences[0].name}}' -- {q(f.pod)}) --wait=false   "
+            "# the job that owns the pod: its pods get their grace period")),
     }),
     Platform("host", lambda f: True, {
-        "evidence": evidence,
-        "flight_recorder": lambda f: _on(f, f"echo 1 > {q(f.pipe)}"),
-        "stacks": lambda f: _on(f, f"py-spy dump --native --pid {f.pid}"),
-        "logs": lambda f: _on(f, f"ls -l /proc/{f.pid}/fd/1 /proc/{f.pid}/fd/2") + (
-            "   # where the rank writes its output"),
-        "stop": lambda f: _on(f, f"kill -TERM $(ps -o ppid= -p {f.pid})") + (
-            "   # the rank's launcher (torchrun) stops every rank it started"),
+        "evidence": EVIDENCE,
+        "flight_recorder": Step((*NODE, *PIPE), lambda f: _on(f, _poke(f.pipe))),
+        "stacks": Step((*NODE, *PID),
+                       lambda f: _on(f, f"py-spy dump --native --pid {f.pid}")),
+        "logs": Step((*NODE, *PID), lambda f: _on(
+            f, f"ls -l /proc/{f.pid}/fd/1 /proc/{f.pid}/fd/2") + (
+            "   # where the rank writes its output")),
+        "stop": Step((*NODE, *PID), lambda f: _on(f, _HOST_STOP.format(pid=f.pid)) + (
+            "   # the rank's launcher (torchrun) stops every rank it started")),
     }),
 )
 
@@ -132,11 +206,14 @@ def commands(f: Facts) -> list[dict[str, str]]:
     p = platform_of(f)
     out = []
     for step, what in STEPS.items():
+        cmd = ""
         if step == "flight_recorder" and (not f.pipe_stem or f.rank < 0):
             cmd = ("# not enabled for this job: TORCH_NCCL_DEBUG_INFO_PIPE_FILE is unset "
                    "(set it, with TORCH_NCCL_TRACE_BUFFER_SIZE, for the next run)")
+        elif bad := unusable(f, p.commands[step].fields):
+            cmd = f"# no command: the observed {bad}"
         else:
-            cmd = p.commands[step](f)
+            cmd = p.commands[step].build(f)
         out.append({"step": step, "what": what, "platform": p.name, "command": cmd})
     return out
 
@@ -149,4 +226,5 @@ EXAMPLE = Facts(job_id="JOB", rank=0, node="NODE", pid=12345, slurm_job="SLURM_J
 
 def reference() -> list[tuple[str, str, str]]:
     """(platform, step, command for EXAMPLE) of every platform: the runbooks' table."""
-    return [(p.name, step, p.commands[step](EXAMPLE)) for p in PLATFORMS for step in STEPS]
+    return [(p.name, step, p.commands[step].build(EXAMPLE)) for p in PLATFORMS
+            for step in STEPS]

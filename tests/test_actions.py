@@ -45,32 +45,25 @@ def test_a_ranks_text_stays_one_word_of_the_command(platform) -> None:
     for c in commands(f):
         toks = _tokens(c["command"])
         if c["step"] == "evidence":         # the same everywhere: the daemon's bundle
-            assert toks == ["ncclwatch", "dump", HOSTILE], toks
+            assert toks == ["ncclwatch", "dump", "--", HOSTILE], toks
             continue
-        if platform == "host":          # ssh NODE 'remote command'
-            assert toks[:2] == ["ssh", HOSTILE], toks
-            remote = _tokens(toks[2])
-            if c["step"] == "flight_recorder":
-                assert remote == ["echo", "1", ">", HOSTILE + "3.pipe"], remote
-            continue
-        assert HOSTILE in toks or any(HOSTILE in t for t in toks), (c, toks)
-        if c["step"] == "flight_recorder":   # sh -c 'echo 1 > PIPE'
-            inner = _tokens(toks[-1])
-            assert inner == ["echo", "1", ">", HOSTILE + "3.pipe"], inner
+        # Out of every grammar: no command at all, the step says which value.
+        assert c["command"].startswith("# no command: the observed "), c
 
 
 def test_without_a_pipe_the_dump_step_says_why() -> None:
     steps = {c["step"]: c["command"] for c in commands(Facts("j", 0, "n", 1, slurm_job="5"))}
     assert steps["flight_recorder"].startswith("# not enabled") \
         and "TORCH_NCCL_DEBUG_INFO_PIPE_FILE" in steps["flight_recorder"]
-    assert steps["stop"].startswith("scancel --signal=TERM --full 5")
+    assert steps["stop"].startswith("scancel --signal=TERM --full -- 5")
 
 
 def test_the_pipe_is_the_culprits_own() -> None:
     f = Facts("j", 5, "n", 1, pipe_stem="/tmp/nccl_pipe_")
     steps = {c["step"]: c["command"] for c in commands(f)}
-    assert _tokens(_tokens(steps["flight_recorder"])[2]) == ["echo", "1", ">",
-                                                            "/tmp/nccl_pipe_5.pipe"]
+    assert _tokens(steps["flight_recorder"])[:2] == ["ssh", "--"]
+    assert _tokens(_tokens(steps["flight_recorder"])[3]) == [
+        "test", "-p", "/tmp/nccl_pipe_5.pipe", "&&", "echo", "1", ">", "/tmp/nccl_pipe_5.pipe"]
 
 
 def test_the_runbook_shows_each_platforms_commands() -> None:
@@ -80,3 +73,77 @@ def test_the_runbook_shows_each_platforms_commands() -> None:
     page = runbooks.render(StallKind.CHECKPOINT_GATHER)
     for _, _, command in actions.reference():
         assert command in page
+
+
+#: Hostile values for every field a command places: options, shell text,
+#: out-of-grammar names. Each must leave its steps with no command.
+HOSTILE_VALUES: dict[str, tuple[str, ...]] = {
+    "slurm_job": ("--state=RUNNING", "-u root", "7;id", "7 8", "7\n8", "", "0x10", "７"),
+    "node": ("-oProxyCommand=touch /tmp/x", "-p 22", "a b", "a;b", "a\nb", ".a", "a..b",
+             "x" * 254),
+    "namespace": ("--all-namespaces", "-A", "Default", "ns;id", "a" * 64, "a_b"),
+    "pod": ("--selector=app", "-lx", "Pod", "p;id", "p/q", "p q"),
+    "pipe_stem": ("/etc/../root/x", "relative/", "-x", "/tmp/a b", "/tmp/$(id)", "/tmp/a\nb"),
+    "pid": (-1, 0, 1, actions.PID_MAX + 1),
+}
+#: The steps that place each field, per platform (the others must still work).
+_BASE = {"slurm": dict(slurm_job="123"), "kubernetes": dict(namespace="ns", pod="job-w-0"),
+         "host": {}}
+
+
+@pytest.mark.parametrize("platform", ["slurm", "kubernetes", "host"])
+@pytest.mark.parametrize("field", sorted(HOSTILE_VALUES))
+def test_a_value_out_of_its_grammar_gets_no_command(platform, field) -> None:
+    for value in HOSTILE_VALUES[field]:
+        f = Facts(**{"job_id": "job", "rank": 3, "node": "gpu-1.cluster", "pid": 4242,
+                     "pipe_stem": "/tmp/nccl_pipe_", **_BASE[platform], field: value})
+        if platform_of(f).name != platform:
+            continue  # an empty slurm job id or pod is another platform's job
+        for c in commands(f):
+            step = platform_of(f).commands[c["step"]]
+            name = "pipe" if field == "pipe_stem" else field
+            if name in step.fields:
+                assert c["command"].startswith("# no command: the observed " + name), (
+                    field, value, c)
+                assert str(value) not in c["command"] or str(value) in actions.GRAMMARS[name][0]
+            elif c["step"] != "flight_recorder":
+                assert not c["command"].startswith("#"), (field, value, c)
+
+
+@pytest.mark.parametrize("platform", ["slurm", "kubernetes", "host"])
+def test_values_in_their_grammar_make_commands_whose_options_are_ended(platform) -> None:
+    f = Facts("job", 3, "gpu-1.cluster", 4242, pipe_stem="/tmp/nccl_pipe_", container_pid=7,
+              **_BASE[platform])
+    steps = {c["step"]: c["command"] for c in commands(f)}
+    assert not any(cmd.startswith("#") for cmd in steps.values()), steps
+    if platform == "host":
+        assert all(_tokens(steps[s])[:3] == ["ssh", "--", "gpu-1.cluster"]
+                   for s in ("flight_recorder", "stacks", "logs", "stop"))
+    if platform == "slurm":
+        assert _tokens(steps["stop"])[-2:] == ["--", "123"]
+    if platform == "kubernetes":
+        assert _tokens(steps["logs"])[-2:] == ["--", "job-w-0"]
+
+
+def test_the_host_stop_never_signals_pid_1(tmp_path) -> None:
+    """The rank's parent may be pid 1 (a rank re-parented when its launcher
+    died, a container's init): the stop command's own shell guard sends nothing."""
+    import subprocess
+
+    stop = {c["step"]: c["command"] for c in commands(Facts("j", 0, "n", 4242))}["stop"]
+    remote = _tokens(stop)[3]
+    log = tmp_path / "kills"
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "ps").write_text("#!/bin/sh\necho '    1'\n")
+    (fake / "kill").write_text(f"#!/bin/sh\necho \"$@\" >> {log}\n")
+    for tool in ("ps", "kill"):
+        (fake / tool).chmod(0o755)
+    # `kill` is a shell builtin: run the remote text with the builtin disabled.
+    subprocess.run(["bash", "-c", "enable -n kill; " + remote], check=False,
+                   env={"PATH": f"{fake}:/usr/bin:/bin"})
+    assert not log.exists(), log.read_text()
+    (fake / "ps").write_text("#!/bin/sh\necho ' 777'\n")
+    subprocess.run(["bash", "-c", "enable -n kill; " + remote], check=False,
+                   env={"PATH": f"{fake}:/usr/bin:/bin"})
+    assert log.read_text().split() == ["-TERM", "--", "777"]

@@ -169,7 +169,7 @@ def _act_as_advised(slurm: SlurmCluster, job: SlurmJob, view: dict, mon: Monitor
            "PATH": f"{Path(need('ncclwatch')).parent}:{slurm.env['PATH']}"}
     out = tmp / "evidence"
     out.mkdir()
-    dump = subprocess.run(["bash", "-c", steps["evidence"]["command"] + " --wait 2"],
+    dump = subprocess.run(["bash", "-c", steps["evidence"]["command"].replace("dump", "dump --wait 2", 1)],
                           capture_output=True, text=True, timeout=60, env=env, cwd=out)
     assert dump.returncode == 0 and list(out.glob("*.tar.gz")), (dump.stdout, dump.stderr)
     logs = subprocess.run(["bash", "-c", steps["logs"]["command"]], capture_output=True,
