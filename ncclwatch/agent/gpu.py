@@ -1,8 +1,10 @@
-"""GPU memory per process, behind a small interface.
+"""GPU memory per process, and each device's utilisation and power, behind a small interface.
 
 NVML is the one part with no counterpart on a CPU-only machine: the real
 reader (nvidia-ml-py) fails soft and says why once; tests feed the same
-logic with recorded readings (``RecordedGpuReader``).
+logic with recorded readings (``RecordedGpuReader``). Utilisation and power
+are each read on their own: a device that does not answer one (MIG, some
+vGPU and consumer boards) keeps its memory reading and the other values.
 """
 
 from __future__ import annotations
@@ -23,6 +25,13 @@ class GpuDevice:
     name: str
     total_bytes: int
     used_bytes: int
+    # nvmlDeviceGetUtilizationRates().gpu: percent of the last sample period
+    # with a kernel running; -1: no answer.
+    util_percent: int = -1
+    # nvmlDeviceGetPowerUsage in watts; -1.0: no answer.
+    power_watts: float = -1.0
+    # nvmlDeviceGetEnforcedPowerLimit in watts; 0.0: no answer.
+    power_limit_watts: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,13 +89,30 @@ class NvmlGpuReader:
                 h = nv.nvmlDeviceGetHandleByIndex(i)
                 mem = nv.nvmlDeviceGetMemoryInfo(h)
                 devices.append(GpuDevice(i, _str(nv.nvmlDeviceGetUUID(h)),
-                                         _str(nv.nvmlDeviceGetName(h)), mem.total, mem.used))
+                                         _str(nv.nvmlDeviceGetName(h)), mem.total, mem.used,
+                                         *activity(nv, h)))
                 for p in nv.nvmlDeviceGetComputeRunningProcesses(h):
                     procs.append(GpuProcessMemory(p.pid, i, p.usedGpuMemory or 0))
         except Exception as e:
             log.warning("NVML read failed: %s", e)
             return EMPTY
         return GpuReading(tuple(devices), tuple(procs))
+
+
+def _answer(call, default):
+    """One NVML query, or ``default`` where the device does not answer it."""
+    try:
+        return call()
+    except Exception:  # NVMLError_NotSupported, NoPermission, GpuIsLost...
+        return default
+
+
+def activity(nv, h) -> tuple[int, float, float]:
+    """(utilisation %, power W, enforced power limit W) of one device, each -1/-1/0 when unanswered."""
+    util = _answer(lambda: int(nv.nvmlDeviceGetUtilizationRates(h).gpu), -1)
+    power = _answer(lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000.0, -1.0)
+    limit = _answer(lambda: nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0, 0.0)
+    return util, power, limit
 
 
 class RecordedGpuReader:
@@ -102,7 +128,7 @@ class RecordedGpuReader:
         data = json.loads(Path(path).read_text())
         readings = [
             GpuReading(
-                tuple(GpuDevice(**d) for d in r["devices"]),
+                tuple(_recorded_device(d, r.get("utilization", ())) for d in r["devices"]),
                 tuple(GpuProcessMemory(**p) for p in r["processes"]),
             )
             for r in data["readings"]
@@ -115,6 +141,20 @@ class RecordedGpuReader:
         r = self._readings[min(self._i, len(self._readings) - 1)]
         self._i += 1
         return r
+
+
+def _recorded_device(d: dict, utilization) -> GpuDevice:
+    """A recorded device; recordings from before utilisation and power load with them unknown.
+
+    The first H200 recording kept device utilisation apart (``utilization``,
+    by index): it is used where the device itself has none.
+    """
+    d = dict(d)
+    if "util_percent" not in d:
+        for u in utilization:
+            if u.get("index") == d.get("index") and isinstance(u.get("gpu"), int):
+                d["util_percent"] = u["gpu"]
+    return GpuDevice(**d)
 
 
 def expected_gpus(dev: Path = Path("/dev")) -> int:

@@ -147,6 +147,16 @@ def stack_pb(stack: Stack) -> pb.Stack:
     )
 
 
+def _activity_pb(m: pb.GpuMemory, d: GpuDevice) -> None:
+    """The device's utilisation and power, each only where NVML answered (absent: unknown)."""
+    if 0 <= d.util_percent <= 100:
+        m.device_util_percent = d.util_percent
+    if d.power_watts >= 0:
+        m.device_power_watts = d.power_watts
+    if d.power_limit_watts > 0:
+        m.device_power_limit_watts = d.power_limit_watts
+
+
 def sample_pb(t: RankTracker, now: float, gpu: Sequence[GpuProcessMemory],
               devices: dict[int, GpuDevice], with_job: bool) -> pb.RankSample:
     s = pb.RankSample(
@@ -170,11 +180,13 @@ def sample_pb(t: RankTracker, now: float, gpu: Sequence[GpuProcessMemory],
             s.process.CopyFrom(process)
     for g in gpu:
         d = devices.get(g.device_index)
-        s.gpu.append(pb.GpuMemory(
+        m = s.gpu.add(
             device_index=g.device_index, used_bytes=g.used_bytes,
             device_uuid=gate("GpuMemory.device_uuid", d.uuid) if d else "",
             device_total_bytes=d.total_bytes if d else 0,
-            device_used_bytes=d.used_bytes if d else 0))
+            device_used_bytes=d.used_bytes if d else 0)
+        if d is not None:
+            _activity_pb(m, d)
     if t.flight_recorder is not None:
         fr = t.flight_recorder
         if _field("flight recorder summary", fr.SerializeToString) is not None:

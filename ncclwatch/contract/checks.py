@@ -16,7 +16,7 @@ from typing import Any
 
 from ncclwatch.contract.bounds import Bounds
 from ncclwatch.contract.limits import (
-    DEFAULT_BOUNDS, MAX_CONTAINER, MAX_DEVICE_UUID, MAX_ENV, MAX_ENV_NAME, MAX_FILES,
+    DEFAULT_BOUNDS, MAX_CONTAINER, MAX_DEVICE_UUID, MAX_ENV, MAX_GPU_WATTS, MAX_ENV_NAME, MAX_FILES,
     MAX_FR_VERSION, MAX_HEADER_ERROR, MAX_ID, MAX_JOB_ID, MAX_PACKAGE_NAME, MAX_PACKAGES,
     MAX_PG_TEXT, MAX_PROCESS_GROUPS, MAX_READING, MAX_STRING, MAX_THREAD_NAME, MAX_TIMEOUT_MS,
     MAX_WORLD_SIZE)
@@ -65,6 +65,8 @@ REASONS: dict[str, str] = {
     "flight_recorder_ranks": "a Flight Recorder summary listing too many ranks",
     "bad_sequence": "a Flight Recorder sequence id below -1",
     "job_over_bound": "a job past a bound of jobs, ranks or bytes",
+    "bad_gpu_reading": "a GPU utilisation over 100%, or a power or power limit not finite, "
+                       "negative or past limits.MAX_GPU_WATTS",
 }
 
 #: gRPC status names a fault would have refused a report with (daemon side).
@@ -109,6 +111,16 @@ def rank_key(ident: Any) -> tuple[str, int]:
     """The (job, rank) one process holds in a report; a rank-less member
     is keyed by its pid (-1 - pid), as the daemon keys it."""
     return (ident.job_id, ident.rank if ident.rank >= 0 else -1 - ident.pid)
+
+
+def _bad_activity(g: Any) -> bool:
+    """A GPU utilisation or power no device reports (absent fields are unknown, not bad)."""
+    if g.HasField("device_util_percent") and g.device_util_percent > 100:
+        return True
+    for name in ("device_power_watts", "device_power_limit_watts"):
+        if g.HasField(name) and not 0.0 <= getattr(g, name) <= MAX_GPU_WATTS:
+            return True  # NaN fails both comparisons
+    return False
 
 
 def check_sample(s: Any, bounds: Bounds = DEFAULT_BOUNDS) -> Fault | None:
@@ -178,6 +190,10 @@ def check_sample(s: Any, bounds: Bounds = DEFAULT_BOUNDS) -> Fault | None:
         if len(g.device_uuid) > MAX_DEVICE_UUID:
             return Fault(P, "string_too_long", f"gpu.device_uuid over {MAX_DEVICE_UUID} "
                          f"characters", code=TOO_BIG)
+        if _bad_activity(g):
+            return Fault(P, "bad_gpu_reading", "gpu: device_util_percent over 100, or "
+                         "device_power_watts / device_power_limit_watts not finite, "
+                         f"negative or over {MAX_GPU_WATTS:.0f} W")
     if not has_job:
         return None
     job = s.job

@@ -34,6 +34,9 @@ MAX_FR_VERSION = 32
 MAX_HEADER_ERROR = 256
 MAX_THREAD_NAME = 256
 MAX_DEVICE_UUID = 256
+#: GpuMemory's device power and power limit: no board draws 10 kW (a GB200
+#: superchip's limit is 2.7 kW); past it, not a reading.
+MAX_GPU_WATTS = 10_000.0
 MAX_PROCESS_GROUPS = 256
 #: A process-group timeout above a year is not a timeout.
 MAX_TIMEOUT_MS = 366 * 86400 * 1000

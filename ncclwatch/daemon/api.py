@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, quote
 
-from ncclwatch import actions, advice, frameworks, remediation, timeoutsource
+from ncclwatch import actions, advice, frameworks, gpuactivity, remediation, timeoutsource
 from ncclwatch.contract.checks import REASONS
 from ncclwatch.daemon import clock, links, progress
 from ncclwatch.daemon.core import Daemon
@@ -311,8 +311,22 @@ def _rank(r: int, rec, fresh: bool, now: float, wall: float) -> dict[str, Any]:
         "files_writing": _files(rec),
         "memory_limits": [{"device": dv, "used_bytes": u, "limit_bytes": lim}
                           for dv, u, lim in rec.limits],
-        "gpu": [{"device": i, "used_bytes": u, "total_bytes": t} for i, u, t in rec.gpu],
+        "gpu": _gpus(rec),
     }
+
+
+def _gpus(rec) -> list[dict[str, Any]]:
+    """The rank's devices: its memory there, and the device's utilisation, power and judged activity."""
+    act = {a[0]: a for a in rec.gpu_activity}
+    out = []
+    for i, u, t in rec.gpu:
+        _, util, power, limit = act.get(i, (i, -1, -1.0, 0.0))
+        out.append({"device": i, "used_bytes": u, "total_bytes": t,
+                    "util_percent": util if util >= 0 else None,
+                    "power_watts": round(power, 1) if power >= 0 else None,
+                    "power_limit_watts": round(limit, 1) if limit > 0 else None,
+                    "activity": gpuactivity.judge(util, power, limit)})
+    return out
 
 
 def _waiting_evidence(rec, fresh: bool, now: float) -> dict[str, Any]:
@@ -391,6 +405,10 @@ def incident_view(d: Daemon, inc: Incident, now: float | None = None) -> dict[st
         "waiting": {"ranks": _keys(f.waiting), "ops": [o.value for o in f.waiting_ops],
                     "evidence": evidence_view(f), "provisional": f.provisional,
                     "stacks": waiting_stacks},
+        # The hang threshold that made the finding: learned from the job's steps,
+        # or the fixed ceiling (before its first step); None for kinds without one.
+        "threshold": ({"basis": f.threshold_basis, "seconds": round(f.threshold_seconds, 1)}
+                      if f.threshold_basis and f.threshold_seconds is not None else None),
         "at_risk": inc.at_risk,
         "at_risk_since": (round(inc.started_wall + (inc.at_risk_since - inc.started_at), 3)
                           if inc.at_risk_since is not None else None),

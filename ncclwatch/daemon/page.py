@@ -209,12 +209,29 @@ def _job(job: dict[str, Any], ended: list[dict[str, Any]] | None = None) -> str:
         f"<td>{r['pid']}{_in_container(r)}</td>"
         f"<td>{escape(r['state'])}{' / ' + escape(r['op']) if r['op'] else ''}</td>"
         f"<td>{r['for_seconds']:.0f}s</td><td>{r['cpu_utilization']:.2f}</td>"
-        f"<td>{r['rss_bytes'] / 2**20:.0f} MiB</td></tr>" for r in job["ranks"])
+        f"<td>{r['rss_bytes'] / 2**20:.0f} MiB</td><td>{_gpu_cell(r.get('gpu') or ())}</td>"
+        "</tr>" for r in job["ranks"])
     out.append(f"<details data-key='{key}'{'' if stalled else ' open'}><summary>ranks "
                f"({len(job['ranks'])})</summary><table><tr><th>rank</th><th>host</th>"
-               "<th>pid</th><th>state</th><th>for</th><th>cpu</th><th>rss</th></tr>"
+               "<th>pid</th><th>state</th><th>for</th><th>cpu</th><th>rss</th><th>gpu</th></tr>"
                f"{rows}</table></details></section>")
     return "".join(out)
+
+
+def _gpu_cell(gpus) -> str:
+    """Per device: its index, the rank's memory there, utilisation, power of limit, the judged word."""
+    cells = []
+    for g in gpus:
+        text = f"gpu{g['device']} {g['used_bytes'] / 2**30:.1f} GiB"
+        if g.get("util_percent") is not None:
+            text += f" {g['util_percent']}%"
+        if g.get("power_watts") is not None:
+            text += f" {g['power_watts']:.0f}"
+            text += f"/{g['power_limit_watts']:.0f} W" if g.get("power_limit_watts") else " W"
+        if g.get("activity", "unknown") != "unknown":
+            text += f" {g['activity']}"
+        cells.append(escape(text))
+    return "<br>".join(cells) or "-"
 
 
 def _shards(shards: dict[str, Any] | None) -> str:

@@ -22,6 +22,14 @@ LIMIT_NAMES = {
 _GPU_NAMES = {i: f"gpu{i}" for i in range(64)}
 
 
+def _activity(g) -> tuple[int, int, float, float]:
+    """(device, utilisation % or -1, power W or -1, power limit W or 0): absent fields are unknown."""
+    return (g.device_index,
+            g.device_util_percent if g.HasField("device_util_percent") else -1,
+            g.device_power_watts if g.HasField("device_power_watts") else -1.0,
+            g.device_power_limit_watts if g.HasField("device_power_limit_watts") else 0.0)
+
+
 def _gpu_name(index: int) -> str:
     """``gpu<index>``, one shared string per common index."""
     return _GPU_NAMES.get(index) or f"gpu{index}"
@@ -64,9 +72,12 @@ def take_process(rec: RankRecord, s: Any, recv: float) -> None:
         rec.gpu = tuple([(g.device_index, g.used_bytes, g.device_total_bytes)
                          for g in gpus])
         rec.gpu_uuids = tuple([(g.device_index, g.device_uuid) for g in gpus if g.device_uuid])
+        rec.gpu_activity = tuple([_activity(g) for g in gpus]) if any(
+            g.HasField("device_util_percent") or g.HasField("device_power_watts")
+            for g in gpus) else ()
         limits += [(_gpu_name(g.device_index), g.device_used_bytes, total)
                    for g in gpus if (total := g.device_total_bytes) > 0]
     else:
-        rec.gpu = rec.gpu_uuids = ()
+        rec.gpu = rec.gpu_uuids = rec.gpu_activity = ()
     rec.limits = tuple(limits)
     rec.curve.add(recv, rec.rss_bytes, written, rec.files, rec.limits)  # downsampled

@@ -350,18 +350,24 @@ class MemoryLimit(_message.Message):
     def __init__(self, kind: _Optional[_Union[MemoryLimitKind, str]] = ..., used_bytes: _Optional[int] = ..., limit_bytes: _Optional[int] = ...) -> None: ...
 
 class GpuMemory(_message.Message):
-    __slots__ = ("device_index", "device_uuid", "used_bytes", "device_total_bytes", "device_used_bytes")
+    __slots__ = ("device_index", "device_uuid", "used_bytes", "device_total_bytes", "device_used_bytes", "device_util_percent", "device_power_watts", "device_power_limit_watts")
     DEVICE_INDEX_FIELD_NUMBER: _ClassVar[int]
     DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
     USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     DEVICE_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     DEVICE_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_UTIL_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_POWER_WATTS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_POWER_LIMIT_WATTS_FIELD_NUMBER: _ClassVar[int]
     device_index: int
     device_uuid: str
     used_bytes: int
     device_total_bytes: int
     device_used_bytes: int
-    def __init__(self, device_index: _Optional[int] = ..., device_uuid: _Optional[str] = ..., used_bytes: _Optional[int] = ..., device_total_bytes: _Optional[int] = ..., device_used_bytes: _Optional[int] = ...) -> None: ...
+    device_util_percent: int
+    device_power_watts: float
+    device_power_limit_watts: float
+    def __init__(self, device_index: _Optional[int] = ..., device_uuid: _Optional[str] = ..., used_bytes: _Optional[int] = ..., device_total_bytes: _Optional[int] = ..., device_used_bytes: _Optional[int] = ..., device_util_percent: _Optional[int] = ..., device_power_watts: _Optional[float] = ..., device_power_limit_watts: _Optional[float] = ...) -> None: ...
 
 class JobInfo(_message.Message):
     __slots__ = ("source", "env", "watchdog_timeout_seconds", "watchdog_timeout_source", "scheduler_job", "packages")
