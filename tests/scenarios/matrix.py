@@ -19,9 +19,13 @@ class Scenario:
     name: str
     args: tuple[str, ...]                # ncclwatch.demo.job arguments
     world: int = 4
-    #: torchrun, or "launch": ncclwatch.demo.launch, which (like ranks on other
-    #: nodes) leaves the other ranks waiting when one dies.
+    #: A row of tests/scenarios/launchers.py LAUNCHERS: torchrun, "launch"
+    #: (ncclwatch.demo.launch, which like ranks on other nodes leaves the other
+    #: ranks waiting when one dies), a shell loop, DeepSpeed's launcher, ...
     launcher: str = "torchrun"
+    #: The job source the API must name the job by (``/api/v1/jobs`` ``source``);
+    #: None: the launcher's own (LAUNCHERS[launcher].job_source), if any.
+    job_source: str | None = None
     #: Expected first stall kind; None for a healthy run.
     kind: str | None = None
     culprits: tuple[int, ...] = ()
@@ -297,4 +301,22 @@ SCENARIOS: tuple[Scenario, ...] = (
              script="gpu_shaped.py", world=3, write_rate=60_000,
              kind="checkpoint_gather", culprits=(0,), state="saving", root_cause=None,
              at_risk=None, start="save_start", detect_within=60.0, goal=15.0, limit=170.0),
+    # -- launchers ------------------------------------------------------------------
+    # One row per launcher of tests/scenarios/launchers.py, each a real process tree:
+    # the job is found under the launcher's job source (asserted from the API's job
+    # view) and the stall named. A shell loop passes each rank its rank and a
+    # tcp:// or file:// rendezvous on the command line and nothing in the
+    # environment: rank 1 saves, and must be named within 30 s (goal 10 s).
+    *(Scenario(f"launcher-{launcher}", _job("slow-save", "--model-mb", "8", "--saver", "1",
+                                            seconds=150),
+               world=world, launcher=launcher, kind="checkpoint_gather", culprits=(1,),
+               state="saving", root_cause="slow_save|save_overruns_watchdog", at_risk=None,
+               start="save_start", detect_within=30.0, goal=10.0, limit=70.0)
+      for launcher, world in (
+          ("shell-tcp", 3), ("shell-file", 3), ("deepspeed", 2), ("torch-launch", 2),
+          ("torchx-local", 2), ("kubeflow-pytorchjob", 2), ("skypilot", 2),
+      )),
+    # torch.distributed.launch --use-env: a healthy run to its end, no alarm.
+    Scenario("launcher-torch-launch-use-env", _job("train", seconds=20), world=2,
+             launcher="torch-launch-use-env"),
 )

@@ -27,6 +27,7 @@ import pytest
 
 from bench.pausewatch import PauseWatch
 from tests.conftest import ARTIFACTS, ROOT, Job, Monitor, Proc, need, record
+from tests.scenarios.launchers import LAUNCHERS, World, launch
 from tests.scenarios.matrix import SCENARIOS, Scenario
 from tests.throttlefs_fixture import mounted
 
@@ -46,6 +47,8 @@ OUTCOME_WAIT = 8.0
 class Outcome:
     scenario: Scenario
     job_id: str = ""
+    #: The job's source as the API names it (``/api/v1/jobs`` ``source``).
+    job_source: str = ""
     first_kind: str | None = None
     kinds_seen: list[str] = field(default_factory=list)
     culprits: tuple[int, ...] = ()
@@ -108,6 +111,9 @@ class Outcome:
         s, out = self.scenario, []
         if self.error:
             return [self.error]
+        want = expected_source(s)
+        if want is not None and self.job_source != want:
+            out.append(f"job source {self.job_source or '-'} != {want} ({self.job_id})")
         if s.kind is None:
             if self.kinds_seen:
                 out.append(f"false alarm: {self.kinds_seen}")
@@ -173,22 +179,22 @@ class Outcome:
         return out
 
 
-def _launch(s: Scenario, ckpt_dir: str) -> Job:
+def _launch(s: Scenario, ckpt_dir: str, work: str) -> Job:
     if s.script:
-        module = (str(ROOT / "tests" / "workloads" / s.script), "--ckpt-dir", ckpt_dir,
-                  "--pg-timeout", str(int(s.pg_timeout)), *s.args)
+        program = (str(ROOT / "tests" / "workloads" / s.script), "--ckpt-dir", ckpt_dir,
+                   "--pg-timeout", str(int(s.pg_timeout)), *s.args)
     else:
-        module = ("-m", "ncclwatch.demo.job", *s.args, "--ckpt-dir", ckpt_dir)
-    if s.launcher == "torchrun":
-        argv = [need("torchrun"), "--standalone", f"--nproc-per-node={s.world}",
-                "--max-restarts=0", *module]
-    else:
-        argv = [sys.executable, "-m", "ncclwatch.demo.launch", "--nproc", str(s.world), "--",
-                *module[2:]]
+        program = ("-m", "ncclwatch.demo.job", *s.args, "--ckpt-dir", ckpt_dir)
+    started = launch(s.launcher, World(s.world, program, work, s.name))
     env = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
-           "NCCLWATCH_PG_TIMEOUT_S": str(s.pg_timeout),
+           "NCCLWATCH_PG_TIMEOUT_S": str(s.pg_timeout), **started.env,
            **{k: v.replace("{ckpt}", ckpt_dir) for k, v in s.env}}
-    return Job(Proc(argv, env=env, name=f"scenario-{s.name}"), s.world)
+    return Job(Proc(started.argv, env=env, name=f"scenario-{s.name}"), s.world)
+
+
+def expected_source(s: Scenario) -> str | None:
+    """The job source the row must show: its own, else its launcher's."""
+    return s.job_source or LAUNCHERS[s.launcher].job_source
 
 
 def _first(job: Job, phases: tuple[str, ...]) -> float | None:
@@ -205,8 +211,8 @@ def _ckpt_dir(s: Scenario):
 
 def run_scenario(mon: Monitor, s: Scenario) -> Outcome:
     out = Outcome(s)
-    with _ckpt_dir(s) as ckpt:
-        job = _launch(s, str(getattr(ckpt, "mount", ckpt)))
+    with _ckpt_dir(s) as ckpt, tempfile.TemporaryDirectory(prefix="ncclwatch-work-") as work:
+        job = _launch(s, str(getattr(ckpt, "mount", ckpt)), work)
         try:
             _observe(mon, s, job, out)
         except Exception as e:  # noqa: BLE001 - one broken scenario must not hide the rest
@@ -252,7 +258,7 @@ def _watch(mon: Monitor, s: Scenario, job: Job, out: Outcome, pids: set[int],
         view = mon.job_of(pids)
         now = time.time()
         if view is not None:
-            out.job_id = view["job"]
+            out.job_id, out.job_source = view["job"], view.get("source", "")
             _fold(view, out, now)
         if not job.proc.alive():
             break
@@ -349,7 +355,7 @@ def _pauses(p: dict | None) -> str:
 
 
 def table(outcomes: list[Outcome]) -> str:
-    head = ["scenario", "ranks", "expected", "detected", "culprits", "state", "evidence",
+    head = ["scenario", "ranks", "launcher: job source", "expected", "detected", "culprits", "state", "evidence",
             "root cause", "fix for / now", "at risk", "delay s", "goal s", "lead s", "forecast s",
             "pauses", "ended: forecast scored", "result"]
     rows = []
@@ -358,7 +364,7 @@ def table(outcomes: list[Outcome]) -> str:
         expected = (s.kind or "none") + (f" [{','.join(map(str, s.culprits))}]"
                                           if s.culprits else "")
         problems = o.problems()
-        rows.append([s.name, str(s.world), expected, o.first_kind or "none",
+        rows.append([s.name, str(s.world), f"{s.launcher}: {o.job_source or '-'}", expected, o.first_kind or "none",
                      ",".join(map(str, o.culprits)) or "-", ",".join(o.states) or "-",
                      ",".join(o.evidence_seen) or "-", o.root_cause or "-",
                      f"{o.framework or '-'} / {o.advice or '-'}",
@@ -389,7 +395,8 @@ def test_scenario_matrix(ncclwatch_run) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     (ARTIFACTS / "scenarios.md").write_text(text + "\n")
     (ARTIFACTS / "scenarios.json").write_text(json.dumps([{
-        "scenario": o.scenario.name, "expected": o.scenario.kind, "detected": o.first_kind,
+        "scenario": o.scenario.name, "launcher": o.scenario.launcher, "job": o.job_id,
+        "job_source": o.job_source, "expected": o.scenario.kind, "detected": o.first_kind,
         "kinds_seen": o.kinds_seen, "culprits": list(o.culprits),
         "culprit_states": list(o.states), "waiting_evidence": list(o.evidence),
         "waiting_evidence_seen": list(o.evidence_seen), "waiting_ops_seen": list(o.ops_seen),
