@@ -194,6 +194,24 @@ ROOT_CAUSES: tuple[RootCause, ...] = (
         "The late rank waits for something outside torch.distributed: a lock, a file, a "
         "subprocess, a sleep or retry loop. Its stack shows where.",
         always_at_risk=True),
+    RootCause(
+        "all_ranks_in_collective", StallKind.COLLECTIVE_HANG,
+        "Every rank waits in the same collective",
+        "every rank ({waiting}) has waited in {ops} for {for_s} with no progress, and no "
+        "rank is elsewhere: no rank of the job is late, so what holds the collective is a "
+        "peer outside the job, the network, or a device; the watchdog fires in {remaining}.",
+        "Now, before the watchdog fires: take the Flight Recorder (TORCH_FR_BUFFER_SIZE; "
+        "ncclwatch shows which collective and sequence number each rank is in) and a "
+        "native stack of every rank (py-spy dump --native). Then look below the "
+        "collective: the network (NIC and link state, `ibstat`, run with NCCL_DEBUG=INFO "
+        "NCCL_DEBUG_SUBSYS=INIT,NET for the interface NCCL chose), and the GPUs "
+        "(`nvidia-smi`: a GPU at 100% utilisation runs a kernel that never ends, one "
+        "idle at low power waits on its peers; `dmesg` for Xid errors). A process group "
+        "that includes a rank outside this job (a subgroup, a second job on the same "
+        "store) waits on that rank.",
+        "py-spy dump --native --pid <pid>          # every rank: where it waits in C++\n"
+        "NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET torchrun ...   # which NIC, which error",
+        always_at_risk=True),
     # -- desync --------------------------------------------------------------------
     RootCause(
         "collective_order_mismatch", StallKind.DESYNC,

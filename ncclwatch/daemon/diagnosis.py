@@ -112,6 +112,8 @@ RULES: dict[StallKind, tuple[Rule, ...]] = {
         ("slow_restore", lambda e: True),
     ),
     StallKind.COLLECTIVE_HANG: (
+        # Every rank waits in it and none is elsewhere: no culprit rank.
+        ("all_ranks_in_collective", lambda e: not e.finding.culprits),
         ("late_for_state_dict_gather",
          lambda e: RankState.GATHERING_STATE_DICT in e.waiter_states),
         ("rank_in_dataloader", lambda e: "dataloader" in e.culprit_states),

@@ -15,10 +15,15 @@ Evidence is what ended: a wait that ended (the rank made progress again or
 moved on), and a round in which a rank last seen in the op made progress
 (its wait there ended within a round; stacks are samples, so the waits they
 catch are the long ones, a fair test). A wait still going on teaches nothing.
-An op's threshold is learned once the job has stepped (``min_evidence``
-rounds of progress over ``warmup`` seconds) and the op itself has
+An op's threshold is learned once the job has stepped and the op itself has
 ``min_op_evidence``; until then it is the ceiling, the fixed
-``--hang-threshold``. So a job's first long wait at start-up (rank 0 loading
+``--hang-threshold`` (a finding says which: ``basis``). A job has stepped
+once ``min_steps`` of its step collectives were seen to end (a rank caught
+in one, then progress: a completed step) over ``step_warmup`` seconds, or,
+with no step collective caught (steps too fast to sample), after
+``min_evidence`` rounds of progress over ``warmup`` seconds. A few seen
+steps are proof enough: start-up (imports, loading, rendezvous) ends no
+step collective. So a job's first long wait at start-up (rank 0 loading
 data while the others sit in a barrier) and a first long wait in an op the
 job never showed before (a 20 s evaluation behind a barrier) keep the ceiling.
 """
@@ -54,12 +59,19 @@ class WaitPolicy:
     min_evidence: int = 30
     #: ...over at least this many seconds.
     warmup: float = 20.0
+    #: Or: step collectives (STEP_OPS) seen to end, job-wide...
+    min_steps: int = 3
+    #: ...since the job's first progress at least this many seconds ago.
+    step_warmup: float = 5.0
     #: Evidence about an op (ended waits, progress rounds) before trusting it.
     min_op_evidence: int = 2
     #: When one rank's stillness is evidence of a wait (the job's shape): the
     #: rule the agent pauses by (stillness.py).
     rank: StillRule = field(default=EVIDENCE)
 
+
+#: ``WaitLearner.basis``: the threshold learned from the job, or the fixed ceiling.
+LEARNED, CEILING = "learned", "ceiling"
 
 #: Ended waits kept per op (the longest of them sets the threshold).
 RECENT = 64
@@ -117,15 +129,30 @@ class WaitLearner:
         w.evidence += 1
         w.recent.append(max(0.0, seconds))
 
+    def steps(self) -> int:
+        """Step collectives seen to end (progress out of, or waits ended in, STEP_OPS)."""
+        return sum(w.evidence for op, w in self.ops.items() if op in STEP_OPS)
+
     def stepping(self, policy: WaitPolicy, now: float) -> bool:
-        """Past start-up: ranks made progress often enough for long enough."""
-        return (self.first_at is not None and self.rounds >= policy.min_evidence
-                and now - self.first_at >= policy.warmup)
+        """Past start-up: a few steps seen to end, or ranks made progress often
+        enough for long enough."""
+        if self.first_at is None:
+            return False
+        since = now - self.first_at
+        return ((self.steps() >= policy.min_steps and since >= policy.step_warmup)
+                or (self.rounds >= policy.min_evidence and since >= policy.warmup))
 
     def warmed(self, op: CollectiveOp, policy: WaitPolicy, now: float) -> bool:
         w = self.ops.get(op)
         return (w is not None and w.evidence >= policy.min_op_evidence
                 and self.stepping(policy, now))
+
+    def basis(self, op: CollectiveOp, policy: WaitPolicy, now: float) -> str:
+        """How ``threshold(op)`` is set: "learned" from the job's own waits,
+        or "ceiling" (before its first steps, or an op it never showed)."""
+        if self.warmed(op, policy, now) or (op in STEP_OPS and self.stepping(policy, now)):
+            return LEARNED
+        return CEILING
 
     def threshold(self, op: CollectiveOp, policy: WaitPolicy, now: float) -> float:
         """Seconds of stillness in ``op`` after which a wait is a hang."""
@@ -153,5 +180,6 @@ class WaitLearner:
                            "longest_wait_seconds": round(w.longest, 1),
                            "waits_ended": len(w.recent), "evidence": w.evidence,
                            "learned": self.warmed(op, policy, now),
+                           "basis": self.basis(op, policy, now),
                            "step_op": op in STEP_OPS}
                 for op, w in sorted(self.ops.items(), key=lambda kv: kv[0].value)}

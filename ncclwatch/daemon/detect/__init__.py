@@ -66,6 +66,11 @@ class Finding:
     #: Every waiting rank's only evidence is stillness: shown as provisional
     #: until native frames or the Flight Recorder confirm it (or it is withdrawn).
     provisional: bool = False
+    #: How the hang threshold that made the finding was set: "learned" from
+    #: the job's own steps, "ceiling" (the fixed hang_threshold: before the
+    #: job's first steps, or in an op it never showed); "" for kinds that use none.
+    threshold_basis: str = ""
+    threshold_seconds: float | None = None
 
 
 Detector = Callable[[Job, JobTable, float, DetectConfig], list[Finding]]

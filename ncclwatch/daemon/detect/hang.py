@@ -33,17 +33,23 @@ still from its start-up on, healthy, and its stillness says nothing.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
-from ncclwatch.daemon.detect import DetectConfig, Finding, blocked, culprit_of
+from ncclwatch import gpuactivity
+from ncclwatch.daemon import progress
+from ncclwatch.daemon.detect import Blocked, DetectConfig, Finding, blocked, culprit_of
 from ncclwatch.daemon.detect.shape import (
     elsewhere,
     fr_note,
     fr_waiting,
     live_ranks,
     movers,
+    past_normal,
     still_peers,
     still_since,
+    stepped,
 )
+from ncclwatch.daemon.waits import CEILING, LEARNED
 from ncclwatch.daemon.records import Job, RankRecord
 from ncclwatch.daemon.table import JobTable
 from ncclwatch.model import (
@@ -51,9 +57,14 @@ from ncclwatch.model import (
     CollectiveOp,
     RankState,
     StallKind,
+    QUIET_CPU,
     WaitEvidence,
     rank_ranges,
 )
+
+
+#: Culprits whose process is described in a collective_hang's summary.
+MAX_DOING = 4
 
 
 def hung(job: Job, now: float, cfg: DetectConfig):
@@ -107,6 +118,100 @@ def decided(job: Job, absent: list[int], waiting, early: bool) -> list[int]:
     if len(undecided) < len(absent):
         return [r for r in absent if r not in undecided]
     return [] if early else absent
+
+
+def threshold_of(job: Job, b: Blocked, now: float, cfg: DetectConfig) -> tuple[float, str]:
+    """The threshold that made ``b``'s ranks count, and its basis: the tightest
+    over the ops they sit still in (``hung``), the ceiling for ranks without
+    progress readings. A finding says which, so its reader knows whether the
+    job's own steps set it or the fixed ceiling did (before the first steps)."""
+    policy, ranks = cfg.waits, job.ranks
+    ops = {rec.still_op for r in b.ranks if (rec := ranks.get(r)) is not None
+           and rec.progress_known and rec.still_at is not None}
+    if not ops:
+        return cfg.hang_threshold, CEILING
+    seconds, basis = min((job.waits.threshold(op, policy, now),
+                          job.waits.basis(op, policy, now)) for op in ops)
+    # A learned threshold capped at the ceiling is the ceiling.
+    return seconds, CEILING if seconds >= cfg.hang_threshold else basis
+
+
+def threshold_note(seconds: float, basis: str, stepping: bool) -> str:
+    """The summary's clause on the threshold: learned, or the ceiling and why."""
+    if basis == LEARNED:
+        return f"; past {seconds:.0f}s, several times the job's normal wait (learned)"
+    if not stepping:
+        return f"; before the job's first step: the fixed {seconds:.0f}s ceiling"
+    return f"; the fixed {seconds:.0f}s ceiling (no shorter normal wait learned for it)"
+
+
+def doing(rec: RankRecord, now: float) -> str:
+    """What a culprit's process does, in words, from what its agent measured:
+    CPU busy or quiet, making progress (read/write calls, switches) or still."""
+    cpu = max(rec.cpu_util, rec.cpu_recent)
+    busy = (f"CPU busy ({cpu:.0%} of a core)" if cpu >= QUIET_CPU
+            else "no CPU (asleep or blocked in a call)")
+    if not rec.progress_known:
+        return busy
+    if rec.still_since is None:
+        return busy + ", making progress (reads/writes or switches)"
+    return busy + f", no progress for {now - rec.still_since:.0f}s"
+
+
+def gpu_note(records: list[RankRecord]) -> str:
+    """The GPUs' utilisation and power, where the ranks carry readings
+    (gpuactivity.summary: "" without them)."""
+    words = gpuactivity.summary(records)
+    return f"; {words}" if words else ""
+
+
+def all_stuck(job: Job, table: JobTable, now: float, cfg: DetectConfig, b: Blocked,
+              threshold: float) -> Finding | None:
+    """Every live rank in the same collective past the threshold, none elsewhere,
+    none making progress: a collective_hang with no culprit rank.
+
+    What holds the collective is outside the ranks' Python code: a peer outside
+    the job, the network, a device. Every rank must report fresh and sit still
+    past its own normal (a GPU job still through each long step is within it),
+    with progress readings (no reading says no progress),
+    in one named collective: a frame's op, or the Flight Recorder's pending
+    collective (a device_wait alone names none)."""
+    live = live_ranks(job, table, now)
+    if live is None or set(b.ranks) != set(live):
+        return None
+    policy = cfg.waits
+    for rec in live.values():
+        if rec.native_no_wait or not rec.progress_known:
+            return None  # "no progress" needs readings of it
+        # A rank's first long still period may be its first long step: each
+        # rank must have stepped and be past its own normal, else the ceiling.
+        need = (past_normal(rec, threshold, policy) if stepped(rec, policy)
+                else cfg.hang_threshold)
+        if rec.still_since is None or rec.still_since > now - need:
+            return None
+    a = progress.analysis(job, b.started_at) if job.flight_recorder else None
+    stuck = next((st for st in (a.stuck if a is not None else ())
+                  if not st.missing_ranks), None)
+    ops = {rec.op for rec in live.values()}
+    if stuck is not None:
+        try:
+            op = CollectiveOp(stuck.op)
+        except ValueError:
+            op = CollectiveOp.WAIT
+        what = f"{stuck.op} #{stuck.seq} of group {stuck.pg_desc or stuck.pg_name}"
+        evidence = WaitEvidence.FLIGHT_RECORDER
+    elif len(ops) == 1 and (op := next(iter(ops))) not in (CollectiveOp.NONE,
+                                                            CollectiveOp.WAIT):
+        what, evidence = op.value, None
+    else:
+        return None
+    summary = (f"every rank waits in {what} for {now - b.started_at:.0f}s; no rank is "
+               f"elsewhere: no culprit rank (a peer outside the job, the network, or a "
+               f"device){gpu_note(list(live.values()))}")
+    ev = b.evidence if evidence is None else tuple((r, evidence) for r in b.ranks)
+    return Finding(kind=StallKind.COLLECTIVE_HANG, job_id=job.job_id, culprits=(),
+                   waiting=b.ranks, waiting_ops=(op,), started_at=b.started_at,
+                   summary=summary, evidence=ev)
 
 
 def by_shape(job: Job, table: JobTable, now: float, cfg: DetectConfig) -> list[Finding]:
@@ -186,7 +291,14 @@ def detect(job: Job, table: JobTable, now: float, cfg: DetectConfig) -> list[Fin
                        waiting=waiting, waiting_ops=ops, started_at=b.started_at,
                        summary=summary + fr_note(fr), evidence=evidence, **extra)
 
+    threshold, basis = threshold_of(job, b, now, cfg)
+    note = threshold_note(threshold, basis, job.waits.stepping(cfg.waits, now))
     out: list[Finding] = []
+    if not absent and not unknown and not fr:
+        f = all_stuck(job, table, now, cfg, b, threshold)
+        if f is not None:
+            return [replace(f, summary=f.summary + note, threshold_basis=basis,
+                            threshold_seconds=threshold)]
     if unknown:
         out.append(finding(
             StallKind.RANK_LOST, [],
@@ -199,10 +311,15 @@ def detect(job: Job, table: JobTable, now: float, cfg: DetectConfig) -> list[Fin
     if named:
         elsewhere = named
         states = Counter(job.ranks[r].state.value for r in elsewhere)
+        # The culprits are found by what their peers do, whatever they run:
+        # what each one's process does is said from its agent's readings.
+        what = "; ".join(f"rank {r}: {doing(job.ranks[r], now)}"
+                         for r in sorted(elsewhere)[:MAX_DOING])
         out.append(finding(
             StallKind.COLLECTIVE_HANG, elsewhere,
             f"{len(waiting)} rank(s) wait in {'/'.join(o.value for o in ops)} that rank(s) "
-            f"{rank_ranges(elsewhere)} never joined ({', '.join(sorted(states))})"))
+            f"{rank_ranges(elsewhere)} never joined ({', '.join(sorted(states))}); "
+            f"{what}{note}", threshold_basis=basis, threshold_seconds=threshold))
     if not absent and len({job.ranks[r].op for r in waiting if r in job.in_collective}) > 1:
         # device_wait ranks (op unknown) never make a desync on their own.
         groups = Counter(job.ranks[r].op for r in waiting if r in job.in_collective)
