@@ -460,7 +460,10 @@ def scenario_train(args) -> None:
         if i % 20 == 0:
             log(f"train step {i} loss={loss.item():.4f}")
         i += 1
-        time.sleep(0.02)
+        # --step-seconds: higher ranks a little slower, so the others wait in
+        # the next all_reduce for part of each step, as stragglers make them.
+        time.sleep(0.02 if args.step_seconds is None
+                   else args.step_seconds * (1 + 0.5 * RANK / dist.get_world_size()))
     marker("train_end", steps=i)
     dist.barrier()
 
@@ -558,6 +561,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--hang-after", type=float, default=None, metavar="SECONDS",
                    help="train: after this long the late rank stops joining the step's "
                         "all_reduce (a hang in a fast-stepping job)")
+    p.add_argument("--step-seconds", type=float, default=None, metavar="SECONDS",
+                   help="train: each step's length (ranks after the first a little longer)")
     p.add_argument("--busy-thread", type=float, default=0.0, metavar="FRACTION",
                    help="every rank burns this fraction of a core in a thread (GIL "
                         "released), as NCCL ranks spin while they wait: never CPU-quiet")
