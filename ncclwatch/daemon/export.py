@@ -35,6 +35,7 @@ from ncclwatch.daemon.agents import AgentRecord
 from ncclwatch.contract.bounds import BOUND_LABELS
 from ncclwatch.daemon.core import Daemon
 from ncclwatch.daemon.detect import DETECTED_KINDS
+from ncclwatch.daemon.exposure import unauthenticated, web_authenticates
 from ncclwatch.daemon.incidents import ERROR_BUCKETS
 from ncclwatch.daemon.outcome import OUTCOMES as INCIDENT_OUTCOMES
 from ncclwatch.daemon.outcome import VERDICTS
@@ -70,6 +71,8 @@ class Capture:
     counters: dict[str, Any]
     #: (external URL, runbook base) for ncclwatch_daemon_info.
     links: tuple[str, str] = ("", "")
+    #: Port -> listening beyond loopback with no one authenticated (exposure.py).
+    unauthenticated: dict[str, bool] = field(default_factory=dict)
 
 
 #: The reasons ncclwatch_daemon_node_faults_total names: the contract's (any other: "other").
@@ -94,6 +97,8 @@ def capture(d: Daemon, now: float | None = None) -> Capture:
     url = links.external_url(cfg.external_url, cfg.http, bool(cfg.web and cfg.web.ssl_context))
     return Capture(now=now, jobs=jobs, agents=list(table.agents.values()),
                    links=(url, links.runbook_base(cfg.runbook_url, url)),
+                   unauthenticated=unauthenticated(cfg.grpc, cfg.http, grpc_tls=bool(cfg.tls),
+                                                   http_auth=web_authenticates(cfg.web)),
                    staleness=table.staleness, fresh=table.fresh, counters={
                        "opened": dict(d.incidents.opened_total),
                        **_outcome_counters(d),
@@ -357,6 +362,10 @@ def build(c: Capture) -> list[Family]:
         F("ncclwatch_daemon", "Where operators reach this daemon's page (url) and the "
           "runbooks alerts link to (runbook_base): --external-url, --runbook-url",
           ("url", "runbook_base"), "info", [(c.links, 1)]),
+        F("ncclwatch_daemon_unauthenticated_listener", "1 while the port listens beyond "
+          "loopback with no one authenticated (--insecure: gRPC without mTLS, HTTP without "
+          "basic auth or client certificates)", ("port",), "gauge",
+          [((port,), int(v)) for port, v in sorted(c.unauthenticated.items())]),
     ]
     return out
 
