@@ -211,17 +211,22 @@ def _security(command: str, cfg: dict[str, Any]) -> None:
 
 
 def _refuse_plaintext(cfg: dict[str, Any]) -> None:
-    """A daemon side beyond loopback without TLS: ConfigError, unless --insecure."""
+    """A daemon side beyond loopback without mTLS, TLS or authentication: ConfigError,
+    unless --insecure; then a loud warning (and the gauge, export.py)."""
     if "server_tls" not in cfg:  # the agent serves nothing
         return
     from ncclwatch.daemon import exposure
 
-    problems = exposure.plaintext(cfg["grpc"], cfg["http"], grpc_tls=bool(cfg["server_tls"]),
-                                  http_tls=bool(cfg["web"] and cfg["web"].ssl_context))
+    web = cfg["web"]
+    problems = exposure.exposed(cfg["grpc"], cfg["http"], grpc_tls=bool(cfg["server_tls"]),
+                                http_tls=bool(web and web.ssl_context),
+                                http_auth=exposure.web_authenticates(web))
     if problems and not cfg.get("insecure"):
         raise ConfigError(exposure.refusal(problems))
     if problems:
-        log.warning("serving plaintext beyond loopback (--insecure): %s", "; ".join(problems))
+        log.warning("INSECURE (--insecure): listening beyond loopback unprotected: %s. "
+                    "Anyone who reaches these ports can do what is named",
+                    "; ".join(problems))
 
 
 def _status(args: argparse.Namespace) -> int:
