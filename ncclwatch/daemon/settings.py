@@ -86,13 +86,14 @@ class DaemonConfig:
         "others get 403, so a page that rebinds its DNS name to this address cannot read "
         "it. Empty: the --external-url host, this machine's names, localhost and IP "
         "addresses; '*': any Host", metavar="HOSTS", run="localhost,127.0.0.1,::1")
-    #: Serve plaintext beyond loopback (exposure.py): gRPC without mTLS, HTTP
-    #: without the web config's TLS.
+    #: Listen beyond loopback unprotected (exposure.py): gRPC without mTLS, HTTP
+    #: without the web config's TLS or authentication.
     insecure: bool = option(
-        False, "listen beyond loopback without TLS anyway: gRPC without mTLS (any host that "
-        "reaches it can report as any node) and HTTP without the web config's TLS (anyone "
-        "can read every job's stacks, environment and paths). Without it such a daemon "
-        "refuses to start", boolean)
+        False, "listen beyond loopback unprotected anyway: gRPC without mTLS (any host that "
+        "reaches it can report as any node) and HTTP without the web config's TLS or basic "
+        "auth (anyone can read every job's stacks, environment and paths). Without it such "
+        "a daemon refuses to start; with it, ncclwatch_daemon_unauthenticated_listener is 1",
+        boolean)
     #: What one report, agent or job may cost (bounds.py).
     bounds: Bounds = field(default_factory=Bounds)
     #: Every shard's page when daemons shard jobs (None: this daemon is all).
