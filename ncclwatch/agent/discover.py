@@ -17,7 +17,16 @@ Who is a rank (each rule decided once per pid):
   ``UNKNOWN_RANK``: still watched, never numbered by guess;
 - a Ray Train worker (``agent.raytrain``) is a member of its Ray job, rank 0
   once it is seen serving the job's TCPStore, the others unnumbered; once
-  its title showed a train worker it stays one (Ray retitles it per task).
+  its title showed a train worker it stays one (Ray retitles it per task);
+- a Python process with torch loaded that none of the above names (a shell
+  loop's ``python train.py --rank $i``) is a candidate: a member of the job
+  its rendezvous shows (``agent.rendezvous``: its TCPStore connection or
+  the URL on its command line), rank 0 when it serves the store, else
+  numbered by its own ``--rank`` only where the node's members corroborate
+  it. Candidates are looked at every round while young (torch is imported,
+  and the rendezvous joined, seconds after start), then ever more rarely
+  (a Jupyter kernel with torch that never joins costs one fd walk every
+  ``CANDIDATE_BACKOFF_MAX`` seconds at most).
 
 A verdict on a young process is not final: a launcher's child between fork
 and exec shows the launcher's command line and environment.
@@ -41,11 +50,13 @@ from dataclasses import dataclass, field, replace
 
 import psutil
 
-from ncclwatch.agent import caps, container as containers, launchers, rankenv, rankfs, raytrain
+from ncclwatch.agent import (
+    caps, container as containers, launchers, rankenv, rankfs, raytrain, rendezvous,
+)
 from ncclwatch.agent.container import NONE as NO_CONTAINER, ContainerInfo
 from ncclwatch.agent.pyspy import find_pyspy
 from ncclwatch.agent.timeouts import stated_timeout
-from ncclwatch.envpolicy import local_env
+from ncclwatch.envpolicy import local_env, redact_patterns
 from ncclwatch.jobid import (
     LOOPBACK, MAX_JOB_ID_LEN, NODE_LOCAL_SOURCE, UNKNOWN_RANK, UNKNOWN_SOURCE, RankIdentity,
     identify, job_of, node_local_fields, rank_of,
@@ -66,6 +77,10 @@ FAMILY_SETTLE = 3.0
 #: rank_source of mp.spawn workers and of Lightning's rank 0.
 SPAWN_SOURCE = "spawn_index"
 CHILDREN_SOURCE = "children_env"
+#: A candidate (Python, no rank named) is looked at every round until this
+#: old (seconds), then after a quarter of its age, at most this long apart.
+CANDIDATE_YOUNG = 60.0
+CANDIDATE_BACKOFF_MAX = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +151,21 @@ class _Seen:
     ray_since: float = 0.0     # a Ray Train worker with torch loaded, since (agent clock)
     ray_worker: bool = False   # a Ray Train worker by its title once: one for life
     settled: bool = False      # its identity is final (a Ray worker's, once its store is seen)
+    spawn: bool = False        # an mp.spawn child (its parent is a spawner, no candidate)
+    next_look: float = 0.0     # a recheck before this time (time.time()) is skipped
+    #: A rendezvous candidate (Python, torch loaded, no rank named): what its
+    #: grouping needs, kept until it is grouped or gone.
+    candidate: "_Candidate | None" = None
+
+
+@dataclass(slots=True)
+class _Candidate:
+    cmdline: list[str]
+    env: dict[str, str]
+    due: bool = True                              # inspected this round: read its sockets
+    socks: list[rendezvous.Conn] = field(default_factory=list)   # last reading
+    args: tuple[int, int, str] | None = None      # its own argv's (rank, world, source)
+    c10d: bool = False                            # runs a torch.distributed thread
 
 
 class Discovery:
@@ -181,6 +211,8 @@ class Discovery:
             if cached is not None and not cached.recheck and (
                     cached.rank is None or not self._reused(pid, cached.create_time)):
                 continue
+            if cached is not None and cached.recheck and cached.next_look > now:
+                continue   # a candidate backing off
             if deadline is not None and (cached is None or cached.rank is None) \
                     and time.monotonic() > deadline:
                 self._put_off.add(pid)
@@ -201,6 +233,7 @@ class Discovery:
         if self._put_off:
             caps.COUNTS.hit("scan_time", len(self._put_off))
         self._settle_ray(now)
+        self._settle_rendezvous()
         return _one_per_rank(self._resolve())
 
     def _reused(self, pid: int, create_time: float) -> bool:
@@ -231,12 +264,14 @@ class Discovery:
                 # A Ray actor whose rank Ray sets in-process (one whose env
                 # names its rank, or a child process, goes the usual way).
                 return self._ray_worker(pid, cmdline, env, seen, now)
-            spawn = launchers.is_spawn_child(cmdline)
+            spawn = seen.spawn = launchers.is_spawn_child(cmdline)
             if shown is None and not spawn:
                 # A Ray worker not yet titled is looked at again until it is.
-                seen.recheck = raytrain.is_starting(cmdline, env) and \
-                    now - create_time < SPAWN_PATIENCE
-                return seen  # no rank variables, no spawn child: no rank
+                if raytrain.is_starting(cmdline, env):
+                    seen.recheck = now - create_time < SPAWN_PATIENCE
+                    return seen
+                # No rank variables, no spawn child: a rendezvous candidate at most.
+                return self._candidate(pid, proc, cmdline, env, seen, now)
             maps = launchers.read_maps(pid, self._proc)
             if maps is None:
                 return seen
@@ -302,6 +337,70 @@ class Discovery:
             seen.rank = RankProcess.of(pid, seen.create_time, identity, env,
                                        self._container(pid, env))
         return seen
+
+    def _candidate(self, pid: int, proc: psutil.Process, cmdline: list[str],
+                   env: dict[str, str], seen: _Seen, now: float) -> _Seen:
+        """A Python process no rule names: looked at again (backing off) until
+        torch is loaded and its rendezvous shows (``_settle_rendezvous``)."""
+        exe = _exe(proc)
+        if not (launchers._is_python(exe) or cmdline and launchers._is_python(cmdline[0])):
+            return seen   # not Python: never a rank
+        age = now - seen.create_time
+        seen.recheck = True
+        seen.next_look = now + (0.0 if age < CANDIDATE_YOUNG
+                                else min(CANDIDATE_BACKOFF_MAX, age / 4))
+        old = self._seen.get(pid)
+        if old is not None and old.create_time == seen.create_time and old.candidate:
+            seen.candidate = old.candidate   # torch stays loaded: no maps read again
+            seen.candidate.due = True
+            return seen
+        maps = launchers.read_maps(pid, self._proc)
+        if maps is None or not launchers.torch_loaded(maps):
+            return seen   # Python may import torch later
+        seen.candidate = _Candidate(list(cmdline), dict(env),
+                                    args=rendezvous.args_rank(cmdline))
+        return seen
+
+    def _settle_rendezvous(self) -> None:
+        """Group the candidates looked at this round by their rendezvous
+        (``agent.rendezvous``): one fd walk each, one socket table per
+        network namespace; the others' last readings count as theirs."""
+        cands = {pid: s for pid, s in self._seen.items()
+                 if s.candidate is not None and s.rank is None}
+        due = [pid for pid, s in cands.items() if s.candidate.due]
+        if not due:
+            return
+        spawners = {s.ppid for s in self._seen.values() if s.spawn}
+        for pid, socks in rendezvous.owned(due, self._proc).items():
+            c = cands[pid].candidate
+            c.socks = socks
+            c.c10d = c.c10d or bool(socks) and rendezvous.c10d_threads(pid, self._proc)
+        found = rendezvous.find({pid: s.candidate.socks for pid, s in cands.items()},
+                                {pid: rendezvous.command_line_url(s.candidate.cmdline)
+                                 for pid, s in cands.items()}, due,
+                                [pid for pid, s in cands.items() if s.candidate.c10d])
+        for pid in due:
+            seen = cands[pid]
+            c = seen.candidate
+            c.due = False
+            ep = found.get(pid)
+            if ep is None or pid in spawners:
+                continue   # not joined yet, or it only starts the ranks
+            shared = ep.source == rendezvous.FILE_JOB_SOURCE and \
+                rendezvous.shared_path(pid, ep.path, self._proc)
+            world = c.args[1] if c.args else 0
+            identity = RankIdentity(
+                job_id=redact_patterns(ep.job_id(self._host, shared))[:MAX_JOB_ID_LEN],
+                job_source=ep.source, rank=0 if ep.server else UNKNOWN_RANK, local_rank=-1,
+                world_size=world,
+                rank_source=rendezvous.STORE_SOURCE if ep.server else UNKNOWN_SOURCE)
+            try:
+                seen.rank = RankProcess.of(pid, seen.create_time, identity, c.env,
+                                           self._container(pid, c.env), c.cmdline, self._proc)
+            except OSError:
+                self.errors_total += 1
+                continue
+            seen.recheck, seen.next_look = False, 0.0
 
     def _settle_ray(self, now: float) -> None:
         """Rank 0 of each Ray job: the worker serving its TCPStore (raytrain).
@@ -432,7 +531,8 @@ class Discovery:
                 if parent is not None:
                     out = [rp for rp in out if rp.pid != ppid]
                     out.append(parent)
-        return _drop_forks_and_parents(out, self._seen, self._ranks)
+        return _drop_forks_and_parents(_number_by_args(out, self._seen), self._seen,
+                                       self._ranks)
 
     def _parent_rank(self, ppid: int, child: RankIdentity, node: int, local_world: int,
                      size: int) -> RankProcess | None:
@@ -479,6 +579,70 @@ def _drop_forks_and_parents(found: list[RankProcess], seen: dict[int, _Seen],
             continue
         out.append(rp)
     return out
+
+
+def _number_by_args(found: list[RankProcess], seen: dict[int, _Seen]) -> list[RankProcess]:
+    """Rendezvous members numbered by their own ``--rank`` (``args:--rank``)
+    where this node's members of the job corroborate it: the numbers are
+    distinct, below the world size all of them state, and the store's
+    server (when on this node) says 0. A server saying otherwise is left
+    unnumbered with both shown (``rank_conflict``), and so is a member
+    claiming a number another claims; nothing else is numbered then."""
+    jobs: dict[str, list[RankProcess]] = {}
+    for rp in found:
+        if rp.identity.job_source in (rendezvous.STORE_JOB_SOURCE, rendezvous.FILE_JOB_SOURCE):
+            jobs.setdefault(rp.identity.job_id, []).append(rp)
+    if not jobs:
+        return found
+    changed: dict[int, RankProcess] = {}
+    for members in jobs.values():
+        pids = {rp.pid for rp in members}
+        # Forks of a member (DataLoader workers) share its argv and sockets.
+        members = [rp for rp in members if seen.get(rp.pid) is None
+                   or seen[rp.pid].ppid not in pids]
+        claims = {rp.pid: c.args for rp in members
+                  if (s := seen.get(rp.pid)) and (c := s.candidate) and c.args}
+        worlds = {w for _, w, _ in claims.values()}
+        server = next((rp for rp in members
+                       if rp.identity.rank_source == rendezvous.STORE_SOURCE), None)
+        said = claims.get(server.pid) if server is not None else None
+        if said is not None and said[0] != 0:
+            changed[server.pid] = replace(server, identity=replace(
+                server.identity, rank=UNKNOWN_RANK, rank_source=UNKNOWN_SOURCE,
+                rank_conflict=f"{rendezvous.STORE_SOURCE}:0 {said[2]}:{said[0]}"))
+            continue
+        if len(worlds) != 1 or 0 in worlds:
+            continue   # no world size stated, or stated differently
+        world = worlds.pop()
+        by_rank: dict[int, list[int]] = {}
+        for pid, (rank, _, _) in claims.items():
+            by_rank.setdefault(rank, []).append(pid)
+        if server is not None:
+            by_rank.setdefault(0, [])
+            if server.pid not in by_rank[0]:
+                by_rank[0].append(server.pid)
+        for rp in members:
+            claim = claims.get(rp.pid)
+            if claim is None:
+                continue
+            rank, _, source = claim
+            i = rp.identity
+            others = [p for p in by_rank[rank] if p != rp.pid]
+            if others:
+                changed[rp.pid] = replace(rp, identity=replace(
+                    i, rank=UNKNOWN_RANK, rank_source=UNKNOWN_SOURCE,
+                    rank_conflict=f"{source}:{rank} " + " ".join(
+                        f"{_source_of(found, p)}:{rank}@pid{p}" for p in others)))
+            elif rank < world:
+                changed[rp.pid] = replace(rp, identity=replace(
+                    i, rank=rank, world_size=world,
+                    rank_source=i.rank_source if i.known else source))
+    return [changed.get(rp.pid, rp) for rp in found]
+
+
+def _source_of(found: list[RankProcess], pid: int) -> str:
+    rp = next((r for r in found if r.pid == pid), None)
+    return rp.identity.rank_source if rp is not None and rp.identity.known else "args"
 
 
 def _exe(proc: psutil.Process) -> str:

@@ -10,8 +10,10 @@ without pausing the rank or signalling it:
 - a set-up frame's locals in a nonblocking dump the agent takes anyway
   (``ranklocals``; only while unnumbered, at most ``LOCALS_DUMPS`` per rank).
 
-Each number keeps its source (``rank_source``). A Ray job's rank 0 found
-as its TCPStore's server is checked against Ray's log too. Two sources
+Each number keeps its source (``rank_source``). A rank 0 found as its
+TCPStore's server (Ray's, a hand-rolled ``tcp://`` rendezvous's) and a
+number from the process's own ``--rank`` (``args:--rank``, discovery's
+``rendezvous`` members) are checked against the others too. Two sources
 that disagree number nothing: the member stays unnumbered and both are shown
 (``rank_conflict``). Nothing a rank supplies is executed: its texts are
 parsed as numbers only.
@@ -22,7 +24,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field, replace
 
-from ncclwatch.agent import frpipe, ranklocals, raytrain, raytrainlog
+from ncclwatch.agent import frpipe, ranklocals, raytrain, raytrainlog, rendezvous
 from ncclwatch.agent.discover import RankProcess
 from ncclwatch.jobid import UNKNOWN_RANK, UNKNOWN_SOURCE
 from ncclwatch.sanitize import for_log
@@ -31,7 +33,7 @@ log = logging.getLogger(__name__)
 
 #: The sources, cheapest first (how each is read: the module docstring);
 #: ``tcpstore_server``: discovery's rank 0 of a Ray job, checked against Ray's log.
-SOURCES = ("tcpstore_server", "flight_recorder", "ray_train_log", "locals")
+SOURCES = ("tcpstore_server", "args", "flight_recorder", "ray_train_log", "locals")
 #: Nonblocking dumps of one unnumbered rank that ask py-spy for locals.
 LOCALS_DUMPS = 30
 #: Seconds between two reads of a Ray Train worker's log, and for how long.
@@ -81,6 +83,11 @@ class Learned:
         return self.ray_log_at is None or now - self.ray_log_at >= RAY_LOG_EVERY
 
 
+def _checked(source: str) -> bool:
+    """A number discovery found from outside that the job's own sources check."""
+    return source == raytrain.STORE_SOURCE or source.startswith(f"{rendezvous.ARGS_SOURCE}:")
+
+
 def _cost(source: str) -> int:
     base = source.split(":", 1)[0]
     return SOURCES.index(base) if base in SOURCES else len(SOURCES)
@@ -111,13 +118,13 @@ class RankLearner:
             del self._by[key]
         out = []
         for rp in procs:
-            checked = rp.identity.rank_source == raytrain.STORE_SOURCE
+            checked = rp.identity.known and _checked(rp.identity.rank_source)
             if rp.identity.known and not checked:
                 out.append(rp)
                 continue
             got = self._of(rp)
-            if checked:   # the TCPStore's server is rank 0: Ray's log must agree
-                got.claims.setdefault(raytrain.STORE_SOURCE, (rp.identity.rank, 0))
+            if checked:   # discovery's number: the job's own sources must agree
+                got.claims.setdefault(rp.identity.rank_source, (rp.identity.rank, 0))
             pipe = frpipe.pipe_rank(rp.pid, rp.local.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", "")
                                     or rp.env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", ""),
                                     self._proc) if "flight_recorder" not in got.claims else None

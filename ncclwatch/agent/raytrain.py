@@ -19,8 +19,12 @@ outside does show:
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
+
+# The socket reading is rendezvous.py's (one home); re-exported for Ray's callers.
+from ncclwatch.agent.rendezvous import (  # noqa: F401
+    STORE_SOURCE, connections, socket_inodes, store_servers,
+)
 
 #: Process titles of Ray Train's worker actors: the class (V2 and V1 name it
 #: alike), its methods (``ray::RayTrainWorker.run_train_fn``) and V1's named
@@ -30,11 +34,7 @@ from collections.abc import Iterable, Mapping
 TRAIN_WORKER_TITLES = ("ray::RayTrainWorker", "ray::_RayTrainWorker__execute")
 #: Titles of pooled Ray workers that may still become a train worker.
 IDLE_TITLES = ("ray::IDLE",)
-#: rank_source of the worker that serves the job's TCPStore.
-STORE_SOURCE = "tcpstore_server"
 JOB_SOURCE = "ray"
-
-_LISTEN, _ESTABLISHED = "0A", "01"
 
 
 def title(cmdline: list[str]) -> str:
@@ -92,71 +92,3 @@ def job_id(env: Mapping[str, str], host: str, proc: str = "/proc") -> str | None
         return None
     cluster = gcs_address(env, proc) or f"{host}/raylet{env.get('RAY_RAYLET_PID', '?')}"
     return f"{cluster}/{job}"
-
-
-def socket_inodes(pid: int, proc: str = "/proc") -> set[str]:
-    base = f"{proc}/{pid}/fd"
-    out = set()
-    try:
-        names = os.listdir(base)
-    except OSError:
-        return out
-    for name in names:
-        try:
-            link = os.readlink(f"{base}/{name}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            out.add(link[8:-1])
-    return out
-
-
-def tcp_table(pid: int, proc: str = "/proc") -> list[tuple[int, int, str, str]]:
-    """(local port, remote port, state, inode) of the TCP sockets in the pid's network namespace."""
-    rows = []
-    for name in ("tcp", "tcp6"):
-        try:
-            with open(f"{proc}/{pid}/net/{name}") as f:
-                lines = f.readlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            p = line.split()
-            if len(p) < 10:
-                continue
-            try:
-                rows.append((int(p[1].rsplit(":", 1)[1], 16), int(p[2].rsplit(":", 1)[1], 16),
-                             p[3], p[9]))
-            except (ValueError, IndexError):
-                continue
-    return rows
-
-
-def store_servers(pids: Iterable[int], proc: str = "/proc") -> dict[int, int]:
-    """{pid: store port} for the workers among ``pids`` that serve a TCPStore the
-    others use: a port the worker listens on and is itself connected to, with at
-    least one other of ``pids`` connected to it as well."""
-    pids = list(pids)
-    if len(pids) < 2:
-        return {}
-    table = tcp_table(pids[0], proc)
-    owner = {}
-    for pid in pids:
-        for ino in socket_inodes(pid, proc):
-            owner[ino] = pid
-    listens: dict[int, int] = {}               # port -> pid
-    connects: dict[int, set[int]] = {}         # remote port -> pids connected to it
-    for local, remote, state, ino in table:
-        pid = owner.get(ino)
-        if pid is None:
-            continue
-        if state == _LISTEN:
-            listens[local] = pid
-        elif state == _ESTABLISHED:
-            connects.setdefault(remote, set()).add(pid)
-    out = {}
-    for port, pid in listens.items():
-        clients = connects.get(port, set())
-        if pid in clients and len(clients - {pid}) >= 1:
-            out[pid] = port
-    return out
