@@ -49,6 +49,7 @@ table{border-collapse:collapse;margin:.4em 0}td,th{border:1px solid #ccc;padding
 .ok{color:#070}.bad{color:#c00;font-weight:bold}.assumed{color:#a35200}
 pre{background:#f6f6f6;padding:.4em;overflow:auto;margin:.2em 0;font-size:12.5px}
 p{margin:.2em 0}small{color:#666}summary{cursor:pointer}
+form.dump{margin:.2em 0}form.dump button{font:inherit;cursor:pointer}
 """
 
 #: Refresh #live in place; a fold the reader opened or closed stays so.
@@ -90,11 +91,14 @@ _OWNER_SCRIPT = """
 
 
 #: The page's headers: its own style and scripts only, framed by nobody
-#: (the same definition as the paste page's, pageheaders.py).
-HEADERS = page_headers(scripts=[_SCRIPT, _OWNER_SCRIPT], styles=[_CSS])
+#: (the same definition as the paste page's, pageheaders.py); its dump
+#: forms post to this daemon only.
+HEADERS = page_headers(scripts=[_SCRIPT, _OWNER_SCRIPT], styles=[_CSS], forms=True)
 
 
-def render(view: dict[str, Any]) -> str:
+def render(view: dict[str, Any], dump_token: str = "") -> str:
+    """``dump_token``: this daemon start's dump token (dumpguard.py), which each
+    job's dump form posts: a fresh ask is a POST no other site's page can make."""
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>ncclwatch</title>",
         "<noscript><meta http-equiv='refresh' content='5'></noscript>",
@@ -122,7 +126,7 @@ def render(view: dict[str, Any]) -> str:
         if not job["stalls"] and gone:
             parts += gone
             gone = []
-        parts.append(_job(job, ended.get(job["job"], [])))
+        parts.append(_job(job, ended.get(job["job"], []), dump_token))
     parts += gone
     parts.append(_agents(view["agents"]))
     owner = f"<script id='owner'>{_OWNER_SCRIPT}</script>" if view.get("shards") else ""
@@ -165,6 +169,15 @@ def _ended(items: list[dict[str, Any]]) -> str:
     return "".join(out)
 
 
+def _dump_form(job_id: str, token: str) -> str:
+    """A POST with the page's token: the fresh ask (pauses ranks already still,
+    writes their Flight Recorder pipes) that a link, a GET, never makes."""
+    return (f"<form class='dump' method='post' action='/api/v1/dump?job="
+            f"{quote(job_id, safe='')}'><input type='hidden' name='token' "
+            f"value='{escape(token)}'><button type='submit'>evidence bundle</button> "
+            "<small>(tar.gz: asks every rank for fresh stacks first)</small></form>")
+
+
 def _gone_job(job_id: str, items: list[dict[str, Any]]) -> str:
     """A lost job that left the job table: its ended incidents, under the
     anchor alerts link to."""
@@ -174,7 +187,8 @@ def _gone_job(job_id: str, items: list[dict[str, Any]]) -> str:
             f"{_ended(items)}</section>")
 
 
-def _job(job: dict[str, Any], ended: list[dict[str, Any]] | None = None) -> str:
+def _job(job: dict[str, Any], ended: list[dict[str, Any]] | None = None,
+         dump_token: str = "") -> str:
     w = job["watchdog"]
     stalled = bool(job["stalls"])
     ended = ended or []
@@ -186,9 +200,8 @@ def _job(job: dict[str, Any], ended: list[dict[str, Any]] | None = None) -> str:
            f"{'STALLED' if stalled else 'LOST' if lost else 'ok'}</span></h2>{named}"
            f"<p><small>{job['ranks_reporting']}/{job['world_size']} ranks on "
            f"{escape(_nodes(job['nodes']))}; watchdog timeout {w['timeout_seconds']:.0f}s "
-           f"({escape(w['timeout_source'])}){_assumed(w)} · <a class='dump' href='/api/v1/dump?job="
-           f"{quote(job['job'], safe='')}' download>evidence bundle</a> (tar.gz: asks every "
-           f"rank for fresh stacks first)</small></p>{_owner(job.get('shard'))}"]
+           f"({escape(w['timeout_source'])}){_assumed(w)}</small></p>"
+           f"{_dump_form(job['job'], dump_token)}{_owner(job.get('shard'))}"]
     for s in job["stalls"]:
         out.append(_stall(job["job"], s))
     out.append(_ended(ended))
