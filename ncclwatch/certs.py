@@ -4,6 +4,11 @@ For trying mTLS out and for tests, not a PKI: one CA, one daemon server
 certificate, one client certificate per node (CN and DNS SAN = the node name
 the agent reports as, which the daemon checks). An existing CA in the output
 folder is reused, so nodes can be added later. ECDSA P-256, valid one year.
+
+With the daemon certificate comes what its HTTP side needs beyond loopback
+(exposure.py): a random password for user ``ncclwatch`` and web configs with
+its bcrypt hash, one for this folder's files and one as the Kubernetes
+layout's Secret ``ncclwatch-daemon-web`` holds it (deploy/kubernetes).
 """
 
 from __future__ import annotations
@@ -13,11 +18,14 @@ import datetime
 import ipaddress
 import os
 import re
+import secrets
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+import bcrypt
+import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -27,6 +35,13 @@ VALID_DAYS = 365
 #: Names that would overwrite the CA's or the daemon's files.
 RESERVED = {"ca", "ca-key", "daemon", "daemon-key"}
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+#: The basic auth user of the web configs written here: Prometheus and people.
+WEB_USER = "ncclwatch"
+#: The Kubernetes layout's Secret for the daemons' HTTP side (deploy/kubernetes/daemon.yaml,
+#: podmonitor.yaml): its keys are the files of this folder under kubernetes/.
+WEB_SECRET = "ncclwatch-daemon-web"
+#: Where the layout mounts the daemon certificate's Secret (ncclwatch-daemon-tls).
+K8S_TLS = "/etc/ncclwatch-tls"
 
 
 class CertsError(ValueError):
@@ -50,6 +65,40 @@ def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
     with os.fdopen(fd, "wb") as f:
         os.fchmod(f.fileno(), 0o600)  # an older file may have had other bits
         f.write(data)
+
+
+def _write_secret(path: Path, data: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(data)
+
+
+def web_config(cert: str, key: str, hashed: str) -> str:
+    """An exporter-toolkit web config: HTTPS with cert/key, basic auth for WEB_USER."""
+    return yaml.safe_dump({"tls_server_config": {"cert_file": cert, "key_file": key},
+                           "basic_auth_users": {WEB_USER: hashed}}, sort_keys=False)
+
+
+def web_auth(out: Path, daemon: Issued) -> list[str]:
+    """A fresh password for WEB_USER: web.yml and web-password here (0600), and the
+    Secret WEB_SECRET's keys (web.yml with the pods' paths, username, password)
+    under kubernetes/, for ``kubectl create secret generic --from-file=DIR``."""
+    password = secrets.token_urlsafe(24)       # 192 bits; no newline: Prometheus reads it as is
+    hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt()).decode()
+    _write_secret(out / "web.yml", web_config(str(daemon.cert.resolve()),
+                                              str(daemon.key.resolve()), hashed))
+    _write_secret(out / "web-password", password)
+    k8s = out / "kubernetes" / WEB_SECRET
+    k8s.mkdir(parents=True, exist_ok=True)
+    os.chmod(out / "kubernetes", 0o700)
+    _write_secret(k8s / "web.yml", web_config(f"{K8S_TLS}/tls.crt", f"{K8S_TLS}/tls.key", hashed))
+    _write_secret(k8s / "username", WEB_USER)
+    _write_secret(k8s / "password", password)
+    return [f"wrote web    {out / 'web.yml'} (HTTPS with the daemon certificate, basic auth "
+            f"user {WEB_USER}, password in {out / 'web-password'})",
+            f"wrote Secret {k8s}/ (web.yml, username, password: kubectl -n ncclwatch create "
+            f"secret generic {WEB_SECRET} --from-file={k8s})"]
 
 
 def _write_cert(path: Path, cert: x509.Certificate) -> None:
@@ -138,6 +187,7 @@ def make(out: Path, daemon_hosts: Sequence[str], nodes: Sequence[str]) -> list[s
         names = list(dict.fromkeys([*daemon_hosts, "localhost", "127.0.0.1"]))
         d = issue(out, "daemon", daemon_hosts[0], names, True, ca, ca_key)
         lines.append(f"wrote daemon {d.cert} (key {d.key}; names {', '.join(names)})")
+        lines += web_auth(out, d)
     issued = {}
     for n in nodes:
         issued[n] = issue(out, n, n, [n], False, ca, ca_key)
@@ -149,8 +199,9 @@ def make(out: Path, daemon_hosts: Sequence[str], nodes: Sequence[str]) -> list[s
         lines.append("daemon (ncclwatch daemon or run):")
         lines.append(f"  --tls-cert {d_abs / 'daemon.pem'} --tls-key {d_abs / 'daemon-key.pem'} "
                      f"--tls-client-ca {ca_pem}")
-        lines.append(f"  HTTPS for /metrics: --web-config with tls_server_config: cert_file: "
-                     f"{d_abs / 'daemon.pem'}, key_file: {d_abs / 'daemon-key.pem'}")
+        lines.append(f"  HTTPS and basic auth for /metrics, the API and the page: --web-config "
+                     f"{d_abs / 'web.yml'} (user {WEB_USER}, password in "
+                     f"{d_abs / 'web-password'})")
     target = daemon_hosts[0] if daemon_hosts else "DAEMON-HOST"
     for n, i in issued.items():
         lines.append(f"agent on {n} (reports as --node {n}):")
