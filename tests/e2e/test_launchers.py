@@ -7,6 +7,8 @@ is no rank), with the right rank numbers and how each was identified (or
 marked unknown where nothing outside the process says it), and the stall is
 detected as checkpoint_gather with rank 0 the saving culprit well before the
 watchdog (the goal, 10 s of the save's start, is measured and printed). Several launchers run at once under one ``ncclwatch run``.
+The launchers the scenario matrix starts (tests/scenarios/launchers.py) are
+checked here for identity alone: job id, source and ranks, no stall.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -308,3 +311,63 @@ def test_mp_spawn_across_two_nodes_with_the_node_rank_on_its_command_line(ncclwa
     finally:
         for j in nodes:
             j.proc.stop()
+
+
+#: Launchers the scenario matrix starts as real process trees (tests/scenarios/
+#: launchers.py), whose job needs no stall to be told apart: launcher -> the job id
+#: the API must show, from the environment the launcher gave its ranks.
+REPLAYED: dict[str, Callable[[dict[str, str]], str]] = {
+    "torch-launch": lambda env: "master:",
+    "torch-launch-use-env": lambda env: "master:",
+    "torchx-local": lambda env: f"torchx:{env['TORCHX_JOB_ID']}",
+    "kubeflow-pytorchjob": lambda env: (f"kubeflow:{env['PET_MASTER_ADDR']}:"
+                                        f"{env['PET_MASTER_PORT']}/{env['PET_NNODES']}"),
+    "skypilot": lambda env: f"skypilot:{env['SKYPILOT_TASK_ID']}",
+}
+
+
+def test_legacy_launch_torchx_kubeflow_and_skypilot_name_their_jobs(ncclwatch_run,
+                                                                     tmp_path) -> None:
+    """Each launcher's job, started as its real process tree (the schedulers'
+    environments replayed around a real torchrun), is one job of 2 ranks
+    numbered from RANK, under the id its scheduler's variables make (the same
+    on every node of such a job: tests/test_jobid_launchers.py), and no two
+    share one; the launcher processes (torch.distributed.launch, torchrun,
+    bash) are no ranks."""
+    from tests.scenarios.launchers import World, launch
+    mon = ncclwatch_run()
+    seen: dict[str, str] = {}
+    for name, expected in REPLAYED.items():
+        work = tmp_path / name
+        work.mkdir()
+        started = launch(name, World(2, ("-m", "ncclwatch.demo.job", "--scenario", "train",
+                                         "--save-seconds", "90", "--pg-timeout", "90",
+                                         "--ckpt-dir", str(work)), str(work), f"id-{name}"))
+        job = Job(Proc(started.argv, env={"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+                                          **started.env}, name=f"identity-{name}"), 2)
+        try:
+            pids = {m["rank"]: m["pid"] for m in _wait([job], "ready", 2, 180)}
+            deadline, found = time.time() + 60, None
+            while time.time() < deadline:
+                found = mon.job_of(set(pids.values()))
+                live = {r["pid"]: r for r in (found or {}).get("ranks", []) if not r["gone"]}
+                if set(live) == set(pids.values()) and all(
+                        r["identified_by"] == "env:RANK" for r in live.values()):
+                    break
+                time.sleep(0.5)
+            assert found is not None, f"{name}: never seen\n{mon.output()[-3000:]}"
+            live = {r["pid"]: r for r in found["ranks"] if not r["gone"]}
+            assert {p: (r["rank"], r["identified_by"]) for p, r in live.items()} == {
+                pid: (rank, "env:RANK") for rank, pid in pids.items()}, (name, found["ranks"])
+            want = expected(started.env)
+            assert found["job"].startswith(want) and (want != "master:" or "/2" in found["job"]), (
+                name, found["job"], want)
+            assert found["source"] == want.split(":", 1)[0], (name, found["source"])
+            seen[name] = found["job"]
+        finally:
+            job.proc.stop()
+            artifacts = Path(__file__).resolve().parents[2] / "artifacts"
+            artifacts.mkdir(exist_ok=True)
+            (artifacts / f"{job.proc.name}.log").write_text(job.proc.output())
+    assert len(set(seen.values())) == len(seen), seen
+    record("launchers_replayed_identity", seen)
