@@ -166,3 +166,24 @@ LAUNCHER_PROCESSES = [
 @pytest.mark.parametrize("cmdline,expected", LAUNCHER_PROCESSES)
 def test_launcher_processes_are_never_ranks(cmdline, expected) -> None:
     assert launcher_of(cmdline) == expected
+
+
+def test_the_shell_loops_ranks_inherit_no_launcher_variables() -> None:
+    """The matrix's shell launchers start ranks through ``env -u``: whatever
+    launcher ran the tests, its variables never reach them (a leaked RANK or
+    SLURM_JOB_ID would name the job for them); what a launcher sets is kept."""
+    import subprocess
+
+    from tests.scenarios.launchers import scrubbed
+    dirty = {"PATH": "/usr/bin:/bin", "RANK": "3", "WORLD_SIZE": "8", "MASTER_ADDR": "10.0.0.1",
+             "MASTER_PORT": "29500", "SLURM_JOB_ID": "77", "SLURM_PROCID": "3",
+             "TORCHELASTIC_RUN_ID": "r1", "PMI_RANK": "3", "PMIX_NAMESPACE": "ns",
+             "OMPI_COMM_WORLD_RANK": "3", "LOCAL_RANK": "1", "HOME": "/root",
+             "SKYPILOT_TASK_ID": "sky-1"}
+    out = subprocess.run([*scrubbed(environ=dirty), "env"], env=dirty, capture_output=True,
+                         text=True, check=True).stdout
+    names = {line.split("=", 1)[0] for line in out.splitlines()}
+    assert names == {"PATH", "HOME"}, names
+    kept = subprocess.run([*scrubbed({"SKYPILOT_TASK_ID": "sky-1"}, environ=dirty), "env"],
+                          env=dirty, capture_output=True, text=True, check=True).stdout
+    assert "SKYPILOT_TASK_ID=sky-1" in kept.splitlines()
