@@ -1,10 +1,12 @@
 """``ncclwatch dump JOB``: fetch a job's evidence bundle from the daemon.
 
-Before a stalled job is stopped: the daemon asks the job's agents for fresh
-stacks and Flight Recorder dumps (pausing only ranks already sitting still,
-within the pause budget), then answers one tar.gz (daemon/bundle.py) that
-``ncclwatch diagnose BUNDLE`` reads back. Same address, credentials and CA
-handling as ``ncclwatch status`` (status.py).
+Before a stalled job is stopped: a POST, with the header that tells the
+daemon's dump guard (daemon/dumpguard.py) no web page sent it, makes the
+daemon ask the job's agents for fresh stacks and Flight Recorder dumps
+(pausing only ranks already sitting still, within the pause budget), then
+answer one tar.gz (daemon/bundle.py) that ``ncclwatch diagnose BUNDLE``
+reads back. ``--wait 0``: a GET, what the daemon holds, no ask. Same
+address, credentials and CA handling as ``ncclwatch status`` (status.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from ncclwatch import status
+from ncclwatch.daemon.dumpguard import HEADER
 
 #: Seconds the client waits beyond the daemon's own bounded wait.
 SLACK = 30.0
@@ -62,7 +65,12 @@ def fetch(daemon: str, job: str, wait: float, *, ca: str | None = None,
     creds = status.Credentials([daemon], auth)
     base = status.split_credentials(daemon)[0].split(",")[0].rstrip("/")
     url = f"{base}/api/v1/dump?job={quote(job, safe='')}&wait={wait:g}"
-    req = urllib.request.Request(url)
+    # A fresh ask changes the job's state (pauses still ranks): a POST, with
+    # the header no cross-site page can send. Without one: a plain GET.
+    req = urllib.request.Request(url, data=b"" if wait > 0 else None,
+                                 method="POST" if wait > 0 else "GET")
+    if wait > 0:
+        req.add_header(*HEADER)
     who = creds.for_url(base)
     if who:
         req.add_unredirected_header("Authorization",

@@ -115,9 +115,18 @@ def test_api_dump_is_served_under_the_same_auth_and_host_rules(tmp_path) -> None
         c.request("HEAD", "/api/v1/dump?job=job-1", headers=good)
         assert c.getresponse().status == 200 and not d.table.agents["agent-a"].commands
         c.close()
-        # A fresh ask queues the three commands for the job's agent, then waits
-        # (bounded) for reports that this test never sends.
+        # A GET asks nothing, whatever its wait (test_dumpguard.py: who may ask).
         code, _, body = _get(srv.port, "/api/v1/dump?job=job-1&wait=0.5", good)
+        assert json.loads(_members(body)["bundle.json"])["fresh"] == {"asked": False}
+        assert not d.table.agents["agent-a"].commands
+        # A fresh ask (a POST past the dump guard) queues the three commands for
+        # the job's agent, then waits (bounded) for reports this test never sends.
+        c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+        c.request("POST", "/api/v1/dump?job=job-1&wait=0.5",
+                  headers={**good, "X-Ncclwatch-Request": "dump"})
+        r = c.getresponse()
+        code, body = r.status, r.read()
+        c.close()
         fresh = json.loads(_members(body)["bundle.json"])["fresh"]
         assert code == 200 and fresh["asked"] and fresh["agents"] == 1
         assert fresh["ranks_not_refreshed"] and 0.5 <= fresh["waited_seconds"] < 2
@@ -129,12 +138,16 @@ def test_api_dump_is_served_under_the_same_auth_and_host_rules(tmp_path) -> None
         srv.stop()
 
 
-def test_the_page_links_each_job_to_its_bundle() -> None:
+def test_the_page_posts_each_jobs_dump_with_its_token() -> None:
+    """A form, not a link: the fresh ask is a POST carrying the daemon's token."""
     from ncclwatch.daemon import api, page
 
     d, now = _stalled()
-    html = page.render(api.jobs_view(d, now=now))
-    assert "<a class='dump' href='/api/v1/dump?job=job-1' download>evidence bundle</a>" in html
+    html = page.render(api.jobs_view(d, now=now), "tok-1")
+    assert ("<form class='dump' method='post' action='/api/v1/dump?job=job-1'><input "
+            "type='hidden' name='token' value='tok-1'><button type='submit'>evidence "
+            "bundle</button>") in html
+    assert "href='/api/v1/dump" not in html
 
 
 def test_the_dump_command_fetches_with_the_credentials_given(tmp_path, capsys) -> None:

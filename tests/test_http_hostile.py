@@ -245,7 +245,7 @@ def test_host_allowlist_guards_every_method() -> None:
 def test_the_page_sends_the_paste_pages_security_headers() -> None:
     """``/`` as the paste page: a CSP that allows exactly its own inline
     scripts and style (hashes of what it serves), no framing, nosniff, no
-    Referer; every other answer is nosniff too."""
+    Referer to another origin; every other answer is nosniff too."""
     import re
 
     from ncclwatch.daemon.pageheaders import csp_hash
@@ -259,7 +259,9 @@ def test_the_page_sends_the_paste_pages_security_headers() -> None:
     assert set(headers) >= set(paste_headers) >= {
         "Content-Security-Policy", "X-Content-Type-Options", "Referrer-Policy"}
     assert headers["X-Content-Type-Options"] == "nosniff"
-    assert headers["Referrer-Policy"] == "no-referrer"
+    # the page's dump forms post with its real Origin (same-origin), never a Referer elsewhere
+    assert headers["Referrer-Policy"] == "same-origin"
+    assert paste_headers["Referrer-Policy"] == "no-referrer"
     assert api_headers["X-Content-Type-Options"] == "nosniff"
     csp = dict(d.strip().split(" ", 1) for d in headers["Content-Security-Policy"].split(";"))
     assert csp["frame-ancestors"] == "'none'" and csp["default-src"] == "'none'"

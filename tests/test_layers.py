@@ -12,7 +12,7 @@ never run). Three rules:
   what both ends build on. ``ENTRY`` names the few that start a process or
   print for a user and so may wire both ends together: the CLI and its
   ``__main__``, ``status`` (talks to a daemon, reads the local node as the
-  agent does), ``install`` and ``preflight`` (commands), and the demo;
+  agent does), ``dump`` (asks a daemon as its dump guard expects), ``install`` and ``preflight`` (commands), and the demo;
 - no import cycle among modules (a circle through config, agent and daemon
   once made the agent's caps import the daemon's bounds through config). A
   module's import of its own package (``ncclwatch.diagnose.x`` reading
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "ncclwatch"
 #: Top-level modules that may import agent and daemon: they start processes.
 ENTRY = frozenset({"ncclwatch.cli", "ncclwatch.__main__", "ncclwatch.status",
-                   "ncclwatch.install", "ncclwatch.preflight"})
+                   "ncclwatch.dump", "ncclwatch.install", "ncclwatch.preflight"})
 #: Packages whose every module is an entry point.
 ENTRY_PACKAGES = ("ncclwatch.demo",)
 #: Function-level imports that close a circle on purpose: the importer runs

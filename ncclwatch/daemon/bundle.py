@@ -20,13 +20,15 @@ under one folder named after the job and the time:
 A job whose stall lost it (outcome.py) has its bundle packed as it leaves
 the table (``Daemon.kept_bundles``): the same URL serves it for a day.
 
-The fresh ask (``ask``) is the one the daemon makes during a stall: a Python
-dump of every rank (py-spy --nonblocking: no pause), a native dump that the
-agents take only of ranks already sitting still, within their pause budget
-(agent/pausing.py), and the Flight Recorder through each rank's pipe. The
-HTTP handler waits for the ranks' next reports and, where the job sets the
-debug pipe, their Flight Recorder summaries, bounded (``MAX_WAIT``), then
-packs what is there.
+``GET`` (and HEAD) serves what the daemon holds and asks nothing (``fresh``:
+``{"asked": false}``). ``POST`` makes the fresh ask first, behind the guard
+of dumpguard.py (own origin, a token or header, one dump per job, a rate per
+client): the one the daemon makes during a stall, a Python dump of every rank
+(py-spy --nonblocking: no pause), a native dump that the agents take only of
+ranks already sitting still, within their pause budget (agent/pausing.py),
+and the Flight Recorder through each rank's pipe. The HTTP handler waits for
+the ranks' next reports and, where the job sets the debug pipe, their Flight
+Recorder summaries, bounded (``MAX_WAIT``), then packs what is there.
 """
 
 from __future__ import annotations
@@ -178,11 +180,11 @@ def parse(query: str) -> tuple[str, float]:
     return q["job"], wait
 
 
-def serve(d: Daemon, call, query: str, fresh_ask: bool = True) -> tuple[int, str, bytes,
-                                                                        dict[str, str]]:
+def serve(d: Daemon, call, query: str, fresh_ask: bool = False) -> tuple[int, str, bytes,
+                                                                         dict[str, str]]:
     """The HTTP answer (code, type, body, headers), in the handler's thread:
-    ``call`` runs a function on the event loop. ``fresh_ask``: False for HEAD,
-    which pauses nobody."""
+    ``call`` runs a function on the event loop. ``fresh_ask``: only for a POST
+    the guard (dumpguard.py) let through; GET and HEAD pause nobody."""
     try:
         job_id, wait = parse(query)
     except ValueError as e:

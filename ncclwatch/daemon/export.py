@@ -30,7 +30,7 @@ from prometheus_client.utils import floatToGoString
 
 from ncclwatch import __version__
 from ncclwatch.contract.checks import REASONS
-from ncclwatch.daemon import links
+from ncclwatch.daemon import dumpguard, links
 from ncclwatch.daemon.agents import AgentRecord
 from ncclwatch.contract.bounds import BOUND_LABELS
 from ncclwatch.daemon.core import Daemon
@@ -297,6 +297,12 @@ def build(c: Capture) -> list[Family]:
                ("outcome",), "counter")
     for outcome in OUTCOMES:
         claims.add((outcome,), k["claims"].get(outcome, 0))
+    dumps = F("ncclwatch_daemon_dump_requests",
+              "POSTs to /api/v1/dump (a fresh ask of a job's ranks), by how the guard "
+              "answered (dumpguard.py): served, refused_origin, refused_token (403), busy "
+              "(409: that job's dump was running), rate_limited (429)", ("outcome",), "counter")
+    for outcome, n in _with_zeros(dumpguard.OUTCOMES, k.get("dump_requests", {})):
+        dumps.add((outcome,), n)
 
     faults = F("ncclwatch_daemon_node_faults",
                "Parts of a node identity's reports the daemon dropped, or its reports "
@@ -320,7 +326,7 @@ def build(c: Capture) -> list[Family]:
         return F(name, text, ("node",), "gauge", [((n[0],), n[col]) for n in nodes])
 
     out += [
-        opened, rejected, rejected_jobs, bound_hits, identity, claims, faults,
+        opened, rejected, rejected_jobs, bound_hits, identity, claims, dumps, faults,
         per_node("ncclwatch_daemon_node_held_bytes", "Bytes of rank and job data the daemon "
                  "holds from a node identity (its certificate's node; without TLS, its "
                  "node), estimated (max_node_bytes)", 1),
@@ -508,15 +514,20 @@ def to_client(f: Family):
 
 class DaemonCollector(Collector):
     def __init__(self, daemon: Daemon,
-                 call: Callable[[Callable[[], Any]], Any] = lambda fn: fn()) -> None:
+                 call: Callable[[Callable[[], Any]], Any] = lambda fn: fn(),
+                 dumps: dumpguard.DumpGuard | None = None) -> None:
+        """``dumps``: the HTTP side's dump guard, whose counts are exported (none: 0)."""
         self.daemon = daemon
         self._call = call
+        self._dumps = dumps
 
     def collect(self) -> Iterable:
         return [to_client(f) for f in self.families()]
 
     def families(self) -> list[Family]:
-        return build(self._call(lambda: capture(self.daemon)))
+        c = self._call(lambda: capture(self.daemon))
+        c.counters["dump_requests"] = self._dumps.counts() if self._dumps else {}
+        return build(c)
 
     def exposition(self) -> bytes:
         """/metrics: the capture on the loop, the rest in the calling thread."""

@@ -18,6 +18,11 @@ before the method is looked at: a web page that rebinds its own DNS name to
 127.0.0.1 can neither read the API nor make the daemon parse a
 paste (a POST body is dropped unread, up to 1 MiB, else the connection closed).
 HEAD is answered for every GET route (headers, no body).
+
+``/api/v1/dump``: GET and HEAD serve the bundle of what the daemon holds;
+only a POST asks the job's ranks for fresh evidence, and only past the
+guard (dumpguard.py: own origin, header or page token, one dump per job, a
+rate per client address), after basic auth as every POST.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ncclwatch import runbooks
-from ncclwatch.daemon import api, bundle, page, pastepage, runbookpage
+from ncclwatch.daemon import api, bundle, dumpguard, page, pastepage, runbookpage
 from ncclwatch.daemon.core import Daemon
 from ncclwatch.daemon.export import DaemonCollector
 from ncclwatch.daemon.pageheaders import NOSNIFF
@@ -157,7 +162,10 @@ class HttpServer:
     def __init__(self, daemon: Daemon, host: str, port: int, call: Call,
                  web: WebConfig | None = None, hosts: frozenset[str] | None = None) -> None:
         """``hosts``: the Host allowlist (allowed_hosts), None: any Host."""
-        collector = DaemonCollector(daemon, call)
+        #: Who may make the daemon ask a job's ranks for fresh evidence; its
+        #: token is this daemon start's, embedded in the page's dump form.
+        self.dump_guard = guard = dumpguard.DumpGuard()
+        collector = DaemonCollector(daemon, call, dumps=guard)
         auth = web.auth if web else None
         paste = pastepage.PastePage(daemon.config.diagnose_max_bytes)
         self.hosts_refused_total = 0
@@ -218,9 +226,8 @@ class HttpServer:
                             self._send(404, "text/plain", b"no shard map, or no ?job=\n")
                         else:
                             self._json(shards.job_view(job))
-                    elif path == "/api/v1/dump":  # a tar.gz; asks the agents first
-                        self._send(*bundle.serve(daemon, call, url.query,
-                                                 fresh_ask=not self.head))
+                    elif path == "/api/v1/dump":  # a tar.gz of what is held: no ask
+                        self._send(*bundle.serve(daemon, call, url.query))
                     elif path == "/api/v1/incidents":
                         self._json(call(lambda: api.incidents_view(daemon)))
                     elif path.startswith("/runbooks/"):  # alerts link here
@@ -231,7 +238,7 @@ class HttpServer:
                     elif path == "/":
                         q = api.JobsQuery(limit=api.MAX_JOBS_LIMIT)
                         html = page.render(api.finish_jobs(call(lambda: api.collect_jobs(
-                            daemon, q, detail_upto=page.RANK_ROWS))))
+                            daemon, q, detail_upto=page.RANK_ROWS))), guard.token)
                         self._send(200, "text/html; charset=utf-8", html.encode(),
                                    page.HEADERS)
                     elif path == pastepage.PAGE_PATH:
@@ -250,9 +257,60 @@ class HttpServer:
                                {"WWW-Authenticate": 'Basic realm="ncclwatch", charset="UTF-8"'})
                 elif path == pastepage.API_PATH:
                     paste.handle_post(self)
+                elif path == "/api/v1/dump":
+                    self._dump(urlsplit(self.path).query)
                 else:
                     pastepage.discard(self)
                     self._send(404, "text/plain", b"not found\n")
+
+            def _dump(self, query: str) -> None:
+                """POST /api/v1/dump: the fresh ask, past the guard."""
+                form = self._form()
+                if form is None:
+                    return
+                no = guard.check(self.headers, server.scheme,
+                                 form.get(dumpguard.TOKEN_FIELD, [""])[-1])
+                if no is None:
+                    try:
+                        job, _ = bundle.parse(query)
+                    except ValueError as e:
+                        self._send(400, "text/plain", f"bad request: {e}\n".encode())
+                        return
+                    no = guard.start(self.client_address[0], job)
+                if no is not None:
+                    self._send(no.status, "text/plain", (no.message + "\n").encode(),
+                               dict(no.headers))
+                    return
+                try:
+                    self._send(*bundle.serve(daemon, call, query, fresh_ask=True))
+                except Exception as e:  # a broken bundle must not kill the server
+                    log.exception("HTTP POST /api/v1/dump failed")
+                    self._send(500, "text/plain", f"internal error: {e}\n".encode())
+                finally:
+                    guard.done(job)
+
+            def _form(self) -> dict[str, list[str]] | None:
+                """A small urlencoded body (the page's token), else {} for any
+                other type; None: refused, answered here."""
+                try:
+                    length = int(self.headers.get("Content-Length") or 0)
+                except ValueError:
+                    length = -1
+                if self.headers.get("Transfer-Encoding") or not \
+                        0 <= length <= guard.limits.max_form_bytes:
+                    pastepage.discard(self)
+                    self._send(413, "text/plain", f"the form is larger than "
+                               f"{guard.limits.max_form_bytes} bytes\n".encode())
+                    return None
+                body = self.rfile.read(length) if length else b""
+                ctype = (self.headers.get("Content-Type") or "").partition(";")[0].strip()
+                if ctype.lower() != "application/x-www-form-urlencoded":
+                    return {}
+                try:
+                    return parse_qs(body.decode("latin-1"), max_num_fields=16)
+                except ValueError:
+                    self._send(400, "text/plain", b"bad request: too many form fields\n")
+                    return None
 
             def _runbook(self, name: str) -> None:
                 """``<kind>.md``: HTML for a browser, the Markdown for anyone else;
