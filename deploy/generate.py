@@ -7,7 +7,8 @@ groups are exactly those of ``dashboards/prometheus/alerts.yaml`` and
 ``rules.yaml``, in that order) and ``deploy/kubernetes/grafana-dashboards.yaml``
 (one ConfigMap per ``dashboards/grafana/*.json``, labelled
 ``grafana_dashboard: "1"`` for the Grafana dashboard sidecar, holding the
-file's bytes unchanged). The sources stay the one place the rules and
+file's bytes unchanged), and ``deploy/kubernetes/networkpolicy.yaml`` (who may
+reach the daemons; Prometheus's namespace is ``PROMETHEUS_NAMESPACE`` here). The sources stay the one place the rules and
 dashboards are edited: after changing them, run this again and commit.
 ``deploy/kubernetes/sharded/`` is the same layout for shards of daemon pairs,
 rendered from those files (see "the sharded layout" below).
@@ -81,6 +82,49 @@ def prometheus_rule() -> str:
                         "labels": {**LABELS, "app.kubernetes.io/component": "alerting"}},
            "spec": {"groups": groups}}
     return HEADER.format(src=" and ".join(_rel(s) for s in RULE_SOURCES)) + _dump([doc])
+
+
+#: The namespace of the Prometheus that scrapes the daemons: the one place to change it
+#: (then regenerate). Matched by the label the API server sets on every namespace
+#: (kubernetes.io/metadata.name), which no tenant can set on another namespace.
+PROMETHEUS_NAMESPACE = "monitoring"
+#: The label of the Prometheus Operator's Prometheus pods.
+PROMETHEUS_POD = {"app.kubernetes.io/name": "prometheus"}
+NETWORK_POLICY_NOTE = """\
+# Who may reach the daemons: agents the gRPC port (7470), Prometheus the HTTP
+# port (7471); nothing else in the cluster. The kubelet's probes come from the
+# node and most network plugins let them through. People reach the page with
+# `kubectl port-forward` (not subject to this policy) and log in (basic auth).
+# Prometheus: pods labelled {pod}
+# in the namespace {ns} only (PROMETHEUS_NAMESPACE in deploy/generate.py),
+# matched by the label the API server sets on every namespace: a tenant can
+# label its own pod `prometheus`, but cannot give its namespace that name.
+# mTLS still decides who an agent is (a pod that can reach 7470 without a node
+# certificate is refused at the handshake), and basic auth who reads the page;
+# this only takes the ports off everybody else's network.
+"""
+
+
+def network_policy(namespace: str = PROMETHEUS_NAMESPACE) -> str:
+    component = {"app.kubernetes.io/name": "ncclwatch", "app.kubernetes.io/component": "daemon"}
+    doc = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+           "metadata": {"name": "ncclwatch-daemon",
+                        "labels": {**component, "app.kubernetes.io/part-of": "ncclwatch"}},
+           "spec": {"podSelector": {"matchLabels": component},
+                    "policyTypes": ["Ingress"],
+                    "ingress": [
+                        {"from": [{"podSelector": {"matchLabels": {
+                            "app.kubernetes.io/name": "ncclwatch",
+                            "app.kubernetes.io/component": "agent"}}}],
+                         "ports": [{"protocol": "TCP", "port": "grpc"}]},
+                        # One peer: the namespace AND the pod label, not either.
+                        {"from": [{"namespaceSelector": {"matchLabels": {
+                            "kubernetes.io/metadata.name": namespace}},
+                                   "podSelector": {"matchLabels": dict(PROMETHEUS_POD)}}],
+                         "ports": [{"protocol": "TCP", "port": "http"}]}]}}
+    pod = ", ".join(f"{k}: {v}" for k, v in PROMETHEUS_POD.items())
+    return (HEADER.format(src="deploy/generate.py (PROMETHEUS_NAMESPACE)")
+            + NETWORK_POLICY_NOTE.format(pod=f"`{pod}`", ns=f"`{namespace}`") + _dump([doc]))
 
 
 def grafana_dashboards() -> str:
@@ -274,6 +318,7 @@ def layout(release: str | None = None, service_monitor_: bool = False) -> dict[s
 #: Generated file -> what renders it.
 OUTPUTS = {"prometheusrule.yaml": prometheus_rule,
            "grafana-dashboards.yaml": grafana_dashboards,
+           "networkpolicy.yaml": network_policy,
            f"{SHARDED}/daemon.yaml": sharded_daemons,
            f"{SHARDED}/agent-daemonset.yaml": sharded_agent,
            f"{SHARDED}/podmonitor.yaml": sharded_podmonitor,

@@ -8,7 +8,8 @@ and pod names included), ``hostPID``, the securityContext (runAsUser,
 runAsGroup, fsGroup, readOnlyRootFilesystem, allowPrivilegeEscalation,
 capabilities drop/add), every volumeMount (emptyDir as a tmpfs of its
 sizeLimit, hostPath as a bind, configMap and secret as files with the
-volume's mode and the pod's fsGroup, readOnly mounts read-only) and the
+volume's mode and the pod's fsGroup, only the keys ``items`` names where it
+names any, readOnly mounts read-only) and the
 probes (``exec`` run inside the container with its credentials, ``httpGet``
 against the pod's port without verifying the certificate, as kubelets do).
 
@@ -81,17 +82,23 @@ class Netns:
     def __exit__(self, *exc) -> None:
         subprocess.run(["ip", "netns", "del", self.name], check=False)
 
-    def fetch(self, url: str, cafile: str = "", timeout: float = 10) -> tuple[int, str]:
-        """GET from inside the namespace: (status, body); certificate checked when cafile."""
-        code = ("import ssl,sys,urllib.request,urllib.error\n"
+    def fetch(self, url: str, cafile: str = "", timeout: float = 10,
+              login: str = "") -> tuple[int, str]:
+        """GET from inside the namespace: (status, body); certificate checked when cafile,
+        basic auth as ``user:password`` when login (passed on stdin, not in argv)."""
+        code = ("import base64,ssl,sys,urllib.request,urllib.error\n"
                 "ctx=ssl.create_default_context(cafile=sys.argv[2]) if sys.argv[2] else "
                 "ssl._create_unverified_context()\n"
-                "try:\n r=urllib.request.urlopen(sys.argv[1],context=ctx,timeout=%f)\n"
+                "req=urllib.request.Request(sys.argv[1])\n"
+                "login=sys.stdin.read()\n"
+                "if login: req.add_header('Authorization','Basic '+"
+                "base64.b64encode(login.encode()).decode())\n"
+                "try:\n r=urllib.request.urlopen(req,context=ctx,timeout=%f)\n"
                 " print(r.status);sys.stdout.write(r.read().decode())\n"
                 "except urllib.error.HTTPError as e:\n print(e.code)\n"
                 "except Exception as e:\n print(0);print(e)\n" % timeout)
         out = subprocess.run(["ip", "netns", "exec", self.name, sys.executable, "-c", code,
-                              url, cafile], capture_output=True, text=True,
+                              url, cafile], input=login, capture_output=True, text=True,
                              timeout=timeout + 20)
         status, _, body = out.stdout.partition("\n")
         return int(status or 0), body
@@ -221,6 +228,8 @@ class Kubelet:
             d = pod_dir / "volumes" / vol["name"]
             d.mkdir(parents=True)
             mode = src.get("defaultMode", 0o644)
+            if "items" in src:      # only those keys, at their paths; a missing key fails
+                data = {i["path"]: data[i["key"]] for i in src["items"]}
             for key, value in data.items():
                 f = d / key
                 f.write_bytes(value)

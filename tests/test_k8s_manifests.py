@@ -122,6 +122,14 @@ CRD_SCHEMAS = {
                                        "additionalProperties": False,
                                        "properties": {"name": _STR, "key": _STR}}}},
                         "serverName": _STR, "insecureSkipVerify": {"type": "boolean"}}},
+                    # The Operator's BasicAuth: SecretKeySelectors (name, key, optional).
+                    "basicAuth": {"type": "object", "additionalProperties": False,
+                                  "required": ["username", "password"], "properties": {
+                        part: {"type": "object", "required": ["name", "key"],
+                               "additionalProperties": False,
+                               "properties": {"name": _STR, "key": _STR,
+                                              "optional": {"type": "boolean"}}}
+                        for part in ("username", "password")}},
                     "relabelings": {"type": "array", "items": _RELABEL},
                     "metricRelabelings": {"type": "array", "items": _RELABEL}}}}}}}},
     "PrometheusRule": {"type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
@@ -355,14 +363,27 @@ def k8s_pki(tmp_path_factory) -> Path:
     return out
 
 
+#: The Secret ncclwatch-daemon-web as `ncclwatch certs` writes its keys.
+WEB_SECRET = "kubernetes/ncclwatch-daemon-web"
+WEB_MOUNT = "/etc/ncclwatch-web/web.yml"
+
+
 def localize(toml: str, cm: dict, pki: Path, folder: Path) -> str:
     """The ConfigMap's daemon.toml with the pods' paths pointed at ``pki``
-    (the Secret's files) and ``folder`` (the ConfigMap's other files)."""
-    web = cm["data"]["web.yml"]
+    (the Secrets' files, as `ncclwatch certs` wrote them) and ``folder``."""
+    assert "web.yml" not in cm["data"], "web.yml holds password hashes: a Secret, not this"
+    web = (pki / WEB_SECRET / "web.yml").read_text()
     for mounted, name in DAEMON_TLS.items():
         toml, web = toml.replace(mounted, str(pki / name)), web.replace(mounted, str(pki / name))
     (folder / "web.yml").write_text(web)
-    return toml.replace("/etc/ncclwatch/web.yml", str(folder / "web.yml"))
+    assert WEB_MOUNT in toml
+    return toml.replace(WEB_MOUNT, str(folder / "web.yml"))
+
+
+def web_login(pki: Path) -> str:
+    """user:password of the Secret, as the PodMonitor hands them to Prometheus."""
+    return ((pki / WEB_SECRET / "username").read_text() + ":"
+            + (pki / WEB_SECRET / "password").read_text())
 
 
 def agent_tls_env(env: dict[str, str], pki: Path, node: str) -> dict[str, str]:
@@ -409,6 +430,11 @@ def test_daemon_config_ports_and_probes_match_a_real_daemon(tmp_path: Path, k8s_
             except OSError:
                 time.sleep(0.2)
         assert status == 200, daemon.output()[-2000:]
+        # Everything else asks for the Secret's password: the page, the API, /metrics.
+        for path in ("/", "/api/v1/jobs", "/metrics"):
+            assert _get(http, path, k8s_pki, None)[0] == 401, path
+            assert _get(http, path, k8s_pki, "ncclwatch:not-the-password")[0] == 401, path
+        assert _get(http, "/api/v1/jobs", k8s_pki, web_login(k8s_pki))[0] == 200
     finally:
         daemon.stop()
 
@@ -436,11 +462,24 @@ def _ctx(pki: Path):
     return ssl.create_default_context(cafile=str(pki / "ca.pem"))
 
 
-def _metrics(port: int, pki: Path) -> str:
+def _get(port: int, path: str, pki: Path, login: str | None) -> tuple[int, str]:
+    import base64
+    import urllib.error
+
+    req = urllib.request.Request(f"https://localhost:{port}{path}")
+    if login:
+        req.add_header("Authorization", "Basic " + base64.b64encode(login.encode()).decode())
     try:
-        with urllib.request.urlopen(f"https://localhost:{port}/metrics", timeout=5,
-                                    context=_ctx(pki)) as r:
-            return r.read().decode()
+        with urllib.request.urlopen(req, timeout=5, context=_ctx(pki)) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, ""
+
+
+def _metrics(port: int, pki: Path) -> str:
+    """/metrics as the PodMonitor scrapes it: the Secret's user and password."""
+    try:
+        return _get(port, "/metrics", pki, web_login(pki))[1]
     except OSError:
         return ""
 
@@ -498,8 +537,9 @@ def test_the_shipped_daemon_config_serves_nothing_in_plain_text(tmp_path: Path,
 
     cm = one("ConfigMap", "ncclwatch-daemon")
     toml = cm["data"]["daemon.toml"]
-    assert yaml.safe_load(cm["data"]["web.yml"])["tls_server_config"]["cert_file"] \
-        in DAEMON_TLS
+    web = yaml.safe_load((k8s_pki / WEB_SECRET / "web.yml").read_text())
+    assert web["tls_server_config"]["cert_file"] in DAEMON_TLS
+    assert list(web["basic_auth_users"]) == [(k8s_pki / WEB_SECRET / "username").read_text()]
     (tmp_path / "daemon.toml").write_text(localize(toml, cm, k8s_pki, tmp_path))
     args = build_parser().parse_args(["daemon", "--config", str(tmp_path / "daemon.toml")])
     cfg = resolve(DAEMON_OPTIONS, args, load_file(args.config, None), env={})
@@ -507,6 +547,17 @@ def test_the_shipped_daemon_config_serves_nothing_in_plain_text(tmp_path: Path,
     _security("daemon", cfg)
     _refuse_plaintext(cfg)  # raises ConfigError on plaintext beyond loopback
     assert cfg["server_tls"] is not None and cfg["web"].ssl_context is not None
+    assert cfg["web"].auth is not None
+    # Without the users the same layout would not start (TLS alone is not enough).
+    (tmp_path / "tls-only.yml").write_text(yaml.safe_dump(
+        {"tls_server_config": {k: v.replace("/etc/ncclwatch-tls/", f"{k8s_pki}/")
+                               .replace("tls.crt", "daemon.pem").replace("tls.key", "daemon-key.pem")
+                               for k, v in web["tls_server_config"].items()}}))
+    from ncclwatch.config import ConfigError
+    from ncclwatch.daemon import webconfig
+
+    with pytest.raises(ConfigError, match="without authentication"):
+        _refuse_plaintext({**cfg, "web": webconfig.load(str(tmp_path / "tls-only.yml"))})
     for letter in "ab":
         pod = one("Deployment", f"ncclwatch-daemon-{letter}")["spec"]["template"]["spec"]
         (c,) = pod["containers"]
@@ -514,6 +565,12 @@ def test_the_shipped_daemon_config_serves_nothing_in_plain_text(tmp_path: Path,
         secret = next(v for v in pod["volumes"] if v["name"] == "tls")["secret"]
         assert secret["secretName"] == "ncclwatch-daemon-tls"
         assert mounts["tls"]["mountPath"] == "/etc/ncclwatch-tls" and mounts["tls"]["readOnly"]
+        # web.yml from the Secret, and only it: the plain password stays with Prometheus.
+        web_vol = next(v for v in pod["volumes"] if v["name"] == "web")["secret"]
+        assert web_vol["secretName"] == "ncclwatch-daemon-web"
+        assert web_vol["items"] == [{"key": "web.yml", "path": "web.yml"}]
+        assert mounts["web"]["mountPath"] + "/web.yml" == WEB_MOUNT and mounts["web"]["readOnly"]
+        assert not any("configMap" in v and "web" in v["name"] for v in pod["volumes"])
         assert "--insecure" not in c["args"]
         assert "NCCLWATCH_INSECURE" not in {e["name"] for e in c.get("env", [])}
     ds = one("DaemonSet", "ncclwatch-agent")["spec"]["template"]["spec"]
@@ -565,9 +622,65 @@ def test_network_policy_lets_only_agents_reach_grpc_and_prometheus_http() -> Non
     (http_from,) = rules["http"]
     assert _selects(http_from["podSelector"], {"app.kubernetes.io/name": "prometheus"})
     assert not _selects(http_from["podSelector"], agent)
+    # One peer with both selectors (namespace AND pod): only Prometheus's namespace, by
+    # the name label the API server sets, which a tenant cannot put on its namespace.
+    assert set(http_from) == {"namespaceSelector", "podSelector"}
+    assert http_from["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": generate.PROMETHEUS_NAMESPACE}}
+    assert generate.PROMETHEUS_NAMESPACE == "monitoring"
+    for ns in ("ncclwatch", "tenant-a", ""):      # a tenant's `prometheus` pod is not let in
+        assert not _selects(http_from["namespaceSelector"], {"kubernetes.io/metadata.name": ns})
     # the named ports are the daemon containers'
     c = one("Deployment", "ncclwatch-daemon-a")["spec"]["template"]["spec"]["containers"][0]
     assert {p["name"] for p in c["ports"]} == {"grpc", "http"}
+
+
+def test_the_prometheus_namespace_is_one_value_of_the_generator(tmp_path: Path) -> None:
+    """Change PROMETHEUS_NAMESPACE, regenerate: both layouts' policies follow."""
+    text = generate.network_policy("observability")
+    [np] = [d for d in yaml.safe_load_all(text) if d]
+    (_, http_rule) = np["spec"]["ingress"]
+    assert http_rule["from"][0]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "observability"}
+    assert "monitoring" not in text.replace("monitoring.coreos", "")
+    assert generate.OUTPUTS["networkpolicy.yaml"]() == (K8S / "networkpolicy.yaml").read_text()
+    assert (K8S / "sharded" / "networkpolicy.yaml").read_text().endswith(
+        (K8S / "networkpolicy.yaml").read_text())
+
+
+def test_podmonitor_logs_in_with_the_secret_the_daemons_check() -> None:
+    """Prometheus's credentials are Secret refs to the Secret whose web.yml the
+    daemons mount; the agents get none (they speak gRPC with mTLS)."""
+    (ep,) = one("PodMonitor", "ncclwatch-daemon")["spec"]["podMetricsEndpoints"]
+    assert ep["basicAuth"] == {"username": {"name": "ncclwatch-daemon-web", "key": "username"},
+                               "password": {"name": "ncclwatch-daemon-web", "key": "password"}}
+    from ncclwatch import certs
+
+    assert certs.WEB_SECRET == "ncclwatch-daemon-web"
+    ds = one("DaemonSet", "ncclwatch-agent")["spec"]["template"]["spec"]
+    assert "ncclwatch-daemon-web" not in json.dumps(ds)
+    assert "basic" not in json.dumps(ds).lower()
+
+
+def test_certs_writes_the_web_secret_the_layout_mounts(k8s_pki) -> None:
+    """`ncclwatch certs` writes the Secret's keys: web.yml with the pods' paths and
+    a bcrypt hash of the password, username and password without a newline."""
+    import bcrypt
+
+    d = k8s_pki / WEB_SECRET
+    assert sorted(p.name for p in d.iterdir()) == ["password", "username", "web.yml"]
+    user, password = (d / "username").read_text(), (d / "password").read_text()
+    assert user == "ncclwatch" and "\n" not in password and len(password) >= 32
+    web = yaml.safe_load((d / "web.yml").read_text())
+    assert bcrypt.checkpw(password.encode(), web["basic_auth_users"][user].encode())
+    assert set(web["tls_server_config"].values()) == {"/etc/ncclwatch-tls/tls.crt",
+                                                       "/etc/ncclwatch-tls/tls.key"}
+    assert all(p.stat().st_mode & 0o077 == 0 for p in d.iterdir())
+    # the local web.yml: the same user, this folder's certificate
+    local = yaml.safe_load((k8s_pki / "web.yml").read_text())
+    assert local["basic_auth_users"] == web["basic_auth_users"]
+    assert local["tls_server_config"]["cert_file"] == str((k8s_pki / "daemon.pem").resolve())
+    assert (k8s_pki / "web-password").read_text() == password
 
 
 def test_podmonitor_scrapes_https_against_the_daemons_ca() -> None:
@@ -612,8 +725,8 @@ def test_a_release_layout_is_labelled_for_kube_prometheus_stack(tmp_path: Path,
             "ncclwatch-daemon-a", "ncclwatch-daemon-b"]
         (ep,) = sm["spec"]["endpoints"]
         (pep,) = pm["spec"]["podMetricsEndpoints"]
-        assert {k: ep[k] for k in ("port", "path", "interval", "scheme", "tlsConfig")} == \
-            {k: pep[k] for k in ("port", "path", "interval", "scheme", "tlsConfig")}
+        same = ("port", "path", "interval", "scheme", "tlsConfig", "basicAuth")
+        assert {k: ep[k] for k in same} == {k: pep[k] for k in same}
         relabel = {r["targetLabel"]: r for r in ep["relabelings"]}
         assert relabel["job"]["replacement"] == "ncclwatch"
         assert relabel["replica"]["sourceLabels"] == [

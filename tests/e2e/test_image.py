@@ -3,7 +3,8 @@ Containerfile (``deploy.imageroot``: Debian's packages, the wheel, the hashed
 lock), and the daemon and agent pods of deploy/kubernetes started from it as
 the manifests say (``tests/kubelet.py``): read-only root, the daemon as uid
 65532 with no capability, the agent as root with its two, mTLS between them,
-HTTPS for the page, the probes. A real job stalls in its checkpoint on the
+HTTPS with basic auth for the page (the Secret ``ncclwatch-daemon-web`` that
+``ncclwatch certs`` writes), the probes. A real job stalls in its checkpoint on the
 "node"; the daemon in its pod must name it.
 """
 
@@ -88,6 +89,8 @@ def test_the_manifests_pods_from_the_image_name_a_real_stall(image, tmp_path,
         (node_tls / dst).write_bytes((pki / src).read_bytes())
     pod_logs = tmp_path / "var-log-pods"               # the node's /var/log/pods
     pod_logs.mkdir()
+    web = pki / "kubernetes" / "ncclwatch-daemon-web"      # the Secret's keys
+    login = f"{(web / 'username').read_text()}:{(web / 'password').read_text()}"
     daemon_docs = manifest_docs(K8S / "daemon.yaml")
     agent_docs = manifest_docs(K8S / "agent-daemonset.yaml")
     with Netns(f"ncw-img-{uuid.uuid4().hex[:8]}") as net:
@@ -101,7 +104,9 @@ def test_the_manifests_pods_from_the_image_name_a_real_stall(image, tmp_path,
             secrets={"ncclwatch-daemon-tls": {
                 "tls.crt": (pki / "daemon.pem").read_bytes(),
                 "tls.key": (pki / "daemon-key.pem").read_bytes(),
-                "ca.crt": (pki / "ca.pem").read_bytes()}})
+                "ca.crt": (pki / "ca.pem").read_bytes()},
+                # `kubectl create secret generic ncclwatch-daemon-web --from-file=DIR`
+                "ncclwatch-daemon-web": {f.name: f.read_bytes() for f in web.iterdir()}})
         daemon = kubelet.start(workload(daemon_docs, "Deployment", "ncclwatch-daemon-a"),
                                "ncclwatch-daemon-a-0")
         agent = None
@@ -120,8 +125,11 @@ def test_the_manifests_pods_from_the_image_name_a_real_stall(image, tmp_path,
             pids, stall, view = job.pids(), None, {}
             deadline = time.time() + 40
             api = "https://127.0.0.1:7471/api/v1/jobs?ranks=1"
+            # Nobody in the cluster reads it without the Secret's password.
+            assert net.fetch(api, cafile=str(pki / "ca.pem"))[0] == 401
+            assert net.fetch(api, cafile=str(pki / "ca.pem"), login="ncclwatch:guess")[0] == 401
             while time.time() < deadline and stall is None:
-                status, body = net.fetch(api, cafile=str(pki / "ca.pem"))
+                status, body = net.fetch(api, cafile=str(pki / "ca.pem"), login=login)
                 assert status == 200, (status, body)
                 view = json.loads(body)
                 for j in view["jobs"]:
@@ -139,7 +147,7 @@ def test_the_manifests_pods_from_the_image_name_a_real_stall(image, tmp_path,
             assert seen["node"] == NODE and seen["version"] == ncclwatch.__version__, seen
             # The alert's link is the Service's URL the manifest sets.
             status, metrics = net.fetch("https://127.0.0.1:7471/metrics",
-                                        cafile=str(pki / "ca.pem"))
+                                        cafile=str(pki / "ca.pem"), login=login)
             assert 'url="https://ncclwatch-daemon-a.ncclwatch.svc:7471"' in metrics, metrics[:2000]
             assert agent.probe("livenessProbe", net), agent.exec(
                 agent.container["livenessProbe"]["exec"]["command"])
