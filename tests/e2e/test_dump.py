@@ -4,15 +4,20 @@ Rank 0 of a 3-rank job sits in a slow torch.save while ranks 1-2 wait in
 barrier, watched by ``ncclwatch daemon`` and ``ncclwatch agent``. Once the
 daemon names the stall, ``ncclwatch dump`` must bring one archive with every
 rank's stacks, the verdict and the Flight Recorder, and ``ncclwatch diagnose``
-must give that archive the daemon's verdict: same class, same culprit.
+must give that archive the daemon's verdict: same class, same culprit. A GET
+of the same URL asks nothing fresh, and another site's POST is refused.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import tarfile
 import time
+import urllib.error
+import urllib.request
+from urllib.parse import quote
 
 import pytest
 
@@ -42,6 +47,21 @@ def test_dump_of_a_stalled_job_reads_back_with_the_daemon_verdict(
         time.sleep(0.5)
     assert stall is not None, mon.output()[-3000:]
 
+    # A GET (a link, another site's page) serves what the daemon holds and
+    # asks no rank anything; another site's POST is refused.
+    url = f"{mon.http}/api/v1/dump?job={quote(job_id, safe='')}&wait=15"
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        held = resp.read()
+    with tarfile.open(fileobj=io.BytesIO(held)) as tar:
+        head = json.load(tar.extractfile(next(m for m in tar.getmembers()
+                                              if m.name.endswith("/bundle.json"))))
+    assert head["fresh"] == {"asked": False}, head
+    cross = urllib.request.Request(url, data=b"", method="POST", headers={
+        "Origin": "http://evil.example", "X-Ncclwatch-Request": "dump"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(cross, timeout=30)
+    assert refused.value.code == 403
+
     out = tmp_path / "bundles"
     out.mkdir()
     r = subprocess.run([need("ncclwatch"), "dump", job_id, "--daemon", mon.http,
@@ -66,6 +86,11 @@ def test_dump_of_a_stalled_job_reads_back_with_the_daemon_verdict(
     live = json.loads(files["verdict.json"])["stalls"][0]
     assert live["kind"] == stall["kind"] == "checkpoint_gather"
     assert job.proc.alive(), "a dump must not stop the job"
+    with urllib.request.urlopen(mon.http + "/metrics", timeout=10) as resp:
+        metrics = resp.read().decode()
+    for outcome, n in (("served", 1), ("refused_origin", 1), ("busy", 0)):
+        assert f'ncclwatch_daemon_dump_requests_total{{outcome="{outcome}"}} {n:.1f}' \
+            in metrics, outcome
 
     dx = subprocess.run([need("ncclwatch"), "diagnose", "--json", str(archive)],
                         capture_output=True, text=True, timeout=60)
