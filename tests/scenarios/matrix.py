@@ -221,6 +221,20 @@ SCENARIOS: tuple[Scenario, ...] = (
                                      "--late-activity", "sleep", seconds=300),
              kind="collective_hang", culprits=(1,), root_cause="rank_idle", at_risk=True,
              start="busy_start", world=3, detect_within=30.0),
+    # A late rank found by what its peers do: ~20 normal 1 s steps, then rank 1 computes
+    # in a loop and never joins the step's all_reduce its peers wait in; and FSDP2, a few
+    # steps, then rank 1 sleeps while the others gather the full state dict. Both against
+    # the job's learned step time, not the 30 s ceiling: asserted 15 s from busy_start.
+    Scenario("late-compute-after-steps",
+             _job("train", "--step-seconds", "1.0", "--hang-after", "20", "--late-rank", "1",
+                  "--late-activity", "compute", seconds=300),
+             kind="collective_hang", culprits=(1,), root_cause="rank_computing", at_risk=True,
+             start="busy_start", world=3, detect_within=15.0, goal=10.0),
+    Scenario("fsdp2-late-sleep-after-steps",
+             _job("fsdp2-late", "--model-mb", "4", "--steps", "200", "--late-rank", "1",
+                  "--late-activity", "sleep", seconds=50),
+             kind="collective_hang", culprits=(1,), root_cause="late_for_state_dict_gather",
+             at_risk=True, start="busy_start", world=3, detect_within=15.0, goal=10.0),
     # The same hang NCCL-shaped: the others wait the step's all_reduce in work.wait()
     # (no c10d frame on the stack) with a thread spinning in every rank. Native frames
     # say they wait; the hang threshold (learned, at most 30 s) applies as above.
