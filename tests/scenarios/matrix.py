@@ -212,10 +212,11 @@ SCENARIOS: tuple[Scenario, ...] = (
                                             "--no-previous-checkpoint"),
              kind="checkpoint_gather", culprits=(0,), root_cause=None, at_risk=None,
              start="save_start", world=2, detect_within=30.0, write_rate=60_000),
-    # Rank 0 evaluates 20 s every 25 steps while the others wait in a barrier.
+    # Rank 0 evaluates 20 s every 25 steps while the others wait in a barrier: learned
+    # as the job's normal, silent, and nobody paused (no native dump).
     Scenario("healthy-long-eval-waits", _job("train", "--eval-every", "25",
                                              "--eval-seconds", "20", seconds=70),
-             world=3, limit=160.0),
+             world=3, limit=160.0, no_pause=True),
     # Steps for 25 s, then rank 1 stops joining the step's all_reduce.
     Scenario("fast-steps-hang", _job("train", "--hang-after", "25", "--late-rank", "1",
                                      "--late-activity", "sleep", seconds=300),
