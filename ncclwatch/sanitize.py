@@ -182,6 +182,8 @@ FIELDS: dict[str, FieldRule] = {
     "RankSample.stack_id": FieldRule(64, OWN),
     "RankSample.native_frame": FieldRule(MAX_FRAME, VALUE),
     "RankSample.native_stack_id": FieldRule(64, OWN),
+    # a system call's name and a kernel symbol (syscalls.reading): the kernel's
+    "RankSample.blocked_in": FieldRule(600, OWN),
     "FlightRecorderSummary.version": FieldRule(32, LABEL),
     "ProcessGroupProgress.pg_id": FieldRule(MAX_LABEL, LABEL),
     "ProcessGroupProgress.pg_name": FieldRule(MAX_LABEL, LABEL),

@@ -239,7 +239,8 @@ def round_inputs(draw):
                       header_error=h()),)
     t.observe_process(ProcessSample(pid=4242, cpu_seconds=1.0, rss_bytes=1, io_read_bytes=0,
                                     io_write_bytes=0, num_threads=2, files_writing=files,
-                                    memory_limits=(MemoryLimit("host", 1, 2),)), 1.0)
+                                    memory_limits=(MemoryLimit("host", 1, 2),),
+                                    blocked_in=o()), 1.0)
     t.scheduler_job = SchedulerJob(o(), h(), h(), h(), o())
     t.native = NativeWait(RankState.COLLECTIVE, CollectiveOp.WAIT, h())
     t.still_since = t.native_for = 0.5      # a native dump of this still period...

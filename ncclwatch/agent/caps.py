@@ -67,6 +67,11 @@ ENV_TEXT = 64 * 1024
 PYSPY_OUTPUT_BYTES = 16 << 20
 #: Bytes of /proc/PID/maps read (its torch and packages are looked up in it).
 MAPS_BYTES = 16 << 20
+#: A rank's /proc/PID/task/TID/syscall and wchan (what its thread is blocked
+#: in, sample.blocked_in) are read each round it sits still, and otherwise at
+#: most this often (seconds, the slow stack round's default): two small reads
+#: that pause nothing, but not every round of every busy rank.
+BLOCKED_IN_EVERY = 30.0
 #: Share of the round's interval the scan may spend looking at new processes;
 #: the rest wait for the next round.
 SCAN_SHARE = 0.5

@@ -51,7 +51,7 @@ class Sent:
     """What a stream last sent of one rank in full."""
 
     __slots__ = ("slot", "state", "op", "stack_id", "since", "stack_at", "rss", "written",
-                 "gpu", "evidence")
+                 "gpu", "evidence", "blocked_in")
 
     def __init__(self, slot: int, s: pb.RankSample, now: float) -> None:
         self.slot = slot
@@ -59,6 +59,7 @@ class Sent:
         p = s.process
         self.rss, self.written = p.rss_bytes, p.io_write_bytes
         self.gpu = _gpu_bytes(s)
+        self.blocked_in = s.blocked_in
 
     def changed(self, s: pb.RankSample, now: float) -> None:
         """The stream sent the rank's state (a RankChange or a full sample)."""
@@ -85,6 +86,9 @@ WHY_FULL: tuple[Rule, ...] = (
      or s.process.io_write_bytes - k.written > WRITE_STEP_BYTES),
     ("memory", lambda s, k, now: abs(s.process.rss_bytes - k.rss) > MEMORY_STEP_BYTES
      or abs(_gpu_bytes(s) - k.gpu) > MEMORY_STEP_BYTES),
+    # What the thread is blocked in: read each still round, so it changes when
+    # a wait begins or moves to another call (rarely within one wait).
+    ("blocked_in", lambda s, k, now: s.blocked_in != k.blocked_in),
 )
 
 #: Why a rank goes as a RankChange (state, op, stack, their times, progress, CPU)

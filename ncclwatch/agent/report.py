@@ -175,6 +175,7 @@ def sample_pb(t: RankTracker, now: float, gpu: Sequence[GpuProcessMemory],
     )
     if t.sample is not None:
         s.still_seconds = t.still_seconds(now)
+        s.blocked_in = gate("RankSample.blocked_in", t.sample.blocked_in)
         process = _field("process stats", lambda: _process_pb(t))
         if process is not None:
             s.process.CopyFrom(process)

@@ -1,7 +1,10 @@
 """Cheap per-rank samples from /proc through psutil.
 
 One ``oneshot()`` per rank per round: CPU time, RSS, I/O, progress events
-(read/write syscalls, voluntary switches of the main thread), threads, the
+(read/write syscalls, voluntary switches of the main thread), what the
+rank's thread is blocked in (``blocked_in``: its system call and kernel
+function, read each round it sits still, else every ``caps.BLOCKED_IN_EVERY``
+seconds), threads, the
 regular files open for writing (a checkpoint being written shows here, with
 its size, the size it will have once written when its header or the file it
 copies says so (``agent.ckptsize``), and the size of the previous checkpoint
@@ -23,8 +26,10 @@ from dataclasses import dataclass
 
 import psutil
 
-from ncclwatch.agent import rankfs
+from ncclwatch import syscalls
+from ncclwatch.agent import caps, rankfs
 from ncclwatch.agent.ckptsize import SizeReader
+from ncclwatch.model import STILL_EVENTS_PER_S
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +91,11 @@ class ProcessSample:
     #: one, from the same reading as ``progress_events`` (a Flight Recorder dump
     #: we asked for is written by torch's own thread; see tracker.dump_written).
     side_events: int | None = None
+    #: What the rank's thread is blocked in (syscalls.reading: "running",
+    #: "futex/futex_wait_queue", "syscall 435"; "" unknown): the latest
+    #: reading, renewed each round the rank sits still (so a still rank's is
+    #: of this still period) and at least every caps.BLOCKED_IN_EVERY seconds.
+    blocked_in: str = ""
 
 
 #: Threads of a rank whose read/write calls are no progress, by the name torch
@@ -126,6 +136,9 @@ class ProcessSampler:
         self._previous: dict[tuple[int, str, str], tuple[float, str, int]] = {}
         self._cgroup_root = cgroup_root
         self._host_available: tuple[float, int] = (-1e9, 0)
+        #: pid -> (progress events, when, blocked_in reading, when it was read).
+        self._blocked: dict[int, tuple[int, float, str, float]] = {}
+        self._arch = syscalls.arch()
         self.sizes = SizeReader()
         self.errors_total = 0
 
@@ -186,6 +199,7 @@ class ProcessSampler:
             if own is not None:
                 calls, switches = own, 0
         main_cpu, main_state = thread_cpu(pid, tid or pid)
+        blocked = self._blocked_in(pid, tid or pid, calls + switches)
         return ProcessSample(
             pid=pid,
             cpu_seconds=cpu.user + cpu.system,
@@ -200,7 +214,24 @@ class ProcessSampler:
             main_cpu_seconds=main_cpu,
             main_thread_state=main_state,
             side_events=others,
+            blocked_in=blocked,
         )
+
+    def _blocked_in(self, pid: int, tid: int, events: int) -> str:
+        """The thread's reading when it sat still since the last sample (the
+        tracker's rule: fewer than STILL_EVENTS_PER_S progress events a second)
+        or the last one is due; else the last one."""
+        now = time.monotonic()
+        last = self._blocked.get(pid)
+        if last is not None:
+            before, at, value, read_at = last
+            if (events - before >= STILL_EVENTS_PER_S * (now - at)
+                    and now - read_at < caps.BLOCKED_IN_EVERY):
+                self._blocked[pid] = (events, now, value, read_at)
+                return value
+        value = blocked_in(pid, tid, architecture=self._arch)
+        self._blocked[pid] = (events, now, value, now)
+        return value
 
     def _side_calls(self, pid: int, threads: int) -> int:
         """Read/write calls of the rank's SIDE_THREADS so far (0: none)."""
@@ -211,6 +242,7 @@ class ProcessSampler:
 
     def forget(self, pid: int) -> None:
         self._side.pop(pid, None)
+        self._blocked.pop(pid, None)
         self._procs.pop(pid, None)
         self._cgroups.pop(pid, None)
         self.sizes.retain(set(self._procs))
@@ -338,6 +370,30 @@ def thread_cpu(pid: int, tid: int, proc: str = "/proc") -> tuple[float | None, s
         return (int(fields[11]) + int(fields[12])) / _TICKS, fields[0].decode("ascii", "replace")
     except (OSError, ValueError, IndexError):
         return None, ""
+
+
+def blocked_in(pid: int, tid: int = 0, proc: str = "/proc",
+               architecture: str | None = None) -> str:
+    """What thread ``tid`` (default: the main one) of ``pid`` is blocked in
+    (syscalls.reading), from /proc/PID/task/TID/syscall and wchan: the kernel
+    reads them off the sleeping thread and pauses nothing (a running thread
+    reads "running"). "" when unreadable: the thread is gone, or the agent may
+    not trace the rank (the syscall file needs ptrace access, as py-spy does)."""
+    base = f"{proc}/{pid}/task/{tid or pid}"
+    try:
+        with open(f"{base}/syscall") as f:
+            call = f.read(256)
+    except OSError:
+        return ""
+    wchan = ""
+    if not call.startswith("running"):
+        try:
+            with open(f"{base}/wchan") as f:
+                wchan = f.read(syscalls.MAX_READING)
+        except OSError:
+            pass
+    arch = syscalls.arch() if architecture is None else architecture
+    return syscalls.reading(call, wchan, arch)
 
 
 def _io_calls(path: str) -> int | None:

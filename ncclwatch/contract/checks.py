@@ -16,7 +16,7 @@ from typing import Any
 
 from ncclwatch.contract.bounds import Bounds
 from ncclwatch.contract.limits import (
-    DEFAULT_BOUNDS, MAX_CONTAINER, MAX_DEVICE_UUID, MAX_ENV, MAX_GPU_WATTS, MAX_ENV_NAME, MAX_FILES,
+    DEFAULT_BOUNDS, MAX_BLOCKED_IN, MAX_CONTAINER, MAX_DEVICE_UUID, MAX_ENV, MAX_GPU_WATTS, MAX_ENV_NAME, MAX_FILES,
     MAX_FR_VERSION, MAX_HEADER_ERROR, MAX_ID, MAX_JOB_ID, MAX_PACKAGE_NAME, MAX_PACKAGES,
     MAX_PG_TEXT, MAX_PROCESS_GROUPS, MAX_READING, MAX_STRING, MAX_THREAD_NAME, MAX_TIMEOUT_MS,
     MAX_WORLD_SIZE)
@@ -166,6 +166,9 @@ def check_sample(s: Any, bounds: Bounds = DEFAULT_BOUNDS) -> Fault | None:
         return Fault(P, "string_too_long", "stack_id or native_stack_id too long")
     if len(s.native_frame) > MAX_STRING:
         return Fault(P, "string_too_long", f"native_frame over {MAX_STRING} characters",
+                     code=TOO_BIG)
+    if len(s.blocked_in) > MAX_BLOCKED_IN:
+        return Fault(P, "string_too_long", f"blocked_in over {MAX_BLOCKED_IN} characters",
                      code=TOO_BIG)
     p = s.process
     cpu = p.cpu_utilization

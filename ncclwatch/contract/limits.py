@@ -34,6 +34,8 @@ MAX_FR_VERSION = 32
 MAX_HEADER_ERROR = 256
 MAX_THREAD_NAME = 256
 MAX_DEVICE_UUID = 256
+#: RankSample.blocked_in: a call and a kernel symbol (syscalls.MAX_READING).
+MAX_BLOCKED_IN = 600
 #: GpuMemory's device power and power limit: no board draws 10 kW (a GB200
 #: superchip's limit is 2.7 kW); past it, not a reading.
 MAX_GPU_WATTS = 10_000.0
@@ -74,6 +76,7 @@ STRING_BOUNDS: dict[str, int | str] = {
     "RankSample.stack_id": MAX_ID,
     "RankSample.native_frame": MAX_STRING,
     "RankSample.native_stack_id": MAX_ID,
+    "RankSample.blocked_in": MAX_BLOCKED_IN,
     "FlightRecorderSummary.version": MAX_FR_VERSION,
     "ProcessGroupProgress.pg_id": MAX_PG_TEXT,
     "ProcessGroupProgress.pg_name": MAX_PG_TEXT,

@@ -32,7 +32,7 @@ class RankRecord:
         "rank_source", "rank_conflict", "container",
         "still_since", "still_at", "still_op", "since_agent", "progress_known",
         "history",
-        "file_first", "evidence", "native_frame", "native_no_wait", "native_stack_id", "start",
+        "file_first", "evidence", "native_frame", "native_no_wait", "native_stack_id", "blocked_in", "start",
         "payer", "cost", "seen_in_state", "gone_waiting",
     )
 
@@ -119,6 +119,10 @@ class RankRecord:
         self.native_no_wait = False
         #: The interned stack of the native dump behind them ("": none taken).
         self.native_stack_id = ""
+        #: What its thread is blocked in, as its agent last read it
+        #: (syscalls.reading; "" unknown): renewed each round the rank sits
+        #: still, so a still rank's is of its current still period.
+        self.blocked_in = ""
         # When its process started (daemon clock, from the agent's process age);
         # None: not known. Evidence when two nodes claim the rank (ownership.py).
         self.start: float | None = None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ncclwatch import syscalls
 from ncclwatch.daemon.learn import smooth_cpu
 from ncclwatch.daemon.records import RankRecord
 from ncclwatch.v1 import collector_pb2 as pb
@@ -65,6 +66,10 @@ def take_process(rec: RankRecord, s: Any, recv: float) -> None:
     if files and files[0].path != rec.file_first[0]:
         rec.file_first = (files[0].path, written, files[0].size_bytes)
     rec.vms_bytes = p.vms_bytes
+    blocked = s.blocked_in
+    if blocked != rec.blocked_in:
+        # Only a reading in syscalls' grammar is kept: anything else is unknown.
+        rec.blocked_in = blocked if syscalls.parse(blocked)[0] else ""
     limits = [(LIMIT_NAMES.get(m.kind, "host"), m.used_bytes, lim)
               for m in p.memory_limits if (lim := m.limit_bytes) > 0]
     gpus = s.gpu

@@ -224,7 +224,7 @@ class ContainerInfo(_message.Message):
     def __init__(self, container_pid: _Optional[int] = ..., hostname: _Optional[str] = ..., container_id: _Optional[str] = ..., runtime: _Optional[str] = ..., pod_uid: _Optional[str] = ..., namespace: _Optional[str] = ..., pod: _Optional[str] = ..., declared_namespace: _Optional[str] = ..., declared_pod: _Optional[str] = ...) -> None: ...
 
 class RankSample(_message.Message):
-    __slots__ = ("identity", "state", "op", "state_seconds", "stack_age_seconds", "stack_id", "process", "gpu", "job", "flight_recorder", "still_seconds", "slot", "evidence", "native_frame", "native_no_wait", "native_stack_id")
+    __slots__ = ("identity", "state", "op", "state_seconds", "stack_age_seconds", "stack_id", "process", "gpu", "job", "flight_recorder", "still_seconds", "slot", "evidence", "native_frame", "native_no_wait", "native_stack_id", "blocked_in")
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
@@ -241,6 +241,7 @@ class RankSample(_message.Message):
     NATIVE_FRAME_FIELD_NUMBER: _ClassVar[int]
     NATIVE_NO_WAIT_FIELD_NUMBER: _ClassVar[int]
     NATIVE_STACK_ID_FIELD_NUMBER: _ClassVar[int]
+    BLOCKED_IN_FIELD_NUMBER: _ClassVar[int]
     identity: RankIdentity
     state: RankState
     op: CollectiveOp
@@ -257,7 +258,8 @@ class RankSample(_message.Message):
     native_frame: str
     native_no_wait: bool
     native_stack_id: str
-    def __init__(self, identity: _Optional[_Union[RankIdentity, _Mapping]] = ..., state: _Optional[_Union[RankState, str]] = ..., op: _Optional[_Union[CollectiveOp, str]] = ..., state_seconds: _Optional[float] = ..., stack_age_seconds: _Optional[float] = ..., stack_id: _Optional[str] = ..., process: _Optional[_Union[ProcessStats, _Mapping]] = ..., gpu: _Optional[_Iterable[_Union[GpuMemory, _Mapping]]] = ..., job: _Optional[_Union[JobInfo, _Mapping]] = ..., flight_recorder: _Optional[_Union[FlightRecorderSummary, _Mapping]] = ..., still_seconds: _Optional[float] = ..., slot: _Optional[int] = ..., evidence: _Optional[_Union[WaitEvidence, str]] = ..., native_frame: _Optional[str] = ..., native_no_wait: _Optional[bool] = ..., native_stack_id: _Optional[str] = ...) -> None: ...
+    blocked_in: str
+    def __init__(self, identity: _Optional[_Union[RankIdentity, _Mapping]] = ..., state: _Optional[_Union[RankState, str]] = ..., op: _Optional[_Union[CollectiveOp, str]] = ..., state_seconds: _Optional[float] = ..., stack_age_seconds: _Optional[float] = ..., stack_id: _Optional[str] = ..., process: _Optional[_Union[ProcessStats, _Mapping]] = ..., gpu: _Optional[_Iterable[_Union[GpuMemory, _Mapping]]] = ..., job: _Optional[_Union[JobInfo, _Mapping]] = ..., flight_recorder: _Optional[_Union[FlightRecorderSummary, _Mapping]] = ..., still_seconds: _Optional[float] = ..., slot: _Optional[int] = ..., evidence: _Optional[_Union[WaitEvidence, str]] = ..., native_frame: _Optional[str] = ..., native_no_wait: _Optional[bool] = ..., native_stack_id: _Optional[str] = ..., blocked_in: _Optional[str] = ...) -> None: ...
 
 class FlightRecorderSummary(_message.Message):
     __slots__ = ("dump_age_seconds", "version", "groups")

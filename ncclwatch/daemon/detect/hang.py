@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
-from ncclwatch import gpuactivity
+from ncclwatch import gpuactivity, syscalls
 from ncclwatch.daemon import progress
 from ncclwatch.daemon.detect import Blocked, DetectConfig, Finding, blocked, culprit_of
 from ncclwatch.daemon.detect.shape import (
@@ -145,17 +145,29 @@ def threshold_note(seconds: float, basis: str, stepping: bool) -> str:
     return f"; the fixed {seconds:.0f}s ceiling (no shorter normal wait learned for it)"
 
 
+def blocked_words(rec: RankRecord) -> str:
+    """What a still rank's thread is blocked in, in words ("" when not still
+    or unknown): its agent reads it every round the rank sits still, so a
+    still rank's reading is of this still period; a moving rank's is not said."""
+    if not rec.progress_known or rec.still_since is None:
+        return ""
+    return syscalls.words(rec.blocked_in)
+
+
 def doing(rec: RankRecord, now: float) -> str:
     """What a culprit's process does, in words, from what its agent measured:
-    CPU busy or quiet, making progress (read/write calls, switches) or still."""
+    CPU busy or quiet, making progress (read/write calls, switches) or still,
+    and then the call its thread is blocked in ("running": it spins)."""
     cpu = max(rec.cpu_util, rec.cpu_recent)
+    blocked = blocked_words(rec)
     busy = (f"CPU busy ({cpu:.0%} of a core)" if cpu >= QUIET_CPU
-            else "no CPU (asleep or blocked in a call)")
+            else "no CPU" if blocked else "no CPU (asleep or blocked in a call)")
     if not rec.progress_known:
         return busy
     if rec.still_since is None:
         return busy + ", making progress (reads/writes or switches)"
-    return busy + f", no progress for {now - rec.still_since:.0f}s"
+    return busy + f", no progress for {now - rec.still_since:.0f}s" + (
+        f", {blocked}" if blocked else "")
 
 
 def gpu_note(records: list[RankRecord]) -> str:
