@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, quote
 
-from ncclwatch import actions, advice, frameworks, gpuactivity, remediation, timeoutsource
+from ncclwatch import actions, advice, frameworks, gpuactivity, remediation, syscalls, timeoutsource
 from ncclwatch.contract.checks import REASONS
 from ncclwatch.daemon import clock, links, progress
 from ncclwatch.daemon.core import Daemon
+from ncclwatch.daemon.detect.hang import blocked_words
 from ncclwatch.daemon.incidents import TRACE_FIELDS, Incident
 from ncclwatch.model import rank_label, rank_ranges
 from ncclwatch.stacks import short_path
@@ -553,8 +554,11 @@ def _culprit_progress(job, rank: int) -> dict[str, Any]:
     rec = job.ranks.get(rank) if job else None
     if rec is None:
         return {}
+    # What its thread is blocked in, while it sits still (hang.blocked_words).
+    call, wchan = syscalls.parse(rec.blocked_in) if blocked_words(rec) else ("", "")
     return {"rss_bytes": rec.rss_bytes, "write_bytes_per_second": round(rec.write_rate, 1),
-            "files_writing": _files(rec)}
+            "files_writing": _files(rec), "blocked_in": blocked_words(rec) or None,
+            "syscall": call or None, "wchan": wchan or None}
 
 
 def stack_view(d: Daemon, stack_id: str) -> dict[str, Any] | None:
