@@ -41,10 +41,44 @@ def test_no_evidence_keeps_the_ceiling() -> None:
     # wait there (an evaluation, start-up) keeps the ceiling.
     t = _step(w, 0.0, 100, 0.5, Op.ALL_REDUCE)
     assert w.threshold(Op.BARRIER, POLICY, t) == 30.0
-    # An op seen, but the job has not stepped long enough: start-up.
+    # An op seen to end often, but the job has not stepped long enough:
+    # start-up. Judged at fixed times around step_warmup (5 s after the first
+    # progress), never at a float sum that may land on either side of it.
     w = WaitLearner()
-    t = _step(w, 0.0, 100, 0.05, Op.ALL_REDUCE)     # 100 rounds in 5 s
-    assert w.threshold(Op.ALL_REDUCE, POLICY, t) == 30.0
+    _step(w, 0.0, 80, 0.05, Op.ALL_REDUCE)          # 80 rounds over 3.95 s
+    assert w.steps() == 80 >= POLICY.min_steps
+    assert w.threshold(Op.ALL_REDUCE, POLICY, 4.0) == 30.0
+    assert w.basis(Op.ALL_REDUCE, POLICY, 4.0) == "ceiling"
+    assert w.threshold(Op.ALL_REDUCE, POLICY, POLICY.step_warmup - 1e-6) == 30.0
+    # From step_warmup on, the same evidence is a stepping job's.
+    assert w.threshold(Op.ALL_REDUCE, POLICY, POLICY.step_warmup) == POLICY.floor
+    assert w.basis(Op.ALL_REDUCE, POLICY, POLICY.step_warmup) == "learned"
+    # Fewer than min_steps step collectives seen: not stepping, however long.
+    w = WaitLearner()
+    _step(w, 0.0, POLICY.min_steps - 1, 1.0, Op.ALL_REDUCE)
+    assert w.threshold(Op.ALL_REDUCE, POLICY, 15.0) == 30.0
+
+
+def test_the_fallback_counts_only_where_the_judged_ranks_progressed() -> None:
+    """No step collective ever caught (steps too fast to sample): rounds of
+    progress over the warm-up make the job stepping only if the ranks judged
+    made progress themselves; a busy late rank's rounds alone do not."""
+    w = WaitLearner()
+    _step(w, 0.0, 40, 1.0)                            # 40 rounds over 39 s, no op seen
+    assert w.steps() == 0
+    assert w.stepping(POLICY, 40.0)                   # views: any rank's rounds
+    assert w.stepping(POLICY, 40.0, lambda: True)
+    assert not w.stepping(POLICY, 40.0, lambda: False)
+    assert w.threshold(Op.ALL_REDUCE, POLICY, 40.0, lambda: False) == 30.0
+    assert w.basis(Op.ALL_REDUCE, POLICY, 40.0, lambda: False) == "ceiling"
+    assert w.threshold(Op.ALL_REDUCE, POLICY, 40.0, lambda: True) == POLICY.floor
+    # Steps seen to end decide alone: the waiters are not asked.
+    w = WaitLearner()
+    _step(w, 0.0, 10, 1.0, Op.ALL_REDUCE)
+
+    def never() -> bool:
+        raise AssertionError("asked")
+    assert w.stepping(POLICY, 10.0, never)
 
 
 def test_fast_steps_bring_the_threshold_to_the_floor_after_warmup() -> None:
@@ -310,3 +344,40 @@ def test_a_step_collective_never_sighted_takes_the_jobs_still_periods() -> None:
     young = WaitLearner()
     t = _step(young, 0.0, 40, 0.2)                    # 8 s
     assert young.threshold(Op.ALL_REDUCE, POLICY, t) == 30.0
+
+
+def test_a_busy_late_rank_at_start_up_does_not_make_the_job_stepping() -> None:
+    """From the start, ranks 0, 1 sit still in all_reduce while rank 2 reads
+    and computes (progress every round, no step collective): its own rounds
+    are no steps of the job, and the ceiling holds, said as such."""
+    f = Feed()
+    k_found = None
+    for k in range(1, 40):
+        f.round([(0, S.COLLECTIVE, Op.ALL_REDUCE, k, k), (1, S.COLLECTIVE, Op.ALL_REDUCE, k, k),
+                 (2, S.COMPUTE, Op.NONE, k, 0.0)])
+        if f.stalls():
+            k_found = k
+            break
+    job = f.d.table.jobs[JOB]
+    assert job.waits.rounds >= POLICY.min_evidence and job.waits.steps() == 0
+    assert k_found is not None and k_found >= 30, k_found
+    (inc,) = [i for (j, _k), i in f.d.incidents.active.items() if j == JOB]
+    assert inc.finding.threshold_basis == "ceiling"
+    assert "before the job's first step" in inc.finding.summary
+
+
+def test_fast_steps_no_stack_catches_in_a_collective_still_learn() -> None:
+    """Steps too fast for any stack to catch a rank in its all_reduce (every
+    last stack reads compute): the fallback, the waiters' own rounds of
+    progress among them, still makes the job stepping, and a hang is flagged
+    well before the ceiling."""
+    f = Feed()
+    for _ in range(25):
+        f.round([(r, S.COMPUTE, Op.NONE, 0.2, 0.0) for r in range(WORLD)], stack_age=5.0)
+    job = f.d.table.jobs[JOB]
+    assert job.waits.steps() == 0
+    for k in range(1, 31):
+        _hang_round(f, k)
+        if f.stalls():
+            break
+    assert f.stalls() == {StallKind.COLLECTIVE_HANG: [2]} and k <= 10, k

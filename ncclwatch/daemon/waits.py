@@ -21,7 +21,11 @@ An op's threshold is learned once the job has stepped and the op itself has
 once ``min_steps`` of its step collectives were seen to end (a rank caught
 in one, then progress: a completed step) over ``step_warmup`` seconds, or,
 with no step collective caught (steps too fast to sample), after
-``min_evidence`` rounds of progress over ``warmup`` seconds. A few seen
+``min_evidence`` rounds of progress over ``warmup`` seconds, counted only
+where the ranks judged made progress themselves (``waiters_warm``: each
+one's own history is warm): a late rank busy reading or computing makes
+progress every round, and its own rounds must not make its waiting peers'
+first long wait look like a stepping job's. A few seen
 steps are proof enough: start-up (imports, loading, rendezvous) ends no
 step collective. So a job's first long wait at start-up (rank 0 loading
 data while the others sit in a barrier) and a first long wait in an op the
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 from ncclwatch.model import CollectiveOp
 from ncclwatch.stillness import EVIDENCE, StillRule, clamp
@@ -72,6 +77,10 @@ class WaitPolicy:
 
 #: ``WaitLearner.basis``: the threshold learned from the job, or the fixed ceiling.
 LEARNED, CEILING = "learned", "ceiling"
+
+#: Whether the ranks being judged stepped themselves (each one's own rounds
+#: of progress, stillness.StillHistory.warm); None: not asked (views).
+WaitersWarm = Callable[[], bool] | None
 
 #: Ended waits kept per op (the longest of them sets the threshold).
 RECENT = 64
@@ -133,32 +142,38 @@ class WaitLearner:
         """Step collectives seen to end (progress out of, or waits ended in, STEP_OPS)."""
         return sum(w.evidence for op, w in self.ops.items() if op in STEP_OPS)
 
-    def stepping(self, policy: WaitPolicy, now: float) -> bool:
+    def stepping(self, policy: WaitPolicy, now: float, waiters_warm: WaitersWarm = None) -> bool:
         """Past start-up: a few steps seen to end, or ranks made progress often
-        enough for long enough."""
+        enough for long enough, the judged ranks among them (``waiters_warm``)."""
         if self.first_at is None:
             return False
         since = now - self.first_at
-        return ((self.steps() >= policy.min_steps and since >= policy.step_warmup)
-                or (self.rounds >= policy.min_evidence and since >= policy.warmup))
+        if self.steps() >= policy.min_steps and since >= policy.step_warmup:
+            return True
+        return (self.rounds >= policy.min_evidence and since >= policy.warmup
+                and (waiters_warm is None or waiters_warm()))
 
-    def warmed(self, op: CollectiveOp, policy: WaitPolicy, now: float) -> bool:
+    def warmed(self, op: CollectiveOp, policy: WaitPolicy, now: float,
+               waiters_warm: WaitersWarm = None) -> bool:
         w = self.ops.get(op)
         return (w is not None and w.evidence >= policy.min_op_evidence
-                and self.stepping(policy, now))
+                and self.stepping(policy, now, waiters_warm))
 
-    def basis(self, op: CollectiveOp, policy: WaitPolicy, now: float) -> str:
+    def basis(self, op: CollectiveOp, policy: WaitPolicy, now: float,
+              waiters_warm: WaitersWarm = None) -> str:
         """How ``threshold(op)`` is set: "learned" from the job's own waits,
         or "ceiling" (before its first steps, or an op it never showed)."""
-        if self.warmed(op, policy, now) or (op in STEP_OPS and self.stepping(policy, now)):
+        if self.warmed(op, policy, now, waiters_warm) or (
+                op in STEP_OPS and self.stepping(policy, now, waiters_warm)):
             return LEARNED
         return CEILING
 
-    def threshold(self, op: CollectiveOp, policy: WaitPolicy, now: float) -> float:
+    def threshold(self, op: CollectiveOp, policy: WaitPolicy, now: float,
+                  waiters_warm: WaitersWarm = None) -> float:
         """Seconds of stillness in ``op`` after which a wait is a hang."""
-        if self.warmed(op, policy, now):
+        if self.warmed(op, policy, now, waiters_warm):
             longest = self.ops[op].longest
-        elif op in STEP_OPS and self.stepping(policy, now):
+        elif op in STEP_OPS and self.stepping(policy, now, waiters_warm):
             longest = self.still.longest
         else:
             return policy.ceiling

@@ -82,11 +82,20 @@ def hung(job: Job, now: float, cfg: DetectConfig):
 
     def select(waiting: list[RankRecord]) -> list[RankRecord]:
         ops = {rec.still_op for rec in waiting if rec.still_at is not None}
-        still_at = {op: now - job.waits.threshold(op, policy, now) for op in ops}
+        warm = waiters_warm([rec for rec in waiting if rec.still_at is not None])
+        still_at = {op: now - job.waits.threshold(op, policy, now, warm) for op in ops}
         return [rec for rec in waiting
                 if ((rec.still_at is not None and rec.still_at <= still_at[rec.still_op])
                     if rec.progress_known else rec.since <= ceiling_at)]
     return select
+
+
+def waiters_warm(recs: list[RankRecord]):
+    """waits.WaitersWarm for ``recs``: each one made progress in its own rounds
+    over its own warm-up (stillness.StillHistory.warm), so the job's rounds of
+    progress were theirs too, not only a busy late rank's. Asked only when the
+    step-collective rule did not already decide (lazy: 100k waiters)."""
+    return lambda: all(rec.history.warm for rec in recs)
 
 
 def undecided_idle(rec: RankRecord) -> bool:
@@ -130,8 +139,9 @@ def threshold_of(job: Job, b: Blocked, now: float, cfg: DetectConfig) -> tuple[f
            and rec.progress_known and rec.still_at is not None}
     if not ops:
         return cfg.hang_threshold, CEILING
-    seconds, basis = min((job.waits.threshold(op, policy, now),
-                          job.waits.basis(op, policy, now)) for op in ops)
+    warm = waiters_warm([rec for r in b.ranks if (rec := ranks.get(r)) is not None])
+    seconds, basis = min((job.waits.threshold(op, policy, now, warm),
+                          job.waits.basis(op, policy, now, warm)) for op in ops)
     # A learned threshold capped at the ceiling is the ceiling.
     return seconds, CEILING if seconds >= cfg.hang_threshold else basis
 
@@ -304,7 +314,8 @@ def detect(job: Job, table: JobTable, now: float, cfg: DetectConfig) -> list[Fin
                        summary=summary + fr_note(fr), evidence=evidence, **extra)
 
     threshold, basis = threshold_of(job, b, now, cfg)
-    note = threshold_note(threshold, basis, job.waits.stepping(cfg.waits, now))
+    note = threshold_note(threshold, basis, job.waits.stepping(
+        cfg.waits, now, waiters_warm([job.ranks[r] for r in b.ranks if r in job.ranks])))
     out: list[Finding] = []
     if not absent and not unknown and not fr:
         f = all_stuck(job, table, now, cfg, b, threshold)
