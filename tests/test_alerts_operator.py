@@ -105,6 +105,8 @@ def operator_shaped(tests: dict, scrape: Scrape) -> dict:
                     labels.update(scrape.by_instance[labels["instance"]])
                     if "replica" in e["exp_labels"] and scrape.replica_label:
                         labels["replica"] = e["exp_labels"]["replica"]
+                    elif "replica" in e["exp_labels"]:   # this scrape labels no replica
+                        del labels["replica"]
                 exp.append({**e, "exp_labels": labels})
             alerts.append({**a, "exp_alerts": exp})
         exprs = [{**x, "exp_samples": [
