@@ -295,3 +295,19 @@ def test_every_rank_at_a_device_sync_without_a_flight_recorder_names_no_collecti
         fds = _findings(f)
         assert not any(fd.kind is StallKind.COLLECTIVE_HANG and "every rank waits" in fd.summary
                        for fd in fds), fds
+
+
+def test_a_late_rank_whose_stack_never_comes_is_named_provisionally_after_a_while() -> None:
+    """A rank py-spy cannot read (every dump fails) shows no stack after the wait
+    began: the finding waits for one, but not for ever (core.CONFIRM_PATIENCE):
+    then it is raised provisional, saying whose stack is missing, and never
+    before the patience is spent."""
+    from ncclwatch.daemon import core
+
+    f = Feed()
+    _steps(f, 8)
+    k = _late(f, S.UNKNOWN, False, limit=80)
+    assert k is not None and k >= core.CONFIRM_PATIENCE, k
+    (fd,) = _findings(f)
+    assert [c.rank for c in fd.culprits] == [2] and fd.provisional
+    assert "no stack of rank(s) 2 since the wait began" in fd.summary

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
+from dataclasses import replace
 
 import grpc
 
@@ -44,6 +45,26 @@ KEEP_BUNDLES, KEEP_BUNDLE_RANKS, KEEP_BUNDLE_BYTES = 16, 1024, 8 << 20
 #: Tell a job's agents its shape says a stall is under way (native dumps of
 #: its still ranks allowed) at most this often.
 NATIVE_ASK_EVERY = 2.0
+
+
+#: Seconds past the confirmation point (``stall_threshold`` after the wait
+#: began) after which a finding whose culprit shows no stack taken since is
+#: raised anyway, provisional: a rank py-spy cannot read (a dump that fails
+#: every time) must not hide its job's stall. A monitor that goes blind on one
+#: job without a word is worse than a verdict that says what it lacks.
+CONFIRM_PATIENCE = 30.0
+
+
+def unconfirmed(job, f):
+    """``f`` raised without its culprits' fresh stacks: provisional, and the
+    summary says whose stack is missing and that their state is older."""
+    stale = [c.rank for c in f.culprits
+             if (rec := job.ranks.get(c.rank)) is None or rec.stack_at is None
+             or rec.stack_at < f.started_at]
+    note = (f"; no stack of rank(s) {', '.join(map(str, stale))} since the wait began "
+            "(py-spy could not read them): their state is the last seen before it"
+            if stale else "")
+    return replace(f, provisional=True, summary=f.summary + note)
 
 
 class Daemon:
@@ -361,6 +382,8 @@ class Daemon:
             found = detect_job(job, table, now, self.detect_cfg)
             findings = [f for f in found
                         if (job_id, f.kind) in self.incidents.active or self._confirmed(job, f)]
+            findings += [unconfirmed(job, f) for f in found if f not in findings
+                         and now >= f.started_at + self.config.stall_threshold + CONFIRM_PATIENCE]
             if len(findings) < len(found):
                 kept = {id(f) for f in findings}
                 self._ask_to_confirm(job_id, now, [f for f in found if id(f) not in kept])
