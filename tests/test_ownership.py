@@ -23,14 +23,16 @@ from ncclwatch.daemon.ownership import OUTCOMES, Contest, decide
 from ncclwatch.model import RankState, StallKind
 from ncclwatch.v1 import collector_pb2 as pb
 from tests.factories import checkpoint_job, report, sample
-from tests.test_tls import TLSHarness, _get, _pki, client
+from tests.test_tls import TLSHarness, _get, client, make_certs
 
 YEAR_AND_A_DAY = 31_622_400.0
 
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
-    return _pki(tmp_path_factory.mktemp("pki"))
+    base = tmp_path_factory.mktemp("pki")
+    make_certs(base / "ca", "node-a", "node-b", "node-c", "node-d")
+    return base
 
 
 def _run(coro):
@@ -84,10 +86,24 @@ async def _squatted(h: TLSHarness, b, *, squatter_age: float, world: int = 4) ->
     assert not resp.rejected_jobs and _owners(h) == {"node-b"}
 
 
+def _ranks(node: str, ranks: range, *, world: int = 8, seq: int = 1, age: float = 60.0,
+           nodelist: str = "", pid_base: int = 1000) -> pb.ReportRequest:
+    """job-1's ``ranks`` as ``node`` reports them (its agent ``agent-<x>``),
+    stating ``nodelist`` as the job's Slurm node list where given."""
+    req = checkpoint_job("job-1", world=world, node=node, agent="agent-" + node[-1], seq=seq)
+    keep = [s for s in req.report.samples if s.identity.rank in ranks]
+    del req.report.samples[:]
+    req.report.samples.extend(keep)
+    for s in req.report.samples:
+        s.identity.pid = pid_base + s.identity.rank
+        s.identity.process_age_seconds = age
+    return _listed(req, nodelist) if nodelist else req
+
+
 def test_a_squatter_before_the_job_starts_loses_to_the_scheduler_node_list(pki) -> None:
     """The squatter's claims came first: the real node's younger processes
     alone move nothing (never refused: set aside, uncorroborated). The job's
-    Slurm node list, as the node that runs its other ranks states it, names
+    Slurm node list, as the two nodes that run its other ranks state it, names
     node-a and not node-b: that corroborates node-a's claims, and node-b
     cannot take the ranks back, whatever processes it shows."""
     async def go():
@@ -95,20 +111,21 @@ def test_a_squatter_before_the_job_starts_loses_to_the_scheduler_node_list(pki) 
             a, b = client(pki, "node-a"), client(pki, "node-b")
             await _squatted(h, b, squatter_age=600.0, world=8)
             job = h.daemon.table.jobs["job-1"]
-            mine = _listed(checkpoint_job("job-1", world=8, node="node-a", agent="agent-a"),
-                           "node-a,node-c")
-            for s in mine.report.samples:
-                s.identity.process_age_seconds = 3.0
+            listed = "node-a,node-c,node-d"
+            mine = _ranks("node-a", range(4), age=3.0)
             (resp,) = await h.send(h.secure(a), mine)
-            assert not resp.rejected_jobs
-            # Ranks 4-7 were nobody's: node-a's, and so are the job's facts.
-            assert {k: r.node for k, r in job.ranks.items()} == \
-                {**{k: "node-b" for k in range(4)}, **{k: "node-a" for k in range(4, 8)}}
+            assert not resp.rejected_jobs and _owners(h) == {"node-b"}
             assert (await asyncio.to_thread(_claims, h))["uncorroborated"] == 4
-            # node-a's next round: the node list now held corroborates its claims.
+            # Ranks 4-7 were nobody's: node-c's and node-d's, who state the list.
+            for n, ranks in (("node-c", range(4, 6)), ("node-d", range(6, 8))):
+                (resp,) = await h.send(h.secure(client(pki, n)),
+                                       _ranks(n, ranks, nodelist=listed, pid_base=2000))
+                assert not resp.rejected_jobs
+            # node-a's next round: the list the job's other nodes agree on corroborates it.
             mine.report.seq = 2
             (resp,) = await h.send(h.secure(a), mine)
-            assert not resp.rejected_jobs and _owners(h) == {"node-a"}
+            assert not resp.rejected_jobs
+            assert {k: job.ranks[k].node for k in range(4)} == {k: "node-a" for k in range(4)}
             assert {job.ranks[k].pid for k in range(4)} == {1000, 1001, 1002, 1003}
             # node-b cannot win them back with "new" processes, nor with a list of its own.
             again = _listed(checkpoint_job("job-1", world=8, node="node-b", agent="agent-b",
@@ -117,8 +134,9 @@ def test_a_squatter_before_the_job_starts_loses_to_the_scheduler_node_list(pki) 
                 s.identity.pid = 9100 + s.identity.rank
                 s.identity.process_age_seconds = 0.5
             (resp,) = await h.send(h.secure(b), again)
-            assert not resp.rejected_jobs and _owners(h) == {"node-a"}
-            assert job.env["SLURM_JOB_NODELIST"] == "node-a,node-c"
+            assert not resp.rejected_jobs
+            assert {k: job.ranks[k].node for k in range(4)} == {k: "node-a" for k in range(4)}
+            assert job.env["SLURM_JOB_NODELIST"] == listed
             assert all(r.gone_at is None for r in job.ranks.values())  # b's full round
             claims = await asyncio.to_thread(_claims, h)
             assert claims["corroborated"] == 4 and claims["uncorroborated"] == 12
@@ -133,6 +151,47 @@ def test_a_squatter_before_the_job_starts_loses_to_the_scheduler_node_list(pki) 
             # ... and so does `ncclwatch status`.
             text = status.render(view)
             assert "rank 0 also reported by node-b (pid 9100)" in text, text
+    _run(go())
+
+
+def test_a_node_cannot_corroborate_itself(pki) -> None:
+    """Before, node-b took rank 4 nobody reported, stated the job's node list
+    as naming itself (the job's environment its ranked member states), and
+    with that list took node-a's live rank 0 as "corroborated". Now its own
+    statement counts for nothing: the claim is set aside. A list two other
+    nodes of the job state alike decides; one alone does not."""
+    async def go():
+        async with TLSHarness(pki) as h:
+            a, b = client(pki, "node-a"), client(pki, "node-b")
+            await h.send(h.secure(a), _ranks("node-a", range(4), age=600.0))
+            job = h.daemon.table.jobs["job-1"]
+            # node-b takes rank 4 (nobody reports it), then states its own list.
+            (resp,) = await h.send(h.secure(b), _ranks("node-b", range(4, 5), pid_base=9000))
+            assert not resp.rejected_jobs and job.ranks[4].node == "node-b"
+            (resp,) = await h.send(h.secure(b), _ranks("node-b", range(4, 5), seq=2,
+                                                       nodelist="node-b", pid_base=9000))
+            assert job.env["SLURM_JOB_NODELIST"] == "node-b"
+            steal = _ranks("node-b", (0, 4), seq=3, age=0.5, nodelist="node-b", pid_base=9000)
+            (resp,) = await h.send(h.secure(b), steal)
+            assert not resp.rejected_jobs
+            assert job.ranks[0].node == "node-a" and job.ranks[0].pid == 1000
+            claims = await asyncio.to_thread(_claims, h)
+            assert claims["corroborated"] == 0 and claims["uncorroborated"] == 1
+            # One other node (node-c, rank 5) states a list naming node-b: not enough.
+            c, d = client(pki, "node-c"), client(pki, "node-d")
+            await h.send(h.secure(c), _ranks("node-c", range(5, 6), nodelist="node-b,node-c,"
+                                             "node-d", pid_base=2000))
+            steal.report.seq = 4
+            await h.send(h.secure(b), steal)
+            assert job.ranks[0].node == "node-a"
+            # A second (node-d, rank 6) states the same: the job's other nodes agree.
+            await h.send(h.secure(d), _ranks("node-d", range(6, 7), nodelist="node-d,node-c,"
+                                             "node-b", pid_base=3000))
+            steal.report.seq = 5
+            (resp,) = await h.send(h.secure(b), steal)
+            assert not resp.rejected_jobs
+            assert job.ranks[0].node == "node-b" and job.ranks[0].pid == 9000
+            assert (await asyncio.to_thread(_claims, h))["corroborated"] == 1
     _run(go())
 
 
@@ -330,8 +389,12 @@ def test_slurm_node_lists_and_what_corroborates() -> None:
                                                  "login1"}
     assert expand("r[1-2]-n[8-9]") == {"r1-n8", "r1-n9", "r2-n8", "r2-n9"}
     assert expand("gpu[1-99999999]") is None and expand("gpu[a-b]") is None
-    held = {"SLURM_JOB_NODELIST": "gpu[01-02]"}
-    assert corroborates(held, None, "gpu02", ["gpu07"])
-    assert not corroborates(held, None, "gpu02", ["gpu01"])      # the owner is listed too
-    assert not corroborates({}, held, "gpu02", ["gpu07"])        # the claimant's word alone
-    assert not corroborates(held, {"SLURM_JOB_NODELIST": "gpu07"}, "gpu02", ["gpu07"])
+    lst, other = expand("gpu[01-02]"), expand("gpu07")
+    assert corroborates({"gpu03": lst, "gpu04": lst}, "gpu02", ["gpu07"])
+    assert not corroborates({"gpu03": lst, "gpu04": lst}, "gpu02", ["gpu01"])  # owner listed
+    assert not corroborates({"gpu03": lst}, "gpu02", ["gpu07"])        # one witness alone
+    assert not corroborates({"gpu02": lst, "gpu03": lst}, "gpu02", ["gpu07"])  # its own word
+    # Two agree, but most of the nodes that state a list say otherwise.
+    assert not corroborates({"gpu03": lst, "gpu04": lst, "gpu05": other, "gpu06": other,
+                             "gpu08": other}, "gpu02", ["gpu07"])
+    assert not corroborates({"gpu03": lst, "gpu04": None}, "gpu02", ["gpu07"])

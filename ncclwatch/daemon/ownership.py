@@ -11,8 +11,11 @@ the rank's contender (shown in the API and ``ncclwatch status``, counted in
 
 A rank changes owner only on evidence the claimant cannot make up alone:
 the owner's silence (its agent stale, or the rank gone), or the scheduler's
-node list as the job's owners stated it (schednodes.py: it names the
-claimant's node and not the owner's). A process start the claimant reports
+node list as the job's other nodes state it (schednodes.corroborates: at
+least two live nodes besides the claimant, and most of those that state
+one, state a list that names the claimant's node and not the owner's). A
+list the claimant states, with its claim or through a rank nobody reported
+that it took first, is its own word and counts for nothing. A process start the claimant reports
 is its own word: a younger process alone never moves a rank
 (``uncorroborated``), and a node that held a rank cannot take it back within
 ``TAKEOVER_WINDOW``. A job's world size follows the same rules. The daemon
@@ -28,7 +31,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
-from ncclwatch.daemon.schednodes import corroborates
+from ncclwatch.daemon.schednodes import corroborates, node_list
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +63,8 @@ class Contest:
     owner_start: float | None
     start: float | None      # the challenger's process start
     held_lately: bool        # the challenger owned this rank within the window
-    #: The scheduler's node list (the job's, as its owners stated it) names the
-    #: challenger's node and not the owner's (schednodes.corroborates).
+    #: The scheduler's node list, as the job's other nodes agree on it, names
+    #: the challenger's node and not the owner's (schednodes.corroborates).
     corroborated: bool = False
 
 
@@ -103,6 +106,8 @@ class Ownership:
         self.contenders: dict[str, dict[int, dict[str, Claim]]] = {}
         self._n = 0
         self._held: dict[tuple[str, int, str], float] = {}
+        #: job_id -> node -> the node list its owned ranked members last stated.
+        self._stated: dict[str, dict[str, frozenset[str] | None]] = {}
         #: Decisions by outcome: counted once per new claim (a new node or a
         #: new process of it) and once per change of owner.
         self.claims_total: collections.Counter[str] = collections.Counter()
@@ -125,15 +130,14 @@ class Ownership:
             if rec is None or not rec.node or rec.node == node:
                 if rec is not None and ident.job_id in self.contenders:
                     self._drop(ident.job_id, ident.rank, node)   # the owner is no rival
+                self._state(ident.job_id, node, s)
                 continue
             age = ident.process_age_seconds
             start = now - age if age > 0 else None
             held = self._held.get((ident.job_id, ident.rank, node))
-            if s.HasField("job"):
-                ok = corroborates(job.env, s.job.env, node, (rec.node,))
-            elif (ok := listed.get((ident.job_id, rec.node))) is None:
-                ok = listed[(ident.job_id, rec.node)] = corroborates(job.env, None, node,
-                                                                     (rec.node,))
+            if (ok := listed.get((ident.job_id, rec.node))) is None:
+                ok = listed[(ident.job_id, rec.node)] = corroborates(
+                    self._witnesses(table, ident.job_id, now), node, (rec.node,))
             contest = Contest(owner_fresh=table.fresh(rec, now), owner_start=rec.start,
                               start=start,
                               held_lately=held is not None and now - held < TAKEOVER_WINDOW,
@@ -154,6 +158,7 @@ class Ownership:
                 self._held[(ident.job_id, ident.rank, rec.node)] = now
                 log.warning("rank %d of job %r: node %r takes it over from node %r (%s)",
                             ident.rank, ident.job_id, node, rec.node, outcome)
+                self._state(ident.job_id, node, s)
                 continue
             if new_claim:
                 self.claims_total[outcome] += 1
@@ -192,15 +197,14 @@ class Ownership:
             log.info("job %r: node %r restarted its own job at %d ranks (was %d)", job_id,
                      node, world, job.world_size)
             return True
-        claimed = next((s.job.env for s in report.samples
-                        if s.identity.job_id == job_id and s.HasField("job")), None)
         held = self._held.get((job_id, -1, node))
         # Another node's younger processes are recorded (uncorroborated), never decide.
         outcome, takes = decide(Contest(
             owner_fresh=bool(live), owner_start=max(starts) if starts and later else None,
             start=now if later else None,
             held_lately=held is not None and now - held < TAKEOVER_WINDOW,
-            corroborated=bool(live) and corroborates(job.env, claimed, node, owners)))
+            corroborated=bool(live) and corroborates(self._witnesses(table, job_id, now),
+                                                      node, owners)))
         if not takes:
             if outcome != "kept":
                 self.claims_total[outcome] += 1
@@ -222,7 +226,23 @@ class Ownership:
     def ranks_of(self, job_id: str) -> list[int]:
         return sorted(r for r, rivals in self.contenders.get(job_id, {}).items() if rivals)
 
+    def _state(self, job_id: str, node: str, s: Any) -> None:
+        """What a ranked sample ``node`` owns says of the job's node list."""
+        if s.HasField("job"):
+            self._stated.setdefault(job_id, {})[node] = node_list(dict(s.job.env))
+
+    def _witnesses(self, table: Any, job_id: str, now: float
+                   ) -> dict[str, frozenset[str] | None]:
+        """The node lists stated by nodes that own a live ranked member now."""
+        job = table.jobs.get(job_id)
+        stated = self._stated.get(job_id)
+        if job is None or not stated:
+            return {}
+        live = {r.node for k, r in job.ranks.items() if k >= 0 and table.fresh(r, now)}
+        return {n: nodes for n, nodes in stated.items() if n in live}
+
     def forget(self, job_id: str) -> None:
+        self._stated.pop(job_id, None)
         ranks = self.contenders.pop(job_id, {})
         self._n -= sum(map(len, ranks.values()))
 

@@ -4,7 +4,10 @@ A node's certificate proves which node speaks, never which ranks run there;
 a process age is the claimant's word. The scheduler's node list is what can
 corroborate a claim (ownership.py): Slurm's ``SLURM_JOB_NODELIST`` (or
 ``SLURM_NODELIST``, ``SLURM_STEP_NODELIST``) in a job's allowlisted
-environment, in Slurm's hostlist form (``gpu[001-004,010],login1``).
+environment, in Slurm's hostlist form (``gpu[001-004,010],login1``), as the
+job's other nodes state it. The daemon does not ask Slurm itself; a node
+that took one unreported rank states the job's environment too, so only a
+list stated alike by nodes other than the claimant counts (``agreed``).
 """
 
 from __future__ import annotations
@@ -83,20 +86,33 @@ def node_list(env: Mapping[str, str]) -> frozenset[str] | None:
     return None
 
 
-def corroborates(held: Mapping[str, str], claimed: Mapping[str, str] | None, claimant: str,
-                 owners: Collection[str]) -> bool:
-    """The scheduler puts ``claimant`` in the job and none of ``owners``.
+#: Nodes other than the claimant that must state the same list.
+MIN_WITNESSES = 2
 
-    ``held``: the job's environment as the daemon holds it (stated by the
-    owners of its ranked members); ``claimed``: the claim's own, if it
-    carries one. The held list must say so: a node list only the claimant
-    states is its own word. Where the claim carries a list too, it must agree.
+
+def agreed(stated: Mapping[str, frozenset[str] | None], claimant: str) -> frozenset[str] | None:
+    """The node list the job's other nodes agree on, or None.
+
+    ``stated``: node -> the list that node's ranked members of the job state
+    (None: none). The claimant's own word never counts: the list must be
+    stated alike by at least MIN_WITNESSES other nodes and by more than half
+    of the other nodes that state one.
     """
-    lists = [node_list(held)]
-    if lists[0] is None:
-        return False
-    if claimed:
-        mine = node_list(claimed)
-        if mine is not None:
-            lists.append(mine)
-    return all(claimant in nodes and not any(o in nodes for o in owners) for nodes in lists)
+    votes: dict[frozenset[str], int] = {}
+    for node, nodes in stated.items():
+        if node != claimant and nodes is not None:
+            votes[nodes] = votes.get(nodes, 0) + 1
+    total = sum(votes.values())
+    for nodes, n in votes.items():
+        if n >= MIN_WITNESSES and 2 * n > total:
+            return nodes
+    return None
+
+
+def corroborates(stated: Mapping[str, frozenset[str] | None], claimant: str,
+                 owners: Collection[str]) -> bool:
+    """The scheduler puts ``claimant`` in the job and none of ``owners``, as
+    the job's other nodes agree (``agreed``); what the claimant states,
+    with a claim or with ranks it took first, is its own word."""
+    nodes = agreed(stated, claimant)
+    return nodes is not None and claimant in nodes and not any(o in nodes for o in owners)
