@@ -10,13 +10,20 @@ installed distribution's RECORD, whatever the scheme: venv, --user,
 --prefix) or, in a source checkout or editable install, in the tree itself,
 and copies them to where each belongs. ``--root`` is prepended to every
 destination (DESTDIR: image builds, packaging, tests).
+
+Each file is written to a temporary file in its destination folder, synced,
+given its mode on the descriptor and renamed over: a reader sees the old file
+or the new one, never half of it. A symlink at the destination folder or at a
+file's name is refused (an error, nothing written through it): often run as
+root, this must never write or chmod wherever a link points.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import shutil
+import secrets
+import stat
 import sys
 from dataclasses import dataclass
 from importlib import metadata
@@ -117,6 +124,62 @@ def sources(kind: str) -> list[Path]:
     return found
 
 
+class Refused(Exception):
+    """A symlink where a file or folder is to be written: ``path``, and why not."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        super().__init__(f"{path}: {why}")
+
+
+def open_folder(dest: Path) -> int:
+    """A descriptor of the destination folder, made if missing; Refused when
+    ``dest`` itself is a symlink (the folders above it are the operator's)."""
+    link = Refused(dest, "is a symlink: not followed (give the real folder with --dest)")
+    if dest.is_symlink():
+        raise link
+    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        return os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        if dest.is_symlink():   # planted since the check above
+            raise link from None
+        raise
+
+
+def exists(dir_fd: int, target: Path) -> bool:
+    """Whether ``target`` is in the folder; Refused when it is a symlink."""
+    try:
+        st = os.stat(target.name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISLNK(st.st_mode):
+        raise Refused(target, "is a symlink: not followed nor replaced (remove it to "
+                      "install)")
+    return True
+
+
+def replace(dir_fd: int, name: str, data: bytes, mode: int) -> None:
+    """Write ``name`` in the folder as a whole: a new temporary file beside it
+    (O_EXCL|O_NOFOLLOW), synced, its mode set on the descriptor, renamed over."""
+    tmp = f".{name}.{secrets.token_hex(6)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
+                 dir_fd=dir_fd)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fchmod(f.fileno(), mode)
+            os.fsync(f.fileno())
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
+        raise
+    os.fsync(dir_fd)
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     text = ("copy the shipped units, configs, rules, dashboards, manifests, Slurm prolog or "
             "runbooks into place")
@@ -156,26 +219,35 @@ def main(args: argparse.Namespace) -> int:
         dest = Path(args.dest or k.dest)
         dest = Path(args.root) / dest.relative_to(dest.anchor) if dest.is_absolute() \
             else Path(args.root) / dest if args.root != "/" else dest
-        for src in files:
-            target = dest / k.name(src.name)
-            if args.list:
-                print(f"{src} -> {target}")
-                continue
-            if k.keep_existing and target.exists() and not args.force:
-                print(f"kept {target} (exists; --force overwrites)")
-                continue
-            try:
-                dest.mkdir(parents=True, exist_ok=True)
-                if name == "rules" and args.runbook_url and src.name == "alerts.yaml":
-                    target.write_text(src.read_text().replace(
-                        RUNBOOK_FALLBACK, args.runbook_url.rstrip("/") + "/"))
-                else:
-                    shutil.copyfile(src, target)
-                os.chmod(target, k.mode)
-            except OSError as e:  # typically not root for /etc: say so, no traceback
-                print(f"ncclwatch install: {target}: {e.strerror or e}", file=sys.stderr)
-                return 1
-            print(f"installed {target}")
+        dir_fd = None
+        try:
+            for src in files:
+                target = dest / k.name(src.name)
+                if args.list:
+                    print(f"{src} -> {target}")
+                    continue
+                try:
+                    if dir_fd is None:
+                        dir_fd = open_folder(dest)
+                    if exists(dir_fd, target) and k.keep_existing and not args.force:
+                        print(f"kept {target} (exists; --force overwrites)")
+                        continue
+                    if name == "rules" and args.runbook_url and src.name == "alerts.yaml":
+                        data = src.read_text().replace(
+                            RUNBOOK_FALLBACK, args.runbook_url.rstrip("/") + "/").encode()
+                    else:
+                        data = src.read_bytes()
+                    replace(dir_fd, target.name, data, k.mode)
+                except Refused as e:
+                    print(f"ncclwatch install: {e}", file=sys.stderr)
+                    return 1
+                except OSError as e:  # typically not root for /etc: say so, no traceback
+                    print(f"ncclwatch install: {target}: {e.strerror or e}", file=sys.stderr)
+                    return 1
+                print(f"installed {target}")
+        finally:
+            if dir_fd is not None:
+                os.close(dir_fd)
         if k.then and not args.list:
             print(f"next: {k.then}")
     return 0
