@@ -137,3 +137,78 @@ def test_the_prolog_is_posix_sh_and_executable() -> None:
     assert PROLOG.read_text().startswith("#!/bin/sh\n")
     p = subprocess.run(["sh", "-n", str(PROLOG)], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
+
+
+def _fr_folder(got: dict[str, str]) -> Path:
+    """The one folder the pipe and dump stems name."""
+    folders = {Path(got[n]).parent for n in ("TORCH_NCCL_DEBUG_INFO_PIPE_FILE",
+                                             "TORCH_FR_DUMP_TEMP_FILE",
+                                             "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")}
+    assert len(folders) == 1, got
+    return folders.pop()
+
+
+def _owner_only(folder: Path) -> bool:
+    st = os.lstat(folder)
+    return (folder.is_dir() and not folder.is_symlink() and st.st_uid == os.getuid()
+            and st.st_mode & 0o777 == 0o700)
+
+
+def _task(tmp_path: Path) -> dict[str, str]:
+    return {"SLURM_JOB_ID": "4242", "TMPDIR": str(tmp_path), "PATH": os.environ["PATH"]}
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o700])
+def test_a_folder_another_user_made_first_is_not_used(tmp_path, mode) -> None:
+    """Anyone can make /tmp/ncclwatch-fr-<job> before the job starts: made by
+    another uid (nobody, 65534), it is left alone and the task gets its own."""
+    assert os.getuid() == 0, "needs root to act as another uid"
+    tmp_path.chmod(0o1777)  # a shared /tmp
+    planted = tmp_path / "ncclwatch-fr-4242"
+    planted.mkdir()
+    os.chown(planted, 65534, 65534)  # as if nobody had made it (pytest's parents are 700)
+    planted.chmod(mode)
+    got = run_prolog(_task(tmp_path))
+    folder = _fr_folder(got)
+    assert folder != planted and folder.parent == tmp_path
+    assert folder.name.startswith("ncclwatch-fr-4242.") and _owner_only(folder)
+    assert list(planted.iterdir()) == []
+
+
+def test_a_symlink_planted_at_the_folder_is_not_followed(tmp_path) -> None:
+    """A link to the job user's own folder (owner-only, as a good one looks)
+    would have torch's dumps overwrite the user's files: never used."""
+    victim = tmp_path / "home"
+    victim.mkdir(mode=0o700)
+    (victim / "trace_rank_0").write_text("the user's file\n")
+    planted = tmp_path / "ncclwatch-fr-4242"
+    planted.symlink_to(victim)
+    folder = _fr_folder(run_prolog(_task(tmp_path)))
+    assert folder.parent == tmp_path and _owner_only(folder)
+    assert Path(os.path.realpath(folder)) == folder
+    assert planted.is_symlink() and sorted(p.name for p in victim.iterdir()) == ["trace_rank_0"]
+    # A dangling one too: nothing is made where it points.
+    planted.unlink()
+    planted.symlink_to(tmp_path / "nowhere")
+    folder = _fr_folder(run_prolog(_task(tmp_path)))
+    assert _owner_only(folder) and not (tmp_path / "nowhere").exists()
+
+
+def test_the_jobs_own_folder_is_shared_by_its_tasks_only_when_owner_only(tmp_path) -> None:
+    """The tasks of one job meet in the job's folder while it is the user's own,
+    mode 700; loosened, each task gets a fresh one."""
+    first = _fr_folder(run_prolog(_task(tmp_path)))
+    assert first == tmp_path / "ncclwatch-fr-4242"
+    assert _fr_folder(run_prolog(_task(tmp_path))) == first
+    first.chmod(0o755)
+    other = _fr_folder(run_prolog(_task(tmp_path)))
+    assert other != first and _owner_only(other)
+
+
+def test_no_safe_folder_exports_no_pipe_nor_dump(tmp_path) -> None:
+    """TMPDIR that cannot hold a folder: the stems are not exported (envlint
+    then says the live dump is off), the Flight Recorder still is."""
+    got = run_prolog({**_task(tmp_path), "TMPDIR": str(tmp_path / "missing")})
+    assert got["TORCH_FR_BUFFER_SIZE"] == "2000"
+    assert not {"TORCH_NCCL_DEBUG_INFO_PIPE_FILE", "TORCH_FR_DUMP_TEMP_FILE",
+                "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"} & set(got), got

@@ -22,7 +22,8 @@ SITE_TASK_PROLOG=/etc/slurm/task-prolog.site
 # Flight Recorder entries per rank (torch's default from 2.11).
 FR_BUFFER_SIZE=2000
 # Per job: the debug pipes (<stem><rank>.pipe) and dumps (<stem><rank>) of two
-# jobs on one node must not meet.
+# jobs on one node must not meet. Used only when it is the job user's own (see
+# fr_dir); otherwise each task gets a fresh one beside it.
 FR_DIR="${TMPDIR:-/tmp}/ncclwatch-fr-${SLURM_JOB_ID:-0}"
 
 # The site's prolog first; the names its export/unset lines decide.
@@ -49,6 +50,22 @@ default() {  # NAME VALUE: export it unless the job set it
     unset_in_job "$1" && echo "export $1=$2"
 }
 
+fr_dir() {  # the folder for pipes and dumps: FR_DIR when it is ours, else a new one
+    # Anyone can make FR_DIR first in a shared /tmp: a folder of another user,
+    # one others can write, or a symlink would let them read the dumps or point
+    # torch's writes at the job user's files. Used only when it is a real
+    # folder (not a link) this user owns, mode 700; otherwise mktemp -d makes a
+    # fresh owner-only one for this task. Nothing printed: no safe folder.
+    mkdir -m 700 "$FR_DIR" 2>/dev/null
+    if [ -d "$FR_DIR" ] && [ ! -L "$FR_DIR" ]; then
+        set -- $(ls -ldn "$FR_DIR")
+        if [ "$3" = "$(id -u)" ]; then
+            case $1 in drwx------|drwx------.) echo "$FR_DIR"; return 0 ;; esac
+        fi
+    fi
+    mktemp -d "$FR_DIR.XXXXXXXX" 2>/dev/null
+}
+
 # The Flight Recorder, under both names (TORCH_NCCL_* before torch 2.7).
 if unset_in_job TORCH_FR_BUFFER_SIZE TORCH_NCCL_TRACE_BUFFER_SIZE; then
     echo "export TORCH_FR_BUFFER_SIZE=$FR_BUFFER_SIZE"
@@ -57,14 +74,16 @@ fi
 default TORCH_NCCL_DUMP_ON_TIMEOUT 1
 # The live dump ncclwatch asks for during a stall: torch makes the FIFO, the
 # folder must exist.
-if unset_in_job TORCH_NCCL_DEBUG_INFO_PIPE_FILE; then
-    mkdir -p -m 700 "$FR_DIR" 2>/dev/null
-    echo "export TORCH_NCCL_DEBUG_INFO_PIPE_FILE=$FR_DIR/pipe_rank_"
-fi
-if unset_in_job TORCH_FR_DUMP_TEMP_FILE TORCH_NCCL_DEBUG_INFO_TEMP_FILE; then
-    mkdir -p -m 700 "$FR_DIR" 2>/dev/null
-    echo "export TORCH_FR_DUMP_TEMP_FILE=$FR_DIR/trace_rank_"
-    echo "export TORCH_NCCL_DEBUG_INFO_TEMP_FILE=$FR_DIR/trace_rank_"
+if unset_in_job TORCH_NCCL_DEBUG_INFO_PIPE_FILE ||
+        unset_in_job TORCH_FR_DUMP_TEMP_FILE TORCH_NCCL_DEBUG_INFO_TEMP_FILE; then
+    dir=$(fr_dir)
+    if [ -n "$dir" ] && unset_in_job TORCH_NCCL_DEBUG_INFO_PIPE_FILE; then
+        echo "export TORCH_NCCL_DEBUG_INFO_PIPE_FILE=$dir/pipe_rank_"
+    fi
+    if [ -n "$dir" ] && unset_in_job TORCH_FR_DUMP_TEMP_FILE TORCH_NCCL_DEBUG_INFO_TEMP_FILE; then
+        echo "export TORCH_FR_DUMP_TEMP_FILE=$dir/trace_rank_"
+        echo "export TORCH_NCCL_DEBUG_INFO_TEMP_FILE=$dir/trace_rank_"
+    fi
 fi
 
 exit 0
