@@ -20,6 +20,8 @@ from __future__ import annotations
 import collections
 from typing import Any
 
+from ncclwatch import sanitize
+
 #: Bytes a rank's record costs beyond its text: the record, its indexes, its
 #: evidence curve (a few points of machine numbers).
 RANK_COST = 2048
@@ -27,8 +29,11 @@ RANK_COST = 2048
 
 def identity_of(node: str, cert_names: frozenset[str] | None) -> str:
     """The identity a report counts against: its certificate's (one budget
-    however many names it holds), else the node it names."""
-    return min(cert_names) if cert_names else node
+    however many names it holds), else the node it names; escaped as the
+    report's node is stored (sanitize.stored), since it keys the budgets, the
+    faults and the per-node /metrics labels: a control or bidi character in a
+    certificate name or an unauthenticated node never reaches a label."""
+    return sanitize.stored("NodeReport.node", min(cert_names) if cert_names else node)
 
 
 def rank_cost(s: Any, held_fr: Any = None) -> int:
