@@ -15,11 +15,16 @@ finding leads is verdict.SPECIFICITY's call (diagnose/__init__.py).
 
 from __future__ import annotations
 
+import gzip
 import json
 import tarfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
+
+from ncclwatch.diagnose.logfiles import LogInputError
+from ncclwatch.sanitize import escape
 
 #: The daemon's stall kinds (model.StallKind) as diagnose's failure classes.
 CLASS_OF_KIND = {
@@ -63,8 +68,39 @@ TIMEOUT_SOURCES = {
 MARKER, FORMAT = "bundle.json", "ncclwatch-bundle/1"
 #: The members read (the rest, stacks and Flight Recorder, are for people).
 READ = (MARKER, "verdict.json", "job.json")
-#: Bytes read of any one member (the daemon writes far less).
-MAX_MEMBER = 64 << 20
+
+
+@dataclass(frozen=True)
+class Caps:
+    """What reading one bundle may cost: a bundle is an untrusted file (a tar.gz
+    of 400k empty members once took 224 MiB and 7 s). The daemon writes its
+    documents first and one stack per rank after them, so the walk stops as
+    soon as the READ documents are in; the caps bound an archive re-packed in
+    another order, or a hostile one. Passing one is an error (exit 2), not a
+    partial reading."""
+
+    #: Members looked at before the READ documents are all found (a bundle
+    #: re-packed in any order fits up to 16,000 ranks; about 2 s of one core).
+    members: int = 16384
+    #: Bytes of any one member (the daemon writes far less).
+    member_bytes: int = 64 << 20
+    #: Bytes of the archive read, decompressed, headers and skipped members
+    #: included.
+    total_bytes: int = 128 << 20
+
+
+CAPS = Caps()
+#: Names that say "a tar archive" of a path given by name, and whether its
+#: bytes must be gzip: such a path is read as a bundle whatever it holds
+#: (a path named otherwise is one only when its bytes are a tar).
+ARCHIVE_NAMES = ((".tar.gz", True), (".tgz", True), (".tar", False))
+#: The ustar magic of a tar header (POSIX and GNU), at its offset in the block.
+_USTAR, _USTAR_AT = b"ustar", 257
+
+
+class BundleError(LogInputError):
+    """A bundle that cannot be read within CAPS, or is malformed: the CLI says
+    it in one line and exits 2."""
 
 
 @dataclass(frozen=True)
@@ -113,24 +149,29 @@ class LiveVerdict:
                 "as_of": "taken" if (self.stall or {}).get("active") else "last seen live"}
 
 
-def read(path: str | Path) -> LiveVerdict | None:
-    """The live verdict of a bundle; None: the file is no bundle (a log, a dump)."""
+def read(path: str | Path, caps: Caps = CAPS) -> LiveVerdict | None:
+    """The live verdict of a bundle; None: the file is no bundle (a log, a dump,
+    a tar without ``bundle.json``). BundleError: an archive that is not
+    gzip where its name says so, truncated, or with a member over a cap, a
+    path that climbs (``..``) or is absolute, or a link."""
     p = Path(path)
-    if not p.is_file() or not tarfile.is_tarfile(p):
+    if not p.is_file():
+        return None
+    gz = _archive(p)
+    if gz is None:
         return None
     try:
-        with tarfile.open(p, "r:*") as tar:
-            docs = {}
-            for m in tar.getmembers():
-                base = m.name.rpartition("/")[2]
-                if m.isfile() and base in READ and m.size <= MAX_MEMBER:
-                    f = tar.extractfile(m)
-                    docs[base] = json.loads(f.read()) if f else None
-    except (tarfile.TarError, OSError, ValueError):
+        with open(p, "rb") as raw:
+            docs = _documents(p, raw, gz, caps)
+    except BundleError:
+        raise
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as e:
+        raise _bad(p, f"cannot read the archive ({_why(e)})") from None
+    if docs is None:
         return None
     head = docs.get(MARKER)
     if not isinstance(head, dict) or head.get("format") != FORMAT:
-        return None
+        raise _bad(p, f"{MARKER} does not state the format {FORMAT}")
     stalls = [s for s in (_dict(docs.get("verdict.json")).get("stalls") or [])
               if isinstance(s, dict)]
     active = [s for s in stalls if s.get("active")]
@@ -138,6 +179,102 @@ def read(path: str | Path) -> LiveVerdict | None:
     return LiveVerdict(str(path), str(head.get("job", "")), (active or stalls or [None])[0],
                        float(taken) if isinstance(taken, (int, float)) else None,
                        _dict(_dict(docs.get("job.json")).get("watchdog")) or None)
+
+
+def _archive(p: Path) -> bool | None:
+    """Whether the path is read as a bundle, and gzip (True) or a plain tar
+    (False); None: it is not an archive (its name does not say so and its
+    bytes are no tar), so a log or a dump."""
+    with open(p, "rb") as f:
+        head = f.read(_USTAR_AT + len(_USTAR))
+        if head[:2] == b"\x1f\x8b":
+            f.seek(0)
+            try:
+                with gzip.GzipFile(fileobj=f) as g:
+                    head = g.read(_USTAR_AT + len(_USTAR))
+            except (OSError, EOFError, zlib.error):
+                head = b""
+            if head[_USTAR_AT:] == _USTAR:
+                return True
+        elif head[_USTAR_AT:] == _USTAR:
+            return False
+    name = p.name.lower()
+    return next((gz for end, gz in ARCHIVE_NAMES if name.endswith(end)), None)
+
+
+class _Counted:
+    """The archive's bytes as tarfile reads them, cut at ``limit``: no header
+    (a PAX record, a GNU long name) or skipped member makes it read more."""
+
+    def __init__(self, f: BinaryIO, p: Path, limit: int) -> None:
+        self.f, self.p, self.limit, self.left = f, p, limit, limit
+
+    def read(self, n: int = -1) -> bytes:
+        b = self.f.read(n if n >= 0 else self.left + 1)
+        self.left -= len(b)
+        if self.left < 0:
+            raise _bad(self.p, f"more than {_size(self.limit)} in all, over the cap "
+                               "of a bundle")
+        return b
+
+
+def _documents(p: Path, raw: BinaryIO, gz: bool, caps: Caps) -> dict[str, Any] | None:
+    """The READ documents, walking members as they come (never the whole list
+    first); None: no ``bundle.json`` among them."""
+    if gz and raw.read(2) != b"\x1f\x8b":
+        raise _bad(p, "its name says tar.gz but it is not gzip")
+    raw.seek(0)
+    stream: Any = gzip.GzipFile(fileobj=raw) if gz else raw
+    docs: dict[str, Any] = {}
+    with tarfile.open(fileobj=_Counted(stream, p, caps.total_bytes), mode="r|") as tar:
+        for n, m in enumerate(tar, 1):
+            if n > caps.members:
+                raise _bad(p, f"more than {caps.members} members before "
+                              f"{', '.join(READ)} were all found")
+            _check(p, m, caps)
+            base = m.name.rpartition("/")[2]
+            if m.isfile() and base in READ and base not in docs:
+                f = tar.extractfile(m)
+                docs[base] = _json(p, base, f.read() if f else b"")
+                if len(docs) == len(READ):
+                    break
+            tar.members.clear()        # a stream is read once: keep no header behind
+    return docs if MARKER in docs else None
+
+
+#: Member kinds a bundle holds; any other (links, devices, fifos) is refused.
+_KINDS = {tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.DIRTYPE}
+
+
+def _check(p: Path, m: tarfile.TarInfo, caps: Caps) -> None:
+    why = ("is a link" if m.issym() or m.islnk() else
+           "is neither a file nor a folder" if m.type not in _KINDS else
+           "is an absolute path or one with '..'"
+           if m.name.startswith("/") or ".." in m.name.replace("\\", "/").split("/") else
+           f"holds {_size(m.size)}, over the cap of {_size(caps.member_bytes)} a member"
+           if m.size > caps.member_bytes else None)
+    if why:
+        raise _bad(p, f"member {escape(m.name, 200)} {why}")
+
+
+def _json(p: Path, base: str, data: bytes) -> Any:
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as e:
+        raise _bad(p, f"{base} is not JSON ({_why(e)})") from None
+
+
+def _bad(p: Path, why: str) -> BundleError:
+    return BundleError(f"{escape(str(p), 300)}: not a readable evidence bundle: {why}")
+
+
+def _why(e: BaseException) -> str:
+    """An exception's words on one line."""
+    return escape(" ".join(str(e).split()) or type(e).__name__, 200)
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 20):.0f} MiB" if n >= 1 << 20 else f"{n} bytes"
 
 
 def _dict(x: Any) -> dict:
