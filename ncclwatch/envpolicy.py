@@ -120,6 +120,25 @@ def _jwt(m: re.Match[str]) -> str:
     return m.group(0)
 
 
+#: After ``scheme://``, what is a port and a path, not a password: ``host:8080/x@y``.
+_PORT_PATH = re.compile(r"[0-9]++(?:/|$)")
+
+
+def _url_userinfo(m: re.Match[str]) -> str:
+    """The user info of the last URL in a run up to an ``@`` goes: all of it
+    where it holds no '/' (as ever); with a '/', where a user name (no '/')
+    and ':' come before it and what follows is no port (``pa/ss``)."""
+    run, at = m.group(1), m.group(2)
+    if not at:
+        return m.group(0)                  # no '@': the run is consumed, judged once
+    head, sep, info = run.rpartition("://")
+    if "/" in info:
+        user, colon, password = info.partition(":")
+        if not colon or "/" in user or not password or _PORT_PATH.match(password):
+            return m.group(0)
+    return head + sep + REDACTED + at if info else m.group(0)
+
+
 _USER_START = re.compile(r"(?:^|(?<=[,;=]))[^:,;=]++:")
 _EYJ = re.compile(r"\beyJ")
 
@@ -168,8 +187,9 @@ def _word_then_secret(m: re.Match[str]) -> str:
 #: pattern starts only where its run starts and never backtracks into a run
 #: (possessive quantifiers), so every rule is linear in the value.
 SECRET_VALUE_PATTERNS: tuple[tuple[re.Pattern[str], object], ...] = (
-    # scheme://user:password@host -> scheme://<redacted>@host
-    (re.compile(r"(?<=://)[^/@\s]++(?=@)"), REDACTED),
+    # scheme://user:password@host -> scheme://<redacted>@host, also a password
+    # holding '/' (postgres://user:pa/ss@db), not host:port/path@x (see _url_userinfo)
+    (re.compile(r"(?<=://)([^@\s]++)(@?)"), _url_userinfo),
     # user:password@host without a scheme (MASTER_ADDR, host lists)
     (re.compile(r"(?<![^\s/@<>])[^\s/@<>]++(?=@[\w.\[-])"), _userinfo),
     # Authorization schemes, any case: "Bearer x", "basic dXNlcjpw", "token ghp_.."
@@ -278,11 +298,23 @@ class OpaqueSegmentRule:
     case: str
     min_digits: int = 1
     max_structure: float = 0.25
+    #: Where set, a segment with more structure is a token all the same unless
+    #: it also changes letter/digit kind at most this often and a share of at
+    #: least ``min_name_vowels`` of its letters are vowels (as names are).
+    max_name_switches: float | None = None
+    min_name_vowels: float = 0.0
 
 
 OPAQUE_SEGMENT_RULES: tuple[OpaqueSegmentRule, ...] = (
     OpaqueSegmentRule("upper_or_base32", 16, "upper"),
     OpaqueSegmentRule("lower_opaque_words", 20, "lower"),
+    # 32+ lower-case letters and digits in one segment (an API key, a session
+    # or a 32-character hex/base36 token): a token unless it reads as names
+    # (words with vowels and few letter/digit changes: ``llama2chathf7b...``,
+    # ``resnet50v1bimagenet1kfinetuned2024``). Random ones have vowels in
+    # ~23% of their letters and change kind ~40% of the time.
+    OpaqueSegmentRule("lower_token_32", 32, "lower", min_digits=2, max_structure=0.75,
+                      max_name_switches=0.25, min_name_vowels=0.25),
 )
 
 
@@ -293,8 +325,18 @@ def _opaque_segment(segment: str) -> bool:
         return False
     case = "upper" if segment.isupper() else "lower" if segment.islower() else ""
     return any(r.case == case and len(segment) >= r.min_len and digits >= r.min_digits
-               and _structure_lower(segment) <= r.max_structure * len(segment)
+               and (_structure_lower(segment) <= r.max_structure * len(segment)
+                    or (r.max_name_switches is not None
+                        and not _reads_as_names(segment, letters, r)))
                for r in OPAQUE_SEGMENT_RULES)
+
+
+def _reads_as_names(segment: str, letters: int, r: OpaqueSegmentRule) -> bool:
+    """Few letter/digit changes and a name's share of vowels (r's bounds)."""
+    _, _, _, changes = _letters(segment)
+    vowels = sum(c in _VOWELS for c in segment)
+    return (changes <= (r.max_name_switches or 0) * (len(segment) - 1)
+            and vowels >= r.min_name_vowels * letters)
 
 
 def _structure_lower(segment: str) -> int:
@@ -357,9 +399,32 @@ def redact_patterns(value: str) -> str:
     return value
 
 
+#: Folders under which a hex run names a container, a pod or a cgroup (the
+#: kernel's and the runtimes' own paths: ``/sys/fs/cgroup/.../docker-<64 hex>
+#: .scope``): a path under one loses token formats and credentials only, never a
+#: component by its shape.
+CONTAINER_ID_PLACES: tuple[str, ...] = (
+    "/sys/fs/cgroup/", "/var/lib/docker/containers/", "/run/docker/",
+    "/var/lib/containerd/", "/run/containerd/", "/var/lib/kubelet/pods/",
+)
+_PLACE = re.compile(r"(?<![^\s,;=:])(?:" + "|".join(map(re.escape, CONTAINER_ID_PLACES))
+                    + r")[^\s,;]*+")
+
+
 def redact_value(value: str) -> str:
     """Replace credential-looking parts of a value; keep the rest readable."""
     value = redact_patterns(value)
+    if not _PLACE.search(value):
+        return _by_shape(value)
+    out, at = [], 0
+    for m in _PLACE.finditer(value):
+        out += [_by_shape(value[at:m.start()]) if m.start() > at else "", m.group(0)]
+        at = m.end()
+    return "".join(out) + (_by_shape(value[at:]) if at < len(value) else "")
+
+
+def _by_shape(value: str) -> str:
+    """The shape rules: hex keys, random runs and their neighbours."""
     value = _HEX_KEY.sub(REDACTED, value)
     value = _COMPONENT.sub(_redact_if_random, value)
     value = _RUN.sub(_redact_random_spans, value)

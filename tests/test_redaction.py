@@ -217,6 +217,14 @@ REDACTED_SHAPES = [
      "a 16+ character secret cut at '/': its tail goes with it"),
     ("/x/wJalrXUtnFEMIK7/MDENGbPxRfiCYEXAMPLEKEY", "wJalrXUtnF",
      "the same, its head (shorter than 16) before the redacted rest"),
+    ("postgres://user:pa/ss@db:5432/x", "pa/ss", "a database URL whose password holds '/'"),
+    ("mysql://app:s3cr/et/x@db/x,postgres://u:a/b@db/y", "s3cr/et",
+     "the same in a list of URLs: each URL's user info"),
+    ("ujzde8gxd6ncf10epf91dhodzdoc9is0", "ujzde8gxd6ncf10e", "32 lower-case letters and "
+     "digits (a session or API token) whose letters hold vowels now and then"),
+    ("eh60kvj50ce9uvw53efr4edt2sywb3wk", "eh60kvj50ce9", "the same, changing kind seldom"),
+    ("/sys/fs/cgroup/x/ghp_Zq8Rk2Lm9Xv4Bn7Tc1Yw5Hd3Fg6Js0Pa", "Zq8Rk2Lm9Xv4",
+     "a token format under a container's folder still goes (only shapes are spared)"),
 ]
 
 #: (value, why it stays as it is)
@@ -253,6 +261,16 @@ KEPT_SHAPES = [
     ("CHECKPOINT2024120512", "an upper-case word and a number"),
     ("wav2vec2_large_xlsr_53", "a model name: short segments"),
     ("/ckpt/global_step1000/Model.pt", "a file beside nothing redacted"),
+    ("/sys/fs/cgroup/system.slice/docker-3f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c3f9a8b7c6d5e4f3a2b"
+     "1c0d9e8f7a6b5c.scope/memory.max", "a container id under /sys/fs/cgroup names a "
+     "container (envpolicy.CONTAINER_ID_PLACES), it grants nothing"),
+    ("/sys/fs/cgroup/kubepods/besteffort/3f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c/cpu.max",
+     "the same, 32 hex digits"),
+    ("https://store.example:8080/users/me@example.com", "a port and a path before '@': "
+     "no user info"),
+    ("resnet50v1bimagenet1kfinetuned2024", "32+ lower-case letters and digits that read "
+     "as names: few letter/digit changes, a name's vowels"),
+    ("llama2chathf7bfinetunedalpaca2024", "the same"),
 ]
 
 
@@ -322,3 +340,12 @@ def test_a_short_word_that_completes_a_cut_key_id_goes_with_it() -> None:
 def test_a_component_beside_a_redacted_one_goes_only_when_it_is_no_name(value, shown) -> None:
     """Names beside a redacted component stay; the rest of a secret cut at '/' goes."""
     assert set(_everywhere(value).values()) == {shown}
+
+
+def test_a_url_password_holding_a_slash_goes_from_labels_and_log_lines_too() -> None:
+    """The URL rule is a pattern (redact_patterns): job ids and log arguments lose it."""
+    from ncclwatch.envpolicy import redact_patterns
+
+    assert redact_patterns("postgres://user:pa/ss@db:5432/x") == \
+        f"postgres://{REDACTED}@db:5432/x"
+    assert redact_patterns("https://store.example:2379/run") == "https://store.example:2379/run"
