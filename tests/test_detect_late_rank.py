@@ -311,3 +311,36 @@ def test_a_late_rank_whose_stack_never_comes_is_named_provisionally_after_a_whil
     (fd,) = _findings(f)
     assert [c.rank for c in fd.culprits] == [2] and fd.provisional
     assert "no stack of rank(s) 2 since the wait began" in fd.summary
+
+
+def test_a_rank_late_for_a_state_dict_gather_is_named_at_the_checkpoint_threshold() -> None:
+    """No step seen (the job gathers its full state dict right after start-up):
+    the waiters sit inside the state-dict gather, which every rank enters at the
+    same point, so the late rank is named after the checkpoint stall threshold
+    (5 s), not the 30 s hang ceiling, and the finding says on what basis."""
+    f = Feed()
+    found = None
+    for k in range(1, 40):
+        _round(f, [(0, S.GATHERING_STATE_DICT, Op.ALL_GATHER, k, k),
+                   (1, S.GATHERING_STATE_DICT, Op.ALL_GATHER, k, k),
+                   (2, S.IDLE, Op.NONE, k, k)],
+               blocked={2: "clock_nanosleep/hrtimer_nanosleep"})
+        if _findings(f):
+            found = k
+            break
+    assert found is not None and found < 15, found
+    (fd,) = _findings(f)
+    assert fd.kind is StallKind.COLLECTIVE_HANG and [c.rank for c in fd.culprits] == [2]
+    assert fd.threshold_basis == hang.GATHER and "inside a full state-dict gather" in fd.summary
+
+
+def test_ranks_entering_a_state_dict_gather_a_second_apart_are_no_hang() -> None:
+    f = Feed()
+    for k in range(1, 4):       # rank 2 arrives a few seconds later, then all leave
+        _round(f, [(0, S.GATHERING_STATE_DICT, Op.ALL_GATHER, k, k),
+                   (1, S.GATHERING_STATE_DICT, Op.ALL_GATHER, k, k),
+                   (2, S.COMPUTE, Op.NONE, k, 0.0)], cpu={2: 1.0})
+    for _ in range(10):
+        _round(f, [(r, S.COMPUTE, Op.NONE, 0.5, 0.0) for r in range(WORLD)],
+               cpu={r: 1.0 for r in range(WORLD)})
+    assert not _findings(f)

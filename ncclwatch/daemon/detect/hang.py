@@ -65,6 +65,15 @@ from ncclwatch.model import (
 
 #: Culprits whose process is described in a collective_hang's summary.
 MAX_DOING = 4
+#: Waiters inside a full state-dict gather (FSDP's state_dict(),
+#: get_model_state_dict): every rank enters it at the same point of its step,
+#: a checkpoint, so a rank still elsewhere after the checkpoint stall threshold
+#: (``stall_threshold``, as the checkpoint detector uses) is late, steps seen
+#: or not; the finding's basis says so. A rank-dependent pause just before the
+#: gather (rank 0 evaluating first) is named by this rule too: it holds every
+#: rank's checkpoint.
+IN_GATHER = RankState.GATHERING_STATE_DICT
+GATHER = "checkpoint"
 
 
 def hung(job: Job, now: float, cfg: DetectConfig):
@@ -80,13 +89,18 @@ def hung(job: Job, now: float, cfg: DetectConfig):
     policy = cfg.waits
     ceiling_at = now - cfg.hang_threshold
 
+    gather_at = now - cfg.stall_threshold
+
     def select(waiting: list[RankRecord]) -> list[RankRecord]:
         ops = {rec.still_op for rec in waiting if rec.still_at is not None}
         warm = waiters_warm([rec for rec in waiting if rec.still_at is not None])
         still_at = {op: now - job.waits.threshold(op, policy, now, warm) for op in ops}
         return [rec for rec in waiting
-                if ((rec.still_at is not None and rec.still_at <= still_at[rec.still_op])
-                    if rec.progress_known else rec.since <= ceiling_at)]
+                if ((rec.still_at is not None
+                     and rec.still_at <= (max(still_at[rec.still_op], gather_at)
+                                          if rec.state is IN_GATHER else still_at[rec.still_op]))
+                    if rec.progress_known else
+                    rec.since <= (gather_at if rec.state is IN_GATHER else ceiling_at))]
     return select
 
 
@@ -137,6 +151,9 @@ def threshold_of(job: Job, b: Blocked, now: float, cfg: DetectConfig) -> tuple[f
     policy, ranks = cfg.waits, job.ranks
     ops = {rec.still_op for r in b.ranks if (rec := ranks.get(r)) is not None
            and rec.progress_known and rec.still_at is not None}
+    if b.ranks and all((rec := ranks.get(r)) is not None and rec.state is IN_GATHER
+                       for r in b.ranks):
+        return cfg.stall_threshold, GATHER
     if not ops:
         return cfg.hang_threshold, CEILING
     warm = waiters_warm([rec for r in b.ranks if (rec := ranks.get(r)) is not None])
@@ -150,6 +167,9 @@ def threshold_note(seconds: float, basis: str, stepping: bool) -> str:
     """The summary's clause on the threshold: learned, or the ceiling and why."""
     if basis == LEARNED:
         return f"; past {seconds:.0f}s, several times the job's normal wait (learned)"
+    if basis == GATHER:
+        return (f"; past {seconds:.0f}s inside a full state-dict gather, which every rank "
+                "enters at the same point of its step (the checkpoint stall threshold)")
     if not stepping:
         return f"; before the job's first step: the fixed {seconds:.0f}s ceiling"
     return f"; the fixed {seconds:.0f}s ceiling (no shorter normal wait learned for it)"
