@@ -144,3 +144,18 @@ def words(value: str) -> str:
     meaning = MEANINGS.get(call)
     return (f"blocked in {call}" + (f" ({wchan})" if wchan else "")
             + (f": {meaning}" if meaning else ""))
+
+
+#: Calls that mean the thread sleeps on a timer: its own choice, no peer's.
+SLEEPS = frozenset({"nanosleep", "clock_nanosleep"})
+
+
+def asleep(value: str) -> bool:
+    """A still rank's thread is asleep on a timer, waiting on no peer.
+
+    Only for a rank that made no progress through its still period (no
+    voluntary switches, no I/O): a wait that polls with short sleeps (NCCL's
+    blocking wait sleeps 10 ms a loop) switches every time and is not still.
+    Such a rank's native stack can add nothing (the agent does not pause it
+    for one), and its stillness is decided without one (the daemon)."""
+    return parse(value)[0] in SLEEPS

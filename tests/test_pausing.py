@@ -44,6 +44,7 @@ class Rank:
     def __init__(self, policy: StackPolicy = POLICY) -> None:
         self.t, self.policy = _tracker(), policy
         self.now, self.events, self.cpu = 0.0, 0, 0.0
+        self.blocked = ""   # what the agent reads its thread is blocked in
         self.due_at: list[float] = []
         self._round(0)
 
@@ -52,7 +53,8 @@ class Rank:
         self.cpu += 1.0  # spinning: the CPU is busy whether it works or waits
         self.t.observe_process(ProcessSample(pid=self.t.pid, cpu_seconds=self.cpu, rss_bytes=1,
                                              io_read_bytes=0, io_write_bytes=0, num_threads=8,
-                                             files_writing=(), progress_events=self.events),
+                                             files_writing=(), progress_events=self.events,
+                                             blocked_in=self.blocked),
                                self.now)
         if self.t.still and (self.t.stack_at is None or self.t.stack_at < self.t.still_since):
             self.t.observe_stack(COMPUTE, "spin", self.now)  # the Python stack reads compute
@@ -165,6 +167,25 @@ def test_stillness_past_the_ranks_own_normal_is_paused_once() -> None:
     assert limit <= r.due_at[0] - r.t.still_since <= limit + 1.0
     # A job that stepped fast (1 s: never still) has no normal still period:
     # tests/test_stillness.py (paused only once the daemon asks).
+
+
+@pytest.mark.parametrize("blocked, pauses", [
+    ("clock_nanosleep/hrtimer_nanosleep", 0),   # time.sleep: an evaluation, a retry loop
+    ("nanosleep/hrtimer_nanosleep", 0),
+    ("futex/futex_wait_queue", 1),              # a C++ wait (work.wait()): unwind it
+    ("running", 1),                             # a spin: a device sync
+    ("", 1),                                    # not read (no ptrace access): as before
+])
+def test_a_rank_asleep_on_a_timer_is_never_paused(blocked: str, pauses: int) -> None:
+    """Still past its normal with its thread in nanosleep (read from /proc, no
+    pause): asleep by its own choice, waiting on no peer; a native stack would
+    add nothing, so none is taken (the healthy rank-0 evaluation that sleeps)."""
+    r = Rank()
+    for _ in range(20):
+        r.step(8)
+    r.blocked = blocked
+    r.still(60)
+    assert len(r.due_at) == pauses, (blocked, r.due_at)
 
 
 def test_the_ceiling_caps_a_long_normal() -> None:

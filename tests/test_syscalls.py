@@ -248,3 +248,12 @@ def test_the_daemon_keeps_a_reading_and_drops_what_is_none() -> None:
     s.blocked_in = "clock_nanosleep/<b>bold</b>"
     d.ingest(report([s], seq=2), now=11.0)
     assert rec.blocked_in == ""
+
+
+@pytest.mark.parametrize("reading, asleep", [
+    ("clock_nanosleep/hrtimer_nanosleep", True), ("nanosleep", True),
+    ("futex/futex_wait_queue", False), ("read/pipe_read", False), ("running", False),
+    ("", False), ("clock_nanosleep/\x1b[2J", False),   # not a reading: unknown
+])
+def test_asleep_is_a_timer_sleep_only(reading: str, asleep: bool) -> None:
+    assert syscalls.asleep(reading) is asleep

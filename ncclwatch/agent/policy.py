@@ -22,7 +22,9 @@ Native dumps (``native_due``) are the one look that pauses a rank: only of a
 rank whose stillness is abnormal (pausing.py: past its own normal still
 periods, or the daemon saw a stall's shape), still past ``native_after``
 seconds while its Python stack (taken in that still period) reads compute,
-unknown or device_wait, once per still period. A rank that makes progress is
+unknown or device_wait, once per still period, unless its thread sleeps on a
+timer (``syscalls.asleep``: ``time.sleep`` in an evaluation or a retry loop,
+read from /proc without a pause: a native stack would add nothing). A rank that makes progress is
 never still, so never paused; a healthy rank still through a long step is
 still within its normal, so never paused either.
 """
@@ -34,6 +36,7 @@ from typing import Iterable
 
 from ncclwatch.agent.pausing import PausePolicy
 from ncclwatch.agent.tracker import NATIVE_CANDIDATES, RankTracker
+from ncclwatch import syscalls
 from ncclwatch.config import non_negative_float, option, positive_float
 from ncclwatch.model import CHECKPOINT_STATES, RankState
 
@@ -76,6 +79,8 @@ class StackPolicy:
                and t.state in NATIVE_CANDIDATES
                # Its Python stack was read in this still period (and said no more).
                and t.stack_at is not None and t.stack_at >= t.still_since
+               # Asleep on a timer through its still period: no wait to unwind.
+               and not (t.sample is not None and syscalls.asleep(t.sample.blocked_in))
                and self.abnormal(t, now)]
         due.sort(key=lambda t: t.still_since)
         return due[: self.max_native_per_round]

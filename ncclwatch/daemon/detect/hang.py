@@ -122,9 +122,12 @@ def undecided_idle(rec: RankRecord) -> bool:
     waiter (nccl-shaped-hang in CI named rank 0, which waited, beside rank 1,
     asleep). It is left out of the culprits while a peer is decided, and while
     none is, the finding waits for a native verdict, up to the hang ceiling.
+    A rank whose thread sleeps on a timer (``syscalls.asleep``, read from
+    /proc each still round) is decided: asleep, in no wait.
     """
     return (rec.state is RankState.IDLE and rec.still_since is not None
-            and not rec.native_no_wait and rec.evidence is WaitEvidence.NONE)
+            and not rec.native_no_wait and rec.evidence is WaitEvidence.NONE
+            and not syscalls.asleep(rec.blocked_in))
 
 
 def decided(job: Job, absent: list[int], waiting, early: bool) -> list[int]:
