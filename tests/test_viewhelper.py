@@ -5,9 +5,12 @@ against real chroot'd ranks in tests/e2e/test_chroot_stacks.py."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
+import socket
 import stat
+import subprocess
 
 import pytest
 
@@ -99,3 +102,88 @@ def test_a_malformed_request_gets_an_answer_not_a_hang(tmp_path) -> None:
 
     answer = asyncio.run(go())
     assert answer["ok"] is False and "must be" in answer["error"], answer
+
+
+async def _served(sock: str, helper: viewhelper.Helper) -> asyncio.Task:
+    server = asyncio.create_task(viewhelper.serve(sock, helper))
+    for _ in range(100):
+        if os.path.exists(sock):
+            break
+        await asyncio.sleep(0.02)
+    return server
+
+
+def test_a_folder_of_another_uid_or_a_symlink_is_refused(tmp_path) -> None:
+    """Before, only the folder's mode was checked: one another user made (and
+    could swap the socket in) or a symlink to a 0700 folder was used."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, 4321, 4321)
+    with pytest.raises(ViewHelperError, match="owned by uid 4321"):
+        asyncio.run(asyncio.wait_for(viewhelper.serve(str(theirs / "view.sock")), 5))
+    # The agent's own uid may own it (the socket is made, then the test stops).
+    async def agents() -> bool:
+        server = await _served(str(theirs / "view.sock"), viewhelper.Helper(agent_uid=4321))
+        server.cancel()
+        return os.path.exists(theirs / "view.sock")
+    assert asyncio.run(agents())
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(real)
+    with pytest.raises(ViewHelperError, match="not a folder"):
+        asyncio.run(asyncio.wait_for(viewhelper.serve(str(tmp_path / "link" / "view.sock")), 5))
+    assert not (real / "view.sock").exists()
+
+
+def test_a_peer_of_another_uid_is_refused(tmp_path) -> None:
+    """Each connection's SO_PEERCRED names the agent's uid, or it is refused
+    before its request is read: here the helper serves uid 4321 and this
+    test's process (another uid) connects over the real socket."""
+    sock = str(tmp_path / "run" / "view.sock")
+    async def go() -> dict:
+        helper = viewhelper.Helper(agent_uid=4321)
+        server = await _served(sock, helper)
+        try:
+            r, w = await asyncio.open_unix_connection(sock)
+            w.write(json.dumps({"pid": os.getpid(), "mode": "dump"}).encode() + b"\n")
+            await w.drain()
+            answer = json.loads(await asyncio.wait_for(r.readline(), 5))
+            assert helper.refused_total == 1 and helper.runs_total == 0
+            return answer
+        finally:
+            server.cancel()
+
+    answer = asyncio.run(go())
+    assert answer == {"ok": False, "error": f"uid {os.geteuid()} is not the agent's (uid 4321)"}
+    left, right = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with left, right:
+        assert viewhelper.peer_uid(left) == os.geteuid()
+
+
+def test_a_pid_is_pinned_and_a_replaced_one_refused() -> None:
+    """The pid asked for is pinned (a pidfd and its start time) and checked
+    again before py-spy runs: one that exited, or whose number now names a
+    process started at another time, is refused."""
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        p = viewhelper.pin(child.pid)
+        try:
+            viewhelper.same(p)                                     # still it
+            with open(f"/proc/{child.pid}/stat", "rb") as f:
+                raw = f.read()
+            assert p.start == int(raw[raw.rindex(b")") + 2:].split()[19])
+            # The same number, another process (another start): refused.
+            other = dataclasses.replace(p, start=p.start + 1)
+            with pytest.raises(ViewHelperError, match="names another process"):
+                viewhelper.same(other)
+            child.kill()
+            child.wait()
+            with pytest.raises(ViewHelperError, match="exited"):
+                viewhelper.same(p)
+        finally:
+            os.close(p.fd)
+    finally:
+        child.kill()
+        child.wait()
+    with pytest.raises(ViewHelperError, match="no such process"):
+        viewhelper.pin(child.pid)

@@ -15,6 +15,13 @@ mode's timeout, its output bounded (caps.PYSPY_OUTPUT_BYTES), one run per
 pid and ``MAX_RUNNING`` in all. Whether a native dump is due (it pauses the
 rank) stays the agent's decision (policy.py); the helper adds no dump of its
 own.
+
+Who reaches it is checked, not assumed: the socket's folder must be a real
+folder (no symlink) owned by root or the agent's uid with no group or other
+access, and each connection's peer (SO_PEERCRED) must be the agent's uid.
+The pid is pinned when asked (a pidfd and the process's start time) and
+checked again before py-spy runs and after, so a pid that exited and was
+reused in between is refused, not read.
 """
 
 from __future__ import annotations
@@ -24,9 +31,12 @@ import asyncio
 import json
 import logging
 import os
+import select
 import socket
 import stat
+import struct
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from ncclwatch.agent import caps, pyspy, rootview
 
@@ -52,6 +62,76 @@ class ViewHelperError(RuntimeError):
     pass
 
 
+def check_folder(d: str, agent_uid: int) -> None:
+    """The socket's folder is the helper's to trust: a folder, not a symlink,
+    owned by root or the agent's uid, open to no group or other."""
+    st = os.lstat(d)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise ViewHelperError(f"{d} is not a folder (a symlink?): the socket's folder must be one")
+    if st.st_uid not in (0, agent_uid):
+        raise ViewHelperError(f"{d} is owned by uid {st.st_uid}: the socket's folder must be "
+                              f"root's or the agent's (uid {agent_uid})")
+    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ViewHelperError(f"{d} is open to others: the socket's directory must be 0700")
+
+
+_PEERCRED = struct.Struct("3i")   # struct ucred: pid, uid, gid
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a unix socket (SO_PEERCRED)."""
+    _pid, uid, _gid = _PEERCRED.unpack(
+        sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+    return uid
+
+
+def start_time(pid: int) -> int:
+    """The process's start (clock ticks after boot, /proc/<pid>/stat field 22)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+        return int(raw[raw.rindex(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        raise ViewHelperError(f"pid {pid}: no such process") from None
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """The process a pid named when the helper was asked."""
+
+    pid: int
+    fd: int         # a pidfd: readable once that process has exited
+    start: int
+
+
+def _exited(fd: int) -> bool:
+    return bool(select.select([fd], [], [], 0)[0])
+
+
+def pin(pid: int) -> Pinned:
+    """The process ``pid`` names now (close its ``fd``). Its start is read
+    while the pidfd shows it alive, so it is that process's."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        raise ViewHelperError(f"pid {pid}: no such process") from None
+    try:
+        p = Pinned(pid, fd, start_time(pid))
+        same(p)
+    except BaseException:
+        os.close(fd)
+        raise
+    return p
+
+
+def same(p: Pinned) -> None:
+    """ViewHelperError unless ``p.pid`` still names the pinned process."""
+    if _exited(p.fd):
+        raise ViewHelperError(f"pid {p.pid} exited")
+    if start_time(p.pid) != p.start:
+        raise ViewHelperError(f"pid {p.pid} names another process now (it was replaced)")
+
+
 def parse_request(line: bytes) -> tuple[int, str]:
     """(pid, mode) of one request line; ViewHelperError says what is wrong."""
     if len(line) > MAX_REQUEST_BYTES:
@@ -73,8 +153,9 @@ def parse_request(line: bytes) -> tuple[int, str]:
 class Helper:
     """Runs py-spy in views for the agent; one per node."""
 
-    def __init__(self, binary: str | None = None) -> None:
+    def __init__(self, binary: str | None = None, agent_uid: int = 0) -> None:
         self.binary = binary or pyspy.find_pyspy()
+        self.agent_uid = agent_uid
         self._running: set[int] = set()
         self._slots = asyncio.Semaphore(MAX_RUNNING)
         self.runs_total = 0
@@ -87,7 +168,9 @@ class Helper:
         if pid in self._running:
             raise ViewHelperError(f"a dump of pid {pid} is already running")
         self._running.add(pid)
+        pinned = None
         try:
+            pinned = pin(pid)
             try:
                 need = await asyncio.wait_for(asyncio.to_thread(rootview.needed, pid),
                                               NEEDED_TIMEOUT)
@@ -100,16 +183,24 @@ class Helper:
             async with self._slots:
                 self.runs_total += 1
                 try:
+                    same(pinned)
                     view = pyspy.view_args(self.binary, pid, checked=True)
-                    return await pyspy.run_pyspy(argv_of(self.binary, pid), pid, timeout,
-                                                 paused, view)
+                    out = await pyspy.run_pyspy(argv_of(self.binary, pid), pid, timeout,
+                                                paused, view)
                 except pyspy.PySpyError as e:
                     raise ViewHelperError(str(e)) from None
+                same(pinned)     # what py-spy read was the process asked for
+                return out
         finally:
             self._running.discard(pid)
+            if pinned is not None:
+                os.close(pinned.fd)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
+            uid = peer_uid(writer.get_extra_info("socket"))
+            if uid != self.agent_uid:
+                raise ViewHelperError(f"uid {uid} is not the agent's (uid {self.agent_uid})")
             line = await asyncio.wait_for(reader.readline(), 5.0)
             pid, mode = parse_request(line.strip())
             out = await self.run(pid, mode)
@@ -134,8 +225,7 @@ async def serve(path: str, helper: Helper | None = None) -> None:
     helper = helper or Helper()
     d = os.path.dirname(path) or "."
     os.makedirs(d, mode=0o700, exist_ok=True)
-    if os.stat(d).st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise ViewHelperError(f"{d} is open to others: the socket's directory must be 0700")
+    check_folder(d, helper.agent_uid)
     if os.path.exists(path):
         os.unlink(path)
     old = os.umask(0o177)
@@ -216,6 +306,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--socket", default=DEFAULT_SOCKET, metavar="PATH",
                    help=f"unix socket to listen on, in a directory only root reaches "
                         f"(default {DEFAULT_SOCKET}; the agent's --view-helper)")
+    p.add_argument("--agent-uid", type=int, default=0, metavar="UID",
+                   help="the agent's uid: the only peer served, and with root the only "
+                        "owner the socket's folder may have (default 0)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
 
@@ -227,7 +320,7 @@ def main(args: argparse.Namespace) -> int:
     if lacks:
         log.warning("the view helper lacks %s: every view will fail", " and ".join(lacks))
     try:
-        asyncio.run(serve(args.socket))
+        asyncio.run(serve(args.socket, Helper(agent_uid=args.agent_uid)))
     except (ViewHelperError, OSError) as e:
         log.error("view helper: %s", e)
         return 2
