@@ -7,7 +7,10 @@ JSON lines each naming the writing ``process`` and its ``world_rank``,
 ``local_rank`` and ``node_rank``; the worker holds the file open for life.
 The agent reads it through the worker's own descriptor (``/proc/PID/fd/N``:
 the very file it writes, whatever its path means on the host), bounded, and
-only while the worker is unnumbered. Every node's agent reads its own
+only while the worker is unnumbered. Only a descriptor the worker opened for
+writing (its fdinfo flags: O_WRONLY or O_RDWR, not O_PATH) to a file the
+worker's uid owns is read: a worker could hold, by path or read-only, a
+planted file of that name that is not its log. Every node's agent reads its own
 workers' logs: no node depends on another's.
 """
 
@@ -29,11 +32,51 @@ READ_BYTES = 64 << 10
 _WORLD = re.compile(r"\bworld_size=(\d{1,7})\]")
 
 
-def log_fd(pid: int, proc: str = "/proc") -> str | None:
-    """``/proc/PID/fd/N`` of the worker's Ray Train system log, or None."""
+_O_PATH = getattr(os, "O_PATH", 0o10000000)
+#: Access modes of a descriptor the worker writes through.
+_WRITES = (os.O_WRONLY, os.O_RDWR)
+
+
+def _fdinfo(pid: int, name: str, proc: str) -> tuple[int, int] | None:
+    """(flags, inode or 0) of the worker's descriptor ``name``; None: unread."""
+    flags, ino = None, 0
+    try:
+        with open(f"{proc}/{pid}/fdinfo/{name}") as f:
+            for line in f.read(4096).splitlines():
+                key, _, value = line.partition(":")
+                if key == "flags":
+                    flags = int(value.strip(), 8)
+                elif key == "ino":
+                    ino = int(value.strip())
+    except (OSError, ValueError):
+        return None
+    return (flags, ino) if flags is not None else None
+
+
+def _writes(flags: int) -> bool:
+    return not flags & _O_PATH and flags & os.O_ACCMODE in _WRITES
+
+
+def _uid(pid: int, proc: str) -> int | None:
+    """The worker's effective uid (/proc/PID/status), the owner of what it makes."""
+    try:
+        with open(f"{proc}/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    return int(line.split()[2])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def log_fd(pid: int, proc: str = "/proc") -> tuple[str, int] | None:
+    """(``/proc/PID/fd/N``, its inode or 0) of the worker's Ray Train system
+    log, a descriptor it writes through; None: none."""
     for name, target in rankfs.fd_targets(pid, proc):
         if _SYS_LOG.search(target):
-            return f"{proc}/{pid}/fd/{name}"
+            info = _fdinfo(pid, name, proc)
+            if info is not None and _writes(info[0]):
+                return f"{proc}/{pid}/fd/{name}", info[1]
     return None
 
 
@@ -65,17 +108,20 @@ def parse(text: str, pids: frozenset[int]) -> tuple[int, int] | None:
 
 def world_rank(pid: int, inner_pid: int = 0, proc: str = "/proc") -> tuple[int, int] | None:
     """(world rank, world size or 0) of Ray Train worker ``pid`` from its log."""
-    name = log_fd(pid, proc)
-    if name is None:
+    found, uid = log_fd(pid, proc), _uid(pid, proc)
+    if found is None or uid is None:
         return None
+    name, ino = found
     try:
         opened = rankfs.open_named(name)
     except OSError:
         return None
     if opened is None:
         return None
-    fd, _ = opened
+    fd, st = opened
     try:
+        if st.st_uid != uid or (ino and st.st_ino != ino):
+            return None   # not the worker's own file, or not the descriptor judged
         data = os.pread(fd, READ_BYTES, 0)
     except OSError:
         return None
