@@ -90,7 +90,7 @@ def test_at_the_real_cap_the_walk_stops_before_the_rest(tmp_path) -> None:
     ("oversized", _member("b/verdict.json", size=(64 << 20) + 1) + _docs(), True,
      "over the cap of 64 MiB a member"),
     ("bad_json", _member("b/bundle.json", b"[" * 200_000), True, "bundle.json is not JSON"),
-    ("no_format", _member("b/bundle.json", b'{"format": "other"}'), True, "does not state"),
+    ("no_format", _member("b/bundle.json", b'{"job": "j"}'), True, "does not state"),
 ])
 def test_a_malformed_bundle_exits_2_in_one_line(tmp_path, name, tar, end, said) -> None:
     r = _diagnose(_write(tmp_path, f"{name}.tar.gz", tar, end=end))

@@ -151,7 +151,8 @@ class LiveVerdict:
 
 def read(path: str | Path, caps: Caps = CAPS) -> LiveVerdict | None:
     """The live verdict of a bundle; None: the file is no bundle (a log, a dump,
-    a tar without ``bundle.json``). BundleError: an archive that is not
+    a tar without ``bundle.json``, or one whose ``bundle.json`` states another
+    tool's format). BundleError: an archive that is not
     gzip where its name says so, truncated, or with a member over a cap, a
     path that climbs (``..``) or is absolute, or a link."""
     p = Path(path)
@@ -170,6 +171,9 @@ def read(path: str | Path, caps: Caps = CAPS) -> LiveVerdict | None:
     if docs is None:
         return None
     head = docs.get(MARKER)
+    if isinstance(head, dict) and isinstance(head.get("format"), str) \
+            and head["format"] != FORMAT:
+        return None   # another tool's archive with a bundle.json: not ours to read
     if not isinstance(head, dict) or head.get("format") != FORMAT:
         raise _bad(p, f"{MARKER} does not state the format {FORMAT}")
     stalls = [s for s in (_dict(docs.get("verdict.json")).get("stalls") or [])
