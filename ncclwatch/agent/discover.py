@@ -74,6 +74,8 @@ SPAWN_PATIENCE = 60.0
 #: Lightning's children on node > 0 are numbered once the youngest is this old
 #: (seconds): their count is the node's process count only when all started.
 FAMILY_SETTLE = 3.0
+#: Job sources of members grouped by their rendezvous (the last rule applied).
+RENDEZVOUS_SOURCES = (rendezvous.STORE_JOB_SOURCE, rendezvous.FILE_JOB_SOURCE)
 #: rank_source of mp.spawn workers and of Lightning's rank 0.
 SPAWN_SOURCE = "spawn_index"
 CHILDREN_SOURCE = "children_env"
@@ -370,7 +372,10 @@ class Discovery:
         due = [pid for pid, s in cands.items() if s.candidate.due]
         if not due:
             return
-        spawners = {s.ppid for s in self._seen.values() if s.spawn}
+        # A spawner, or the parent of ranks another rule names (Lightning's rank 0,
+        # whose children say NODE_RANK/LOCAL_RANK), is that rule's to number.
+        spawners = {s.ppid for s in self._seen.values() if s.spawn or (
+            s.rank is not None and s.rank.identity.job_source not in RENDEZVOUS_SOURCES)}
         for pid, socks in rendezvous.owned(due, self._proc).items():
             c = cands[pid].candidate
             c.socks = socks
@@ -538,9 +543,11 @@ class Discovery:
                      size: int) -> RankProcess | None:
         """Lightning's rank 0 (of its node): the torch parent of the children."""
         parent = self._seen.get(ppid)
-        if parent is None or parent.launcher or (parent.rank is not None
-                                                 and parent.rank.identity.known):
+        if parent is None or parent.launcher or (
+                parent.rank is not None and parent.rank.identity.known
+                and parent.rank.identity.job_source not in RENDEZVOUS_SOURCES):
             return None  # a launcher, or a parent that says its own rank
+        # (one its rendezvous numbered before its children were seen is theirs)
         if ppid not in self._parents:
             self._parents[ppid] = None
             try:
