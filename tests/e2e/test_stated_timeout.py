@@ -9,6 +9,7 @@ rank's command line) and daemon (``ncclwatch run``), real gRPC.
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -16,6 +17,8 @@ import pytest
 from tests.conftest import Proc, need
 
 pytestmark = pytest.mark.e2e
+
+READY = re.compile(r"ready pid=(\d+)")
 
 SCRIPT = """
 import argparse, os, time
@@ -41,11 +44,11 @@ def test_megatron_minutes_on_the_command_line_are_the_jobs_timeout(ncclwatch_run
     try:
         # Wide margins: under a CPU hog two ranks importing torch take a while.
         deadline = time.time() + 150
-        while time.time() < deadline and job.output().count("ready pid=") < 2:
+        while time.time() < deadline and len(READY.findall(job.output())) < 2:
             assert job.alive(), job.output()[-3000:]
             time.sleep(0.2)
-        pids = {int(line.split("pid=")[1]) for line in job.output().splitlines()
-                if "ready pid=" in line}
+        # Two ranks share torchrun's stdout: their lines may run together.
+        pids = {int(p) for p in READY.findall(job.output())}
         assert len(pids) == 2, job.output()[-3000:]
         watchdog, j = None, None
         deadline = time.time() + 60
