@@ -18,13 +18,15 @@ import time
 
 import pytest
 
+from ncclwatch.model import STILL_EVENTS_PER_S
 from tests.conftest import ROOT, Job, Proc, need
 
 pytestmark = pytest.mark.e2e
 
 JOB = str(ROOT / "tests" / "workloads" / "gpu_shaped.py")
-#: Voluntary switches per second of the main thread outside its batches, at most.
-QUIET_PER_S = 1.0
+#: Voluntary switches per second of the main thread outside its batches, at most:
+#: three quarters of the agent's still rate, so a quiet rank reads as still with room.
+QUIET_PER_S = 0.75 * STILL_EVENTS_PER_S
 STEP = re.compile(r"\[rank 0\] step (\d+) done t=[\d.]+ seconds=([\d.]+) work=(\d+)")
 
 
@@ -63,8 +65,9 @@ def test_reads_come_in_bursts_and_the_rest_is_silent(tmp_path) -> None:
     # (almost) no switch while the device works and the rank waits: a rare one when
     # the helper thread (rank 0: the metrics thread too) holds the GIL as the main
     # thread wants it back. Measured on the idle 2-core machine, 6 runs of this job:
-    # 0-10 in 13 s (at most 0.72/s); the bound, 1/s, is half the agent's still bound
-    # (2/s), so a quiet rank still reads as still.
+    # 0-10 in 13 s (at most 0.72/s); under a CPU hog 14 in 13.3 s (a fresh-clone run).
+    # The bound, 1.5/s, is three quarters of the agent's still rate (2/s), so a quiet
+    # rank still reads as still.
     assert r1["quiet_switches"] <= max(4, QUIET_PER_S * r1["seconds"]), (r1, out)
     # rank 0: its batches and one per evaluation; writes: a line a step, metrics at 2/s
     evals = (steps - 1) // 3

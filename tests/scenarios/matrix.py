@@ -157,9 +157,13 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("first-ckpt-overrun", _first_ckpt(64), kind="checkpoint_gather", culprits=(0,),
              root_cause="save_overruns_watchdog", at_risk=True, start="save_start",
              forecast_overrun=True, forecast_within=15.0, pg_timeout=60, world=2),
-    Scenario("first-ckpt-in-budget", _first_ckpt(20), kind="checkpoint_gather", culprits=(0,),
-             root_cause="save_within_budget", at_risk=False, start="save_start",
-             pg_timeout=60, world=2),
+    # 16 MiB at 512 KiB/s: 32 s against a 120 s budget. With 20 MiB against 60 s
+    # (a 1.5x margin) the save outlived the watchdog once in a fresh-clone run under
+    # a CPU hog (the FUSE throttle is a Python process): the row is about a forecast
+    # that says "in time", so its save must be in time on a loaded machine too.
+    Scenario("first-ckpt-in-budget", _first_ckpt(16, timeout=120), kind="checkpoint_gather",
+             culprits=(0,), root_cause="save_within_budget", at_risk=False,
+             start="save_start", pg_timeout=120, world=2, limit=150.0),
     # -- frameworks (issue 12) ------------------------------------------------------
     # Each framework's own save path writes to a throttlefs mount (a FUSE
     # passthrough paced to write_rate); the saver must be named well before the
