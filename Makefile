@@ -72,12 +72,18 @@ manifests: $(STAMP)
 
 # requirements/runtime.lock: every runtime dependency of pyproject pinned and hashed,
 # for the image and node venvs (pip install --require-hashes); tests check it
-# against pyproject. Rerun after changing [project] dependencies (asks PyPI).
+# against pyproject. One lock for every Python the support matrix names: a
+# universal resolution from the oldest (--python-version, requires-python's floor)
+# up: a dependency some Pythons alone need, or a version some Pythons alone
+# take, is a line under its marker (tomli on 3.10), and pip on the node installs
+# the lines for its own Python. uv, not pip-compile: that resolves for the
+# Python it runs on only.
+# tests/test_release.py downloads every wheel it pins for each supported Python.
+# Rerun after changing [project] dependencies (asks PyPI, not the local mirror).
 lock: $(STAMP)
-	$(PIP) install -q pip-tools
-	env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null $(VENV)/bin/pip-compile -q --generate-hashes \
-	  --strip-extras --allow-unsafe --no-emit-index-url --no-emit-find-links \
-	  -o requirements/runtime.lock pyproject.toml
+	$(PIP) install -q uv
+	UV_NO_CONFIG=1 $(VENV)/bin/uv pip compile -q --universal --python-version 3.10 \
+	  --generate-hashes -o requirements/runtime.lock pyproject.toml
 
 # A test CA, a daemon certificate (localhost) and one for this node, in ./certs,
 # for trying mTLS (docs/security.md). Rerun to add nodes: NODE=name make certs.

@@ -1,15 +1,21 @@
 """A release a team can install and pin: one version, a changelog entry for
 it, and a lock of every runtime dependency, pinned and hashed, that agrees
-with pyproject's bounds."""
+with pyproject's bounds and installs on every Python the support matrix names."""
 
 from __future__ import annotations
 
+import email.parser
 import re
 import subprocess
 import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
 
-from packaging.markers import default_environment
+import pytest
+from packaging.markers import Marker, default_environment
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 import ncclwatch
@@ -24,19 +30,59 @@ LOCK = ROOT / "requirements" / "runtime.lock"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
-def _lock() -> dict[str, tuple[Version, list[str]]]:
-    """name -> (pinned version, hashes), from pip-compile's format."""
-    text = re.sub(r"\\\n\s*", " ", LOCK.read_text())
-    out = {}
+#: The Pythons a node may run ncclwatch on: the one lock installs on each (its
+#: every wheel downloaded below), the oldest is requires-python's floor and the
+#: Python `make lock` resolves from, and docs/support.md names exactly these.
+PYTHONS = ("3.10", "3.11", "3.12", "3.13", "3.14")
+
+
+@dataclass(frozen=True)
+class Pin:
+    """One line of a lock: name==version, the marker it holds under, its hashes."""
+    name: str
+    version: Version
+    marker: Marker | None
+    hashes: tuple[str, ...]
+
+
+def pins(lock: Path = LOCK) -> list[Pin]:
+    """Every line of a lock in pip-compile's or uv's format (one name may have
+    several lines, under markers that never hold together)."""
+    text = re.sub(r"\\\n\s*", " ", lock.read_text())
+    out = []
     for line in text.splitlines():
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
-        m = re.match(r"([A-Za-z0-9._-]+)==(\S+)\s*(.*)", line)
-        assert m, f"not a pinned requirement in {LOCK.name}: {line}"
-        out[m.group(1).lower().replace("_", "-")] = (
-            Version(m.group(2)), re.findall(r"--hash=sha256:([0-9a-f]{64})", m.group(3)))
+        m = re.fullmatch(r"([A-Za-z0-9._-]+)==([^\s;]+)\s*(?:;\s*(.*?))?\s*"
+                         r"((?:--hash=sha256:[0-9a-f]{64}\s*)*)", line)
+        assert m, f"not a pinned requirement in {lock.name}: {line}"
+        out.append(Pin(canonicalize_name(m.group(1)), Version(m.group(2)),
+                       Marker(m.group(3)) if m.group(3) else None,
+                       tuple(re.findall(r"[0-9a-f]{64}", m.group(4)))))
     return out
+
+
+def environment(python: str) -> dict[str, str]:
+    """The marker variables of CPython ``python`` on this machine's platform."""
+    return {**default_environment(), "python_version": python,
+            "python_full_version": f"{python}.0", "implementation_name": "cpython",
+            "platform_python_implementation": "CPython"}
+
+
+def pins_for(python: str, lock: Path = LOCK) -> dict[str, Pin]:
+    """name -> the line pip installs on CPython ``python``: those whose marker holds."""
+    out: dict[str, Pin] = {}
+    for pin in pins(lock):
+        if pin.marker is None or pin.marker.evaluate(environment(python)):
+            assert pin.name not in out, f"{pin.name}: two lines of {lock.name} for {python}"
+            out[pin.name] = pin
+    return out
+
+
+def _lock(lock: Path = LOCK, python: str = PYTHONS[0]) -> dict[str, tuple[Version, list[str]]]:
+    """name -> (pinned version, hashes) of what pip installs on ``python``."""
+    return {name: (pin.version, list(pin.hashes)) for name, pin in pins_for(python, lock).items()}
 
 
 def test_one_version_everywhere() -> None:
@@ -57,18 +103,80 @@ def test_one_version_everywhere() -> None:
             assert ncclwatch.__version__ in tag, (f, tag)
 
 
-def test_every_runtime_dependency_is_bounded_pinned_and_hashed() -> None:
-    lock = _lock()
-    env = {**default_environment(), "python_version": "3.12", "python_full_version": "3.12.0"}
+@pytest.mark.parametrize("python", PYTHONS)
+def test_every_runtime_dependency_is_bounded_pinned_and_hashed(python: str) -> None:
+    """On each Python: every dependency pyproject names for it (tomli on 3.10
+    alone) has its line, in pyproject's bounds, and every line has hashes."""
+    lock = pins_for(python)
     for spec in PYPROJECT["project"]["dependencies"]:
         req = Requirement(spec)
         assert any(s.operator in ("<", "<=", "==", "~=") for s in req.specifier), \
             f"{req.name}: no upper bound in pyproject"
-        if req.marker and not req.marker.evaluate(env):
-            continue                       # tomli: Python 3.10 only
-        name = req.name.lower().replace("_", "-")
-        assert name in lock, f"{name} is not in {LOCK.name}: make lock"
-        assert req.specifier.contains(lock[name][0], prereleases=True), \
-            f"{name}=={lock[name][0]} in {LOCK.name} is outside pyproject's {req.specifier}"
-    for name, (_, hashes) in lock.items():
-        assert hashes, f"{name} has no hash in {LOCK.name}"
+        name = canonicalize_name(req.name)
+        if req.marker and not req.marker.evaluate(environment(python)):
+            assert name not in lock, f"{name} is in {LOCK.name} for {python}, outside {req.marker}"
+            continue
+        assert name in lock, f"{name} is not in {LOCK.name} for Python {python}: make lock"
+        assert req.specifier.contains(lock[name].version, prereleases=True), \
+            f"{name}=={lock[name].version} in {LOCK.name} is outside pyproject's {req.specifier}"
+    for pin in pins():
+        assert pin.hashes, f"{pin.name} has no hash in {LOCK.name}"
+
+
+def _wheel_metadata(wheel: Path) -> email.message.Message:
+    with zipfile.ZipFile(wheel) as z:
+        [name] = [n for n in z.namelist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)]
+        return email.parser.BytesParser().parsebytes(z.read(name))
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_the_lock_installs_on_every_supported_python(python: str, tmp_path: Path) -> None:
+    """What pip on that Python takes from the lock, downloaded as a node gets it
+    (a wheel for that Python, --require-hashes; from PyPI or the local mirror,
+    whichever pip is set up for) and closed: every dependency the wheels
+    declare for that Python is a line of the lock, at a version they accept.
+    pip evaluates a lock's markers for the Python it runs on, not for
+    --python-version: the lines for ``python`` are chosen here."""
+    lock = pins_for(python)
+    req = tmp_path / f"runtime-{python}.txt"
+    req.write_text("".join(f"{p.name}=={p.version} "
+                           + " ".join(f"--hash=sha256:{h}" for h in p.hashes) + "\n"
+                           for p in lock.values()))
+    out = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--python-version",
+                          python, "--only-binary=:all:", "--no-deps", "--require-hashes",
+                          "-r", str(req), "-d", str(tmp_path / "d")],
+                         capture_output=True, text=True, timeout=600)
+    said = [x for x in (out.stdout + out.stderr).splitlines() if "is ignored" not in x]
+    assert out.returncode == 0, f"Python {python}:\n" + "\n".join(said[-40:])
+    got = {}
+    for wheel in (tmp_path / "d").glob("*.whl"):
+        meta = _wheel_metadata(wheel)
+        got[canonicalize_name(meta["Name"])] = (Version(meta["Version"]),
+                                                meta.get_all("Requires-Dist") or [])
+    assert {n: v for n, (v, _) in got.items()} == {n: p.version for n, p in lock.items()}
+    for name, (_, requires) in got.items():
+        for spec in map(Requirement, requires):
+            if spec.marker and not spec.marker.evaluate({**environment(python), "extra": ""}):
+                continue
+            dep = canonicalize_name(spec.name)
+            assert dep in lock, f"{name} needs {spec} on {python}: not in {LOCK.name}"
+            assert spec.specifier.contains(lock[dep].version, prereleases=True), \
+                f"{name} needs {spec} on {python}; {LOCK.name} pins {lock[dep].version}"
+
+
+def test_the_support_matrix_names_the_pythons_the_lock_installs_on() -> None:
+    """What is promised is what is proven: docs/support.md names exactly PYTHONS,
+    pyproject's requires-python starts at the oldest, and `make lock` resolves
+    from it."""
+    support = (ROOT / "docs" / "support.md").read_text()
+    row = re.search(r"^\| ncclwatch itself \| CPython ((?:3\.\d+, )*3\.\d+)[ ;|]", support, re.M)
+    assert row, "docs/support.md: the row 'ncclwatch itself' starts 'CPython 3.X, 3.Y, ...'"
+    assert tuple(row.group(1).split(", ")) == PYTHONS, row.group(0)
+    assert PYPROJECT["project"]["requires-python"] == f">={PYTHONS[0]}"
+    make = re.sub(r"\\\n\s*", " ", (ROOT / "Makefile").read_text())
+    [compile_] = re.findall(r"^\t.*uv pip compile .*$", make, re.M)
+    assert f"--universal --python-version {PYTHONS[0]} " in compile_, compile_
+    assert "-o requirements/runtime.lock" in compile_, compile_
+    assert f"--python-version {PYTHONS[0]} " in LOCK.read_text().split("\n", 3)[1], \
+        f"{LOCK.name} was not made by `make lock`"
+

@@ -1,6 +1,7 @@
 """The release as a node gets it: the wheel, built here, installed into a clean
-venv with the hashed lock (requirements/runtime.lock), and a daemon and an agent
-run from that venv against a real job.
+venv with the hashed lock (requirements/runtime.lock: pip takes the lines for
+this machine's Python), and a daemon and an agent run from that venv against a
+real job.
 
 Nothing comes from the test venv or the checkout: the venv has its own pip,
 the dependencies come from PyPI only as the lock pins and hashes them, the
@@ -20,9 +21,12 @@ import time
 import urllib.request
 
 import pytest
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 import ncclwatch
 from tests.conftest import ROOT, Proc, free_port
+from tests.test_release import LOCK, PYTHONS, pins_for
 
 pytestmark = pytest.mark.e2e
 
@@ -52,8 +56,7 @@ def release_venv(tmp_path_factory):
     venv = tmp / "venv"
     _run([sys.executable, "-m", "venv", str(venv)], env=env)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-cache-dir"]
-    _run([*pip, "--require-hashes", "-r", str(ROOT / "requirements" / "runtime.lock")],
-         env=env)
+    _run([*pip, "--require-hashes", "-r", str(LOCK)], env=env)
     _run([*pip, "--no-deps", str(wheel)], env=env)
     return venv, env, tmp
 
@@ -69,6 +72,15 @@ def test_the_installed_release_runs(release_venv) -> None:
     assert all(p.startswith(str(venv)) for p in where.split()), where
     assert (venv / "bin" / "py-spy").exists(), "py-spy's binary, where the agent looks first"
     _run([str(venv / "bin" / "python"), "-m", "pip", "check"], env=env)
+    # Exactly the lock's lines for this Python, as the release tests choose them
+    # for every supported one (tests/test_release.py), and nothing else.
+    python = "{}.{}".format(*sys.version_info[:2])
+    assert python in PYTHONS, f"Python {python} is not in the support matrix"
+    listed = json.loads(_run([str(venv / "bin" / "python"), "-m", "pip", "list",
+                              "--format=json"], env=env).stdout)
+    got = {canonicalize_name(d["name"]): Version(d["version"]) for d in listed
+           if canonicalize_name(d["name"]) not in ("pip", "setuptools", "ncclwatch")}
+    assert got == {n: p.version for n, p in pins_for(python).items()}, got
 
 
 def test_daemon_and_agent_from_the_release_name_a_real_stall(release_venv, torch_job) -> None:
