@@ -1,4 +1,4 @@
-"""The ``ncclwatch`` command: run, agent, daemon, status, dump, diagnose, certs."""
+"""The ``ncclwatch`` command: run, agent, daemon, status, dump, diagnose, certs, install, render."""
 
 from __future__ import annotations
 
@@ -116,6 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
     from ncclwatch.agent import viewhelper
 
     install.add_parser(sub)
+    from ncclwatch import kuberender
+
+    rk = sub.add_parser("render", help=kuberender.HELP, description=kuberender.HELP)
+    kuberender.add_arguments(rk)
     vh = sub.add_parser("view-helper", help=viewhelper.HELP, description=viewhelper.HELP)
     viewhelper.add_arguments(vh)
     return p
@@ -152,6 +156,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from ncclwatch import install
 
             return install.main(args)
+        if args.command == "render":
+            from ncclwatch import kuberender
+
+            return kuberender.main(args)
         options = {"run": RUN_OPTIONS, "daemon": DAEMON_OPTIONS, "agent": AGENT_OPTIONS}
         file = load_file(args.config, DEFAULT_FILES[args.command])
         cfg = resolve(options[args.command], args, file)

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from deploy import generate
+from ncclwatch import kuberender
 from ncclwatch.cli import AGENT_OPTIONS, DAEMON_OPTIONS, build_parser
 from ncclwatch.config import load_file, resolve
 from tests.conftest import ROOT, Proc, free_port, need
@@ -186,10 +187,11 @@ def test_generated_files_are_current() -> None:
 
 
 def test_generation_notices_a_changed_source(tmp_path: Path) -> None:
-    for name in generate.OUTPUTS:
+    outputs = kuberender.generated()
+    for name in outputs:
         (tmp_path / name).parent.mkdir(exist_ok=True)  # sharded/
         (tmp_path / name).write_text((K8S / name).read_text().replace("ncclwatch", "nclwatch", 1))
-    assert sorted(generate.stale(tmp_path)) == sorted(generate.OUTPUTS)
+    assert sorted(generate.stale(tmp_path)) == sorted(outputs)
     assert generate.main(["--check", "--out", str(tmp_path)]) == 1
     assert generate.main(["--out", str(tmp_path)]) == 0
     assert generate.stale(tmp_path) == []
@@ -208,7 +210,7 @@ def test_prometheus_rule_holds_exactly_the_shipped_rules() -> None:
                          for u in links), links
     assert "file://" not in json.dumps(rule) and "docs/runbooks" not in json.dumps(rule)
     host = generate.SERVICE_RUNBOOKS.split("//")[1].split(":")[0]
-    assert host in generate.allowed_hosts().split(",")
+    assert host in kuberender.allowed_hosts(kuberender.Site(), []).split(",")
     alerts = [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
     assert {"NCCLWatchDaemonDown", "NCCLWatchDaemonReplicaDown"} <= set(alerts)
     assert len(alerts) == len(set(alerts)) >= 10
@@ -637,13 +639,13 @@ def test_network_policy_lets_only_agents_reach_grpc_and_prometheus_http() -> Non
 
 def test_the_prometheus_namespace_is_one_value_of_the_generator(tmp_path: Path) -> None:
     """Change PROMETHEUS_NAMESPACE, regenerate: both layouts' policies follow."""
-    text = generate.network_policy("observability")
+    text = kuberender.network_policy(kuberender.Site(prometheus_namespace="observability"))
     [np] = [d for d in yaml.safe_load_all(text) if d]
     (_, http_rule) = np["spec"]["ingress"]
     assert http_rule["from"][0]["namespaceSelector"]["matchLabels"] == {
         "kubernetes.io/metadata.name": "observability"}
     assert "monitoring" not in text.replace("monitoring.coreos", "")
-    assert generate.OUTPUTS["networkpolicy.yaml"]() == (K8S / "networkpolicy.yaml").read_text()
+    assert kuberender.generated()["networkpolicy.yaml"] == (K8S / "networkpolicy.yaml").read_text()
     assert (K8S / "sharded" / "networkpolicy.yaml").read_text().endswith(
         (K8S / "networkpolicy.yaml").read_text())
 

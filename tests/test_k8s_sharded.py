@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from deploy import generate
+from ncclwatch import kuberender
 from ncclwatch.cli import AGENT_OPTIONS, DAEMON_OPTIONS, _shard_map, build_parser
 from ncclwatch.config import load_file, resolve
 from ncclwatch.shard import shard_list
@@ -130,22 +131,25 @@ def test_network_policy_covers_every_shards_daemons() -> None:
 def test_every_daemon_answers_its_services_names() -> None:
     """The shard map's URLs (https) name hosts the daemons' allowlist serves."""
     toml = one("ConfigMap", "ncclwatch-daemon")["data"]["daemon.toml"]
-    hosts = set(generate.allowed_hosts().split(","))
-    assert f'allowed_hosts = "{generate.allowed_hosts()}"' in toml
-    for group in generate.shard_urls():
+    daemons = [f"ncclwatch-daemon-{k}{x}" for k in range(N) for x in "ab"]
+    allowed = kuberender.allowed_hosts(kuberender.Site(), daemons, N)
+    hosts = set(allowed.split(","))
+    assert f'allowed_hosts = "{allowed}"' in toml
+    for group in kuberender.shard_urls(kuberender.Site(), N):
         for url in group:
             assert url.startswith("https://") and url.split("//")[1].rsplit(":", 1)[0] in hosts
 
 
 def test_every_daemon_links_through_its_own_service() -> None:
     """Each daemon's external URL is its own Service, the URL the shard map names."""
-    urls = [u for group in generate.shard_urls() for u in group]
+    shard_urls = kuberender.shard_urls(kuberender.Site(), N)
+    urls = [u for group in shard_urls for u in group]
     for k in range(N):
         for x in "ab":
             (c,) = one("Deployment", f"ncclwatch-daemon-{k}{x}")["spec"]["template"]["spec"][
                 "containers"]
             env = {e["name"]: e.get("value") for e in c["env"]}
-            assert env["NCCLWATCH_EXTERNAL_URL"] == generate.shard_urls()[k]["ab".index(x)]
+            assert env["NCCLWATCH_EXTERNAL_URL"] == shard_urls[k]["ab".index(x)]
             assert env["NCCLWATCH_EXTERNAL_URL"] in urls and env["NCCLWATCH_SHARD"] == str(k)
 
 
