@@ -11,6 +11,13 @@ installed distribution's RECORD, whatever the scheme: venv, --user,
 and copies them to where each belongs. ``--root`` is prepended to every
 destination (DESTDIR: image builds, packaging, tests).
 
+The shipped units name the venv ``/opt/ncclwatch`` (``ExecStart=``,
+``Documentation=``); ``install systemd`` writes them for the venv this command
+runs from (``sys.prefix``: its ``bin/ncclwatch`` and ``share/doc/ncclwatch``),
+or the one ``--prefix`` names, says which, and refuses a prefix without
+``bin/ncclwatch`` (under ``--root`` or on this host): a unit that cannot start
+is no install.
+
 Each file is written to a temporary file in its destination folder, synced,
 given its mode on the descriptor and renamed over: a reader sees the old file
 or the new one, never half of it. A symlink at the destination folder or at a
@@ -22,14 +29,45 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import secrets
 import stat
 import sys
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path, PurePosixPath
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
+
+#: The venv the shipped units name (ExecStart=, Documentation=, their comments):
+#: `install systemd` writes the prefix it installs them for in its place.
+SHIPPED_PREFIX = "/opt/ncclwatch"
+#: A prefix goes into ExecStart= and file:// URLs as it is: no spaces to quote,
+#: no % specifiers, no $ variables, nothing systemd would read another way.
+SAFE_PREFIX = re.compile(r"(/[A-Za-z0-9._+-]+)+")
+
+
+@dataclass(frozen=True)
+class Values:
+    """What the files of a kind are written with, besides their own text."""
+    prefix: str               # the venv the units run ncclwatch from
+    runbook_url: str | None   # rules: where alerts link the runbooks (None: RUNBOOK_FALLBACK)
+
+
+def _for_prefix(name: str, text: str, values: Values) -> str:
+    """A unit for the venv ``values.prefix``: every SHIPPED_PREFIX path of its
+    settings (ExecStart=, Documentation=); comments still say what was shipped."""
+    path = re.compile(rf"{re.escape(SHIPPED_PREFIX)}(?![\w-])")
+    return "".join(line if line.lstrip().startswith(("#", ";"))
+                   else path.sub(values.prefix, line) for line in text.splitlines(True))
+
+
+def _runbook_url(name: str, text: str, values: Values) -> str:
+    """alerts.yaml linking the runbooks at ``values.runbook_url`` when given."""
+    if name != "alerts.yaml" or not values.runbook_url:
+        return text
+    return text.replace(RUNBOOK_FALLBACK, values.runbook_url.rstrip("/") + "/")
 
 
 @dataclass(frozen=True)
@@ -43,6 +81,8 @@ class Kind:
     prefix: str = ""           # put before each file's name (a folder other software shares)
     mode: int = 0o644          # of the installed files (0o755: a script something runs)
     in_all: bool = True        # part of `install all` (not: what only some sites run)
+    #: (file name, text, values) -> the text to install; None: the bytes as shipped
+    edit: Callable[[str, str, Values], str] | None = None
 
     def name(self, source: str) -> str:
         """The installed name of the shipped file ``source``."""
@@ -55,7 +95,8 @@ KINDS = {
     "systemd": Kind("ncclwatch/systemd", ("systemd/*.service",), "/etc/systemd/system", False,
                     "systemctl daemon-reload && systemctl enable --now ncclwatch-agent "
                     "(or ncclwatch-daemon on the collector host)",
-                    "the agent and daemon units (they run /opt/ncclwatch/bin/ncclwatch)"),
+                    "the agent, daemon and view-helper units, for the venv this command "
+                    "runs from or --prefix (ExecStart=PREFIX/bin/ncclwatch)", edit=_for_prefix),
     "config": Kind("ncclwatch/config", ("systemd/examples/*.toml",), "/etc/ncclwatch", True,
                    "set collector = in agent.toml",
                    "example agent.toml and daemon.toml (kept if present, unless --force)"),
@@ -64,7 +105,8 @@ KINDS = {
                    "dashboards/prometheus/alertmanager.example.yml"),
                   "/etc/prometheus/ncclwatch", False,
                   "add alerts.yaml and rules.yaml to Prometheus's rule_files",
-                  "Prometheus alerting and recording rules, an Alertmanager example"),
+                  "Prometheus alerting and recording rules, an Alertmanager example",
+                  edit=_runbook_url),
     "dashboards": Kind("ncclwatch/grafana", ("dashboards/grafana/*.json",),
                        "/var/lib/grafana/dashboards/ncclwatch", False,
                        "point a Grafana dashboard provider at this folder",
@@ -195,9 +237,38 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--force", action="store_true", help="overwrite configs that exist")
     p.add_argument("--list", action="store_true",
                    help="print what would be copied where, and copy nothing")
+    p.add_argument("--prefix", metavar="DIR",
+                   help="systemd: the venv the units run ncclwatch from, PREFIX/bin/ncclwatch, "
+                   "and link the docs of, PREFIX/share/doc/ncclwatch (default: the venv this "
+                   f"command runs from, {sys.prefix}; the shipped units say {SHIPPED_PREFIX})")
     p.add_argument("--runbook-url", metavar="URL",
                    help="rules: where alerts link the runbooks when no daemon was seen in a "
                    f"week (an http(s) copy of docs/runbooks; default: {RUNBOOK_FALLBACK})")
+
+
+def _under_root(root: str, path: Path) -> Path:
+    """``path`` as seen from the host when ``root`` is the system's root (DESTDIR)."""
+    return Path(root) / path.relative_to(path.anchor) if path.is_absolute() \
+        else Path(root) / path if root != "/" else path
+
+
+def unit_prefix(args: argparse.Namespace) -> tuple[str | None, str, int]:
+    """(the venv the units are written for, why that one, 0); (None, the error, exit
+    status) when it is no plain absolute path (2) or has no bin/ncclwatch, under
+    --root nor on this host (1)."""
+    given = args.prefix is not None
+    prefix = os.path.normpath(args.prefix) if given else sys.prefix
+    why = "--prefix" if given else "the venv this command runs from; --prefix for another"
+    if not os.path.isabs(prefix) or not SAFE_PREFIX.fullmatch(prefix):
+        return None, (f"--prefix {args.prefix}: an absolute path of letters, digits and "
+                      "._+- only (it goes into ExecStart= unquoted)" if given
+                      else f"{prefix} ({why}) is no plain absolute path: give --prefix"), 2
+    exe = Path(prefix) / "bin" / "ncclwatch"
+    where = {_under_root(args.root, exe), exe}   # in the image --root builds, or this host's
+    if not any(os.access(e, os.X_OK) for e in where) and not args.list:
+        return None, (f"{' nor '.join(map(str, sorted(where)))}: missing or not executable, "
+                      "the units would not start (give --prefix of the venv that has it)"), 1
+    return prefix, why, 0
 
 
 def main(args: argparse.Namespace) -> int:
@@ -210,15 +281,23 @@ def main(args: argparse.Namespace) -> int:
         print("ncclwatch install: --runbook-url must be an http:// or https:// URL",
               file=sys.stderr)
         return 2
+    if args.prefix is not None and "systemd" not in kinds:
+        print("ncclwatch install: --prefix is for the systemd units", file=sys.stderr)
+        return 2
+    prefix, why, status = unit_prefix(args) if "systemd" in kinds else (SHIPPED_PREFIX, "", 0)
+    if prefix is None:
+        print(f"ncclwatch install: {why}", file=sys.stderr)
+        return status
+    if "systemd" in kinds:
+        print(f"units run {prefix}/bin/ncclwatch ({why})")
+    values = Values(prefix=prefix, runbook_url=args.runbook_url)
     for name in kinds:
         k = KINDS[name]
         files = sources(name)
         if not files:
             print(f"ncclwatch install: no {name} files found (a broken install?)", file=sys.stderr)
             return 1
-        dest = Path(args.dest or k.dest)
-        dest = Path(args.root) / dest.relative_to(dest.anchor) if dest.is_absolute() \
-            else Path(args.root) / dest if args.root != "/" else dest
+        dest = _under_root(args.root, Path(args.dest or k.dest))
         dir_fd = None
         try:
             for src in files:
@@ -232,11 +311,8 @@ def main(args: argparse.Namespace) -> int:
                     if exists(dir_fd, target) and k.keep_existing and not args.force:
                         print(f"kept {target} (exists; --force overwrites)")
                         continue
-                    if name == "rules" and args.runbook_url and src.name == "alerts.yaml":
-                        data = src.read_text().replace(
-                            RUNBOOK_FALLBACK, args.runbook_url.rstrip("/") + "/").encode()
-                    else:
-                        data = src.read_bytes()
+                    data = src.read_bytes() if k.edit is None \
+                        else k.edit(src.name, src.read_text(), values).encode()
                     replace(dir_fd, target.name, data, k.mode)
                 except Refused as e:
                     print(f"ncclwatch install: {e}", file=sys.stderr)

@@ -1,13 +1,15 @@
 """The wheel carries what a node needs besides code, and `ncclwatch install`
 lays it out from an installed wheel (no source checkout): units, configs,
 rules, dashboards, Kubernetes manifests, the Slurm TaskProlog, runbooks; the
-units' Documentation= is a file the wheel installs."""
+units' Documentation= is a file the wheel installs, and the installed units
+run the venv `install` ran from (or --prefix), as systemd-analyze verifies."""
 
 from __future__ import annotations
 
 import filecmp
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -26,7 +28,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-VENV_PREFIX = "/opt/ncclwatch"  # the venv the units' ExecStart= runs from
+VENV_PREFIX = "/opt/ncclwatch"  # the venv the shipped units' ExecStart= runs from
 
 
 def _run(*argv, **kw) -> subprocess.CompletedProcess:
@@ -37,6 +39,13 @@ def _run(*argv, **kw) -> subprocess.CompletedProcess:
 
 def _source_files(kind: str) -> list[Path]:
     return sorted({p for g in install.KINDS[kind].sources for p in ROOT.glob(g)})
+
+
+def _unit_for(src: Path, prefix: Path) -> str:
+    """A shipped unit as `install systemd` writes it for the venv ``prefix``:
+    its settings' /opt/ncclwatch paths, not its comments."""
+    return "".join(line if line.startswith("#") else line.replace(VENV_PREFIX, str(prefix))
+                   for line in src.read_text().splitlines(True))
 
 
 def test_pyproject_ships_what_install_copies() -> None:
@@ -106,9 +115,14 @@ def test_install_lays_out_every_kind_from_the_installed_wheel(installed, tmp_pat
         assert (sorted(p.name for p in dest.iterdir())
                 == sorted(kind.name(p.name) for p in want)), name
         for src in want:
-            assert filecmp.cmp(src, dest / kind.name(src.name), shallow=False), (name, src.name)
+            if name == "systemd":   # written for this venv: tests below
+                assert (dest / src.name).read_text() == _unit_for(src, venv), src.name
+            else:
+                assert filecmp.cmp(src, dest / kind.name(src.name), shallow=False), \
+                    (name, src.name)
             assert (dest / kind.name(src.name)).stat().st_mode & 0o777 == kind.mode
     assert (root / "etc/systemd/system/ncclwatch-agent.service").exists()
+    assert f"units run {venv}/bin/ncclwatch (the venv this command runs from" in out
     assert (root / "etc/slurm/ncclwatch-task-prolog.sh").stat().st_mode & 0o777 == 0o755
     assert "next: systemctl daemon-reload" in out
     # Configs are edited in place: a second run keeps them, --force replaces them.
@@ -124,6 +138,85 @@ def test_install_lays_out_every_kind_from_the_installed_wheel(installed, tmp_pat
     listed = _run(exe, "install", "kubernetes", "--list", "--dest", str(tmp_path / "k"),
                   env=env, cwd=tmp_path).stdout
     assert "kustomization.yaml" in listed and not (tmp_path / "k").exists()
+
+
+def _verify(unit: Path) -> None:
+    """systemd-analyze verify, as tests/test_systemd.py runs it on the shipped units."""
+    from tests.test_systemd import systemd_analyze
+
+    r = subprocess.run([systemd_analyze(), "verify", str(unit)], capture_output=True,
+                       text=True, timeout=60)
+    foreign = re.compile(r"^/(etc|run|usr/lib|lib)/systemd/\S+:")
+    ours = [x for x in (r.stdout + r.stderr).splitlines() if x.strip() and not foreign.match(x)]
+    assert r.returncode == 0 and not ours, f"systemd-analyze verify {unit}:\n" + "\n".join(ours)
+
+
+def _installed_units(root: Path) -> dict[str, tuple[list[str], list[str]]]:
+    """unit name -> (ExecStart= argv, Documentation= URIs) of the units under ``root``."""
+    out = {}
+    for unit in sorted((root / "etc/systemd/system").glob("*.service")):
+        text = unit.read_text()
+        [exec_start] = re.findall(r"^ExecStart=(.*)$", text, re.M)
+        [docs] = re.findall(r"^Documentation=(.*)$", text, re.M)
+        out[unit.name] = (shlex.split(exec_start), docs.split())
+    assert sorted(out) == sorted(p.name for p in _source_files("systemd")), out
+    return out
+
+
+def test_installed_units_run_the_venv_install_ran_from(installed, tmp_path: Path) -> None:
+    """`install systemd` from a venv that is not /opt/ncclwatch: the units it
+    writes run that venv's ncclwatch and link the docs that venv holds, it says
+    so, and systemd-analyze verifies each installed unit as it is."""
+    _, env, venv = installed
+    root = tmp_path / "root"
+    out = _run(str(venv / "bin" / "ncclwatch"), "install", "systemd", "--root", str(root),
+               env=env, cwd=tmp_path).stdout
+    assert out.startswith(f"units run {venv}/bin/ncclwatch (the venv this command runs from; "
+                          "--prefix for another)\n"), out
+    for name, (argv, docs) in _installed_units(root).items():
+        assert argv[0] == str(venv / "bin" / "ncclwatch"), (name, argv)
+        for uri in docs:
+            assert uri.startswith(f"file://{venv}/share/doc/ncclwatch/"), (name, uri)
+            assert Path(uri.removeprefix("file://")).is_file(), (name, uri)
+        _verify(root / "etc/systemd/system" / name)
+
+
+def test_install_prefix_writes_the_units_for_another_venv(installed, tmp_path: Path) -> None:
+    """--prefix: the units run PREFIX/bin/ncclwatch and link PREFIX's docs (an
+    image's venv under --root, or another venv on this host); a prefix without
+    bin/ncclwatch, one that would not read back from ExecStart= as written, or
+    --prefix without the systemd kind is refused, and nothing is written."""
+    _, env, venv = installed
+    exe = str(venv / "bin" / "ncclwatch")
+    root = tmp_path / "root"
+    prefix = root / "srv/ncclwatch-2"   # /srv/ncclwatch-2 in the image --root builds
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "bin/ncclwatch").symlink_to(venv / "bin" / "ncclwatch")
+    out = _run(exe, "install", "systemd", "--root", str(root), "--prefix", "/srv/ncclwatch-2/",
+               env=env, cwd=tmp_path).stdout
+    assert out.startswith("units run /srv/ncclwatch-2/bin/ncclwatch (--prefix)\n"), out
+    for name, (argv, docs) in _installed_units(root).items():
+        assert argv[0] == "/srv/ncclwatch-2/bin/ncclwatch", (name, argv)
+        assert all(u.startswith("file:///srv/ncclwatch-2/share/doc/ncclwatch/") for u in docs)
+    # verify resolves ExecStart= on this host: the same units for the host's path.
+    host = tmp_path / "host"
+    _run(exe, "install", "systemd", "--root", str(host), "--prefix", str(prefix), env=env,
+         cwd=tmp_path)
+    for name in _installed_units(host):
+        _verify(host / "etc/systemd/system" / name)
+    for argv, code, says in (
+            (["--prefix", str(tmp_path / "none")], 1, "missing or not executable"),
+            (["--prefix", str(tmp_path / "a b")], 2, "absolute path of letters"),
+            (["--prefix", "opt/ncclwatch"], 2, "absolute path of letters"),
+            (["--prefix", "/opt/%n"], 2, "absolute path of letters")):
+        r = subprocess.run([exe, "install", "systemd", "--root", str(tmp_path / "no"), *argv],
+                           capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+        assert (r.returncode, says in r.stderr) == (code, True), (argv, r.stderr)
+    r = subprocess.run([exe, "install", "rules", "--prefix", str(prefix), "--root",
+                        str(tmp_path / "no")], capture_output=True, text=True, timeout=60,
+                       env=env, cwd=tmp_path)
+    assert r.returncode == 2 and "--prefix is for the systemd units" in r.stderr, r.stderr
+    assert not (tmp_path / "no").exists()
 
 
 def test_install_slurm_puts_the_task_prolog_where_slurm_conf_names_it(tmp_path: Path,
@@ -181,7 +274,8 @@ def test_containerfile_installs_the_wheel_where_units_and_manifests_expect() -> 
     for cmd in (c.strip() for r in runs for c in r.split("&&")):
         assert re.match(r"(apt-get update$|DEBIAN_FRONTEND=noninteractive apt-get install -y "
                         r"--no-install-recommends |python3 -m venv |/build/bin/pip wheel "
-                        r"--no-cache-dir --no-deps |/opt/ncclwatch/bin/pip install |rm |cp )",
+                        r"--no-cache-dir --no-deps |/build/bin/pip install --no-cache-dir -q "
+                        r"--require-hashes |/opt/ncclwatch/bin/pip install |rm |cp )",
                         cmd), cmd
     # Dependencies only as the lock pins and hashes them; the wheel itself without any.
     pips = [c.strip() for r in runs for c in r.split("&&") if "/opt/ncclwatch/bin/pip" in c]

@@ -23,6 +23,7 @@ from tests.conftest import ROOT, Proc, free_port, need
 UNITS = ROOT / "systemd"
 AGENT = "ncclwatch-agent.service"
 DAEMON = "ncclwatch-daemon.service"
+VIEW = "ncclwatch-view.service"
 INSTALLED = "/opt/ncclwatch/bin/ncclwatch"
 # What the units reach with systemd 252 (Debian 12); the agent must stay <= 3.3.
 # A newer systemd may score new settings: then re-measure, never just raise these.
@@ -53,15 +54,21 @@ def directives(unit: str) -> dict[str, list[str]]:
 
 
 @pytest.fixture
-def local_units(tmp_path: Path) -> Path:
-    """The units with ExecStart's binary rewritten to this venv's ncclwatch, so
-    that verify checks everything else instead of stopping at /opt."""
-    real = Path(sys.executable).with_name("ncclwatch")
+def local_units(tmp_path: Path, capsys) -> Path:
+    """The units as `ncclwatch install systemd` writes them for this venv (its
+    ncclwatch in ExecStart=), so that verify checks them as installed instead
+    of stopping at /opt/ncclwatch, absent here."""
+    from ncclwatch.cli import main
+
+    real = Path(sys.prefix) / "bin" / "ncclwatch"
     assert real.exists(), f"{real} missing: run `make test`"
-    for unit in (AGENT, DAEMON):
+    for unit in (AGENT, DAEMON, VIEW):
         text = (UNITS / unit).read_text()
         assert f"ExecStart={INSTALLED} " in text, f"{unit}: ExecStart is not {INSTALLED}"
-        (tmp_path / unit).write_text(text.replace(f"ExecStart={INSTALLED} ", f"ExecStart={real} "))
+    assert main(["install", "systemd", "--dest", str(tmp_path)]) == 0
+    assert f"units run {real} (the venv this command runs from" in capsys.readouterr().out
+    for unit in (AGENT, DAEMON, VIEW):
+        assert f"ExecStart={real} " in (tmp_path / unit).read_text(), unit
     return tmp_path
 
 
@@ -303,19 +310,13 @@ def test_daemon_serves_under_its_syscall_filter_and_mdwe(tmp_path: Path, workers
         sd.close()
 
 
-VIEW = "ncclwatch-view.service"
-
-
-def test_the_view_helper_unit_holds_only_what_the_view_needs(tmp_path: Path) -> None:
+def test_the_view_helper_unit_holds_only_what_the_view_needs(local_units: Path) -> None:
     """The opt-in for chroot'd ranks (viewhelper.py): its own unit holds
     CAP_SYS_ADMIN and CAP_SYS_CHROOT (with py-spy's two), mount namespaces
     and the @mount calls after the privileged ones are denied, no network;
     it verifies clean, and the agent's unit gains nothing."""
-    real = Path(sys.executable).with_name("ncclwatch")
-    text = (UNITS / VIEW).read_text()
-    assert f"ExecStart={INSTALLED} view-helper " in text
-    unit = tmp_path / VIEW
-    unit.write_text(text.replace(f"ExecStart={INSTALLED} ", f"ExecStart={real} "))
+    assert f"ExecStart={INSTALLED} view-helper " in (UNITS / VIEW).read_text()
+    unit = local_units / VIEW
     r = subprocess.run([systemd_analyze(), "verify", str(unit)], capture_output=True,
                        text=True, timeout=60)
     foreign = re.compile(r"^/(etc|run|usr/lib|lib)/systemd/\S+:")
