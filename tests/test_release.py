@@ -27,6 +27,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 LOCK = ROOT / "requirements" / "runtime.lock"
+BUILD_LOCK = ROOT / "requirements" / "build.lock"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
@@ -180,3 +181,19 @@ def test_the_support_matrix_names_the_pythons_the_lock_installs_on() -> None:
     assert f"--python-version {PYTHONS[0]} " in LOCK.read_text().split("\n", 3)[1], \
         f"{LOCK.name} was not made by `make lock`"
 
+
+def test_the_build_backend_is_pinned_and_hashed() -> None:
+    """The image builds the wheel without build isolation, from the backend
+    requirements/build.lock pins and hashes (the Containerfile installs it with
+    --require-hashes): every [build-system] requirement is there, in bounds."""
+    lock = _lock(BUILD_LOCK)
+    for spec in PYPROJECT["build-system"]["requires"]:
+        req = Requirement(spec)
+        name = req.name.lower().replace("_", "-")
+        assert name in lock, f"{name} is not in {BUILD_LOCK.name}"
+        assert req.specifier.contains(lock[name][0], prereleases=True), \
+            f"{name}=={lock[name][0]} in {BUILD_LOCK.name} is outside pyproject's {req.specifier}"
+    for name, (_, hashes) in lock.items():
+        assert hashes, f"{name} has no hash in {BUILD_LOCK.name}"
+    assert "-r requirements/build.lock" in re.sub(r"\\\n\s*", " ",
+                                                  (ROOT / "Containerfile").read_text())
