@@ -8,6 +8,10 @@ a copy of an earlier stage, ``RUN`` a ``chroot`` under the stage's ``USER``,
 ``WORKDIR`` and ``ENV``, ``COPY`` a copy honouring ``.dockerignore``. An
 instruction it does not know stops the build (exit 2), never skipped.
 
+A RUN step runs as root in the image but is kept off the build host as an
+engine keeps it (``deploy/runstep.py``); nothing the build writes, mounts or
+deletes follows a symlink a step left in the image out of it.
+
 The output is ``OUT/rootfs`` and ``OUT/config.json``, the OCI image config's
 runtime part (Env, Entrypoint, Cmd, User, WorkingDir, ExposedPorts), which is
 what a runtime reads to start a container from it.
@@ -35,6 +39,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from deploy.runstep import BuildError, inside, run_step
+
 ROOT = Path(__file__).resolve().parent.parent
 CONTAINERFILE = ROOT / "Containerfile"
 #: What a RUN step starts with, as Docker and Podman give it.
@@ -49,10 +55,6 @@ SLIM_KEEP = ("/usr/share/doc/*/copyright",)
 BUILD_CA = "/run/build-ca.pem"
 #: Instructions read; any other stops the build.
 KNOWN = ("ARG", "FROM", "WORKDIR", "COPY", "RUN", "ENV", "USER", "EXPOSE", "ENTRYPOINT", "CMD")
-
-
-class BuildError(RuntimeError):
-    pass
 
 
 @dataclass
@@ -198,7 +200,7 @@ class Builder:
                 args[key] = value
             elif ins.op == "WORKDIR":
                 config["WorkingDir"] = text
-                (root / text.lstrip("/")).mkdir(parents=True, exist_ok=True)
+                inside(root, text).mkdir(parents=True, exist_ok=True)
             elif ins.op == "ENV":
                 for word in shlex.split(text):
                     key, sep, value = word.partition("=")
@@ -234,7 +236,7 @@ class Builder:
         if len(words) < 2 or any(w.startswith("--") for w in words):
             raise BuildError(f"{where}: COPY [--from=STAGE] SRC... DEST")
         *sources, dest = words
-        target = root / (dest if dest.startswith("/") else f"{workdir}/{dest}").lstrip("/")
+        target = inside(root, dest if dest.startswith("/") else f"{workdir}/{dest}")
         for src in sources:
             if any(c in src for c in "*?["):
                 raise BuildError(f"{where}: COPY {src}: wildcards are not read here")
@@ -243,14 +245,16 @@ class Builder:
             if not path.is_relative_to(source_root.resolve()):
                 raise BuildError(f"{where}: COPY {src}: outside the build context")
             if path.is_dir():
-                self._copy_tree(path, target, patterns, path.relative_to(source_root.resolve())
+                self._copy_tree(root, path, target, patterns,
+                                path.relative_to(source_root.resolve())
                                 if path != source_root else Path(""))
             else:
-                final = target / path.name if dest.endswith("/") else target
+                final = inside(root, target / path.name if dest.endswith("/") else target)
                 final.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(path, final)
 
-    def _copy_tree(self, src: Path, dest: Path, patterns: list[str], rel0: Path) -> None:
+    def _copy_tree(self, root: Path, src: Path, dest: Path, patterns: list[str],
+                   rel0: Path) -> None:
         for dirpath, dirnames, filenames in os.walk(src):
             rel_dir = Path(dirpath).relative_to(src)
             keep = []
@@ -259,37 +263,23 @@ class Builder:
                 if not ignored(rel, patterns):
                     keep.append(d)
             dirnames[:] = keep
-            (dest / rel_dir).mkdir(parents=True, exist_ok=True)
+            folder = inside(root, dest / rel_dir)
+            folder.mkdir(parents=True, exist_ok=True)
             for f in filenames:
                 if not ignored((rel0 / rel_dir / f).as_posix(), patterns):
-                    shutil.copy2(Path(dirpath) / f, dest / rel_dir / f, follow_symlinks=False)
+                    shutil.copy2(Path(dirpath) / f, inside(root, folder / f),
+                                 follow_symlinks=False)
 
     def _run(self, root: Path, command: str, env: dict[str, str], user: str, workdir: str,
              where: str) -> None:
-        """One RUN, in a mount namespace of its own: /proc, /dev and the host's
-        resolver are mounted for it and gone after, as an engine's are."""
-        run_env = {"HOME": "/root", **env}
-        mounts = [f"mount -t proc proc {root}/proc",
-                  f"mount --rbind /dev {root}/dev"]
-        for f in ("/etc/resolv.conf", "/etc/hosts"):
-            if Path(f).exists():
-                (root / f.lstrip("/")).touch()
-                mounts.append(f"mount --bind {f} {root}{f}")
+        """One RUN, kept off this host as an engine keeps it (deploy/runstep.py)."""
+        run_env, lend = {"HOME": "/root", **env}, []
         if self.build_ca:
-            (root / BUILD_CA.lstrip("/")).touch()
-            mounts.append(f"mount --bind {shlex.quote(self.build_ca)} {root}{BUILD_CA}")
             run_env.setdefault("PIP_CERT", BUILD_CA)
-        userspec = ["--userspec", user] if user else []
-        inner = ["chroot", *userspec, str(root), "/usr/bin/env", "-i",
-                 *[f"{k}={v}" for k, v in run_env.items()],
-                 "/bin/sh", "-ec", f"cd {shlex.quote(workdir)} && {command}"]
-        script = " && ".join(mounts) + " && exec " + shlex.join(inner)
-        done = subprocess.run(["unshare", "--mount", "--propagation", "private", "--fork",
-                               "--kill-child", "--", "/bin/sh", "-ec", script])
-        if self.build_ca:
-            (root / BUILD_CA.lstrip("/")).unlink(missing_ok=True)
-        if done.returncode:
-            raise BuildError(f"{where}: RUN exited {done.returncode}")
+            lend.append((self.build_ca, BUILD_CA))
+        code = run_step(root, command, run_env, user, workdir, lend)
+        if code:
+            raise BuildError(f"{where}: RUN exited {code}")
 
 
 #: The host's own trust store (Debian's update-ca-certificates output, a site's

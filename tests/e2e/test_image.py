@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -45,11 +46,14 @@ def image(tmp_path_factory) -> Path:
     need_system("ip", "iproute2")
     out = tmp_path_factory.mktemp("image")
     ARTIFACTS.mkdir(exist_ok=True)
+    ca = imageroot.host_ca()           # lent to the RUN steps, read-only
+    before = Path(ca).read_bytes() if ca else b""
     with open(ARTIFACTS / "imageroot-build.log", "w") as log:
         try:
             imageroot.build(out, log=log)
         except (imageroot.BuildError, subprocess.CalledProcessError) as e:
             pytest.fail(f"the image did not build: {e} (artifacts/imageroot-build.log)")
+    assert (Path(ca).read_bytes() if ca else b"") == before, f"the build changed {ca}"
     return out
 
 
@@ -66,6 +70,11 @@ def test_the_image_is_the_release(image) -> None:
     assert os.path.realpath(rootfs / "opt/ncclwatch/bin/python").endswith("python3.11")
     assert not (rootfs / "dist").exists() and not (rootfs / "src").exists()
     assert not (rootfs / imageroot.BUILD_CA.lstrip("/")).exists()
+    # The wheel was built by the backend requirements/build.lock pins.
+    pinned = re.search(r"^setuptools==(\S+)", (ROOT / "requirements" / "build.lock").read_text(),
+                       re.M)
+    [wheel] = rootfs.glob("opt/ncclwatch/lib/python3*/site-packages/ncclwatch-*.dist-info/WHEEL")
+    assert f"Generator: setuptools ({pinned[1]})" in wheel.read_text(), wheel.read_text()
     check = subprocess.run(["chroot", str(rootfs), "/opt/ncclwatch/bin/python", "-m", "pip",
                             "check"], capture_output=True, text=True, timeout=120)
     assert check.returncode == 0, check.stdout + check.stderr
