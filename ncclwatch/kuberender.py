@@ -24,6 +24,7 @@ Node certificates from cert-manager: ``kubecerts``.
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import shlex
@@ -63,25 +64,30 @@ _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
 _IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*[a-z0-9](@sha256:[0-9a-f]{64})?$")
 
 
+class Invalid(argparse.ArgumentTypeError, ValueError):
+    """A value that cannot be (argparse shows its message for a flag; config.resolve names
+    the variable or the file for the others)."""
+
+
 def dns_label(v: Any) -> str:
     """A namespace's name (RFC 1123 label): lower-case letters, digits, '-'."""
     s = str(v).strip()
     if s and not _DNS_LABEL.match(s):
-        raise ValueError(f"{s!r} is not a Kubernetes namespace name (a-z, 0-9, '-', <= 63)")
+        raise Invalid(f"{s!r} is not a Kubernetes namespace name (a-z, 0-9, '-', <= 63)")
     return s
 
 
 def label_value(v: Any) -> str:
     s = str(v).strip()
     if not _LABEL_VALUE.match(s) or len(s) > 63:
-        raise ValueError(f"{s!r} is not a Kubernetes label value")
+        raise Invalid(f"{s!r} is not a Kubernetes label value")
     return s
 
 
 def image_ref(v: Any) -> str:
     s = str(v).strip()
     if s and not _IMAGE.match(s):
-        raise ValueError(f"{s!r} is not an image reference (REGISTRY/NAME[:TAG][@sha256:...])")
+        raise Invalid(f"{s!r} is not an image reference (REGISTRY/NAME[:TAG][@sha256:...])")
     return s
 
 
@@ -92,9 +98,9 @@ def external(v: Any) -> str:
         return s
     parts = urlsplit(s.replace("{shard}", "0"))
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"{s!r} is not an http:// or https:// URL")
+        raise Invalid(f"{s!r} is not an http:// or https:// URL")
     if parts.path or parts.query or parts.fragment or parts.username:
-        raise ValueError(f"{s!r}: give the scheme, host and port only: the daemon serves "
+        raise Invalid(f"{s!r}: give the scheme, host and port only: the daemon serves "
                          "its page at / (a path prefix would break its links)")
     return s
 
@@ -109,7 +115,7 @@ def node_names(v: Any) -> tuple[str, ...]:
         if not name:
             continue
         if not _DNS_NAME.match(name):
-            raise ValueError(f"{name!r} is not a Kubernetes node name")
+            raise Invalid(f"{name!r} is not a Kubernetes node name")
         out.append(name)
     return tuple(dict.fromkeys(out))
 
@@ -118,7 +124,7 @@ def choice(*allowed: str) -> Callable[[Any], str]:
     def parse(v: Any) -> str:
         s = str(v).strip()
         if s not in allowed:
-            raise ValueError(f"{s!r}: one of {', '.join(allowed)}")
+            raise Invalid(f"{s!r}: one of {', '.join(allowed)}")
         return s
     parse.__name__ = "one of " + "|".join(allowed)
     return parse

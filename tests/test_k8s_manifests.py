@@ -168,6 +168,64 @@ CRD_SCHEMAS["ServiceMonitor"] = {
                 "namespaceSelector"],
             "endpoints": _POD_ENDPOINT}}}}
 
+# cert-manager's cert-manager.io/v1 Certificate and Issuer (`ncclwatch render
+# --node-certs cert-manager`): the fields the rendered objects use, typed and
+# enumerated as cert-manager's CRDs (deploy/crds/cert-manager.io_certificates.yaml,
+# _issuers.yaml) declare them, with nothing else allowed (the API server's strict
+# field validation refuses an unknown field), and what its webhook checks beyond
+# the CRD: a commonName of 64 characters at most, one name at least, one kind of
+# issuer per Issuer.
+_GO_DURATION = {"type": "string", "pattern": r"^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$"}
+_DNS_SUBDOMAIN = {"type": "string", "maxLength": 253,
+                  "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"}
+_STRS = {"type": "array", "items": _STR}
+KEY_USAGES = ["signing", "digital signature", "content commitment", "key encipherment",
+              "key agreement", "data encipherment", "cert sign", "crl sign", "encipher only",
+              "decipher only", "any", "server auth", "client auth", "code signing",
+              "email protection", "s/mime", "ipsec end system", "ipsec tunnel", "ipsec user",
+              "timestamping", "ocsp signing", "microsoft sgc", "netscape sgc"]
+_CM_META = {**_META, "properties": {**_META["properties"], "name": _DNS_SUBDOMAIN}}
+CRD_SCHEMAS["Certificate"] = {
+    "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False, "properties": {
+        "apiVersion": {"const": "cert-manager.io/v1"}, "kind": {"const": "Certificate"},
+        "metadata": _CM_META,
+        "spec": {"type": "object", "required": ["issuerRef", "secretName"],
+                 "additionalProperties": False,
+                 "anyOf": [{"required": [k]} for k in ("commonName", "dnsNames", "uris",
+                                                       "ipAddresses", "emailAddresses")],
+                 "properties": {
+            "secretName": _DNS_SUBDOMAIN,
+            "secretTemplate": {"type": "object", "additionalProperties": False,
+                               "properties": {"labels": _MAP, "annotations": _MAP}},
+            "commonName": {"type": "string", "maxLength": 64},
+            "dnsNames": {"type": "array", "items": {"type": "string", "minLength": 1}},
+            "ipAddresses": _STRS, "uris": _STRS, "emailAddresses": _STRS,
+            "isCA": {"type": "boolean"},
+            "usages": {"type": "array", "items": {"enum": KEY_USAGES}},
+            "duration": _GO_DURATION, "renewBefore": _GO_DURATION,
+            "privateKey": {"type": "object", "additionalProperties": False, "properties": {
+                "algorithm": {"enum": ["RSA", "ECDSA", "Ed25519"]},
+                "encoding": {"enum": ["PKCS1", "PKCS8"]},
+                "rotationPolicy": {"enum": ["Never", "Always"]},
+                "size": {"type": "integer"}}},
+            "issuerRef": {"type": "object", "required": ["name"], "additionalProperties": False,
+                          "properties": {"name": _STR, "kind": _STR, "group": _STR}}}}}}
+_CRL = {"crlDistributionPoints": _STRS}
+CRD_SCHEMAS["Issuer"] = {
+    "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False, "properties": {
+        "apiVersion": {"const": "cert-manager.io/v1"}, "kind": {"const": "Issuer"},
+        "metadata": _CM_META,
+        "spec": {"type": "object", "additionalProperties": False, "minProperties": 1,
+                 "maxProperties": 1, "properties": {
+            "selfSigned": {"type": "object", "additionalProperties": False, "properties": _CRL},
+            "ca": {"type": "object", "required": ["secretName"], "additionalProperties": False,
+                   "properties": {"secretName": _DNS_SUBDOMAIN, "ocspServers": _STRS,
+                                  "issuingCertificateURLs": _STRS, **_CRL}},
+            "acme": {"type": "object"}, "vault": {"type": "object"},
+            "venafi": {"type": "object"}}}}}
+
 
 def test_operator_objects_match_their_crd_fields() -> None:
     crds = [(n, o) for n, o in objects() if not core(o)]
