@@ -197,3 +197,15 @@ def test_the_build_backend_is_pinned_and_hashed() -> None:
         assert hashes, f"{name} has no hash in {BUILD_LOCK.name}"
     assert "-r requirements/build.lock" in re.sub(r"\\\n\s*", " ",
                                                   (ROOT / "Containerfile").read_text())
+
+
+def test_the_code_runs_on_the_oldest_supported_python() -> None:
+    """Only 3.11 runs here: vermin reads every module for syntax and standard-library
+    modules newer than the oldest Python of PYTHONS (a bare ``import tomllib`` once
+    made the agent fail to start on 3.10)."""
+    oldest = min(PYTHONS, key=lambda v: tuple(map(int, v.split("."))))
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "vermin"), f"-t={oldest}-", "--no-tips",
+         "--violations", "--eval-annotations", "ncclwatch"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]

@@ -12,8 +12,13 @@ one file read goes through the reader the caller hands in.
 
 from __future__ import annotations
 
-import tomllib
+import sys
 from typing import Callable, Mapping, Sequence
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - 3.10: the lock installs tomli there
+    import tomli as tomllib
 
 #: Variables of a rank's environment that state its process-group timeout,
 #: first wins, with their unit in seconds. Only variables: the agent never runs
