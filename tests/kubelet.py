@@ -16,10 +16,16 @@ against the pod's port without verifying the certificate, as kubelets do).
 What a cluster would give and this does not: cgroup limits, seccomp and
 AppArmor profiles, the CNI (every pod shares one network namespace made by
 the test, its /etc/hosts naming the Services), and image pulling.
+
+``host_image`` stands in for the built image where a test is about the
+manifests rather than the image: this machine's root as an overlay (what the
+runner creates stays in memory) with this venv's ``ncclwatch`` as the entry
+point and the image's user.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -29,6 +35,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import psutil
 import yaml
@@ -294,6 +301,42 @@ class Kubelet:
         proc = Proc(["ip", "netns", "exec", self.netns.name, *ns, "--", "/bin/sh", "-ec",
                      " && ".join(script)], env={"PYTHONPATH": ""}, name=pod_name)
         return Pod(pod_name, proc, creds, env, spec, container)
+
+
+@contextlib.contextmanager
+def host_image(work: Path, venv: Path, user: str = "65532:65532") -> Iterator[Path]:
+    """An image for ``Kubelet``: ``rootfs/``, an overlay of this machine's ``/`` whose
+    upper layer is a tmpfs (the mount points and files the runner makes never reach
+    the host), and ``config.json`` running ``venv``'s ncclwatch as ``user``. The
+    folders above this venv's interpreter (pyenv keeps it under /root) are made
+    searchable in the overlay only, so the image's user can run it."""
+    layers, rootfs = work / "layers", work / "rootfs"
+    layers.mkdir(parents=True)
+    rootfs.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m,mode=700", "tmpfs", str(layers)],
+                   check=True)
+    try:
+        (layers / "upper").mkdir()
+        (layers / "work").mkdir()
+        subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
+                        f"lowerdir=/,upperdir={layers}/upper,workdir={layers}/work",
+                        str(rootfs)], check=True)
+        try:
+            for real in {Path(os.path.realpath(venv / "bin" / "python")), venv.resolve()}:
+                for d in real.parents:
+                    inside = rootfs / d.relative_to("/")
+                    mode = inside.stat().st_mode & 0o7777
+                    if mode & 0o001 == 0:
+                        os.chmod(inside, mode | 0o011)
+            path = f"{venv}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+            (work / "config.json").write_text(json.dumps({"config": {
+                "Env": [f"PATH={path}"], "Entrypoint": [str(venv / "bin" / "ncclwatch")],
+                "Cmd": ["daemon"], "User": user, "WorkingDir": "/"}}))
+            yield work
+        finally:
+            subprocess.run(["umount", "-l", str(rootfs)], check=False)
+    finally:
+        subprocess.run(["umount", "-l", str(layers)], check=False)
 
 
 def cap_eff(pid: int) -> set[str]:
