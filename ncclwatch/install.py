@@ -113,11 +113,15 @@ KINDS = {
                        "the Grafana dashboards (JSON)"),
     "kubernetes": Kind("ncclwatch/kubernetes", ("deploy/kubernetes/*.yaml",),
                        "ncclwatch-kubernetes", False,
-                       "set the image in kustomization.yaml, then kubectl apply -k <dest>",
-                       "the Kubernetes manifests (kustomization)"),
+                       "set the image in kustomization.yaml, then kubectl apply -k <dest> "
+                       "(or `ncclwatch render kubernetes --out DIR` with your site's values: "
+                       "image, namespace, release label, external URL, node certificates)",
+                       "the Kubernetes manifests (kustomization) as shipped"),
     "kubernetes-sharded": Kind("ncclwatch/kubernetes-sharded", ("deploy/kubernetes/sharded/*.yaml",),
                                "ncclwatch-kubernetes-sharded", False,
-                               "set the image in kustomization.yaml, then kubectl apply -k <dest>",
+                               "set the image in kustomization.yaml, then kubectl apply -k <dest> "
+                               "(or `ncclwatch render kubernetes-sharded --out DIR` with your "
+                               "site's values)",
                                "the same, for two shards of daemon pairs (docs/deployment.md)"),
     "slurm": Kind("ncclwatch/slurm", ("deploy/slurm/task-prolog.sh",), "/etc/slurm", True,
                   "set TaskProlog=/etc/slurm/ncclwatch-task-prolog.sh in slurm.conf on every "
