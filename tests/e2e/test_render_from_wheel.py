@@ -47,8 +47,10 @@ def test_render_from_the_wheel_alone_writes_what_the_tree_renders(tmp_path: Path
           str(tmp_path / "dist"), str(src)])
     [wheel] = list((tmp_path / "dist").glob("ncclwatch-*.whl"))
     prefix = tmp_path / "prefix"
-    _run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
-          "--prefix", str(prefix), str(wheel)])
+    # --ignore-installed: never touch this venv's own (editable) install of ncclwatch,
+    # which pip would otherwise uninstall before installing the wheel in the prefix.
+    _run([sys.executable, "-m", "pip", "install", "-q", "--ignore-installed", "--no-deps",
+          "--no-index", "--prefix", str(prefix), str(wheel)])
     site_packages = sysconfig.get_path("purelib", vars={"base": str(prefix),
                                                         "platbase": str(prefix)})
     deps = sysconfig.get_path("purelib")          # this venv's: yaml and the rest
