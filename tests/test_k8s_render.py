@@ -24,7 +24,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from ncclwatch import __version__, kubecerts, kuberender
+from ncclwatch import __version__, kubecerts
 from ncclwatch.cli import AGENT_OPTIONS, build_parser, main
 from ncclwatch.config import ConfigError, resolve
 from ncclwatch.kuberender import Site, SiteError, render
