@@ -34,6 +34,9 @@ from typing import Any, Mapping
 import yaml
 
 from ncclwatch import __version__, kubecerts
+#: The alert rules' runbook link when no daemon was seen in a week, on a Prometheus
+#: host; in the cluster the PrometheusRule has the daemons' link in its place.
+from ncclwatch.install import RUNBOOK_FALLBACK
 from ncclwatch.kubesite import (  # noqa: F401 - Site, SiteError and the names: here too
     KINDS, SITE_OPTIONS, Site, SiteError, all_nodes, allowed_hosts, check, daemon_url,
     runbooks_url, service_url, shard_daemon)
@@ -49,9 +52,6 @@ SHIPPED = ("namespace.yaml", "agent-daemonset.yaml", "daemon.yaml", "podmonitor.
            "kustomization.yaml")
 RULE_SOURCES = ("dashboards/prometheus/alerts.yaml", "dashboards/prometheus/rules.yaml")
 DASHBOARDS = "dashboards/grafana"
-#: The alert rules' runbook link when no daemon was seen in a week, on a
-#: Prometheus host (install.RUNBOOK_FALLBACK); in the cluster, the daemons' link.
-RUNBOOK_FALLBACK = "file:///usr/local/share/doc/ncclwatch/runbooks/"
 
 
 # -- sources ----------------------------------------------------------------------------
