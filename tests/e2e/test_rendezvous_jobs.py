@@ -19,7 +19,9 @@ import time
 
 import pytest
 
-from tests.conftest import Job, Proc, free_port, record
+from tests.harness.artifacts import record
+from tests.harness.jobs import Job
+from tests.harness.procs import Proc, free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -72,7 +74,11 @@ def test_a_shell_loop_job_is_found_by_its_rendezvous(ncclwatch_run, tmp_path, sc
         assert {pid: r for pid, (r, _) in ranks.items()} == want, ranks
         for pid, (rank, source) in ranks.items():
             if scheme == "tcp" and rank == 0:
-                assert source == "tcpstore_server", ranks
+                # the store's server, or its own --rank corroborated by the others
+                # when the round that first numbered them did not see its listening
+                # socket yet (a rank keeps the number it was first given; once seen
+                # under a CPU hog); both are the job's own facts and agree
+                assert source in ("tcpstore_server", "args:--rank"), ranks
             else:
                 assert source == "args:--rank", ranks
         saves = job.wait_marker("save_start", 120)
