@@ -128,8 +128,7 @@ def test_both_units_notify_and_are_watched() -> None:
 
 
 def test_docs_install_where_execstart_points() -> None:
-    readme = (ROOT / "docs" / "deployment.md").read_text()
-    section = readme.split("## Running under systemd", 1)[1].split("\n## ", 1)[0]
+    section = (ROOT / "docs" / "deploy-systemd.md").read_text()
     assert "python3 -m venv /opt/ncclwatch" in section and INSTALLED in section
     for word in ("NCCLWATCH_AGENT_ARGS", "NCCLWATCH_DAEMON_ARGS", "systemctl enable --now",
                  "/etc/ncclwatch/agent.toml", "/etc/ncclwatch/daemon.toml", "CAP_SYS_PTRACE",

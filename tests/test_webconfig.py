@@ -236,12 +236,12 @@ def _up(port: int) -> bool:
 
 
 def _readme_scrape_config() -> dict:
-    """The HTTPS + basic auth scrape config from docs/security.md, as printed."""
+    """The HTTPS + basic auth scrape config from docs/deploy-systemd.md, as printed."""
     import yaml
 
     from tests.conftest import ROOT
 
-    section = (ROOT / "docs" / "security.md").read_text()
+    section = (ROOT / "docs" / "deploy-systemd.md").read_text()
     blocks = [b.split("```", 1)[0] for b in section.split("```yaml")[1:]]
     [block] = [b for b in blocks if "scheme: https" in b]
     return yaml.safe_load(block)
@@ -260,7 +260,7 @@ tls_server_config:
   cert_file: daemon.pem
   key_file: daemon-key.pem
 basic_auth_users:
-  prometheus: {HASH}
+  ncclwatch: {HASH}
 """)
     scrape = _readme_scrape_config()
     job = scrape["scrape_configs"][0]
