@@ -126,8 +126,8 @@ KINDS = {
     "slurm": Kind("ncclwatch/slurm", ("deploy/slurm/task-prolog.sh",), "/etc/slurm", True,
                   "set TaskProlog=/etc/slurm/ncclwatch-task-prolog.sh in slurm.conf on every "
                   "node (its --dest if you gave one), then scontrol reconfigure",
-                  "the Slurm TaskProlog: the Flight Recorder and a declared timeout for every "
-                  "task (ncclwatch-task-prolog.sh, kept if present, unless --force)",
+                  "the Slurm TaskProlog: the Flight Recorder for every task, in a folder of "
+                  "its own (ncclwatch-task-prolog.sh, kept if present, unless --force)",
                   prefix="ncclwatch-", mode=0o755, in_all=False),
     "runbooks": Kind("doc/ncclwatch/runbooks", ("docs/runbooks/*.md",),
                      "/usr/local/share/doc/ncclwatch/runbooks", False, "",
