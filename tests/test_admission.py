@@ -20,7 +20,7 @@ from ncclwatch.daemon.settings import DaemonConfig
 from ncclwatch.daemon.validate import ReportError
 from ncclwatch.model import RankState
 from ncclwatch.v1 import collector_pb2 as pb
-from tests.factories import checkpoint_job, report, sample
+from tests.harness.reports import checkpoint_job, report, sample
 
 
 def _daemon(**bounds) -> Daemon:

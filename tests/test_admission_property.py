@@ -25,7 +25,7 @@ from ncclwatch.daemon.core import Daemon, DaemonConfig
 from ncclwatch.model import CollectiveOp, RankState
 from ncclwatch.stacks import Frame, stack_id
 from ncclwatch.v1 import collector_pb2 as pb
-from tests.factories import report, sample, stack_pb
+from tests.harness.reports import report, sample, stack_pb
 
 EXAMPLES = min(int(os.environ.get("NCCLWATCH_FUZZ_EXAMPLES", "300")), 10_000)
 INT32 = st.integers(-2**31, 2**31 - 1)

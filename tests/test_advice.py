@@ -13,8 +13,7 @@ from ncclwatch.daemon.core import Daemon, DaemonConfig
 from ncclwatch.model import CollectiveOp as Op, RankState as S
 from ncclwatch.stacks import Frame, stack_id
 from ncclwatch.v1 import collector_pb2 as pb
-from tests.factories import report, sample, stack_pb
-from tests.test_forecast import MB, _drive, _rank0
+from tests.harness.reports import MB, drive_job, rank0_sample, report, sample, stack_pb
 
 SP = "/venv/lib/python3.11/site-packages/"
 SER = SP + "torch/serialization.py"
@@ -50,7 +49,7 @@ def _drive_with_stack(frame_file: str, seconds: int = 12) -> tuple[Daemon, float
     d = Daemon(DaemonConfig(stall_threshold=5.0))
     for i in range(seconds):
         now = 1000.0 + i
-        r0 = _rank0(S.SAVING, i, file_size=(i + 1) * MB, prev=200 * MB, seconds=i)
+        r0 = rank0_sample(S.SAVING, i, file_size=(i + 1) * MB, prev=200 * MB, seconds=i)
         r0.stack_id = stack_id(save)
         samples = [r0] + [sample("job-1", r, 4, S.COLLECTIVE, Op.BARRIER, seconds=i,
                                  timeout=90.0) for r in (1, 2, 3)]
@@ -82,7 +81,7 @@ def test_lightning_job_is_told_the_strategy_argument_not_dcp_code() -> None:
 
 
 def test_a_save_that_fits_is_let_run_until_it_should_end() -> None:
-    d, now = _drive(lambda i: _rank0(S.SAVING, i, file_size=(i + 1) * 10 * MB, prev=150 * MB,
+    d, now = drive_job(lambda i: rank0_sample(S.SAVING, i, file_size=(i + 1) * 10 * MB, prev=150 * MB,
                                      seconds=i), 10)
     a = _stall(d, now)["advice"]
     assert a["action"] == "let_it_run", a
@@ -91,7 +90,7 @@ def test_a_save_that_fits_is_let_run_until_it_should_end() -> None:
 
 
 def test_an_overrun_says_stop_cleanly_within_the_budget_left() -> None:
-    d, now = _drive(lambda i: _rank0(S.SAVING, i, file_size=(i + 1) * MB, prev=200 * MB,
+    d, now = drive_job(lambda i: rank0_sample(S.SAVING, i, file_size=(i + 1) * MB, prev=200 * MB,
                                      seconds=i), 12)
     s = _stall(d, now)
     a = s["advice"]
@@ -102,16 +101,16 @@ def test_an_overrun_says_stop_cleanly_within_the_budget_left() -> None:
 
 def test_memory_running_out_says_stop_now_before_it_does() -> None:
     def rank0(i: int) -> pb.RankSample:
-        return _rank0(S.GATHERING_STATE_DICT, i, seconds=i, limits=[
+        return rank0_sample(S.GATHERING_STATE_DICT, i, seconds=i, limits=[
             (pb.MEMORY_LIMIT_KIND_CGROUP, 1000 * MB + 100 * MB * i, 3000 * MB)])
-    d, now = _drive(rank0, 12)
+    d, now = drive_job(rank0, 12)
     a = _stall(d, now)["advice"]
     assert a["action"] == "stop_now", a
     assert a["until"] == "memory_runs_out" and 0 < a["decide_within_seconds"] < 20
 
 
 def test_nothing_forecast_says_take_the_dump_now() -> None:
-    d, now = _drive(lambda i: _rank0(S.SAVING, i, file_size=(i + 1) * MB, seconds=i), 12)
+    d, now = drive_job(lambda i: rank0_sample(S.SAVING, i, file_size=(i + 1) * MB, seconds=i), 12)
     s = _stall(d, now)
     a = s["advice"]
     assert a["action"] == "dump_now", a

@@ -77,7 +77,7 @@ def test_agent_reports_ranks_states_and_exits(two_ranks) -> None:
 
 
 def test_agent_keeps_sampling_while_the_daemon_is_away(two_ranks) -> None:
-    from tests.conftest import free_port
+    from tests.harness.procs import free_port
 
     async def go():
         agent = Agent(AgentConfig(collector=f"127.0.0.1:{free_port()}", interval=0.1,

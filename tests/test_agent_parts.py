@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -22,8 +21,8 @@ from ncclwatch.agent.uplink import Uplink
 from ncclwatch.model import CollectiveOp, RankState
 from ncclwatch.signatures import Classification
 from ncclwatch.v1 import collector_pb2 as pb
+from tests.harness.paths import DATA
 
-DATA = Path(__file__).parent / "data"
 
 RANK_ENV = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "10.9.9.9",
             "MASTER_PORT": "29555", "NCCL_DEBUG": "WARN", "HF_TOKEN": "hf_" + "x" * 30}

@@ -9,18 +9,15 @@ from __future__ import annotations
 
 import re
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import need_system
+from tests.harness.alerting import RULES, RUNBOOK_FALLBACK
+from tests.harness.paths import ROOT
+from tests.harness.tools import need_system, promtool
 
-ROOT = Path(__file__).resolve().parent.parent
-RULES = ROOT / "dashboards" / "prometheus"
 ALERTS = RULES / "alerts.yaml"
-#: Where runbook_url points when no daemon was seen in a week: the installed copy.
-RUNBOOK_FALLBACK = "file:///usr/local/share/doc/ncclwatch/runbooks/"
 #: How every runbook_url starts: the daemon's runbook base (live, else the last in a
 #: week), else the fallback.
 RUNBOOK_PREFIX = ('{{ with query "ncclwatch_daemon_info or last_over_time(ncclwatch_daemon_info[1w])" }}'
@@ -28,10 +25,6 @@ RUNBOOK_PREFIX = ('{{ with query "ncclwatch_daemon_info or last_over_time(ncclwa
                   '{{ else }}' + RUNBOOK_FALLBACK + '{{ end }}')
 DAEMON_URL = '{{ with query "ncclwatch_daemon_info" }}{{ . | first | label "url" }}/'
 KINDS = ("checkpoint_gather", "checkpoint_restore", "collective_hang", "desync", "rank_lost")
-
-
-def promtool() -> str:
-    return need_system("promtool", "prometheus")
 
 
 def _alerts() -> list[dict]:
@@ -242,7 +235,7 @@ def test_config_warnings_are_exported_with_the_level_the_alert_selects() -> None
     from ncclwatch.daemon.export import DaemonCollector
     from ncclwatch.envlint import RULES as LINT
     from ncclwatch.model import RankState
-    from tests.factories import report, sample
+    from tests.harness.reports import report, sample
 
     (rule,) = [r for r in _alerts() if r["alert"] == "NCCLWatchJobConfigDefeatsWatchdog"]
     levels = re.findall(r'ncclwatch_job_config_warning\{level="(\w+)"\}', rule["expr"])
@@ -263,7 +256,7 @@ def test_a_culprits_gpu_is_exported_with_dcgm_exporters_labels() -> None:
     from ncclwatch.daemon.core import Daemon, DaemonConfig
     from ncclwatch.daemon.export import DaemonCollector
     from ncclwatch.v1 import collector_pb2 as pb
-    from tests.factories import checkpoint_job
+    from tests.harness.reports import checkpoint_job
 
     d = Daemon(DaemonConfig(stall_threshold=5.0))
     req = checkpoint_job("job-1", 4, node="gpu-node-7")
@@ -288,7 +281,7 @@ def test_a_culprits_gpu_carries_its_pod_for_dcgm_exporters_pod_join() -> None:
     from ncclwatch.daemon.core import Daemon, DaemonConfig
     from ncclwatch.daemon.export import DaemonCollector
     from ncclwatch.v1 import collector_pb2 as pb
-    from tests.factories import checkpoint_job
+    from tests.harness.reports import checkpoint_job
 
     d = Daemon(DaemonConfig(stall_threshold=5.0))
     req = checkpoint_job("job-1", 4, node="gpu-node-7")
@@ -307,7 +300,6 @@ def test_a_culprits_gpu_carries_its_pod_for_dcgm_exporters_pod_join() -> None:
     # the same pod as the culprit's own series says
     assert 'rank_namespace="team",rank_pod="trainer-0"} 1.0' in next(
         x for x in text.splitlines() if x.startswith("ncclwatch_stall_culprit_info{"))
-
 
 
 def test_labelled_counters_start_at_zero_for_every_known_value() -> None:

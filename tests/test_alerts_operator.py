@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.test_alerts import RULES, RUNBOOK_FALLBACK, promtool
+from tests.harness.alerting import RULES, RUNBOOK_FALLBACK
+from tests.harness.tools import promtool
 
 #: The targets' labels, as the Prometheus Operator's generated scrape config sets them
 #: (pkg/prometheus/promcfg.go: namespace, pod, container, endpoint; service for a
@@ -181,7 +182,7 @@ def test_a_real_stall_of_a_pod_pages_once_through_a_podmonitor_scraped_pair(tmp_
     from ncclwatch.daemon.core import Daemon, DaemonConfig
     from ncclwatch.daemon.export import build, capture
     from ncclwatch.v1 import collector_pb2 as pb
-    from tests.factories import checkpoint_job
+    from tests.harness.reports import checkpoint_job
 
     d = Daemon(DaemonConfig())
     req = checkpoint_job("torchelastic:abc", world=3, timeout=90.0)

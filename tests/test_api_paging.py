@@ -23,8 +23,7 @@ from ncclwatch.daemon.core import Daemon, DaemonConfig
 from ncclwatch.daemon.export import DaemonCollector, encode, make_registry
 from ncclwatch.daemon.server import DaemonServer
 from ncclwatch.model import CollectiveOp, RankState
-from tests.factories import report, sample
-from tests.test_forecast import MB, _drive, _rank0
+from tests.harness.reports import MB, drive_job, rank0_sample, report, sample
 
 NOW = 1000.5
 #: job -> world size; ranks spread over 2 nodes per job.
@@ -49,7 +48,7 @@ def _samples(text: str) -> set:
 
 def test_metrics_text_is_what_client_python_writes() -> None:
     """The direct encoder and the client_python registry agree sample for sample."""
-    d, _ = _drive(lambda i: _rank0(RankState.SAVING, i, file_size=(i + 1) * MB,
+    d, _ = drive_job(lambda i: rank0_sample(RankState.SAVING, i, file_size=(i + 1) * MB,
                                    prev=200 * MB, seconds=i), 12)
     ours = DaemonCollector(d).exposition().decode()
     theirs = generate_latest(make_registry(d)).decode()
@@ -248,7 +247,7 @@ def test_a_member_numbered_later_is_not_also_an_unknown_rank() -> None:
     from ncclwatch.jobid import UNKNOWN_RANK
     from ncclwatch.model import RankState
     from ncclwatch.v1 import collector_pb2 as pb
-    from tests.factories import report, sample
+    from tests.harness.reports import report, sample
 
     d = Daemon(DaemonConfig())
     member = sample("ray:j", UNKNOWN_RANK, 2, RankState.COMPUTE, pid=4242)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ncclwatch.agent import asowner
-from tests.conftest import ROOT
+from tests.harness.paths import ROOT
 
 NOBODY = 65534
 #: The agent's process as the unit runs it, the capability granted by this change first.

@@ -29,7 +29,7 @@ from ncclwatch.model import CollectiveOp, RankState
 from ncclwatch.signatures import DEFAULT_CLASSIFIER
 from ncclwatch.stacks import Frame, Stack, ThreadDump, stack_id
 from ncclwatch.v1 import collector_pb2 as pb
-from tests.factories import BARRIER, report, sample
+from tests.harness.reports import BARRIER, report, sample
 
 C10D = "/x/torch/distributed/distributed_c10d.py"
 

@@ -24,7 +24,7 @@ from ncclwatch.daemon.export import capture
 from ncclwatch.model import CollectiveOp, RankState
 from ncclwatch.signatures import Classification
 from ncclwatch.v1 import collector_pb2 as pb
-from tests.factories import sample
+from tests.harness.reports import sample
 
 JOB = "budget-job"
 TIMEOUT = 90.0

@@ -8,50 +8,20 @@ import http.client
 import io
 import json
 import tarfile
-import time
 
 from ncclwatch.daemon import bundle
 from ncclwatch.daemon.http import HttpServer, allowed_hosts
 from ncclwatch.daemon.webconfig import load
 from ncclwatch.diagnose import diagnose
-from ncclwatch.model import RankState as S
-from tests.factories import SAVE, frames, stack_pb
-from tests.test_forecast import MB, _drive, _rank0
-from tests.test_webconfig import HASH, PASSWORD, write_config
-
-
-NATIVE = frames(("gloo::transport::tcp::UnboundBuffer::waitRecv", "libtorch_cpu.so"),
-                ("c10d::ProcessGroupGloo::barrier", "libtorch_cpu.so"),
-                ("barrier", "torch/distributed/distributed_c10d.py"))
-
-
-def _stalled():
-    def rank0(i: int):
-        s = _rank0(S.SAVING, i, file_size=(i + 1) * MB, seconds=i)
-        s.stack_id = stack_pb(SAVE).id
-        return s
-    # Reports in the past of the daemon's real clock (a fresh ask over HTTP waits
-    # for reports newer than itself), whatever the machine's uptime.
-    d, now = _drive(rank0, 12, start=time.monotonic() - 20)
-    from tests.factories import report, sample
-    from ncclwatch.model import CollectiveOp
-    waiter = sample("job-1", 1, 4, S.COLLECTIVE, CollectiveOp.BARRIER, seconds=12, timeout=90.0)
-    waiter.native_frame, waiter.native_stack_id = "gloo::Pair::recv", stack_pb(NATIVE).id
-    d.ingest(report([rank0(12), waiter], seq=99, stacks=[stack_pb(SAVE), stack_pb(NATIVE)]),
-             now=now + 0.5)
-    return d, now + 0.5
-
-
-def _members(body: bytes) -> dict[str, bytes]:
-    with tarfile.open(fileobj=io.BytesIO(body), mode="r:gz") as tar:
-        return {m.name.partition("/")[2]: tar.extractfile(m).read() for m in tar.getmembers()}
+from tests.harness.bundles import members, stalled_daemon
+from tests.harness.credentials import HASH, PASSWORD, write_config
 
 
 def test_bundle_holds_every_rank_and_the_verdict(tmp_path) -> None:
-    d, now = _stalled()
+    d, now = stalled_daemon()
     name, body = bundle.archive(bundle.collect(d, "job-1", now=now))
     assert name.startswith("ncclwatch-dump-job-1-") and name.endswith(".tar.gz")
-    files = _members(body)
+    files = members(body)
     assert {f"stacks/rank-{r}.txt" for r in range(4)} <= set(files)
     assert {"bundle.json", "verdict.json", "job.json", "env.json", "flight_recorder.json"} \
         <= set(files)
@@ -95,7 +65,7 @@ def _get(port: int, path: str, headers: dict[str, str] | None = None):
 
 
 def test_api_dump_is_served_under_the_same_auth_and_host_rules(tmp_path) -> None:
-    d, _ = _stalled()
+    d, _ = stalled_daemon()
     web = load(write_config(tmp_path / "web.yml", f"basic_auth_users:\n  ops: {HASH}\n"))
     srv = HttpServer(d, "127.0.0.1", 0, lambda fn: fn(), web=web,
                      hosts=allowed_hosts("", "127.0.0.1"))
@@ -110,14 +80,14 @@ def test_api_dump_is_served_under_the_same_auth_and_host_rules(tmp_path) -> None
         code, h, body = _get(srv.port, "/api/v1/dump?job=job-1&wait=0", good)
         assert code == 200 and h["Content-Type"] == "application/gzip"
         assert 'filename="ncclwatch-dump-job-1-' in h["Content-Disposition"]
-        assert "stacks/rank-3.txt" in _members(body)
+        assert "stacks/rank-3.txt" in members(body)
         c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
         c.request("HEAD", "/api/v1/dump?job=job-1", headers=good)
         assert c.getresponse().status == 200 and not d.table.agents["agent-a"].commands
         c.close()
         # A GET asks nothing, whatever its wait (test_dumpguard.py: who may ask).
         code, _, body = _get(srv.port, "/api/v1/dump?job=job-1&wait=0.5", good)
-        assert json.loads(_members(body)["bundle.json"])["fresh"] == {"asked": False}
+        assert json.loads(members(body)["bundle.json"])["fresh"] == {"asked": False}
         assert not d.table.agents["agent-a"].commands
         # A fresh ask (a POST past the dump guard) queues the three commands for
         # the job's agent, then waits (bounded) for reports this test never sends.
@@ -127,7 +97,7 @@ def test_api_dump_is_served_under_the_same_auth_and_host_rules(tmp_path) -> None
         r = c.getresponse()
         code, body = r.status, r.read()
         c.close()
-        fresh = json.loads(_members(body)["bundle.json"])["fresh"]
+        fresh = json.loads(members(body)["bundle.json"])["fresh"]
         assert code == 200 and fresh["asked"] and fresh["agents"] == 1
         assert fresh["ranks_not_refreshed"] and 0.5 <= fresh["waited_seconds"] < 2
         cmds = list(d.table.agents["agent-a"].commands)
@@ -142,7 +112,7 @@ def test_the_page_posts_each_jobs_dump_with_its_token() -> None:
     """A form, not a link: the fresh ask is a POST carrying the daemon's token."""
     from ncclwatch.daemon import api, page
 
-    d, now = _stalled()
+    d, now = stalled_daemon()
     html = page.render(api.jobs_view(d, now=now), "tok-1")
     assert ("<form class='dump' method='post' action='/api/v1/dump?job=job-1'><input "
             "type='hidden' name='token' value='tok-1'><button type='submit'>evidence "
@@ -153,7 +123,7 @@ def test_the_page_posts_each_jobs_dump_with_its_token() -> None:
 def test_the_dump_command_fetches_with_the_credentials_given(tmp_path, capsys) -> None:
     from ncclwatch.cli import main
 
-    d, _ = _stalled()
+    d, _ = stalled_daemon()
     web = load(write_config(tmp_path / "web.yml", f"basic_auth_users:\n  ops: {HASH}\n"))
     srv = HttpServer(d, "127.0.0.1", 0, lambda fn: fn(), web=web)
     srv.start()
@@ -166,7 +136,7 @@ def test_the_dump_command_fetches_with_the_credentials_given(tmp_path, capsys) -
                      "--wait", "0", "--out", str(tmp_path)]) == 0
         [got] = tmp_path.glob("ncclwatch-dump-job-1-*.tar.gz")
         assert f"ncclwatch diagnose {got}" in capsys.readouterr().out
-        assert "stacks/rank-0.txt" in _members(got.read_bytes())
+        assert "stacks/rank-0.txt" in members(got.read_bytes())
         assert main(["dump", "nope", "--daemon", f"http://ops:{PASSWORD}@127.0.0.1:{srv.port}",
                      "--wait", "0", "--out", str(tmp_path)]) == 1
         assert "HTTP 404: no such job" in capsys.readouterr().err

@@ -31,9 +31,9 @@ from ncclwatch.agent.sample import ProcessSampler
 from ncclwatch.ckpthead import (ITEMSIZE, MAX_HEAD_BYTES, HeaderError, HeaderIncomplete,
                                 expected_size)
 from ncclwatch.safepickle import Global, persistent_ids
+from tests.harness.paths import ROOT
 
 MiB = 1 << 20
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _saved(obj, path: Path) -> bytes:

@@ -11,7 +11,7 @@ from ncclwatch.daemon.api import jobs_view
 from ncclwatch.daemon.core import Daemon, DaemonConfig
 from ncclwatch.daemon import page
 from ncclwatch.model import CollectiveOp, RankState
-from tests.factories import SAVE, report, sample, stack_pb
+from tests.harness.reports import SAVE, report, sample, stack_pb
 
 JOB, WORLD = "job-1", 3
 

@@ -58,7 +58,7 @@ def test_every_subcommand_has_help(cmd, capsys) -> None:
 
 
 def test_status_without_a_daemon_is_a_clear_error(capsys) -> None:
-    from tests.conftest import free_port
+    from tests.harness.procs import free_port
 
     assert main(["status", "--daemon", f"http://127.0.0.1:{free_port()}"]) == 1
     assert "cannot reach the ncclwatch daemon" in capsys.readouterr().err

@@ -169,7 +169,7 @@ def test_a_rank_cannot_name_its_pod(tmp_path) -> None:
     from ncclwatch.daemon.core import Daemon, DaemonConfig
     from ncclwatch.daemon.export import build, capture
     from ncclwatch.jobid import RankIdentity
-    from tests.factories import checkpoint_job
+    from tests.harness.reports import checkpoint_job
 
     proc = _proc_tree(tmp_path, 12014, status="NSpid:\t12014\t32\n", uts="uts:[4026532999]",
                       cgroup=CGROUP_CASES[0][0])
@@ -298,7 +298,7 @@ def test_the_daemon_shows_the_container_and_labels_the_culprit_with_its_pod() ->
     from ncclwatch.daemon.api import jobs_view
     from ncclwatch.daemon.core import Daemon, DaemonConfig
     from ncclwatch.daemon.export import build, capture
-    from tests.factories import checkpoint_job
+    from tests.harness.reports import checkpoint_job
 
     d = Daemon(DaemonConfig())
     req = checkpoint_job("job-k", world=3)

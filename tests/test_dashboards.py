@@ -28,9 +28,9 @@ from ncclwatch.daemon.core import Daemon, DaemonConfig
 from ncclwatch.daemon.export import make_registry
 from ncclwatch.model import CollectiveOp, RankState
 from ncclwatch.v1 import collector_pb2 as pb
-from tests.factories import report, sample
+from tests.harness.paths import ROOT
+from tests.harness.reports import report, sample
 
-ROOT = Path(__file__).resolve().parent.parent
 GRAFANA = ROOT / "dashboards" / "grafana"
 FILES = sorted(generate.BOARDS)
 MB = 1 << 20

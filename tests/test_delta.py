@@ -31,8 +31,8 @@ from ncclwatch.daemon.admission import Admission, admit
 from ncclwatch.daemon.validate import ReportError
 from ncclwatch.model import CollectiveOp, RankState
 from ncclwatch.v1 import collector_pb2 as pb
-from tests.factories import BARRIER, SAVE, report, sample, stack_pb
-from tests.test_grpc import Harness
+from tests.harness.daemons import Harness
+from tests.harness.reports import BARRIER, SAVE, report, sample, stack_pb
 
 S, Op = RankState, CollectiveOp
 BARRIER_ID, SAVE_ID = stack_pb(BARRIER).id, stack_pb(SAVE).id

@@ -6,7 +6,7 @@ import pytest
 
 from ncclwatch.daemon.core import Daemon, DaemonConfig
 from ncclwatch.model import CollectiveOp, RankState, StallKind
-from tests.factories import BARRIER, checkpoint_job, report, sample, stack_pb
+from tests.harness.reports import BARRIER, checkpoint_job, report, sample, stack_pb
 
 S, Op = RankState, CollectiveOp
 

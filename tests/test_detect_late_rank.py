@@ -15,8 +15,7 @@ from ncclwatch.model import CollectiveOp, RankState, StallKind
 from ncclwatch.signatures import classify
 from ncclwatch.stacks import Frame
 from ncclwatch.v1 import collector_pb2 as pb
-from tests.factories import report, sample
-from tests.test_waits import JOB, WORLD, Feed
+from tests.harness.reports import FEED_JOB as JOB, FEED_WORLD as WORLD, Feed, report, sample
 
 S, Op = RankState, CollectiveOp
 

@@ -9,7 +9,6 @@ torch-signals.md): ``torch.cuda.synchronize``, ``Event.synchronize``.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -17,9 +16,10 @@ from ncclwatch.daemon.core import Daemon, DaemonConfig
 from ncclwatch.model import CollectiveOp, RankState, StallKind
 from ncclwatch.signatures import classify
 from ncclwatch.stacks import Frame
-from tests.factories import report, sample
+from tests.harness import paths
+from tests.harness.reports import report, sample
 
-DATA = Path(__file__).parent / "data" / "pyspy"
+DATA = paths.DATA / "pyspy"
 TORCH = "/usr/lib/python3.11/site-packages/torch"
 
 #: (name, frames replacing the c10d ones, expected state)

@@ -18,7 +18,7 @@ from ncclwatch.daemon.diagnosis import RULES, facts, stall_evidence
 from ncclwatch.envlint import lint
 from ncclwatch.model import CollectiveOp, RankState, StallKind
 from ncclwatch.remediation import BY_ID, ROOT_CAUSES
-from tests.factories import checkpoint_job, report, sample
+from tests.harness.reports import checkpoint_job, report, sample
 
 S, Op = RankState, CollectiveOp
 

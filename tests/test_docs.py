@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.conftest import ROOT
+from tests.harness.paths import ROOT
 
 PAGES = sorted([ROOT / "README.md", ROOT / "BENCHMARKS.md", *(ROOT / "docs").rglob("*.md")])
 TRACKER = re.compile(r"\bissues?\s+#?\d+|\(#\d+\)", re.I)

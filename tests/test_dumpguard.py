@@ -18,7 +18,7 @@ import pytest
 from ncclwatch.daemon import dumpguard
 from ncclwatch.daemon.dumpguard import DumpGuard, Limits, same_origin
 from ncclwatch.daemon.http import HttpServer, allowed_hosts
-from tests.test_bundle import _members, _stalled
+from tests.harness.bundles import members, stalled_daemon
 
 HOST = "127.0.0.1:7471"
 
@@ -118,12 +118,12 @@ def _asks(d) -> int:
 
 
 def _fresh(body: bytes) -> dict:
-    return json.loads(_members(body)["bundle.json"])["fresh"]
+    return json.loads(members(body)["bundle.json"])["fresh"]
 
 
 @pytest.fixture
 def served():
-    d, _ = _stalled()
+    d, _ = stalled_daemon()
     srv = HttpServer(d, "127.0.0.1", 0, lambda fn: fn(), hosts=allowed_hosts("", "127.0.0.1"))
     srv.start()
     try:
@@ -210,9 +210,9 @@ def test_a_dump_post_is_behind_basic_auth_first(tmp_path) -> None:
     import base64
 
     from ncclwatch.daemon.webconfig import load
-    from tests.test_webconfig import HASH, PASSWORD, write_config
+    from tests.harness.credentials import HASH, PASSWORD, write_config
 
-    d, _ = _stalled()
+    d, _ = stalled_daemon()
     web = load(write_config(tmp_path / "web.yml", f"basic_auth_users:\n  ops: {HASH}\n"))
     srv = HttpServer(d, "127.0.0.1", 0, lambda fn: fn(), web=web)
     srv.start()

@@ -10,7 +10,6 @@ import json
 import os
 import pickle
 import pickletools
-from pathlib import Path
 
 import pytest
 
@@ -24,8 +23,9 @@ from ncclwatch.flightrec import (
     load_dump,
     summarize,
 )
+from tests.harness import paths
 
-DATA = Path(__file__).resolve().parent / "data" / "flightrec"
+DATA = paths.DATA / "flightrec"
 REAL = DATA / "real"
 LEGACY = DATA / "legacy"
 

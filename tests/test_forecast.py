@@ -7,7 +7,6 @@ independently (numpy's least squares) from the same inputs.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,44 +17,11 @@ from ncclwatch.daemon.export import make_registry
 from ncclwatch.daemon.forecast import memory_forecasts
 from ncclwatch.model import CollectiveOp, RankState, StallKind
 from ncclwatch.v1 import collector_pb2 as pb
-from tests.factories import report, sample
+from tests.harness.paths import DATA
+from tests.harness.reports import MB, drive_job, rank0_sample, report, sample
+from tests.harness.reports import rank0_sample as _rank0  # noqa: F401 (tests/test_diagnose_bundle.py)
 
 S, Op = RankState, CollectiveOp
-MB = 1 << 20
-DATA = Path(__file__).parent / "data"
-
-
-def _rank0(state: S, t: float, *, file_size: int = 0, prev: int = 0, rss: int = 1000 * MB,
-           limits=(), gpu=(), seconds: float = 0.0, timeout: float = 90.0) -> pb.RankSample:
-    s = sample("job-1", 0, 4, state, seconds=seconds, timeout=timeout)
-    s.process.rss_bytes = rss
-    s.process.io_write_bytes = file_size
-    s.process.cpu_utilization = 0.9
-    if file_size:
-        s.process.files_writing.append(pb.OpenFile(
-            path="/ckpt/run/ckpt-step200.pt", size_bytes=file_size,
-            previous_path="/ckpt/run/ckpt-step100.pt" if prev else "",
-            previous_size_bytes=prev))
-    for kind, used, limit in limits:
-        s.process.memory_limits.append(pb.MemoryLimit(kind=kind, used_bytes=used,
-                                                      limit_bytes=limit))
-    for g in gpu:
-        s.gpu.append(g)
-    return s
-
-
-def _drive(make_rank0, seconds: int, *, waiters_op: Op = Op.BARRIER, wait_state=S.COLLECTIVE,
-           start: float = 1000.0) -> tuple[Daemon, float]:
-    """One report per second for ``seconds``; ranks 1-3 blocked from t=0."""
-    d = Daemon(DaemonConfig(stall_threshold=5.0))
-    for i in range(seconds):
-        now = start + i
-        samples = [make_rank0(i)]
-        samples += [sample("job-1", r, 4, wait_state, waiters_op, seconds=i, timeout=90.0)
-                    for r in (1, 2, 3)]
-        d.ingest(report(samples, seq=i + 1), now=now)
-        d.tick(now=now, wall=now)
-    return d, start + seconds - 1
 
 
 def _metrics(d: Daemon) -> dict[tuple[str, tuple], float]:
@@ -78,14 +44,14 @@ def test_a_file_far_past_a_small_previous_file_has_no_known_size() -> None:
     rank 0's .distcp as its "previous checkpoint". Far past it, the write is not
     at its end: the matrix once called a 6 MiB save at 60 kB/s 'within budget'."""
     rate, prev = 60_000, 2_000
-    d, now = _drive(lambda i: _rank0(S.SAVING, i, file_size=(i + 1) * rate, prev=prev,
+    d, now = drive_job(lambda i: rank0_sample(S.SAVING, i, file_size=(i + 1) * rate, prev=prev,
                                      seconds=i), 12)
     dx = _incident(d).diagnosis
     assert dx.root_cause.id != "save_within_budget", dx.sentence
     w = dx.evidence.write
     assert w.expected_bytes is None and w.eta_seconds is None, w
     # Just past a real previous checkpoint (zip records): the save is at its end.
-    d, now = _drive(lambda i: _rank0(S.SAVING, i, file_size=min((i + 1) * MB, 10 * MB + 100),
+    d, now = drive_job(lambda i: rank0_sample(S.SAVING, i, file_size=min((i + 1) * MB, 10 * MB + 100),
                                      prev=10 * MB, seconds=i), 12)
     w = _incident(d).diagnosis.evidence.write
     assert w.expected_source == "previous_checkpoint" and w.expected_bytes == 10 * MB + 100
@@ -93,7 +59,7 @@ def test_a_file_far_past_a_small_previous_file_has_no_known_size() -> None:
 
 def test_slow_save_forecast_to_overrun_the_watchdog() -> None:
     rate, prev = 1 * MB, 200 * MB  # 200 MB at 1 MB/s: 200 s against a 90 s budget
-    d, now = _drive(lambda i: _rank0(S.SAVING, i, file_size=(i + 1) * rate, prev=prev,
+    d, now = drive_job(lambda i: rank0_sample(S.SAVING, i, file_size=(i + 1) * rate, prev=prev,
                                      seconds=i), 12)
     inc = _incident(d)
     dx = inc.diagnosis
@@ -129,7 +95,7 @@ def test_slow_save_forecast_to_overrun_the_watchdog() -> None:
 
 def test_fast_enough_save_is_within_budget_and_not_at_risk() -> None:
     rate, prev = 10 * MB, 150 * MB  # 15 s of writing against 90 s
-    d, _ = _drive(lambda i: _rank0(S.SAVING, i, file_size=(i + 1) * rate, prev=prev,
+    d, _ = drive_job(lambda i: rank0_sample(S.SAVING, i, file_size=(i + 1) * rate, prev=prev,
                                    seconds=i), 10)
     inc = _incident(d)
     assert inc.diagnosis.root_cause.id == "save_within_budget"
@@ -144,7 +110,7 @@ def test_write_past_the_previous_size_is_at_its_end_not_unknown() -> None:
     the previous checkpoint: in its last second the save is done, not unknown."""
     rate, prev = 2 * MB, 16 * MB
     size = lambda i: min((i + 1) * rate, prev + 4096)  # noqa: E731 - grows, then stops
-    d, _ = _drive(lambda i: _rank0(S.SAVING, i, file_size=size(i), prev=prev, seconds=i), 12)
+    d, _ = drive_job(lambda i: rank0_sample(S.SAVING, i, file_size=size(i), prev=prev, seconds=i), 12)
     inc = _incident(d)
     assert inc.diagnosis.root_cause.id == "save_within_budget"
     assert inc.diagnosis.checkpoint_eta == 0.0
@@ -155,26 +121,26 @@ def test_a_closed_file_means_the_write_is_over_while_the_stack_still_says_saving
     """Stacks lag /proc: for a round or two after torch.save closed the file
     the rank still looks "saving"; the save is done, not of unknown length."""
     rate = 2 * MB
-    d, _ = _drive(lambda i: _rank0(S.SAVING, i, file_size=(i + 1) * rate if i < 10 else 0,
+    d, _ = drive_job(lambda i: rank0_sample(S.SAVING, i, file_size=(i + 1) * rate if i < 10 else 0,
                                    prev=20 * MB if i < 10 else 0, seconds=i), 12)
     inc = _incident(d)
     assert inc.diagnosis.root_cause.id == "save_within_budget"
     assert inc.diagnosis.checkpoint_eta == 0.0
     assert inc.diagnosis.evidence.write.expected_source == "file_closed"
-    d2, _ = _drive(lambda i: _rank0(S.SAVING, i, file_size=(i + 1) * rate if i < 10 else 0,
+    d2, _ = drive_job(lambda i: rank0_sample(S.SAVING, i, file_size=(i + 1) * rate if i < 10 else 0,
                                     seconds=i), 40)
     assert _incident(d2).diagnosis.root_cause.id == "slow_save"  # closed 30 s ago: no evidence
 
 
 def test_unknown_size_is_not_forecast_and_turns_risky_with_the_budget() -> None:
-    d, _ = _drive(lambda i: _rank0(S.SAVING, i, file_size=(i + 1) * MB, seconds=i), 30)
+    d, _ = drive_job(lambda i: rank0_sample(S.SAVING, i, file_size=(i + 1) * MB, seconds=i), 30)
     inc = _incident(d)
     assert inc.diagnosis.root_cause.id == "slow_save"
     assert inc.diagnosis.checkpoint_eta is None
     assert not inc.at_risk  # 61 s of 90 s left: no evidence yet that it will not finish
     m = _metrics(d)
     assert ("ncclwatch_checkpoint_eta_seconds", (("job_id", "job-1"),)) not in m
-    d2, _ = _drive(lambda i: _rank0(S.SAVING, i, file_size=(i + 1) * MB, seconds=i), 50)
+    d2, _ = drive_job(lambda i: rank0_sample(S.SAVING, i, file_size=(i + 1) * MB, seconds=i), 50)
     assert _incident(d2).at_risk  # under half the budget left
 
 
@@ -184,14 +150,14 @@ def test_expected_size_from_gathered_host_memory() -> None:
 
     def rank0(i: int) -> pb.RankSample:
         if i < 3:  # steady training before the checkpoint
-            return _rank0(S.COMPUTE, i, rss=base)
+            return rank0_sample(S.COMPUTE, i, rss=base)
         if i < 8:  # gathering: RSS grows to base + gathered
-            return _rank0(S.GATHERING_STATE_DICT, i, rss=base + gathered * (i - 2) // 5,
+            return rank0_sample(S.GATHERING_STATE_DICT, i, rss=base + gathered * (i - 2) // 5,
                           seconds=i - 3)
-        return _rank0(S.SAVING, i, rss=base + gathered, file_size=(i - 7) * 5 * MB,
+        return rank0_sample(S.SAVING, i, rss=base + gathered, file_size=(i - 7) * 5 * MB,
                       seconds=i - 8)
 
-    d, _ = _drive(rank0, 16)
+    d, _ = drive_job(rank0, 16)
     w = _incident(d).diagnosis.evidence.write
     assert w.expected_source == "gathered_bytes"
     assert w.expected_bytes == gathered
@@ -210,9 +176,9 @@ def test_address_space_limit_forecast_names_memory_as_root_cause() -> None:
             limits.append((pb.MEMORY_LIMIT_KIND_ADDRESS_SPACE, vms, limit))
             ts.append(i)
             used.append(vms)
-        return _rank0(S.GATHERING_STATE_DICT, i, limits=limits, seconds=i)
+        return rank0_sample(S.GATHERING_STATE_DICT, i, limits=limits, seconds=i)
 
-    d, now = _drive(rank0, 14)
+    d, now = drive_job(rank0, 14)
     inc = _incident(d)
     dx = inc.diagnosis
     assert dx.root_cause.id == "gather_out_of_memory", dx.sentence
@@ -240,7 +206,7 @@ def test_gpu_memory_forecast_from_recorded_nvml_readings() -> None:
         g = pb.GpuMemory(device_index=0, used_bytes=r.processes[0].used_bytes,
                          device_total_bytes=r.devices[0].total_bytes,
                          device_used_bytes=r.devices[0].used_bytes)
-        return _rank0(S.GATHERING_STATE_DICT, i, gpu=[g], seconds=i)
+        return rank0_sample(S.GATHERING_STATE_DICT, i, gpu=[g], seconds=i)
 
     d = Daemon(DaemonConfig())
     for i in range(len(readings)):
@@ -264,7 +230,7 @@ def test_gpu_memory_forecast_from_recorded_nvml_readings() -> None:
 
 
 def test_flat_memory_gives_no_exhaustion_forecast() -> None:
-    d, _ = _drive(lambda i: _rank0(S.GATHERING_STATE_DICT, i, seconds=i, limits=[
+    d, _ = drive_job(lambda i: rank0_sample(S.GATHERING_STATE_DICT, i, seconds=i, limits=[
         (pb.MEMORY_LIMIT_KIND_CGROUP, 4000 * MB, 4100 * MB)]), 12)
     dx = _incident(d).diagnosis
     assert dx.root_cause.id == "slow_state_dict_gather"

@@ -15,7 +15,7 @@ from ncclwatch.daemon.forecast import write_forecast
 from ncclwatch.model import CollectiveOp, RankState, StallKind
 from ncclwatch.status import render
 from ncclwatch.v1 import collector_pb2 as pb
-from tests.factories import report, sample
+from tests.harness.reports import report, sample
 
 S, Op = RankState, CollectiveOp
 MB = 1 << 20

@@ -8,7 +8,7 @@ import pytest
 
 from ncclwatch import frameworks
 from ncclwatch.remediation import FIXES, REMEDIES_FOR, Fix, fixes_for
-from tests.fixcheck import SnippetError, check
+from tests.harness.fixcheck import SnippetError, check
 
 
 @pytest.mark.parametrize("fix", FIXES, ids=lambda f: f"{f.framework}-{f.remedy}")
@@ -131,8 +131,8 @@ def test_a_source_checkout_is_an_import_a_user_dir_is_not(tmp_path) -> None:
     from ncclwatch.daemon.api import jobs_view
     from ncclwatch.daemon.core import Daemon, DaemonConfig
     from ncclwatch.stacks import Frame, stack_id
-    from tests.conftest import need
-    from tests.factories import checkpoint_job, stack_pb
+    from tests.harness.tools import need
+    from tests.harness.reports import checkpoint_job, stack_pb
 
     # A user's directory named megatron (no package), and a Megatron-LM checkout
     # on PYTHONPATH (megatron/ and megatron/training/ are packages).

@@ -8,7 +8,6 @@ import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -22,9 +21,10 @@ from ncclwatch.agent.frpipe import (
     trigger,
 )
 from ncclwatch.flightrec import analyze
+from tests.harness import paths
+from tests.harness.paths import ROOT
 
-DATA = Path(__file__).resolve().parent / "data" / "flightrec"
-ROOT = Path(__file__).resolve().parent.parent
+DATA = paths.DATA / "flightrec"
 
 # One gloo rank with a reader thread doing what ProcessGroupNCCL's DumpPipe and
 # HeartbeatMonitor do (gloo has no pipe of its own): unlink + mkfifo

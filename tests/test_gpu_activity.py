@@ -9,7 +9,6 @@ are the real ones.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -24,9 +23,9 @@ from ncclwatch.daemon.page import _gpu_cell
 from ncclwatch.daemon.records import RankRecord
 from ncclwatch.model import CollectiveOp, RankState
 from ncclwatch.v1 import collector_pb2 as pb
-from tests.factories import report, sample
+from tests.harness.paths import DATA
+from tests.harness.reports import report, sample
 
-DATA = Path(__file__).parent / "data"
 HANG = DATA / "nvml" / "h100_allreduce_hang.json"
 
 

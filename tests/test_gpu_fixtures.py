@@ -9,7 +9,6 @@ NCCL 2.28 really wrote, not against what we expected it to write.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -22,8 +21,9 @@ from ncclwatch.diagnose import diagnose
 from ncclwatch.model import RankState
 from ncclwatch.signatures import classify
 from ncclwatch.stacks import main_thread, parse_pyspy_json
+from tests.harness.paths import DATA
 
-H200 = Path(__file__).parent / "data" / "gpu" / "h200-torch2.11"
+H200 = DATA / "gpu" / "h200-torch2.11"
 
 
 def _main_stack(name: str):

@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 from bench.gpu_probe import verdict
-from tests.conftest import ROOT
+from tests.harness.paths import ROOT
 
 
 def test_no_gpu_is_a_clear_exit_2_and_writes_nothing(tmp_path) -> None:

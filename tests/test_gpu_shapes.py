@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ncclwatch.daemon.core import Daemon, DaemonConfig
 from ncclwatch.model import CollectiveOp, RankState, StallKind
-from tests.factories import report, sample
+from tests.harness.reports import report, sample
 
 S, Op = RankState, CollectiveOp
 JOB, WORLD = "gpu-job", 3

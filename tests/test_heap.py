@@ -47,3 +47,18 @@ def test_held_objects_are_frozen_and_frozen_cycles_reclaimed(thawed) -> None:
     heap.step()
     assert gone() is None and heap.reclaims_total == 1
     assert gc.get_freeze_count() > 0  # what is still held is frozen again
+
+
+def test_what_survived_a_full_collection_is_frozen_at_the_next_step(thawed) -> None:
+    """While the tables grow, each full collection rescans them all: what it
+    left is long-lived and is frozen at once, not a minute later."""
+    clock = Clock()
+    heap = HeapPolicy(clock)
+    heap.step()
+    assert gc.get_freeze_count() == 0
+    held = [Node() for _ in range(100)]
+    gc.collect()  # a full collection, as CPython runs one when the heap grew
+    heap.step()
+    assert gc.get_freeze_count() >= len(held) and heap.freezes_total == 1
+    heap.step()
+    assert heap.freezes_total == 1  # no full collection since

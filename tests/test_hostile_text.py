@@ -31,7 +31,8 @@ from ncclwatch.sanitize import (COUNTS, MAX_ENV_VALUE, MAX_FRAME, MAX_LABEL, MAX
                                 clean, for_log, is_clean)
 from ncclwatch.stacks import Frame, Stack
 from ncclwatch.v1 import collector_pb2 as pb
-from tests.conftest import free_port, py_spy_available
+from tests.harness.procs import free_port
+from tests.harness.tools import py_spy_available
 
 # -- the sanitiser itself -------------------------------------------------------------
 

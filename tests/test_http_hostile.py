@@ -21,8 +21,9 @@ from ncclwatch.config import resolve
 from ncclwatch.daemon.core import Daemon, DaemonConfig
 from ncclwatch.daemon.http import allowed_hosts, host_of
 from ncclwatch.daemon.server import DaemonServer
-from tests.conftest import Proc, free_port, need
-from tests.factories import checkpoint_job
+from tests.harness.procs import Proc, free_port
+from tests.harness.reports import checkpoint_job
+from tests.harness.tools import need
 
 LOOPBACK = "localhost,127.0.0.1,::1"
 

@@ -15,21 +15,15 @@ import time
 import grpc
 import pytest
 
-from ncclwatch.daemon.core import Daemon, DaemonConfig
-from ncclwatch.daemon.server import DaemonServer
 from ncclwatch.model import RankState, StallKind
-from ncclwatch.tls import server_tls
 from ncclwatch.v1 import collector_pb2 as pb
 from ncclwatch.v1 import collector_pb2_grpc as pb_grpc
-from tests.factories import checkpoint_job, report, sample
-from tests.test_tls import TLSHarness, _get, _pki, client
+from tests.harness.credentials import client
+from tests.harness.daemons import Harness
+from tests.harness.monitor import metrics_at
+from tests.harness.reports import checkpoint_job, report, sample
 
 YEAR_AND_A_DAY = 31_622_400.0
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    return _pki(tmp_path_factory.mktemp("pki"))
 
 
 def _run(coro):
@@ -47,28 +41,28 @@ def _node_a_job(seq: int = 1) -> pb.ReportRequest:
     return req
 
 
-async def _stall(h: TLSHarness, timeout: float = 30.0) -> None:
+async def _stall(h: Harness, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while ("job-1", StallKind.CHECKPOINT_GATHER) not in h.daemon.incidents.active:
         assert time.monotonic() < deadline, "no stall opened for node-a's job"
         await asyncio.sleep(0.1)
 
 
-def _refusals(h: TLSHarness) -> dict[str, float]:
-    m = _get(h.server.http_port, "/metrics")
+def _refusals(h: Harness) -> dict[str, float]:
+    m = metrics_at(h.server.http_port, "/metrics")
     return {dict(lab)["what"]: v for (n, lab), v in m.items()
             if n == "ncclwatch_daemon_identity_refusals_total"}
 
 
 def test_a_node_cannot_mark_another_nodes_ranks_exited(pki) -> None:
     async def go():
-        async with TLSHarness(pki) as h:
-            await h.send(h.secure(client(pki, "node-a")), _node_a_job())
+        async with Harness(pki) as h:
+            await h.send_over(h.secure(client(pki, "node-a")), _node_a_job())
             await _stall(h)
             forged = report([], node="node-b", agent="agent-b")
             forged.report.exited.extend(pb.RankIdentity(job_id="job-1", rank=r, pid=1000 + r)
                                         for r in range(4))
-            (resp,) = await h.send(h.secure(client(pki, "node-b")), forged)
+            (resp,) = await h.send_over(h.secure(client(pki, "node-b")), forged)
             assert resp.ack_seq == 1  # the report itself is fine; its forged exits are not
             job = h.daemon.table.jobs["job-1"]
             assert all(rec.gone_at is None for rec in job.ranks.values())
@@ -79,15 +73,15 @@ def test_a_node_cannot_mark_another_nodes_ranks_exited(pki) -> None:
             # The owner may say its ranks exited.
             own = report([], node="node-a", agent="agent-a", seq=2, full=False)
             own.report.exited.append(pb.RankIdentity(job_id="job-1", rank=3, pid=1003))
-            await h.send(h.secure(client(pki, "node-a")), own)
+            await h.send_over(h.secure(client(pki, "node-a")), own)
             assert job.ranks[3].gone_at is not None
     _run(go())
 
 
 def test_a_rankless_member_cannot_replace_the_jobs_facts(pki) -> None:
     async def go():
-        async with TLSHarness(pki) as h:
-            await h.send(h.secure(client(pki, "node-a")), _node_a_job())
+        async with Harness(pki) as h:
+            await h.send_over(h.secure(client(pki, "node-a")), _node_a_job())
             m = sample("job-1", -1, 4, RankState.COMPUTE, pid=666, timeout=YEAR_AND_A_DAY)
             m.job.env["NCCL_DEBUG"] = "mallory"
             m.job.scheduler_job.CopyFrom(pb.SchedulerJob(scheduler="slurm", job_id="4242",
@@ -96,7 +90,7 @@ def test_a_rankless_member_cannot_replace_the_jobs_facts(pki) -> None:
                 pb.ProcessGroupProgress(pg_id="0", pg_name="0", pg_desc="default_pg",
                                        ranks=[0, 1, 2, 3], pending_seq=1,
                                        pending_timeout_ms=int(YEAR_AND_A_DAY * 1000))]))
-            (resp,) = await h.send(h.secure(client(pki, "node-b")),
+            (resp,) = await h.send_over(h.secure(client(pki, "node-b")),
                                    report([m], node="node-b", agent="agent-b"))
             assert not resp.rejected_jobs  # the member itself is welcome...
             job = h.daemon.table.jobs["job-1"]
@@ -116,15 +110,15 @@ def test_a_job_of_rankless_members_only_still_gets_its_facts(pki) -> None:
     """Launchers that give no rank (PMIx before it is read): the members' own
     facts are all the job has, and they are taken."""
     async def go():
-        async with TLSHarness(pki) as h:
+        async with Harness(pki) as h:
             m = sample("job-r", -1, 2, RankState.COMPUTE, pid=77, timeout=300.0)
-            await h.send(h.secure(client(pki, "node-b")),
+            await h.send_over(h.secure(client(pki, "node-b")),
                          report([m], node="node-b", agent="agent-b"))
             assert h.daemon.table.jobs["job-r"].declared_timeout == 300.0
     _run(go())
 
 
-def _dump(h: TLSHarness, tls, job: str):
+def _dump(h: Harness, tls, job: str):
     async def call():
         async with h.secure(tls) as ch:
             return await pb_grpc.CollectorServiceStub(ch).DumpStacks(
@@ -134,8 +128,8 @@ def _dump(h: TLSHarness, tls, job: str):
 
 def test_dump_stacks_is_scoped_to_the_callers_jobs(pki) -> None:
     async def go():
-        async with TLSHarness(pki) as h:
-            await h.send(h.secure(client(pki, "node-a")), _node_a_job())
+        async with Harness(pki) as h:
+            await h.send_over(h.secure(client(pki, "node-a")), _node_a_job())
             with pytest.raises(grpc.aio.AioRpcError) as ei:
                 await _dump(h, client(pki, "node-b"), "job-1")
             assert ei.value.code() == grpc.StatusCode.PERMISSION_DENIED
@@ -154,17 +148,9 @@ def test_dump_stacks_is_scoped_to_the_callers_jobs(pki) -> None:
 def test_dump_stacks_through_ingest_workers_is_scoped_too(pki) -> None:
     """With ingest workers the worker serves the call and forwards the
     caller's certificate names to the core, which decides."""
-    d = pki / "ca"
-    tls = server_tls({"tls_cert": str(d / "daemon.pem"), "tls_key": str(d / "daemon-key.pem"),
-                      "tls_client_ca": str(d / "ca.pem")})
-
     async def go():
-        h = TLSHarness.__new__(TLSHarness)
-        h.daemon = Daemon(DaemonConfig(grpc="127.0.0.1:0", http="127.0.0.1:0", tls=tls,
-                                       ingest_workers=1))
-        h.server = DaemonServer(h.daemon)
-        async with h:
-            await h.send(h.secure(client(pki, "node-a")), _node_a_job())
+        async with Harness(pki, ingest_workers=1) as h:
+            await h.send_over(h.secure(client(pki, "node-a")), _node_a_job())
             with pytest.raises(grpc.aio.AioRpcError) as ei:
                 await _dump(h, client(pki, "node-b"), "job-1")
             assert ei.value.code() == grpc.StatusCode.PERMISSION_DENIED

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from deploy import imageroot, runstep
-from tests.conftest import ROOT
+from tests.harness.paths import ROOT
 
 
 def test_the_shipped_containerfile_parses_into_its_stages() -> None:

@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 
 from ncclwatch.daemon import exposure
-from tests.conftest import Proc, free_port, need
+from tests.harness.credentials import make_certs
+from tests.harness.procs import Proc, free_port
+from tests.harness.tools import need
 
 
 def _refused(*argv: str) -> subprocess.CompletedProcess:
@@ -49,8 +51,7 @@ def test_daemon_beyond_loopback_without_tls_exits_2_saying_what_to_pass(listen) 
 def pki(tmp_path_factory) -> Path:
     """The real `ncclwatch certs`: CA, daemon certificate, web.yml and its password."""
     out = tmp_path_factory.mktemp("insecure") / "certs"
-    subprocess.run([need("ncclwatch"), "certs", "--out", str(out), "--daemon-host",
-                    "localhost"], check=True, capture_output=True, timeout=120)
+    make_certs(out)
     return out
 
 

@@ -21,7 +21,7 @@ import pytest
 
 import ncclwatch
 from ncclwatch import install
-from tests.conftest import ROOT
+from tests.harness.paths import ROOT
 
 try:
     import tomllib
@@ -142,7 +142,7 @@ def test_install_lays_out_every_kind_from_the_installed_wheel(installed, tmp_pat
 
 def _verify(unit: Path) -> None:
     """systemd-analyze verify, as tests/test_systemd.py runs it on the shipped units."""
-    from tests.test_systemd import systemd_analyze
+    from tests.harness.tools import systemd_analyze
 
     r = subprocess.run([systemd_analyze(), "verify", str(unit)], capture_output=True,
                        text=True, timeout=60)
@@ -225,7 +225,7 @@ def test_install_slurm_puts_the_task_prolog_where_slurm_conf_names_it(tmp_path: 
     docs give TaskProlog=), executable, and a site's edits kept unless --force; the
     installed copy runs as slurmstepd runs it."""
     from ncclwatch.cli import main
-    from tests.test_slurm_prolog import run_prolog
+    from tests.harness.slurm import run_prolog
 
     root = tmp_path / "root"
     assert main(["install", "slurm", "--root", str(root)]) == 0
@@ -308,7 +308,7 @@ def test_rules_link_the_runbooks_where_runbook_url_says(tmp_path: Path) -> None:
     """With no daemon seen in a week the alerts link the installed copy, or the
     --runbook-url given to `install rules`: absolute either way."""
     from ncclwatch.cli import main
-    from tests.test_alerts import RUNBOOK_FALLBACK
+    from tests.harness.alerting import RUNBOOK_FALLBACK
 
     assert install.RUNBOOK_FALLBACK == RUNBOOK_FALLBACK
     assert main(["install", "rules", "--dest", str(tmp_path / "a")]) == 0

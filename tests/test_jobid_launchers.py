@@ -174,7 +174,7 @@ def test_the_shell_loops_ranks_inherit_no_launcher_variables() -> None:
     SLURM_JOB_ID would name the job for them); what a launcher sets is kept."""
     import subprocess
 
-    from tests.scenarios.launchers import scrubbed
+    from tests.harness.launchers import scrubbed
     dirty = {"PATH": "/usr/bin:/bin", "RANK": "3", "WORLD_SIZE": "8", "MASTER_ADDR": "10.0.0.1",
              "MASTER_PORT": "29500", "SLURM_JOB_ID": "77", "SLURM_PROCID": "3",
              "TORCHELASTIC_RUN_ID": "r1", "PMI_RANK": "3", "PMIX_NAMESPACE": "ns",

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -18,9 +17,9 @@ from ncclwatch.daemon.core import Daemon, DaemonConfig
 from ncclwatch.jobid import RANK_VARIABLES, UNKNOWN_RANK, identify, rank_of
 from ncclwatch.model import CollectiveOp, RankState, StallKind, rank_ranges
 from ncclwatch.stacks import stack_id
-from tests.factories import BARRIER, SAVE, report, sample, stack_pb
+from tests.harness.paths import DATA
+from tests.harness.reports import BARRIER, SAVE, report, sample, stack_pb
 
-DATA = Path(__file__).parent / "data"
 PY = "/venv/bin/python3.11"
 
 LAUNCHER_CASES = [
@@ -416,7 +415,7 @@ def test_torchrun_under_srun_workers_are_ranks_the_launcher_is_not(spawned, tmp_
     import time
 
     from ncclwatch.agent.discover import Discovery
-    from tests.conftest import need
+    from tests.harness.tools import need
     script = tmp_path / "w.py"
     script.write_text(TORCH_IDLE)
     run = spawned([need("torchrun"), "--standalone", "--nproc-per-node=2", "--max-restarts=0",
@@ -553,7 +552,8 @@ def test_mp_spawn_under_srun_workers_by_spawn_index_parent_is_no_rank(spawned) -
     import psutil
 
     from ncclwatch.agent.discover import Discovery
-    from tests.conftest import ROOT, free_port
+    from tests.harness.paths import ROOT
+    from tests.harness.procs import free_port
     parent = spawned(["PY", "-m", "tests.workloads.launch_spawn", "--port", str(free_port()),
                       "--go", "/nonexistent/never"], {**SLURM, "PYTHONPATH": str(ROOT)})
     d = Discovery("n")

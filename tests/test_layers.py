@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from tests.harness.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "ncclwatch"
 #: Top-level modules that may import agent and daemon: they start processes.
 ENTRY = frozenset({"ncclwatch.cli", "ncclwatch.__main__", "ncclwatch.status",
@@ -172,7 +172,7 @@ def test_the_checks_see_a_planted_fault() -> None:
                                "ncclwatch.config (library) imports ncclwatch.agent.x"]
     assert cycles(g) == [["ncclwatch.agent.x", "ncclwatch.daemon.y", "ncclwatch.config",
                           "ncclwatch.agent.x"]]
-    here = imports_of(Path(__file__).resolve().parent.parent / "ncclwatch" / "config.py",
+    here = imports_of(ROOT / "ncclwatch" / "config.py",
                       set(graph()))
     assert "ncclwatch.shard" in here     # a function-level import is seen
 

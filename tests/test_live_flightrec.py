@@ -26,9 +26,10 @@ from ncclwatch.jobid import RankIdentity
 from ncclwatch.model import CollectiveOp as Op
 from ncclwatch.model import RankState as S
 from ncclwatch.v1 import collector_pb2 as pb
-from tests.factories import report, sample
+from tests.harness.paths import DATA
+from tests.harness.reports import report, sample
 
-HANG = Path(__file__).parent / "data" / "flightrec" / "real" / "hang"
+HANG = DATA / "flightrec" / "real" / "hang"
 
 
 def _hang_summary(rank: int) -> pb.FlightRecorderSummary:
@@ -308,7 +309,7 @@ def test_a_still_rank_stays_still_while_it_writes_the_dump_asked_of_it(tmp_path)
     import sys
 
     from ncclwatch.agent.agent import Agent, AgentConfig
-    from tests.conftest import free_port
+    from tests.harness.procs import free_port
     stem, prefix = str(tmp_path / "pipe_"), str(tmp_path / "fr_")
     p = subprocess.Popen([sys.executable, "-c", _DUMPING_RANK, stem, prefix,
                           str(HANG / "comm_lib_trace_rank_0")],

@@ -8,7 +8,7 @@ from ncclwatch.agent.policy import StackPolicy
 from ncclwatch.model import CollectiveOp, RankState
 from ncclwatch.signatures import Classification
 from ncclwatch.stillness import WARMUP
-from tests.test_pausing import Rank
+from tests.harness.trackers import Rank
 
 POLICY = StackPolicy()
 COMPUTE = Classification(RankState.COMPUTE)

@@ -12,7 +12,8 @@ import textwrap
 from importlib import metadata
 from pathlib import Path
 
-from tests.conftest import ROOT, need_system
+from tests.harness.paths import ROOT
+from tests.harness.tools import need_system
 
 try:
     import tomllib

@@ -8,9 +8,8 @@ behind by a module that moved, fails here with the path to add or remove.
 from __future__ import annotations
 
 import re
-from pathlib import Path
+from tests.harness.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "development.md"
 HEADING = "## Module map"
 #: A map line: the module's path in backquotes, a colon, what it is for.

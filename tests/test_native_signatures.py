@@ -17,8 +17,8 @@ from ncclwatch.native_signatures import (OP_SIGNATURES, WAIT_SIGNATURES, classif
                                          classify_native_rank)
 from ncclwatch.signatures import classify_rank
 from ncclwatch.stacks import Frame, parse_pyspy_json
+from tests.harness.paths import DATA
 
-DATA = Path(__file__).parent / "data"
 GPU = DATA / "gpu" / "h200-torch2.11"
 
 

@@ -19,7 +19,7 @@ from ncclwatch.daemon.export import build, capture
 from ncclwatch.daemon.validate import ReportError
 from ncclwatch.model import RankState
 from ncclwatch.v1 import collector_pb2 as pb
-from tests.factories import report, sample
+from tests.harness.reports import report, sample
 
 A, B, C = frozenset({"node-a"}), frozenset({"node-b"}), frozenset({"node-c"})
 

@@ -19,7 +19,8 @@ from ncclwatch.daemon.core import Daemon, DaemonConfig
 from ncclwatch.daemon.export import build, capture, encode, fault_reasons
 from ncclwatch.daemon.validate import ReportError
 from ncclwatch.model import RankState
-from tests.factories import report, sample
+from tests.harness.paths import ROOT
+from tests.harness.reports import report, sample
 
 
 def _faulty(d: Daemon, rounds: int = 3, start: float = 10.0) -> None:
@@ -121,10 +122,9 @@ def test_the_alert_says_refused_whole_only_for_the_contracts_node_reasons() -> N
     """The alert's description tells a blind node from a partly blind one by
     reason: every name it matches is one of the contract's."""
     import re
-    from pathlib import Path
 
     import yaml
-    rules = yaml.safe_load((Path(__file__).parent.parent / "dashboards" / "prometheus"
+    rules = yaml.safe_load((ROOT / "dashboards" / "prometheus"
                             / "alerts.yaml").read_text())
     (rule,) = [r for g in rules["groups"] for r in g["rules"]
                if r.get("alert") == "NCCLWatchNodeReportFaults"]

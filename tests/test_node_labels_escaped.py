@@ -18,7 +18,7 @@ from ncclwatch.daemon.export import build, capture, encode
 from ncclwatch.daemon.validate import ReportError
 from ncclwatch.model import RankState
 from ncclwatch.sanitize import escape
-from tests.factories import report, sample
+from tests.harness.reports import report, sample
 
 CERT = "node-a\x1b[2J\u202eevil\nfake 1"
 PLAIN = "node-b\x1b]0;title\x07\u202e\nx"

@@ -17,7 +17,7 @@ from ncclwatch.daemon.core import Daemon, DaemonConfig
 from ncclwatch.daemon.incidents import SETTLE
 from ncclwatch.daemon.outcome import Forecast, Outcome, score
 from ncclwatch.model import CollectiveOp, RankState, StallKind
-from tests.factories import BARRIER, SAVE, report, sample, stack_pb
+from tests.harness.reports import BARRIER, SAVE, report, sample, stack_pb
 from ncclwatch.stacks import stack_id
 
 S, Op = RankState, CollectiveOp

@@ -22,8 +22,10 @@ from ncclwatch import status
 from ncclwatch.daemon.ownership import OUTCOMES, Contest, decide
 from ncclwatch.model import RankState, StallKind
 from ncclwatch.v1 import collector_pb2 as pb
-from tests.factories import checkpoint_job, report, sample
-from tests.test_tls import TLSHarness, _get, client, make_certs
+from tests.harness.credentials import client, make_certs
+from tests.harness.daemons import Harness
+from tests.harness.monitor import metrics_at
+from tests.harness.reports import checkpoint_job, report, sample
 
 YEAR_AND_A_DAY = 31_622_400.0
 
@@ -49,19 +51,19 @@ def _job(node: str, agent: str, *, age: float, pid_base: int = 1000, seq: int = 
     return req
 
 
-def _claims(h: TLSHarness) -> dict[str, float]:
-    m = _get(h.server.http_port, "/metrics")
+def _claims(h: Harness) -> dict[str, float]:
+    m = metrics_at(h.server.http_port, "/metrics")
     return {dict(lab)["outcome"]: v for (n, lab), v in m.items()
             if n == "ncclwatch_daemon_rank_claims_total"}
 
 
-def _api(h: TLSHarness) -> dict:
+def _api(h: Harness) -> dict:
     with urllib.request.urlopen(f"http://127.0.0.1:{h.server.http_port}/api/v1/jobs",
                                 timeout=10) as r:
         return json.loads(r.read())
 
 
-def _owners(h: TLSHarness, job: str = "job-1") -> set[str]:
+def _owners(h: Harness, job: str = "job-1") -> set[str]:
     return {r.node for r in h.daemon.table.jobs[job].ranks.values()}
 
 
@@ -74,7 +76,7 @@ def _listed(req: pb.ReportRequest, nodelist: str) -> pb.ReportRequest:
     return req
 
 
-async def _squatted(h: TLSHarness, b, *, squatter_age: float, world: int = 4) -> None:
+async def _squatted(h: Harness, b, *, squatter_age: float, world: int = 4) -> None:
     """node-b guessed job-1's id and claims ranks 0-3 (processes
     ``squatter_age`` s old; 0: no start shown) before the job starts."""
     squat = checkpoint_job("job-1", world=world, node="node-b", agent="agent-b")
@@ -82,7 +84,7 @@ async def _squatted(h: TLSHarness, b, *, squatter_age: float, world: int = 4) ->
     for s in squat.report.samples:
         s.identity.pid = 9000 + s.identity.rank
         s.identity.process_age_seconds = squatter_age
-    (resp,) = await h.send(h.secure(b), squat)
+    (resp,) = await h.send_over(h.secure(b), squat)
     assert not resp.rejected_jobs and _owners(h) == {"node-b"}
 
 
@@ -107,23 +109,23 @@ def test_a_squatter_before_the_job_starts_loses_to_the_scheduler_node_list(pki) 
     node-a and not node-b: that corroborates node-a's claims, and node-b
     cannot take the ranks back, whatever processes it shows."""
     async def go():
-        async with TLSHarness(pki) as h:
+        async with Harness(pki) as h:
             a, b = client(pki, "node-a"), client(pki, "node-b")
             await _squatted(h, b, squatter_age=600.0, world=8)
             job = h.daemon.table.jobs["job-1"]
             listed = "node-a,node-c,node-d"
             mine = _ranks("node-a", range(4), age=3.0)
-            (resp,) = await h.send(h.secure(a), mine)
+            (resp,) = await h.send_over(h.secure(a), mine)
             assert not resp.rejected_jobs and _owners(h) == {"node-b"}
             assert (await asyncio.to_thread(_claims, h))["uncorroborated"] == 4
             # Ranks 4-7 were nobody's: node-c's and node-d's, who state the list.
             for n, ranks in (("node-c", range(4, 6)), ("node-d", range(6, 8))):
-                (resp,) = await h.send(h.secure(client(pki, n)),
+                (resp,) = await h.send_over(h.secure(client(pki, n)),
                                        _ranks(n, ranks, nodelist=listed, pid_base=2000))
                 assert not resp.rejected_jobs
             # node-a's next round: the list the job's other nodes agree on corroborates it.
             mine.report.seq = 2
-            (resp,) = await h.send(h.secure(a), mine)
+            (resp,) = await h.send_over(h.secure(a), mine)
             assert not resp.rejected_jobs
             assert {k: job.ranks[k].node for k in range(4)} == {k: "node-a" for k in range(4)}
             assert {job.ranks[k].pid for k in range(4)} == {1000, 1001, 1002, 1003}
@@ -133,7 +135,7 @@ def test_a_squatter_before_the_job_starts_loses_to_the_scheduler_node_list(pki) 
             for s in again.report.samples:
                 s.identity.pid = 9100 + s.identity.rank
                 s.identity.process_age_seconds = 0.5
-            (resp,) = await h.send(h.secure(b), again)
+            (resp,) = await h.send_over(h.secure(b), again)
             assert not resp.rejected_jobs
             assert {k: job.ranks[k].node for k in range(4)} == {k: "node-a" for k in range(4)}
             assert job.env["SLURM_JOB_NODELIST"] == listed
@@ -161,34 +163,34 @@ def test_a_node_cannot_corroborate_itself(pki) -> None:
     statement counts for nothing: the claim is set aside. A list two other
     nodes of the job state alike decides; one alone does not."""
     async def go():
-        async with TLSHarness(pki) as h:
+        async with Harness(pki) as h:
             a, b = client(pki, "node-a"), client(pki, "node-b")
-            await h.send(h.secure(a), _ranks("node-a", range(4), age=600.0))
+            await h.send_over(h.secure(a), _ranks("node-a", range(4), age=600.0))
             job = h.daemon.table.jobs["job-1"]
             # node-b takes rank 4 (nobody reports it), then states its own list.
-            (resp,) = await h.send(h.secure(b), _ranks("node-b", range(4, 5), pid_base=9000))
+            (resp,) = await h.send_over(h.secure(b), _ranks("node-b", range(4, 5), pid_base=9000))
             assert not resp.rejected_jobs and job.ranks[4].node == "node-b"
-            (resp,) = await h.send(h.secure(b), _ranks("node-b", range(4, 5), seq=2,
+            (resp,) = await h.send_over(h.secure(b), _ranks("node-b", range(4, 5), seq=2,
                                                        nodelist="node-b", pid_base=9000))
             assert job.env["SLURM_JOB_NODELIST"] == "node-b"
             steal = _ranks("node-b", (0, 4), seq=3, age=0.5, nodelist="node-b", pid_base=9000)
-            (resp,) = await h.send(h.secure(b), steal)
+            (resp,) = await h.send_over(h.secure(b), steal)
             assert not resp.rejected_jobs
             assert job.ranks[0].node == "node-a" and job.ranks[0].pid == 1000
             claims = await asyncio.to_thread(_claims, h)
             assert claims["corroborated"] == 0 and claims["uncorroborated"] == 1
             # One other node (node-c, rank 5) states a list naming node-b: not enough.
             c, d = client(pki, "node-c"), client(pki, "node-d")
-            await h.send(h.secure(c), _ranks("node-c", range(5, 6), nodelist="node-b,node-c,"
+            await h.send_over(h.secure(c), _ranks("node-c", range(5, 6), nodelist="node-b,node-c,"
                                              "node-d", pid_base=2000))
             steal.report.seq = 4
-            await h.send(h.secure(b), steal)
+            await h.send_over(h.secure(b), steal)
             assert job.ranks[0].node == "node-a"
             # A second (node-d, rank 6) states the same: the job's other nodes agree.
-            await h.send(h.secure(d), _ranks("node-d", range(6, 7), nodelist="node-d,node-c,"
+            await h.send_over(h.secure(d), _ranks("node-d", range(6, 7), nodelist="node-d,node-c,"
                                              "node-b", pid_base=3000))
             steal.report.seq = 5
-            (resp,) = await h.send(h.secure(b), steal)
+            (resp,) = await h.send_over(h.secure(b), steal)
             assert not resp.rejected_jobs
             assert job.ranks[0].node == "node-b" and job.ranks[0].pid == 9000
             assert (await asyncio.to_thread(_claims, h))["corroborated"] == 1
@@ -200,19 +202,19 @@ def test_a_younger_process_does_not_take_a_live_nodes_rank(pki) -> None:
     its own making): before, ``restarted`` moved every rank to node-b. Now the
     claim is set aside while node-a reports; node-a's silence moves them."""
     async def go():
-        async with TLSHarness(pki) as h:
+        async with Harness(pki) as h:
             h.daemon.table.staleness = 0.5
             a, b = client(pki, "node-a"), client(pki, "node-b")
             first = _job("node-a", "agent-a", age=600.0)
             first.report.interval_seconds = 0.1
-            await h.send(h.secure(a), first)
+            await h.send_over(h.secure(a), first)
             steal = _listed(_job("node-b", "agent-b", age=0.5, pid_base=9000), "node-b")
-            (resp,) = await h.send(h.secure(b), steal)
+            (resp,) = await h.send_over(h.secure(b), steal)
             assert not resp.rejected_jobs and _owners(h) == {"node-a"}
             assert (await asyncio.to_thread(_claims, h))["uncorroborated"] == 4
             await asyncio.sleep(1.0)                      # node-a goes silent
             steal.report.seq = 2
-            (resp,) = await h.send(h.secure(b), steal)
+            (resp,) = await h.send_over(h.secure(b), steal)
             assert _owners(h) == {"node-b"}
             assert (await asyncio.to_thread(_claims, h))["owner_silent"] == 4
     _run(go())
@@ -223,16 +225,16 @@ def test_a_claim_never_blocks_the_node_that_runs_the_rank(pki) -> None:
     the other node's samples are set aside, never refused, and the rank moves
     the moment the owner's reports of it stop."""
     async def go():
-        async with TLSHarness(pki) as h:
+        async with Harness(pki) as h:
             h.daemon.table.staleness = 0.5
             a, b = client(pki, "node-a"), client(pki, "node-b")
             squat = _job("node-b", "agent-b", age=0.0, pid_base=9000)
             squat.report.interval_seconds = 0.1          # stale 0.5 s after its last report
-            await h.send(h.secure(b), squat)
+            await h.send_over(h.secure(b), squat)
             other = sample("job-ok", 0, 1, RankState.COMPUTE)
             req = _job("node-a", "agent-a", age=0.0)
             req.report.samples.append(other)
-            (resp,) = await h.send(h.secure(a), req)
+            (resp,) = await h.send_over(h.secure(a), req)
             assert not resp.rejected_jobs                      # nothing refused
             assert h.daemon.table.jobs["job-ok"].ranks[0].node == "node-a"
             assert _owners(h) == {"node-b"}
@@ -240,7 +242,7 @@ def test_a_claim_never_blocks_the_node_that_runs_the_rank(pki) -> None:
             assert (await asyncio.to_thread(_claims, h))["kept"] == 4
             # node-b goes silent: node-a's next report takes every rank.
             await asyncio.sleep(1.0)
-            (resp,) = await h.send(h.secure(a), _job("node-a", "agent-a", age=0.0, seq=2))
+            (resp,) = await h.send_over(h.secure(a), _job("node-a", "agent-a", age=0.0, seq=2))
             assert not resp.rejected_jobs and _owners(h) == {"node-a"}
             assert (await asyncio.to_thread(_claims, h))["owner_silent"] == 4
     _run(go())
@@ -248,9 +250,9 @@ def test_a_claim_never_blocks_the_node_that_runs_the_rank(pki) -> None:
 
 def test_job_facts_come_only_from_the_owners_and_a_timeout_change_is_shown(pki) -> None:
     async def go():
-        async with TLSHarness(pki) as h:
+        async with Harness(pki) as h:
             a, b = client(pki, "node-a"), client(pki, "node-b")
-            await h.send(h.secure(a), _job("node-a", "agent-a", age=30.0, timeout=120.0))
+            await h.send_over(h.secure(a), _job("node-a", "agent-a", age=30.0, timeout=120.0))
             # node-b claims rank 0 (an older process: kept by node-a) with a
             # year-long watchdog and a Flight Recorder timeout to match.
             m = sample("job-1", 0, 4, RankState.COMPUTE, pid=666, timeout=YEAR_AND_A_DAY)
@@ -261,14 +263,14 @@ def test_job_facts_come_only_from_the_owners_and_a_timeout_change_is_shown(pki) 
                                         pending_timeout_ms=int(YEAR_AND_A_DAY * 1000))]))
             # A rank-less member on node-b (which owns no ranked member) tries too.
             r = sample("job-1", -1, 4, RankState.COMPUTE, pid=667, timeout=YEAR_AND_A_DAY)
-            (resp,) = await h.send(h.secure(b), report([m, r], node="node-b", agent="agent-b"))
+            (resp,) = await h.send_over(h.secure(b), report([m, r], node="node-b", agent="agent-b"))
             assert not resp.rejected_jobs
             job = h.daemon.table.jobs["job-1"]
             assert job.declared_timeout == 120.0 and job.fr_timeout == 0.0
             assert not job.timeout_changes
             assert h.daemon.budget_of("job-1", time.monotonic()).timeout == 120.0
             # The owner itself changes the timeout: applied, logged and shown.
-            await h.send(h.secure(a), _job("node-a", "agent-a", age=31.0, seq=2, timeout=600.0))
+            await h.send_over(h.secure(a), _job("node-a", "agent-a", age=31.0, seq=2, timeout=600.0))
             assert job.declared_timeout == 600.0
             view = await asyncio.to_thread(_api, h)
             (ch,) = view["jobs"][0]["timeout_changes"]
@@ -306,13 +308,13 @@ def test_a_claim_in_a_report_left_out_moves_nothing(pki) -> None:
     size, older processes: no evidence of a resize) take nothing over and leave
     no contender behind."""
     async def go():
-        async with TLSHarness(pki) as h:
+        async with Harness(pki) as h:
             a, b = client(pki, "node-a"), client(pki, "node-b")
-            await h.send(h.secure(a), _job("node-a", "agent-a", age=60.0))
+            await h.send_over(h.secure(a), _job("node-a", "agent-a", age=60.0))
             bad = checkpoint_job("job-1", world=8, node="node-b", agent="agent-b")
             for s in bad.report.samples:
                 s.identity.process_age_seconds = 3600.0
-            (resp,) = await h.send(h.secure(b), bad)
+            (resp,) = await h.send_over(h.secure(b), bad)
             assert [(j.job_id, j.code) for j in resp.rejected_jobs] == \
                 [("job-1", "FAILED_PRECONDITION")]
             assert _owners(h) == {"node-a"}
@@ -326,20 +328,20 @@ def test_a_node_cannot_shrink_another_nodes_job(pki) -> None:
     resized node-a's live job to one rank, and node-a's own reports of it were
     refused from then on. Now it is left out; node-a's reports apply."""
     async def go():
-        async with TLSHarness(pki) as h:
+        async with Harness(pki) as h:
             a, b = client(pki, "node-a"), client(pki, "node-b")
-            await h.send(h.secure(a), _job("node-a", "agent-a", age=600.0))
+            await h.send_over(h.secure(a), _job("node-a", "agent-a", age=600.0))
             shrink = _listed(checkpoint_job("job-1", world=1, node="node-b", agent="agent-b"),
                              "node-b")
             for s in shrink.report.samples:
                 s.identity.process_age_seconds = 0.5
                 s.identity.pid += 8000
-            (resp,) = await h.send(h.secure(b), shrink)
+            (resp,) = await h.send_over(h.secure(b), shrink)
             assert [(j.job_id, j.code) for j in resp.rejected_jobs] == \
                 [("job-1", "FAILED_PRECONDITION")]
             job = h.daemon.table.jobs["job-1"]
             assert job.world_size == 4 and _owners(h) == {"node-a"} and len(job.ranks) == 4
-            (resp,) = await h.send(h.secure(a), _job("node-a", "agent-a", age=601.0, seq=2))
+            (resp,) = await h.send_over(h.secure(a), _job("node-a", "agent-a", age=601.0, seq=2))
             assert not resp.rejected_jobs and job.world_size == 4
             assert (await asyncio.to_thread(_claims, h))["uncorroborated"] == 1
     _run(go())
@@ -352,7 +354,7 @@ def test_a_squatter_with_another_world_size_does_not_keep_the_job(pki) -> None:
     corroborates it or the squatter goes silent; the squatter cannot size it
     back."""
     async def go():
-        async with TLSHarness(pki) as h:
+        async with Harness(pki) as h:
             h.daemon.table.staleness = 0.5
             a, b = client(pki, "node-a"), client(pki, "node-b")
             squat = checkpoint_job("job-1", world=2, node="node-b", agent="agent-b")
@@ -360,20 +362,20 @@ def test_a_squatter_with_another_world_size_does_not_keep_the_job(pki) -> None:
             for s in squat.report.samples:
                 s.identity.process_age_seconds = 900.0
                 s.identity.pid += 8000
-            await h.send(h.secure(b), squat)
+            await h.send_over(h.secure(b), squat)
             job = h.daemon.table.jobs["job-1"]
-            (resp,) = await h.send(h.secure(a), _job("node-a", "agent-a", age=5.0))
+            (resp,) = await h.send_over(h.secure(a), _job("node-a", "agent-a", age=5.0))
             assert [j.job_id for j in resp.rejected_jobs] == ["job-1"]
             assert job.world_size == 2
             await asyncio.sleep(1.0)                      # the squatter goes silent
-            (resp,) = await h.send(h.secure(a), _job("node-a", "agent-a", age=6.0, seq=2))
+            (resp,) = await h.send_over(h.secure(a), _job("node-a", "agent-a", age=6.0, seq=2))
             assert not resp.rejected_jobs
             assert job.world_size == 4 and _owners(h) == {"node-a"}
             # node-b tries its world size again with "new" processes: left out.
             again = checkpoint_job("job-1", world=2, node="node-b", agent="agent-b", seq=2)
             for s in again.report.samples:
                 s.identity.process_age_seconds = 0.5
-            (resp,) = await h.send(h.secure(b), again)
+            (resp,) = await h.send_over(h.secure(b), again)
             assert [(j.job_id, j.code) for j in resp.rejected_jobs] == \
                 [("job-1", "FAILED_PRECONDITION")]
             assert job.world_size == 4 and _owners(h) == {"node-a"}

@@ -18,8 +18,9 @@ import time
 import zipfile
 from pathlib import Path
 
-from tests.conftest import ROOT, free_port
-from tests.slurm import BINARIES
+from tests.harness.paths import ROOT
+from tests.harness.procs import free_port
+from tests.harness.slurm import BINARIES
 
 
 def _run(*argv, **kw) -> subprocess.CompletedProcess:

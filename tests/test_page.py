@@ -5,11 +5,11 @@ from __future__ import annotations
 from ncclwatch.daemon import api, page
 from ncclwatch.daemon.core import Daemon, DaemonConfig
 from ncclwatch.model import RankState as S
-from tests.test_forecast import MB, _drive, _rank0
+from tests.harness.reports import MB, drive_job, rank0_sample
 
 
 def test_page_shows_culprit_budget_forecast_groups_and_fix() -> None:
-    d, now = _drive(lambda i: _rank0(S.SAVING, i, file_size=(i + 1) * MB, prev=200 * MB,
+    d, now = drive_job(lambda i: rank0_sample(S.SAVING, i, file_size=(i + 1) * MB, prev=200 * MB,
                                      seconds=i), 12)
     html = page.render(api.jobs_view(d, now=now))
     assert "<p class='culprit' data-rank='0'>culprit: <b>rank 0</b>" in html
@@ -23,7 +23,7 @@ def test_page_shows_culprit_budget_forecast_groups_and_fix() -> None:
 
 
 def test_page_escapes_what_jobs_report() -> None:
-    d, now = _drive(lambda i: _rank0(S.SAVING, i, file_size=(i + 1) * MB, seconds=i), 8)
+    d, now = drive_job(lambda i: rank0_sample(S.SAVING, i, file_size=(i + 1) * MB, seconds=i), 8)
     view = api.jobs_view(d, now=now)
     view["jobs"][0]["job"] = "<script>alert(1)</script>"
     html = page.render(view)
@@ -36,10 +36,10 @@ def test_page_without_jobs_says_so() -> None:
 
 
 def test_page_puts_advice_before_the_fix_and_stacks_once_folded() -> None:
-    from tests.e2e.test_page_fold import _feed
+    from tests.harness.reports import feed_lightning_save
 
     d = Daemon(DaemonConfig(stall_threshold=5.0))
-    _feed(d, 4, 1000.0, 12)
+    feed_lightning_save(d, 4, 1000.0, 12)
     html = page.render(api.jobs_view(d, now=1011.0))
     order = [html.index(x) for x in ("class='verdict'", "class='now act-stop_cleanly'",
                                      "class='remaining'", "class='forecast'", "class='culprit'",
@@ -55,10 +55,10 @@ def test_page_puts_advice_before_the_fix_and_stacks_once_folded() -> None:
 def test_page_at_16k_ranks_stays_small() -> None:
     import time
 
-    from tests.e2e.test_page_fold import _feed
+    from tests.harness.reports import feed_lightning_save
 
     d = Daemon(DaemonConfig(stall_threshold=5.0))
-    _feed(d, 16384, 1000.0, 8)
+    feed_lightning_save(d, 16384, 1000.0, 8)
     t0 = time.perf_counter()
     html = page.render(api.jobs_view(d, now=1007.0, ranks=False))
     print(f"16k-rank page: {len(html)} bytes in {time.perf_counter() - t0:.3f}s")

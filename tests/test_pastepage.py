@@ -15,7 +15,6 @@ import json
 import logging
 import ssl
 import tempfile
-import threading
 import tracemalloc
 from pathlib import Path
 
@@ -23,9 +22,11 @@ import pytest
 
 from ncclwatch.daemon import pastepage, webconfig
 from ncclwatch.diagnose import diagnose
-from tests.test_webconfig import HASH, PASSWORD, pki, serving, write_config  # noqa: F401
+from tests.harness import paths
+from tests.harness.credentials import HASH, PASSWORD, write_config
+from tests.harness.daemons import serving
 
-DATA = Path(__file__).parent / "data" / "diagnose"
+DATA = paths.DATA / "diagnose"
 LIMIT = 1 << 20
 #: A public log (pasted by a user into an issue) and a gloo job's console made here.
 PUBLIC = DATA / "public" / "accelerate_2000_saving_fsdp_model" / "console.log"
@@ -61,34 +62,8 @@ def post(port: int, body, headers: dict | None = None, ca: Path | None = None,
 
 @pytest.fixture(scope="module")
 def port():
-    with serving_limit(None, LIMIT) as p:
+    with serving(diagnose_max_bytes=LIMIT) as p:
         yield p
-
-
-def serving_limit(web, limit: int):
-    """test_webconfig's real DaemonServer, with a diagnose limit."""
-    import asyncio
-    import contextlib
-
-    from ncclwatch.daemon.core import Daemon, DaemonConfig
-    from ncclwatch.daemon.server import DaemonServer
-
-    @contextlib.contextmanager
-    def cm():
-        loop = asyncio.new_event_loop()
-        t = threading.Thread(target=loop.run_forever, daemon=True)
-        t.start()
-        server = DaemonServer(Daemon(DaemonConfig(grpc="127.0.0.1:0", http="127.0.0.1:0",
-                                                  web=web, diagnose_max_bytes=limit)))
-        asyncio.run_coroutine_threadsafe(server.start(), loop).result(10)
-        try:
-            yield server.http_port
-        finally:
-            asyncio.run_coroutine_threadsafe(server.stop(0.1), loop).result(10)
-            loop.call_soon_threadsafe(loop.stop)
-            t.join(5)
-            loop.close()
-    return cm()
 
 
 @pytest.mark.parametrize("log", [PUBLIC, MADE], ids=["public", "made"])
@@ -144,7 +119,7 @@ def test_a_big_log_is_streamed_not_held(port) -> None:
         yield tail
 
     size = n * len(filler) + len(tail)
-    with serving_limit(None, 256 << 20) as big:
+    with serving(diagnose_max_bytes=256 << 20) as big:
         tracemalloc.start()
         try:
             code, _, v = post(big, body())
@@ -250,8 +225,8 @@ def test_the_page_talks_only_to_this_daemon(port) -> None:
     assert "http://" not in html and "https://" not in html  # loads nothing from elsewhere
 
 
-def test_behind_tls_and_basic_auth(pki, tmp_path) -> None:  # noqa: F811
-    cfg = write_config(pki / "web-paste.yml", f"""
+def test_behind_tls_and_basic_auth(web_pki, tmp_path) -> None:
+    cfg = write_config(web_pki / "web-paste.yml", f"""
 tls_server_config:
   cert_file: daemon.pem
   key_file: daemon-key.pem
@@ -259,10 +234,10 @@ basic_auth_users:
   ops: {HASH}
 """)
     web = webconfig.load(cfg)
-    ca = pki / "ca.pem"
+    ca = web_pki / "ca.pem"
     good = {"Authorization": "Basic " + base64.b64encode(f"ops:{PASSWORD}".encode()).decode()}
     bad = {"Authorization": "Basic " + base64.b64encode(b"ops:wrong").decode()}
-    with serving_limit(web, LIMIT) as port:
+    with serving(web, diagnose_max_bytes=LIMIT) as port:
         for headers in ({}, bad):
             code, h, _ = post(port, PUBLIC.read_bytes(), headers, ca=ca)
             assert code == 401 and h["WWW-Authenticate"].startswith("Basic "), code

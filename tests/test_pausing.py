@@ -23,55 +23,7 @@ from ncclwatch.agent.gpu import EMPTY, NvmlGpuReader
 from ncclwatch.agent.pausing import BUDGET_WINDOW, PauseBudget, PausePolicy
 from ncclwatch.stillness import StillRule
 from ncclwatch.agent.policy import StackPolicy
-from ncclwatch.agent.sample import ProcessSample
-from ncclwatch.agent.tracker import RankTracker
-from ncclwatch.model import RankState
-from ncclwatch.signatures import Classification
-
-COMPUTE = Classification(RankState.COMPUTE)
-POLICY = StackPolicy()  # the defaults a user gets
-
-
-def _tracker(pid: int = 4242) -> RankTracker:
-    ident = RankIdentity(job_id="j", rank=1, local_rank=1, world_size=3, job_source="test",
-                         rank_source="env:RANK")
-    return RankTracker(RankProcess(pid=pid, create_time=0.0, identity=ident, env={}), 0.0)
-
-
-class Rank:
-    """A tracker fed one round a second; counts the rounds a native dump was due."""
-
-    def __init__(self, policy: StackPolicy = POLICY) -> None:
-        self.t, self.policy = _tracker(), policy
-        self.now, self.events, self.cpu = 0.0, 0, 0.0
-        self.blocked = ""   # what the agent reads its thread is blocked in
-        self.due_at: list[float] = []
-        self._round(0)
-
-    def _round(self, events: int) -> None:
-        self.events += events
-        self.cpu += 1.0  # spinning: the CPU is busy whether it works or waits
-        self.t.observe_process(ProcessSample(pid=self.t.pid, cpu_seconds=self.cpu, rss_bytes=1,
-                                             io_read_bytes=0, io_write_bytes=0, num_threads=8,
-                                             files_writing=(), progress_events=self.events,
-                                             blocked_in=self.blocked),
-                               self.now)
-        if self.t.still and (self.t.stack_at is None or self.t.stack_at < self.t.still_since):
-            self.t.observe_stack(COMPUTE, "spin", self.now)  # the Python stack reads compute
-        if self.policy.native_due([self.t], self.now):
-            self.due_at.append(self.now)
-            self.t.observe_native(None, self.now)  # taken: once per still period
-        self.now += 1.0
-
-    def step(self, seconds: int, reads: int = 20) -> None:
-        """A step: ``reads`` read calls at its start (a batch), then still."""
-        self._round(reads)
-        for _ in range(seconds - 1):
-            self._round(0)
-
-    def still(self, seconds: int) -> None:
-        for _ in range(seconds):
-            self._round(0)
+from tests.harness.trackers import POLICY, Rank, rank_tracker
 
 
 @pytest.mark.parametrize("step", [1, 2, 8, 15, 30])
@@ -252,7 +204,7 @@ def test_a_spent_budget_refuses_says_so_once_and_is_counted(caplog) -> None:
     agent = Agent(AgentConfig(collector="127.0.0.1:1", node="n",
                               policy=StackPolicy(pause=PausePolicy(budget=1.0))),
                   gpu=NvmlGpuReader())
-    a, b = _tracker(1), _tracker(2)
+    a, b = rank_tracker(1), rank_tracker(2)
     agent.trackers = {1: a, 2: b}
     a.budget.add(100.0, 1.2)
     for t in (a, b):
@@ -382,7 +334,7 @@ def test_the_daemons_native_ask_marks_the_jobs_ranks_and_forces_no_dumps() -> No
     from ncclwatch.v1 import collector_pb2 as pb
 
     agent = Agent(AgentConfig(collector="127.0.0.1:1", node="n"), gpu=NvmlGpuReader())
-    mine, other = _tracker(1), _tracker(2)
+    mine, other = rank_tracker(1), rank_tracker(2)
     other.proc = RankProcess(pid=2, create_time=0.0, identity=RankIdentity(
         job_id="other", rank=0, local_rank=0, world_size=2, job_source="test",
         rank_source="env:RANK"), env={})

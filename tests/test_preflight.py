@@ -17,7 +17,7 @@ import pytest
 
 from ncclwatch import preflight
 from ncclwatch.savefit import Fit
-from tests.conftest import ROOT
+from tests.harness.paths import ROOT
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -147,9 +147,9 @@ def test_tight_margin_exits_3() -> None:
 
 def test_the_live_forecast_says_it_in_the_same_words() -> None:
     from ncclwatch.model import RankState as S
-    from tests.test_forecast import MB, _drive, _rank0
+    from tests.harness.reports import MB, drive_job, rank0_sample
 
-    d, _ = _drive(lambda i: _rank0(S.SAVING, i, file_size=(i + 1) * MB, prev=200 * MB,
+    d, _ = drive_job(lambda i: rank0_sample(S.SAVING, i, file_size=(i + 1) * MB, prev=200 * MB,
                                    seconds=i), 12)
     [inc] = d.incidents.active.values()
     ev = inc.diagnosis.evidence

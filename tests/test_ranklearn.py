@@ -18,8 +18,9 @@ from ncclwatch.agent.discover import RankProcess
 from ncclwatch.agent.pyspy import find_pyspy
 from ncclwatch.agent.ranklearn import LOCALS_DUMPS, Learned, RankLearner, numbered
 from ncclwatch.jobid import UNKNOWN_RANK, UNKNOWN_SOURCE, RankIdentity
+from tests.harness import paths
 
-DATA = Path(__file__).parent / "data" / "raytrain"
+DATA = paths.DATA / "raytrain"
 #: A real Ray Train (2.60, V2) system log of the worker pid 5289, world rank 1 of 3.
 SYS_LOG = (DATA / "ray-train-sys-worker.log").read_text()
 
@@ -207,7 +208,7 @@ def test_a_member_numbered_later_keeps_its_history_and_leaves_as_a_member() -> N
     from ncclwatch.agent.agent import Agent
     from ncclwatch.agent.gpu import NvmlGpuReader
     from ncclwatch.agent.settings import AgentConfig
-    from tests.conftest import free_port
+    from tests.harness.procs import free_port
 
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from tests.conftest import ROOT
-from tests.test_status_render import demo_text
+from tests.harness.paths import ROOT
+from tests.harness.statusview import demo_text
 
 README = ROOT / "README.md"
 #: The sample: the fenced block that starts with this command.

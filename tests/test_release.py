@@ -9,76 +9,24 @@ import re
 import subprocess
 import sys
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from packaging.markers import Marker, default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 import ncclwatch
-from tests.conftest import ROOT
+from tests.harness.paths import ROOT
+from tests.harness.release import LOCK, PYTHONS, environment, pins, pins_for
 
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-LOCK = ROOT / "requirements" / "runtime.lock"
 BUILD_LOCK = ROOT / "requirements" / "build.lock"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
-
-
-#: The Pythons a node may run ncclwatch on: the one lock installs on each (its
-#: every wheel downloaded below), the oldest is requires-python's floor and the
-#: Python `make lock` resolves from, and docs/support.md names exactly these.
-PYTHONS = ("3.10", "3.11", "3.12", "3.13", "3.14")
-
-
-@dataclass(frozen=True)
-class Pin:
-    """One line of a lock: name==version, the marker it holds under, its hashes."""
-    name: str
-    version: Version
-    marker: Marker | None
-    hashes: tuple[str, ...]
-
-
-def pins(lock: Path = LOCK) -> list[Pin]:
-    """Every line of a lock in pip-compile's or uv's format (one name may have
-    several lines, under markers that never hold together)."""
-    text = re.sub(r"\\\n\s*", " ", lock.read_text())
-    out = []
-    for line in text.splitlines():
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        m = re.fullmatch(r"([A-Za-z0-9._-]+)==([^\s;]+)\s*(?:;\s*(.*?))?\s*"
-                         r"((?:--hash=sha256:[0-9a-f]{64}\s*)*)", line)
-        assert m, f"not a pinned requirement in {lock.name}: {line}"
-        out.append(Pin(canonicalize_name(m.group(1)), Version(m.group(2)),
-                       Marker(m.group(3)) if m.group(3) else None,
-                       tuple(re.findall(r"[0-9a-f]{64}", m.group(4)))))
-    return out
-
-
-def environment(python: str) -> dict[str, str]:
-    """The marker variables of CPython ``python`` on this machine's platform."""
-    return {**default_environment(), "python_version": python,
-            "python_full_version": f"{python}.0", "implementation_name": "cpython",
-            "platform_python_implementation": "CPython"}
-
-
-def pins_for(python: str, lock: Path = LOCK) -> dict[str, Pin]:
-    """name -> the line pip installs on CPython ``python``: those whose marker holds."""
-    out: dict[str, Pin] = {}
-    for pin in pins(lock):
-        if pin.marker is None or pin.marker.evaluate(environment(python)):
-            assert pin.name not in out, f"{pin.name}: two lines of {lock.name} for {python}"
-            out[pin.name] = pin
-    return out
 
 
 def _lock(lock: Path = LOCK, python: str = PYTHONS[0]) -> dict[str, tuple[Version, list[str]]]:

@@ -13,8 +13,9 @@ import pytest
 from ncclwatch.agent import rendezvous as rdzv
 from ncclwatch.agent.discover import RankProcess, _Candidate, _number_by_args, _Seen
 from ncclwatch.jobid import UNKNOWN_RANK, UNKNOWN_SOURCE, RankIdentity
+from tests.harness import paths
 
-DATA = Path(__file__).parent / "data" / "rendezvous"
+DATA = paths.DATA / "rendezvous"
 RECORDED = {int(k): v for k, v in json.loads((DATA / "fds.json").read_text())["pids"].items()}
 SERVER, R1, R2 = 10059, 10060, 10061
 PORT = 29611

@@ -193,7 +193,7 @@ def _write_exec(path: Path, data: bytes) -> Path:
     ("truncated", "not a 64-bit"),
 ])
 def test_only_a_static_elf_may_run_in_a_view(tmp_path, what, expect) -> None:
-    from tests.conftest import need
+    from tests.harness.tools import need
 
     path = {
         "py-spy": lambda: Path(need("py-spy")),

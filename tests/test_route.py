@@ -12,19 +12,10 @@ import asyncio
 
 from ncclwatch.agent.route import Router, split
 from ncclwatch.model import CollectiveOp, RankState
-from ncclwatch.shard import shard
-from tests.factories import BARRIER, report, sample, stack_pb
-from tests.test_grpc import Harness
-
-
-def _jobs_on(n: int) -> list[str]:
-    """One job id per shard of ``n``, the first that hash there."""
-    out: dict[int, str] = {}
-    i = 0
-    while len(out) < n:
-        out.setdefault(shard(f"job-{i}", n), f"job-{i}")
-        i += 1
-    return [out[k] for k in range(n)]
+from tests.harness.daemons import Harness
+from tests.harness.reports import BARRIER, report, sample, stack_pb
+from tests.harness.shards import jobs_on
+from tests.harness.shards import jobs_on as _jobs_on  # noqa: F401 (tests/test_shard_views.py)
 
 
 def _node_report(seq: int, jobs: list[str], *, exited: bool = False):
@@ -39,7 +30,7 @@ def _node_report(seq: int, jobs: list[str], *, exited: bool = False):
 
 
 def test_split_gives_each_shard_its_jobs_and_every_shard_the_node() -> None:
-    a, b = _jobs_on(2)
+    a, b = jobs_on(2)
     r = _node_report(7, [a, b], exited=True)
     member = sample(b, -1, 0, RankState.COMPUTE, pid=300)  # rank unknown: by its job id
     r.samples.append(member)
@@ -55,7 +46,7 @@ def test_split_gives_each_shard_its_jobs_and_every_shard_the_node() -> None:
 
 
 def test_each_shard_holds_only_its_jobs_and_hears_the_node() -> None:
-    a, b = _jobs_on(2)
+    a, b = jobs_on(2)
     commands = []
 
     async def go():

@@ -23,7 +23,7 @@ from ncclwatch.daemon.core import Daemon, DaemonConfig
 from ncclwatch.daemon.server import DaemonServer
 from ncclwatch.model import RankState
 from ncclwatch.v1 import collector_pb2 as pb
-from tests.factories import report, sample
+from tests.harness.reports import report, sample
 
 SCONTROL = ("JobId=7 JobName=llm pretrain UserId=ana(1000) GroupId=ana(1000) MCS_label=N/A "
             "Priority=4294901759 Nice=0 Account=(null) QOS=(null) JobState=RUNNING "

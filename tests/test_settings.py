@@ -13,14 +13,13 @@ import dataclasses
 import importlib
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from ncclwatch.cli import AGENT_OPTIONS, DAEMON_OPTIONS, RUN_OPTIONS, build_parser
 from ncclwatch.config import _META, _SAME, ConfigError, field_default, load_file, resolve
+from tests.harness.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 COMMANDS = {"daemon": DAEMON_OPTIONS, "agent": AGENT_OPTIONS, "run": RUN_OPTIONS}
 
 

@@ -8,7 +8,6 @@ rank's main thread was doing when it was dumped.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -16,8 +15,9 @@ from ncclwatch.model import CollectiveOp, RankState
 from ncclwatch.signatures import (ACTIVITY_SIGNATURES, COLLECTIVE_SIGNATURES, OUTRANKS,
                                   SPAN_SIGNATURES, classify, classify_rank)
 from ncclwatch.stacks import Frame, Stack, ThreadDump, main_thread, parse_pyspy_json
+from tests.harness import paths
 
-DATA = Path(__file__).parent / "data" / "pyspy"
+DATA = paths.DATA / "pyspy"
 MANIFEST = json.loads((DATA / "manifest.json").read_text())
 
 

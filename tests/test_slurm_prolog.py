@@ -17,26 +17,7 @@ import pytest
 
 from ncclwatch.agent.timeouts import declared_timeout_from
 from ncclwatch.envlint import lint
-from tests.conftest import ROOT
-
-PROLOG = ROOT / "deploy" / "slurm" / "task-prolog.sh"
-
-
-def exports(text: str) -> dict[str, str]:
-    """What slurmstepd sets from a TaskProlog's output (``export NAME=value`` lines)."""
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("export ") and "=" in line:
-            name, _, value = line[len("export "):].partition("=")
-            out[name] = value
-    return out
-
-
-def run_prolog(env: dict[str, str], script: Path = PROLOG) -> dict[str, str]:
-    p = subprocess.run([str(script)], env=env, capture_output=True, text=True, timeout=30,
-                       cwd="/")
-    assert p.returncode == 0 and not p.stderr, p
-    return exports(p.stdout)
+from tests.harness.slurm import PROLOG, exports, run_prolog, with_site_prolog
 
 
 def test_a_job_that_states_nothing_gets_the_flight_recorder_and_the_timeout(tmp_path) -> None:
@@ -82,18 +63,6 @@ echo "export SITE_SCRATCH=/scratch/$SLURM_JOB_ID"
 echo "unset TORCH_NCCL_DUMP_ON_TIMEOUT"
 echo "print site prolog ran"
 """
-
-
-def with_site_prolog(site: Path, where: Path) -> Path:
-    """The shipped prolog with its SITE_TASK_PROLOG line pointed at ``site``, as
-    a site edits it (the job's environment cannot name it)."""
-    text = PROLOG.read_text()
-    line = "SITE_TASK_PROLOG=/etc/slurm/task-prolog.site\n"
-    assert text.count(line) == 1, "the prolog's SITE_TASK_PROLOG line moved"
-    out = where / "ncclwatch-task-prolog.sh"
-    out.write_text(text.replace(line, f"SITE_TASK_PROLOG={site}\n"))
-    out.chmod(0o755)
-    return out
 
 
 def test_a_sites_own_prolog_runs_first_and_its_exports_win(tmp_path) -> None:

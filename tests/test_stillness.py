@@ -11,7 +11,6 @@ history that ended still periods after it warmed up has a normal."""
 from __future__ import annotations
 
 import ast
-import pathlib
 
 import pytest
 
@@ -21,11 +20,11 @@ from ncclwatch.daemon.waits import WaitPolicy
 from ncclwatch.model import RankState
 from ncclwatch.signatures import Classification
 from ncclwatch.stillness import EVIDENCE, PAUSE, WARMUP, StillHistory, StillRule, clamp
-from tests.factories import report, sample
-from tests.test_pausing import POLICY, Rank
+from tests.harness.paths import ROOT
+from tests.harness.reports import report, sample
+from tests.harness.trackers import Rank
 
 LOADING = Classification(RankState.LOADING)
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _load(r: Rank, seconds: int, stack: Classification | None = None) -> None:

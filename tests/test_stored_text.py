@@ -14,8 +14,8 @@ from ncclwatch import sanitize
 from ncclwatch.model import RankState
 from ncclwatch.stacks import stack_id
 from ncclwatch.v1 import collector_pb2 as pb
-from tests.factories import BARRIER, SAVE, checkpoint_job, frames, stack_pb
-from tests.test_grpc import Harness
+from tests.harness.daemons import Harness
+from tests.harness.reports import BARRIER, SAVE, checkpoint_job, frames, stack_pb
 
 RLO, LRE, LSEP, NUL, ESC = "\u202e", "\u202a", "\u2028", "\x00", "\x1b"
 HOSTILE = f"{RLO}{LRE}{LSEP}{NUL}{ESC}[2J"

@@ -22,7 +22,7 @@ from ncclwatch.contract.limits import MAX_BLOCKED_IN, STRING_BOUNDS
 from ncclwatch.daemon.core import Daemon, DaemonConfig
 from ncclwatch.model import CollectiveOp, RankState
 from ncclwatch.sanitize import FIELDS
-from tests.factories import report, sample
+from tests.harness.reports import report, sample
 
 # -- the tables, against the kernel's own -----------------------------------------------
 

@@ -4,10 +4,8 @@ comments promise, and the daemon under the unit's syscall filter and MDWE."""
 from __future__ import annotations
 
 import ctypes
-import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -18,7 +16,9 @@ import pytest
 
 from ncclwatch.cli import AGENT_OPTIONS, DAEMON_OPTIONS, _job_timeouts, build_parser
 from ncclwatch.config import load_file, resolve
-from tests.conftest import ROOT, Proc, free_port, need
+from tests.harness.paths import ROOT
+from tests.harness.procs import Proc, free_port
+from tests.harness.tools import need, systemd_analyze
 
 UNITS = ROOT / "systemd"
 AGENT = "ncclwatch-agent.service"
@@ -31,14 +31,6 @@ INSTALLED = "/opt/ncclwatch/bin/ncclwatch"
 # setfsuid allowed back (scored as "@privileged is included"): the live Flight
 # Recorder pipe of every user's rank (docs/security.md says why those two).
 MAX_EXPOSURE = {AGENT: 3.3, DAEMON: 1.1}
-
-
-def systemd_analyze() -> str:
-    path = shutil.which("systemd-analyze") or "/usr/bin/systemd-analyze"
-    if not os.access(path, os.X_OK):
-        pytest.fail("systemd-analyze is missing: install the Debian package `systemd` "
-                    "(apt-get install systemd) to check the units")
-    return path
 
 
 def directives(unit: str) -> dict[str, list[str]]:
@@ -270,7 +262,7 @@ def test_daemon_serves_under_its_syscall_filter_and_mdwe(tmp_path: Path, workers
     except OSError:
         pytest.fail("libseccomp.so.2 is missing: install the Debian package `systemd` "
                     "(it depends on libseccomp2)")
-    from tests.test_sdnotify import NotifySocket, _stop_and_expect_stopping
+    from tests.harness.sdnotify import NotifySocket, stop_and_expect_stopping
 
     allowed = _allowed_syscalls(DAEMON)
     assert "process_vm_readv" in allowed and "setuid" not in allowed  # the lists expanded
@@ -299,7 +291,7 @@ def test_daemon_serves_under_its_syscall_filter_and_mdwe(tmp_path: Path, workers
                                 "import mmap; mmap.mmap(-1, 4096, prot=7)"],
                                capture_output=True, text=True, timeout=60)
         assert probe.returncode != 0 and "Operation not permitted" in probe.stderr, probe
-        _stop_and_expect_stopping(daemon, sd)
+        stop_and_expect_stopping(daemon, sd)
         out = daemon.output()
         assert "Operation not permitted" not in out and "Traceback" not in out, out[-3000:]
     finally:

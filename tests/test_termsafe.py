@@ -22,9 +22,10 @@ from ncclwatch import sanitize
 from ncclwatch.model import CollectiveOp, RankState
 from ncclwatch.v1 import collector_pb2 as pb
 from ncclwatch.v1 import collector_pb2_grpc as pb_grpc
-from tests.conftest import Proc, free_port, need
-from tests.factories import BARRIER, SER, frames, report, sample, stack_pb
-from tests.test_status_render import assert_snippets_as_lines
+from tests.harness.procs import Proc, free_port
+from tests.harness.reports import BARRIER, SER, frames, report, sample, stack_pb
+from tests.harness.statusview import assert_snippets_as_lines
+from tests.harness.tools import need
 
 CLEAR = "\x1b[2J\x1b[H"
 FORGED = "1999-01-01 00:00:00,000 WARNING ncclwatch.daemon.core: FORGED"

@@ -102,7 +102,7 @@ def test_read_rate_paces_reads(throttlefs):
 
 
 def test_unmounted_even_when_the_test_fails():
-    from tests.throttlefs_fixture import mounted
+    from tests.harness.throttlefs import mounted
     with pytest.raises(RuntimeError):
         with mounted(write_rate=RATE) as m:
             f = open(m.mount / "open-while-failing", "wb")  # a busy mount, too

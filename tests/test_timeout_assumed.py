@@ -16,7 +16,7 @@ from ncclwatch.daemon import api, page
 from ncclwatch.daemon.core import Daemon, DaemonConfig
 from ncclwatch.daemon.export import make_registry
 from ncclwatch.model import CollectiveOp as Op, RankState as S
-from tests.factories import report, sample
+from tests.harness.reports import report, sample
 
 MB = 2**20
 

@@ -34,9 +34,10 @@ from ncclwatch.flightrec import load_dump
 from ncclwatch.model import CollectiveOp as Op
 from ncclwatch.model import RankState as S
 from ncclwatch.v1 import collector_pb2 as pb
-from tests.factories import report, sample
+from tests.harness.paths import DATA
+from tests.harness.reports import report, sample
 
-MULTIPG = Path(__file__).parent / "data" / "flightrec" / "real" / "multipg"
+MULTIPG = DATA / "flightrec" / "real" / "multipg"
 PYSPY = Path(sys.executable).parent / "py-spy"
 TORCHRUN = ["/venv/bin/python", "-m", "torch.distributed.run", "--nproc-per-node", "8",
             "--rdzv-backend", "c10d", "--rdzv-endpoint", "node0:29500"]

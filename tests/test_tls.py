@@ -17,74 +17,24 @@ from pathlib import Path
 
 import grpc
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from ncclwatch.agent.uplink import Uplink
 from ncclwatch.cli import main
 from ncclwatch.config import ConfigError
-from ncclwatch.daemon.core import Daemon, DaemonConfig
-from ncclwatch.daemon.server import DaemonServer
 from ncclwatch.model import RankState
 from ncclwatch.tls import ClientTLS, client_tls, server_tls
 from ncclwatch.v1 import collector_pb2_grpc as pb_grpc
-from tests.conftest import Monitor, Proc, _wait_http, free_port, need
-from tests.factories import checkpoint_job, report, sample
-
-
-def make_certs(out: Path, *nodes: str, daemon_host: str = "localhost") -> str:
-    """Run the real CLI, as a user would; return what it printed."""
-    argv = [need("ncclwatch"), "certs", "--out", str(out), "--daemon-host", daemon_host]
-    for n in nodes:
-        argv += ["--node", n]
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    return r.stdout
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory) -> Path:
-    return _pki(tmp_path_factory.mktemp("pki"))
-
-
-def _pki(base: Path) -> Path:
-    make_certs(base / "ca", "node-a", "node-b")
-    make_certs(base / "other", "node-a")  # same names, another CA
-    return base
+from tests.harness.credentials import client, make_certs
+from tests.harness.daemons import Harness
+from tests.harness.monitor import Monitor, metrics_at, wait_healthy
+from tests.harness.procs import Proc, free_port
+from tests.harness.reports import checkpoint_job, report, sample
+from tests.harness.tools import need
+from tests.conftest import pki  # noqa: E402,F401 (tests/test_ingest_workers.py)
 
 
 def _read(p: Path) -> bytes:
     return p.read_bytes()
-
-
-def client(pki: Path, node: str = "node-a", ca_dir: str = "ca") -> ClientTLS:
-    d = pki / ca_dir
-    return ClientTLS(ca=_read(pki / "ca" / "ca.pem"), cert=_read(d / f"{node}.pem"),
-                     key=_read(d / f"{node}-key.pem"))
-
-
-class TLSHarness:
-    def __init__(self, pki: Path) -> None:
-        d = pki / "ca"
-        tls = server_tls({"tls_cert": str(d / "daemon.pem"), "tls_key": str(d / "daemon-key.pem"),
-                          "tls_client_ca": str(d / "ca.pem")})
-        self.daemon = Daemon(DaemonConfig(grpc="127.0.0.1:0", http="127.0.0.1:0", tls=tls))
-        self.server = DaemonServer(self.daemon)
-
-    async def __aenter__(self) -> "TLSHarness":
-        await self.server.start()
-        self.target = f"localhost:{self.server.grpc_port}"
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.server.stop(grace=0.1)
-
-    async def send(self, channel: grpc.aio.Channel, *reqs) -> list:
-        async with channel:
-            call = pb_grpc.CollectorServiceStub(channel).Report(iter(reqs))
-            return [r async for r in call]
-
-    def secure(self, tls: ClientTLS) -> grpc.aio.Channel:
-        return grpc.aio.secure_channel(self.target, tls.credentials(), options=tls.options())
 
 
 def _run(coro):
@@ -112,7 +62,7 @@ def test_certs_cli_writes_keys_0600_and_prints_the_flags(tmp_path) -> None:
 def test_valid_node_certificate_report_is_applied(pki) -> None:
     """The real agent Uplink with mTLS: its report arrives and is applied."""
     async def go():
-        async with TLSHarness(pki) as h:
+        async with Harness(pki) as h:
             up = Uplink(h.target, {}, tls=client(pki, "node-a"))
             task = asyncio.create_task(up.run())
             up.submit(report([sample("j", 0, 1, RankState.COMPUTE)], node="node-a").report)
@@ -131,22 +81,22 @@ def test_valid_node_certificate_report_is_applied(pki) -> None:
 def test_server_name_override_is_what_gets_checked(pki) -> None:
     """--tls-server-name replaces the target's host in the certificate check."""
     async def go():
-        async with TLSHarness(pki) as h:
+        async with Harness(pki) as h:
             base = client(pki, "node-a")
             right = ClientTLS(base.ca, base.cert, base.key, server_name="localhost")
-            assert await h.send(h.secure(right), checkpoint_job(node="node-a"))
+            assert await h.send_over(h.secure(right), checkpoint_job(node="node-a"))
             wrong = ClientTLS(base.ca, base.cert, base.key, server_name="elsewhere.example")
             with pytest.raises(grpc.aio.AioRpcError) as ei:
-                await h.send(h.secure(wrong), checkpoint_job(node="node-a", seq=2))
+                await h.send_over(h.secure(wrong), checkpoint_job(node="node-a", seq=2))
             assert ei.value.code() == grpc.StatusCode.UNAVAILABLE
             assert h.daemon.table.agents["agent-a"].last_seq == 1
     _run(go())
 
 
-def _refused(h: TLSHarness, channel: grpc.aio.Channel) -> grpc.aio.AioRpcError:
+def _refused(h: Harness, channel: grpc.aio.Channel) -> grpc.aio.AioRpcError:
     async def go():
         with pytest.raises(grpc.aio.AioRpcError) as ei:
-            await h.send(channel, checkpoint_job(node="node-a"))
+            await h.send_over(channel, checkpoint_job(node="node-a"))
         return ei.value
     return go()
 
@@ -154,7 +104,7 @@ def _refused(h: TLSHarness, channel: grpc.aio.Channel) -> grpc.aio.AioRpcError:
 @pytest.mark.parametrize("how", ["other CA", "no client certificate", "insecure"])
 def test_clients_without_a_valid_certificate_are_refused_at_the_handshake(pki, how) -> None:
     async def go():
-        async with TLSHarness(pki) as h:
+        async with Harness(pki) as h:
             if how == "other CA":
                 ch = h.secure(client(pki, "node-a", ca_dir="other"))
             elif how == "no client certificate":
@@ -172,7 +122,7 @@ def test_clients_without_a_valid_certificate_are_refused_at_the_handshake(pki, h
 def test_uplink_with_a_foreign_certificate_gets_nothing_applied(pki) -> None:
     """The real agent side keeps retrying, logs why, and nothing lands."""
     async def go():
-        async with TLSHarness(pki) as h:
+        async with Harness(pki) as h:
             up = Uplink(h.target, {}, tls=client(pki, "node-a", ca_dir="other"))
             task = asyncio.create_task(up.run())
             up.submit(report([sample("j", 0, 1, RankState.COMPUTE)], node="node-a").report)
@@ -190,45 +140,36 @@ def test_uplink_with_a_foreign_certificate_gets_nothing_applied(pki) -> None:
 
 def test_certificate_for_one_node_cannot_report_for_another(pki) -> None:
     async def go():
-        async with TLSHarness(pki) as h:
+        async with Harness(pki) as h:
             with pytest.raises(grpc.aio.AioRpcError) as ei:
-                await h.send(h.secure(client(pki, "node-a")),
+                await h.send_over(h.secure(client(pki, "node-a")),
                              checkpoint_job(node="node-b", agent="agent-b"))
             assert ei.value.code() == grpc.StatusCode.PERMISSION_DENIED
             assert "certificate for 'node-a' cannot report for node 'node-b'" \
                 in ei.value.details()
             assert not h.daemon.table.jobs and not h.daemon.table.agents
             assert h.daemon.rejected_total["PERMISSION_DENIED"] == 1
-            metrics = await asyncio.to_thread(_get, h.server.http_port, "/metrics")
+            metrics = await asyncio.to_thread(metrics_at, h.server.http_port, "/metrics")
             assert metrics[("ncclwatch_daemon_rejected_reports_total",
                             (("code", "PERMISSION_DENIED"),))] == 1
 
             # The honest reports apply; node-b cannot take node-a's agent id...
-            await h.send(h.secure(client(pki, "node-a")), checkpoint_job(node="node-a"))
+            await h.send_over(h.secure(client(pki, "node-a")), checkpoint_job(node="node-a"))
             with pytest.raises(grpc.aio.AioRpcError) as ei:
-                await h.send(h.secure(client(pki, "node-b")),
+                await h.send_over(h.secure(client(pki, "node-b")),
                              checkpoint_job(node="node-b", agent="agent-a", seq=2))
             assert ei.value.code() == grpc.StatusCode.PERMISSION_DENIED
             assert "agent-a" in ei.value.details() and "node-a" in ei.value.details()
             # ...and a live node's ranks stay its own without evidence of a newer
             # process (issue 29: node-b's claim is set aside as a contender, not
             # refused; tests/test_ownership.py has the rules).
-            (resp,) = await h.send(h.secure(client(pki, "node-b")),
+            (resp,) = await h.send_over(h.secure(client(pki, "node-b")),
                                    checkpoint_job(node="node-b", agent="agent-b"))
             assert not resp.rejected_jobs
             assert {r.node for r in h.daemon.table.jobs["job-1"].ranks.values()} == {"node-a"}
             assert h.daemon.ownership.claims_total["kept"] == 4
             assert h.daemon.table.agents["agent-a"].last_seq == 1
     _run(go())
-
-
-def _get(port: int, path: str) -> dict:
-    import urllib.request
-
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
-        text = r.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
 
 
 # -- config errors say what is wrong ------------------------------------------------
@@ -289,7 +230,7 @@ def test_daemon_and_agent_processes_over_mtls(pki) -> None:
     mon = Monitor([daemon], f"http://127.0.0.1:{http_port}")
     rank = None
     try:
-        _wait_http(mon)
+        wait_healthy(mon)
         # The daemon's certificate has IP SAN 127.0.0.1: no name override needed.
         mon.procs.append(Proc([need("ncclwatch"), "agent", "--collector",
                                f"127.0.0.1:{grpc_port}", "--node", "node-a", "--interval", "0.3",
@@ -330,7 +271,7 @@ def test_run_with_tls_keeps_its_own_agent_on_a_private_socket(pki, tmp_path) -> 
                name="ncclwatch-run-tls")
     mon = Monitor([run], f"http://127.0.0.1:{http_port}")
     try:
-        _wait_http(mon)
+        wait_healthy(mon)
         up = ("ncclwatch_agent_up", (("node", socket.gethostname()),))
         deadline = time.time() + 20
         while time.time() < deadline and _metric(mon, up) != 1:
@@ -359,7 +300,7 @@ def test_example_configs_tls_keys_are_real_keys(command, tmp_path) -> None:
 
     from ncclwatch.cli import AGENT_OPTIONS, DAEMON_OPTIONS, build_parser
     from ncclwatch.config import load_file, resolve
-    from tests.conftest import ROOT
+    from tests.harness.paths import ROOT
 
     text = (ROOT / "systemd" / "examples" / f"{command}.toml").read_text()
     opened = re.sub(r"^# ((?:tls_|web_)\w+ = )", r"\1", text, flags=re.M)

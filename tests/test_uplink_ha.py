@@ -15,14 +15,14 @@ import pytest
 from ncclwatch.agent.uplink import Uplinks, collector_list
 from ncclwatch.config import ConfigError, hostports
 from ncclwatch.model import CollectiveOp, RankState
-from tests.factories import BARRIER, sample, stack_pb
-from tests.test_grpc import Harness
+from tests.harness.daemons import Harness
+from tests.harness.reports import BARRIER, sample, stack_pb
 
 N_REPORTS = 40
 
 
 def _node_report(seq: int):
-    from tests.factories import report
+    from tests.harness.reports import report
     return report([sample("ha", r, 2, RankState.COLLECTIVE, CollectiveOp.BARRIER,
                           stack=stack_pb(BARRIER).id) for r in range(2)], seq=seq).report
 
@@ -133,7 +133,7 @@ def test_a_job_the_daemon_leaves_out_is_logged_once_and_the_stream_goes_on(caplo
     the daemon drops that job from each report, the agent logs it once a minute
     and keeps streaming; every report of the good job is applied."""
     from ncclwatch.agent.uplink import Uplink
-    from tests.factories import report
+    from tests.harness.reports import report
 
     def node_report(seq: int):
         world = 3 if seq == 1 else 1          # the job's first report says 3, later ones 1

@@ -28,7 +28,7 @@ from ncclwatch.stacks import stack_id
 from ncclwatch.status import render
 from ncclwatch.stillness import StillHistory, StillRule, Warmup
 from ncclwatch.v1 import collector_pb2 as pb
-from tests.factories import SAVE, report, sample, stack_pb
+from tests.harness.reports import SAVE, report, sample, stack_pb
 
 S, Op, E = RankState, CollectiveOp, WaitEvidence
 COMPUTE = Classification(S.COMPUTE)

@@ -10,10 +10,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ncclwatch.daemon.core import Daemon, DaemonConfig
 from ncclwatch.daemon.waits import WaitLearner, WaitPolicy
 from ncclwatch.model import CollectiveOp, RankState, StallKind
-from tests.factories import report, sample
+from tests.harness.reports import FEED_JOB as JOB, FEED_WORLD as WORLD, Feed, report, sample
 
 S, Op = RankState, CollectiveOp
 POLICY = WaitPolicy(floor=6.0, ceiling=30.0, factor=2.0, slack=2.0, min_evidence=20, warmup=10.0,
@@ -138,35 +137,7 @@ def test_a_longer_normal_wait_never_lowers_the_threshold(a, extra) -> None:
     assert learned([*a, max(a) + extra]) >= learned(a)
 
 
-# -- the daemon, fed rounds of reports -------------------------------------------------
-
-JOB, WORLD = "job-1", 3
-
-
-class Feed:
-    """Rounds of reports from one agent at 1 s, with still_seconds per rank."""
-
-    def __init__(self, **cfg) -> None:
-        self.d = Daemon(DaemonConfig(**cfg))
-        self.seq = 0
-        self.t = 1000.0
-
-    def round(self, spec, *, stack_age: float = 0.5) -> None:
-        """spec: [(rank, state, op, state_seconds, still_seconds)]"""
-        self.seq += 1
-        samples = []
-        for r, state, op, secs, still in spec:
-            s = sample(JOB, r, WORLD, state, op, seconds=secs, stack=f"s{r}{op.value}")
-            s.stack_age_seconds = stack_age
-            s.still_seconds = still
-            samples.append(s)
-        self.d.ingest(report(samples, seq=self.seq), now=self.t)
-        self.d.tick(now=self.t)
-        self.t += 1.0
-
-    def stalls(self) -> dict[StallKind, list[int]]:
-        return {k: [c.rank for c in inc.finding.culprits]
-                for (j, k), inc in self.d.incidents.active.items() if j == JOB}
+# -- the daemon, fed rounds of reports (reports.Feed) -----------------------------------
 
 
 def _train(f: Feed, seconds: int) -> None:

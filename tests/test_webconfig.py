@@ -3,14 +3,11 @@ Prometheus exporter-toolkit format, with a certificate from ``ncclwatch certs``.
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import contextlib
 import os
 import socket
 import ssl
 import subprocess
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -22,43 +19,10 @@ import pytest
 from ncclwatch.cli import main
 from ncclwatch.config import ConfigError
 from ncclwatch.daemon import webconfig
-from ncclwatch.daemon.core import Daemon, DaemonConfig
-from ncclwatch.daemon.server import DaemonServer
-from tests.conftest import Proc, free_port, need
-from tests.test_tls import make_certs
-
-PASSWORD = "s3cret-scrape"
-#: Cost 4 keeps the test fast; production hashes use 10-12.
-HASH = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(4)).decode()
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("web") / "certs"
-    make_certs(d, "scraper")
-    return d
-
-
-def write_config(path: Path, text: str) -> str:
-    path.write_text(text)
-    return str(path)
-
-
-@contextlib.contextmanager
-def serving(web: webconfig.WebConfig):
-    """A real DaemonServer on an event loop in a thread; yields the HTTP port."""
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    server = DaemonServer(Daemon(DaemonConfig(grpc="127.0.0.1:0", http="127.0.0.1:0", web=web)))
-    asyncio.run_coroutine_threadsafe(server.start(), loop).result(10)
-    try:
-        yield server.http_port
-    finally:
-        asyncio.run_coroutine_threadsafe(server.stop(0.1), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5)
-        loop.close()
+from tests.harness.credentials import HASH, PASSWORD, make_certs, write_config
+from tests.harness.daemons import serving
+from tests.harness.procs import Proc, free_port
+from tests.harness.tools import need
 
 
 def get(port: int, path: str, ca: Path, auth: tuple[str, str] | None = None,
@@ -77,9 +41,9 @@ def get(port: int, path: str, ca: Path, auth: tuple[str, str] | None = None,
         return e.code, dict(e.headers), e.read()
 
 
-def test_https_and_basic_auth(pki, tmp_path) -> None:
+def test_https_and_basic_auth(web_pki, tmp_path) -> None:
     # Relative paths are relative to the file, as in exporter-toolkit.
-    cfg = write_config(pki / "web.yml", f"""
+    cfg = write_config(web_pki / "web.yml", f"""
 tls_server_config:
   cert_file: daemon.pem
   key_file: daemon-key.pem
@@ -89,7 +53,7 @@ basic_auth_users:
 """)
     web = webconfig.load(cfg)
     with serving(web) as port:
-        ca = pki / "ca.pem"
+        ca = web_pki / "ca.pem"
         code, headers, _ = get(port, "/metrics", ca)
         assert code == 401 and headers["WWW-Authenticate"].startswith("Basic ")
         assert get(port, "/metrics", ca, ("prometheus", "wrong"))[0] == 401
@@ -132,20 +96,20 @@ def test_good_passwords_are_cached_bad_ones_are_not(monkeypatch) -> None:
         assert not auth.check(bad)
 
 
-def test_client_certificate_required(pki) -> None:
-    cfg = write_config(pki / "mtls.yml", f"""
+def test_client_certificate_required(web_pki) -> None:
+    cfg = write_config(web_pki / "mtls.yml", f"""
 tls_server_config:
-  cert_file: {pki / 'daemon.pem'}
-  key_file: {pki / 'daemon-key.pem'}
+  cert_file: {web_pki / 'daemon.pem'}
+  key_file: {web_pki / 'daemon-key.pem'}
   client_auth_type: RequireAndVerifyClientCert
-  client_ca_file: {pki / 'ca.pem'}
+  client_ca_file: {web_pki / 'ca.pem'}
 """)
     with serving(webconfig.load(cfg)) as port:
-        ca = pki / "ca.pem"
+        ca = web_pki / "ca.pem"
         with pytest.raises((urllib.error.URLError, ConnectionError, ssl.SSLError)):
             get(port, "/metrics", ca)
-        code, _, _ = get(port, "/metrics", ca, client=(pki / "scraper.pem",
-                                                       pki / "scraper-key.pem"))
+        code, _, _ = get(port, "/metrics", ca, client=(web_pki / "scraper.pem",
+                                                       web_pki / "scraper-key.pem"))
         assert code == 200
 
 
@@ -172,23 +136,23 @@ BAD_CONFIGS = [
 
 
 @pytest.mark.parametrize("name,text,message", BAD_CONFIGS, ids=[b[0] for b in BAD_CONFIGS])
-def test_config_errors_say_what_is_wrong(pki, name, text, message) -> None:
-    path = write_config(pki / "bad.yml", text)
+def test_config_errors_say_what_is_wrong(web_pki, name, text, message) -> None:
+    path = write_config(web_pki / "bad.yml", text)
     with pytest.raises(ConfigError) as ei:
         webconfig.load(path)
     assert message in str(ei.value) and path in str(ei.value), str(ei.value)
 
 
-def test_cli_exits_2_on_a_bad_web_config(pki, capsys) -> None:
-    path = write_config(pki / "bad-cli.yml", "basic_auth_users:\n  prometheus: hunter2\n")
+def test_cli_exits_2_on_a_bad_web_config(web_pki, capsys) -> None:
+    path = write_config(web_pki / "bad-cli.yml", "basic_auth_users:\n  prometheus: hunter2\n")
     assert main(["daemon", "--web-config", path]) == 2
     assert "not a bcrypt hash" in capsys.readouterr().err
-    assert webconfig.load(write_config(pki / "empty.yml", "")).ssl_context is None
+    assert webconfig.load(write_config(web_pki / "empty.yml", "")).ssl_context is None
 
 
-def test_status_talks_to_a_secured_daemon_process(pki, tmp_path) -> None:
+def test_status_talks_to_a_secured_daemon_process(web_pki, tmp_path) -> None:
     """The real `ncclwatch daemon --web-config` and `ncclwatch status --ca`."""
-    cfg = write_config(pki / "status.yml", f"""
+    cfg = write_config(web_pki / "status.yml", f"""
 tls_server_config:
   cert_file: daemon.pem
   key_file: daemon-key.pem
@@ -198,7 +162,7 @@ basic_auth_users:
     grpc_port, http_port = free_port(), free_port()
     daemon = Proc([need("ncclwatch"), "daemon", "--grpc", f"127.0.0.1:{grpc_port}", "--http",
                    f"127.0.0.1:{http_port}", "--web-config", cfg], name="ncclwatch-daemon-web")
-    ca = str(pki / "ca.pem")
+    ca = str(web_pki / "ca.pem")
     env = {k: v for k, v in os.environ.items() if not k.startswith("NCCLWATCH_")}
 
     def status(url: str, *extra: str, **more_env: str) -> subprocess.CompletedProcess:
@@ -211,7 +175,7 @@ basic_auth_users:
         while not _up(http_port) and time.time() < deadline:
             assert daemon.alive(), daemon.output()
             time.sleep(0.1)
-        assert get(http_port, "/healthz", pki / "ca.pem")[0] == 200
+        assert get(http_port, "/healthz", web_pki / "ca.pem")[0] == 200
         assert "HTTP on https://" in daemon.output() and "(basic auth)" in daemon.output()
         ok = status(f"https://ops:{PASSWORD}@{base}", "--ca", ca)
         assert ok.returncode == 0 and "no training jobs seen" in ok.stdout, ok.stderr
@@ -239,7 +203,7 @@ def _readme_scrape_config() -> dict:
     """The HTTPS + basic auth scrape config from docs/deploy-systemd.md, as printed."""
     import yaml
 
-    from tests.conftest import ROOT
+    from tests.harness.paths import ROOT
 
     section = (ROOT / "docs" / "deploy-systemd.md").read_text()
     blocks = [b.split("```", 1)[0] for b in section.split("```yaml")[1:]]
@@ -247,7 +211,7 @@ def _readme_scrape_config() -> dict:
     return yaml.safe_load(block)
 
 
-def test_real_prometheus_scrapes_with_the_readme_config(pki, tmp_path) -> None:
+def test_real_prometheus_scrapes_with_the_readme_config(web_pki, tmp_path) -> None:
     import json
     import shutil
 
@@ -255,7 +219,7 @@ def test_real_prometheus_scrapes_with_the_readme_config(pki, tmp_path) -> None:
     if prometheus is None:
         pytest.fail("prometheus not found: install Debian's `prometheus` package "
                     "(make test does it)")
-    cfg = write_config(pki / "prom-web.yml", f"""
+    cfg = write_config(web_pki / "prom-web.yml", f"""
 tls_server_config:
   cert_file: daemon.pem
   key_file: daemon-key.pem
@@ -265,7 +229,7 @@ basic_auth_users:
     scrape = _readme_scrape_config()
     job = scrape["scrape_configs"][0]
     (tmp_path / "password").write_text(PASSWORD)
-    job["tls_config"]["ca_file"] = str(pki / "ca.pem")
+    job["tls_config"]["ca_file"] = str(web_pki / "ca.pem")
     job["basic_auth"]["password_file"] = str(tmp_path / "password")
     with serving(webconfig.load(cfg)) as port:
         job["static_configs"] = [{"targets": [f"localhost:{port}"]}]

@@ -2,11 +2,10 @@
 run for real: root with every capability dropped but SYS_PTRACE and
 DAC_READ_SEARCH (and no_new_privs) finds a rank that belongs to another user
 and gets its stack; without DAC_READ_SEARCH it never finds it, which is why
-the pod and the unit keep both (docs/_incoming/i19-deploy.md)."""
+the pod and the unit keep both (docs/security.md)."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -16,8 +15,11 @@ import urllib.request
 import pytest
 import yaml
 
-from tests.conftest import ROOT, Proc, free_port, need
-from tests.kubelet import cap_eff
+from tests.harness.kubelet import cap_eff
+from tests.harness.monitor import api_jobs
+from tests.harness.paths import ROOT
+from tests.harness.procs import Proc, free_port
+from tests.harness.tools import need, setpriv
 
 pytestmark = pytest.mark.e2e
 
@@ -31,25 +33,6 @@ def _granted() -> list[str]:
     sc = ds["spec"]["template"]["spec"]["containers"][0]["securityContext"]
     assert sc["runAsUser"] == 0 and sc["capabilities"]["drop"] == ["ALL"]
     return [c.lower() for c in sc["capabilities"]["add"]]
-
-
-def _setpriv(caps: list[str]) -> list[str]:
-    """Root keeps only `caps` (bounding set: what root's exec can hold), as the
-    container runtime does with drop ALL + add; no_new_privs as allowPrivilegeEscalation."""
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        pytest.fail("setpriv missing: install Debian's util-linux")
-    spec = ",".join(["-all"] + [f"+{c}" for c in caps])
-    return [setpriv, "--bounding-set", spec, "--inh-caps", "-all", "--no-new-privs"]
-
-
-def _jobs(http: int) -> list[dict]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{http}/api/v1/jobs?ranks=1",
-                                    timeout=5) as r:
-            return json.loads(r.read())["jobs"]
-    except OSError:
-        return []
 
 
 def _agent_up(http: int, node: str) -> bool:
@@ -85,24 +68,24 @@ def test_pod_capabilities_find_another_users_rank_and_its_stack(tmp_path) -> Non
         argv = [need("ncclwatch"), "agent", "--collector", f"127.0.0.1:{grpc}", "--interval", "0.5"]
 
         # Without DAC_READ_SEARCH: connected, rounds run, the rank is never found.
-        agent = Proc(_setpriv(["sys_ptrace"]) + argv + ["--node", "ptrace-only"], name="agent-1")
+        agent = Proc(setpriv(["sys_ptrace"]) + argv + ["--node", "ptrace-only"], name="agent-1")
         deadline = time.time() + 30
         while not _agent_up(http, "ptrace-only"):
             assert agent.alive() and time.time() < deadline, agent.output()[-2000:]
             time.sleep(0.3)
         assert cap_eff(agent.popen.pid) == {"SYS_PTRACE"}
         time.sleep(5)  # ten rounds
-        assert not any(j["job"] == JOB for j in _jobs(http)), _jobs(http)
+        assert not any(j["job"] == JOB for j in api_jobs(http)), api_jobs(http)
         agent.stop()
 
         # The pod's two capabilities: found, numbered from its environment, with a stack.
         started = time.time()
-        agent = Proc(_setpriv(granted) + argv + ["--node", "pod-caps"], name="agent-2")
+        agent = Proc(setpriv(granted) + argv + ["--node", "pod-caps"], name="agent-2")
         found = None
         while found is None or not found.get("stack_id"):
             assert agent.alive() and time.time() < started + 60, agent.output()[-3000:]
             time.sleep(0.3)
-            job = next((j for j in _jobs(http) if j["job"] == JOB), None)
+            job = next((j for j in api_jobs(http) if j["job"] == JOB), None)
             found = next((r for r in (job or {}).get("ranks", []) if r["pid"] == pid), None)
         print(f"rank of uid {NOBODY} found with a stack {time.time() - started:.1f} s "
               f"after the agent started")

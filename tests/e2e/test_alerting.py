@@ -12,69 +12,20 @@ Prometheus.
 from __future__ import annotations
 
 import json
-import threading
 import time
 import urllib.parse
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests.conftest import ARTIFACTS, ROOT, Proc, free_port, need_system, record
-from tests.e2e.test_checkpoint_stall import _job_id
+from tests.harness.alerting import DASHBOARDS, Webhook, get_json, query, start_alerting
+from tests.harness.artifacts import keep, record, stop_keeping_logs
+from tests.harness.monitor import job_id_of
+from tests.harness.procs import Proc
 
 pytestmark = pytest.mark.e2e
 
 PG_TIMEOUT = 90
-RULES = ROOT / "dashboards" / "prometheus"
-DASHBOARDS = ROOT / "dashboards" / "grafana"
-
-
-class Webhook:
-    """Alertmanager's webhook receiver: keeps every notification it gets."""
-
-    def __init__(self) -> None:
-        self.notifications: list[dict] = []
-        received = self.notifications
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                received.append({"t": time.time(), "path": self.path, **json.loads(body)})
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def firing(self, alertname: str, path: str | None = None) -> list[tuple[float, dict]]:
-        return [(n["t"], a) for n in self.notifications for a in n["alerts"]
-                if a["status"] == "firing" and a["labels"].get("alertname") == alertname
-                and (path is None or n["path"] == path)]
-
-
-def _get_json(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return json.loads(r.read())
-
-
-def _wait_ready(proc: Proc, url: str, timeout: float = 60.0) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        if not proc.alive():
-            break
-        time.sleep(0.3)
-    pytest.fail(f"{proc.name} did not become ready at {url}:\n{proc.output()[-3000:]}")
 
 
 @pytest.fixture
@@ -84,52 +35,20 @@ def alerting_stack(tmp_path):
     hook = Webhook()
 
     def start(metrics_hostport: str) -> tuple[str, str, Webhook]:
-        am_port, prom_port = free_port(), free_port()
-        # The shipped example routing, its receivers pointed at this test's webhook.
-        am_cfg = tmp_path / "alertmanager.yml"
-        am_cfg.write_text((RULES / "alertmanager.example.yml").read_text()
-                          .replace("http://127.0.0.1:9095", hook.url)
-                          .replace("group_wait: 10s", "group_wait: 5s"))
-        am = Proc([need_system("prometheus-alertmanager", "prometheus-alertmanager"),
-                   f"--config.file={am_cfg}", f"--storage.path={tmp_path / 'am'}",
-                   f"--web.listen-address=127.0.0.1:{am_port}",
-                   "--cluster.listen-address="], name="alertmanager")
-        procs.append(am)
-        prom_cfg = tmp_path / "prometheus.yml"
-        prom_cfg.write_text(json.dumps({
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": [str(RULES / "alerts.yaml"), str(RULES / "rules.yaml")],
-            "alerting": {"alertmanagers": [
-                {"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
-            # A plain scrape: the training job is `job_id`, `job` stays the scrape job's.
-            "scrape_configs": [{"job_name": "ncclwatch",
-                                "static_configs": [{"targets": [metrics_hostport]}]}],
-        }))
-        prom = Proc([need_system("prometheus", "prometheus"), f"--config.file={prom_cfg}",
-                     f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                     f"--web.listen-address=127.0.0.1:{prom_port}"], name="prometheus")
-        procs.append(prom)
-        _wait_ready(am, f"http://127.0.0.1:{am_port}/-/ready")
-        _wait_ready(prom, f"http://127.0.0.1:{prom_port}/-/ready")
-        return f"http://127.0.0.1:{prom_port}", f"http://127.0.0.1:{am_port}", hook
+        # A plain scrape: the training job is `job_id`, `job` stays the scrape job's.
+        prom, am = start_alerting(tmp_path, hook, [{
+            "job_name": "ncclwatch", "static_configs": [{"targets": [metrics_hostport]}]}],
+            procs)
+        return prom, am, hook
 
     yield start
     hook.server.shutdown()
-    ARTIFACTS.mkdir(exist_ok=True)
-    for p in procs:
-        p.stop()
-        (ARTIFACTS / f"{p.name}.log").write_text(p.output())
-    (ARTIFACTS / "alertmanager-webhook.json").write_text(json.dumps(hook.notifications, indent=1))
-
-
-def _query(prom: str, expr: str) -> list[dict]:
-    out = _get_json(f"{prom}/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
-    assert out["status"] == "success", (expr, out)
-    return out["data"]["result"]
+    stop_keeping_logs(procs)
+    keep("alertmanager-webhook.json", json.dumps(hook.notifications, indent=1))
 
 
 def _am_alerts(am: str, alertname: str) -> list[dict]:
-    return [a for a in _get_json(f"{am}/api/v2/alerts")
+    return [a for a in get_json(f"{am}/api/v2/alerts")
             if a["labels"].get("alertname") == alertname]
 
 
@@ -144,7 +63,7 @@ def test_checkpoint_stall_pages_through_alertmanager_before_the_watchdog(
                     "--pg-timeout", str(PG_TIMEOUT))
     job.wait_marker("ready", timeout=120, count=3)
     pids = job.pids()
-    job_id = _job_id(mon, pids)
+    job_id = job_id_of(mon, pids)
     t_save = job.wait_marker("save_start", timeout=120)[0]["t"]
 
     deadline = t_save + PG_TIMEOUT - 10
@@ -179,7 +98,7 @@ def test_checkpoint_stall_pages_through_alertmanager_before_the_watchdog(
     while time.time() < deadline and not stall:
         stall = _am_alerts(am, "NCCLWatchCheckpointGatherStall")
         time.sleep(0.5)
-    assert stall, _get_json(f"{am}/api/v2/alerts")
+    assert stall, get_json(f"{am}/api/v2/alerts")
     assert {k: stall[0]["labels"][k] for k in ("job_id", "rank", "host", "node", "kind",
                                                "severity")} == {
         "job_id": job_id, "rank": "0", "host": host, "node": host, "kind": "checkpoint_gather",
@@ -203,7 +122,7 @@ def test_checkpoint_stall_pages_through_alertmanager_before_the_watchdog(
             if title in foreign:
                 continue
             checked += 1
-            if not any(_query(prom, e) for e in exprs):
+            if not any(query(prom, e) for e in exprs):
                 empty.append(f"{path.name}: {title}: {exprs}")
     assert checked >= 30, f"only {checked} panels/annotations found"
     assert not empty, "panels without data during the stall:\n" + "\n".join(empty)

@@ -38,8 +38,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import Monitor, Proc, record
-from tests.test_alerts import RULES, promtool
+from tests.harness.alerting import RULES
+from tests.harness.artifacts import record
+from tests.harness.monitor import Monitor
+from tests.harness.procs import Proc
+from tests.harness.tools import promtool
 
 pytestmark = pytest.mark.e2e
 

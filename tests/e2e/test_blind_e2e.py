@@ -13,15 +13,15 @@ from __future__ import annotations
 import os
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import Proc, free_port, py_spy_available
+from tests.harness.paths import ROOT
+from tests.harness.procs import Proc, free_port
+from tests.harness.tools import py_spy_available
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD = str(ROOT / "tests" / "workloads" / "blind_jobs.py")
 
 

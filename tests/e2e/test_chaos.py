@@ -12,8 +12,10 @@ import time
 
 import pytest
 
-from tests.conftest import Monitor, Proc, _wait_http, free_port, need, record
-from tests.e2e.test_checkpoint_stall import _job_id, _value
+from tests.harness.artifacts import record
+from tests.harness.monitor import Monitor, job_id_of, metric_value, wait_healthy
+from tests.harness.procs import Proc, free_port
+from tests.harness.tools import need
 
 pytestmark = pytest.mark.e2e
 
@@ -40,7 +42,7 @@ def _kinds(view: dict | None) -> set[str]:
 def procs():
     started: list[Proc] = []
     yield started
-    from tests.conftest import ARTIFACTS
+    from tests.harness.paths import ARTIFACTS
     ARTIFACTS.mkdir(exist_ok=True)
     for p in reversed(started):
         p.stop()
@@ -52,7 +54,7 @@ def test_daemon_killed_mid_stall_reports_it_again_and_no_false_stall(procs, torc
     daemon = _daemon(gp, hp, "daemon-1")
     procs.append(daemon)
     mon = Monitor([daemon], f"http://127.0.0.1:{hp}")
-    _wait_http(mon)
+    wait_healthy(mon)
     procs.append(_agent(gp))
     stalled = torch_job("slow-save", 3, {"NCCLWATCH_PG_TIMEOUT_S": str(PG_TIMEOUT)},
                         "--model-mb", "8", "--save-seconds", "150", "--pg-timeout",
@@ -61,8 +63,8 @@ def test_daemon_killed_mid_stall_reports_it_again_and_no_false_stall(procs, torc
     stalled.wait_marker("ready", timeout=120, count=3)
     healthy.wait_marker("train_start", timeout=120, count=2)
     s_pids, h_pids = stalled.pids(), healthy.pids()
-    _job_id(mon, s_pids)
-    _job_id(mon, h_pids)
+    job_id_of(mon, s_pids)
+    job_id_of(mon, h_pids)
     t_save = stalled.wait_marker("save_start", timeout=120)[0]["t"]
     deadline = time.time() + 30
     while time.time() < deadline and "checkpoint_gather" not in _kinds(mon.job_of(s_pids)):
@@ -75,7 +77,7 @@ def test_daemon_killed_mid_stall_reports_it_again_and_no_false_stall(procs, torc
     daemon2 = _daemon(gp, hp, "daemon-2")
     procs.append(daemon2)
     mon2 = Monitor([daemon2], f"http://127.0.0.1:{hp}")
-    _wait_http(mon2)
+    wait_healthy(mon2)
     # From the restart on: the healthy job must never show a stall, the
     # stalled one must show it again within two report rounds of coming back.
     t_back = t_again = None
@@ -112,37 +114,37 @@ def test_agent_killed_its_ranks_go_unknown_and_come_back(procs, torch_job) -> No
     daemon = _daemon(gp, hp, "daemon")
     procs.append(daemon)
     mon = Monitor([daemon], f"http://127.0.0.1:{hp}")
-    _wait_http(mon)
+    wait_healthy(mon)
     agent = _agent(gp, name="agent-1")
     procs.append(agent)
     job = torch_job("train", 2, {}, "--save-seconds", "90", "--pg-timeout", str(PG_TIMEOUT))
     job.wait_marker("train_start", timeout=120, count=2)
     pids = job.pids()
-    job_id = _job_id(mon, pids)
+    job_id = job_id_of(mon, pids)
 
     agent.stop(signal.SIGKILL)
     t_kill = time.time()
     t_unknown = None
     while time.time() < t_kill + STALENESS + 10:
         m = mon.metrics()
-        if _value(m, "ncclwatch_ranks", job_id=job_id, state="unknown") == 2:
+        if metric_value(m, "ncclwatch_ranks", job_id=job_id, state="unknown") == 2:
             t_unknown = time.time()
             break
         time.sleep(0.3)
     assert t_unknown is not None, mon.output()[-3000:]
     assert t_unknown - t_kill <= STALENESS + 2 * INTERVAL + 1
-    assert _value(m, "ncclwatch_agent_up") == 0
+    assert metric_value(m, "ncclwatch_agent_up") == 0
     assert not _kinds(mon.job_of(pids)), "an absent agent is no culprit"
 
     procs.append(_agent(gp, name="agent-2"))
     deadline = time.time() + 30
     while time.time() < deadline:
         m = mon.metrics()
-        if _value(m, "ncclwatch_ranks", job_id=job_id, state="unknown") == 0:
+        if metric_value(m, "ncclwatch_ranks", job_id=job_id, state="unknown") == 0:
             break
         time.sleep(0.3)
-    assert _value(m, "ncclwatch_ranks", job_id=job_id, state="unknown") == 0, mon.output()[-2000:]
-    assert _value(m, "ncclwatch_agent_up") == 1
+    assert metric_value(m, "ncclwatch_ranks", job_id=job_id, state="unknown") == 0, mon.output()[-2000:]
+    assert metric_value(m, "ncclwatch_agent_up") == 1
 
 
 def test_collector_unreachable_agent_keeps_sampling_and_counts_drops(procs, torch_job) -> None:
@@ -158,19 +160,19 @@ def test_collector_unreachable_agent_keeps_sampling_and_counts_drops(procs, torc
     daemon = _daemon(gp, hp, "daemon")
     procs.append(daemon)
     mon = Monitor([daemon], f"http://127.0.0.1:{hp}")
-    _wait_http(mon)
+    wait_healthy(mon)
     t_up = time.time()
     deadline, m, t_conn = time.time() + 30, {}, None
     while time.time() < deadline:
         if t_conn is None and mon.job_of(job.pids()):
             t_conn = time.time()  # the agent's backoff may add seconds after t_up
         m = mon.metrics()
-        if t_conn and (_value(m, "ncclwatch_agent_reports_dropped_total", node="lonely") or 0):
+        if t_conn and (metric_value(m, "ncclwatch_agent_reports_dropped_total", node="lonely") or 0):
             break
         time.sleep(0.3)
     assert t_conn is not None, mon.output()[-3000:]
-    dropped = _value(m, "ncclwatch_agent_reports_dropped_total", node="lonely")
-    gaps = _value(m, "ncclwatch_agent_report_gaps_total", node="lonely")
+    dropped = metric_value(m, "ncclwatch_agent_reports_dropped_total", node="lonely")
+    gaps = metric_value(m, "ncclwatch_agent_report_gaps_total", node="lonely")
     assert dropped is not None and dropped > 0, mon.output()[-3000:]
     # Only what the bound forced: the outage's rounds but the newest `queue`
     # (the agent's first round comes a moment after its start).

@@ -15,21 +15,15 @@ import time
 
 import pytest
 
-from tests.conftest import Monitor, need, record
-from tests.test_status_render import assert_snippets_as_lines
+from tests.harness.artifacts import record
+from tests.harness.monitor import Monitor, job_id_of, metric_value
+from tests.harness.statusview import assert_snippets_as_lines
+from tests.harness.tools import need
 
 pytestmark = pytest.mark.e2e
 
 PG_TIMEOUT = 90
 DETECT_WITHIN = 15.0
-
-
-def _value(m: dict, name: str, **labels) -> float | None:
-    want = tuple(sorted(labels.items()))
-    for (n, lab), v in m.items():
-        if n == name and all(item in lab for item in want):
-            return v
-    return None
 
 
 def _series(m: dict, name: str, **labels) -> list[tuple[dict, float]]:
@@ -41,20 +35,10 @@ def _series(m: dict, name: str, **labels) -> list[tuple[dict, float]]:
     return out
 
 
-def _job_id(mon: Monitor, pids: set[int], timeout: float = 30.0) -> str:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        job = mon.job_of(pids)
-        if job is not None and job["ranks_reporting"] == len(pids):
-            return job["job"]
-        time.sleep(0.3)
-    pytest.fail(f"ncclwatch never saw ranks {sorted(pids)}:\n{mon.output()[-3000:]}")
-
-
 def _wait_stall(mon: Monitor, job: str, kind: str, deadline: float) -> dict:
     while time.time() < deadline:
         m = mon.metrics()
-        if _value(m, "ncclwatch_stall_active", job_id=job, kind=kind) == 1:
+        if metric_value(m, "ncclwatch_stall_active", job_id=job, kind=kind) == 1:
             return m
         time.sleep(0.25)
     return {}
@@ -69,7 +53,7 @@ def test_slow_save_culprit_named_before_the_watchdog(ncclwatch_run, torch_job, t
                                      **fr_env},
                     "--model-mb", "16", "--save-seconds", "60", "--pg-timeout", str(PG_TIMEOUT))
     job.wait_marker("ready", timeout=120, count=4)
-    job_id = _job_id(mon, job.pids())
+    job_id = job_id_of(mon, job.pids())
     save = job.wait_marker("save_start", timeout=120)[0]
     waits = job.wait_marker("wait_start", timeout=30, count=3)
     m = _wait_stall(mon, job_id, "checkpoint_gather", save["t"] + DETECT_WITHIN + 5)
@@ -79,18 +63,18 @@ def test_slow_save_culprit_named_before_the_watchdog(ncclwatch_run, torch_job, t
     delay = detected - save["t"]
     culprits = _series(m, "ncclwatch_stall_culprit_info", job_id=job_id, kind="checkpoint_gather")
     assert [(c["rank"], c["state"]) for c, _ in culprits] == [("0", "saving")], culprits
-    assert _value(m, "ncclwatch_watchdog_timeout_seconds", job_id=job_id) == PG_TIMEOUT
-    assert _value(m, "ncclwatch_ranks", job_id=job_id, state="collective") == 3
+    assert metric_value(m, "ncclwatch_watchdog_timeout_seconds", job_id=job_id) == PG_TIMEOUT
+    assert metric_value(m, "ncclwatch_ranks", job_id=job_id, state="collective") == 3
     first_wait = min(w["t"] for w in waits)
     lead = (first_wait + PG_TIMEOUT) - detected
-    r1 = _value(m, "ncclwatch_watchdog_remaining_seconds", job_id=job_id)
+    r1 = metric_value(m, "ncclwatch_watchdog_remaining_seconds", job_id=job_id)
     time.sleep(3)
     # The truth is taken before the scrape: the budget is read during it, when
     # at most this much was left (taken after, a slow scrape under load would
     # shrink the truth and blame the budget).
     true_left = (first_wait + PG_TIMEOUT) - time.time()
     m2 = mon.metrics()
-    r2 = _value(m2, "ncclwatch_watchdog_remaining_seconds", job_id=job_id)
+    r2 = metric_value(m2, "ncclwatch_watchdog_remaining_seconds", job_id=job_id)
     assert r1 is not None and r2 is not None and 0 < r2 < r1 < PG_TIMEOUT, (r1, r2)
     assert r1 - r2 == pytest.approx(3, abs=1.5)
     # The budget never claims more time than the job really has left: the wait's
@@ -151,20 +135,20 @@ def test_fast_save_reports_no_stall(ncclwatch_run, torch_job) -> None:
     mon = ncclwatch_run()
     job = torch_job("fast-save", 4, None, "--model-mb", "16", "--steps", "3")
     job.wait_marker("ready", timeout=120, count=4)
-    job_id = _job_id(mon, job.pids())
+    job_id = job_id_of(mon, job.pids())
     seen_collective = False
     while job.proc.alive():
         m = mon.metrics()
         for kind in ("checkpoint_gather", "checkpoint_restore"):
-            assert _value(m, "ncclwatch_stall_active", job_id=job_id, kind=kind) in (0, None), \
+            assert metric_value(m, "ncclwatch_stall_active", job_id=job_id, kind=kind) in (0, None), \
                 mon.get("/api/v1/jobs")
-        seen_collective |= bool(_value(m, "ncclwatch_ranks", job_id=job_id, state="collective"))
+        seen_collective |= bool(metric_value(m, "ncclwatch_ranks", job_id=job_id, state="collective"))
         time.sleep(0.25)
     assert job.proc.popen.returncode == 0, job.proc.output()[-3000:]
     assert len(job.markers("save_end")) == 1
     m = mon.metrics()
-    assert _value(m, "ncclwatch_incidents_opened_total", kind="checkpoint_gather") == 0
-    assert _value(m, "ncclwatch_agent_pyspy_runs_total") > 0
+    assert metric_value(m, "ncclwatch_incidents_opened_total", kind="checkpoint_gather") == 0
+    assert metric_value(m, "ncclwatch_agent_pyspy_runs_total") > 0
 
 
 def test_fsdp_full_state_dict_gather_culprit(ncclwatch_run, torch_job) -> None:
@@ -172,7 +156,7 @@ def test_fsdp_full_state_dict_gather_culprit(ncclwatch_run, torch_job) -> None:
     job = torch_job("fsdp-gather-slow", 4, None, "--model-mb", "8", "--save-seconds", "45",
                     "--slow-copies", "1", "--pg-timeout", str(PG_TIMEOUT))
     job.wait_marker("ready", timeout=120, count=4)
-    job_id = _job_id(mon, job.pids())
+    job_id = job_id_of(mon, job.pids())
     start = job.wait_marker("gather_start", timeout=120, count=4)
     m = _wait_stall(mon, job_id, "checkpoint_gather", max(s["t"] for s in start) + 25)
     assert m, f"no stall seen:\n{mon.get('/api/v1/jobs')[:3000]}"
@@ -182,7 +166,7 @@ def test_fsdp_full_state_dict_gather_culprit(ncclwatch_run, torch_job) -> None:
     waiting = {r["rank"]: r for r in view["ranks"] if r["rank"] != 0}
     assert all(r["state"] == "gathering_state_dict" and r["op"] for r in waiting.values()), \
         waiting
-    assert _value(m, "ncclwatch_watchdog_timeout_seconds", job_id=job_id) == PG_TIMEOUT
+    assert metric_value(m, "ncclwatch_watchdog_timeout_seconds", job_id=job_id) == PG_TIMEOUT
     record("fsdp_gather", {"detection_delay_s":
                            round(time.time() - max(s["t"] for s in start), 2)})
 
@@ -191,7 +175,7 @@ def test_killing_ranks_mid_sampling_gives_no_crash_and_no_stall(ncclwatch_run, t
     mon = ncclwatch_run("--suspect-stack-interval", "0.5")
     job = torch_job("compute", 4, None, "--save-seconds", "60")
     job.wait_marker("compute_start", timeout=120, count=4)
-    job_id = _job_id(mon, job.pids())
+    job_id = job_id_of(mon, job.pids())
     time.sleep(2)
     victim = next(m["pid"] for m in job.markers("ready") if m["rank"] == 2)
     import os
@@ -200,7 +184,7 @@ def test_killing_ranks_mid_sampling_gives_no_crash_and_no_stall(ncclwatch_run, t
     gone = False
     while time.time() < deadline:
         m = mon.metrics()
-        assert _value(m, "ncclwatch_stall_active", job_id=job_id, kind="checkpoint_gather") in (0, None)
+        assert metric_value(m, "ncclwatch_stall_active", job_id=job_id, kind="checkpoint_gather") in (0, None)
         view = mon.job_of(job.pids())
         if view is None or all(r["gone"] for r in view["ranks"]):
             gone = True
@@ -240,15 +224,15 @@ def test_agent_with_no_training_processes(ncclwatch_split) -> None:
     deadline = time.time() + 20
     while time.time() < deadline:
         m = mon.metrics()
-        if (_value(m, "ncclwatch_daemon_reports_total") or 0) >= 3:
+        if (metric_value(m, "ncclwatch_daemon_reports_total") or 0) >= 3:
             break
         time.sleep(0.3)
     else:
         pytest.fail(f"agent never reported:\n{mon.output()}")
     assert mon.alive(), mon.output()
     m = mon.metrics()
-    assert _value(m, "ncclwatch_agent_up") == 1
-    assert _value(m, "ncclwatch_agent_nvml_up") == 0  # no GPU here: says so, keeps working
+    assert metric_value(m, "ncclwatch_agent_up") == 1
+    assert metric_value(m, "ncclwatch_agent_nvml_up") == 0  # no GPU here: says so, keeps working
     # Nothing of ours runs; whatever else this machine runs is counted, not invented:
     # every rank a torchrun-style environment declares (alive throughout) is
     # watched, and every watched process is one that loaded torch.

@@ -33,10 +33,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ARTIFACTS, Job, Monitor, Proc, need, record
+from tests.harness.artifacts import record
+from tests.harness.containerns import (Container, ROOT_KINDS, make_cgroup, remove_cgroup, script,
+                                       unshare_argv)
+from tests.harness.jobs import Job
+from tests.harness.monitor import Monitor
+from tests.harness.paths import ARTIFACTS
+from tests.harness.procs import Proc
+from tests.harness.tools import need
 from ncclwatch.agent import rootview
-from tests.containerns import (ROOT_KINDS, Container, make_cgroup, remove_cgroup, script,
-                               unshare_argv)
 
 pytestmark = pytest.mark.e2e
 

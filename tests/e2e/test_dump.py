@@ -21,8 +21,8 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.conftest import need
-from tests.e2e.test_checkpoint_stall import _job_id
+from tests.harness.monitor import job_id_of
+from tests.harness.tools import need
 
 pytestmark = pytest.mark.e2e
 
@@ -38,7 +38,7 @@ def test_dump_of_a_stalled_job_reads_back_with_the_daemon_verdict(
         "TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "fr_rank_")},
         "--model-mb", "8", "--save-seconds", "60", "--pg-timeout", str(PG_TIMEOUT))
     job.wait_marker("ready", timeout=120, count=3)
-    job_id = _job_id(mon, job.pids())
+    job_id = job_id_of(mon, job.pids())
     job.wait_marker("save_start", timeout=120)
     deadline, stall = time.time() + 30, None
     while time.time() < deadline and stall is None:

@@ -19,8 +19,8 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from ncclwatch.daemon.http import HttpServer
-from tests.e2e.test_page_fold import Browser, _session
-from tests.test_bundle import _stalled
+from tests.harness.browser import DevToolsBrowser, devtools_session
+from tests.harness.bundles import stalled_daemon
 
 pytestmark = pytest.mark.e2e
 
@@ -37,7 +37,7 @@ def _until(pred, seconds: float = 20.0) -> bool:
 
 
 def test_the_pages_dump_form_asks_and_another_sites_copy_does_not(tmp_path) -> None:
-    d, _ = _stalled()
+    d, _ = stalled_daemon()
     srv = HttpServer(d, "127.0.0.1", 0, lambda fn: fn())
     srv.start()
     daemon = f"http://127.0.0.1:{srv.port}"
@@ -51,7 +51,7 @@ def test_the_pages_dump_form_asks_and_another_sites_copy_does_not(tmp_path) -> N
     other = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(
         SimpleHTTPRequestHandler, directory=str(site)))
     threading.Thread(target=other.serve_forever, daemon=True).start()
-    browser = Browser(tmp_path)
+    browser = DevToolsBrowser(tmp_path)
 
     async def load(call, js, url):
         await call("Page.navigate", url=url)
@@ -75,7 +75,7 @@ def test_the_pages_dump_form_asks_and_another_sites_copy_does_not(tmp_path) -> N
         return crossed, served
 
     try:
-        crossed, served = asyncio.run(_session(browser.ws_url, steps))
+        crossed, served = asyncio.run(devtools_session(browser.ws_url, steps))
         counts = srv.dump_guard.counts()
     finally:
         browser.close()

@@ -20,8 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, Proc, free_port, need
-from tests.e2e.test_agent_capabilities import _jobs, _setpriv
+from tests.harness.monitor import api_jobs
+from tests.harness.paths import ROOT
+from tests.harness.procs import Proc, free_port
+from tests.harness.tools import need, setpriv
 
 pytestmark = pytest.mark.e2e
 
@@ -41,7 +43,7 @@ def _unit_caps() -> list[str]:
 
 
 def _stall_fr(http: int, pids: set[int]) -> dict | None:
-    for job in _jobs(http):
+    for job in api_jobs(http):
         if pids & {r["pid"] for r in job.get("ranks", [])}:
             for stall in job.get("stalls", []):
                 if stall.get("flight_recorder"):
@@ -53,7 +55,7 @@ def _pair(agent_caps: list[str], node: str) -> tuple[Proc, Proc, int]:
     grpc, http = free_port(), free_port()
     daemon = Proc([need("ncclwatch"), "daemon", "--grpc", f"127.0.0.1:{grpc}",
                    "--http", f"127.0.0.1:{http}"], name=f"daemon-{node}")
-    agent = Proc(_setpriv(agent_caps) + [need("ncclwatch"), "agent", "--collector",
+    agent = Proc(setpriv(agent_caps) + [need("ncclwatch"), "agent", "--collector",
                                          f"127.0.0.1:{grpc}", "--interval", "0.5",
                                          "--node", node], name=f"agent-{node}")
     return daemon, agent, http

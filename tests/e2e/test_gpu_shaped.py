@@ -19,7 +19,10 @@ import time
 import pytest
 
 from ncclwatch.model import STILL_EVENTS_PER_S
-from tests.conftest import ROOT, Job, Proc, need
+from tests.harness.jobs import Job
+from tests.harness.paths import ROOT
+from tests.harness.procs import Proc
+from tests.harness.tools import need
 
 pytestmark = pytest.mark.e2e
 

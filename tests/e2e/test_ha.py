@@ -20,9 +20,11 @@ import time
 
 import pytest
 
-from tests.conftest import ARTIFACTS, Monitor, Proc, _wait_http, free_port, need, need_system, record
-from tests.e2e.test_alerting import DASHBOARDS, RULES, Webhook, _query, _wait_ready
-from tests.e2e.test_checkpoint_stall import _job_id
+from tests.harness.alerting import DASHBOARDS, RULES, Webhook, query, start_alerting
+from tests.harness.artifacts import keep, record, stop_keeping_logs
+from tests.harness.monitor import Monitor, job_id_of, wait_healthy
+from tests.harness.procs import Proc, free_port
+from tests.harness.tools import need
 
 pytestmark = pytest.mark.e2e
 
@@ -45,47 +47,23 @@ def ha_pair(tmp_path):
     (a, a_http, a_grpc), (b, b_http, b_grpc) = _daemon("a"), _daemon("b")
     procs += [a, b]
     mon_a, mon_b = Monitor([a], f"http://{a_http}"), Monitor([b], f"http://{b_http}")
-    _wait_http(mon_a)
-    _wait_http(mon_b)
+    wait_healthy(mon_a)
+    wait_healthy(mon_b)
     agent = Proc([need("ncclwatch"), "agent", "--collector",
                   f"127.0.0.1:{a_grpc},127.0.0.1:{b_grpc}"], name="ncclwatch-agent-ha")
     procs.append(agent)
-    am_port, prom_port = free_port(), free_port()
-    am_cfg = tmp_path / "alertmanager.yml"
-    # The shipped routing; its receivers this test's webhook, its waits short.
-    am_cfg.write_text((RULES / "alertmanager.example.yml").read_text()
-                      .replace("http://127.0.0.1:9095", hook.url)
-                      .replace("group_wait: 10s", "group_wait: 2s")
-                      .replace("group_interval: 1m", "group_interval: 5s"))
-    procs.append(Proc([need_system("prometheus-alertmanager", "prometheus-alertmanager"),
-                       f"--config.file={am_cfg}", f"--storage.path={tmp_path / 'am'}",
-                       f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address="],
-                      name="alertmanager-ha"))
-    prom_cfg = tmp_path / "prometheus.yml"
-    prom_cfg.write_text(json.dumps({
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(RULES / "alerts.yaml"), str(RULES / "rules.yaml")],
-        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
-        # As the shipped PodMonitor's targets are scraped (docs/deployment.md
-        # "Kubernetes"): the Operator's job name and target labels, the pods'
-        # ncclwatch.io/replica label, and the PodMonitor's own relabelings.
-        "scrape_configs": [{"job_name": "podMonitor/ncclwatch/ncclwatch-daemon/0",
-                            "static_configs": [_pod_target(a_http, "a"), _pod_target(b_http, "b")],
-                            "relabel_configs": _podmonitor_relabelings()}],
-    }))
-    procs.append(Proc([need_system("prometheus", "prometheus"), f"--config.file={prom_cfg}",
-                       f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                       f"--web.listen-address=127.0.0.1:{prom_port}"], name="prometheus-ha"))
-    _wait_ready(procs[-2], f"http://127.0.0.1:{am_port}/-/ready")
-    _wait_ready(procs[-1], f"http://127.0.0.1:{prom_port}/-/ready")
-    yield mon_a, mon_b, f"http://127.0.0.1:{prom_port}", hook
+    # The shipped routing, its waits short. As the shipped PodMonitor's targets are
+    # scraped (docs/deployment.md "Kubernetes"): the Operator's job name and target
+    # labels, the pods' ncclwatch.io/replica label, and the PodMonitor's own relabelings.
+    prom, _ = start_alerting(tmp_path, hook, [{
+        "job_name": "podMonitor/ncclwatch/ncclwatch-daemon/0",
+        "static_configs": [_pod_target(a_http, "a"), _pod_target(b_http, "b")],
+        "relabel_configs": _podmonitor_relabelings()}],
+        procs, suffix="-ha", group_wait="2s", group_interval="5s")
+    yield mon_a, mon_b, prom, hook
     hook.server.shutdown()
-    ARTIFACTS.mkdir(exist_ok=True)
-    for p in reversed(procs):
-        p.stop()
-        (ARTIFACTS / f"{p.name}.log").write_text(p.output())
-    (ARTIFACTS / "alertmanager-webhook-ha.json").write_text(json.dumps(hook.notifications,
-                                                                       indent=1))
+    stop_keeping_logs(procs)
+    keep("alertmanager-webhook-ha.json", json.dumps(hook.notifications, indent=1))
 
 
 #: The target labels the Prometheus Operator gives every target of a PodMonitor.
@@ -118,7 +96,7 @@ def _page_notifications(hook: Webhook, job_id: str) -> list[dict]:
 
 
 def _firing_alerts(prom: str, job_id: str) -> list[dict]:
-    return _query(prom, f'ALERTS{{alertname="{PAGE}",alertstate="firing",job_id="{job_id}"}}')
+    return query(prom, f'ALERTS{{alertname="{PAGE}",alertstate="firing",job_id="{job_id}"}}')
 
 
 def test_the_page_survives_kill_9_of_one_daemon_and_fires_and_resolves_once(
@@ -130,8 +108,8 @@ def test_the_page_survives_kill_9_of_one_daemon_and_fires_and_resolves_once(
                     "--pg-timeout", str(PG_TIMEOUT))
     job.wait_marker("ready", timeout=120, count=2)
     pids = job.pids()
-    job_id = _job_id(mon_a, pids)
-    assert _job_id(mon_b, pids) == job_id  # both daemons judge the job
+    job_id = job_id_of(mon_a, pids)
+    assert job_id_of(mon_b, pids) == job_id  # both daemons judge the job
     t_save = job.wait_marker("save_start", timeout=120)[0]["t"]
 
     # Both daemons export the stall; the page goes out once.
@@ -142,7 +120,7 @@ def test_the_page_survives_kill_9_of_one_daemon_and_fires_and_resolves_once(
     pages = _page_notifications(hook, job_id)
     assert pages, f"no page within the budget; webhook got {hook.notifications}"
     t_page = time.time()
-    overrun = _query(prom, f'ncclwatch_watchdog_forecast_overrun_seconds{{job_id="{job_id}"}}')
+    overrun = query(prom, f'ncclwatch_watchdog_forecast_overrun_seconds{{job_id="{job_id}"}}')
     assert sorted(s["metric"]["replica"] for s in overrun) == ["a", "b"], overrun
     firing = _firing_alerts(prom, job_id)
     assert len(firing) == 1, firing
@@ -151,31 +129,31 @@ def test_the_page_survives_kill_9_of_one_daemon_and_fires_and_resolves_once(
     assert {s["metric"]["pod"] for s in overrun} == {"ncclwatch-daemon-a-6f7b9c",
                                                      "ncclwatch-daemon-b-6f7b9c"}, overrun
     # Both replicas export the stall; the dashboards pick one and count it once.
-    both = _query(prom, f'sum(ncclwatch_stall_active{{job_id="{job_id}"}})')
+    both = query(prom, f'sum(ncclwatch_stall_active{{job_id="{job_id}"}})')
     assert float(both[0]["value"][1]) == 2, both
     from dashboards.queries import panel_queries  # noqa: PLC0415 - the repo's dashboards/
     for replica in ("a", "b"):
         q = dict(panel_queries(DASHBOARDS / "ncclwatch-fleet.json", job_id=job_id,
                                replica=replica))
-        stalls = _query(prom, q["Active stalls"])
+        stalls = query(prom, q["Active stalls"])
         assert float(stalls[0]["value"][1]) == 1, (replica, stalls)
-        ranks = _query(prom, q["Ranks by state"])
+        ranks = query(prom, q["Ranks by state"])
         assert sum(float(s["value"][1]) for s in ranks) == 2, (replica, ranks)
 
     # kill -9 daemon a mid-stall.
     assert mon_a.procs[0].stop(signal.SIGKILL) == -signal.SIGKILL
     t_kill = time.time()
-    up_a = lambda: _query(prom, 'up{job="ncclwatch",replica="a"}')[0]["value"][1]  # noqa: E731
+    up_a = lambda: query(prom, 'up{job="ncclwatch",replica="a"}')[0]["value"][1]  # noqa: E731
     while time.time() < t_kill + 30 and up_a() != "0":
         time.sleep(0.5)
     assert up_a() == "0", "Prometheus still scrapes the killed daemon"
     # It keeps firing, from b alone, while the job stalls (until the watchdog).
-    up_b = lambda: _query(prom, 'up{job="ncclwatch",replica="b"}')[0]["value"][1]  # noqa: E731
+    up_b = lambda: query(prom, 'up{job="ncclwatch",replica="b"}')[0]["value"][1]  # noqa: E731
     checked = missed = 0
     while time.time() < t_save + PG_TIMEOUT - 3 and job.proc.alive():
         firing = _firing_alerts(prom, job_id)
         assert len(firing) == 1, f"{time.time() - t_kill:.0f}s after the kill: {firing}"
-        left = _query(prom, f'ncclwatch_watchdog_forecast_overrun_seconds{{job_id="{job_id}"}}')
+        left = query(prom, f'ncclwatch_watchdog_forecast_overrun_seconds{{job_id="{job_id}"}}')
         replicas = [s["metric"]["replica"] for s in left]
         # b's series lapse only with a scrape of b that failed (a slow answer under load).
         assert replicas == ["b"] or (not replicas and up_b() == "0"), (left, up_b())
@@ -206,7 +184,7 @@ def test_the_page_survives_kill_9_of_one_daemon_and_fires_and_resolves_once(
     while time.time() < t_kill + 70:
         time.sleep(1)
     alerts = {a["metric"]["alertname"]: a["metric"]["alertstate"]
-              for a in _query(prom, 'ALERTS{alertname=~"NCCLWatchDaemon.*"}')}
+              for a in query(prom, 'ALERTS{alertname=~"NCCLWatchDaemon.*"}')}
     assert alerts == {"NCCLWatchDaemonReplicaDown": "firing"}, alerts
     record("ha_failover", {"page_after_save_start_s": round(t_page - t_save, 1),
                            "killed_after_page_s": round(t_kill - t_page, 1),

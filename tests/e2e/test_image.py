@@ -23,16 +23,10 @@ import pytest
 
 import ncclwatch
 from deploy import imageroot
-from tests.conftest import ARTIFACTS, ROOT, need_system
-from tests.kubelet import (
-    Kubelet,
-    Netns,
-    cap_eff,
-    config_map,
-    manifest_docs,
-    root_mount_options,
-    workload,
-)
+from tests.harness.kubelet import (Kubelet, Netns, cap_eff, config_map, manifest_docs,
+                                   root_mount_options, workload)
+from tests.harness.paths import ARTIFACTS, ROOT
+from tests.harness.tools import need_system
 
 pytestmark = pytest.mark.e2e
 

@@ -23,7 +23,8 @@ from html import escape
 import pytest
 
 from ncclwatch.daemon.links import job_anchor
-from tests.conftest import Monitor, need
+from tests.harness.monitor import Monitor
+from tests.harness.tools import need
 
 pytestmark = pytest.mark.e2e
 

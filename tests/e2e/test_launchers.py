@@ -21,7 +21,12 @@ from typing import Callable
 
 import pytest
 
-from tests.conftest import Job, Monitor, Proc, free_port, need, need_system, record
+from tests.harness.artifacts import record
+from tests.harness.jobs import Job
+from tests.harness.monitor import Monitor
+from tests.harness.paths import ARTIFACTS, ROOT
+from tests.harness.procs import Proc, free_port
+from tests.harness.tools import need, need_system
 
 pytestmark = pytest.mark.e2e
 
@@ -101,7 +106,7 @@ def _launches(names: list[str], tmp: Path) -> list[Launch]:
 
 
 def _start(launch: Launch, tmp: Path) -> list[Job]:
-    env = {"PYTHONPATH": str(Path(__file__).resolve().parents[2]), "PYTHONUNBUFFERED": "1",
+    env = {"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
            "OMP_NUM_THREADS": "1", **(launch.env or {})}
     if launch.name != "argv":
         return [Job(Proc(launch.argv, env=env, name=f"launch-{launch.name}"), launch.world)]
@@ -222,7 +227,7 @@ def _run_group(ncclwatch_run, tmp_path: Path, names: list[str]) -> None:
         for launch, jobs in started:
             for j in jobs:
                 j.proc.stop()
-                artifacts = Path(__file__).resolve().parents[2] / "artifacts"
+                artifacts = ARTIFACTS
                 artifacts.mkdir(exist_ok=True)
                 (artifacts / f"{j.proc.name}.log").write_text(j.proc.output())
 
@@ -266,7 +271,7 @@ def test_mp_spawn_across_two_nodes_with_the_node_rank_on_its_command_line(ncclwa
               "--nnodes", "2", "--addr", _own_address(), "--port", str(free_port()),
               "--go", str(go), "--dir", str(tmp_path), "--save-seconds", str(SAVE_SECONDS),
               "--pg-timeout", str(PG_TIMEOUT)]
-    env = {"PYTHONPATH": str(Path(__file__).resolve().parents[2]), "PYTHONUNBUFFERED": "1",
+    env = {"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
            "OMP_NUM_THREADS": "1"}
     nodes = [Job(Proc([*common, "--node-rank", "0"], env=env, name="spawn-node-0"), 1)]
     try:
@@ -334,7 +339,7 @@ def test_legacy_launch_torchx_kubeflow_and_skypilot_name_their_jobs(ncclwatch_ru
     on every node of such a job: tests/test_jobid_launchers.py), and no two
     share one; the launcher processes (torch.distributed.launch, torchrun,
     bash) are no ranks."""
-    from tests.scenarios.launchers import World, launch
+    from tests.harness.launchers import World, launch
     mon = ncclwatch_run()
     seen: dict[str, str] = {}
     for name, expected in REPLAYED.items():
@@ -366,7 +371,7 @@ def test_legacy_launch_torchx_kubeflow_and_skypilot_name_their_jobs(ncclwatch_ru
             seen[name] = found["job"]
         finally:
             job.proc.stop()
-            artifacts = Path(__file__).resolve().parents[2] / "artifacts"
+            artifacts = ARTIFACTS
             artifacts.mkdir(exist_ok=True)
             (artifacts / f"{job.proc.name}.log").write_text(job.proc.output())
     assert len(set(seen.values())) == len(seen), seen

@@ -16,8 +16,12 @@ import time
 import psutil
 import pytest
 
-from tests.conftest import ROOT, Job, Proc, free_port, need, need_system, record
-from tests.e2e.test_checkpoint_stall import _job_id
+from tests.harness.artifacts import record
+from tests.harness.jobs import Job
+from tests.harness.monitor import job_id_of
+from tests.harness.paths import ROOT
+from tests.harness.procs import Proc, free_port
+from tests.harness.tools import need, need_system
 
 pytestmark = pytest.mark.e2e
 
@@ -37,7 +41,7 @@ def test_two_agents_merge_one_job_and_losing_one_is_rank_lost(ncclwatch_split, t
                     "--pg-timeout", str(PG_TIMEOUT))
     job.wait_marker("ready", timeout=120, count=4)
     pids = job.pids()
-    job_id = _job_id(mon, pids)
+    job_id = job_id_of(mon, pids)
     view = mon.job_of(pids)
     assert view["nodes"] == ["node-a", "node-b"]
     assert {r["rank"]: r["host"] for r in view["ranks"]} == {

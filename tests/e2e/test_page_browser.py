@@ -7,32 +7,17 @@ live stall. A screenshot is kept under artifacts/ for the humans.
 
 from __future__ import annotations
 
-import subprocess
 import time
 
 import pytest
 
-from tests.conftest import ARTIFACTS, need_system
-from tests.e2e.test_checkpoint_stall import _job_id
+from tests.harness.browser import run_chromium
+from tests.harness.monitor import job_id_of
+from tests.harness.paths import ARTIFACTS
 
 pytestmark = pytest.mark.e2e
 
 PG_TIMEOUT = 90
-#: As the probe of this machine kind runs it: no sandbox as root, and no
-#: background networking (this machine's closed network refuses it).
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--hide-scrollbars"]
-
-
-def chromium() -> str:
-    return need_system("chromium", "chromium")
-
-
-def _browser(tmp_path, *args: str) -> subprocess.CompletedProcess:
-    profile = tmp_path / f"profile-{time.monotonic_ns()}"
-    return subprocess.run([chromium(), *FLAGS, f"--user-data-dir={profile}", *args],
-                          capture_output=True, text=True, timeout=90)
 
 
 def test_page_in_chromium_names_the_culprit_during_a_stall(ncclwatch_run, torch_job,
@@ -43,7 +28,7 @@ def test_page_in_chromium_names_the_culprit_during_a_stall(ncclwatch_run, torch_
                     "--pg-timeout", str(PG_TIMEOUT))
     job.wait_marker("ready", timeout=120, count=3)
     pids = job.pids()
-    _job_id(mon, pids)
+    job_id_of(mon, pids)
     job.wait_marker("save_start", timeout=120)
     deadline, view = time.time() + 40, None
     while time.time() < deadline:
@@ -56,7 +41,7 @@ def test_page_in_chromium_names_the_culprit_during_a_stall(ncclwatch_run, torch_
         pytest.fail(f"no checkpoint stall seen: {view}")
     host = view["stalls"][0]["culprits"][0]["host"]
 
-    dom = _browser(tmp_path, "--dump-dom", mon.http + "/")
+    dom = run_chromium(tmp_path, "--dump-dom", mon.http + "/")
     assert dom.returncode == 0, dom.stderr[-2000:]
     html = dom.stdout
     assert "<p class=\"culprit\" data-rank=\"1\">culprit: <b>rank 1</b> on <b>" + host in html, \
@@ -69,7 +54,7 @@ def test_page_in_chromium_names_the_culprit_during_a_stall(ncclwatch_run, torch_
     shot = ARTIFACTS / "daemon-page.png"
     ARTIFACTS.mkdir(exist_ok=True)
     shot.unlink(missing_ok=True)
-    out = _browser(tmp_path, f"--screenshot={shot}", "--window-size=1280,1600", mon.http + "/")
+    out = run_chromium(tmp_path, f"--screenshot={shot}", "--window-size=1280,1600", mon.http + "/")
     assert out.returncode == 0, out.stderr[-2000:]
     assert shot.exists() and shot.stat().st_size > 10_000, "screenshot missing or blank"
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 
 from ncclwatch.diagnose import diagnose
-from tests.conftest import ARTIFACTS
-from tests.e2e.cdp import Browser
+from tests.harness import paths
+from tests.harness.browser import Browser
+from tests.harness.paths import ARTIFACTS
 
 pytestmark = pytest.mark.e2e
 
-DATA = Path(__file__).resolve().parent.parent / "data" / "diagnose"
+DATA = paths.DATA / "diagnose"
 #: Small, so that an oversized log is cheap to make; the corpus logs fit under it.
 LIMIT = 65536
 

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from bench.pausewatch import PauseWatch, traced
-from tests.conftest import need
+from tests.harness.tools import need
 
 pytestmark = pytest.mark.e2e
 

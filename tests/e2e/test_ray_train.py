@@ -28,7 +28,12 @@ import time
 import psutil
 import pytest
 
-from tests.conftest import ARTIFACTS, ROOT, Job, Monitor, Proc, need, record
+from tests.harness.artifacts import record
+from tests.harness.jobs import Job
+from tests.harness.monitor import Monitor
+from tests.harness.paths import ARTIFACTS, ROOT
+from tests.harness.procs import Proc
+from tests.harness.tools import need
 
 pytestmark = pytest.mark.e2e
 

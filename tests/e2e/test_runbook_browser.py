@@ -16,7 +16,7 @@ import pytest
 
 from ncclwatch.daemon.core import Daemon
 from ncclwatch.daemon.http import HttpServer
-from tests.e2e.test_page_fold import Browser, _session
+from tests.harness.browser import DevToolsBrowser, devtools_session
 
 pytestmark = pytest.mark.e2e
 
@@ -34,7 +34,7 @@ _WHERE = """JSON.stringify({y: window.scrollY, top: (document.getElementById(%s)
 def test_a_runbook_link_lands_on_its_section(tmp_path, name, anchor, heading) -> None:
     srv = HttpServer(Daemon(), "127.0.0.1", 0, lambda fn: fn())
     srv.start()
-    browser = Browser(tmp_path)
+    browser = DevToolsBrowser(tmp_path)
     url = f"http://127.0.0.1:{srv.port}/runbooks/{name}#{anchor}"
 
     async def steps(call, js):
@@ -50,7 +50,7 @@ def test_a_runbook_link_lands_on_its_section(tmp_path, name, anchor, heading) ->
 
     try:
         t0 = time.monotonic()
-        where, ctype = asyncio.run(_session(browser.ws_url, steps))
+        where, ctype = asyncio.run(devtools_session(browser.ws_url, steps))
     finally:
         browser.close()
         srv.stop()

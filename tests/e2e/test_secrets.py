@@ -16,7 +16,9 @@ import time
 
 import pytest
 
-from tests.conftest import Monitor, Proc, _wait_http, free_port, need
+from tests.harness.monitor import Monitor, wait_healthy
+from tests.harness.procs import Proc, free_port
+from tests.harness.tools import need
 
 pytestmark = pytest.mark.e2e
 
@@ -115,7 +117,7 @@ def test_no_secret_leaves_the_node(tmp_path) -> None:
     mon = Monitor([daemon], f"http://127.0.0.1:{http_port}")
     rank = None
     try:
-        _wait_http(mon)
+        wait_healthy(mon)
         proxy = RecordingProxy(grpc_port)
         mon.procs.append(Proc([need("ncclwatch"), "agent", "--collector",
                                f"127.0.0.1:{proxy.port}", "--interval", "0.5",

@@ -22,10 +22,12 @@ import time
 import pytest
 
 from ncclwatch.shard import shard
-from tests.conftest import ARTIFACTS, Monitor, Proc, _wait_http, free_port, need, need_system, record
-from tests.e2e.test_alerting import RULES, Webhook, _query, _wait_ready
-from tests.e2e.test_checkpoint_stall import _job_id
-from tests.e2e.test_page_browser import _browser
+from tests.harness.alerting import Webhook, query, start_alerting
+from tests.harness.artifacts import keep, record, stop_keeping_logs
+from tests.harness.browser import run_chromium
+from tests.harness.monitor import Monitor, job_id_of, wait_healthy
+from tests.harness.procs import Proc, free_port
+from tests.harness.tools import need
 
 pytestmark = pytest.mark.e2e
 
@@ -60,44 +62,20 @@ def sharded(tmp_path):
         procs.append(p)
         mons[s, r] = Monitor([p], f"http://127.0.0.1:{http_port}")
     for m in mons.values():
-        _wait_http(m)
+        wait_healthy(m)
     collector = ";".join(",".join(f"127.0.0.1:{ports[s, r][0]}" for r in REPLICAS)
                          for s in range(SHARDS))
     procs.append(Proc([need("ncclwatch"), "agent", "--collector", collector],
                       name="ncclwatch-agent-sharded"))
-    am_port, prom_port = free_port(), free_port()
-    am_cfg = tmp_path / "alertmanager.yml"
-    am_cfg.write_text((RULES / "alertmanager.example.yml").read_text()
-                      .replace("http://127.0.0.1:9095", hook.url)
-                      .replace("group_wait: 10s", "group_wait: 2s")
-                      .replace("group_interval: 1m", "group_interval: 5s"))
-    procs.append(Proc([need_system("prometheus-alertmanager", "prometheus-alertmanager"),
-                       f"--config.file={am_cfg}", f"--storage.path={tmp_path / 'am'}",
-                       f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address="],
-                      name="alertmanager-sharded"))
-    prom_cfg = tmp_path / "prometheus.yml"
-    prom_cfg.write_text(json.dumps({
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(RULES / "alerts.yaml"), str(RULES / "rules.yaml")],
-        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
-        # docs/deployment.md "Sharding jobs across daemons": a `shard` and a `replica` label.
-        "scrape_configs": [{"job_name": "ncclwatch", "static_configs": [
-            {"targets": [f"127.0.0.1:{ports[s, r][1]}"], "labels": {"shard": str(s), "replica": r}}
-            for s in range(SHARDS) for r in REPLICAS]}],
-    }))
-    procs.append(Proc([need_system("prometheus", "prometheus"), f"--config.file={prom_cfg}",
-                       f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                       f"--web.listen-address=127.0.0.1:{prom_port}"], name="prometheus-sharded"))
-    _wait_ready(procs[-2], f"http://127.0.0.1:{am_port}/-/ready")
-    _wait_ready(procs[-1], f"http://127.0.0.1:{prom_port}/-/ready")
-    yield mons, f"http://127.0.0.1:{prom_port}", hook
+    # docs/deployment.md "Sharding jobs across daemons": a `shard` and a `replica` label.
+    prom, _ = start_alerting(tmp_path, hook, [{"job_name": "ncclwatch", "static_configs": [
+        {"targets": [f"127.0.0.1:{ports[s, r][1]}"], "labels": {"shard": str(s), "replica": r}}
+        for s in range(SHARDS) for r in REPLICAS]}],
+        procs, suffix="-sharded", group_wait="2s", group_interval="5s")
+    yield mons, prom, hook
     hook.server.shutdown()
-    ARTIFACTS.mkdir(exist_ok=True)
-    for p in reversed(procs):
-        p.stop()
-        (ARTIFACTS / f"{p.name}.log").write_text(p.output())
-    (ARTIFACTS / "alertmanager-webhook-sharded.json").write_text(
-        json.dumps(hook.notifications, indent=1))
+    stop_keeping_logs(procs)
+    keep("alertmanager-webhook-sharded.json", json.dumps(hook.notifications, indent=1))
 
 
 def _pages(hook: Webhook, job_id: str) -> list[dict]:
@@ -119,7 +97,7 @@ def test_two_shards_of_pairs_each_judge_their_own_job_and_page_once(sharded, tor
         job.wait_marker("ready", timeout=120, count=2)
     for s, (job, job_id) in enumerate(zip(jobs, ids)):
         for r in REPLICAS:  # both daemons of the owner judge the job
-            assert _job_id(mons[s, r], job.pids()) == job_id
+            assert job_id_of(mons[s, r], job.pids()) == job_id
     t_save = max(job.wait_marker("save_start", timeout=120)[0]["t"] for job in jobs)
 
     # Each job pages once, from its own shard.
@@ -137,7 +115,7 @@ def test_two_shards_of_pairs_each_judge_their_own_job_and_page_once(sharded, tor
             assert m.get(("ncclwatch_stall_active", (("job_id", job_id),
                                                      ("kind", "checkpoint_gather")))) == 1
             assert job_id not in {j["job"] for j in mons[other, r].jobs()["jobs"]}
-        series = _query(prom, f'ncclwatch_stall_active{{job_id="{job_id}"}} == 1')
+        series = query(prom, f'ncclwatch_stall_active{{job_id="{job_id}"}} == 1')
         assert sorted((x["metric"]["shard"], x["metric"]["replica"]) for x in series) == \
             [(str(s), "a"), (str(s), "b")], series
     # Every daemon hears the node, jobs or not.
@@ -156,7 +134,7 @@ def test_two_shards_of_pairs_each_judge_their_own_job_and_page_once(sharded, tor
     assert f"href='{mons[1, 'a'].http}/'>1</a>" in html
     # An alert's link to shard 1's job on shard 0's page (the rules take the first
     # daemon's URL) ends on the owner's page, in a real browser.
-    dom = _browser(tmp_path, "--virtual-time-budget=10000", "--dump-dom",
+    dom = run_chromium(tmp_path, "--virtual-time-budget=10000", "--dump-dom",
                    f"{mons[0, 'a'].http}/#job-{ids[1]}")
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert f"id=\"job-{ids[1]}\"" in dom.stdout, dom.stdout[-3000:]

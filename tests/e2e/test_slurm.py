@@ -21,8 +21,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import MARKER, ROOT, Monitor, free_port, need, record
-from tests.slurm import SlurmCluster
+from tests.harness.artifacts import record
+from tests.harness.jobs import MARKER
+from tests.harness.monitor import Monitor
+from tests.harness.paths import ROOT
+from tests.harness.procs import free_port
+from tests.harness.slurm import SlurmCluster
+from tests.harness.tools import need
 
 pytestmark = pytest.mark.e2e
 
@@ -38,7 +43,7 @@ HEADER = """#!/bin/bash
 export MASTER_ADDR=127.0.0.1 MASTER_PORT={port} PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 """
 #: (a) srun starts the ranks; the script maps SLURM_PROCID/NTASKS itself.
-SRUN_PYTHON = "srun -n {world} {python} -m tests.e2e.slurm_task {args} --ckpt-dir {ckpt}\n"
+SRUN_PYTHON = "srun -n {world} {python} -m tests.workloads.slurm_task {args} --ckpt-dir {ckpt}\n"
 #: (b) one torchrun per node under srun; its workers get RANK (which wins).
 #: Name and user are removed from the ranks' environment: the agent asks scontrol.
 SRUN_TORCHRUN = ("srun -n 1 env -u SLURM_JOB_NAME -u SLURM_JOB_USER {torchrun} --nnodes=1 "
@@ -283,7 +288,7 @@ def test_task_prolog_sets_the_flight_recorder_in_every_task(slurm: SlurmCluster,
     contract as TaskProlog=): each task's environment holds its exports, the job's
     own settings and the site's own prolog's exports win, the pipe folder is the
     job's own, and no timeout is made up."""
-    from tests.test_slurm_prolog import with_site_prolog
+    from tests.harness.slurm import with_site_prolog
 
     tmp_path.chmod(0o755)
     site = tmp_path / "task-prolog.site"

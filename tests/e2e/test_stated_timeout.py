@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from tests.conftest import Proc, need
+from tests.harness.procs import Proc
+from tests.harness.tools import need
 
 pytestmark = pytest.mark.e2e
 

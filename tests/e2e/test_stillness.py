@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import sys
 
-from tests.conftest import need
-from tests.scenarios.matrix import PG_TIMEOUT, Scenario, _job
-from tests.scenarios.test_matrix import run_scenario, table
+from tests.harness.scenariorun import run_scenario, table
+from tests.harness.scenarios import PG_TIMEOUT, Scenario, job_args
+from tests.harness.tools import need
 
 import pytest
 
@@ -41,7 +41,7 @@ ROW = Scenario("stillness-async-wait",
 # and reads a slow DataLoader instead: it makes progress, the others sit still.
 HANG_BY_SHAPE = Scenario(
     "stillness-hang-dataloader",
-    _job("train", "--hang-after", "20", "--late-rank", "1", "--late-activity", "dataloader",
+    job_args("train", "--hang-after", "20", "--late-rank", "1", "--late-activity", "dataloader",
          "--busy-thread", "0.6", "--wait-op", "async-wait", seconds=300),
     kind="collective_hang", culprits=(1,), root_cause="rank_in_dataloader", at_risk=True,
     start="busy_start", world=3, detect_within=60.0, evidence=("stillness",), ops=("wait",))
@@ -50,7 +50,7 @@ HANG_BY_SHAPE = Scenario(
 # say which one the others wait for: all_reduce #N that rank 1 never enqueued.
 HANG_BY_FR = Scenario(
     "flight-recorder-hang-sleep",
-    _job("train", "--hang-after", "20", "--late-rank", "1", "--late-activity", "sleep",
+    job_args("train", "--hang-after", "20", "--late-rank", "1", "--late-activity", "sleep",
          "--busy-thread", "0.6", "--wait-op", "async-wait", seconds=300),
     kind="collective_hang", culprits=(1,), root_cause="rank_idle", at_risk=True,
     start="busy_start", world=3, detect_within=60.0, evidence=("flight_recorder",),

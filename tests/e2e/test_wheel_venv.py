@@ -25,8 +25,9 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 import ncclwatch
-from tests.conftest import ROOT, Proc, free_port
-from tests.test_release import LOCK, PYTHONS, pins_for
+from tests.harness.paths import ROOT
+from tests.harness.procs import Proc, free_port
+from tests.harness.release import LOCK, PYTHONS, pins_for
 
 pytestmark = pytest.mark.e2e
 

@@ -1,4 +1,5 @@
-"""The scenario matrix: real torch jobs and the verdict ncclwatch must reach.
+"""The scenario matrix's rows: real torch jobs and the verdict ncclwatch must reach
+(``make scenarios`` runs them: tests/scenarios/test_matrix.py).
 
 Data, one row per scenario: how to launch the job (ncclwatch.demo.job
 arguments), what to do to it, and the expected verdict: the first stall kind,
@@ -19,7 +20,7 @@ class Scenario:
     name: str
     args: tuple[str, ...]                # ncclwatch.demo.job arguments
     world: int = 4
-    #: A row of tests/scenarios/launchers.py LAUNCHERS: torchrun, "launch"
+    #: A row of tests/harness/launchers.py LAUNCHERS: torchrun, "launch"
     #: (ncclwatch.demo.launch, which like ranks on other nodes leaves the other
     #: ranks waiting when one dies), a shell loop, DeepSpeed's launcher, ...
     launcher: str = "torchrun"
@@ -87,7 +88,8 @@ class Scenario:
         return self.kind is None or self.at_risk is False
 
 
-def _job(scenario: str, *extra: str, seconds: float = 45) -> tuple[str, ...]:
+def job_args(scenario: str, *extra: str, seconds: float = 45) -> tuple[str, ...]:
+    """``ncclwatch.demo.job`` arguments: ``scenario``, a save of ``seconds``, the matrix's timeout."""
     return ("--scenario", scenario, "--save-seconds", str(seconds),
             "--pg-timeout", str(PG_TIMEOUT), *extra)
 
@@ -99,56 +101,56 @@ def _first_ckpt(model_mb: int, rate: int = 512 * 1024, timeout: int = 60) -> tup
 
 
 SCENARIOS: tuple[Scenario, ...] = (
-    Scenario("save-rank0-barrier", _job("slow-save", "--model-mb", "16", seconds=150),
+    Scenario("save-rank0-barrier", job_args("slow-save", "--model-mb", "16", seconds=150),
              kind="checkpoint_gather", culprits=(0,), root_cause="save_overruns_watchdog",
              at_risk=True, start="save_start", forecast_overrun=True),
-    Scenario("save-rank0-broadcast", _job("slow-save", "--model-mb", "8", "--wait-op",
+    Scenario("save-rank0-broadcast", job_args("slow-save", "--model-mb", "8", "--wait-op",
                                           "broadcast_object_list", seconds=150),
              kind="checkpoint_gather", culprits=(0,), root_cause="save_overruns_watchdog",
              at_risk=True, start="save_start", world=3),
-    Scenario("save-rank2-broadcast", _job("slow-save", "--model-mb", "8", "--saver", "2",
+    Scenario("save-rank2-broadcast", job_args("slow-save", "--model-mb", "8", "--saver", "2",
                                           "--wait-op", "broadcast", seconds=150),
              kind="checkpoint_gather", culprits=(2,), root_cause="save_overruns_watchdog",
              at_risk=True, start="save_start", world=3),
-    Scenario("restore-rank0", _job("slow-load", "--model-mb", "8", seconds=40),
+    Scenario("restore-rank0", job_args("slow-load", "--model-mb", "8", seconds=40),
              kind="checkpoint_restore", culprits=(0,), root_cause="slow_restore",
              at_risk=None, start="load_start", world=3),
-    Scenario("fsdp1-late-rank", _job("fsdp1-late", "--model-mb", "4", "--late-rank", "2",
+    Scenario("fsdp1-late-rank", job_args("fsdp1-late", "--model-mb", "4", "--late-rank", "2",
                                      "--late-activity", "sleep", seconds=50),
              kind="collective_hang", culprits=(2,), root_cause="late_for_state_dict_gather",
              at_risk=True, start="busy_start", world=3),
-    Scenario("fsdp2-late-rank", _job("fsdp2-late", "--model-mb", "4", "--late-rank", "1",
+    Scenario("fsdp2-late-rank", job_args("fsdp2-late", "--model-mb", "4", "--late-rank", "1",
                                      "--late-activity", "compute", seconds=50),
              kind="collective_hang", culprits=(1,), root_cause="late_for_state_dict_gather",
              at_risk=True, start="busy_start", world=3),
-    Scenario("hang-compute", _job("park", "--op", "all_reduce", "--late-rank", "1",
+    Scenario("hang-compute", job_args("park", "--op", "all_reduce", "--late-rank", "1",
                                   "--late-activity", "compute", seconds=50),
              kind="collective_hang", culprits=(1,), root_cause="rank_computing",
              at_risk=True, start="busy_start", world=3),
-    Scenario("hang-sleep", _job("park", "--op", "barrier", "--late-activity", "sleep",
+    Scenario("hang-sleep", job_args("park", "--op", "barrier", "--late-activity", "sleep",
                                 seconds=50),
              kind="collective_hang", culprits=(0,), root_cause="rank_idle",
              at_risk=True, start="busy_start", world=2),
-    Scenario("desync", _job("desync", "--op", "all_reduce", "--other-op", "broadcast",
+    Scenario("desync", job_args("desync", "--op", "all_reduce", "--other-op", "broadcast",
                             seconds=60),
              kind="desync", culprits=(2,), root_cause="collective_order_mismatch",
              at_risk=True, start="wait_start", world=3),
     # SIGKILL with the rank's sockets kept open, as when its node dies: on gloo
     # a clean kill closes them and the peers fail fast instead of hanging.
-    Scenario("rank-killed", _job("park", "--op", "barrier", "--late-rank", "1",
+    Scenario("rank-killed", job_args("park", "--op", "barrier", "--late-rank", "1",
                                  "--late-activity", "sleep", "--keep-sockets", seconds=60),
              kind="rank_lost", culprits=(), root_cause="rank_exited", at_risk=True,
              unknown=(1,), start="busy_start", kill_rank=1, launcher="launch", world=3),
-    Scenario("gather-oom", _job("gather-oom", "--model-mb", "32", seconds=60),
+    Scenario("gather-oom", job_args("gather-oom", "--model-mb", "32", seconds=60),
              kind="checkpoint_gather", culprits=(0,), root_cause="gather_out_of_memory",
              at_risk=True, then=("rank_lost",), start="gather_start", launcher="launch",
              world=2),
     # -- healthy: no alarm --------------------------------------------------------
-    Scenario("healthy-training", _job("train", seconds=25), world=3),
-    Scenario("healthy-save-in-budget", _job("slow-save", "--model-mb", "16", seconds=15),
+    Scenario("healthy-training", job_args("train", seconds=25), world=3),
+    Scenario("healthy-save-in-budget", job_args("slow-save", "--model-mb", "16", seconds=15),
              kind="checkpoint_gather", culprits=(0,), root_cause="save_within_budget",
              at_risk=False, start="save_start", world=3),
-    Scenario("healthy-dataloader-pause", _job("dataloader", seconds=20), world=2),
+    Scenario("healthy-dataloader-pause", job_args("dataloader", seconds=20), world=2),
     # -- checkpoint size (issue 13) ----------------------------------------------------
     # First checkpoints: no earlier file beside them, so the size comes from the
     # torch.save header the agent reads as the file is written. 64 MiB at
@@ -206,23 +208,23 @@ SCENARIOS: tuple[Scenario, ...] = (
     # -- busy waiters / adaptive thresholds (issue 13) ------------------------------
     # Every rank burns 60% of a core in a thread (NCCL ranks spin in
     # cudaStreamSynchronize): nobody is CPU-quiet.
-    Scenario("busy-save-rank0-barrier", _job("slow-save", "--model-mb", "16",
+    Scenario("busy-save-rank0-barrier", job_args("slow-save", "--model-mb", "16",
                                              "--busy-thread", "0.6", seconds=150),
              kind="checkpoint_gather", culprits=(0,), root_cause="save_overruns_watchdog",
              at_risk=True, start="save_start", world=2, detect_within=30.0),
     # A plain torch.save onto slow storage (a FUSE mount at 60 kB/s): the saver
     # is CPU-quiet, blocked in a write syscall.
-    Scenario("quiet-saver-fuse-write", _job("fast-save", "--model-mb", "8",
+    Scenario("quiet-saver-fuse-write", job_args("fast-save", "--model-mb", "8",
                                             "--no-previous-checkpoint"),
              kind="checkpoint_gather", culprits=(0,), root_cause=None, at_risk=None,
              start="save_start", world=2, detect_within=30.0, write_rate=60_000),
     # Rank 0 evaluates 20 s every 25 steps while the others wait in a barrier: learned
     # as the job's normal, silent, and nobody paused (no native dump).
-    Scenario("healthy-long-eval-waits", _job("train", "--eval-every", "25",
+    Scenario("healthy-long-eval-waits", job_args("train", "--eval-every", "25",
                                              "--eval-seconds", "20", seconds=70),
              world=3, limit=160.0, no_pause=True),
     # Steps for 25 s, then rank 1 stops joining the step's all_reduce.
-    Scenario("fast-steps-hang", _job("train", "--hang-after", "25", "--late-rank", "1",
+    Scenario("fast-steps-hang", job_args("train", "--hang-after", "25", "--late-rank", "1",
                                      "--late-activity", "sleep", seconds=300),
              kind="collective_hang", culprits=(1,), root_cause="rank_idle", at_risk=True,
              start="busy_start", world=3, detect_within=30.0),
@@ -231,19 +233,19 @@ SCENARIOS: tuple[Scenario, ...] = (
     # steps, then rank 1 sleeps while the others gather the full state dict. Both against
     # the job's learned step time, not the 30 s ceiling: asserted 15 s from busy_start.
     Scenario("late-compute-after-steps",
-             _job("train", "--step-seconds", "1.0", "--hang-after", "20", "--late-rank", "1",
+             job_args("train", "--step-seconds", "1.0", "--hang-after", "20", "--late-rank", "1",
                   "--late-activity", "compute", seconds=300),
              kind="collective_hang", culprits=(1,), root_cause="rank_computing", at_risk=True,
              start="busy_start", world=3, detect_within=15.0, goal=10.0),
     Scenario("fsdp2-late-sleep-after-steps",
-             _job("fsdp2-late", "--model-mb", "4", "--steps", "200", "--late-rank", "1",
+             job_args("fsdp2-late", "--model-mb", "4", "--steps", "200", "--late-rank", "1",
                   "--late-activity", "sleep", seconds=50),
              kind="collective_hang", culprits=(1,), root_cause="late_for_state_dict_gather",
              at_risk=True, start="busy_start", world=3, detect_within=15.0, goal=10.0),
     # The same hang NCCL-shaped: the others wait the step's all_reduce in work.wait()
     # (no c10d frame on the stack) with a thread spinning in every rank. Native frames
     # say they wait; the hang threshold (learned, at most 30 s) applies as above.
-    Scenario("nccl-shaped-hang", _job("train", "--hang-after", "25", "--late-rank", "1",
+    Scenario("nccl-shaped-hang", job_args("train", "--hang-after", "25", "--late-rank", "1",
                                       "--late-activity", "sleep", "--busy-thread", "0.6",
                                       "--wait-op", "async-wait", seconds=300),
              kind="collective_hang", culprits=(1,), root_cause="rank_idle", at_risk=True,
@@ -256,7 +258,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     # wait. The waiters' native frames must name the wait. The goal is 10 s from
     # the save's start (7-8 s measured here, printed in the table); the assert
     # keeps a wide margin: 30 s, a third of the 90 s watchdog.
-    *(Scenario(name, _job("slow-save", "--model-mb", "16", "--busy-thread", "0.6",
+    *(Scenario(name, job_args("slow-save", "--model-mb", "16", "--busy-thread", "0.6",
                           "--wait-op", wait_op, seconds=150),
                kind="checkpoint_gather", culprits=(0,), root_cause="save_overruns_watchdog",
                at_risk=True, start="save_start", world=3, detect_within=30.0, state="saving",
@@ -321,12 +323,12 @@ SCENARIOS: tuple[Scenario, ...] = (
              kind="checkpoint_gather", culprits=(0,), state="saving", root_cause=None,
              at_risk=None, start="save_start", detect_within=60.0, goal=15.0, limit=170.0),
     # -- launchers ------------------------------------------------------------------
-    # One row per launcher of tests/scenarios/launchers.py, each a real process tree:
+    # One row per launcher of tests/harness/launchers.py, each a real process tree:
     # the job is found under the launcher's job source (asserted from the API's job
     # view) and the stall named. A shell loop passes each rank its rank and a
     # tcp:// or file:// rendezvous on the command line and nothing in the
     # environment: rank 1 saves, and must be named within 30 s (goal 10 s).
-    *(Scenario(f"launcher-{launcher}", _job("slow-save", "--model-mb", "8", "--saver", "1",
+    *(Scenario(f"launcher-{launcher}", job_args("slow-save", "--model-mb", "8", "--saver", "1",
                                             seconds=150),
                world=world, launcher=launcher, kind="checkpoint_gather", culprits=(1,),
                state="saving", root_cause="slow_save|save_overruns_watchdog", at_risk=None,
@@ -336,6 +338,6 @@ SCENARIOS: tuple[Scenario, ...] = (
           ("torchx-local", 2), ("kubeflow-pytorchjob", 2), ("skypilot", 2),
       )),
     # torch.distributed.launch --use-env: a healthy run to its end, no alarm.
-    Scenario("launcher-torch-launch-use-env", _job("train", seconds=20), world=2,
+    Scenario("launcher-torch-launch-use-env", job_args("train", seconds=20), world=2,
              launcher="torch-launch-use-env"),
 )

@@ -44,7 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from tests.conftest import free_port, need
+from tests.harness.procs import free_port
+from tests.harness.tools import need
 
 #: What a hand-rolled launcher's ranks must not inherit from the test's own
 #: environment: names, and prefixes ending in ``_`` or ``*``.

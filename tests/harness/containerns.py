@@ -37,7 +37,8 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.harness.paths import ROOT
+
 #: Names a hostile image may plant for the agent to run.
 TOOL_NAMES = ("py-spy", "python", "python3", "nsenter", "sh", "cat", "ps")
 #: Size of ``<ckpt>/previous.pt``, the previous checkpoint made inside.

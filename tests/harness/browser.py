@@ -1,13 +1,19 @@
-"""Headless Chromium driven over the DevTools protocol on a pipe (no extra package).
+"""Headless Chromium for the page tests: one binary and flag set, two ways to drive it.
 
+``Browser``: the DevTools protocol on a pipe (no extra package).
 ``--remote-debugging-pipe``: Chromium reads commands from its fd 3 and writes
 answers and events to its fd 4, each a JSON message ended by a NUL byte.
 Enough of the protocol for a page test: open a tab, run JS, set a file input,
 drag a file onto the page, take a screenshot.
+
+``DevToolsBrowser`` and ``devtools_session``: the same protocol over the
+DevTools websocket (aiohttp), as an async session at a fixed window size.
+``run_chromium``: one headless run (``--dump-dom``, ``--screenshot``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import fcntl
 import json
@@ -15,10 +21,29 @@ import os
 import select
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.test_page_browser import FLAGS, chromium
+from tests.harness.procs import free_port
+from tests.harness.tools import need_system
+
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--hide-scrollbars"]
+#: The window of ``DevToolsBrowser`` and ``devtools_session``.
+WIDTH, HEIGHT = 1400, 1000
+
+
+def chromium() -> str:
+    return need_system("chromium", "chromium")
+
+
+def run_chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """One headless Chromium run with ``args`` in a fresh profile under ``tmp_path``."""
+    profile = tmp_path / f"profile-{time.monotonic_ns()}"
+    return subprocess.run([chromium(), *FLAGS, f"--user-data-dir={profile}", *args],
+                          capture_output=True, text=True, timeout=90)
 
 
 class CdpError(RuntimeError):
@@ -136,3 +161,62 @@ class Browser:
     def screenshot(self, path: Path) -> None:
         png = self.call("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True})
         path.write_bytes(base64.b64decode(png["data"]))
+
+
+class DevToolsBrowser:
+    """Headless Chromium driven over the DevTools protocol (aiohttp's websocket)."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [chromium(), *FLAGS, f"--remote-debugging-port={self.port}",
+             f"--user-data-dir={tmp_path / 'profile'}", f"--window-size={WIDTH},{HEIGHT}",
+             "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.time() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/json/list") as r:
+                    pages = [t for t in json.loads(r.read()) if t["type"] == "page"]
+                if pages:
+                    self.ws_url = pages[0]["webSocketDebuggerUrl"]
+                    break
+            except OSError:
+                pass
+            if time.time() > deadline or self.proc.poll() is not None:
+                raise RuntimeError("chromium did not start: " + self.proc.stderr.read().decode())
+            time.sleep(0.2)
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+async def devtools_session(ws_url: str, steps):
+    """``await steps(call, js)`` on the page at ``ws_url``: ``call(method, **params)``
+    sends a DevTools command, ``js(expr)`` evaluates (promises awaited)."""
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http, http.ws_connect(ws_url, max_msg_size=0) as ws:
+        ids = iter(range(1, 1 << 30))
+
+        async def call(method: str, **params):
+            n = next(ids)
+            await ws.send_json({"id": n, "method": method, "params": params})
+            while True:
+                msg = await asyncio.wait_for(ws.receive_json(), 30)
+                if msg.get("id") == n:
+                    if "error" in msg:
+                        raise RuntimeError(f"{method}: {msg['error']}")
+                    return msg["result"]
+
+        async def js(expr: str):
+            r = await call("Runtime.evaluate", expression=expr, returnByValue=True,
+                           awaitPromise=True)
+            return r["result"].get("value")
+
+        await call("Emulation.setDeviceMetricsOverride", width=WIDTH, height=HEIGHT,
+                   deviceScaleFactor=1, mobile=False)
+        return await steps(call, js)

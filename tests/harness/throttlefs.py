@@ -1,4 +1,4 @@
-"""``throttlefs``: a bandwidth-limited FUSE mount in a temp dir, for slow-storage tests.
+"""A bandwidth-limited FUSE mount in a temp dir, for slow-storage tests (the ``throttlefs`` fixture).
 
 Each framework writes its checkpoint through its own code path; a mount that
 paces ``write`` slows all of them alike. The mount is served by a real
@@ -21,7 +21,7 @@ from typing import Iterator
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.harness.paths import ROOT
 
 
 @dataclass
@@ -84,10 +84,3 @@ def mounted(write_rate: float | None = None, read_rate: float | None = None,
             proc.wait(5)
         shutil.rmtree(top, ignore_errors=True)
 
-
-@pytest.fixture
-def throttlefs():
-    """Factory: ``throttlefs(write_rate=..., read_rate=None, sync_rate=None) -> Mounted``."""
-    with contextlib.ExitStack() as stack:
-        yield lambda write_rate=None, read_rate=None, sync_rate=None: stack.enter_context(
-            mounted(write_rate, read_rate, sync_rate))

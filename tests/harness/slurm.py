@@ -1,4 +1,5 @@
-"""A real single-node Slurm cluster for the tests: munged, slurmctld, slurmd.
+"""A real single-node Slurm cluster for the tests (munged, slurmctld, slurmd), and the
+shipped TaskProlog run as slurmstepd runs it.
 
 Everything lives in one fresh directory (key, sockets, state, spool, logs),
 on free ports, so a run never touches /etc/slurm or /etc/munge and never
@@ -22,6 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+
+from tests.harness.paths import ROOT
+from tests.harness.procs import free_port
 
 #: Daemons and clients the cluster needs: (command, Debian package).
 BINARIES = (
@@ -143,12 +147,6 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @dataclass
 class SlurmCluster:
     """One controller and one node; ``env`` points clients at it (SLURM_CONF)."""
@@ -186,8 +184,8 @@ class SlurmCluster:
         (self.dir / "plugstack.conf").write_text("")
         sock = self.dir / "munge" / "munge.socket"
         self.conf.write_text(SLURM_CONF.format(
-            host=socket.gethostname().split(".")[0], ctld_port=_free_port(),
-            slurmd_port=_free_port(), user=_user(), munge_socket=sock, dir=self.dir,
+            host=socket.gethostname().split(".")[0], ctld_port=free_port(),
+            slurmd_port=free_port(), user=_user(), munge_socket=sock, dir=self.dir,
             node=NODE, cpus=CPUS, partition=PARTITION))
         self._spawn("munged", "--foreground", f"--socket={sock}", f"--key-file={key}",
                     f"--pid-file={self.dir}/munge/munged.pid",
@@ -288,3 +286,38 @@ class SlurmCluster:
 def _user() -> str:
     import pwd
     return pwd.getpwuid(os.getuid()).pw_name
+
+
+# -- the TaskProlog (deploy/slurm/task-prolog.sh), run as slurmstepd runs it ----------
+
+PROLOG = ROOT / "deploy" / "slurm" / "task-prolog.sh"
+
+
+def exports(text: str) -> dict[str, str]:
+    """What slurmstepd sets from a TaskProlog's output (``export NAME=value`` lines)."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("export ") and "=" in line:
+            name, _, value = line[len("export "):].partition("=")
+            out[name] = value
+    return out
+
+
+def run_prolog(env: dict[str, str], script: Path = PROLOG) -> dict[str, str]:
+    """The variables a task gets from the prolog run with ``env`` (it must succeed quietly)."""
+    p = subprocess.run([str(script)], env=env, capture_output=True, text=True, timeout=30,
+                       cwd="/")
+    assert p.returncode == 0 and not p.stderr, p
+    return exports(p.stdout)
+
+
+def with_site_prolog(site: Path, where: Path) -> Path:
+    """The shipped prolog with its SITE_TASK_PROLOG line pointed at ``site``, as
+    a site edits it (the job's environment cannot name it)."""
+    text = PROLOG.read_text()
+    line = "SITE_TASK_PROLOG=/etc/slurm/task-prolog.site\n"
+    assert text.count(line) == 1, "the prolog's SITE_TASK_PROLOG line moved"
+    out = where / "ncclwatch-task-prolog.sh"
+    out.write_text(text.replace(line, f"SITE_TASK_PROLOG={site}\n"))
+    out.chmod(0o755)
+    return out
