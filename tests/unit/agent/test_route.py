@@ -15,7 +15,6 @@ from ncclwatch.model import CollectiveOp, RankState
 from tests.harness.daemons import Harness
 from tests.harness.reports import BARRIER, report, sample, stack_pb
 from tests.harness.shards import jobs_on
-from tests.harness.shards import jobs_on as _jobs_on  # noqa: F401 (tests/test_shard_views.py)
 
 
 def _node_report(seq: int, jobs: list[str], *, exited: bool = False):
