@@ -19,7 +19,6 @@ from ncclwatch.model import CollectiveOp, RankState, StallKind
 from ncclwatch.v1 import collector_pb2 as pb
 from tests.harness.paths import DATA
 from tests.harness.reports import MB, drive_job, rank0_sample, report, sample
-from tests.harness.reports import rank0_sample as _rank0  # noqa: F401 (tests/test_diagnose_bundle.py)
 
 S, Op = RankState, CollectiveOp
 
