@@ -30,7 +30,6 @@ from tests.harness.monitor import Monitor, metrics_at, wait_healthy
 from tests.harness.procs import Proc, free_port
 from tests.harness.reports import checkpoint_job, report, sample
 from tests.harness.tools import need
-from tests.conftest import pki  # noqa: E402,F401 (tests/test_ingest_workers.py)
 
 
 def _read(p: Path) -> bytes:
