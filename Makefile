@@ -32,7 +32,7 @@ $(DEMO_STAMP): pyproject.toml constraints.txt
 	touch $@
 
 # Real tools the tests run (command:Debian package); installed when missing.
-# Slurm (tests/slurm.py): munged, slurmctld, slurmd; sbatch/srun/scontrol/sinfo.
+# Slurm (tests/harness/slurm.py): munged, slurmctld, slurmd; sbatch/srun/scontrol/sinfo.
 SYSTEM_DEPS := promtool:prometheus prometheus:prometheus \
 	prometheus-alertmanager:prometheus-alertmanager chromium:chromium systemd-analyze:systemd \
 	munged:munge slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client \
@@ -78,7 +78,7 @@ manifests: $(STAMP)
 # take, is a line under its marker (tomli on 3.10), and pip on the node installs
 # the lines for its own Python. uv, not pip-compile: that resolves for the
 # Python it runs on only.
-# tests/test_release.py downloads every wheel it pins for each supported Python.
+# tests/repo/test_release.py downloads every wheel it pins for each supported Python.
 # Rerun after changing [project] dependencies (asks PyPI, not the local mirror).
 lock: $(STAMP)
 	$(PIP) install -q uv
@@ -105,7 +105,7 @@ scenarios: $(STAMP)
 # The gRPC fuzz test at 100k examples (make test runs 4k; about 20 minutes) and the
 # one-process-one-part property at 10k (make test runs 300).
 fuzz: $(STAMP)
-	NCCLWATCH_FUZZ_EXAMPLES=100000 $(PY) -m pytest tests/test_fuzz.py tests/test_admission_property.py -q
+	NCCLWATCH_FUZZ_EXAMPLES=100000 $(PY) -m pytest tests/test_fuzz.py tests/unit/daemon/test_admission_property.py -q
 
 # Benchmarks: writes BENCHMARKS.md (tens of minutes; BENCH_ARGS=--quick for a short run).
 bench: $(STAMP)

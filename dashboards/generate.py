@@ -5,7 +5,7 @@
 writes ``ncclwatch-fleet.json``, ``ncclwatch-job.json`` and ``.lint`` (the
 linter's exclusions, JSON, which is also YAML for grafana's Go linter). The
 output is stable (sorted keys, fixed uids and panel ids), so regenerating an
-unchanged source is byte-identical; tests/test_dashboards.py fails when the
+unchanged source is byte-identical; tests/repo/test_dashboards.py fails when the
 committed files differ from a fresh generation (run ``make dashboards``).
 
 Every query selects by ``job=~"$job"`` (the Prometheus scrape job of the

@@ -192,7 +192,7 @@ def _check_file(options: Sequence[Option], file: Mapping[str, Any]) -> None:
 
 def parse_ranks(text: str) -> frozenset[int] | None:
     """'0-3,7' -> {0, 1, 2, 3, 7}; '' -> None (every rank). Here, not in the
-    agent: a setting's parser is the library's (tests/test_layers.py)."""
+    agent: a setting's parser is the library's (tests/repo/test_layers.py)."""
     text = text.strip()
     if not text:
         return None

@@ -13,7 +13,7 @@ this module is rules only and imports none of the agent). The rules are data.
 Every rule is linear in the value: a pattern starts only where its run
 starts and never backtracks into it (possessive quantifiers), and spans of
 a run are judged from prefix sums (a 4.5 KB path-like value once took
-minutes; tests/test_redaction.py checks the growth up to 1 MB).
+minutes; tests/unit/test_envpolicy_redaction.py checks the growth up to 1 MB).
 """
 
 from __future__ import annotations

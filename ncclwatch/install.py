@@ -90,7 +90,7 @@ class Kind:
 
 
 #: What can be installed. pyproject.toml's [tool.setuptools.data-files] ships the same
-#: globs to the same share folders (tests/test_install.py checks both agree).
+#: globs to the same share folders (tests/unit/test_install.py checks both agree).
 KINDS = {
     "systemd": Kind("ncclwatch/systemd", ("systemd/*.service",), "/etc/systemd/system", False,
                     "systemctl daemon-reload && systemctl enable --now ncclwatch-agent "

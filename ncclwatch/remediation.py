@@ -308,8 +308,9 @@ def for_kind(kind: StallKind) -> list[RootCause]:
 # A root cause says *what* to change (save sharded, write in the background,
 # gather to host memory, give the save a longer timeout); each framework has
 # its own way to say it. ``FIXES`` is that table, framework x remedy; every
-# snippet is checked by the framework's own code in tests/test_framework_fixes.py
-# (a strategy constructed, a config parsed and validated), so a wrong key fails.
+# snippet is checked by the framework's own code (a strategy constructed, a
+# config parsed and validated: tests/unit/test_remediation_framework_fixes.py),
+# so a wrong key fails.
 
 #: What each remedy means, framework-free (its heading in the runbooks).
 REMEDIES: dict[str, str] = {

@@ -159,9 +159,9 @@ class FieldRule:
 
 
 #: Every string field reachable from a NodeReport (proto name without the
-#: package). tests/test_gate.py walks the proto's descriptors and fails when a
-#: string field is missing here or the daemon (contract/limits.STRING_BOUNDS)
-#: would refuse what this lets through.
+#: package). tests/unit/test_sanitize_gate.py walks the proto's descriptors and
+#: fails when a string field is missing here or the daemon
+#: (contract/limits.STRING_BOUNDS) would refuse what this lets through.
 FIELDS: dict[str, FieldRule] = {
     "NodeReport.node": FieldRule(255, OWN),
     "NodeReport.agent_id": FieldRule(64, OWN),

@@ -11,7 +11,7 @@ name for an architecture it does not run.
 
 The numbers are the kernel's own: x86_64 from
 arch/x86/entry/syscalls/syscall_64.tbl, aarch64 from the generic table
-include/uapi/asm-generic/unistd.h that arm64 uses (tests/test_syscalls.py
+include/uapi/asm-generic/unistd.h that arm64 uses (tests/unit/test_syscalls.py
 checks both against the installed kernel headers where they are).
 """
 

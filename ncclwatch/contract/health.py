@@ -2,7 +2,7 @@
 lists, its histogram buckets, its Flight Recorder pacing.
 
 The agent fills them and the daemon exports or relies on them: one home,
-so that neither end imports the other (tests/test_layers.py).
+so that neither end imports the other (tests/repo/test_layers.py).
 """
 
 from __future__ import annotations

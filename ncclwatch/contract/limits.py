@@ -54,8 +54,9 @@ MAX_PACKAGE_NAME = 64
 #: A part with a longer one is dropped (``string_too_long``), the rest applied;
 #: a longer node name or agent id refuses the report (the node's own fields).
 #: The agent's gate (ncclwatch.sanitize.FIELDS) caps each field at or under
-#: this; tests/test_gate.py walks the proto and fails when a string field has
-#: no row here, or a row that the checks (contract.checks) do not enforce.
+#: this; tests/unit/test_sanitize_gate.py walks the proto and fails when a
+#: string field has no row here, or a row that the checks (contract.checks) do
+#: not enforce.
 STRING_BOUNDS: dict[str, int | str] = {
     "NodeReport.node": MAX_NODE,
     "NodeReport.agent_id": MAX_ID,

@@ -1,6 +1,6 @@
 """py-spy stacks of an interpreter whatever switched its root, taken by the
 agent's own py-spy from the host: ``chroot``, ``pivot_root``, and a chroot
-inside a pivot_root container (tests/containerns.py makes them: new PID,
+inside a pivot_root container (tests/harness/containerns.py makes them: new PID,
 mount and UTS namespaces, the image on a tmpfs the host cannot see).
 
 With a shared libpython, py-spy alone fails on the chroot'd ones (it opens

@@ -1,6 +1,6 @@
 """End to end: a torchrun job in a container, watched by ncclwatch on the host.
 
-The test makes the container itself (tests/containerns.py): new PID, mount
+The test makes the container itself (tests/harness/containerns.py): new PID, mount
 and UTS namespaces, the interpreter and site-packages at paths the host does
 not have, the host's interpreter path hidden, the checkpoint on a tmpfs only
 the container sees, a cgroup named as containerd names a Kubernetes pod's

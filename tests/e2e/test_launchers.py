@@ -7,7 +7,7 @@ is no rank), with the right rank numbers and how each was identified (or
 marked unknown where nothing outside the process says it), and the stall is
 detected as checkpoint_gather with rank 0 the saving culprit well before the
 watchdog (the goal, 10 s of the save's start, is measured and printed). Several launchers run at once under one ``ncclwatch run``.
-The launchers the scenario matrix starts (tests/scenarios/launchers.py) are
+The launchers the scenario matrix starts (tests/harness/launchers.py) are
 checked here for identity alone: job id, source and ranks, no stall.
 """
 
@@ -336,7 +336,7 @@ def test_legacy_launch_torchx_kubeflow_and_skypilot_name_their_jobs(ncclwatch_ru
     """Each launcher's job, started as its real process tree (the schedulers'
     environments replayed around a real torchrun), is one job of 2 ranks
     numbered from RANK, under the id its scheduler's variables make (the same
-    on every node of such a job: tests/test_jobid_launchers.py), and no two
+    on every node of such a job: tests/unit/test_jobid_launchers.py), and no two
     share one; the launcher processes (torch.distributed.launch, torchrun,
     bash) are no ranks."""
     from tests.harness.launchers import World, launch

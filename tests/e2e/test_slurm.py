@@ -1,7 +1,7 @@
 """End to end under a real Slurm: jobs submitted with sbatch, tasks started by srun.
 
 The cluster is Debian's slurmctld + slurmd + munged, started for the session
-by the ``slurm`` fixture (tests/slurm.py). Each job's rank 0 writes a
+by the ``slurm`` fixture (tests/harness/slurm.py). Each job's rank 0 writes a
 checkpoint to slow storage while the other ranks wait in a barrier; ncclwatch
 must find the ranks by SLURM_JOB_ID, group them into one job, name rank 0
 (saving) well before the watchdog (the delay from the save's start is printed;

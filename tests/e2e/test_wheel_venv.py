@@ -74,7 +74,7 @@ def test_the_installed_release_runs(release_venv) -> None:
     assert (venv / "bin" / "py-spy").exists(), "py-spy's binary, where the agent looks first"
     _run([str(venv / "bin" / "python"), "-m", "pip", "check"], env=env)
     # Exactly the lock's lines for this Python, as the release tests choose them
-    # for every supported one (tests/test_release.py), and nothing else.
+    # for every supported one (tests/repo/test_release.py), and nothing else.
     python = "{}.{}".format(*sys.version_info[:2])
     assert python in PYTHONS, f"Python {python} is not in the support matrix"
     listed = json.loads(_run([str(venv / "bin" / "python"), "-m", "pip", "list",

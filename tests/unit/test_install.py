@@ -141,7 +141,7 @@ def test_install_lays_out_every_kind_from_the_installed_wheel(installed, tmp_pat
 
 
 def _verify(unit: Path) -> None:
-    """systemd-analyze verify, as tests/test_systemd.py runs it on the shipped units."""
+    """systemd-analyze verify, as tests/repo/test_systemd.py runs it on the shipped units."""
     from tests.harness.tools import systemd_analyze
 
     r = subprocess.run([systemd_analyze(), "verify", str(unit)], capture_output=True,

@@ -1,7 +1,7 @@
 """One rule for a rank's stillness (ncclwatch/stillness.py): the agent pauses
 by it, the daemon counts stillness as evidence by it.
 
-The agent's side is the tracker fed round by round (tests/test_pausing.py's
+The agent's side is the tracker fed round by round (tests/harness/trackers.py's
 ``Rank``); the daemon's is fed the same readings as reports. A healthy GPU
 rank that first loads its weights (reads every round for seconds) and then
 trains with no syscall per step is never paused, at any step length, and a

@@ -161,7 +161,7 @@ def test_certificate_for_one_node_cannot_report_for_another(pki) -> None:
             assert "agent-a" in ei.value.details() and "node-a" in ei.value.details()
             # ...and a live node's ranks stay its own without evidence of a newer
             # process (issue 29: node-b's claim is set aside as a contender, not
-            # refused; tests/test_ownership.py has the rules).
+            # refused; tests/unit/daemon/test_ownership.py has the rules).
             (resp,) = await h.send_over(h.secure(client(pki, "node-b")),
                                    checkpoint_job(node="node-b", agent="agent-b"))
             assert not resp.rejected_jobs

@@ -3,7 +3,7 @@
 The workloads (fw_*.py) run under real torchrun with gloo on CPU and write
 their checkpoint to a throttled FUSE mount (ncclwatch.demo.throttlefs), so the
 save is slow inside each framework's own write path. They print the same
-marker lines as ncclwatch.demo.job (tests/conftest.py MARKER) from the
+marker lines as ncclwatch.demo.job (tests/harness/jobs.py MARKER) from the
 frameworks' own callbacks and hooks:
     NCCLWATCH_DEMO phase=<phase> rank=<r> pid=<pid> t=<time.time()> [k=v ...]
 """

@@ -27,7 +27,7 @@ What a rank of a big GPU job shows /proc, rebuilt on CPU:
 
 Rank 0 decides when to stop (``--seconds`` of training, or ``--steps``) and
 says so in shared memory, so every rank leaves after the same step. Markers
-as ncclwatch.demo.job prints them (tests/conftest.py MARKER), train_end with
+as ncclwatch.demo.job prints them (tests/harness/jobs.py MARKER), train_end with
 the rank's read/write syscalls and main-thread voluntary switches over
 training (/proc/self), and the switches outside the batches (quiet_switches:
 while the device works and the rank waits at the barrier); rank 0's step

@@ -118,7 +118,7 @@ def test_stillness_past_the_ranks_own_normal_is_paused_once() -> None:
     assert len(r.due_at) == 1, r.due_at
     assert limit <= r.due_at[0] - r.t.still_since <= limit + 1.0
     # A job that stepped fast (1 s: never still) has no normal still period:
-    # tests/test_stillness.py (paused only once the daemon asks).
+    # tests/unit/test_stillness.py (paused only once the daemon asks).
 
 
 @pytest.mark.parametrize("blocked, pauses", [

@@ -1,7 +1,7 @@
 """The Slurm job name and user of a rank: from its environment, else scontrol, cached.
 
 scontrol's answers here are the real text of ``scontrol show job --oneliner``
-from the test cluster (tests/slurm.py); the e2e tests (tests/e2e/test_slurm.py)
+from the test cluster (tests/harness/slurm.py); the e2e tests (tests/e2e/test_slurm.py)
 run the real client against the real controller.
 """
 

@@ -1,8 +1,8 @@
 """A late rank found by what its peers do, and a hang with no culprit rank.
 
-Rounds of reports as the agent sends them (tests/test_waits.Feed: one agent,
-1 s rounds, ``still_seconds`` per rank), through the real daemon: its
-learner, its detectors, its diagnosis.
+Rounds of reports as the agent sends them (tests/harness/reports.py's Feed:
+one agent, 1 s rounds, ``still_seconds`` per rank), through the real daemon:
+its learner, its detectors, its diagnosis.
 """
 
 from __future__ import annotations
