@@ -12,7 +12,6 @@ line on, a terminal hard wrap inside a word, CRLF, code fences) and check that
 from __future__ import annotations
 
 import random
-import re
 import shutil
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from hypothesis import strategies as st
 
 from ncclwatch.diagnose import diagnose, paste
 from ncclwatch.diagnose.lineprefix import split_prefix
-from ncclwatch.diagnose.matcher import matcher
+from tests.harness.mangle import PASTE_ROWS, TABLE
 
 DATA = Path(__file__).parent / "data" / "diagnose"
 CASES = sorted(p.parent for root in ("cases", "public")
@@ -79,78 +78,9 @@ def test_short_lines_are_not_joined():
 
 # -- damage, as a property ----------------------------------------------------------------
 
-_LAUNCHER = re.compile(r"^\[(?:rank|default)(\d+)\]:")
-_TRIGGERS = [t.decode() for t in matcher().triggers]
-
-
-def _quote(lines, rng):
-    return ["> " + ln for ln in lines]
-
-
-def _line_numbers(lines, rng):
-    start = rng.randrange(1, 90000)
-    return [f"[{start + i}] {ln}" for i, ln in enumerate(lines)]
-
-
-def _mpi_tags(lines, rng):
-    return [_LAUNCHER.sub(lambda m: f"[1,{m.group(1)}]<stdout>:", ln) for ln in lines]
-
-
-def _time_host(lines, rng):
-    host = rng.choice(["gpu-node-07", "bench.cn-d004 [stderr]", "(RayWorker pid=4009)"])
-    return [f"{rng.randrange(24):02d}:{rng.randrange(60):02d}:07.512 {host} {ln}"
-            if _LAUNCHER.match(ln) else ln for ln in lines]
-
-
-def _ansi(lines, rng):
-    return [f"\x1b[3{rng.randrange(8)}m{ln}\x1b[0m" if _LAUNCHER.match(ln) else ln
-            for ln in lines]
-
-
-def _glued_bar(lines, rng):
-    idx = [i for i, ln in enumerate(lines) if _LAUNCHER.match(ln)]
-    if not idx:
-        return lines
-    out = list(lines)
-    i = rng.choice(idx)
-    n = rng.randrange(1, 999)
-    out[i] = f" {n // 10}%|▋         | {n}/1000 [00:14<03:06,  4.99it/s]" + out[i]
-    return out
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-
-
-def _hard_wrap(lines, rng):
-    """A terminal wraps one long line that holds a sign inside a word, the sign's trigger
-    text included (issue 21: a trigger cut in two is found). Colour codes take no
-    columns: the cut is at least WRAP_MIN visible columns in."""
-    choices = []
-    for i, ln in enumerate(lines):
-        if len(ln) < 100 or not any(t in _ANSI.sub("", ln) for t in _TRIGGERS):
-            continue
-        cuts = [c for c in range(paste.WRAP_MIN + 1, len(ln) - 1)
-                if len(_ANSI.sub("", ln[:c])) > paste.WRAP_MIN
-                and ln[c - 1].islower() and ln[c].islower()]
-        if cuts:
-            choices.append((i, cuts))
-    if not choices:
-        return lines
-    i, cuts = rng.choice(choices)
-    c = rng.choice(cuts)
-    return lines[:i] + [lines[i][:c], lines[i][c:]] + lines[i + 1:]
-
-
-def _crlf(lines, rng):
-    return [ln + "\r" for ln in lines]
-
-
-def _fence(lines, rng):
-    return ["```text", *lines, "```"]
-
-
-DAMAGE = {f.__name__.strip("_"): f for f in (_quote, _line_numbers, _mpi_tags, _time_host,
-                                               _ansi, _glued_bar, _hard_wrap, _crlf, _fence)}
+#: The damage kinds: rows of the one table of transformations (tests/harness/mangle.py)
+#: that the corpus's mangled twins and tests/test_diagnose_mangled.py use too.
+DAMAGE = {k: TABLE[k] for k in PASTE_ROWS}
 
 
 def _damaged_copy(case: Path, dest: Path, kinds: list[str], seed: int) -> list[Path]:
@@ -160,12 +90,11 @@ def _damaged_copy(case: Path, dest: Path, kinds: list[str], seed: int) -> list[P
         dst = dest / src.relative_to(case)
         dst.parent.mkdir(parents=True, exist_ok=True)
         if src.suffix in TEXT_SUFFIXES:
-            lines = src.read_text(errors="replace").split("\n")
-            tail = lines[-1] == ""
-            lines = lines[:-1] if tail else lines
+            # (Bytes decoded as they are: a carriage return is the log's, not a line end.)
+            text = src.read_bytes().decode("utf-8", "replace")
             for k in kinds:
-                lines = DAMAGE[k](lines, rng)
-            dst.write_text("\n".join(lines) + ("\n" if tail else ""))
+                text = DAMAGE[k](text, rng)
+            dst.write_bytes(text.encode())
         else:
             shutil.copyfile(src, dst)
         out.append(dst)

@@ -31,6 +31,7 @@ plain or gzip stream (ncclwatch/logstream.py) and joining wrapped lines
 
 from __future__ import annotations
 
+import bisect
 import datetime as _dt
 import os
 import re
@@ -66,7 +67,7 @@ from ncclwatch.diagnose.scanresult import (
 from ncclwatch.diagnose.severity import Level
 from ncclwatch.diagnose.signtypes import Event, LogSign
 from ncclwatch.diagnose.wraps import joined, logical, wrap_span
-from ncclwatch.logstream import open_stream, read_head
+from ncclwatch.logstream import Normaliser, open_stream, read_head
 from ncclwatch.stacks import Frame
 
 CHUNK = 8 << 20
@@ -84,10 +85,19 @@ MAX_TEXT = 600
 
 
 class _OpenTb:
-    __slots__ = ("tb", "since")
+    __slots__ = ("tb", "since", "after_frame")
 
     def __init__(self, tb: PyTraceback, since: int) -> None:
         self.tb, self.since = tb, since
+        #: The last line read was a frame: the next may be its source line.
+        self.after_frame = False
+
+
+#: An exception line: a class name (dotted, capitalised) alone or before ": ". A line
+#: right after a frame that is not one is the frame's source line, its indent lost
+#: (a paste outside a code block); a line of carets (Python 3.11) is decoration.
+_EXCEPTION = re.compile(r"(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?::\s|:?$)")
+_CARETS = re.compile(r"[\s^~]+$")
 
 
 def _message_rank(fields: dict[str, str], pg: str | None,
@@ -103,7 +113,6 @@ def _message_rank(fields: dict[str, str], pg: str | None,
     return None, None
 
 
-_ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d{1,9}), in (?P<func>.+?)\s*$')
 
 
@@ -194,8 +203,20 @@ class _FileScan:
         #: srun task ids are ranks unless the file also has torchrun's rank prefixes.
         self.task_is_rank = True
         self.task: int | None = None
+        self.norm = Normaliser(paste.continues, paste.ends_line)
+        #: Lines the normaliser joined (wrapped pieces): the scan's line numbers count
+        #: the joined lines; _raw maps one back to the user's (its first piece's).
+        self.joined_at: list[int] = []
+        self.joined_extra: list[int] = []
         if file_rank is not None:
             self.r.ranks_seen.add(file_rank)
+
+    def _raw(self, line_no: int) -> int:
+        """The user's own number of a line the scan numbers (see joined_at)."""
+        if not self.joined_at:
+            return line_no
+        i = bisect.bisect_left(self.joined_at, line_no)
+        return line_no + (self.joined_extra[i - 1] if i else 0)
 
     def _bound(self, what: str) -> None:
         note = f"{self.name}: {what}"
@@ -232,7 +253,7 @@ class _FileScan:
             cut = data.rfind(b"\n")
             if cut < 0:
                 if len(data) > MAX_LINE:  # one huge line: read it in pieces that overlap
-                    self._bound(f"a line longer than {MAX_LINE >> 20} MiB (line {line_no}): "
+                    self._bound(f"a line longer than {MAX_LINE >> 20} MiB (line {self._raw(line_no)}): "
                                 "read in pieces")
                     keep = 4 * MAX_TRIGGER
                     self._chunk(data, line_no)
@@ -250,8 +271,13 @@ class _FileScan:
     # A chunk holds whole lines; returns the number of the line after it.
     def _chunk(self, chunk: bytes, line_no: int) -> int:
         self.r.bytes_read += len(chunk)
-        if b"\x1b" in chunk:  # colours go first: a colour code may sit inside a trigger
-            chunk = _ANSI.sub(b"", chunk)
+        # What the paste did goes first (a colour code may sit inside a trigger, a wrap
+        # may cut one); the lines keep their numbers.
+        chunk = self.norm(chunk)
+        for idx, extra in self.norm.joins:
+            self.joined_at.append(line_no + idx)
+            self.joined_extra.append(extra + (self.joined_extra[-1] if self.joined_extra else 0))
+            self.r.lines_read += extra
         for m in PREFIX_SAMPLE.finditer(chunk, 0, 65536):
             self.r.ranks_seen.add(int(m.group(1)))
             self.task_is_rank = False
@@ -444,7 +470,14 @@ class _FileScan:
             fm = _FRAME.match(body)
             if fm:
                 ot.tb.frames.append(Frame(fm.group("func"), fm.group("file"), int(fm.group("line"))))
+                ot.after_frame = True
                 return
+            if stripped and not body[:1].isspace() and (_CARETS.match(stripped) or (
+                    ot.after_frame and not _EXCEPTION.match(stripped))):
+                ot.after_frame = False  # a source line or carets, unindented by a paste
+                return
+            if stripped:
+                ot.after_frame = False
             if not stripped or body[:1].isspace():
                 if stripped and self.m.signs_in(raw):  # an indented exception line (torchrun's summary)
                     self._line(raw, line_no)
@@ -465,7 +498,7 @@ class _FileScan:
             return
         tb = ot.tb
         tb.exception = exception[:MAX_TEXT]
-        tb.end_line = line_no
+        tb.end_line = self._raw(line_no)
         self.r.tracebacks.append(tb)
 
     def _close_all(self, line_no: int) -> None:
@@ -517,18 +550,20 @@ class _FileScan:
                 continue  # a generic error shape the benign table spares (with its reason)
             fields = {k: v for k, v in mt.groupdict().items() if v is not None}
             if any(len(v) > MAX_DIGITS and v.lstrip("-").isdigit() for v in fields.values()):
-                self._bound(f"a number of more than {MAX_DIGITS} digits (line {line_no}): "
+                self._bound(f"a number of more than {MAX_DIGITS} digits (line {self._raw(line_no)}): "
                             "the line was skipped")
                 continue
             read = read or (sign.reader is None and sign.failure)
             if matched is not None:
                 matched.add(sign.id)
             if sign.id not in self.r.hits:
-                self.r.hits[sign.id] = (f"{self.name}:{line_no}", rest[:MAX_TEXT])
+                self.r.hits[sign.id] = (f"{self.name}:{self._raw(line_no)}", rest[:MAX_TEXT])
             self.r.hit_counts[sign.id] = self.r.hit_counts.get(sign.id, 0) + 1
             ev_rank, ev_from = rank, rank_from
             if ev_rank is None:
                 ev_rank, ev_from = _message_rank(fields, pg, pg_rank)
+            if ev_rank is None and "task" in fields and self.task_is_rank:
+                ev_rank, ev_from = int(fields["task"]), "task"  # Slurm's own line for a task
             self._event(sign, fields, ev_rank, ts, rest, line_no, pg, pg_rank, ev_from)
         return missed
 
@@ -541,7 +576,7 @@ class _FileScan:
                 if not self.open[rank].tb.frames:
                     return  # the same header twice: keep the open one
                 self._finish(rank, "(traceback truncated)", line_no)
-            self.open[rank] = _OpenTb(PyTraceback(self.name, line_no, rank, ts,
+            self.open[rank] = _OpenTb(PyTraceback(self.name, self._raw(line_no), rank, ts,
                                                   stamp=self.stamp), line_no)
             return
         if ev is Event.SUMMARY_ROOT:
@@ -553,18 +588,22 @@ class _FileScan:
         if ev is Event.WORLD:
             self.r.world_sizes.add(int(fields["world"]))
             return
-        if rank is not None and rank_from == "message":
+        if rank is not None and rank_from in ("message", "task"):
             self.r.ranks_seen.add(rank)
-        self.r.evidence.append(Evidence(sign.id, ev, self.name, line_no, rank, ts,
+        self.r.evidence.append(Evidence(sign.id, ev, self.name, self._raw(line_no), rank, ts,
                                         text[:MAX_TEXT], fields, self.task, pg, pg_rank,
                                         rank_from, self.stamp))
 
     def _summary(self, sid: str, fields: dict[str, str], line_no: int) -> None:
         if sid == "summary_time":  # printed above the host line of its entry
-            self.summary_stamp = parse_ts(fields.get("time", ""), self.year)
+            self.summary_stamp = parse_ts(fields.get("time") or fields.get("time19", ""),
+                                          self.year)
             return
-        if sid == "summary_host" or self.entry is None:
-            self.entry = FailureEntry(self.name, line_no, root=self.root_next,
+        # An entry starts at its host line (torch 2.x), or at a rank line where the
+        # entry read last has its rank already (torch 1.9's table has no host row).
+        if sid == "summary_host" or self.entry is None or (
+                sid == "summary_rank" and self.entry.rank is not None):
+            self.entry = FailureEntry(self.name, self._raw(line_no), root=self.root_next,
                                       stamp=self.summary_stamp)
             self.summary_stamp = None
             self.root_next = False

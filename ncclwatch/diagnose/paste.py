@@ -60,6 +60,8 @@ LINE_STARTS: tuple[str, ...] = (
     r"During handling", r"The above exception", r"[\w.]*(?:Error|Exception|Warning|Interrupt)\b:",
     r"(?:INFO|WARNING|WARN|ERROR|DEBUG|CRITICAL|FATAL)\b", r"frame #\d", r"Exception raised from",
     r"terminate called", r"\s+what\(\)", r"\s{4}", r"\w[\w ]{0,40}\|", r"\s*\d+%",
+    # A progress bar with its description ("Map (num_proc=32):  91%|███", tqdm's form).
+    r"[^|\n]{0,80}?\d{1,3}%\|",
     # How a process's death is printed (issue 28): the shell, libc, faulthandler, Slurm.
     r"Killed\b", r"Segmentation fault", r"Aborted \(", r"Fatal Python error", r"Error \w",
     r"(?:srun|slurmstepd): ",
@@ -71,6 +73,10 @@ LINE_STARTS: tuple[str, ...] = (
     r"#",
     # A Python warnings-module line ("/venv/.../_initialize.py:25: UserWarning: ...").
     r"\S+\.py:\d+: \w*Warning: ",
+    # A row of torchrun's failure table, its indent lost or not ("host      : node7",
+    # torch 1.9's "rank: 0 (local_rank: 0)").
+    r"\s*(?:time\s*: \d{4}-|host\s+: |rank\s*: \d+ \(local_rank: |exitcode\s*: -?\d+ \(pid: "
+    r"|error_file\s*: |traceback\s*: |msg: \")",
 )
 #: ...and every launcher or platform tag the severity grammar skips (TorchX's
 #: ``trainer/0 [1]:``, a syslog host, dmesg's seconds) starts one too.
@@ -167,13 +173,19 @@ def split_glued(line: str) -> list[str]:
     return out
 
 
+#: A Python frame line, whole: it ends where the function's name does (the source line
+#: after it, its indent lost in a paste, is no rest of it).
+_FRAME_LINE = re.compile(r'File "[^"]*", line \d+, in [\w<>.]+\s*$')
+
+
 def ends_line(line: str, wrapped: bool = False) -> bool:
-    """Whether a physical line is complete (short, padded, or ending a sentence).
-    ``wrapped``: it is itself the last piece of a wrap, so short says nothing."""
+    """Whether a physical line is complete (short, padded, ending a sentence, or a whole
+    traceback frame). ``wrapped``: it is itself the last piece of a wrap, so short says
+    nothing."""
     core = line.rstrip()
     if (len(core) < WRAP_MIN and not wrapped) or len(line) - len(core) >= 2:
         return True
-    return core.endswith((".", "!", "?", ")", "]", "}"))
+    return core.endswith((".", "!", "?", ")", "]", "}")) or bool(_FRAME_LINE.search(core))
 
 
 def continues(line: str) -> bool:

@@ -28,4 +28,6 @@ Each module is named for what it gives:
 - ``scenarios``, ``launchers``, ``scenariorun``: the scenario matrix's rows, how each
   launcher starts a world, and running one row against a live ncclwatch.
 - ``budgets``: each test's time budget (a pytest plugin, ``-p tests.harness.budgets``).
+- ``mangle``: what terminals and forums do to a log on its way into a paste (one table
+  of transformations: the corpus's mangled twins and the diagnose property tests).
 """

@@ -27,8 +27,6 @@ PENDING: frozenset[str] = frozenset({
     "tests/test_bounds.py",
     "tests/test_budgets.py",
     "tests/test_diagnose_bundle.py",
-    "tests/test_diagnose_mangled.py",
-    "tests/test_diagnose_paste.py",
     "tests/test_diagnose_severity.py",
     "tests/test_doc_claims.py",
     "tests/test_fuzz.py",
