@@ -10,7 +10,7 @@ from __future__ import annotations
 import signal
 
 from ncclwatch.diagnose.facts import Facts, RankFacts, exception_kind, time_order
-from ncclwatch.diagnose.logwords import NETWORK_FAILURES, SIGNAL_MEANING
+from ncclwatch.diagnose.logwords import NETWORK_FAILURES, SIGNAL_MEANING, TASK_ENDS
 from ncclwatch.diagnose.scanresult import Evidence
 from ncclwatch.diagnose.signtypes import Event
 
@@ -86,22 +86,89 @@ def own_crashes(facts: Facts) -> list[tuple[tuple, int, str, str]]:
                             "the launcher's failure summary says, and no rank waited for another"))
     if not facts.scan.failures:
         # torchrun's "failed (exitcode: -9) local_rank: 0 (pid: N)" without the summary;
-        # the deepspeed launcher's line names its only worker when that is local rank 0.
+        # the deepspeed launcher's line names its only worker when that is local rank 0;
+        # Slurm's "task 3: Exited with exit code 1" where tasks are ranks.
+        waited = anyone_waited(facts) or not _launcher_speaks_first(facts)
         for e in facts.all_evidence(Event.EXIT):
-            code, lr = int(e.fields["exitcode"]), e.fields.get("local_rank")
-            only = lr is None and e.fields.get("last_local_rank") == "0" and (
+            code = exit_code(e)
+            rank, named = exit_rank(facts, e)
+            only = rank is None and e.fields.get("last_local_rank") == "0" and (
                 SIGNAL_MEANING.get(exit_name(code)) in ("crashed", "killed")
-                or not anyone_waited(facts))  # else the exit of a rank that waited
+                or not waited)  # else the exit of a rank that waited
             if only:
-                lr = "0"
-            if (code < 0 or only) and lr is not None and int(lr) not in {o[1] for o in out}:
-                sig = exit_name(code)
-                out.append(((True, 0.0, e.file, e.line), int(lr), e.where,
-                            f"local rank {lr} exited with {sig} (exitcode {code})"
-                            + (" (the deepspeed launcher's only worker on its node)"
-                               if only else "")))
+                rank, named = 0, "local rank 0"
+            if rank is None or rank in {o[1] for o in out} or not _own_exit(e, code, only,
+                                                                           waited):
+                continue
+            sig = exit_name(code)
+            ended = e.fields.get("ended")
+            out.append(((True, 0.0, e.file, e.line), rank, e.where,
+                        (f"{named} ended: {ended} ({sig})" if ended else
+                         f"{named} exited with {sig if code < 0 else 'exit code ' + sig}"
+                         + (f" (exitcode {code})" if code < 0 else ""))
+                        + (" (the deepspeed launcher's only worker on its node)"
+                           if only else "")
+                        + ("; no rank waited for another before it" if code > 0 and not only
+                           else "")))
     out.sort()
     return out
+
+
+def _own_exit(e: Evidence, code: int, only: bool, waited: bool) -> bool:
+    """Whether a launcher's (or Slurm's) exit line says its rank failed on its own: a
+    signal (a Slurm task that srun or the step's end terminated excepted), the deepspeed
+    launcher's only worker, or a non-zero exit code where no rank waited for another
+    (the launcher's line is then the first failure in the logs: a rank that timed out
+    waiting exits non-zero too)."""
+    if code < 0:
+        return not (e.fields.get("task") is not None
+                    and SIGNAL_MEANING.get(exit_name(code)) == "terminated")
+    return only or (code > 0 and not waited)
+
+
+#: Evidence that the job failed some other way than a rank exiting: where any of it is in
+#: the logs, a launcher's exit line is not the first failure (a rank that waited, lost a
+#: peer or met a transport error exits non-zero too), and other rules read the logs.
+_NOT_AN_EXIT = frozenset({Event.TIMEOUT, Event.PROGRESS, Event.WATCHDOG_ABORT, Event.HEARTBEAT,
+                          Event.MISSING_RANKS, Event.MISMATCH, Event.PEER_CLOSED, Event.STORE,
+                          Event.DUMP_SIGNAL})
+
+
+def _launcher_speaks_first(facts: Facts) -> bool:
+    """Whether nothing but ranks' own errors precedes the launchers' exit lines: no wait,
+    no lost peer or store, no transport error."""
+    if any(e.event in _NOT_AN_EXIT or (e.event is Event.NETWORK
+                                        and any(t in e.text for t in NETWORK_FAILURES))
+           for e in facts.scan.evidence):
+        return False
+    return not any(exception_kind(tb) in ("network", "peer", "timeout")
+                   for tb in facts.scan.tracebacks)
+
+
+def exit_code(e: Evidence) -> int:
+    """The exit code an exit line reports; a signal Slurm names in words as -N."""
+    if "exitcode" in e.fields:
+        return int(e.fields["exitcode"])
+    return TASK_ENDS.get(e.fields.get("ended", ""), 1)
+
+
+#: Launchers that start the ranks themselves: where one speaks in the logs, a Slurm task
+#: is that launcher on a node (torchrun per node), not a rank.
+AGENT_SIGNS = frozenset({"torchrun_failed", "torchrun_child_failed", "torchrun_teardown",
+                         "child_failed", "deepspeed_exit", "deepspeed_teardown"})
+
+
+def exit_rank(facts: Facts, e: Evidence) -> tuple[int | None, str]:
+    """The rank an exit line names, and how it names it: torchrun's local rank (the
+    global rank on one node, as the verdict notes), or a Slurm task where tasks are
+    ranks."""
+    lr = e.fields.get("local_rank")
+    if lr is not None:
+        return int(lr), f"local rank {lr}"
+    if e.rank_from == "task" and e.rank is not None and not (
+            facts.scan.failures or any(o.sign in AGENT_SIGNS for o in facts.scan.evidence)):
+        return e.rank, f"Slurm task {e.rank}"
+    return None, ""
 
 
 def _summary_exit(facts: Facts, rf: RankFacts, watchdog: bool) -> bool:
@@ -120,11 +187,13 @@ def unranked_crash(facts: Facts) -> list[Evidence]:
     out = [e for e in facts.unattributed if e.event in (Event.OOM, Event.CUDA_ERROR)]
     waited = anyone_waited(facts)
     out += [e for e in facts.all_evidence(Event.EXIT) if e.fields.get("local_rank") is None
-            and int(e.fields["exitcode"]) != 0
+            and exit_code(e) != 0
             # A launcher's exit line after ranks timed out is their exit (code 1, or -6
-            # from the watchdog's abort), not a crash: only a crash signal still counts.
-            and (not waited or SIGNAL_MEANING.get(exit_name(int(e.fields["exitcode"])))
-                 in ("crashed", "killed"))]
+            # from the watchdog's abort), not a crash: only a crash signal still counts;
+            # so is a Slurm task that the step's end terminated.
+            and (not waited or SIGNAL_MEANING.get(exit_name(exit_code(e)))
+                 in ("crashed", "killed"))
+            and e.fields.get("ended") != "Terminated"]
     return sorted(out, key=time_order)
 
 

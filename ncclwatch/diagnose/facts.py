@@ -275,7 +275,9 @@ def gather_facts(scan: ScanResult, fr: FrAnalysis | None = None) -> Facts:
     # torchrun names the failed workers and stops the others by pid: on one node
     # that counts the world when nothing else does.
     stopped = {e.fields["pid"] for e in scan.evidence if e.event is Event.TEARDOWN}
-    exits = [e for e in scan.evidence if e.event is Event.EXIT]
+    # (A Slurm task's line is no worker of a node's launcher: not counted here.)
+    exits = [e for e in scan.evidence if e.event is Event.EXIT
+             and "task" not in e.fields and "tasks" not in e.fields]
     failed = {str(fe.pid) for fe in scan.failures if fe.pid is not None} | {
         e.fields.get("pid", f"exit{i}") for i, e in enumerate(exits)}
     if stopped:

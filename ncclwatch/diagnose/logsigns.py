@@ -23,7 +23,12 @@ from __future__ import annotations
 import re
 
 from ncclwatch.diagnose import severity
-from ncclwatch.diagnose.logwords import BUSY_MESSAGES, SAVE_DONE_MESSAGES, SAVE_MESSAGES
+from ncclwatch.diagnose.logwords import (
+    BUSY_MESSAGES,
+    SAVE_DONE_MESSAGES,
+    SAVE_MESSAGES,
+    TASK_ENDS,
+)
 from ncclwatch.diagnose.signtypes import Event, LogSign
 
 _N = r"-?\d+"
@@ -425,6 +430,27 @@ SIGNS: tuple[LogSign, ...] = (
             r"(?: \(pid: (?P<pid>\d+)\))?)?",
             example="E1203 12:36:12.482000 21547 torch/distributed/elastic/multiprocessing/api.py:"
             "1002] failed (exitcode: -6) local_rank: 3 (pid: 21555) of binary: /venv/bin/python"),
+    # torch 1.9's warning when a worker failed without an error file: "CHILD PROCESS FAILED
+    # WITH NO ERROR_FILE" over "Child process 17057 (local_rank 0) FAILED (exitcode 1)", as
+    # in https://github.com/facebookresearch/MetaICL/issues/8.
+    LogSign("torchrun_child_failed", Event.EXIT, (") FAILED (exitcode ",),
+            r"Child process (?P<pid>\d+) \(local_rank (?P<local_rank>\d+)\) FAILED \(exitcode "
+            r"(?P<exitcode>" + _N + r")\)",
+            example="Child process 17057 (local_rank 0) FAILED (exitcode 1)"),
+    # Slurm's own line for a task that ended: "srun: error: nid008637: task 3: Exited with
+    # exit code 1", then "srun: error: nid008637: tasks 0-2: Terminated" for the tasks the
+    # step's end took down; "srun.slurm: error: borg01x154: task 4: Killed" (older
+    # installs). A task is a rank where srun starts the ranks itself, a node's launcher
+    # where srun starts torchrun per node (crashes.py decides). Seen in
+    # https://github.com/CSCfi/pytorch-ddp-examples/issues/1 (a wrong path: "slurmstepd:
+    # error: execve(): torchrun: No such file or directory", task 0 exit code 2) and
+    # https://github.com/desihub/desispec/issues/2744 ("tasks 0-57,59-63: Terminated").
+    LogSign("slurm_task_exit", Event.EXIT,
+            (": Exited with exit code",) + tuple(f": {w}" for w in TASK_ENDS),
+            r"\b(?:srun|slurmstepd)(?:\.slurm)?: error: (?:(?P<host>[\w.-]+): )?tasks? "
+            r"(?:(?P<task>\d{1,9})|(?P<tasks>\d{1,9}(?:[-,]\d{1,9})+)): (?:Exited with exit code "
+            r"(?P<exitcode>\d{1,3})|(?P<ended>" + "|".join(TASK_ENDS) + r"))",
+            example="srun: error: nid008637: task 3: Exited with exit code 1"),
     LogSign("torchrun_teardown", Event.TEARDOWN, ("closing signal",),
             r"Sending process (?P<pid>\d+) closing signal (?P<signame>SIG\w+)",
             example="W1203 12:36:12.416000 21547 torch/distributed/elastic/multiprocessing/api.py:"
@@ -457,24 +483,29 @@ SIGNS: tuple[LogSign, ...] = (
             example="torch.distributed.elastic.multiprocessing.errors.ChildFailedError: "),
     # The failure table ("host : ...", "rank : 3 (local_rank: 3)", "exitcode : -9 (pid: N)",
     # "traceback : Signal 9 (SIGKILL) received by PID N"): unanchored, since srun, pdsh and
-    # Ray put their tags in front.
-    LogSign("summary_host", Event.SUMMARY, ("  host      : ",),
+    # Ray put their tags in front, and its indent may be lost (a Markdown paste). torch
+    # 1.9's table has no padding and no host row ("  time: 2021-07-12_10:02:58", "  rank:
+    # 0 (local_rank: 0)", "  exitcode: 1 (pid: 866229)", "  error_file: <N/A>", under
+    # "Root Cause:" and "Other Failures:"), as in
+    # https://github.com/xzz777/SCTNet/issues/47.
+    LogSign("summary_host", Event.SUMMARY, ("host      : ",),
             r"(?:^|\s)host\s+: (?P<host>\S+)", example="  host      : localhost",
             failure=False),
     LogSign("summary_rank", Event.SUMMARY, ("(local_rank: ",),
-            r"(?:^|\s)rank\s+: (?P<rank>\d+) \(local_rank: (?P<local_rank>\d+)\)",
+            r"(?:^|\s)rank\s*: (?P<rank>\d+) \(local_rank: (?P<local_rank>\d+)\)",
             example="  rank      : 0 (local_rank: 0)", failure=False),
-    LogSign("summary_exitcode", Event.SUMMARY, ("  exitcode  : ",),
-            r"(?:^|\s)exitcode\s+: (?P<exitcode>" + _N + r") \(pid: (?P<pid>\d+)\)",
+    LogSign("summary_exitcode", Event.SUMMARY, ("exitcode  : ", "exitcode: "),
+            r"(?:^|\s)exitcode\s*: (?P<exitcode>" + _N + r") \(pid: (?P<pid>\d+)\)",
             example="  exitcode  : -9 (pid: 21552)", failure=False),
     LogSign("summary_signal", Event.SUMMARY, ("received by PID",),
             r"Signal (?P<signal>\d+) \((?P<signame>SIG\w+)\) received by PID (?P<pid>\d+)",
             example="  traceback : Signal 9 (SIGKILL) received by PID 21552", failure=False),
-    LogSign("summary_time", Event.SUMMARY, ("  time      : ",),
-            r"(?:^|\s)time\s+: (?P<time>\S+)", example="  time      : 2026-12-03_12:36:12",
-            failure=False),
-    LogSign("summary_root", Event.SUMMARY_ROOT, ("Root Cause (first observed failure)",),
-            r"Root Cause \(first observed failure\)",
+    LogSign("summary_time", Event.SUMMARY, ("time      : ", "time: 20"),
+            r"(?:^|\s)time(?:\s+: (?P<time>\S+)|: (?P<time19>\d{4}-\d\d-\d\d_\d\d:\d\d:\d\d)\s*$)",
+            example="  time      : 2026-12-03_12:36:12", failure=False),
+    LogSign("summary_root", Event.SUMMARY_ROOT, ("Root Cause (first observed failure)",
+                                                 "Root Cause:"),
+            r"Root Cause(?: \(first observed failure\))?:",
             example="Root Cause (first observed failure):"),
     # -- trainers: built from the message tables below ------------------------------------
     LogSign("checkpoint_start", Event.CHECKPOINT, tuple(t for t, _w in SAVE_MESSAGES),

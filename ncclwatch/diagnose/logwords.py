@@ -66,6 +66,8 @@ TIMEOUT_EXCEPTIONS: tuple[str, ...] = (
     "Timed out waiting", "timed out", "Timeout", "failed to pass monitoredBarrier",
     "successfully reached monitoredBarrier",
     "DistBackendError: [Rank",
+    # c10d's TCPStore wait (torch 2.3+): "DistStoreError: wait timeout after 1800000ms, keys:".
+    "wait timeout after",
 )
 #: Exceptions of NCCL failing on this rank (its transport, its setup).
 NETWORK_EXCEPTIONS: tuple[str, ...] = (
@@ -111,6 +113,12 @@ CRASH_WORDS: tuple[tuple[str, str], ...] = (
     ("Fatal Python error", "crashed"), ("core dumped", "crashed"), ("umping core", "crashed"),
     ("Killed", "SIGKILL"),
 )
+#: How Slurm says a task ended by a signal ("srun: error: node: task 4: Killed"): the
+#: exit code a launcher would report for it (-N).
+TASK_ENDS: dict[str, int] = {
+    "Killed": -9, "Terminated": -15, "Segmentation fault": -11, "Aborted": -6,
+    "Bus error": -7, "Out Of Memory": -9,
+}
 #: Exit codes a shell, a container runtime or a scheduler reports for a fatal signal
 #: (128 + N), as launchers report them (-N): the signal.
 SIGNAL_EXIT_BASE = 128

@@ -32,7 +32,8 @@ class Evidence:
     pg: str | None = None
     pg_rank: int | None = None
     #: Where ``rank`` came from: "prefix" (launcher), "file" (per-rank file name),
-    #: "message" (torch's ``[Rank N]`` of the default or an unnamed group), None.
+    #: "message" (torch's ``[Rank N]`` of the default or an unnamed group), "task" (a
+    #: Slurm task's own line, in a file whose tasks are ranks), None.
     rank_from: str | None = None
     #: The line's own time stamp (``ts`` falls back to the last stamp before it, for
     #: ordering; a timeline shows only a line's own).
