@@ -440,6 +440,20 @@ dropped once the case is right. Some public logs expect `none`: healthy NCCL
 and torchrun output, harmless warnings, nccl-tests runs, pasted into threads
 about something else.
 
+`twins/<twin>/<name>/` holds a mangled twin of every public log, one per
+transformation a log meets on its way into a paste: `wrap80` and `wrap120`
+(a terminal cutting every line at that many columns), `bar` (a progress bar
+redrawn with carriage returns, lines glued after its last redraw), `colour`
+(rich-style colours, a window title, OSC 8 links) and `markdown` (indent
+lost, HTML entities, `> ` quotes). They are written by `make_twins.py` from
+the one table of transformations in `tests/harness/mangle.py` (seeded by
+the case's and twin's names, so rerunning rewrites the same bytes), each with
+an expected.json holding its original's verdict and what made it;
+tests/test_diagnose_mangled.py checks every twin gets that verdict, ranks
+included. Regenerate them after changing a public case or the table:
+
+    .venv/bin/python tests/data/diagnose/make_twins.py
+
 Real runs use gloo on CPU (torch 2.13), so they show gloo's messages
 (`Timed out waiting 10000ms for recv operation to complete`), never NCCL's
 watchdog; the written cases cover the NCCL watchdog, NCCL errors, CUDA/host
