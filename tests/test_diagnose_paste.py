@@ -55,6 +55,25 @@ def test_glued_progress_bar_is_two_lines():
     assert paste.split_glued("18:11:06.680 [rank4]:x") == ["18:11:06.680 [rank4]:x"]
 
 
+def test_two_ranks_written_into_one_line_are_two_lines(tmp_path):
+    """Two ranks writing to one console at once: the second rank's prefix inside the
+    first rank's line starts a line of its own, its evidence that rank's."""
+    parts = paste.split_glued("[rank0]: saving shard 3[rank1]:[E1203 12:36:12.482 "
+                              "ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught x")
+    assert parts == ["[rank0]: saving shard 3",
+                     "[rank1]:[E1203 12:36:12.482 ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught x"]
+    # A prefix after decoration, or repeated, is one line.
+    assert paste.split_glued("18:11:06.680 [rank4]:x") == ["18:11:06.680 [rank4]:x"]
+    assert paste.split_glued("[rank4]:[rank4]: x") == ["[rank4]:[rank4]: x"]
+    log = tmp_path / "console.log"
+    log.write_text("[rank0]:step 900 loss 1.2[rank1]:[E1203 12:36:12.482 ProcessGroupNCCL.cpp:632] "
+                   "[PG ID 0 PG GUID 0(default_pg) Rank 1] Watchdog caught collective operation "
+                   "timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, "
+                   "Timeout(ms)=600000) ran for 600012 milliseconds before timing out.\n")
+    d = diagnose([log])
+    assert d.cls == "collective_hang" and 1 in d.collateral and 0 not in d.collateral, d.summary
+
+
 def test_hard_wrap_is_joined(tmp_path):
     log = tmp_path / "console.log"
     log.write_text(

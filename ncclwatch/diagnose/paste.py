@@ -153,13 +153,17 @@ def launcher_prefix(line: str) -> tuple[int | None, str]:
 
 def split_glued(line: str) -> list[str]:
     """A progress bar that did not end its line has the next line glued on: all parts.
-    A carriage return (tqdm redrawing its bar) ends a line too."""
+    A carriage return (tqdm redrawing its bar) ends a line too, and so does another
+    rank's torchrun prefix inside a line that starts with one (two ranks writing to
+    one console at once: "[rank0]: saving[rank1]:[E...] Watchdog caught ...")."""
     if "\r" in line.rstrip("\r"):
         segs = [seg for seg in line.split("\r") if seg.strip()]
         return [p for seg in segs or [""] for p in split_glued(seg)]
     out, start = [], 0
+    first = _LAUNCHER.match(line)
     for m in _LAUNCHER.finditer(line, 1):
-        if _PROGRESS_TAIL.search(line, start, m.start()):
+        if _PROGRESS_TAIL.search(line, start, m.start()) or (
+                first is not None and m.group("rank") is not None and m.start() > first.end()):
             out.append(line[start:m.start()])
             start = m.start()
     tail = line[start:]
