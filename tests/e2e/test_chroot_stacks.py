@@ -30,7 +30,7 @@ import pytest
 
 from ncclwatch.agent import rootview
 from ncclwatch.agent.pyspy import PySpy, PySpyError, find_pyspy
-from tests.harness.containerns import Container, ROOT_KINDS, script, unshare_argv
+from tests.harness.containerns import ROOT_KINDS, Container, script, unshare_argv
 from tests.harness.paths import ROOT
 from tests.harness.procs import Proc
 from tests.harness.tools import need

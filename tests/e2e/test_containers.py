@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.artifacts import record
-from tests.harness.containerns import (Container, ROOT_KINDS, make_cgroup, remove_cgroup, script,
+from tests.harness.containerns import (ROOT_KINDS, Container, make_cgroup, remove_cgroup, script,
                                        unshare_argv)
 from tests.harness.jobs import Job
 from tests.harness.monitor import Monitor

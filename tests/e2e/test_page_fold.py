@@ -20,7 +20,7 @@ import pytest
 
 from ncclwatch.daemon.core import Daemon, DaemonConfig
 from ncclwatch.daemon.http import HttpServer
-from tests.harness.browser import DevToolsBrowser, HEIGHT, devtools_session
+from tests.harness.browser import HEIGHT, DevToolsBrowser, devtools_session
 from tests.harness.paths import ARTIFACTS
 from tests.harness.reports import feed_lightning_save
 

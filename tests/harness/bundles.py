@@ -8,7 +8,8 @@ import time
 
 from ncclwatch.daemon.core import Daemon
 from ncclwatch.model import CollectiveOp, RankState
-from tests.harness.reports import MB, SAVE, drive_job, frames, rank0_sample, report, sample, stack_pb
+from tests.harness.reports import (MB, SAVE, drive_job, frames, rank0_sample, report, sample,
+                                   stack_pb)
 
 #: A waiter's native stack: gloo's barrier under its Python frame.
 NATIVE = frames(("gloo::transport::tcp::UnboundBuffer::waitRecv", "libtorch_cpu.so"),

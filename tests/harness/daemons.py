@@ -31,10 +31,12 @@ class Harness:
         tls = None
         if pki is not None:
             d = pki / "ca"
-            tls = server_tls({"tls_cert": str(d / "daemon.pem"), "tls_key": str(d / "daemon-key.pem"),
+            tls = server_tls({"tls_cert": str(d / "daemon.pem"),
+                              "tls_key": str(d / "daemon-key.pem"),
                               "tls_client_ca": str(d / "ca.pem")})
         self.tls = tls is not None
-        self.daemon = Daemon(DaemonConfig(grpc="127.0.0.1:0", http="127.0.0.1:0", tls=tls, **config))
+        self.daemon = Daemon(DaemonConfig(grpc="127.0.0.1:0", http="127.0.0.1:0", tls=tls,
+                                          **config))
         self.server = DaemonServer(self.daemon)
         self.channel: grpc.aio.Channel | None = None
 

@@ -1,4 +1,4 @@
-"""A real torch job as the tests see it: its launcher's process and the marker lines its ranks print."""
+"""A real torch job as the tests see it: its launcher's process, its ranks' marker lines."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The runtime lock as pip reads it: its pins, and the ones that install on each supported Python."""
+"""The runtime lock as pip reads it: its pins, and those that install on each Python."""
 
 from __future__ import annotations
 

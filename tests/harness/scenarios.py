@@ -89,7 +89,8 @@ class Scenario:
 
 
 def job_args(scenario: str, *extra: str, seconds: float = 45) -> tuple[str, ...]:
-    """``ncclwatch.demo.job`` arguments: ``scenario``, a save of ``seconds``, the matrix's timeout."""
+    """``ncclwatch.demo.job`` arguments: ``scenario``, a save of ``seconds``, the
+    matrix's timeout."""
     return ("--scenario", scenario, "--save-seconds", str(seconds),
             "--pg-timeout", str(PG_TIMEOUT), *extra)
 
