@@ -19,13 +19,10 @@ from tests.harness.procs import Proc, free_port
 from tests.harness.throttlefs import mounted
 from tests.harness.tools import need
 
-# Imported from here by the test modules not yet under tests/unit, tests/repo or
-# tests/e2e's harness imports (tests/repo/test_harness_imports.py lists them):
-# remove with the last of them.
-from tests.harness.jobs import MARKER  # noqa: E402,F401
-from tests.harness.monitor import wait_healthy as _wait_http  # noqa: E402,F401
-from tests.harness.paths import ARTIFACTS, BIN, ROOT  # noqa: E402,F401
-from tests.harness.tools import need_system, py_spy_available  # noqa: E402,F401
+# Still imported from here (with Proc, free_port and need above) by the modules
+# tests/repo/test_harness_imports.py lists as pending: remove with the last of them.
+from tests.harness.paths import ARTIFACTS, ROOT  # noqa: E402,F401
+from tests.harness.tools import need_system  # noqa: E402,F401
 
 
 @pytest.fixture
