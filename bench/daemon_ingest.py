@@ -518,6 +518,39 @@ def transport_floor(p: Profile) -> dict:
             "connect": connect, "stream_failures": sum(a["failures"] for a in answers)}
 
 
+def saturated_rate(p: Profile, null: bool) -> dict:
+    """One job of ``p.world`` ranks, every agent sending as fast as it is acked:
+    against the daemon, or (``null``) against the transport floor's server."""
+    jobs = fleet(1, p.world)
+    d = DaemonProc(cpu=DAEMON_CPUS[0], null=null, stall_threshold=STALL_THRESHOLD)
+    try:
+        cl = Clients(jobs, [d.grpc], processes=CLIENT_PROCESSES, stack_change=STACK_CHANGE,
+                     cpus=CLIENT_CPUS)
+        try:
+            cl.wait_ready(300)
+            time.sleep(2.0)
+            cl.ask(cmd="mode", mode="saturate")
+            time.sleep(p.warmup)
+            return rate_window(cl, [d], p.saturate_seconds)
+        finally:
+            cl.stop()
+    finally:
+        d.stop()
+
+
+def rate_pairs(p: Profile, repeats: int) -> dict:
+    """The daemon's saturated rate per CPU-second against the transport floor's,
+    measured alternately ``repeats`` times each (the ratio within each pair is
+    what this shared machine can tell)."""
+    pairs = []
+    for _ in range(repeats):
+        daemon = saturated_rate(p, null=False)["samples_per_daemon_cpu_s"]
+        floor = saturated_rate(p, null=True)["samples_per_daemon_cpu_s"]
+        pairs.append({"daemon": daemon, "floor": floor, "ratio": daemon / floor})
+    return {"ranks": p.world, "pairs": pairs,
+            "ratio_median": statistics.median(x["ratio"] for x in pairs)}
+
+
 def many_jobs(jobs_n: int, world: int, p: Profile, *, http: bool = True,
               streams_per_channel: int = 1, interval: float = QUIET_INTERVAL) -> dict:
     """Many jobs on one daemon: saturated rate, memory, and the HTTP views."""
@@ -991,10 +1024,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=None, metavar="N",
                     help="with --ingest-workers: stall trials per daemon (default: the "
                          "profile's)")
+    ap.add_argument("--rate", type=int, default=0, metavar="PAIRS",
+                    help="instead of the whole run: the daemon's saturated rate per CPU-second "
+                         "and the transport floor's, alternately, PAIRS times")
     ap.add_argument("--shards", action="store_true",
                     help="instead of the whole run: the many-jobs fleet on one daemon and "
                          "on two shards (saturated rates, placement)")
     a = ap.parse_args(argv)
+    if a.rate:
+        r = rate_pairs(FULL if a.full else QUICK, a.rate)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(r, f, indent=1)
+        for x in r["pairs"]:
+            print(f"daemon {x['daemon'] / 1000:.1f}k, transport floor {x['floor'] / 1000:.1f}k "
+                  f"samples per CPU-second: {x['ratio']:.2f} of the floor")
+        print(f"median {r['ratio_median']:.2f} of the floor ({r['ranks']} ranks)")
+        return 0
     if a.shards:
         r = compare_shards(FULL if a.full else QUICK)
         if a.json:

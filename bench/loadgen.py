@@ -503,19 +503,24 @@ async def _serve(stall_threshold: float, tick: float, workers: int = 0) -> None:
 
 
 async def _serve_null() -> None:
-    """The same gRPC server and handler shape as the daemon's, minus the daemon."""
+    """The same gRPC server, options and handler shape as the daemon's (its
+    transport step, ``ingest.serve``), minus the daemon: parse and ack."""
     import grpc
 
+    from ncclwatch.daemon import ingest
     from ncclwatch.daemon.service import SERVER_OPTIONS, SERVICE
 
     counts = {"samples_total": 0, "reports_total": 0}
+    parse, ack = pb.ReportRequest.FromString, pb.ReportResponse
+
+    def answer(raw: bytes) -> bytes:
+        r = parse(raw).report
+        counts["reports_total"] += 1
+        counts["samples_total"] += len(r.samples)
+        return ack(ack_seq=r.seq).SerializeToString()
 
     async def report(requests, context):
-        async for raw in requests:
-            r = pb.ReportRequest.FromString(raw).report
-            counts["reports_total"] += 1
-            counts["samples_total"] += len(r.samples)
-            yield pb.ReportResponse(ack_seq=r.seq).SerializeToString()
+        await ingest.serve(context, answer)
 
     server = grpc.aio.server(options=SERVER_OPTIONS)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(

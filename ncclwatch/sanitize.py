@@ -128,8 +128,12 @@ def _cut(head: str, room: int) -> str:
 
 
 def is_clean(value: str) -> bool:
-    """True when ``value`` needs no escaping (valid UTF-8, no controls)."""
-    return _UNSAFE.search(value) is None
+    """True when ``value`` needs no escaping (valid UTF-8, no controls).
+
+    Printable ASCII, nearly all text, is told in C without the regex: the
+    only ASCII it escapes are the C0 controls and DEL, which are exactly the
+    ASCII characters ``isprintable`` refuses."""
+    return (value.isascii() and value.isprintable()) or _UNSAFE.search(value) is None
 
 
 def for_log(value: object, cap: int = MAX_LOG) -> str:
@@ -253,6 +257,13 @@ def filter_env(env: Mapping[str, str]) -> dict[str, str]:
 # page, the API, /metrics and the logs then hold only escaped text.
 
 
+#: Escaped forms of the strings that needed escaping, by (field, value): a
+#: hostile value repeats every round, its escape is made once (bounded: the
+#: oldest half is forgotten when full).
+_ESCAPED: dict[tuple[str, str], str] = {}
+_ESCAPED_MAX = 4096
+
+
 def stored(field: str, value: str) -> str:
     """``value`` of report field ``field`` as the daemon stores it: escaped with
     the one escaper, and cut (TRUNCATED) only where escaping made it longer than
@@ -260,7 +271,15 @@ def stored(field: str, value: str) -> str:
     bound for that field."""
     if is_clean(value):
         return value
-    return clean(value, max(len(value), FIELDS[field].cap), count=False)
+    key = (field, value)
+    out = _ESCAPED.get(key)
+    if out is None:
+        out = clean(value, max(len(value), FIELDS[field].cap), count=False)
+        if len(_ESCAPED) >= _ESCAPED_MAX:
+            for old in list(_ESCAPED)[:_ESCAPED_MAX // 2]:
+                del _ESCAPED[old]
+        _ESCAPED[key] = out
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,10 +290,18 @@ class _Plan:
     lists: tuple[tuple[str, str], ...]        # repeated strings
     maps: tuple[tuple[str, str, str], ...]    # string -> string: (attribute, key, value)
     messages: tuple[tuple[str, bool], ...]    # (attribute, repeated): those that reach a string
+    names: tuple[str, ...]                    # the attributes of ``strings``
+    #: ``messages`` with the plan of each one's type: (attribute, repeated, plan)
+    subs: tuple[tuple[str, bool, Any], ...] = ()
 
 
-@functools.cache
+_PLANS: dict[str, _Plan] = {}
+
+
 def _plan(desc: Any) -> _Plan:
+    plan = _PLANS.get(desc.full_name)
+    if plan is not None:
+        return plan
     prefix = len(desc.file.package) + 1
     strings, lists, maps, messages = [], [], [], []
     for fd in desc.fields:
@@ -288,7 +315,13 @@ def _plan(desc: Any) -> _Plan:
                 raise TypeError(f"{fd.full_name}: a map of messages is not walked")
         elif fd.type == fd.TYPE_MESSAGE and _reaches_text(fd.message_type):
             messages.append((fd.name, fd.is_repeated))
-    return _Plan(tuple(strings), tuple(lists), tuple(maps), tuple(messages))
+    plan = _PLANS[desc.full_name] = _Plan(
+        tuple(strings), tuple(lists), tuple(maps), tuple(messages),
+        tuple(a for a, _ in strings))
+    # The sub-messages' plans, once this one is known (a type may reach itself).
+    object.__setattr__(plan, "subs", tuple(
+        (name, rep, _plan(desc.fields_by_name[name].message_type)) for name, rep in messages))
+    return plan
 
 
 @functools.cache
@@ -324,57 +357,72 @@ def _maps_clean(msg: Any, plan: _Plan) -> bool:
     return True
 
 
+def _texts(msg: Any, plan: _Plan, out: list[str]) -> bool:
+    """Append every string ``msg`` holds (nested messages and lists; maps are
+    judged apart, ``_maps_clean``) to ``out``; False as soon as a map holds
+    text that is not clean."""
+    if plan.names:
+        out += [getattr(msg, a) for a in plan.names]
+    for attr, _ in plan.lists:
+        out += getattr(msg, attr)
+    if plan.maps and not _maps_clean(msg, plan):
+        return False
+    for attr, repeated, sub in plan.subs:
+        if repeated:
+            subs = getattr(msg, attr)
+            if subs:    # iterating an empty repeated field costs more than asking
+                for m in subs:
+                    if not _texts(m, sub, out):
+                        return False
+        elif msg.HasField(attr) and not _texts(getattr(msg, attr), sub, out):
+            return False
+    return True
+
+
 def neutralise(msg: Any) -> int:
     """Every string of the proto message ``msg`` (nested messages, repeated
     fields and maps, keys too) made safe in place by ``stored``; the number of
-    strings that had to be changed. Clean text costs one regex search per
-    message and per map or list (about 4 us a rank sample)."""
+    strings that had to be changed. Clean text, the rule, costs one walk that
+    gathers the strings and one regex search over all of them; only a message
+    that holds text to escape is walked again, field by field."""
     plan = _plan(msg.DESCRIPTOR)
+    texts: list[str] = []
+    if _texts(msg, plan, texts) and is_clean("".join(texts)):
+        return 0
+    return _neutralise(msg, plan)
+
+
+def _neutralise(msg: Any, plan: _Plan) -> int:
+    """``neutralise`` field by field (``msg`` holds text to escape somewhere)."""
     changed = 0
-    if plan.strings:
-        values = [getattr(msg, a) for a, _ in plan.strings]
-        if not is_clean("".join(values)):
-            for (attr, name), v in zip(plan.strings, values):
-                if not is_clean(v):
-                    setattr(msg, attr, stored(name, v))
-                    changed += 1
+    for attr, name in plan.strings:
+        v = getattr(msg, attr)
+        if not is_clean(v):
+            setattr(msg, attr, stored(name, v))
+            changed += 1
     for attr, name in plan.lists:
         items = getattr(msg, attr)
-        if items and not is_clean("".join(items)):
-            for i, v in enumerate(items):
-                if not is_clean(v):
-                    items[i] = stored(name, v)
-                    changed += 1
-    for attr, kname, vname in (() if not plan.maps or _maps_clean(msg, plan) else plan.maps):
+        for i, v in enumerate(items):
+            if not is_clean(v):
+                items[i] = stored(name, v)
+                changed += 1
+    for attr, kname, vname in plan.maps:
         m = getattr(msg, attr)
-        if not is_clean("".join(m) + "".join(m.values())):
-            dirty = [(k, v) for k, v in m.items() if not (is_clean(k) and is_clean(v))]
-            for k, _ in dirty:
-                del m[k]
-            for k, v in dirty:
-                m[stored(kname, k)] = stored(vname, v)
-            changed += len(dirty)
-    for attr, repeated in plan.messages:
+        dirty = [(k, v) for k, v in m.items() if not (is_clean(k) and is_clean(v))]
+        for k, _ in dirty:
+            del m[k]
+        for k, v in dirty:
+            m[stored(kname, k)] = stored(vname, v)
+        changed += len(dirty)
+    for attr, repeated, sub in plan.subs:
         if repeated:
-            subs = getattr(msg, attr)
-            if subs and _flat_clean(subs):
-                continue
-            for sub in subs:
-                changed += neutralise(sub)
+            for m in getattr(msg, attr):
+                texts: list[str] = []
+                if not (_texts(m, sub, texts) and is_clean("".join(texts))):
+                    changed += _neutralise(m, sub)
         elif msg.HasField(attr):
             changed += neutralise(getattr(msg, attr))
     return changed
-
-
-def _flat_clean(subs: Any) -> bool:
-    """A repeated message of singular strings only (a stack's frames) whose text
-    is all clean: one regex search over all of it, not one walk per item (the
-    frames were most of ingest's cost)."""
-    plan = _plan(subs[0].DESCRIPTOR)
-    if plan.lists or plan.maps or plan.messages:
-        return False
-    names = [a for a, _ in plan.strings]
-    return is_clean("".join([getattr(sub, a) for sub in subs for a in names]))
 
 
 # -- the terminal ----------------------------------------------------------------------

@@ -20,6 +20,8 @@ change the table (a job resized, which node owns a rank: ownership.py).
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -30,7 +32,7 @@ from ncclwatch.contract.bounds import Bounds
 from ncclwatch.contract.checks import Fault
 from ncclwatch.contract.limits import DEFAULT_BOUNDS, MAX_ID, MAX_JOB_ID
 from ncclwatch.daemon.nodebudget import rank_cost
-from ncclwatch.daemon.validate import ReportError, check_node
+from ncclwatch.daemon.validate import ReportError, Shape, check_node, read_briefs
 from ncclwatch.v1 import collector_pb2 as pb
 
 
@@ -56,38 +58,58 @@ class Dropped:
         return self.fault.bound
 
 
+#: A stack's wire digest and text (characters) as the daemon verified it, by id.
+Held = Mapping[str, tuple[bytes, int]]
+
+
 @dataclass
 class Admission:
     """What to leave out of an admitted report (already taken out of it):
     ``dropped`` parts, ``rejected`` jobs (left out whole, by why) and the
     ``slots`` of dropped samples and changes (table.apply's left_out_slots:
-    protocol 2 briefs of them are skipped)."""
+    protocol 2 briefs of them are skipped).
+
+    Also what the rest of ingest reads instead of the message: its ``shape``
+    (validate.Shape: the briefs, those dropped taken out), the ids of stacks taken out
+    because the daemon holds them as sent (``held``: they are touched, not
+    checked, escaped or stored again) and the wire digest and text of each
+    new stack that passed (``wire``, for ``Held`` once it is stored)."""
 
     dropped: list[Dropped] = field(default_factory=list)
     rejected: dict[str, ReportError] = field(default_factory=dict)
     slots: list[int] = field(default_factory=list)
+    shape: Shape | None = field(default=None, compare=False)
+    held: list[str] = field(default_factory=list, compare=False)
+    wire: dict[str, tuple[bytes, int]] = field(default_factory=dict, compare=False)
 
 
 def admit(req: pb.ReportRequest,
           world_size_of: Callable[[str], int | None] = lambda job: None,
           bounds: Bounds = DEFAULT_BOUNDS,
-          holder_of: Callable[[str, int], int | None] = lambda job, rank: None) -> Admission:
+          holder_of: Callable[[str, int], int | None] = lambda job, rank: None,
+          held: Held | None = None) -> Admission:
     """Check ``req``; raise ReportError for the node's own fault, else take
     each faulty part out of it and return what was left out and why.
 
     ``world_size_of`` gives a tracked job's world size, or None: a report
     may not change it (the job is left out, FAILED_PRECONDITION).
     ``holder_of`` gives the pid the daemon holds for a (job, rank), or None:
-    of two processes claiming it in one report, that one keeps it."""
-    check_node(req, bounds)
+    of two processes claiming it in one report, that one keeps it.
+    ``held``: the stacks the daemon holds (``Held``); one sent again byte for
+    byte is taken out of the request, counted in the report's stack text."""
+    shape = check_node(req, bounds)
     r = req.report
-    out = Admission()
-    _stacks(r, bounds, out)
-    _samples(r, world_size_of, bounds, out, holder_of)
-    _exited(r, out)
-    if r.changes:
+    out = Admission(shape=shape)
+    # Each part only where the report has some: a steady report is briefs alone.
+    if shape.stacks:
+        _stacks(r, bounds, out, held or {})
+    if shape.samples:
+        _samples(r, world_size_of, bounds, out, holder_of)
+    if shape.exited:
+        _exited(r, out)
+    if shape.changes:
         _changes(r, bounds, out)
-    if r.briefs.slot:
+    if shape.briefs.slot:
         _briefs(r, out)
     return out
 
@@ -99,23 +121,42 @@ def _keep(container, drop: set[int]) -> None:
     container.extend(kept)
 
 
-def _stacks(r: pb.NodeReport, bounds: Bounds, out: Admission) -> None:
+def wire_digest(s: pb.Stack) -> bytes:
+    """What a stack is as sent: the digest of its wire bytes."""
+    return hashlib.blake2b(s.SerializeToString(), digest_size=16).digest()
+
+
+def _stacks(r: pb.NodeReport, bounds: Bounds, out: Admission, held: Held) -> None:
     """Each stack, and their text in all: a stack that fails (or passes the
-    report's total) leaves ``r`` alone."""
-    text, drop = 0, set()
-    for i, s in enumerate(r.stacks):
-        f, n = checks.check_stack(s, bounds)
+    report's total) leaves ``r`` alone. One the daemon holds as sent (the
+    same id and wire digest: every agent of a job sends the job's few stacks
+    once per stream) is not checked again: its frames were, with its text."""
+    text, drop, known = 0, set(), set()
+    stacks = r.stacks
+    for i, s in enumerate(stacks):
+        sid, wire = s.id, wire_digest(s)
+        was = held.get(sid)
+        if was is not None and was[0] == wire:
+            f, n = None, was[1]
+        else:
+            f, n = checks.check_stack(s, bounds)
+            was = None
         if f is None and text + n > bounds.max_report_stack_bytes:
             f = Fault("stack", "stack_too_big", f"{text + n} bytes of stack text in one report "
                       f"(max_report_stack_bytes {bounds.max_report_stack_bytes})",
                       "report_stack_bytes", checks.TOO_BIG)
         if f is not None:
-            out.dropped.append(Dropped("stack", f, f.message, stack_id=s.id[:MAX_ID]))
+            out.dropped.append(Dropped("stack", f, f.message, stack_id=sid[:MAX_ID]))
             drop.add(i)
             continue
         text += n
-    if drop:
-        _keep(r.stacks, drop)
+        if was is not None:
+            known.add(i)
+            out.held.append(sid)
+        else:
+            out.wire.setdefault(sid, (wire, n))
+    if drop or known:
+        _keep(stacks, drop | known)
 
 
 def _samples(r: pb.NodeReport, world_size_of: Callable[[str], int | None], bounds: Bounds,
@@ -232,7 +273,7 @@ def _changes(r: pb.NodeReport, bounds: Bounds, out: Admission) -> None:
 def _briefs(r: pb.NodeReport, out: Admission) -> None:
     """A brief with a reading out of range is dropped alone (its rank keeps
     its slot: the next brief counts)."""
-    bad = checks.bad_briefs(r.briefs)
+    bad = checks.bad_briefs(out.shape.briefs)
     if not bad:
         return
     b = r.briefs
@@ -243,6 +284,7 @@ def _briefs(r: pb.NodeReport, out: Admission) -> None:
     drop = set(bad)
     for name in ("slot", "still_seconds", "cpu_utilization", "cpu_seconds"):
         _keep(getattr(b, name), drop)
+    out.shape = out.shape._replace(briefs=read_briefs(b))
 
 
 # -- the table's judgments: a job left out whole ---------------------------------------

@@ -124,12 +124,14 @@ class Daemon:
         or None on a connection without TLS.
         """
         now = time.monotonic() if now is None else now
-        who = identity_of(req.report.node, cert_names)
+        report = req.report
+        who = identity_of(report.node, cert_names)
         try:
             if cert_names is not None:
-                self._check_identity(req.report, cert_names)
-            self._check_agent(req.report.agent_id, who)
-            adm = admit(req, self.table.world_size, self.config.bounds, self._holder)
+                self._check_identity(report, cert_names)
+            self._check_agent(report.agent_id, who)
+            adm = admit(req, self.table.world_size, self.config.bounds, self._holder,
+                        self.table.stacks.held)
         except ReportError as e:
             self.rejected_total[e.code.name] += 1
             if e.bound:
@@ -146,29 +148,35 @@ class Daemon:
         # the API and /metrics never see a control or bidi character of a
         # report's own making. Checked above as sent (its stack ids are the
         # hashes of the frames as sent).
-        if sanitize.neutralise(req.report):
+        shape = adm.shape
+        if (shape.parts or not self._known_header(report)) and sanitize.neutralise(report):
             self.texts_escaped_total += 1
             rejected = {sanitize.stored("RankIdentity.job_id", k): e for k, e in rejected.items()}
-        self._resized(req.report, rejected, now)
-        for bound in (*over_bounds(self.table, req.report, rejected, self.config.bounds, who),
-                      *over_bytes(self.table, req.report, rejected, self.config.bounds, who)):
-            self.bound_hits_total[bound] += 1
-        aside = self.ownership.judge(self.table, req.report, now, rejected)
         dropped: list[int] = list(adm.slots)
-        if aside:
-            dropped += self._set_aside(req.report, aside)
+        if shape.samples:    # a steady report (briefs alone) holds nothing to judge here
+            self._resized(report, rejected, now)
+            for bound in (*over_bounds(self.table, report, rejected, self.config.bounds, who),
+                          *over_bytes(self.table, report, rejected, self.config.bounds, who)):
+                self.bound_hits_total[bound] += 1
+            aside = self.ownership.judge(self.table, report, now, rejected)
+            if aside:
+                dropped += self._set_aside(report, aside)
         if rejected:
-            dropped += self._drop_jobs(req.report, rejected)
+            dropped += self._drop_jobs(report, rejected)
             for e in rejected.values():
                 self.record_fault(who, e.reason or "job_over_bound", now)
-        missing = self.table.apply(req.report, now, left_out=rejected.keys(),
-                                   left_out_slots=dropped, identity=who)
-        agent = self.table.agents[req.report.agent_id]
+        missing = self.table.apply(report, now, left_out=rejected.keys(),
+                                   left_out_slots=dropped, identity=who, shape=shape,
+                                   held=adm.held)
+        if adm.wire:
+            self.table.stacks.remember(adm.wire)
+        agent = self.table.agents[report.agent_id]
         agent.connected = True
         if parts:   # a stack left out is not asked for again: the agent keeps it back
             gone = {p.stack_id for p in parts if p.stack_id}
             missing = [m for m in missing if m not in gone]
-        resp = pb.ReportResponse(ack_seq=req.report.seq, missing_stack_ids=missing)
+        resp = (pb.ReportResponse(ack_seq=report.seq, missing_stack_ids=missing) if missing
+                else pb.ReportResponse(ack_seq=report.seq))
         for p in parts:
             resp.dropped_parts.add(what=p.what, stack_id=p.stack_id, job_id=p.job_id,
                                    rank=p.rank, bound=p.bound,
@@ -182,6 +190,14 @@ class Daemon:
         while agent.commands:
             resp.commands.append(agent.commands.popleft())
         return resp
+
+    def _known_header(self, report: pb.NodeReport) -> bool:
+        """Whether the report's own text (its node, agent id and version: all a
+        report of briefs alone holds) is what the daemon stored for its agent
+        last time, escaped already: then there is nothing to escape."""
+        agent = self.table.agents.get(report.agent_id)   # keyed by the stored id
+        return (agent is not None and report.node == agent.node
+                and report.health.version == agent.health.version)
 
     def record_fault(self, who: str, reason: str, now: float) -> None:
         """Count one part dropped or report refused against node ``who``."""

@@ -9,6 +9,12 @@ to 55 ms with them). Freezing moves what exists into the permanent
 generation, so later collections look only at what is new. Reference cycles
 frozen meanwhile are reclaimed by a full collection now and then, one pause
 at a known interval instead of many at random ones.
+
+While the tables grow (a daemon's first minute: every agent connects, every
+rank is new) CPython runs a full collection each time the long-lived objects
+grew by a quarter, each one over all of them: ingest at 2,048 ranks ran 1.6x
+slower with them (bench/daemon_ingest.py). So what survived a full
+collection is frozen at the next tick too, not only once a minute.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ class HeapPolicy:
         self._frozen_at = self._reclaimed_at = clock()
         self.freezes_total = 0
         self.reclaims_total = 0
+        self._full = _full_collections()
 
     def step(self) -> None:
         """Called after each detection tick, on the event loop."""
@@ -38,7 +45,13 @@ class HeapPolicy:
             gc.freeze()
             self._reclaimed_at = self._frozen_at = now
             self.reclaims_total += 1
-        elif now - self._frozen_at >= FREEZE_EVERY:
+        elif now - self._frozen_at >= FREEZE_EVERY or _full_collections() != self._full:
             gc.freeze()
             self._frozen_at = now
             self.freezes_total += 1
+        self._full = _full_collections()
+
+
+def _full_collections() -> int:
+    """Full (oldest generation) collections CPython has run in this process."""
+    return gc.get_stats()[-1]["collections"]

@@ -31,6 +31,10 @@ class StackStore:
         self.bytes = 0
         #: Stacks evicted to stay under ``max_bytes`` (a bound hit each).
         self.evicted_for_bytes_total = 0
+        #: id -> (wire digest, text) of each kept stack as it was sent, before
+        #: it was escaped (admission.Held): sent again alike, it is not
+        #: checked, escaped or stored again, only touched.
+        self.held: dict[str, tuple[bytes, int]] = {}
 
     def __contains__(self, sid: str) -> bool:
         return sid in self._stacks
@@ -48,10 +52,22 @@ class StackStore:
         )
         self.bytes += _text_of(st)
         while len(self._stacks) > self._limit:
-            self.bytes -= _text_of(self._stacks.popitem(last=False)[1])
+            self._evict()
         while self.bytes > self.max_bytes and len(self._stacks) > 1:
-            self.bytes -= _text_of(self._stacks.popitem(last=False)[1])
+            self._evict()
             self.evicted_for_bytes_total += 1
+
+    def _evict(self) -> None:
+        sid, st = self._stacks.popitem(last=False)
+        self.bytes -= _text_of(st)
+        self.held.pop(sid, None)
+
+    def remember(self, wire: dict[str, tuple[bytes, int]]) -> None:
+        """The wire digests (admission.Admission.wire) of stacks just added;
+        one not kept (evicted at once) or already known is left alone."""
+        for sid, w in wire.items():
+            if sid in self._stacks and sid not in self.held:
+                self.held[sid] = w
 
     def get(self, sid: str) -> Stack | None:
         return self._stacks.get(sid)

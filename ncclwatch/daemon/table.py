@@ -23,6 +23,7 @@ from ncclwatch.daemon.records import Job, RankRecord
 from ncclwatch.daemon.settings import GONE_JOB_TTL
 from ncclwatch.daemon.stackstore import StackStore
 from ncclwatch.daemon.translate import container_of, take_process
+from ncclwatch.daemon.validate import Briefs, Shape, read_briefs
 from ncclwatch.model import CollectiveOp, RankState, WaitEvidence
 from ncclwatch.v1 import collector_pb2 as pb
 
@@ -71,14 +72,19 @@ class JobTable:
 
     def apply(self, report: pb.NodeReport, recv: float, recv_wall: float | None = None,
               left_out: Collection[str] = (), left_out_slots: Collection[int] = (),
-              identity: str | None = None) -> list[str]:
+              identity: str | None = None, shape: Shape | None = None,
+              held: Collection[str] = ()) -> list[str]:
         """Apply a validated report; return stack ids the daemon lacks.
 
         ``left_out``: jobs whose samples were taken out of the report (rejected):
         a full round without them says nothing about their ranks, and
         ``left_out_slots`` (their samples' slots) are skipped by later briefs.
         ``identity``: the node identity a new agent counts against
-        (nodebudget.identity_of); the report's node if not given."""
+        (nodebudget.identity_of); the report's node if not given.
+        ``shape``: the report's parts as admission read them (validate.Shape;
+        read from the report if not given); ``held``: ids of stacks admission
+        took out of it because they are kept as sent (touched here, as a
+        resent one is)."""
         self._fresh_agents = None
         agent = self.agents.get(report.agent_id)
         if agent is None:
@@ -95,24 +101,31 @@ class JobTable:
         agent.last_recv = recv
         agent.last_recv_wall = recv_wall if recv_wall is not None else time.time()
         agent.interval = report.interval_seconds or agent.interval
-        agent.health = report.health
-        agent_left_out = sum(report.health.parts_left_out)
+        health = agent.health = report.health
+        agent_left_out = sum(health.parts_left_out[:])
         if agent_left_out > agent.left_out_total:
             agent.left_out_at = recv   # a part left out since: a fault of the node's
         agent.left_out_total = agent_left_out
-        briefs = report.briefs.slot
+        if shape is None:
+            shape = Shape(read_briefs(report.briefs), report.samples, report.changes,
+                          report.stacks, report.exited)
+        briefs, samples, changes = shape.briefs, shape.samples, shape.changes
         if report.slots_reset:
             agent.slots = {}
         # A full round of full samples names every live rank of the stream:
         # its slots replace the table (slots of ranks gone are dropped).
-        slots = agent.slots if briefs or report.changes or not report.full_round else {}
+        full_round = report.full_round
+        slots = agent.slots if briefs.slot or changes or not full_round else {}
         for slot in left_out_slots:
             slots[slot] = None
         agent.reports_total += 1
         self.reports_total += 1
 
-        for s in report.stacks:
-            self.stacks.add(s)
+        for sid in held:
+            self.stacks.touch(sid)
+        if shape.stacks:
+            for st in shape.stacks:
+                self.stacks.add(st)
         missing: list[str] = []
         reported: set[tuple[str, int]] = set()
         # The hot loop (bench/daemon_ingest.py): each protobuf field is read
@@ -130,10 +143,38 @@ class JobTable:
             if offset < agent.anchored_offset - REANCHOR_STEP and agent.ranks:
                 self._reanchor(agent, offset)
             agent.anchored_offset = offset
+        if samples:
+            self._apply_samples(agent, samples, slots, reported, recv, anchor, agent_clock,
+                                missing, node)
+        if changes:
+            self._apply_changes(agent, changes, slots, reported, recv, anchor,
+                                agent_clock, missing)
+        if briefs.slot:
+            self._apply_briefs(agent, briefs, slots, reported, recv)
+        agent.slots = slots
+
+        if shape.exited:
+            self._exited(shape.exited, node, recv)
+        if full_round:
+            if reported != agent.ranks:
+                kept = ({jr for jr in agent.ranks if jr[0] in left_out}
+                        if left_out else set())
+                for job_id, rank in agent.ranks - reported - kept:
+                    self._gone(job_id, rank, None, recv, agent_id)
+                agent.ranks = reported | kept
+        else:
+            agent.ranks |= reported
+        return missing
+
+    def _apply_samples(self, agent: AgentRecord, samples, slots: dict[int, Any],
+                       reported: set[tuple[str, int]], recv: float, anchor: float,
+                       agent_clock: float, missing: list[str], node: str) -> None:
+        """Full RankSamples: identity, state, process readings, job facts."""
         jobs = self.jobs
         held, payer = self.held, agent.identity
+        agent_id = agent.agent_id
         job: Job | None = None
-        for s in report.samples:
+        for s in samples:
             ident = s.identity
             job_id = ident.job_id
             if job is None or job_id != job.job_id:
@@ -183,16 +224,11 @@ class JobTable:
             reported.add(key)
             if s.slot:
                 slots[s.slot] = (job, rec, key)
-        self.samples_total += len(report.samples)
-        self.forms_total["full"] += len(report.samples)
-        if report.changes:
-            self._apply_changes(agent, report.changes, slots, reported, recv, anchor,
-                                agent_clock, missing)
-        if briefs:
-            self._apply_briefs(agent, report.briefs, slots, reported, recv)
-        agent.slots = slots
+        self.samples_total += len(samples)
+        self.forms_total["full"] += len(samples)
 
-        for ident in report.exited:
+    def _exited(self, exited, node: str, recv: float) -> None:
+        for ident in exited:
             rank = ident.rank
             job = self.jobs.get(ident.job_id)
             if rank < 0:
@@ -205,14 +241,6 @@ class JobTable:
                 self.identity_refusals_total["exited"] += 1
                 continue
             self._gone(ident.job_id, rank, ident.pid, recv)
-        if report.full_round:
-            kept = {jr for jr in agent.ranks if jr[0] in left_out} if left_out else set()
-            for job_id, rank in agent.ranks - reported - kept:
-                self._gone(job_id, rank, None, recv, agent_id)
-            agent.ranks = reported | kept
-        else:
-            agent.ranks |= reported
-        return missing
 
     def _reanchor(self, agent: AgentRecord, offset: float) -> None:
         """The agent's clock offset came out smaller than the one its ranks'
@@ -315,25 +343,41 @@ class JobTable:
         agent.changes_total += len(changes)
         self._counted(agent, "change", len(changes), unresolved)
 
-    def _apply_briefs(self, agent: AgentRecord, b: pb.RankBriefs, slots: dict[int, Any],
+    def _apply_briefs(self, agent: AgentRecord, b: Briefs, slots: dict[int, Any],
                       reported: set[tuple[str, int]], recv: float) -> None:
         """Steady ranks: a proof of life, CPU and progress; nothing else moved.
 
         The hot path of protocol 2 (bench/daemon_ingest.py): a few attribute
-        writes per rank. A slot the daemon does not hold (it restarted, or
-        forgot the job) asks the agent to resync with full samples.
+        writes per rank, the job's rounds of progress counted once per job
+        of the report. A slot the daemon does not
+        hold (it restarted, or forgot the job) asks the agent to resync with
+        full samples.
         """
-        interval, dirty, resolve = agent.interval, self.dirty, self._resolve
+        interval, dirty, jobs = agent.interval, self.dirty, self.jobs
+        agent_id = agent.agent_id
         unresolved = 0
         last_dt, a = -1.0, 1.0  # the smoothing weight, shared by ranks seen together
         none, device_wait, wait = CollectiveOp.NONE, RankState.DEVICE_WAIT, CollectiveOp.WAIT
+        job: Job | None = None   # the job of the ranks just seen, known to the table
+        stepped = 0              # ranks of ``job`` that made progress, not still
         for slot, still, cpu, cpu_s in zip(b.slot, b.still_seconds, b.cpu_utilization,
                                            b.cpu_seconds):
-            ent = resolve(agent, slots, slot)
+            ent = slots.get(slot, False)
             if not ent:
                 unresolved += ent is False  # None: a rank of a job this daemon left out
                 continue
-            job, rec, key = ent
+            j, rec, key = ent
+            if j is not job:
+                if jobs.get(key[0]) is not j:   # the job left the table since
+                    unresolved += 1
+                    continue
+                if stepped:
+                    job.waits.stepped(recv, stepped)
+                    stepped = 0
+                job = j
+            if rec.gone_at is not None or rec.agent_id != agent_id:
+                unresolved += 1
+                continue
             dt = recv - rec.seen
             if dt != last_dt:
                 last_dt = dt
@@ -344,20 +388,25 @@ class JobTable:
             rec.cpu_util = cpu
             rec.cpu_seconds = cpu_s
             if still > 0 or rec.still_since is not None or rec.still_at is not None:
+                if stepped:
+                    job.waits.stepped(recv, stepped)
+                    stepped = 0
                 take_progress(job, rec, still, False, recv, interval)
                 if still > 0:
                     dirty.add(key[0])  # a rank sitting still may be worth fresh stacks
             else:
                 # _progress for a rank that made progress and was not still: the
-                # common case, inlined (bench/daemon_ingest.py).
-                waits = job.waits
-                waits.stepped(recv)
+                # common case, inlined (bench/daemon_ingest.py); the job's rounds
+                # of progress are counted once per job of the report.
+                stepped += 1
                 op = rec.op
                 if (op is not none or rec.state is device_wait) and rec.stack_at is not None \
                         and recv - rec.stack_at >= interval:
-                    waits.progressed(op if op is not none else wait, recv)
+                    job.waits.progressed(op if op is not none else wait, recv)
             job.last_update = recv
             reported.add(key)
+        if stepped:
+            job.waits.stepped(recv, stepped)
         agent.briefs_total += len(b.slot)
         self._counted(agent, "brief", len(b.slot), unresolved)
 

@@ -118,9 +118,9 @@ class WaitLearner:
             w = self.ops[op] = OpWaits()
         return w
 
-    def stepped(self, now: float) -> None:
-        """A rank of the job made progress this round (whatever its state)."""
-        self.rounds += 1
+    def stepped(self, now: float, ranks: int = 1) -> None:
+        """``ranks`` ranks of the job made progress this round (whatever their state)."""
+        self.rounds += ranks
         if self.first_at is None:
             self.first_at = now
 
