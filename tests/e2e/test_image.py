@@ -1,7 +1,7 @@
 """The image as Kubernetes runs it: its root filesystem built from the
 Containerfile (``deploy.imageroot``: Debian's packages, the wheel, the hashed
 lock), and the daemon and agent pods of deploy/kubernetes started from it as
-the manifests say (``tests/kubelet.py``): read-only root, the daemon as uid
+the manifests say (``tests/harness/kubelet.py``): read-only root, the daemon as uid
 65532 with no capability, the agent as root with its two, mTLS between them,
 HTTPS with basic auth for the page (the Secret ``ncclwatch-daemon-web`` that
 ``ncclwatch certs`` writes), the probes. A real job stalls in its checkpoint on the

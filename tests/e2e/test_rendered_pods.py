@@ -1,4 +1,4 @@
-"""A site's rendered layout run as a kubelet would (``tests/kubelet.py``), with the
+"""A site's rendered layout run as a kubelet would (``tests/harness/kubelet.py``), with the
 Secrets cert-manager writes for its Certificates and nothing made by hand on the
 node: the daemon pod from the rendered Deployment and ConfigMap, the agent pod of
 this node's own DaemonSet with its node's Secret mounted (``tls.crt``,
@@ -20,7 +20,7 @@ from ncclwatch import kubecerts
 from ncclwatch.certs import Issued, web_auth
 from ncclwatch.kuberender import Site, render
 from tests.conftest import ARTIFACTS, ROOT, need_system
-from tests.kubelet import Kubelet, Netns, config_map, host_image
+from tests.harness.kubelet import Kubelet, Netns, config_map, host_image
 from tests.test_k8s_render import issue_as_cert_manager, one
 
 pytestmark = pytest.mark.e2e
