@@ -1,5 +1,5 @@
 """README.md is a newcomer's page: short, and its sample ``ncclwatch status``
-output is the real output of the recorded demo run (tests/test_status_render.py)."""
+output is the real output of the recorded demo run (tests/unit/test_status_render.py)."""
 
 from __future__ import annotations
 

@@ -12,30 +12,7 @@ from __future__ import annotations
 import json
 
 from ncclwatch import status
-from tests.conftest import ROOT
-
-VIEW = ROOT / "tests" / "data" / "status" / "demo_view.json"
-DAEMON = "http://127.0.0.1:7471"
-
-
-def demo_text() -> str:
-    return status.render(json.loads(VIEW.read_text()), DAEMON)
-
-
-def assert_snippets_as_lines(view: dict, text: str) -> int:
-    """Every line of every fix's snippet is a line of ``text`` (indented 6),
-    in order. Returns how many snippet lines."""
-    lines = text.splitlines()
-    n = 0
-    for job in view["jobs"]:
-        for stall in job["stalls"]:
-            for fx in (stall.get("diagnosis") or {}).get("fixes", []):
-                want = [f"      {ln}" if ln else "" for ln in fx["snippet"].splitlines()]
-                start = next((i for i in range(len(lines))
-                              if lines[i:i + len(want)] == want), None)
-                assert start is not None, f"snippet of {fx['remedy']} not as lines:\n{text}"
-                n += len(want)
-    return n
+from tests.harness.statusview import DAEMON, VIEW, assert_snippets_as_lines
 
 
 def test_demo_status_prints_each_snippet_line_on_its_own_line() -> None:
