@@ -23,13 +23,9 @@ import pytest
 
 from ncclwatch import certs, install, kubecerts
 from ncclwatch.cli import AGENT_OPTIONS, DAEMON_OPTIONS, RUN_OPTIONS, build_parser
+from tests.harness.paths import ROOT
+from tests.harness.release import PYTHONS  # the release's one list of supported Pythons
 
-try:  # the release's one list of supported Pythons
-    from tests.harness.release import PYTHONS
-except ImportError:  # pragma: no cover - a tree from before the test harness
-    from tests.test_release import PYTHONS
-
-ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
 DOCS = ROOT / "docs"
 #: Pages for users: everything but the developers' page (tests, module map)
 #: and BENCHMARKS.md (which names the bench scripts and tests it measured).
