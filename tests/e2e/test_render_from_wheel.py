@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from ncclwatch.kuberender import Site, render
-from tests.conftest import ROOT
+from tests.harness.paths import ROOT
 
 pytestmark = pytest.mark.e2e
 

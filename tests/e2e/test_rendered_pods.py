@@ -19,9 +19,10 @@ import yaml
 from ncclwatch import kubecerts
 from ncclwatch.certs import Issued, web_auth
 from ncclwatch.kuberender import Site, render
-from tests.conftest import ARTIFACTS, ROOT, need_system
+from tests.harness.k8s import issue_as_cert_manager, one
 from tests.harness.kubelet import Kubelet, Netns, config_map, host_image
-from tests.test_k8s_render import issue_as_cert_manager, one
+from tests.harness.paths import ARTIFACTS, ROOT
+from tests.harness.tools import need_system
 
 pytestmark = pytest.mark.e2e
 

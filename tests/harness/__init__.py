@@ -20,6 +20,8 @@ Each module is named for what it gives:
 - ``slurm``: a real single-node Slurm cluster, the TaskProlog run as slurmstepd runs it.
 - ``containerns``: containers made by the test (namespaces, chroot, pivot_root).
 - ``kubelet``: pods of the rendered manifests started as a kubelet would.
+- ``k8s``: the Kubernetes layout as tests read it: the CRDs' fields, objects by kind and
+  name, its pods' certificates and web login, cert-manager's Secrets for its Certificates.
 - ``throttlefs``: a bandwidth-limited FUSE mount.
 - ``release``: the runtime lock's pins per Python.
 - ``statusview``: ``ncclwatch status`` on the view recorded from ``make demo``.

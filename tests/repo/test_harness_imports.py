@@ -31,13 +31,8 @@ PENDING: frozenset[str] = frozenset({
     "tests/test_grpc.py",
     "tests/test_ingest_step.py",
     "tests/test_ingest_workers.py",
-    "tests/test_k8s_manifests.py",
-    "tests/test_k8s_render.py",
-    "tests/test_k8s_sharded.py",
     "tests/test_shard_views.py",
     "tests/test_tls.py",
-    "tests/e2e/test_render_from_wheel.py",
-    "tests/e2e/test_rendered_pods.py",
 })
 
 

@@ -23,9 +23,10 @@ from ncclwatch import kuberender
 from ncclwatch.cli import AGENT_OPTIONS, DAEMON_OPTIONS, _shard_map, build_parser
 from ncclwatch.config import load_file, resolve
 from ncclwatch.shard import shard_list
-from tests.conftest import Proc, free_port, need
-from tests.test_k8s_manifests import (CRD_SCHEMAS, K8S, VERSIONS, _metrics, agent_tls_env,  # noqa: F401
-                                      core, k8s_pki, localize)
+from tests.harness.k8s import (CRD_SCHEMAS, K8S, VERSIONS, agent_tls_env, core, layout_pki,
+                               localize, scrape_metrics)
+from tests.harness.procs import Proc, free_port
+from tests.harness.tools import need
 
 SHARDED = K8S / "sharded"
 N = generate.SHARD_COUNT
@@ -164,6 +165,12 @@ def test_podmonitor_labels_every_daemon_with_its_shard() -> None:
     assert "replica" in relabel and relabel["job"]["replacement"] == "ncclwatch"
 
 
+@pytest.fixture(scope="module")
+def k8s_pki(tmp_path_factory) -> Path:
+    """A CA, a daemon certificate and one for node gpu-node-7, by the real CLI."""
+    return layout_pki(tmp_path_factory.mktemp("k8s-pki"))
+
+
 def test_agent_with_the_daemonsets_env_reports_to_every_shard(tmp_path: Path, k8s_pki) -> None:
     """Four real daemons from the ConfigMap and their Deployments' env, the
     Services' names pointed at loopback; one real agent with the DaemonSet's
@@ -192,12 +199,12 @@ def test_agent_with_the_daemonsets_env_reports_to_every_shard(tmp_path: Path, k8
         procs.append(agent)
         want = 'ncclwatch_agent_up{node="gpu-node-7"} 1.0'
         deadline = time.time() + 60
-        while time.time() < deadline and not all(want in _metrics(p, k8s_pki)
+        while time.time() < deadline and not all(want in scrape_metrics(p, k8s_pki)
                                                  for p in http.values()):
             assert agent.alive(), agent.output()[-2000:]
             time.sleep(0.5)
         for name, port in http.items():
-            assert want in _metrics(port, k8s_pki), (name, agent.output()[-2000:])
+            assert want in scrape_metrics(port, k8s_pki), (name, agent.output()[-2000:])
     finally:
         for proc in procs:
             proc.stop()

@@ -23,11 +23,13 @@ from deploy import generate
 from ncclwatch import kuberender
 from ncclwatch.cli import AGENT_OPTIONS, DAEMON_OPTIONS, build_parser
 from ncclwatch.config import load_file, resolve
-from tests.conftest import ROOT, Proc, free_port, need
+from tests.harness.k8s import (AGENT_TLS, CRD_SCHEMAS, DAEMON_TLS, K8S, VERSIONS, WEB_MOUNT,
+                               WEB_SECRET, agent_tls_env, core, https_context, https_get,
+                               layout_pki, localize, scrape_metrics, web_login)
+from tests.harness.paths import ROOT
+from tests.harness.procs import Proc, free_port
+from tests.harness.tools import need
 
-K8S = ROOT / "deploy" / "kubernetes"
-# The oldest Kubernetes with securityContext.appArmorProfile (the agent sets it), and the newest.
-VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 UNIT = ROOT / "systemd" / "ncclwatch-agent.service"
 
 
@@ -44,10 +46,6 @@ def one(kind: str, name: str) -> dict:
     found = [d for _, d in objects() if d["kind"] == kind and d["metadata"]["name"] == name]
     assert len(found) == 1, (kind, name, len(found))
     return found[0]
-
-
-def core(obj: dict) -> bool:
-    return not obj["apiVersion"].startswith("monitoring.coreos.com/")
 
 
 # -- schemas ----------------------------------------------------------------------
@@ -80,151 +78,6 @@ def test_validation_catches_a_broken_manifest() -> None:
     ds["spec"]["template"]["spec"]["hostPID"] = "yes"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(ds, VERSIONS[-1], strict=True)
-
-
-# kubernetes-validate has no CRD schemas: these are the fields of the Prometheus
-# Operator's monitoring.coreos.com/v1 PodMonitor and PrometheusRule that the
-# manifests use, typed as the operator's API reference documents them, with
-# nothing else allowed (a misspelt field fails).
-_STR = {"type": "string"}
-_MAP = {"type": "object", "additionalProperties": _STR}
-_META = {"type": "object", "required": ["name"], "additionalProperties": False,
-         "properties": {"name": _STR, "namespace": _STR, "labels": _MAP, "annotations": _MAP}}
-_SELECTOR = {"type": "object", "additionalProperties": False,
-             "properties": {"matchLabels": _MAP, "matchExpressions": {"type": "array"}}}
-_RELABEL = {"type": "object", "additionalProperties": False, "properties": {
-    "action": {"enum": ["replace", "keep", "drop", "labelmap", "labeldrop", "labelkeep",
-                        "hashmod", "lowercase", "uppercase", "keepequal", "dropequal"]},
-    "sourceLabels": {"type": "array", "items": {"type": "string",
-                                                "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$"}},
-    "separator": _STR, "targetLabel": _STR, "regex": _STR, "modulus": {"type": "integer"},
-    "replacement": _STR}}
-_DURATION = {"type": "string", "pattern": "^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?"
-                                          "(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"}
-CRD_SCHEMAS = {
-    "PodMonitor": {"type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
-                   "additionalProperties": False, "properties": {
-        "apiVersion": {"const": "monitoring.coreos.com/v1"}, "kind": {"const": "PodMonitor"},
-        "metadata": _META,
-        "spec": {"type": "object", "required": ["selector"], "additionalProperties": False,
-                 "properties": {
-            "selector": _SELECTOR, "jobLabel": _STR,
-            "namespaceSelector": {"type": "object", "additionalProperties": False, "properties": {
-                "any": {"type": "boolean"}, "matchNames": {"type": "array", "items": _STR}}},
-            "podMetricsEndpoints": {"type": "array", "items": {
-                "type": "object", "additionalProperties": False, "properties": {
-                    "port": _STR, "path": _STR, "scheme": {"enum": ["http", "https"]},
-                    "interval": _DURATION, "scrapeTimeout": _DURATION,
-                    "honorLabels": {"type": "boolean"},
-                    "tlsConfig": {"type": "object", "additionalProperties": False,
-                                  "properties": {
-                        "ca": {"type": "object", "additionalProperties": False, "properties": {
-                            "secret": {"type": "object", "required": ["name", "key"],
-                                       "additionalProperties": False,
-                                       "properties": {"name": _STR, "key": _STR}}}},
-                        "serverName": _STR, "insecureSkipVerify": {"type": "boolean"}}},
-                    # The Operator's BasicAuth: SecretKeySelectors (name, key, optional).
-                    "basicAuth": {"type": "object", "additionalProperties": False,
-                                  "required": ["username", "password"], "properties": {
-                        part: {"type": "object", "required": ["name", "key"],
-                               "additionalProperties": False,
-                               "properties": {"name": _STR, "key": _STR,
-                                              "optional": {"type": "boolean"}}}
-                        for part in ("username", "password")}},
-                    "relabelings": {"type": "array", "items": _RELABEL},
-                    "metricRelabelings": {"type": "array", "items": _RELABEL}}}}}}}},
-    "PrometheusRule": {"type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
-                       "additionalProperties": False, "properties": {
-        "apiVersion": {"const": "monitoring.coreos.com/v1"},
-        "kind": {"const": "PrometheusRule"}, "metadata": _META,
-        "spec": {"type": "object", "additionalProperties": False, "properties": {
-            "groups": {"type": "array", "items": {
-                "type": "object", "required": ["name"], "additionalProperties": False,
-                "properties": {
-                    "name": {"type": "string", "minLength": 1}, "interval": _DURATION,
-                    "limit": {"type": "integer"}, "labels": _MAP,
-                    "rules": {"type": "array", "items": {
-                        "type": "object", "required": ["expr"], "additionalProperties": False,
-                        "oneOf": [{"required": ["alert"]}, {"required": ["record"]}],
-                        "properties": {
-                            "alert": _STR, "record": _STR,
-                            "expr": {"anyOf": [_STR, {"type": "integer"}]},
-                            "for": _DURATION, "keep_firing_for": _DURATION,
-                            "labels": _MAP, "annotations": _MAP}}}}}}}}}},
-}
-
-
-_POD_ENDPOINT = CRD_SCHEMAS["PodMonitor"]["properties"]["spec"]["properties"][
-    "podMetricsEndpoints"]
-CRD_SCHEMAS["ServiceMonitor"] = {
-    "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
-    "additionalProperties": False, "properties": {
-        "apiVersion": {"const": "monitoring.coreos.com/v1"}, "kind": {"const": "ServiceMonitor"},
-        "metadata": _META,
-        "spec": {"type": "object", "required": ["selector", "endpoints"],
-                 "additionalProperties": False, "properties": {
-            "selector": _SELECTOR, "jobLabel": _STR,
-            "namespaceSelector": CRD_SCHEMAS["PodMonitor"]["properties"]["spec"]["properties"][
-                "namespaceSelector"],
-            "endpoints": _POD_ENDPOINT}}}}
-
-# cert-manager's cert-manager.io/v1 Certificate and Issuer (`ncclwatch render
-# --node-certs cert-manager`): the fields the rendered objects use, typed and
-# enumerated as cert-manager's CRDs (deploy/crds/cert-manager.io_certificates.yaml,
-# _issuers.yaml) declare them, with nothing else allowed (the API server's strict
-# field validation refuses an unknown field), and what its webhook checks beyond
-# the CRD: a commonName of 64 characters at most, one name at least, one kind of
-# issuer per Issuer.
-_GO_DURATION = {"type": "string", "pattern": r"^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$"}
-_DNS_SUBDOMAIN = {"type": "string", "maxLength": 253,
-                  "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"}
-_STRS = {"type": "array", "items": _STR}
-KEY_USAGES = ["signing", "digital signature", "content commitment", "key encipherment",
-              "key agreement", "data encipherment", "cert sign", "crl sign", "encipher only",
-              "decipher only", "any", "server auth", "client auth", "code signing",
-              "email protection", "s/mime", "ipsec end system", "ipsec tunnel", "ipsec user",
-              "timestamping", "ocsp signing", "microsoft sgc", "netscape sgc"]
-_CM_META = {**_META, "properties": {**_META["properties"], "name": _DNS_SUBDOMAIN}}
-CRD_SCHEMAS["Certificate"] = {
-    "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
-    "additionalProperties": False, "properties": {
-        "apiVersion": {"const": "cert-manager.io/v1"}, "kind": {"const": "Certificate"},
-        "metadata": _CM_META,
-        "spec": {"type": "object", "required": ["issuerRef", "secretName"],
-                 "additionalProperties": False,
-                 "anyOf": [{"required": [k]} for k in ("commonName", "dnsNames", "uris",
-                                                       "ipAddresses", "emailAddresses")],
-                 "properties": {
-            "secretName": _DNS_SUBDOMAIN,
-            "secretTemplate": {"type": "object", "additionalProperties": False,
-                               "properties": {"labels": _MAP, "annotations": _MAP}},
-            "commonName": {"type": "string", "maxLength": 64},
-            "dnsNames": {"type": "array", "items": {"type": "string", "minLength": 1}},
-            "ipAddresses": _STRS, "uris": _STRS, "emailAddresses": _STRS,
-            "isCA": {"type": "boolean"},
-            "usages": {"type": "array", "items": {"enum": KEY_USAGES}},
-            "duration": _GO_DURATION, "renewBefore": _GO_DURATION,
-            "privateKey": {"type": "object", "additionalProperties": False, "properties": {
-                "algorithm": {"enum": ["RSA", "ECDSA", "Ed25519"]},
-                "encoding": {"enum": ["PKCS1", "PKCS8"]},
-                "rotationPolicy": {"enum": ["Never", "Always"]},
-                "size": {"type": "integer"}}},
-            "issuerRef": {"type": "object", "required": ["name"], "additionalProperties": False,
-                          "properties": {"name": _STR, "kind": _STR, "group": _STR}}}}}}
-_CRL = {"crlDistributionPoints": _STRS}
-CRD_SCHEMAS["Issuer"] = {
-    "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
-    "additionalProperties": False, "properties": {
-        "apiVersion": {"const": "cert-manager.io/v1"}, "kind": {"const": "Issuer"},
-        "metadata": _CM_META,
-        "spec": {"type": "object", "additionalProperties": False, "minProperties": 1,
-                 "maxProperties": 1, "properties": {
-            "selfSigned": {"type": "object", "additionalProperties": False, "properties": _CRL},
-            "ca": {"type": "object", "required": ["secretName"], "additionalProperties": False,
-                   "properties": {"secretName": _DNS_SUBDOMAIN, "ocspServers": _STRS,
-                                  "issuingCertificateURLs": _STRS, **_CRL}},
-            "acme": {"type": "object"}, "vault": {"type": "object"},
-            "venafi": {"type": "object"}}}}}
 
 
 def test_operator_objects_match_their_crd_fields() -> None:
@@ -405,50 +258,10 @@ def test_daemon_meets_the_restricted_pod_security_standard(letter: str) -> None:
 
 # -- certificates as the layout mounts them ----------------------------------------
 
-#: Where the pods find their certificates -> the file `ncclwatch certs` wrote.
-DAEMON_TLS = {"/etc/ncclwatch-tls/tls.crt": "daemon.pem",
-              "/etc/ncclwatch-tls/tls.key": "daemon-key.pem",
-              "/etc/ncclwatch-tls/ca.crt": "ca.pem"}
-AGENT_TLS = {"/etc/ncclwatch/tls/ca.pem": "ca.pem", "/etc/ncclwatch/tls/node.pem": "{node}.pem",
-             "/etc/ncclwatch/tls/node-key.pem": "{node}-key.pem"}
-
-
 @pytest.fixture(scope="module")
 def k8s_pki(tmp_path_factory) -> Path:
     """A CA, a daemon certificate and one for node gpu-node-7, by the real CLI."""
-    from ncclwatch.certs import make
-
-    out = tmp_path_factory.mktemp("k8s-pki")
-    make(out, ["localhost", "ncclwatch-daemon"], ["gpu-node-7"])
-    return out
-
-
-#: The Secret ncclwatch-daemon-web as `ncclwatch certs` writes its keys.
-WEB_SECRET = "kubernetes/ncclwatch-daemon-web"
-WEB_MOUNT = "/etc/ncclwatch-web/web.yml"
-
-
-def localize(toml: str, cm: dict, pki: Path, folder: Path) -> str:
-    """The ConfigMap's daemon.toml with the pods' paths pointed at ``pki``
-    (the Secrets' files, as `ncclwatch certs` wrote them) and ``folder``."""
-    assert "web.yml" not in cm["data"], "web.yml holds password hashes: a Secret, not this"
-    web = (pki / WEB_SECRET / "web.yml").read_text()
-    for mounted, name in DAEMON_TLS.items():
-        toml, web = toml.replace(mounted, str(pki / name)), web.replace(mounted, str(pki / name))
-    (folder / "web.yml").write_text(web)
-    assert WEB_MOUNT in toml
-    return toml.replace(WEB_MOUNT, str(folder / "web.yml"))
-
-
-def web_login(pki: Path) -> str:
-    """user:password of the Secret, as the PodMonitor hands them to Prometheus."""
-    return ((pki / WEB_SECRET / "username").read_text() + ":"
-            + (pki / WEB_SECRET / "password").read_text())
-
-
-def agent_tls_env(env: dict[str, str], pki: Path, node: str) -> dict[str, str]:
-    return {k: str(pki / AGENT_TLS[v].format(node=node)) if v in AGENT_TLS else v
-            for k, v in env.items()}
+    return layout_pki(tmp_path_factory.mktemp("k8s-pki"))
 
 
 def _daemon_config(tmp_path: Path, grpc: int, http: int, pki: Path) -> Path:
@@ -485,16 +298,16 @@ def test_daemon_config_ports_and_probes_match_a_real_daemon(tmp_path: Path, k8s_
         while status is None and time.time() < deadline and daemon.alive():
             try:
                 with urllib.request.urlopen(f"https://localhost:{http}{probes[0]['path']}",
-                                            timeout=5, context=_ctx(k8s_pki)) as r:
+                                            timeout=5, context=https_context(k8s_pki)) as r:
                     status = r.status
             except OSError:
                 time.sleep(0.2)
         assert status == 200, daemon.output()[-2000:]
         # Everything else asks for the Secret's password: the page, the API, /metrics.
         for path in ("/", "/api/v1/jobs", "/metrics"):
-            assert _get(http, path, k8s_pki, None)[0] == 401, path
-            assert _get(http, path, k8s_pki, "ncclwatch:not-the-password")[0] == 401, path
-        assert _get(http, "/api/v1/jobs", k8s_pki, web_login(k8s_pki))[0] == 200
+            assert https_get(http, path, k8s_pki, None)[0] == 401, path
+            assert https_get(http, path, k8s_pki, "ncclwatch:not-the-password")[0] == 401, path
+        assert https_get(http, "/api/v1/jobs", k8s_pki, web_login(k8s_pki))[0] == 200
     finally:
         daemon.stop()
 
@@ -514,34 +327,6 @@ def test_podmonitor_scrapes_both_daemons_as_the_rules_expect() -> None:
     dep = one("Deployment", "ncclwatch-daemon-a")["spec"]["template"]["metadata"]["labels"]
     sanitized = {re.sub(r"[^a-zA-Z0-9_]", "_", k): v for k, v in dep.items()}
     assert sanitized[pod_label] == "a"
-
-
-def _ctx(pki: Path):
-    import ssl
-
-    return ssl.create_default_context(cafile=str(pki / "ca.pem"))
-
-
-def _get(port: int, path: str, pki: Path, login: str | None) -> tuple[int, str]:
-    import base64
-    import urllib.error
-
-    req = urllib.request.Request(f"https://localhost:{port}{path}")
-    if login:
-        req.add_header("Authorization", "Basic " + base64.b64encode(login.encode()).decode())
-    try:
-        with urllib.request.urlopen(req, timeout=5, context=_ctx(pki)) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, ""
-
-
-def _metrics(port: int, pki: Path) -> str:
-    """/metrics as the PodMonitor scrapes it: the Secret's user and password."""
-    try:
-        return _get(port, "/metrics", pki, web_login(pki))[1]
-    except OSError:
-        return ""
 
 
 def test_agent_with_the_daemonsets_env_reports_to_both_daemons(tmp_path: Path,
@@ -571,12 +356,12 @@ def test_agent_with_the_daemonsets_env_reports_to_both_daemons(tmp_path: Path,
         daemons.append(agent)
         want = 'ncclwatch_agent_up{node="gpu-node-7"} 1.0'
         deadline = time.time() + 60
-        while time.time() < deadline and not all(want in _metrics(p, k8s_pki)
+        while time.time() < deadline and not all(want in scrape_metrics(p, k8s_pki)
                                                  for p in http.values()):
             assert agent.alive(), agent.output()[-2000:]
             time.sleep(0.5)
         for host, port in http.items():
-            assert want in _metrics(port, k8s_pki), (host, agent.output()[-2000:])
+            assert want in scrape_metrics(port, k8s_pki), (host, agent.output()[-2000:])
         # The liveness probe, as the kubelet runs it in the pod: the agent goes round.
         probe = [sys.executable if a == "python" else alive if a == "/tmp/alive" else a
                  for a in c["livenessProbe"]["exec"]["command"]]
