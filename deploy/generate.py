@@ -9,7 +9,7 @@ whole ``sharded/`` layout, as ``ncclwatch render`` renders them from the
 sources (``ncclwatch/kuberender.py``). The sources stay the one place the
 rules, dashboards and hand-written manifests are edited: after changing them,
 run this again and commit. ``--check`` writes nothing and exits 1 when a
-committed file is stale (tests/test_k8s_manifests.py runs the same comparison).
+committed file is stale (tests/repo/test_k8s_manifests.py runs the same comparison).
 
 A site's copy (namespace, image, ``release`` label, external URL, ingress
 namespace, node certificates from cert-manager) is ``ncclwatch render
