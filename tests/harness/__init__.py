@@ -29,7 +29,9 @@ Each module is named for what it gives:
 - ``fixcheck``: a remediation snippet checked with its framework's own code.
 - ``scenarios``, ``launchers``, ``scenariorun``: the scenario matrix's rows, how each
   launcher starts a world, and running one row against a live ncclwatch.
-- ``budgets``: each test's time budget (a pytest plugin, ``-p tests.harness.budgets``).
+- ``budgets``: each test's time budget (a pytest plugin, ``-p tests.harness.budgets``),
+  and each session's times left in artifacts/.
+- ``suitetimes``: BENCHMARKS.md's section on the suite, written from those times.
 - ``mangle``: what terminals and forums do to a log on its way into a paste (one table
   of transformations: the corpus's mangled twins and the diagnose property tests).
 """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -14,4 +15,4 @@ DATA = ROOT / "tests" / "data"
 #: Programs the tests run as jobs (tests/workloads).
 WORKLOADS = ROOT / "tests" / "workloads"
 #: What a run keeps for people and CI logs: process logs, screenshots, measurements.
-ARTIFACTS = ROOT / "artifacts"
+ARTIFACTS = Path(os.environ.get("NCCLWATCH_ARTIFACTS") or ROOT / "artifacts")

@@ -1,0 +1,94 @@
+"""The time budgets (tests/harness/budgets.py) fail a session that runs past them."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.harness import suitetimes
+from tests.harness.paths import ROOT
+
+SUITE = '''
+import time
+import pytest
+
+@pytest.mark.budget(0.2)
+def test_slow():
+    time.sleep(0.5)
+
+@pytest.mark.budget(30)
+def test_within():
+    time.sleep(0.5)
+'''
+
+
+def _run(tmp_path: Path, *extra: str, env: dict[str, str] | None = None):
+    (tmp_path / "test_suite.py").write_text(SUITE)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "tests.harness.budgets", "-o", "addopts=",
+         "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path), *extra],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "NCCLWATCH_TIMES_NAME": "", **(env or {})})
+
+
+def test_a_test_past_its_budget_fails_the_session_with_its_name_and_time(tmp_path) -> None:
+    proc = _run(tmp_path)
+    assert proc.returncode == 1, proc.stdout
+    assert "2 passed" in proc.stdout
+    past = proc.stdout.split("tests past their time budget")[1]
+    assert "test_suite.py::test_slow" in past and "test_within" not in past, proc.stdout
+    assert "> " in past and "0s" in past
+
+
+def test_turned_off_the_list_is_still_printed(tmp_path) -> None:
+    proc = _run(tmp_path, env={"NCCLWATCH_BUDGETS": "0"})
+    assert proc.returncode == 0, proc.stdout
+    assert "tests past their time budget" in proc.stdout
+
+
+def test_under_xdist_the_controller_sees_every_budget(tmp_path) -> None:
+    proc = _run(tmp_path, "-n", "2")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "test_suite.py::test_slow" in proc.stdout.split("tests past their time budget")[1]
+
+
+def test_a_session_leaves_its_times_and_the_section_is_written_from_them(tmp_path) -> None:
+    out = tmp_path / "artifacts"
+    (tmp_path / "test_suite.py").write_text(SUITE)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "tests.harness.budgets", "-o", "addopts=",
+         "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path)],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "NCCLWATCH_TIMES_NAME": "units",
+             "NCCLWATCH_BUDGETS": "0", "NCCLWATCH_ARTIFACTS": str(out)})
+    assert proc.returncode == 0, proc.stdout
+    times = json.loads((out / "test-times-units.json").read_text())
+    assert times["count"] == 2 and times["wall_s"] >= 1.0, times
+    slow = next(t for t in times["tests"] if t.endswith("::test_slow"))
+    assert times["tests"][slow]["budget_s"] == 0.2 and times["tests"][slow]["s"] >= 0.5
+
+    text = suitetimes.section({"units": times}, "here")
+    assert "| units | 2 | 1 |" in text and "::test_slow` " in text, text
+    assert "(budget 0)" in text and "(budget 30)" in text, text
+    doc = "# B\n\n## A\nx\n\n## The test suite\nold\n\n## Z\nz\n"
+    new = suitetimes.replaced(doc, text)
+    assert "old" not in new and new.startswith("# B\n\n## A\nx\n\n## The test suite\n")
+    assert new.endswith("## Z\nz\n") and new.count("## The test suite") == 1
+    assert suitetimes.replaced("# B\n", text).endswith(text)
+
+
+#: Where a time of the whole suite (or the matrix) may be stated: the generated section.
+SUITE_TIME = re.compile(r"(make (test|scenarios)|test suite|the matrix)[^.]{0,120}?"
+                        r"\b\d+(\.\d+)?(-\d+)? ?(min|minutes)\b", re.I | re.S)
+
+
+def test_no_page_states_the_suites_time_by_hand() -> None:
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    found = [f"{p.relative_to(ROOT)}: {m.group(0)!r}" for p in pages
+             for m in SUITE_TIME.finditer(p.read_text())]
+    assert not found, ("times of the suite belong to BENCHMARKS.md's generated section "
+                       "(python -m tests.harness.suitetimes):\n" + "\n".join(found))
