@@ -156,7 +156,7 @@ def test_oversize_is_413_with_the_limit(port) -> None:
     (b"\x00\x01\x02 not text" * 50, {}, 400, "binary, not a log"),
     (b"\x80\x04\x95" + b"pickle" * 50, {}, 400, "Flight Recorder dump"),
     (b"\x1f\x8b\x08garbage that is no deflate stream", {}, 400, "not valid gzip"),
-    (gzip.compress(b"text\n" * 1000)[:-20], {}, 400, "gzip stream ended"),
+    (gzip.compress(b"text\n" * 1000, mtime=0)[:-20], {}, 400, "gzip stream ended"),
     (b"text", {"Content-Encoding": "br"}, 415, "plain or gzip"),
 ])
 def test_bad_input_is_4xx_with_a_message(port, body, headers, code, words) -> None:
