@@ -13,7 +13,7 @@ from ncclwatch.contract import checks
 from ncclwatch.daemon.core import Daemon
 from ncclwatch.model import RankState
 from ncclwatch.v1 import collector_pb2 as pb
-from tests.factories import SAVE, frames, report, sample, stack_pb
+from tests.harness.reports import SAVE, frames, report, sample, stack_pb
 
 
 def _stacked(agent: str, node: str, seq: int, stack: pb.Stack) -> pb.ReportRequest:
