@@ -11,6 +11,7 @@ CPU, 2-4 ranks, process-group timeouts of 90 s) so the matrix fits in CI.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 PG_TIMEOUT = 90
 
@@ -86,6 +87,36 @@ class Scenario:
     def healthy(self) -> bool:
         """No alarm expected: nothing at risk (a stall within budget may show)."""
         return self.kind is None or self.at_risk is False
+
+    @property
+    def cores(self) -> float:
+        """About how many cores the row's ranks keep busy once started: what the
+        matrix admits rows by (test_matrix.py), so rows that spin never starve
+        each other while rows that wait share the machine. Every rank of a
+        GPU-shaped job spins as a device would; a busy thread burns its share in
+        every rank; a late rank computing burns one; a framework's job imports
+        and steps for most of its short life; the rest wait (gloo, slow storage)."""
+        for arg, cores in CORES_BY_ARG:
+            if arg in self.args or arg == self.script:
+                return cores(self)
+        return 0.25 * self.world
+
+
+def _after(args: tuple[str, ...], flag: str) -> float:
+    return float(args[args.index(flag) + 1])
+
+
+#: (argument or workload script, the row's cores), first match wins.
+CORES_BY_ARG: tuple[tuple[str, Callable[[Scenario], float]], ...] = (
+    ("gpu_shaped.py", lambda s: 0.5 * s.world),   # at nice 10: it yields to the rest
+    ("--busy-thread", lambda s: s.world * _after(s.args, "--busy-thread") + 0.25 * s.world),
+    ("compute", lambda s: 1.0 + 0.25 * s.world),
+    ("fw_lightning.py", lambda s: 0.5 * s.world),
+    ("fw_hf_trainer.py", lambda s: 0.5 * s.world),
+    ("fw_accelerate.py", lambda s: 0.5 * s.world),
+    ("fw_deepspeed.py", lambda s: 0.5 * s.world),
+    ("fw_torch.py", lambda s: 0.5 * s.world),
+)
 
 
 def job_args(scenario: str, *extra: str, seconds: float = 45) -> tuple[str, ...]:

@@ -16,23 +16,60 @@ from __future__ import annotations
 import json
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
+import threading
 from fnmatch import fnmatch
+from typing import Callable
 
 import pytest
 
 from tests.harness.artifacts import record
 from tests.harness.paths import ARTIFACTS
-from tests.harness.scenariorun import run_scenario, table
+from tests.harness.scenariorun import Outcome, run_scenario, table
 from tests.harness.scenarios import SCENARIOS, Scenario
 from tests.harness.tools import need
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.matrix]
 
-#: Rows run at once. Two, not three: with 27 rows of real jobs on 2 cores, three at a
-#: time starved compute-bound ranks (a computing rank read as idle) and pushed
-#: detection delays past their bounds.
-CONCURRENCY = 2
+#: Rows run at once, at most, and the cores their ranks may keep busy together
+#: (``Scenario.cores``): rows that wait (slow storage, gloo waits) share the
+#: machine four at a time, rows that spin (busy threads, a computing rank, a
+#: GPU-shaped job) never starve each other. Two at a time regardless of shape
+#: once took 15-18 minutes; three spinning rows at a time starved a computing
+#: rank (read as idle) and pushed detection delays past their bounds.
+#: NCCLWATCH_MATRIX_ROWS and NCCLWATCH_MATRIX_CORES override them (measuring).
+ROWS_AT_ONCE = int(os.environ.get("NCCLWATCH_MATRIX_ROWS", "4"))
+CORES = float(os.environ.get("NCCLWATCH_MATRIX_CORES", str(2.0 * (os.cpu_count() or 2))))
+
+
+def run_all(run: Callable[[Scenario], Outcome], rows: list[Scenario]) -> list[Outcome]:
+    """Every row, the longest first: a row starts when fewer than ROWS_AT_ONCE run
+    and its cores fit beside theirs within CORES (a row too big for that starts
+    alone); a shorter row that fits goes ahead of a longer one that does not."""
+    pending, running, done = list(rows), {}, []
+    cond = threading.Condition()
+
+    def one(s: Scenario) -> None:
+        try:
+            out = run(s)
+        except Exception as e:  # noqa: BLE001 - run_scenario catches; this is the last net
+            out = Outcome(s, error=f"{type(e).__name__}: {e}")
+        with cond:
+            done.append(out)
+            del running[s.name]
+            cond.notify_all()
+
+    with cond:
+        while pending or running:
+            used = sum(s.cores for s in running.values())
+            fits = next((s for s in pending if len(running) < ROWS_AT_ONCE
+                         and (not running or used + s.cores <= CORES)), None)
+            if fits is None:
+                cond.wait()
+                continue
+            pending.remove(fits)
+            running[fits.name] = fits
+            threading.Thread(target=one, args=(fits,), name=fits.name, daemon=True).start()
+    return done
 
 
 def selected() -> tuple[Scenario, ...]:
@@ -47,8 +84,7 @@ def test_scenario_matrix(ncclwatch_run) -> None:
     chosen = selected()
     assert chosen, f"NCCLWATCH_SCENARIOS={os.environ.get('NCCLWATCH_SCENARIOS')} matches no row"
     order = sorted(chosen, key=lambda s: -s.limit)
-    with ThreadPoolExecutor(CONCURRENCY) as pool:
-        outcomes = list(pool.map(lambda s: run_scenario(mon, s), order))
+    outcomes = run_all(lambda s: run_scenario(mon, s), order)
     outcomes.sort(key=lambda o: SCENARIOS.index(o.scenario))
     text = table(outcomes)
     ARTIFACTS.mkdir(exist_ok=True)
@@ -64,7 +100,7 @@ def test_scenario_matrix(ncclwatch_run) -> None:
         "at_risk_after_s": o.flag_delay, "overrun_at_flag_s": o.overrun_at_flag,
         "detection_delay_s": o.delay, "lead_time_s": o.lead,
         "overrun_forecast_after_s": o.forecast_delay, "goal_s": o.scenario.goal,
-        "pauses": o.pauses, "problems": o.problems(),
+        "pauses": o.pauses, "problems": o.problems(), "row_s": o.wall,
         "ended": [dict(zip(("kind", "outcome", "forecast_verdict", "forecast_right",
                             "forecast_error_s"), x)) for x in o.scored],
     } for o in outcomes], indent=1))
