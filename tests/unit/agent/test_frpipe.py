@@ -309,6 +309,10 @@ def test_watcher_over_candidates_and_never_reads_a_fifo(tmp_path):
 # ------------------------------------------------------- a real stalled job
 
 
+# A real stalled job: end to end (make test runs it one at a time, with the e2e
+# tests): beside the scenario matrix, the matrix's agent saw the stall and asked
+# for a dump through the same pipe, and the count of dumps was no longer ours.
+@pytest.mark.e2e
 def test_request_dump_from_a_stalled_gloo_job(tmp_path):
     """Rank 1 never joins the third all_reduce; rank 0 blocks in it. Through each
     rank's pipe, request_dump gets real dumps, and analyze() names rank 1."""

@@ -269,6 +269,10 @@ while True:
 """
 
 
+#: The job test_a_real_gpu_shaped_job_is_never_paused's ranks make (MASTER_* below).
+JOB_ID = "master:10.7.7.8:29778/2"
+
+
 def test_a_real_gpu_shaped_job_is_never_paused(tmp_path) -> None:
     """Real processes shaped like GPU ranks (a spinning main thread, no syscall
     for a 5 s step, a batch of reads per step, rank 0 writing a metrics file),
@@ -293,6 +297,7 @@ def test_a_real_gpu_shaped_job_is_never_paused(tmp_path) -> None:
                                + GPU_SHAPED_RANK, "5", str(tmp_path / "metrics.txt")],
                               env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, text=True,
                               start_new_session=True) for r in range(2)]
+    pids = {p.pid for p in procs}
     still_max: list[float] = []
 
     async def go():
@@ -307,8 +312,8 @@ def test_a_real_gpu_shaped_job_is_never_paused(tmp_path) -> None:
             for _ in range(30):
                 await asyncio.sleep(1.0)
                 now = time.monotonic()
-                still_max.append(max((t.still_seconds(now) for t in agent.trackers.values()),
-                                     default=0.0))
+                still_max.append(max((t.still_seconds(now) for pid, t in agent.trackers.items()
+                                      if pid in pids), default=0.0))
         finally:
             agent.stop()
             await task
@@ -323,11 +328,14 @@ def test_a_real_gpu_shaped_job_is_never_paused(tmp_path) -> None:
         for p in procs:
             p.kill()
             p.wait()
+    # This job's ranks only: another job on the machine (make test runs the scenario
+    # matrix beside the unit tests) is watched by this agent too, and may stall.
     argv = calls.read_text().splitlines() if calls.exists() else []
-    assert argv and not [a for a in argv if "--native" in a], argv
-    assert agent.pyspy.native_total == 0 and agent.native_refused_total == 0
+    ours = [a for a in argv if a.split()[-1] in {str(p) for p in pids}]
+    assert ours and not [a for a in ours if "--native" in a], argv
     assert max(still_max) >= 3.5, still_max  # still past the old 3 s rule, and yet unpaused
-    assert not daemon.incidents.active, list(daemon.incidents.active)
+    assert not [key for key in daemon.incidents.active if key[0] == JOB_ID], \
+        list(daemon.incidents.active)
 
 
 def test_the_daemons_native_ask_marks_the_jobs_ranks_and_forces_no_dumps() -> None:
