@@ -91,8 +91,18 @@ NODE ?= $(shell hostname)
 certs: $(STAMP)
 	$(VENV)/bin/ncclwatch certs --out certs --daemon-host localhost --node $(NODE)
 
+# Two sessions. First the unit and repository tests on two workers beside the
+# scenario matrix on a third (its real jobs mostly wait; the matrix admits rows by
+# the cores they burn, tests/scenarios/test_matrix.py; idle workers take queued
+# tests from a busy one: --dist worksteal). Then the end-to-end tests one at a time:
+# each starts a monitor that sees every job on the node, so two at once would see
+# each other's. Both always run; each leaves its times in artifacts/ (the budgets:
+# tests/harness/budgets.py; BENCHMARKS.md's section: python -m tests.harness.suitetimes).
 test: $(STAMP) system-deps
-	$(PY) -m pytest
+	NCCLWATCH_TIMES_NAME=units-and-matrix $(PY) -m pytest -n 3 --dist worksteal \
+	  -m "not e2e or matrix"; units=$$?; \
+	NCCLWATCH_TIMES_NAME=e2e $(PY) -m pytest -m "e2e and not matrix"; e2e=$$?; \
+	test $$units -eq 0 && test $$e2e -eq 0
 
 # Unit tests only (no torch jobs): seconds, for the edit loop.
 test-fast: $(STAMP)

@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -135,3 +136,20 @@ def web_pki(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("web") / "certs"
     make_certs(d, "scraper")
     return d
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The scenario matrix first: under ``make test`` it runs on one worker beside
+    the unit tests, and it is the longest test, so it must start at once."""
+    items.sort(key=lambda item: not item.nodeid.startswith("tests/scenarios/"))
+
+
+_SESSION_START = time.time()
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The matrix's table, when this session ran it (a worker of ``-n`` cannot print)."""
+    table = ARTIFACTS / "scenarios.md"
+    if table.exists() and table.stat().st_mtime >= _SESSION_START:
+        terminalreporter.section("scenario matrix (artifacts/scenarios.md)")
+        terminalreporter.write(table.read_text())
