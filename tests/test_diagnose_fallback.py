@@ -243,6 +243,7 @@ def test_any_failure_shape_in_a_healthy_log_is_never_none(tmp_path_factory, case
     _check_placement(tmp_path_factory.mktemp("fb"), case, shape, tag, at)
 
 
+@pytest.mark.budget(600)   # every case x shape x tag: 4 min once beside the matrix at load 13
 def test_every_shape_in_every_healthy_log_behind_every_tag(tmp_path):
     """The property whole: each shape in each healthy log behind each tag (about 10,000
     placements), the place walking the log through 21 positions in turn."""

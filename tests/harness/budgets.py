@@ -4,8 +4,9 @@ The suite's wall time is the sum of its slow tests, and a test that quietly
 doubles goes unseen in a 30-minute run. Every test has a budget (setup, call
 and teardown together): a per-kind default from ``DEFAULTS``, or its own from
 ``@pytest.mark.budget(seconds)`` where it is known to be slow. Budgets are
-about 2-3x the time measured on an idle 2-core machine, so a loaded machine
-(a CPU hog beside the run) stays inside them and a real regression does not.
+about 2-3x the time measured on a loaded 2-core machine (make test runs the unit
+tests beside the scenario matrix), so a CPU hog beside the run stays inside them
+and a real regression does not.
 
 At the end of the session the tests past their budget are printed with their
 time and the session fails. ``NCCLWATCH_BUDGETS=0`` turns the failure off
@@ -32,7 +33,7 @@ from tests.harness.paths import ARTIFACTS
 DEFAULTS: tuple[tuple[str, float], ...] = (
     ("scenarios", 1500.0),
     ("e2e", 240.0),
-    ("unit", 60.0),
+    ("unit", 120.0),
 )
 
 _spent: dict[str, float] = {}
