@@ -92,3 +92,25 @@ def test_no_page_states_the_suites_time_by_hand() -> None:
              for m in SUITE_TIME.finditer(p.read_text())]
     assert not found, ("times of the suite belong to BENCHMARKS.md's generated section "
                        "(python -m tests.harness.suitetimes):\n" + "\n".join(found))
+
+
+#: "N rows" (of the matrix) and "N tests" (of the suite), as a page or comment states them.
+STATED_COUNT = re.compile(r"\b(\d[\d,]*) (matrix rows|rows|scenarios|tests)\b(?![/\w]|\.\w)")
+
+
+def test_counts_of_rows_and_tests_are_the_real_ones_or_unstated() -> None:
+    """A count of the matrix's rows must be len(SCENARIOS); a count of the suite's
+    tests belongs to BENCHMARKS.md's generated section only (it changes weekly)."""
+    from tests.harness.scenarios import SCENARIOS
+    texts = [ROOT / "README.md", ROOT / "Makefile", *sorted((ROOT / "docs").glob("*.md")),
+             *sorted(p for p in (ROOT / "tests").rglob("*.py")
+                     if "data" not in p.relative_to(ROOT / "tests").parts)]
+    wrong = []
+    for path in texts:
+        for m in STATED_COUNT.finditer(path.read_text()):
+            n, what = int(m.group(1).replace(",", "")), m.group(2)
+            if what == "tests" or (what != "tests" and n != len(SCENARIOS)):
+                wrong.append(f"{path.relative_to(ROOT)}: {m.group(0)!r}")
+    # this module's own pattern text names no count
+    assert not wrong, (f"the matrix has {len(SCENARIOS)} rows; the suite's count is "
+                       "written by python -m tests.harness.suitetimes:\n" + "\n".join(wrong))
