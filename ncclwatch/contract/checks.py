@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from ncclwatch.contract.bounds import Bounds
 from ncclwatch.contract.limits import (
@@ -123,10 +123,13 @@ def _bad_activity(g: Any) -> bool:
     return False
 
 
-def check_sample(s: Any, bounds: Bounds = DEFAULT_BOUNDS) -> Fault | None:
+def check_sample(s: Any, bounds: Bounds = DEFAULT_BOUNDS,
+                 check_job: Callable[[Any, Bounds], Fault | None] | None = None) -> Fault | None:
     """The first fault of rank sample ``s`` (its Flight Recorder summary
     apart: check_flight_recorder), or None. Runs for every sample: each
-    field is read once, messages built only on a fault."""
+    field is read once, messages built only on a fault. ``check_job``: how
+    its JobInfo is checked (``check_job_info``; the daemon remembers the
+    verdict for a job's one JobInfo that every rank sends)."""
     P = "rank_sample"
     ident = s.identity
     job_id, world, rank = ident.job_id, ident.world_size, ident.rank
@@ -199,8 +202,14 @@ def check_sample(s: Any, bounds: Bounds = DEFAULT_BOUNDS) -> Fault | None:
                          f"negative or over {MAX_GPU_WATTS:.0f} W")
     if not has_job:
         return None
-    job = s.job
-    if env:
+    return (check_job or check_job_info)(s.job, bounds)
+
+
+def check_job_info(job: Any, bounds: Bounds = DEFAULT_BOUNDS) -> Fault | None:
+    """The first fault of a sample's JobInfo past its count of entries (which
+    ``check_sample`` checks with the files'), or None."""
+    P = "rank_sample"
+    if job.env:
         top = bounds.max_env_value
         for k, v in job.env.items():
             if len(k) > MAX_ENV_NAME or len(v) > top:

@@ -87,7 +87,8 @@ def admit(req: pb.ReportRequest,
           world_size_of: Callable[[str], int | None] = lambda job: None,
           bounds: Bounds = DEFAULT_BOUNDS,
           holder_of: Callable[[str, int], int | None] = lambda job, rank: None,
-          held: Held | None = None) -> Admission:
+          held: Held | None = None,
+          check_job: Callable[[Any, Bounds], Fault | None] | None = None) -> Admission:
     """Check ``req``; raise ReportError for the node's own fault, else take
     each faulty part out of it and return what was left out and why.
 
@@ -96,7 +97,9 @@ def admit(req: pb.ReportRequest,
     ``holder_of`` gives the pid the daemon holds for a (job, rank), or None:
     of two processes claiming it in one report, that one keeps it.
     ``held``: the stacks the daemon holds (``Held``); one sent again byte for
-    byte is taken out of the request, counted in the report's stack text."""
+    byte is taken out of the request, counted in the report's stack text.
+    ``check_job``: how a sample's JobInfo is checked (checks.check_sample's
+    hook; jobinfo.JobInfos.check remembers the verdict for a job's one)."""
     shape = check_node(req, bounds)
     r = req.report
     out = Admission(shape=shape)
@@ -104,7 +107,7 @@ def admit(req: pb.ReportRequest,
     if shape.stacks:
         _stacks(r, bounds, out, held or {})
     if shape.samples:
-        _samples(r, world_size_of, bounds, out, holder_of)
+        _samples(r, world_size_of, bounds, out, holder_of, check_job)
     if shape.exited:
         _exited(r, out)
     if shape.changes:
@@ -161,12 +164,13 @@ def _stacks(r: pb.NodeReport, bounds: Bounds, out: Admission, held: Held) -> Non
 
 def _samples(r: pb.NodeReport, world_size_of: Callable[[str], int | None], bounds: Bounds,
              out: Admission,
-             holder_of: Callable[[str, int], int | None] = lambda job, rank: None) -> None:
+             holder_of: Callable[[str, int], int | None] = lambda job, rank: None,
+             check_job: Callable[[Any, Bounds], Fault | None] | None = None) -> None:
     samples = r.samples
     drop: dict[int, Fault] = {}
     seen: dict[tuple[str, int], int] = {}
     for i, s in enumerate(samples):
-        f = checks.check_sample(s, bounds)
+        f = checks.check_sample(s, bounds, check_job)
         if f is not None:
             drop[i] = f
             continue

@@ -131,7 +131,7 @@ class Daemon:
                 self._check_identity(report, cert_names)
             self._check_agent(report.agent_id, who)
             adm = admit(req, self.table.world_size, self.config.bounds, self._holder,
-                        self.table.stacks.held)
+                        self.table.stacks.held, self.table.infos.check)
         except ReportError as e:
             self.rejected_total[e.code.name] += 1
             if e.bound:

@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import collections
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ncclwatch.daemon.records import MAX_PACKAGES, Job, TimeoutNote
 from ncclwatch.envlint import lint
 from ncclwatch.flightrec import is_default_group
+
+if TYPE_CHECKING:
+    from ncclwatch.daemon.jobinfo import JobInfos
 
 log = logging.getLogger(__name__)
 
@@ -140,9 +143,11 @@ def may_state_facts(job: Job, ranked: bool, node: str) -> bool:
     return ranked or not job.facts_ranked or _owns_ranked(job, node)
 
 
-def take_facts(job: Job, s: Any, rank: int, recv: float, node: str) -> bool:
+def take_facts(job: Job, s: Any, rank: int, recv: float, node: str,
+               infos: JobInfos | None = None) -> bool:
     """A RankSample's Flight Recorder and job facts; False: refused (a member
-    without a rank where ranked members gave them)."""
+    without a rank where ranked members gave them). ``infos``: where a
+    JobInfo's environment is read once for every rank that sends it."""
     ident = s.identity
     if not may_state_facts(job, ident.rank >= 0, node):
         return False
@@ -161,8 +166,8 @@ def take_facts(job: Job, s: Any, rank: int, recv: float, node: str) -> bool:
         info = s.job
         job.facts_ranked |= ident.rank >= 0
         job.source = info.source
-        env = dict(info.env)
-        if env != job.env:
+        env = infos.facts(info).env if infos is not None else dict(info.env)
+        if env is not job.env and env != job.env:
             job.env = env
             job.warnings = lint(job.env)
         _set_timeout(job, "job", info.watchdog_timeout_seconds, recv, node, ident.rank,

@@ -28,6 +28,22 @@ def smooth_cpu(avg: float, value: float, dt: float) -> float:
 def take_progress(job: Job, rec: RankRecord, still: float, changed: bool, recv: float,
               interval: float) -> None:
     """Apply a progress reading (still_seconds) to the rank and its job's learner."""
+    if still > 0 and not changed:
+        # The round of every rank in a long wait (100k of them in a big job's
+        # stall): still, its state as before. follow_wait is called only where it
+        # has something to do: end a wait whose op moved, or start following one.
+        rec.still_since = recv - still
+        job.still.add(rec.rank)
+        op = rec.op
+        wop = op if op is not CollectiveOp.NONE else (
+            CollectiveOp.WAIT if rec.state is RankState.DEVICE_WAIT else CollectiveOp.NONE)
+        if rec.still_at is not None:
+            if wop is rec.still_op:
+                return
+        elif wop is CollectiveOp.NONE or rec.stack_at is None or rec.stack_at < recv - still:
+            return
+        follow_wait(job, rec, rec.state, op, still, False, recv, interval)
+        return
     if still <= 0:
         ended = None if rec.still_since is None else recv - rec.still_since
         if ended is not None:

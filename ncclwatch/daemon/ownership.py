@@ -31,7 +31,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
-from ncclwatch.daemon.schednodes import corroborates, node_list
+from ncclwatch.daemon.schednodes import corroborates
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ class Ownership:
             if rec is None or not rec.node or rec.node == node:
                 if rec is not None and ident.job_id in self.contenders:
                     self._drop(ident.job_id, ident.rank, node)   # the owner is no rival
-                self._state(ident.job_id, node, s)
+                self._state(ident.job_id, node, s, table)
                 continue
             age = ident.process_age_seconds
             start = now - age if age > 0 else None
@@ -158,7 +158,7 @@ class Ownership:
                 self._held[(ident.job_id, ident.rank, rec.node)] = now
                 log.warning("rank %d of job %r: node %r takes it over from node %r (%s)",
                             ident.rank, ident.job_id, node, rec.node, outcome)
-                self._state(ident.job_id, node, s)
+                self._state(ident.job_id, node, s, table)
                 continue
             if new_claim:
                 self.claims_total[outcome] += 1
@@ -226,10 +226,10 @@ class Ownership:
     def ranks_of(self, job_id: str) -> list[int]:
         return sorted(r for r, rivals in self.contenders.get(job_id, {}).items() if rivals)
 
-    def _state(self, job_id: str, node: str, s: Any) -> None:
+    def _state(self, job_id: str, node: str, s: Any, table: Any) -> None:
         """What a ranked sample ``node`` owns says of the job's node list."""
         if s.HasField("job"):
-            self._stated.setdefault(job_id, {})[node] = node_list(dict(s.job.env))
+            self._stated.setdefault(job_id, {})[node] = table.infos.facts(s.job).nodes
 
     def _witnesses(self, table: Any, job_id: str, now: float
                    ) -> dict[str, frozenset[str] | None]:

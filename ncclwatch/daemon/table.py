@@ -17,6 +17,7 @@ from typing import Any
 
 from ncclwatch.daemon.agents import AgentRecord
 from ncclwatch.daemon.jobfacts import PastTimeouts, take_facts
+from ncclwatch.daemon.jobinfo import JobInfos
 from ncclwatch.daemon.learn import CPU_RECENT_TAU, smooth_cpu, take_progress
 from ncclwatch.daemon.nodebudget import Held, rank_cost
 from ncclwatch.daemon.records import Job, RankRecord
@@ -48,6 +49,8 @@ class JobTable:
         self.jobs: dict[str, Job] = {}
         self.agents: dict[str, AgentRecord] = {}
         self.stacks = StackStore()
+        #: JobInfo values by wire bytes, read once (jobinfo.py).
+        self.infos = JobInfos()
         self.staleness = staleness
         #: The timeout each job id showed, for its next incarnation (jobfacts).
         self.past_timeouts = PastTimeouts()
@@ -213,7 +216,7 @@ class JobTable:
                 rec.still_since = rec.still_at = None
                 job.still.discard(rec.rank)
             if s.HasField("flight_recorder") or s.HasField("job"):
-                if not take_facts(job, s, rank, recv, node):
+                if not take_facts(job, s, rank, recv, node, self.infos):
                     self.identity_refusals_total["rankless_job_facts"] += 1
                 elif s.HasField("job"):
                     held.facts(job, payer, s.job.ByteSize())

@@ -92,8 +92,9 @@ def hung(job: Job, now: float, cfg: DetectConfig):
     gather_at = now - cfg.stall_threshold
 
     def select(waiting: list[RankRecord]) -> list[RankRecord]:
-        ops = {rec.still_op for rec in waiting if rec.still_at is not None}
-        warm = waiters_warm([rec for rec in waiting if rec.still_at is not None])
+        stills = [rec for rec in waiting if rec.still_at is not None]
+        ops = {rec.still_op for rec in stills}
+        warm = waiters_warm(stills)
         still_at = {op: now - job.waits.threshold(op, policy, now, warm) for op in ops}
         return [rec for rec in waiting
                 if ((rec.still_at is not None

@@ -102,3 +102,32 @@ def test_a_clean_header_known_for_its_agent_is_not_walked(monkeypatch) -> None:
     job = d.table.jobs[next(iter(d.table.jobs))]
     assert {r.seen for r in job.ranks.values()} == {13.0}
     assert job.waits.rounds >= 8 * 3    # every rank's progress counted, once per rank
+
+
+def test_a_jobinfo_every_rank_sends_is_read_once_and_judged_alike() -> None:
+    """Every rank sends its job's one JobInfo: its environment is read into a
+    dict once and shared; a JobInfo the contract refuses costs each sample
+    that carries it, the first and the ones after."""
+    d = Daemon()
+    ok = pb.JobInfo(source="torchrun", env={"NCCL_DEBUG": "INFO",
+                                            "SLURM_JOB_NODELIST": "gpu[1-2]"})
+    bad = pb.JobInfo(source="torchrun", env={"NCCL_DEBUG": "x" * 100_000})
+    samples = []
+    for rank in range(4):
+        s = sample("job", rank, 4, RankState.COMPUTE)
+        s.job.CopyFrom(ok)
+        samples.append(s)
+    d.ingest(report(samples), now=10.0)
+    job = d.table.jobs["job"]
+    assert job.env == {"NCCL_DEBUG": "INFO", "SLURM_JOB_NODELIST": "gpu[1-2]"}
+    assert job.env is d.table.infos.facts(ok).env
+    assert d.table.infos.facts(ok).nodes == frozenset({"gpu1", "gpu2"})
+    worse = []
+    for rank in range(2):
+        s = sample("job", rank, 4, RankState.COMPUTE)
+        s.job.CopyFrom(bad)
+        worse.append(s)
+    resp = d.ingest(report(worse, seq=2, full=False), now=11.0)
+    assert [(p.what, p.reason.split(":")[0]) for p in resp.dropped_parts] == \
+        [("rank_sample", "env_too_long")] * 2
+    assert job.env["NCCL_DEBUG"] == "INFO"
