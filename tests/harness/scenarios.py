@@ -111,11 +111,9 @@ CORES_BY_ARG: tuple[tuple[str, Callable[[Scenario], float]], ...] = (
     ("gpu_shaped.py", lambda s: 0.5 * s.world),   # at nice 10: it yields to the rest
     ("--busy-thread", lambda s: s.world * _after(s.args, "--busy-thread") + 0.25 * s.world),
     ("compute", lambda s: 1.0 + 0.25 * s.world),
-    ("fw_lightning.py", lambda s: 0.5 * s.world),
-    ("fw_hf_trainer.py", lambda s: 0.5 * s.world),
-    ("fw_accelerate.py", lambda s: 0.5 * s.world),
-    ("fw_deepspeed.py", lambda s: 0.5 * s.world),
-    ("fw_torch.py", lambda s: 0.5 * s.world),
+    *((script, lambda s: 0.5 * s.world) for script in (
+        "fw_lightning.py", "fw_hf_trainer.py", "fw_accelerate.py", "fw_deepspeed.py",
+        "fw_torch.py")),
 )
 
 
