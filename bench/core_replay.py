@@ -178,6 +178,11 @@ def main(argv: list[str] | None = None) -> int:
         with open(a.json, "w") as f:
             json.dump(r, f, indent=1)
     print(render(r))
+    if a.world == 100_000:   # the targets are of this size (bench/targets.py)
+        from bench import targets
+        targets.record("replay", r, f"python -m bench.core_replay --world {a.world} "
+                                    f"--trials {a.trials}")
+        print("\n" + targets.plain("replay", r))
     return 0
 
 

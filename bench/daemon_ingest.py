@@ -83,7 +83,8 @@ CORES = os.cpu_count() or 1
 #: and 1, and the clients float.
 DAEMON_CPUS = [0, 1] if CORES >= 2 else [None, None]
 CLIENT_CPUS = list(range(1, CORES)) if CORES >= 2 else None
-TARGETS = {"rate": 100_000, "detect_s": 1.0, "bytes_per_rank": 2048, "http_s": 0.2,
+TARGETS = {"rate": 100_000, "floor_share": 0.9, "detect_s": 1.0, "detect_2k_s": 0.3,
+           "bytes_per_rank": 2048, "http_s": 0.2,
            "loop_held_s": 0.02, "restart_s": 10.0}
 #: Ranks of the job the HTTP views are timed at (issue 15: 16k), in both profiles.
 HTTP_RANKS = 16384
@@ -277,11 +278,16 @@ def http_scale(p: Profile) -> dict:
     jobs = fleet(1, HTTP_RANKS)
     d = DaemonProc(cpu=DAEMON_CPUS[0], stall_threshold=STALL_THRESHOLD)
     try:
+        rss0 = settled_rss(d)
         cl = Clients(jobs, [d.grpc], processes=CLIENT_PROCESSES, interval=QUIET_INTERVAL,
                      stack_change=STACK_CHANGE, cpus=CLIENT_CPUS)
         try:
             connect = cl.wait_ready(600)
+            loaded = time.monotonic()
             time.sleep(QUIET_INTERVAL)
+            # Memory per rank at this size, before any view is served (renders
+            # leave their high-water mark behind).
+            rss1, held = d.rss(), time.monotonic() - loaded
             # The daemon's CPU rate without requests (ingest, ticks), to subtract.
             c0, t0 = d.cpu_seconds(), time.perf_counter()
             time.sleep(2 * QUIET_INTERVAL)
@@ -302,8 +308,10 @@ def http_scale(p: Profile) -> dict:
             answers = cl.stop()
     finally:
         final = d.stop()
+    memory = _memory(rss0, rss1, HTTP_RANKS, held, final)
+    memory["curve_points_max"] = steady_curve_points(interval=QUIET_INTERVAL)
     return {"ranks": HTTP_RANKS, "agents": jobs[0].nodes, "connect": connect, "views": views,
-            "daemon_base_cores": round(base, 3),
+            "memory": memory, "daemon_base_cores": round(base, 3),
             "loop": loop, "stream_failures": sum(a["failures"] for a in answers),
             "daemon": _brief(final)}
 
@@ -621,11 +629,12 @@ def _memory(rss0: int, rss1: int, ranks: int, held: float, final: dict) -> dict:
             "curve_points_max": steady_curve_points()}
 
 
-def steady_curve_points(protocol: int = PROTOCOL) -> int:
+def steady_curve_points(protocol: int = PROTOCOL, interval: float = INTERVAL) -> int:
     """Points a steady rank's curve holds once full: one per full sample within
-    CURVE_SPAN (protocol 2 sends a steady rank in full once a snapshot)."""
-    every = INTERVAL * (SNAPSHOT_EVERY if protocol >= 2 else 1)
-    return min(CURVE_POINTS, int(CURVE_SPAN // max(every, CURVE_STEP)))
+    CURVE_SPAN (protocol 2 sends a steady rank in full once a snapshot), and
+    at least the newest."""
+    every = interval * (SNAPSHOT_EVERY if protocol >= 2 else 1)
+    return max(1, min(CURVE_POINTS, int(CURVE_SPAN // max(every, CURVE_STEP))))
 
 
 def _brief(final: dict) -> dict:
@@ -740,6 +749,9 @@ def measure(p: Profile) -> dict:
         step("big", many_jobs, *p.big, p, http=False, streams_per_channel=8, interval=10.0)
     from bench import core_replay
     step("core_replay", core_replay.run, 100_000, p.replay_trials)
+    # What one agent's stream costs the gRPC server alone, beside each memory figure.
+    for point in ("single_job", "http_scale"):
+        r[point]["memory"]["grpc_bytes_per_stream"] = r["transport_floor"]["bytes_per_stream"]
     r["seconds"] = round(time.monotonic() - t0)
     r["checks"] = checks(r)
     return r
@@ -1024,6 +1036,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=None, metavar="N",
                     help="with --ingest-workers: stall trials per daemon (default: the "
                          "profile's)")
+    ap.add_argument("--plan", type=int, default=0, metavar="RANKS",
+                    help="instead of the whole run: the cores and memory a collector needs "
+                         "for RANKS ranks (one job, or --jobs of them), from this machine's "
+                         "measured costs (bench/plan.py), with the sharded layout when one "
+                         "daemon is not enough")
+    ap.add_argument("--jobs", type=int, default=1, metavar="N",
+                    help="with --plan: the ranks are N jobs (default: one job)")
+    ap.add_argument("--interval", type=float, default=INTERVAL, metavar="SECONDS",
+                    help="with --plan: each agent's report interval (default: %(default)s)")
     ap.add_argument("--rate", type=int, default=0, metavar="PAIRS",
                     help="instead of the whole run: the daemon's saturated rate per CPU-second "
                          "and the transport floor's, alternately, PAIRS times")
@@ -1031,6 +1052,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="instead of the whole run: the many-jobs fleet on one daemon and "
                          "on two shards (saturated rates, placement)")
     a = ap.parse_args(argv)
+    if a.plan:
+        from bench import plan
+        costs = plan.measure()
+        lay = plan.plan(a.plan, a.jobs, a.interval, costs)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(plan.to_json(lay, costs), f, indent=1)
+        print(plan.render(lay, costs))
+        return 0 if lay.fits else 1
     if a.rate:
         r = rate_pairs(FULL if a.full else QUICK, a.rate)
         if a.json:
@@ -1066,7 +1096,17 @@ def main(argv: list[str] | None = None) -> int:
         with open(a.json, "w") as f:
             json.dump(r, f, indent=1)
     print(render(r))
+    record(r, "python -m bench.daemon_ingest " + ("--full" if a.full else "--quick"))
     return 0 if all(r["checks"].values()) else 1
+
+
+def record(r: dict, command: str) -> None:
+    """Keep this run's verdicts for the Targets table (bench/targets.py), and say them."""
+    from bench import targets
+
+    targets.record("daemon", r, command)
+    targets.record("replay", r["core_replay"], command)
+    print("\n" + targets.plain("daemon", r) + "\n" + targets.plain("replay", r["core_replay"]))
 
 
 if __name__ == "__main__":

@@ -199,7 +199,7 @@ def gathered_bytes(rec: RankRecord) -> int:
     it holds above that now is, to first order, the state it gathered.
     """
     before = [rss for t, rss in rec.curve.rss_points() if t <= rec.since]
-    base = min(before) if before else (rec.curve.rss[0] if rec.curve else rec.rss_bytes)
+    base = min(before) if before else (rec.curve.first_rss() if rec.curve else rec.rss_bytes)
     return max(0, rec.rss_bytes - base)
 
 

@@ -1,0 +1,50 @@
+"""A rank's evidence curve in two containers: the time/RSS ring and the detail
+of the newest points, which refers to the record's own tuples."""
+
+from __future__ import annotations
+
+import gc
+
+from ncclwatch.daemon import heap
+from ncclwatch.daemon.curve import CURVE_DETAIL, CURVE_POINTS, CURVE_SPAN, CURVE_STEP, Curve
+
+
+def test_the_ring_keeps_its_span_and_the_detail_its_recent_points() -> None:
+    c = Curve()
+    limits = (("host", 5, 10), ("gpu0", 7, 80))
+    files = (("/ckpt/a.pt", 100, "", 0, 0, ""),)
+    for i in range(200):
+        c.add(1000.0 + i, 1 << 40 | i, 10 * i, files if i % 2 else (), limits)
+        c.add(1000.0 + i + CURVE_STEP / 2, 0, 0, (), ())   # too close: not a point
+    assert len(c) == min(CURVE_POINTS, int(CURVE_SPAN) + 1)
+    pts = list(c.rss_points())
+    assert pts[-1] == (1199.0, 1 << 40 | 199) and all(isinstance(r, int) for _, r in pts)
+    assert pts[0][0] >= 1199.0 - CURVE_SPAN and c.first_rss() == pts[0][1]
+    recent = c.recent()
+    assert [p.t for p in recent] == [1199.0 - k for k in range(int(CURVE_DETAIL), -1, -1)]
+    last = recent[-1]
+    assert (last.rss, last.written, last.file, last.file_size) == (1 << 40 | 199, 1990,
+                                                                   "/ckpt/a.pt", 100)
+    assert last.limits is limits and recent[-2].file == ""   # the record's tuple, not a copy
+
+
+def test_a_single_point_keeps_its_detail_however_old() -> None:
+    c = Curve()
+    c.add(10.0, 1, 2, (), ())
+    assert [p.t for p in c.recent()] == [10.0] and len(c) == 1
+
+
+def test_the_heap_policy_gives_free_pages_back_after_a_freeze(monkeypatch) -> None:
+    trims = []
+    monkeypatch.setattr(heap, "trim", lambda: trims.append(1) or True)
+    gc.unfreeze()
+    try:
+        policy = heap.HeapPolicy(lambda: 1000.0)
+        policy.step()
+        assert not trims
+        gc.collect()   # a full collection: the next step freezes, then trims
+        policy.step()
+        assert trims == [1]
+    finally:
+        gc.unfreeze()
+    assert heap.trim() in (True, False)   # glibc's malloc_trim, where there is one
