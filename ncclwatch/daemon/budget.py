@@ -17,6 +17,7 @@ read (``Budget.at``), not shown as it stood at the last tick.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
@@ -81,11 +82,19 @@ def timeout_for(job: Job, cfg: BudgetConfig, waiter: int | None = None,
     return cfg.default_timeout, "default"
 
 
+_SINCE = operator.attrgetter("since")
+
+
 def budget(job: Job, table: JobTable, now: float, cfg: BudgetConfig) -> Budget:
     worst, worst_for = None, 0.0
-    for r in job.waiting:
-        rec = job.ranks[r]
-        if rec.gone_at is None and now - rec.since > worst_for:
-            worst, worst_for = r, now - rec.since
+    ranks = job.ranks
+    live = [rec for r in job.waiting if (rec := ranks[r]).gone_at is None]
+    if live:
+        # The longest-blocked: the earliest start (a C loop over 100k waiters),
+        # then the first rank in the waiting set's order that waited that long.
+        longest = now - min(live, key=_SINCE).since
+        if longest > 0:
+            worst_for = longest
+            worst = next(rec.rank for rec in live if now - rec.since == longest)
     timeout, source = timeout_for(job, cfg, worst, now - worst_for)
     return Budget(timeout, source, worst, worst_for, timeout - worst_for, now)

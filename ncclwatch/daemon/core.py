@@ -520,9 +520,10 @@ class Daemon:
         if not still:
             return False
         agents = self.table.fresh_agents(now)
-        workers = {r for r, rec in job.ranks.items() if rec.gone_at is None
-                   and rec.agent_id in agents and rec.state in CHECKPOINT_STATES}
-        return bool(workers) and bool(set(still) - workers)
+        ranks = job.ranks   # the ranks in checkpoint work, from the job's index by state
+        workers = {r for state in CHECKPOINT_STATES for r in job.by_state[state]
+                   if (rec := ranks[r]).gone_at is None and rec.agent_id in agents}
+        return bool(workers) and any(r not in workers for r in still)
 
     def _still_long(self, job, now: float) -> bool:
         """A live rank of the job has made no progress for the stall threshold."""

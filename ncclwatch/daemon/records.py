@@ -159,6 +159,9 @@ class Job:
     #: (fresh-agents set it was made with, records): detect.fresh_waiting's
     #: list for the current tick, shared by the detectors.
     fresh_waiting: Any = field(default=None, repr=False, compare=False)
+    #: (fresh_waiting's list, the ranks picked, their Blocked): detect.blocked's
+    #: last answer, reused by another detector of the same tick that picks the same.
+    blocked_memo: Any = field(default=None, repr=False, compare=False)
     #: rank -> (daemon time the dump was written, its FlightRecorderSummary): the
     #: job's own record of its collectives, asked for during a stall.
     flight_recorder: dict[int, tuple[float, Any]] = field(default_factory=dict)

@@ -117,6 +117,15 @@ def blocked(job: Job, table: JobTable, now: float, threshold: float,
         hit = select(waiting)
     if not hit:
         return None
+    # In rank order: sorted by the int key (the waiting set yields ranks nearly in
+    # order), not as (rank, evidence) tuples, which cost most of a 100k-rank tick.
+    hit = sorted(hit, key=_RANK)
+    # The detectors of one tick often pick the same ranks (a checkpoint stall's
+    # waiters are the hang detector's too): the same records, read at the same
+    # moment (no report applied between: the same fresh-agents set), give the same.
+    memo = job.blocked_memo
+    if memo is not None and memo[0] is waiting and memo[1] == hit:
+        return memo[2]
     # Comprehensions, not a loop of appends: at 100k waiting ranks this is a tick's bulk.
     ops = {rec.op for rec in hit}
     if CollectiveOp.NONE in ops:  # a device_wait rank's op is unknown (no c10d frame)
@@ -125,13 +134,12 @@ def blocked(job: Job, table: JobTable, now: float, threshold: float,
     started = min(now, min([rec.since for rec in hit]))
     # An agent that does not say how (evidence NONE) found the wait in Python frames.
     none, python = WaitEvidence.NONE, WaitEvidence.PYTHON_FRAME
-    # In rank order: sorted by the int key (the waiting set yields ranks nearly in
-    # order), not as (rank, evidence) tuples, which cost most of a 100k-rank tick.
-    hit = sorted(hit, key=_RANK)
     evidence = tuple([(rec.rank, python if rec.evidence is none else rec.evidence)
                       for rec in hit])
-    return Blocked(tuple([rec.rank for rec in hit]),
-                   tuple(sorted(ops, key=lambda o: o.value)), started, evidence)
+    out = Blocked(tuple([rec.rank for rec in hit]),
+                  tuple(sorted(ops, key=lambda o: o.value)), started, evidence)
+    job.blocked_memo = (waiting, hit, out)
+    return out
 
 
 _RANK = operator.attrgetter("rank")
