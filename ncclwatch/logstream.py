@@ -170,8 +170,9 @@ def cells(text: str) -> int:
                2 if unicodedata.east_asian_width(c) in ("W", "F") else 1 for c in text)
 
 
-def _width(line: str) -> int:
-    """The columns a line took on the terminal: from its last carriage return on."""
+def shown_width(line: str) -> int:
+    """The columns a line took on the terminal: from its last carriage return on (a
+    carriage return goes back to column 0; the text it overwrote took no new ones)."""
     return cells(line.rpartition("\r")[2])
 
 
@@ -272,7 +273,7 @@ class Normaliser:
     def _find_width(self, lines: list[str]) -> int | None:
         """The width the terminal wrapped at: the widest lines' width, where at least two
         of them, and most, run on into a line that starts no record."""
-        widths = [_width(ln) for ln in lines]
+        widths = [shown_width(ln) for ln in lines]
         inside = [w for w in widths if w <= WRAP_WIDTHS[1]]
         if not inside:
             return None
@@ -328,5 +329,5 @@ def _runs_on(line: str, nxt: str, width: int) -> bool:
     next starts no record."""
     if not nxt or RECORD_START.match(nxt):
         return False
-    w = _width(line)
+    w = shown_width(line)
     return w == width or len(line) == width or (w == width - 1 and not line.isascii())

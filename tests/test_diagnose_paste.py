@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from ncclwatch.diagnose import diagnose, paste
 from ncclwatch.diagnose.lineprefix import split_prefix
+from ncclwatch.diagnose.logscan import scan
 from tests.harness.mangle import PASTE_ROWS, TABLE
 
 DATA = Path(__file__).parent / "data" / "diagnose"
@@ -93,6 +94,34 @@ def test_short_lines_are_not_joined():
     assert paste.continues("umelOut=1, Timeout(ms)=600000) ran for 600005 milliseconds")
     assert not paste.continues("[rank4]:[E430 05:09:48.830445837 ProcessGroupNCCL.cpp:2268]")
     assert not paste.continues('  File "/x.py", line 3, in f')
+
+
+def test_a_record_tag_starts_a_record_behind_a_paste_s_decoration():
+    """A tag written once per record (a Kubernetes CRI line's, a Ray actor's) leads a
+    record, whatever follows it: the piece "2023-09-0" after a CRI tag is no rest of the
+    line before. A paste's quote or viewer number in front changes nothing; a CRI line
+    after a partial one (tag P) goes on with it."""
+    cri = "2026-12-03T10:00:06.123456789Z stderr F 2023-09-0"
+    assert paste.continues(paste.undecorate(cri))  # (the text after the tag alone would)
+    assert paste.tagged(cri)
+    assert paste.tagged("> [88716] \x1b[31m(RayTrainWorker pid=4009, ip=10.0.0.7) cc:2593] x")
+    assert not paste.tagged(cri, prev="2026-12-03T10:00:06.1Z stdout P first part of it")
+    assert not paste.tagged("cc:2593] Execution of replica 3 failed")
+    assert not paste.tagged("[rank3]: x")  # (continues() reads launcher prefixes)
+
+
+def test_a_piece_that_starts_with_a_record_tag_is_no_rest_of_the_line_before(tmp_path):
+    """A narrow terminal cut a CRI-tagged XLA error line right after the tag: the line
+    before it, which does not end a sentence, is not joined to it, and its level is read."""
+    line = ("2026-12-03T10:00:06.123456789Z stderr F 2023-09-01 10:20:11.257981: E external/"
+            "xla/xla/pjrt/pjrt_stream_executor_client.cc:2593] Execution of replica 3 failed: "
+            "INTERNAL: Failed to execute XLA Runtime executable")
+    log = tmp_path / "job.log"
+    before = "[2026-12-03 10:00:04,000] INFO train.py:212 step 4 loss 1.25 lr 3.0e-04 tokens/s"
+    log.write_text(before + "\n" + "\n".join(line[i:i + 49] for i in range(0, len(line), 49))
+                   + "\n")
+    r = scan([log])
+    assert r.hits["level_line"][0] == f"{log}:2", r.hits
 
 
 # -- damage, as a property ----------------------------------------------------------------

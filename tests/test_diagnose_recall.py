@@ -7,8 +7,9 @@ to a tqdm bar (after ``\\r`` redraws, or straight after ``100%|####|``),
 behind each launcher's tag (srun, torchrun, mpirun, Ray, pdsh/deepspeed,
 Kubernetes CRI and JSON lines), ANSI-coloured (whole line, or a code dropped
 anywhere, inside a trigger too), and hard-wrapped by a terminal of any width
-of at least logsigns.MAX_TRIGGER columns, wherever the cut falls (inside the
-trigger too). The sign must be found, on a line its text is on.
+of at least logsigns.MAX_TRIGGER columns (counted as it shows them: from a
+redraw's carriage return on), wherever the cut falls (inside the trigger too).
+The sign must be found, on a line its text is on.
 A log holding a failure sign and nothing else gets ``unknown``, never ``none``.
 """
 
@@ -18,13 +19,14 @@ import json
 import random
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ncclwatch.diagnose import diagnose
 from ncclwatch.diagnose.logscan import scan
 from ncclwatch.diagnose.logsigns import MAX_TRIGGER, MIN_TRIGGER, SIGNS
 from ncclwatch.diagnose.signtypes import LogSign
+from tests.harness.mangle import hard_wrap
 
 NOISE = ("[2026-12-03 10:00:0{i},000] INFO train.py:212 step {i} loss 1.25 lr 3.0e-04 "
          "grad_norm 0.51 tokens/s 100000")
@@ -74,8 +76,13 @@ def _colour(kind: str, line: str, rng: random.Random) -> str:
 
 
 def _wrap(line: str, width: int) -> list[str]:
-    """What a terminal of ``width`` columns does to a long line (copied back as lines)."""
-    return [line[i:i + width] for i in range(0, len(line), width)] or [""]
+    """What a terminal of ``width`` columns does to a long line (copied back as lines):
+    mangle.hard_wrap, the terminal's own cut, where a carriage return goes back to
+    column 0. (Cut by characters, the bars a redraw overwrote would count as columns:
+    "...\\rsrun: error: nid008637: task " + "3: Exited with exit code 1" is then a line
+    that showed 29 columns and what reads as srun's own labelled line; the width that
+    tells them apart is that of text no terminal showed, so no paste can carry it.)"""
+    return hard_wrap(line, width).split("\n")
 
 
 def _log(lines: list[str]) -> str:
@@ -147,8 +154,32 @@ def test_every_sign_wrapped_by_a_terminal_of_any_width(tmp_path, width):
         _found(tmp_path, sign, _wrap(_with_tag("torchrun_rank", sign.example), width))
 
 
+_SIGN = {s.id: s for s in SIGNS}
+
+
 @settings(max_examples=400, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
+# Mixes the random search found missed, each standing for its kind:
+# the wrap cut "..._client." | "cc:2593] ..." (a full stop inside a file name) with a Ray tag
+# and a bar in front: the level is read after the bar, on the trigger's line;
+@example(sign=_SIGN["level_line"], tag="ray", glue="tqdm_done", colour="none", width=83, seed=0)
+# the same cut with the bar on the trigger's own line: the run is read as a line is read
+# (the CRI tag and the bar split off before the level);
+@example(sign=_SIGN["level_line"], tag="kubernetes_cri", glue="bar_only", colour="none",
+         width=130, seed=0)
+# a narrow terminal over a redrawn bar: a piece's width counts from its last \r;
+@example(sign=_SIGN["traceback_frame"], tag="none", glue="tqdm_cr", colour="none", width=40,
+         seed=0)
+@example(sign=_SIGN["nccl_watchdog_timeout"], tag="none", glue="tqdm_cr", colour="none",
+         width=41, seed=0)
+# a CRI tag starts a record: its line is never the rest of the one before it;
+@example(sign=_SIGN["level_line"], tag="kubernetes_cri", glue="none", colour="none", width=49,
+         seed=0)
+@example(sign=_SIGN["deepspeed_exit"], tag="kubernetes_cri", glue="bar_only", colour="none",
+         width=43, seed=0)
+# the rest of a wider line, as wide as the log's line after it by chance.
+@example(sign=_SIGN["store_timeout"], tag="ray_repeated", glue="tqdm_done", colour="none",
+         width=173, seed=0)
 @given(sign=st.sampled_from(SIGNS), tag=st.sampled_from(TAGS), glue=st.sampled_from(GLUES),
        colour=st.sampled_from(("none", "line", "anywhere")),
        width=st.one_of(st.none(), st.integers(MAX_TRIGGER, 300)), seed=st.integers(0, 2**31))

@@ -66,7 +66,7 @@ from ncclwatch.diagnose.scanresult import (
 )
 from ncclwatch.diagnose.severity import Level
 from ncclwatch.diagnose.signtypes import Event, LogSign
-from ncclwatch.diagnose.wraps import joined, logical, wrap_span
+from ncclwatch.diagnose.wraps import joined, logical, wrap_spans
 from ncclwatch.logstream import Normaliser, open_stream, read_head
 from ncclwatch.stacks import Frame
 
@@ -325,54 +325,7 @@ class _FileScan:
             if (missed or (matched and matched <= self.m.readers)) and not self.open:
                 # A trigger whose pattern found too little: a narrow terminal wrapped the
                 # line (pieces of one width); read it whole for the signs not yet read.
-                a, b = wrap_span(chunk, first, le)
-                # A later line of the run holding a trigger of its own is no piece of
-                # this one (as wide by chance): it is read on its own.
-                ps = le + 1
-                while ps < b:
-                    pe = chunk.find(b"\n", ps)
-                    pe = b if pe < 0 or pe > b else pe
-                    if self.m.signs_in(chunk[ps:pe]):
-                        # ...unless the run read whole completes a specific sign this
-                        # line missed (a generic failure shape completes by chance):
-                        # then the line is a piece after all.
-                        whole_raw = joined(chunk, a, b)
-                        whole = self._decode(whole_raw)
-                        own = self.m.signs_in(chunk[first:le + 1])
-                        cands = [i for i in own if self.m.signs[i].id in missed]
-                        # ...or a sign only the join holds (its trigger cut between pieces)
-                        seen: set[int] = set()
-                        qs = a
-                        while qs <= b:
-                            qe = chunk.find(b"\n", qs)
-                            qe = b if qe < 0 or qe > b else qe
-                            seen.update(self.m.signs_in(chunk[qs:qe]))
-                            qs = qe + 1
-                        cands += [i for i in self.m.signs_in(whole_raw) if i not in seen]
-                        # (The grammar reads a level at the run's head: the line it starts on.)
-                        if not any(self.m.patterns[i].search(whole) for i in cands
-                                   if self.m.signs[i].event is not Event.ERROR
-                                   or (self.m.signs[i].reader is not None and a == first)):
-                            b = max(le, ps - 1)
-                        break
-                    ps = pe + 1
-                if (a, b) != (first, le):
-                    whole = joined(chunk, a, b)
-                    # Cited at the trigger's line: the run may reach back over lines that
-                    # only happen to be as wide (a log's own lines of that width).
-                    only = {self.m.signs[i].id for i in self.m.signs_in(whole)} - matched
-                    graded = only & self.m.readers
-                    # A level is read at the head of the trigger's line, never lent by a
-                    # line before it that ended where it did (a sentence, a bracket).
-                    lent = a != first and paste.ends_line(self._decode(
-                        chunk[chunk.rfind(b"\n", 0, first - 1) + 1:first - 1]), wrapped=True)
-                    if lent:
-                        only -= graded
-                    got, _m = self._line(whole, cur_line, only=only)
-                    if lent and graded:
-                        got |= self._line(joined(chunk, first, b), cur_line, only=graded)[0]
-                    if got:  # else the lines after it were no wrap: each is read itself
-                        le = max(le, b)
+                le = self._wrapped_run(chunk, first, le, cur_line, matched, missed)
             pos = le + 1
             if self.open:
                 cur_pos, cur_line = pos, cur_line + 1 + chunk.count(b"\n", first, le)
@@ -381,6 +334,71 @@ class _FileScan:
         total = line_no + chunk.count(b"\n")
         self.r.lines_read += total - line_no
         return total
+
+    def _wrapped_run(self, chunk: bytes, first: int, le: int, cur_line: int,
+                     matched: set[str], missed: set[str]) -> int:
+        """The trigger's line chunk[first:le] read with the run of pieces a narrow terminal
+        cut it into (wraps.wrap_spans: the line as a first or middle piece, else as the
+        last), for the signs it missed; returns where what was read ends."""
+        for a, b in wrap_spans(chunk, first, le):
+            # A later line of the run holding a trigger of its own is no piece of
+            # this one (as wide by chance): it is read on its own.
+            ps = le + 1
+            while ps < b:
+                pe = chunk.find(b"\n", ps)
+                pe = b if pe < 0 or pe > b else pe
+                if self.m.signs_in(chunk[ps:pe]):
+                    # ...unless the run read whole completes a specific sign this
+                    # line missed (a generic failure shape completes by chance):
+                    # then the line is a piece after all.
+                    whole_raw = joined(chunk, a, b)
+                    whole = self._decode(whole_raw)
+                    own = self.m.signs_in(chunk[first:le + 1])
+                    cands = [i for i in own if self.m.signs[i].id in missed]
+                    # ...or a sign only the join holds (its trigger cut between pieces)
+                    seen: set[int] = set()
+                    qs = a
+                    while qs <= b:
+                        qe = chunk.find(b"\n", qs)
+                        qe = b if qe < 0 or qe > b else qe
+                        seen.update(self.m.signs_in(chunk[qs:qe]))
+                        qs = qe + 1
+                    cands += [i for i in self.m.signs_in(whole_raw) if i not in seen]
+                    # (The grammar reads a level at the head of a line: of the trigger's
+                    # line, or of what follows a bar glued to it, never at the head of a
+                    # line before it that is only as wide.)
+                    head = self._decode(joined(chunk, first, b))
+                    if not any(self._reads(i, whole) if self.m.signs[i].event is not Event.ERROR
+                               else self.m.signs[i].reader is not None and self._reads(i, head)
+                               for i in cands):
+                        b = max(le, ps - 1)
+                    break
+                ps = pe + 1
+            if (a, b) == (first, le):
+                continue
+            whole = joined(chunk, a, b)
+            # Cited at the trigger's line: the run may reach back over lines that
+            # only happen to be as wide (a log's own lines of that width).
+            only = {self.m.signs[i].id for i in self.m.signs_in(whole)} - matched
+            graded = only & self.m.readers
+            # A level is read at the head of the trigger's line, never lent by a
+            # line before it that ended where it did (a sentence, a bracket).
+            lent = a != first and paste.ends_line(self._decode(
+                chunk[chunk.rfind(b"\n", 0, first - 1) + 1:first - 1]), wrapped=True)
+            if lent:
+                only -= graded
+            got, _m = self._line(whole, cur_line, only=only)
+            if lent and graded:
+                got |= self._line(joined(chunk, first, b), cur_line, only=graded)[0]
+            if got:  # else the lines after it were no wrap: each is read itself
+                return max(le, b)
+        return le
+
+    def _reads(self, i: int, text: str) -> bool:
+        """Whether sign ``i``'s pattern reads ``text`` as a line is read (its JSON, glued
+        bars, launcher tags undone: _line, _part), recording nothing."""
+        return any(self.m.patterns[i].search(split_prefix(part, self.task_is_rank)[1].strip())
+                   for part in paste.split_glued(paste.unjson(text)))
 
     def _cut_trigger(self, chunk: bytes, t: int, s: int, e: int,
                      pos: int) -> tuple[int, int] | None:

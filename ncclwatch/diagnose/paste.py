@@ -34,6 +34,16 @@ DECORATION: tuple[tuple[str, str], ...] = (
     ("ray repeat", r"\s*\[repeated \d+x across cluster\]\s*$"),
 )
 _DECORATION = [re.compile(rx) for _name, rx in DECORATION]
+#: Rows of DECORATION a launcher or a log collector writes once per record, before any
+#: terminal wraps it: a piece that starts with one starts a record. (The others a paste
+#: puts on every piece, a quote or a viewer's line number, or a terminal anywhere.)
+RECORD_TAGS = ("kubernetes CRI", "ray actor")
+_PIECE_DECORATION = [rx for (name, _rx), rx in zip(DECORATION, _DECORATION)
+                     if name not in RECORD_TAGS]
+_RECORD_TAG = re.compile("|".join(f"(?:{rx})" for name, rx in DECORATION if name in RECORD_TAGS))
+#: A Kubernetes CRI line that is a part of a record (tag P): the next tagged line goes on
+#: with it.
+_CRI_PARTIAL = re.compile(r"^\d{4}-\d\d-\d\dT\S+ (?:stdout|stderr) P ")
 
 #: Launcher prefixes that may stand after other decoration (a host, a Ray actor, a
 #: time): torchrun's ``[rank3]:`` / ``[default3]:``, ``[rank=3]`` (Determined, Ray
@@ -115,16 +125,36 @@ def unjson(line: str) -> str:
     return f"{when} {text}" if when and when not in text else text
 
 
-def undecorate(line: str) -> str:
-    """The line without ANSI colours, quoting and viewer line numbers (in any nesting:
-    a viewer's numbers on a quoted paste, a quote of numbered lines)."""
-    for _ in range(3):
+def _strip(line: str, rows: list[re.Pattern[str]]) -> str:
+    for _ in range(3):  # (in any nesting: a viewer's numbers on a quote, a quote of them)
         before = line
-        for rx in _DECORATION:
+        for rx in rows:
             line = rx.sub("", line)
         if line == before:
             break
     return line
+
+
+def undecorate(line: str) -> str:
+    """The line without ANSI colours, quoting and viewer line numbers (in any nesting:
+    a viewer's numbers on a quoted paste, a quote of numbered lines)."""
+    return _strip(line, _DECORATION)
+
+
+def undecorate_piece(line: str) -> str:
+    """The line without what a paste or a terminal puts on every piece (colours, quotes,
+    a viewer's line numbers); the tags of RECORD_TAGS kept."""
+    return _strip(line, _PIECE_DECORATION)
+
+
+def tagged(line: str, prev: str = "") -> bool:
+    """Whether a physical line starts with a tag written once per record (RECORD_TAGS),
+    behind a paste's own decoration: it starts a record, whatever text follows the tag
+    (a terminal's wrap never puts one in front of a piece). ``prev``: the line before
+    it (a line after a CRI partial one, tag P, goes on with it)."""
+    if not _RECORD_TAG.match(undecorate_piece(line)):
+        return False
+    return not (prev and _CRI_PARTIAL.match(undecorate_piece(prev)))
 
 
 def is_progress_bar(part: str) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ncclwatch.diagnose import paste
 from ncclwatch.diagnose.logsigns import MAX_TRIGGER
+from ncclwatch.logstream import shown_width
 
 
 def logical(chunk: bytes, ls: int, le: int, back: bool = True,
@@ -19,20 +20,28 @@ def logical(chunk: bytes, ls: int, le: int, back: bool = True,
     wrap cut inside a word, so no separator; each piece's paste decoration, a quote or
     a viewer line number, dropped). ``back``: also join pieces before it. Returns
     (bytes, its end)."""
+    def raw(a: int, b: int) -> str:
+        return chunk[a:b].decode("utf-8", "replace").rstrip("\r")
+
     def text(a: int, b: int) -> str:
-        return paste.undecorate(chunk[a:b].decode("utf-8", "replace").rstrip("\r"))
+        return paste.undecorate(raw(a, b))
+
+    def tagged(a: int, b: int) -> bool:  # (a record's own tag leads it: no piece)
+        ps = chunk.rfind(b"\n", 0, a - 1) + 1 if a else 0
+        return paste.tagged(raw(a, b), raw(ps, a - 1) if a else "")
 
     start = ls
-    if back and paste.continues(text(ls, le)):
+    if back and paste.continues(text(ls, le)) and not tagged(ls, le):
         for _ in range(paste.WRAP_MAX):
             if start == 0:
                 break
-            ps = chunk.rfind(b"\n", 0, start - 1) + 1
-            prev = text(ps, start - 1)
+            pe = start - 1
+            ps = chunk.rfind(b"\n", 0, pe) + 1
+            prev = text(ps, pe)
             if paste.ends_line(prev):
                 break
             start = ps
-            if not paste.continues(prev):
+            if not paste.continues(prev) or tagged(ps, pe):
                 break
     end = le
     for _ in range(paste.WRAP_MAX):
@@ -45,7 +54,7 @@ def logical(chunk: bytes, ls: int, le: int, back: bool = True,
         if ne < 0:
             ne = len(chunk)
         nxt = text(end + 1, ne)
-        if not nxt or not paste.continues(nxt):
+        if not nxt or not paste.continues(nxt) or tagged(end + 1, ne):
             break
         end = ne
     if start == ls and end == le:
@@ -67,12 +76,14 @@ def joined(chunk: bytes, start: int, end: int) -> bytes:
 WRAP_PIECES = 12
 
 
-def wrap_span(chunk: bytes, ls: int, le: int) -> tuple[int, int]:
-    """The lines around ls..le that a terminal wrapped from one: every piece but the
-    last has one width (at least logsigns.MAX_TRIGGER columns). ls is a full-width
-    piece, or the last one (then the width is the piece's before it)."""
-    def width(a: int, b: int) -> int:
-        return len(chunk[a:b].rstrip(b"\r"))
+def wrap_spans(chunk: bytes, ls: int, le: int) -> list[tuple[int, int]]:
+    """The runs of lines around ls..le that a terminal may have wrapped from one, each
+    (start, end): every piece but the last has one width (at least
+    logsigns.MAX_TRIGGER columns, as the terminal showed it). First ls as a full-width
+    piece, then ls as the last one (the width the piece's before it): a line as wide as
+    the one after it may still be the narrower rest of a wider one before it."""
+    def width(a: int, b: int) -> int:  # (as the terminal showed it: from a redraw's \r on)
+        return shown_width(chunk[a:b].decode("utf-8", "replace").rstrip("\r"))
 
     def span(w: int, start: int, end: int) -> tuple[int, int]:
         for _ in range(WRAP_PIECES):  # pieces before, each of that width
@@ -90,6 +101,7 @@ def wrap_span(chunk: bytes, ls: int, le: int) -> tuple[int, int]:
             pe, end = end + 1, len(chunk) if ne < 0 else ne
         return start, end
 
+    out: list[tuple[int, int]] = []
     first_end = chunk.find(b"\n", ls)
     first_end = len(chunk) if first_end < 0 else first_end
     w = width(ls, first_end)
@@ -98,11 +110,12 @@ def wrap_span(chunk: bytes, ls: int, le: int) -> tuple[int, int]:
         if width(first_end + 1, len(chunk) if ne < 0 else ne) <= w:
             got = span(w, ls, first_end)
             if got != (ls, first_end):
-                return got[0], max(got[1], le)
+                out.append((got[0], max(got[1], le)))
     if ls > 0:  # ls as the last piece
         ps = chunk.rfind(b"\n", 0, ls - 1) + 1
         pw = width(ps, ls - 1)
-        if pw >= max(w, MAX_TRIGGER):
+        if pw >= max(w, MAX_TRIGGER) and (pw > w or not out):
             got = span(pw, ps, ls - 1)
-            return got[0], max(first_end, le)
-    return ls, le
+            if (got[0], max(first_end, le)) not in out:
+                out.append((got[0], max(first_end, le)))
+    return out
