@@ -160,6 +160,7 @@ payloads = st.binary(max_size=512) | reports() | intruder
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                  HealthCheck.function_scoped_fixture])
 @given(payload=payloads)
+@pytest.mark.budget(600)  # 4k examples over real gRPC: 65 s at load 10, 437 s at load 25
 def test_adversarial_reports_are_refused_cleanly(server, payload: bytes) -> None:
     server.keep_healthy_alive()
     before = server.on_loop(lambda: _snapshot(server.daemon))
