@@ -38,6 +38,7 @@ import time
 
 from bench.daemon_ingest import HOLD, INTERVAL, STACK_CHANGE, STALL_THRESHOLD, _pct, latencies
 from bench.loadgen import Pool, SimAgent, Stall, fleet, phase
+from ncclwatch.daemon.server import URGENT_GAP
 from ncclwatch.model import StallKind
 from ncclwatch.v1 import collector_pb2 as pb
 
@@ -100,10 +101,13 @@ def run(world: int, trials: int) -> dict:
     opened, ticks, late = [], [], []
     start = time.monotonic() + 0.5
     next_tick = start
+    last_end = start
     cpu0 = time.process_time()
+    woken = []
+    d.wake = lambda: woken.append(1)  # as the server's loop: a tick at once, URGENT_GAP apart
 
     def tick_until(t: float) -> None:
-        nonlocal next_tick
+        nonlocal next_tick, last_end
         while next_tick <= t:
             now = time.monotonic()
             if now < next_tick:
@@ -118,6 +122,7 @@ def run(world: int, trials: int) -> dict:
                     opened.append({"job": inc.job_id, "kind": inc.kind.value,
                                    "tick_start": ts - start, "tick_end": te - start})
             next_tick = te + TICK  # the loop sleeps a tick after each one
+            last_end = te
 
     for rel, data in events:
         due = start + rel
@@ -128,6 +133,9 @@ def run(world: int, trials: int) -> dict:
             now = time.monotonic()
         late.append(now - due)
         d.ingest(parse(data), now=now)
+        if woken:
+            woken.clear()
+            next_tick = min(next_tick, max(now, last_end + URGENT_GAP))
     tick_until(time.monotonic() + TICK)
     wall = time.monotonic() - start
     cpu = time.process_time() - cpu0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 import grpc
@@ -113,6 +114,12 @@ class Daemon:
         self.dropped_parts_total: collections.Counter[tuple[str, str]] = collections.Counter()
         #: Forecasts as countdowns, not a new guess each tick (smooth.py).
         self.smooth = Smoother()
+        #: Called (on the loop) when a report may have completed a stall's
+        #: evidence: a rank at checkpoint work showed a newer stack while others
+        #: wait and its job has no open incident. The server then ticks at once
+        #: (after URGENT_GAP), not at the next regular tick: the decision no
+        #: longer waits up to a tick for the loop. None: ticks keep their pace.
+        self.wake: Callable[[], None] | None = None
 
     # -- ingest --------------------------------------------------------------
 
@@ -170,6 +177,8 @@ class Daemon:
                                    held=adm.held)
         if adm.wire:
             self.table.stacks.remember(adm.wire)
+        if self.table.fresh_work:
+            self._woken()
         agent = self.table.agents[report.agent_id]
         agent.connected = True
         if parts:   # a stack left out is not asked for again: the agent keeps it back
@@ -190,6 +199,13 @@ class Daemon:
         while agent.commands:
             resp.commands.append(agent.commands.popleft())
         return resp
+
+    def _woken(self) -> None:
+        """A stack that may complete a stall's evidence arrived (table.fresh_work):
+        wake the ticks for a job with no open incident yet."""
+        fresh, self.table.fresh_work = self.table.fresh_work, set()
+        if self.wake is not None and any(not self.incidents.for_job(j) for j in fresh):
+            self.wake()
 
     def _known_header(self, report: pb.NodeReport) -> bool:
         """Whether the report's own text (its node, agent id and version: all a

@@ -65,6 +65,16 @@ class Curve:
     def __len__(self) -> int:
         return len(self._tr) >> 1
 
+    @property
+    def t(self) -> array:
+        """The points' times, oldest first (a copy)."""
+        return self._tr[0::2]
+
+    @property
+    def rss(self) -> list[int]:
+        """The points' RSS, oldest first (a copy)."""
+        return [int(x) for x in self._tr[1::2]]
+
     def add(self, t: float, rss: int, written: int,
             files: tuple[tuple[str, int, str, int, int, str], ...],
             limits: tuple[tuple[str, int, int], ...]) -> None:

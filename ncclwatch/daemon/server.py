@@ -19,6 +19,9 @@ from ncclwatch.sdnotify import Notifier
 
 log = logging.getLogger(__name__)
 
+#: A tick a report woke (Daemon.wake) runs no sooner than this after the last.
+URGENT_GAP = 0.05
+
 
 def split_hostport(addr: str, default_port: int) -> tuple[str, int]:
     """``HOST:PORT``, ``[v6]:PORT``, ``:PORT`` or ``HOST``."""
@@ -129,20 +132,34 @@ class DaemonServer:
 
     async def _ticks(self) -> None:
         heap = HeapPolicy()
-        while not self._stopping.is_set():
-            try:
-                self.daemon.tick()
-                heap.step()
-            except Exception:
-                log.exception("detection tick failed")
-            else:
-                # Only a loop that still ticks feeds systemd's watchdog.
-                if self.notifier:
-                    self.notifier.alive(lambda: status_line(self.daemon))
-            try:
-                await asyncio.wait_for(self._stopping.wait(), self.daemon.config.tick)
-            except asyncio.TimeoutError:
-                pass
+        loop = asyncio.get_running_loop()
+        urgent = asyncio.Event()
+        self.daemon.wake = urgent.set
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            while not self._stopping.is_set():
+                urgent.clear()
+                try:
+                    self.daemon.tick()
+                    heap.step()
+                except Exception:
+                    log.exception("detection tick failed")
+                else:
+                    # Only a loop that still ticks feeds systemd's watchdog.
+                    if self.notifier:
+                        self.notifier.alive(lambda: status_line(self.daemon))
+                ended = loop.time()
+                # The next tick after the interval, or as soon as a report may have
+                # completed a stall's evidence (Daemon.wake), URGENT_GAP at the least.
+                woken = asyncio.ensure_future(urgent.wait())
+                await asyncio.wait({stopping, woken}, timeout=self.daemon.config.tick,
+                                   return_when=asyncio.FIRST_COMPLETED)
+                woken.cancel()
+                if urgent.is_set() and not self._stopping.is_set():
+                    await asyncio.sleep(max(0.0, ended + URGENT_GAP - loop.time()))
+        finally:
+            stopping.cancel()
+            self.daemon.wake = None
 
     async def stop(self, grace: float = 2.0) -> None:
         self._stopping.set()

@@ -25,7 +25,7 @@ from ncclwatch.daemon.settings import GONE_JOB_TTL
 from ncclwatch.daemon.stackstore import StackStore
 from ncclwatch.daemon.translate import container_of, take_process
 from ncclwatch.daemon.validate import Briefs, Shape, read_briefs
-from ncclwatch.model import CollectiveOp, RankState, WaitEvidence
+from ncclwatch.model import CHECKPOINT_STATES, CollectiveOp, RankState, WaitEvidence
 from ncclwatch.v1 import collector_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,9 @@ class JobTable:
         #: Seconds a job whose ranks are all gone (or silent) is kept (expire).
         self.job_ttl = GONE_JOB_TTL
         self.dirty: set[str] = set()
+        #: Jobs where a rank at checkpoint work showed a newer stack while others
+        #: wait: the stack that may complete a stall's evidence (core.Daemon.wake).
+        self.fresh_work: set[str] = set()
         self.samples_total = 0
         self.reports_total = 0
         self.duplicates_total = 0
@@ -308,7 +311,11 @@ class JobTable:
                 missing.append(sid)
             rec.stack_id = sid
         # The state is what the stack of stack_age_seconds ago showed.
-        rec.stack_at = anchor - m.stack_age_seconds if state is not RankState.UNKNOWN else None
+        stack_at = anchor - m.stack_age_seconds if state is not RankState.UNKNOWN else None
+        if stack_at is not None and state in CHECKPOINT_STATES and job.waiting and \
+                (rec.stack_at is None or stack_at > rec.stack_at):
+            self.fresh_work.add(job.job_id)
+        rec.stack_at = stack_at
         return changed
 
     def _resolve(self, agent: AgentRecord, slots: dict[int, Any], slot: int) -> Any:

@@ -13,7 +13,7 @@ from ncclwatch.contract import checks
 from ncclwatch.daemon.core import Daemon
 from ncclwatch.model import RankState
 from ncclwatch.v1 import collector_pb2 as pb
-from tests.harness.reports import SAVE, frames, report, sample, stack_pb
+from tests.harness.reports import SAVE, checkpoint_job, frames, report, sample, stack_pb
 
 
 def _stacked(agent: str, node: str, seq: int, stack: pb.Stack) -> pb.ReportRequest:
@@ -131,3 +131,27 @@ def test_a_jobinfo_every_rank_sends_is_read_once_and_judged_alike() -> None:
     assert [(p.what, p.reason.split(":")[0]) for p in resp.dropped_parts] == \
         [("rank_sample", "env_too_long")] * 2
     assert job.env["NCCL_DEBUG"] == "INFO"
+
+
+def test_a_stack_that_may_complete_a_stall_wakes_the_ticks_until_it_opens() -> None:
+    """A newer stack of a rank at checkpoint work while others wait may complete
+    the evidence: the daemon wakes its ticks (the server ticks at once) instead
+    of leaving the decision to the next regular tick; once the incident is open,
+    further stacks do not wake it, and steady reports never do."""
+    d = Daemon()
+    woken = []
+    d.wake = lambda: woken.append(1)
+    d.ingest(report([sample("j", r, 4, RankState.COMPUTE) for r in range(4)]), now=100.0)
+    assert not woken                     # nobody waits, nobody at checkpoint work
+    for k in range(3):
+        req = checkpoint_job("j", 4, save_for=5.0 + k, wait_for=5.0 + k, seq=2 + k)
+        for s in req.report.samples:
+            s.stack_age_seconds = 0.0    # every round a fresh stack of each rank
+        d.ingest(req, now=101.0 + k)
+    # Not by the stall's first report: rank 0 comes before its waiters in it.
+    assert len(woken) == 2
+    d.tick(now=104.0)
+    assert d.incidents.for_job("j")
+    req = checkpoint_job("j", 4, save_for=9.0, wait_for=9.0, seq=5)
+    d.ingest(req, now=105.0)
+    assert len(woken) == 2               # open: nothing more to decide sooner
