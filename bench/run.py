@@ -109,7 +109,10 @@ def main() -> int:
             r = daemon_ingest.measure(daemon_ingest.QUICK if a.quick else daemon_ingest.FULL)
             targets.record("daemon", r, f"python -m bench.daemon_ingest {flag}")
             targets.record("replay", r["core_replay"], f"python -m bench.daemon_ingest {flag}")
-            sections += ["## Daemon ingest and API at scale", "",
+            sections += ["## Daemon targets", "",
+                         "Judged in the Targets table above, from the run below. What the "
+                         "figures are:", "", *[f"- {x}" for x in targets.MEANING], "",
+                         "## Daemon ingest and API at scale", "",
                          f"Command: `python -m bench.daemon_ingest {flag}`", "",
                          daemon_ingest.render(r), ""]
             verdicts = targets.plain("daemon", r) + "\n" + targets.plain("replay",

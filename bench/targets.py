@@ -274,6 +274,41 @@ def table(records: dict[str, dict] | None = None) -> str:
     return "\n".join(lines)
 
 
+#: What the daemon's figures are (BENCHMARKS.md, under "Daemon targets").
+MEANING = (
+    "**The daemon against the transport floor**: agents (simulated, 8 ranks per stream, "
+    "real grpc.aio on loopback) send as fast as they are acked, to the daemon and then to "
+    "a server with the daemon's own gRPC options and transport step (`ingest.serve`) that "
+    "only parses and acks (`loadgen serve --null`); rank-samples acked per CPU-second of "
+    "each. The ratio is what the daemon's work costs above what grpc.aio costs anyway.",
+    "**Rank-samples per daemon CPU-second**: the same saturated window, per CPU-second of "
+    "the daemon process (on this shared machine it does not get all of its core: it is "
+    "what one core would take). Decode + ingest in process is the same without gRPC.",
+    "**Memory per rank**: daemon RSS with every rank loaded minus its RSS before any agent "
+    "connected, over the ranks, gRPC streams included (one per 8 ranks), read before any "
+    "HTTP view is served; beside it what one stream costs a server with no daemon behind "
+    "it. At 2,048 ranks after the stall trials, at 16,384 ranks with agents reporting "
+    "every 4 s.",
+    "**Stall decided**: from the send of the report that completes a checkpoint stall's "
+    "evidence to the end of the daemon tick that opened the incident (the first moment "
+    "/metrics and the API show it), nearest-rank p99 over the trials (with fewer than 100 "
+    "trials, the maximum).",
+    "**100k ranks**: 12,500 agent streams need more cores for the load generator than this "
+    "machine has, so the 100k-rank point is the daemon's core alone (`bench/core_replay.py`): "
+    "the agents' protocol-2 bytes, made beforehand, are parsed and applied at their send "
+    "times in real time (late when the core is busy: queueing counts), with ticks as the "
+    "server's loop runs them; gRPC runs in ingest workers at this size and is not in it. "
+    "The first rounds (every rank new) are applied before the clock starts, their CPU "
+    "measured.",
+    "**Restart**: every agent connects at once, as after a daemon restart; the time until "
+    "each has had a report acknowledged.",
+    "**/api/v1/jobs and /metrics**: the views of one 16k-rank job over HTTP while its 2,048 "
+    "agents report every 4 s; the daemon's CPU during the request minus its rate without "
+    "requests. **Event loop**: in process, the CPU time of a render's step on the loop "
+    "against the whole render.",
+)
+
+
 def plain(source: str, result: dict) -> str:
     """One line per target of ``source`` judged from ``result``, for the terminal."""
     out = []

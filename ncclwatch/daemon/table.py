@@ -312,9 +312,14 @@ class JobTable:
             rec.stack_id = sid
         # The state is what the stack of stack_age_seconds ago showed.
         stack_at = anchor - m.stack_age_seconds if state is not RankState.UNKNOWN else None
-        if stack_at is not None and state in CHECKPOINT_STATES and job.waiting and \
+        if stack_at is not None and state in CHECKPOINT_STATES and \
                 (rec.stack_at is None or stack_at > rec.stack_at):
-            self.fresh_work.add(job.job_id)
+            # A culprit's shape (detect/checkpoint.py): at checkpoint work, not
+            # itself in a collective (a rank gathering inside all_gather waits too),
+            # while others wait.
+            waiting = job.waiting
+            if waiting and rec.rank not in waiting:
+                self.fresh_work.add(job.job_id)
         rec.stack_at = stack_at
         return changed
 

@@ -11,7 +11,7 @@ from bench.loadgen import Pool, SimAgent, fleet
 from ncclwatch import sanitize
 from ncclwatch.contract import checks
 from ncclwatch.daemon.core import Daemon
-from ncclwatch.model import RankState
+from ncclwatch.model import CollectiveOp, RankState
 from ncclwatch.v1 import collector_pb2 as pb
 from tests.harness.reports import SAVE, checkpoint_job, frames, report, sample, stack_pb
 
@@ -155,3 +155,17 @@ def test_a_stack_that_may_complete_a_stall_wakes_the_ticks_until_it_opens() -> N
     req = checkpoint_job("j", 4, save_for=9.0, wait_for=9.0, seq=5)
     d.ingest(req, now=105.0)
     assert len(woken) == 2               # open: nothing more to decide sooner
+
+
+def test_ranks_gathering_inside_a_collective_do_not_wake_the_ticks() -> None:
+    """Every rank gathering a state dict inside all_gather is at checkpoint work
+    and waits: none is a culprit (detect/checkpoint.py), so a healthy gather's
+    fresh stacks never tick the daemon faster."""
+    d = Daemon()
+    woken = []
+    d.wake = lambda: woken.append(1)
+    for k in range(3):
+        samples = [sample("g", r, 4, RankState.GATHERING_STATE_DICT, CollectiveOp.ALL_GATHER,
+                          seconds=5.0 + k) for r in range(4)]
+        d.ingest(report(samples, seq=1 + k), now=100.0 + k)
+    assert d.table.jobs["g"].waiting == {0, 1, 2, 3} and not woken
