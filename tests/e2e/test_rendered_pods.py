@@ -30,6 +30,22 @@ NODE, OTHER = "gpu-node-0", "gpu-node-1"
 EXTERNAL = "https://ncclwatch.example.com"
 
 
+def _checkout_visible(pod: dict) -> dict:
+    """The pod spec with this checkout (and its venv) bound in over the pod's own
+    mounts: a clone under /tmp is hidden by the pods' /tmp emptyDir ("/usr/bin/env:
+    .../.venv/bin/ncclwatch: No such file"). The image stands in for the real one,
+    which carries its venv; the test is about the certificates, the login and the
+    node identity."""
+    paths = [str(ROOT.resolve())]   # make test's venv is ROOT/.venv
+    pod.setdefault("volumes", []).extend(
+        {"name": f"checkout-{i}", "hostPath": {"path": p}} for i, p in enumerate(paths))
+    for c in pod.get("containers", []):
+        c.setdefault("volumeMounts", []).extend(
+            {"name": f"checkout-{i}", "mountPath": p, "readOnly": True}
+            for i, p in enumerate(paths))
+    return pod
+
+
 def _pod_of(files: dict[str, str], node: str) -> dict:
     """The pod template of the agent DaemonSet pinned to ``node``."""
     for d in yaml.safe_load_all(files["agent-daemonset.yaml"]):
@@ -76,13 +92,14 @@ def test_the_rendered_layout_runs_with_cert_managers_secrets(tmp_path: Path) -> 
             config_maps={"ncclwatch-daemon": config_map(daemon_docs, "ncclwatch-daemon")},
             secrets=secrets)
         try:
-            daemon = kubelet.start(daemon_pod, "ncclwatch-daemon-a-0")
+            daemon = kubelet.start(_checkout_visible(daemon_pod), "ncclwatch-daemon-a-0")
             pods.append(daemon)
             deadline = time.time() + 90
             while not daemon.probe("readinessProbe", net):
                 assert daemon.proc.alive() and time.time() < deadline, daemon.proc.output()
                 time.sleep(0.5)
-            agent = kubelet.start(_pod_of(files, NODE), f"ncclwatch-agent-{uuid.uuid4().hex[:5]}")
+            agent = kubelet.start(_checkout_visible(_pod_of(files, NODE)),
+                                  f"ncclwatch-agent-{uuid.uuid4().hex[:5]}")
             pods.append(agent)
             # Auth on: nobody reads the API or /metrics without the Secret's password.
             api, ca_file = "https://localhost:7471/api/v1/jobs", str(tmp_path / "ca.crt")
@@ -102,7 +119,7 @@ def test_the_rendered_layout_runs_with_cert_managers_secrets(tmp_path: Path) -> 
                 in metrics
             assert agent.probe("livenessProbe", net)
             # Another node's DaemonSet (its Secret) on this node: the agent will not start.
-            stray = kubelet.start(_pod_of(files, OTHER), "ncclwatch-agent-stray")
+            stray = kubelet.start(_checkout_visible(_pod_of(files, OTHER)), "ncclwatch-agent-stray")
             pods.append(stray)
             deadline = time.time() + 60
             while stray.proc.alive() and time.time() < deadline:

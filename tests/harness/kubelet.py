@@ -280,6 +280,7 @@ class Kubelet:
             (rootfs / path.lstrip("/")).mkdir(parents=True, exist_ok=True)   # as runc does
             kind, source = self._volume_source(volumes[vm["name"]], pod_dir, spec)
             target = f"{mnt}{path}"
+            script.append(f"mkdir -p {q(target)}")   # inside a volume mounted before it
             if kind == "tmpfs":
                 script.append(f"mount -t tmpfs -o nosuid,nodev,{source} tmpfs {q(target)}")
             else:
