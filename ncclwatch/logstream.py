@@ -210,11 +210,15 @@ class Normaliser:
     line that can be the rest of the one before (a line starting with any bracket or
     an indent is taken for a record) and of a line that is complete; they tell a
     wrapped file from a log whose lines are one width, and a redrawn line that is a
-    piece of a wrap (left whole, for the scanner to join) from one that is not."""
+    piece of a wrap (left whole, for the scanner to join) from one that is not.
+    ``spaced`` (optional): whether a blank belongs between two pieces it joins, where
+    the terminal cut at one and a Markdown paste dropped it from the next piece's
+    start (the scanner's: one of its triggers spans the cut only with a blank)."""
 
     def __init__(self, continues: Callable[[str], bool] | None = None,
-                 ends_line: Callable[[str], bool] | None = None) -> None:
-        self.continues, self.ends_line = continues, ends_line
+                 ends_line: Callable[[str], bool] | None = None,
+                 spaced: Callable[[str, str], bool] | None = None) -> None:
+        self.continues, self.ends_line, self.spaced = continues, ends_line, spaced
         #: The wrap width found (None: none seen).
         self.width: int | None = None
         #: The last chunk's joins: (index of the joined line in the chunk returned, how
@@ -315,6 +319,8 @@ class Normaliser:
             j = i
             while j + 1 < n and j - i < WRAP_PIECES and _runs_on(lines[j], lines[j + 1], width):
                 j += 1
+                if self.spaced is not None and self.spaced(cur, lines[j]):
+                    cur += " "
                 cur += lines[j]
             if j > i:
                 self.joins.append((len(out), j - i))

@@ -25,7 +25,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ncclwatch.diagnose import diagnose
@@ -216,8 +216,22 @@ def _mangled_copy(case: Path, dest: Path, rows: list[str], seed: int) -> list[Pa
     return out
 
 
+_CASE = {c.name: c for c in FAILING}
+
+
 @settings(max_examples=200, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
+# Mixes the random search found hiding a failure: a wrap that cut at a blank inside a
+# trigger, the blank then dropped with the next piece's indent (Markdown outside a code
+# block): "...'s watchdog" + "got stuck", "caught collective" + "operation timeout".
+@example(case=_CASE["verl_1158_heartbeat_guid_without_desc"],
+         rows=frozenset({"mpi_tags", "unindent", "wrap120"}), seed=0)
+@example(case=_CASE["lightning_20832_wrapped_padded_broadcast_vs_allgather"],
+         rows=frozenset({"unindent", "wrap_any"}), seed=28)
+# A redrawn bar with "Killed" glued on, read as a wrap's piece and joined to the next line
+# ("...5.04it/s]Killed" + "Done, resuming training ..."): the line alone is read too.
+@example(case=_CASE["fast_stable_diffusion_1113_killed_converting_ckpt"],
+         rows=frozenset({"ansi_prefixed", "redrawn_bar"}), seed=0)
 @given(case=st.sampled_from(FAILING),
        rows=st.sets(st.sampled_from(sorted(TABLE)), min_size=1, max_size=6).map(_mix),
        seed=st.integers(0, 2**32 - 1))

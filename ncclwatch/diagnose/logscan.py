@@ -66,7 +66,7 @@ from ncclwatch.diagnose.scanresult import (
 )
 from ncclwatch.diagnose.severity import Level
 from ncclwatch.diagnose.signtypes import Event, LogSign
-from ncclwatch.diagnose.wraps import joined, logical, wrap_spans
+from ncclwatch.diagnose.wraps import joined, logical, lost_blank, wrap_spans
 from ncclwatch.logstream import Normaliser, open_stream, read_head
 from ncclwatch.stacks import Frame
 
@@ -203,7 +203,7 @@ class _FileScan:
         #: srun task ids are ranks unless the file also has torchrun's rank prefixes.
         self.task_is_rank = True
         self.task: int | None = None
-        self.norm = Normaliser(paste.continues, paste.ends_line)
+        self.norm = Normaliser(paste.continues, paste.ends_line, lost_blank)
         #: Lines the normaliser joined (wrapped pieces): the scan's line numbers count
         #: the joined lines; _raw maps one back to the user's (its first piece's).
         self.joined_at: list[int] = []
@@ -314,12 +314,21 @@ class _FileScan:
                     last = ne
             cur_line += chunk.count(b"\n", cur_pos, first)
             cur_pos = first
+            alone = None
             if (first, last) == (ls, le):
                 raw, le = logical(chunk, ls, le)
+                if raw != chunk[ls:last]:  # (joined to pieces before or after it)
+                    alone = chunk[ls:last]
             else:  # a trigger cut by a hard wrap: its pieces joined, and what follows
                 _raw, le = logical(chunk, first, last, back=False, wrapped=True)
                 raw = joined(chunk, first, le)
             matched, missed = self._line(raw, cur_line)
+            if missed and alone is not None and self.m.signs_in(alone):
+                # Joining is a guess (a line that ends no sentence, a next one that starts
+                # no record: "...5.04it/s]Killed" + "Done, resuming ..."): a sign the
+                # line holds whole and reads alone is read alone.
+                got, _m = self._line(alone, cur_line, only=missed)
+                matched, missed = matched | got, missed - got
             # A line only the severity grammar read (its level token in the first piece)
             # may still be the first piece of a sign a narrow terminal wrapped.
             if (missed or (matched and matched <= self.m.readers)) and not self.open:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ncclwatch.diagnose import paste
 from ncclwatch.diagnose.logsigns import MAX_TRIGGER
+from ncclwatch.diagnose.matcher import matcher
 from ncclwatch.logstream import shown_width
 
 
@@ -119,3 +120,21 @@ def wrap_spans(chunk: bytes, ls: int, le: int) -> list[tuple[int, int]]:
             if (got[0], max(first_end, le)) not in out:
                 out.append((got[0], max(first_end, le)))
     return out
+
+
+def lost_blank(left: str, right: str) -> bool:
+    """Whether a blank belongs between two pieces of a wrapped line: the terminal cut
+    at a blank, which began the next piece, and a Markdown paste dropped it with the
+    piece's indent ("...'s watchdog" + "got stuck for 480 seconds"). Only a sign's own
+    trigger says so: one holds the blank with words of it on both sides, and none spans
+    the cut without it (a word cut in two: "FAILED (exit" + "code 1)" is torch's own
+    "exitcode")."""
+    if not left or not right or left[-1].isspace() or right[0].isspace():
+        return False
+    a, b = left[-MAX_TRIGGER:].encode(), right[:MAX_TRIGGER].encode()
+    cut, ac = len(a), matcher().ac
+
+    def spans(text: bytes, end: int) -> bool:
+        return any(s < cut and e > end for _t, s, e in
+                   ac.find_matches_as_indexes(text, overlapping=True))
+    return spans(a + b" " + b, cut + 1) and not spans(a + b, cut)
