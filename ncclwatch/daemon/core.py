@@ -559,10 +559,11 @@ class Daemon:
         if any(self._long_wait(job.ranks[r], now, half) for r in job.waiting):
             return True
         rule = self.detect_cfg.waits.rank
+        ranks = job.ranks   # ranks with a still period are the job's index of still ones
         return any(rec.still_since is not None and now - rec.still_since >= half
                    and not rule.within_normal(rec.history, now - rec.still_since)
                    and (rec.stack_at is None or rec.stack_at < rec.still_since)
-                   for rec in job.ranks.values())
+                   for rec in (ranks[r] for r in job.still))
 
     @staticmethod
     def _long_wait(rec, now: float, half: float) -> bool:
