@@ -14,39 +14,12 @@ from ncclwatch.daemon.core import Daemon, DaemonConfig
 from ncclwatch.daemon.server import DaemonServer
 from ncclwatch.model import CollectiveOp, RankState, StallKind
 from ncclwatch.v1 import collector_pb2 as pb
-from ncclwatch.v1 import collector_pb2_grpc as pb_grpc
-from tests.factories import BARRIER, checkpoint_job, report, sample, stack_pb
+from tests.harness.daemons import Harness
+from tests.harness.reports import BARRIER, checkpoint_job, report, sample, stack_pb
 
 
 def _run(coro):
     return asyncio.run(coro)
-
-
-class Harness:
-    def __init__(self) -> None:
-        self.daemon = Daemon(DaemonConfig(grpc="127.0.0.1:0", http="127.0.0.1:0"))
-        self.server = DaemonServer(self.daemon)
-
-    async def __aenter__(self) -> "Harness":
-        await self.server.start()
-        self.target = f"127.0.0.1:{self.server.grpc_port}"
-        self.channel = grpc.aio.insecure_channel(self.target)
-        self.stub = pb_grpc.CollectorServiceStub(self.channel)
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.channel.close()
-        await self.server.stop(grace=0.1)
-
-    async def send(self, *reqs: pb.ReportRequest) -> list[pb.ReportResponse]:
-        call = self.stub.Report(iter(reqs))
-        return [r async for r in call]
-
-    async def send_raw(self, payload: bytes) -> None:
-        call = self.channel.stream_stream("/ncclwatch.v1.CollectorService/Report",
-                                          request_serializer=None, response_deserializer=None)
-        async for _ in call(iter([payload])):
-            pass
 
 
 def _err(excinfo) -> grpc.StatusCode:

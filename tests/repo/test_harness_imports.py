@@ -27,7 +27,6 @@ PENDING: frozenset[str] = frozenset({
     "tests/test_diagnose_bundle.py",
     "tests/test_diagnose_severity.py",
     "tests/test_fuzz.py",
-    "tests/test_grpc.py",
     "tests/test_ingest_step.py",
     "tests/test_ingest_workers.py",
     "tests/test_shard_views.py",
