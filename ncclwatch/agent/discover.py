@@ -155,6 +155,7 @@ class _Seen:
     settled: bool = False      # its identity is final (a Ray worker's, once its store is seen)
     spawn: bool = False        # an mp.spawn child (its parent is a spawner, no candidate)
     next_look: float = 0.0     # a recheck before this time (time.time()) is skipped
+    argv: tuple[str, ...] = ()  # the command line this look read (an exec since voids it)
     #: A rendezvous candidate (Python, torch loaded, no rank named): what its
     #: grouping needs, kept until it is grouped or gone.
     candidate: "_Candidate | None" = None
@@ -227,10 +228,16 @@ class Discovery:
                 # command line is no rank yet (an mp.spawn worker under srun was
                 # read as the srun task, rank 0 of 1, for life; CI). A fork that
                 # never execs is read once it is no longer young.
-                if seen.rank is not None and _unexeced(pid, seen.ppid):
+                # An exec during the look (the command line read first was the
+                # parent's, the check after it sees the new one) voids it too,
+                # and every young verdict is read again until it is no longer
+                # young (CI: an mp.spawn worker under srun kept rank 0 of 1).
+                if seen.rank is not None and (_unexeced(pid, seen.ppid)
+                                              or _argv(pid) != seen.argv):
                     seen.rank = None
-                if seen.rank is None:
-                    seen.recheck = True
+                # (A spawn index read from torch's own frame is final: that
+                # frame runs only after the exec.)
+                seen.recheck = seen.rank is None or seen.rank.identity.rank_source != SPAWN_SOURCE
             self._seen[pid] = seen
         if self._put_off:
             caps.COUNTS.hit("scan_time", len(self._put_off))
@@ -256,7 +263,8 @@ class Discovery:
                     return _Seen(create_time)  # dead, not yet reaped by its parent
                 ppid = proc.ppid()
             cmdline = proc.cmdline()
-            seen = _Seen(create_time, ppid, launcher=launchers.launcher_of(cmdline) or "")
+            seen = _Seen(create_time, ppid, launcher=launchers.launcher_of(cmdline) or "",
+                         argv=tuple(cmdline))
             if seen.launcher:
                 return seen
             env = rankenv.read_environ(pid, self._proc)   # within its budget (caps.py)
@@ -672,6 +680,13 @@ def _unexeced(pid: int, ppid: int) -> bool:
         return ppid > 1 and psutil.Process(pid).cmdline() == psutil.Process(ppid).cmdline()
     except psutil.Error:
         return False
+
+
+def _argv(pid: int) -> tuple[str, ...] | None:
+    try:
+        return tuple(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return None
 
 
 def _one_per_rank(candidates: list[RankProcess]) -> list[RankProcess]:

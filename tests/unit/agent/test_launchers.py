@@ -544,6 +544,24 @@ def test_a_child_between_fork_and_exec_is_no_rank_while_young(spawned) -> None:
     assert found == {parent.pid: (0, 1, "env:SLURM_PROCID", f"slurm:{SLURM_JOB}.0")}, found
 
 
+def test_a_young_rank_is_read_again_until_it_is_no_longer_young(spawned, monkeypatch) -> None:
+    """A look at a young process may straddle its exec (the command line read
+    before it, the checks after it): such a verdict stays open until the
+    process is YOUNG seconds old (CI: an mp.spawn worker under srun was kept as
+    rank 0 of 1, the identity its environment inherited from the srun task).
+    YOUNG is widened, then narrowed, so that a slow machine sees both ages."""
+    from ncclwatch.agent import discover
+    p = spawned(["PY", "-c", TORCH_IDLE], SLURM, wait_up=True)
+    d = discover.Discovery("n")
+    monkeypatch.setattr(discover, "YOUNG", 3600.0)
+    found = _found(d, {p.pid})
+    assert found == {p.pid: (0, 1, "env:SLURM_PROCID", f"slurm:{SLURM_JOB}.0")}, found
+    assert d._seen[p.pid].recheck, "a young verdict was taken as final"
+    monkeypatch.setattr(discover, "YOUNG", 0.0)
+    assert _found(d, {p.pid}) == found
+    assert not d._seen[p.pid].recheck, "a rank no longer young is read again every round"
+
+
 def test_mp_spawn_under_srun_workers_by_spawn_index_parent_is_no_rank(spawned) -> None:
     """The spawning parent carries SLURM_PROCID=0 and torch, and waits in join():
     not a rank; its workers' inherited SLURM_PROCID is not theirs either."""
