@@ -28,7 +28,7 @@ from ncclwatch.daemon.settings import DaemonConfig
 from ncclwatch.daemon.smooth import Smoother
 from ncclwatch.daemon.table import JobTable
 from ncclwatch.daemon.validate import ReportError
-from ncclwatch.model import CHECKPOINT_STATES, QUIET_CPU
+from ncclwatch.model import CHECKPOINT_STATES, QUIET_CPU, RankState
 from ncclwatch.v1 import collector_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -402,15 +402,20 @@ class Daemon:
             self._native_asked.pop(job_id, None)
             self.smooth.forget(job_id)
             self.ownership.forget(job_id)
+        # A quiet job's waits are all younger than this: none can count yet.
+        young = min(self.config.stall_threshold / 2, self.config.hang_threshold)
+        device_wait = RankState.DEVICE_WAIT
         for job_id, job in table.jobs.items():
             # Jobs with nobody in a collective need no work beyond their budget.
-            if job_id not in table.dirty and not job.waiting \
-                    and not self.incidents.for_job(job_id):
+            if job_id not in table.dirty and not job.in_collective \
+                    and not job.by_state[device_wait] and not self.incidents.for_job(job_id):
                 continue
             if self._partial(job, now):
                 continue
             b = budget(job, table, now, self.budget_cfg)
             self.budgets[job_id] = b
+            if self._quiet(job, b, young):
+                continue
             found = detect_job(job, table, now, self.detect_cfg)
             findings = [f for f in found
                         if (job_id, f.kind) in self.incidents.active or self._confirmed(job, f)]
@@ -434,6 +439,22 @@ class Daemon:
         table.dirty.clear()
         self.ticks_total += 1
         self.detect_seconds_total += time.perf_counter() - t0
+
+    def _quiet(self, job, b: Budget, young: float) -> bool:
+        """Nothing in the job can make a finding, ask for stacks or touch an
+        incident this tick: known from its counts (statecounts.py) and the
+        budget's longest wait, without a walk over its ranks.
+
+        No rank still (so no shape, no still wait, no still rank worth
+        stacks), none in checkpoint work, no incident open, and every live
+        waiting rank in its wait for less than ``young`` (half the stall
+        threshold, and the hang ceiling if lower): the shortest wait any
+        detector or ``_suspicious`` counts. ``b.blocked_seconds`` is the longest
+        wait of the job's live waiting ranks (budget.budget); 0 without one.
+        """
+        counts = self.table.state_counts(job)
+        return (counts is not None and counts.quiet() and b.blocked_seconds < young
+                and not self.incidents.for_job(job.job_id))
 
     def _keep_bundle(self, job_id: str, now: float) -> None:
         """Pack the evidence bundle of a job leaving the table whose stall lost

@@ -22,6 +22,7 @@ from ncclwatch.daemon.learn import CPU_RECENT_TAU, smooth_cpu, take_progress
 from ncclwatch.daemon.nodebudget import Held, rank_cost
 from ncclwatch.daemon.records import Job, RankRecord
 from ncclwatch.daemon.settings import GONE_JOB_TTL
+from ncclwatch.daemon.statecounts import StateCounts
 from ncclwatch.daemon.stackstore import StackStore
 from ncclwatch.daemon.translate import container_of, take_process
 from ncclwatch.daemon.validate import Briefs, Shape, read_briefs
@@ -57,6 +58,9 @@ class JobTable:
         #: Seconds a job whose ranks are all gone (or silent) is kept (expire).
         self.job_ttl = GONE_JOB_TTL
         self.dirty: set[str] = set()
+        #: Each job's ranks counted by what the tick asks first (statecounts.py):
+        #: kept here, at every change of a record, so the tick need not walk them.
+        self.counts: dict[str, StateCounts] = {}
         #: Jobs where a rank at checkpoint work showed a newer stack while others
         #: wait: the stack that may complete a stall's evidence (core.Daemon.wake).
         self.fresh_work: set[str] = set()
@@ -176,10 +180,11 @@ class JobTable:
                        reported: set[tuple[str, int]], recv: float, anchor: float,
                        agent_clock: float, missing: list[str], node: str) -> None:
         """Full RankSamples: identity, state, process readings, job facts."""
-        jobs = self.jobs
+        jobs, all_counts = self.jobs, self.counts
         held, payer = self.held, agent.identity
         agent_id = agent.agent_id
         job: Job | None = None
+        counts: StateCounts | None = None
         for s in samples:
             ident = s.identity
             job_id = ident.job_id
@@ -187,9 +192,11 @@ class JobTable:
                 job = jobs.get(job_id)
                 if job is None:
                     job = jobs[job_id] = Job(job_id, ident.world_size, recv)
+                    self.counts[job_id] = StateCounts(job)
                     self.past_timeouts.carry(job, recv)   # a restart: its last run's
                 self.dirty.add(job.job_id)
                 agent.jobs.add(job.job_id)
+                counts = all_counts[job.job_id]
             rank, pid = ident.rank, ident.pid
             if rank < 0:
                 rank = job.key_of(rank, node, pid)
@@ -225,6 +232,7 @@ class JobTable:
                     held.facts(job, payer, s.job.ByteSize())
             fr = job.flight_recorder.get(rank) if job.flight_recorder else None
             held.rank(rec, payer, rank_cost(s, fr[1] if fr else None))
+            counts.update(rec)
             job.last_update = recv
             key = (job.job_id, rank)
             reported.add(key)
@@ -352,6 +360,7 @@ class JobTable:
             rec.cpu_util = cpu
             rec.cpu_seconds = c.cpu_seconds
             take_progress(job, rec, c.still_seconds, changed, recv, agent.interval)
+            self.counts[key[0]].update(rec)
             self.dirty.add(key[0])
             job.last_update = recv
             reported.add(key)
@@ -368,7 +377,7 @@ class JobTable:
         hold (it restarted, or forgot the job) asks the agent to resync with
         full samples.
         """
-        interval, dirty, jobs = agent.interval, self.dirty, self.jobs
+        interval, dirty, jobs, all_counts = agent.interval, self.dirty, self.jobs, self.counts
         agent_id = agent.agent_id
         unresolved = 0
         last_dt, a = -1.0, 1.0  # the smoothing weight, shared by ranks seen together
@@ -407,6 +416,7 @@ class JobTable:
                     job.waits.stepped(recv, stepped)
                     stepped = 0
                 take_progress(job, rec, still, False, recv, interval)
+                all_counts[key[0]].update(rec)  # it may have sat down or got up
                 if still > 0:
                     dirty.add(key[0])  # a rank sitting still may be worth fresh stacks
             else:
@@ -447,6 +457,7 @@ class JobTable:
         rec.still_at = None  # a wait cut short by exit is no normal wait
         job.set_state(rec, RankState.UNKNOWN, CollectiveOp.NONE)
         rec.since = now
+        self.counts[job_id].update(rec)
         self.dirty.add(job_id)
 
     def resize(self, job_id: str, world: int, now: float) -> None:
@@ -458,9 +469,16 @@ class JobTable:
             rec = job.ranks.pop(key)
             self.held.rank(rec, "", 0)
             job.remove_from_indexes(rec)
+            self.counts[job_id].drop(key)
             rec.gone_at = now
             job.flight_recorder.pop(key, None)
         self.dirty.add(job_id)
+
+    def state_counts(self, job: Job) -> StateCounts | None:
+        """The counts kept of ``job`` (statecounts.py); None for a job the table
+        did not build (a detector's caller may hand it one): walk it."""
+        counts = self.counts.get(job.job_id)
+        return counts if counts is not None and counts.job is job else None
 
     def world_size(self, job_id: str) -> int | None:
         job = self.jobs.get(job_id)
@@ -503,6 +521,7 @@ class JobTable:
             if before is not None:
                 before(job_id, self.jobs[job_id])
             job = self.jobs.pop(job_id)
+            self.counts.pop(job_id, None)
             self.held.release_job(job)
             for aid in {r.agent_id for r in job.ranks.values()}:
                 if (agent := self.agents.get(aid)) is not None:

@@ -270,6 +270,9 @@ def by_shape(job: Job, table: JobTable, now: float, cfg: DetectConfig) -> list[F
              if not job.ranks[r].native_no_wait}
     if not still:  # the common case, without a walk over the job's ranks
         return []
+    counts = table.state_counts(job)
+    if counts is not None and counts.checkpoint:
+        return []  # checkpoint work is the checkpoint detector's (the job's counts say)
     live = live_ranks(job, table, now)
     if live is None or any(rec.state in CHECKPOINT_STATES for rec in live.values()):
         return []

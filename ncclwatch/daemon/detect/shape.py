@@ -32,7 +32,11 @@ def still_since(job: Job, at: float) -> list[int]:
 
 def live_ranks(job: Job, table: JobTable, now: float) -> dict | None:
     """The job's live ranks if every one of them reports fresh (else None:
-    a rank not heard from breaks any shape)."""
+    a rank not heard from breaks any shape). Too few live ranks is told by
+    the job's counts (statecounts.py) without a walk."""
+    counts = table.state_counts(job)
+    if counts is not None and counts.live < max(job.world_size, 2):
+        return None
     agents = table.fresh_agents(now)
     live = {r: rec for r, rec in job.ranks.items() if rec.gone_at is None}
     if len(live) < max(job.world_size, 2) or any(rec.agent_id not in agents
@@ -72,6 +76,9 @@ def halted(job: Job, table: JobTable, now: float, floor: float, policy: WaitPoli
     once, its single still period being all there is."""
     if len(job.still) < max(job.world_size, 2):
         return False
+    counts = table.state_counts(job)
+    if counts is not None and (counts.still_live < counts.live or counts.checkpoint):
+        return False   # a live rank not still, or at checkpoint work: no walk needed
     live = live_ranks(job, table, now)
     if live is None:
         return False
@@ -94,8 +101,12 @@ def still_peers(job: Job, table: JobTable, now: float, threshold: float,
 
     Every rank of the job must be live and fresh, with progress readings: a
     rank not heard from, one that moves, or one whose native dump found no
-    wait breaks the shape.
+    wait breaks the shape. More live ranks neither waiting nor still than
+    ``workers`` (the job's counts, statecounts.py) break it without a walk.
     """
+    counts = table.state_counts(job)
+    if counts is not None and counts.moving > len(workers):
+        return None
     live = live_ranks(job, table, now)
     if live is None:
         return None
@@ -125,7 +136,11 @@ def elsewhere(job: Job, workers: set[int], still: set[int]) -> set[int]:
 
 
 def movers(job: Job, table: JobTable, now: float) -> set[int]:
-    """Fresh live ranks making progress now, outside checkpoint work and waits."""
+    """Fresh live ranks making progress now, outside checkpoint work and waits
+    (none, without a walk, where the job's counts show no live rank moving)."""
+    counts = table.state_counts(job)
+    if counts is not None and not counts.moving:
+        return set()
     agents = table.fresh_agents(now)
     return {r for r, rec in job.ranks.items()
             if rec.gone_at is None and rec.agent_id in agents and rec.progress_known
