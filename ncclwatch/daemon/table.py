@@ -415,8 +415,10 @@ class JobTable:
                 if stepped:
                     job.waits.stepped(recv, stepped)
                     stepped = 0
+                moved, unheld = rec.still_since is None, rec.still_at is None
                 take_progress(job, rec, still, False, recv, interval)
-                all_counts[key[0]].update(rec)  # it may have sat down or got up
+                if (rec.still_since is None) is not moved or (rec.still_at is None) is not unheld:
+                    all_counts[key[0]].update(rec)  # it sat down or got up (statecounts.py)
                 if still > 0:
                     dirty.add(key[0])  # a rank sitting still may be worth fresh stacks
             else:
