@@ -369,8 +369,14 @@ class Agent:
         if self._stopped.is_set() or t.pid not in self.trackers or not t.still \
                 or self.pyspy.busy(t.pid):
             return  # (busy: a Python dump of it runs; the next round asks again)
+        # And still now: its progress read again just before the pause.
+        events = progress_events(t.pid, t.progress_tid)
+        if t.moved_since_sample(events, time.monotonic()):
+            log.info("native dump of pid %d not taken: it moved on since its last sample",
+                     t.pid)
+            return
         still_for = t.still_since
-        t.pause_begins(progress_events(t.pid, t.progress_tid))
+        t.pause_begins(events)
         began = time.monotonic()
         try:
             threads = await self.pyspy.dump_native(t.pid)

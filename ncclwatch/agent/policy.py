@@ -99,14 +99,16 @@ class StackPolicy:
         """Why a rank is paused, in words for the agent's log (an operator
         who sees a rank stopped asks first)."""
         still = now - (t.still_since or now)
+        seen = (f"; its Python stack ({t.state.value}, read {now - t.stack_at:.1f}s ago) "
+                "shows no wait" if t.stack_at is not None else "")
         if t.native_asked is not None and t.still_since is not None \
                 and t.native_asked >= t.still_since:
-            return f"still {still:.1f}s while the daemon sees a stall's shape"
+            return f"still {still:.1f}s while the daemon sees a stall's shape{seen}"
         h = t.history
         limit = self.pause.threshold(h, now, self.native_after)
         return (f"still {still:.1f}s, past its normal (threshold {limit or 0:.1f}s: longest "
                 f"normal still period {h.longest:.1f}s, {h.rounds} rounds of progress "
-                f"over {h.last_at - (h.first_at or h.last_at):.0f}s)")
+                f"over {h.last_at - (h.first_at or h.last_at):.0f}s){seen}")
 
     def due(self, trackers: Iterable[RankTracker], now: float,
             over_budget: bool = False) -> list[RankTracker]:

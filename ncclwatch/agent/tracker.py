@@ -158,6 +158,17 @@ class RankTracker:
         allowed = STILL_EVENTS_PER_S * max(0.0, (self._cpu_at or 0.0) - self.stack_at)
         return self.sample.progress_events - self.events_at_dump > allowed
 
+    def moved_since_sample(self, events: int | None, now: float) -> bool:
+        """Progress beyond a still rank's since the round's sample (``events``
+        read now, as the samples read them): the rank moved on after it was
+        last judged still. A pause is decided on a sample up to a round old and
+        on Python stacks read after it; a rank whose wait ended between the two
+        (a peer's long evaluation over, CI) must not be paused for it."""
+        if self.sample is None or events is None or self._cpu_at is None:
+            return False
+        allowed = STILL_EVENTS_PER_S * max(1.0, now - self._cpu_at)
+        return events - self.sample.progress_events - self.forgiven > allowed
+
     def files_changed(self) -> bool:
         """A file opened for writing since the last stack: a save may have begun."""
         if self.sample is None:

@@ -196,7 +196,28 @@ def test_the_log_says_why_a_rank_is_paused() -> None:
     asked.step(1)
     asked.still(4)
     asked.t.native_asked = asked.now
-    assert POLICY.why(asked.t, asked.now).endswith("while the daemon sees a stall's shape")
+    why = POLICY.why(asked.t, asked.now)
+    assert why.startswith("still 5.0s while the daemon sees a stall's shape; its Python "
+                          "stack (compute, read "), why
+    assert why.endswith("ago) shows no wait"), why
+
+
+def test_a_rank_that_moved_on_since_its_sample_is_not_paused() -> None:
+    """The daemon asked during a peer's long evaluation; a pause is decided on the
+    round's sample, and the evaluation ended before the pause would begin: the
+    rank's progress read again just before it says so (a healthy job's ranks
+    were paused as they ran their next step, CI)."""
+    r = Rank()
+    r.step(1)
+    r.still(4)
+    r.t.native_asked = r.now
+    r.still(1)
+    assert len(r.due_at) == 1    # due by the round's sample
+    sampled = r.now - 1.0        # when that round read the rank
+    assert not r.t.moved_since_sample(r.events, sampled + 0.5)      # still now
+    assert not r.t.moved_since_sample(r.events + 2, sampled + 0.5)  # a still rank's trickle
+    assert r.t.moved_since_sample(r.events + 40, sampled + 0.5)     # its next step's calls
+    assert not r.t.moved_since_sample(None, sampled + 0.5)          # unreadable: the sample
 
 
 def test_a_spent_budget_refuses_says_so_once_and_is_counted(caplog) -> None:
