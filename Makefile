@@ -91,18 +91,16 @@ NODE ?= $(shell hostname)
 certs: $(STAMP)
 	$(VENV)/bin/ncclwatch certs --out certs --daemon-host localhost --node $(NODE)
 
-# Two sessions. First the unit and repository tests on two workers beside the
-# scenario matrix on a third (its real jobs mostly wait; the matrix admits rows by
-# the cores they burn, tests/scenarios/test_matrix.py; idle workers take queued
-# tests from a busy one: --dist worksteal). Then the end-to-end tests one at a time:
-# each starts a monitor that sees every job on the node, so two at once would see
-# each other's. Both always run; each leaves its times in artifacts/ (the budgets:
-# tests/harness/budgets.py; BENCHMARKS.md's section: python -m tests.harness.suitetimes).
+# One session on four workers, each in its own pid namespace (--ns-workers,
+# tests/harness/nsinit.py): every ncclwatch a test starts sees its own worker's
+# jobs only, as on a node of its own, so the end-to-end tests run beside each other
+# and beside the scenario matrix (its real jobs mostly wait; it admits rows by the
+# cores they burn, tests/scenarios/test_matrix.py). Idle workers take queued tests
+# from a busy one (--dist worksteal). The session leaves its times in artifacts/
+# (the budgets: tests/harness/budgets.py; BENCHMARKS.md's section:
+# python -m tests.harness.suitetimes).
 test: $(STAMP) system-deps
-	NCCLWATCH_TIMES_NAME=units-and-matrix $(PY) -m pytest -n 3 --dist worksteal \
-	  -m "not e2e or matrix"; units=$$?; \
-	NCCLWATCH_TIMES_NAME=e2e $(PY) -m pytest -m "e2e and not matrix"; e2e=$$?; \
-	test $$units -eq 0 && test $$e2e -eq 0
+	NCCLWATCH_TIMES_NAME=all $(PY) -m pytest -n 4 --ns-workers --dist worksteal
 
 # Unit tests only (no torch jobs): seconds, for the edit loop.
 test-fast: $(STAMP)

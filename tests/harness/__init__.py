@@ -23,6 +23,7 @@ Each module is named for what it gives:
 - ``k8s``: the Kubernetes layout as tests read it: the CRDs' fields, objects by kind and
   name, its pods' certificates and web login, cert-manager's Secrets for its Certificates.
 - ``throttlefs``: a bandwidth-limited FUSE mount.
+- ``nsinit``: each xdist worker in its own pid namespace (``--ns-workers``), its init.
 - ``release``: the runtime lock's pins per Python.
 - ``statusview``: ``ncclwatch status`` on the view recorded from ``make demo``.
 - ``shards``: job ids that land one per shard.
