@@ -33,6 +33,8 @@ Each module is named for what it gives:
 - ``budgets``: each test's time budget (a pytest plugin, ``-p tests.harness.budgets``),
   and each session's times left in artifacts/.
 - ``suitetimes``: BENCHMARKS.md's section on the suite, written from those times.
+- ``corpus``: the diagnose corpus (tests/data/diagnose): its cases, the healthy ones, a
+  case copied with lines put into its largest log.
 - ``mangle``: what terminals and forums do to a log on its way into a paste (one table
   of transformations: the corpus's mangled twins and the diagnose property tests).
 """

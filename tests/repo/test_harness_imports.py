@@ -25,7 +25,6 @@ OUTSIDE = ("harness", "data", "workloads")
 PENDING: frozenset[str] = frozenset({
     "tests/test_bounds.py",
     "tests/test_diagnose_bundle.py",
-    "tests/test_diagnose_severity.py",
     "tests/test_fuzz.py",
     "tests/test_ingest_step.py",
     "tests/test_ingest_workers.py",

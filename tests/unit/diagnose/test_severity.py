@@ -10,9 +10,6 @@ warning in plain words, an info or debug line, and every row of BENIGN keep ``no
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 from ncclwatch.diagnose import diagnose
@@ -26,9 +23,7 @@ from ncclwatch.diagnose.severity import (
     failing,
     level_of,
 )
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_diagnose_fallback import HEALTHY, _with_lines
+from tests.harness.corpus import HEALTHY, with_lines
 
 #: A message in error words, and one in plain words.
 ERROR_TEXT = "the optimizer step failed on this node"
@@ -94,7 +89,7 @@ def _walk():
 def test_every_level_of_every_format_behind_every_tag_in_a_healthy_log(tmp_path):
     for fmt, level, text, tag, case, at in _walk():
         line = tag.format(_line(fmt, level, text))
-        inputs, target, first = _with_lines(tmp_path, case, [line], at)
+        inputs, target, first = with_lines(tmp_path, case, [line], at)
         d = diagnose(inputs)
         if level >= Level.ERROR or (level == Level.WARNING and text == ERROR_TEXT):
             assert d.cls != "none", (fmt.name, level, line, case.name, at)
@@ -110,7 +105,7 @@ def test_benign_rows_behind_every_tag_stay_none(tmp_path):
     for b in BENIGN:
         for tag in TAG_FORMS:
             case = HEALTHY[k % len(HEALTHY)]
-            inputs, _t, _f = _with_lines(tmp_path, case, [tag.format(b.example)], (k * 8 % 21) / 20)
+            inputs, _t, _f = with_lines(tmp_path, case, [tag.format(b.example)], (k * 8 % 21) / 20)
             d = diagnose(inputs)
             assert d.cls == "none", (b.name, tag, case.name, d.summary, d.evidence)
             k += 1

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 from pathlib import Path
 
 import pytest
@@ -22,8 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ncclwatch.diagnose import diagnose
-
-DATA = Path(__file__).parent / "data" / "diagnose"
+from tests.harness.corpus import HEALTHY, inputs, with_lines
 
 #: Every failure shape of issue 28 item 1 (name -> lines, the classes the verdict may
 #: name; None: any but "none"). One example per shape, in the wording real logs use.
@@ -142,39 +140,6 @@ TAGS = ("{}", "3: {}", "[rank3]:{}", "[default3]:{}", "(RayTrainWorker pid=4009,
         "2026-12-03T10:00:06.123456789Z stderr F {}", "worker-3: {}")
 
 
-def _cases(root: Path) -> list[Path]:
-    return sorted(p for p in root.iterdir() if (p / "expected.json").exists())
-
-
-HEALTHY = [c for c in _cases(DATA / "cases") + _cases(DATA / "public")
-           if json.loads((c / "expected.json").read_text())["class"] == "none"]
-
-
-def _inputs(case: Path) -> list[Path]:
-    return sorted(p for p in case.rglob("*")
-                  if p.is_file() and p.name not in ("expected.json", "README.md"))
-
-
-def _target(case: Path) -> Path:
-    """The file a line goes into: the case's largest plain-text log."""
-    texts = [p for p in _inputs(case) if p.suffix != ".gz" and not p.name.startswith("nccl_trace")]
-    return max(texts, key=lambda p: p.stat().st_size)
-
-
-def _with_lines(tmp: Path, case: Path, lines: list[str], at: float) -> tuple[list[Path], Path, int]:
-    """The case copied to tmp with ``lines`` inserted at fraction ``at`` of its target
-    file; returns the inputs, the target and the 1-based number of the first new line."""
-    dst = tmp / case.name
-    if dst.exists():
-        shutil.rmtree(dst)
-    shutil.copytree(case, dst)
-    target = dst / _target(case).relative_to(case)
-    old = target.read_text(errors="replace").splitlines()
-    i = round(at * len(old))
-    target.write_text("\n".join(old[:i] + lines + old[i:]) + "\n")
-    return _inputs(dst), target, i + 1
-
-
 def test_there_are_healthy_logs_of_many_projects():
     repos = {json.loads((c / "expected.json").read_text()).get("source", {}).get("repo", "made")
              for c in HEALTHY}
@@ -183,7 +148,7 @@ def test_there_are_healthy_logs_of_many_projects():
 
 @pytest.mark.parametrize("case", HEALTHY, ids=lambda c: f"{c.parent.name}/{c.name}")
 def test_every_healthy_log_is_none(case):
-    d = diagnose(_inputs(case))
+    d = diagnose(inputs(case))
     assert d.cls == "none", (case.name, d.summary, d.evidence)
 
 
@@ -197,7 +162,7 @@ def _placements(n: int, seed: int) -> list[tuple[Path, str, str, float]]:
 def _check_placement(tmp: Path, case: Path, shape: str, tag: str, at: float) -> None:
     lines, classes = SHAPES[shape]
     tagged = [tag.format(line) if line else line for line in lines]
-    inputs, target, first = _with_lines(tmp, case, tagged, at)
+    inputs, target, first = with_lines(tmp, case, tagged, at)
     d = diagnose(inputs)
     assert d.cls != "none", (shape, case.name, tag, at)
     if classes is not None:
@@ -261,7 +226,7 @@ def test_every_shape_in_every_healthy_log_behind_every_tag(tmp_path):
                                                          max_size=4),
        tag=st.sampled_from(TAGS), at=st.floats(0, 1))
 def test_benign_warnings_in_a_healthy_log_stay_none(tmp_path_factory, case, warnings, tag, at):
-    inputs, _t, _f = _with_lines(tmp_path_factory.mktemp("ok"), case,
+    inputs, _t, _f = with_lines(tmp_path_factory.mktemp("ok"), case,
                                  [tag.format(w) for w in warnings], at)
     d = diagnose(inputs)
     assert d.cls == "none", (case.name, warnings, tag, d.summary, d.evidence)
