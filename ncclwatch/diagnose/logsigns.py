@@ -15,7 +15,7 @@ matched against ``pattern``. A row adds a message; the verdict rules
 Wordings come from the torch sources (ProcessGroupNCCL.cpp, ProcessGroupGloo.cpp,
 ProcessGroupWrapper.cpp, elastic/multiprocessing/errors), from real runs here and
 from logs users pasted into public issues (tests/data/diagnose/cases and public);
-tests/test_diagnose.py checks every row against a line of the corpus.
+tests/unit/test_diagnose.py checks every row against a line of the corpus.
 """
 
 from __future__ import annotations

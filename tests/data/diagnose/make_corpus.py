@@ -428,7 +428,7 @@ excerpt; its `expected.json` has `origin` "public: ..." and `source` (repo,
 issue or PR number, URL, which comment), and the verdict the thread supports,
 no more: where only waiting ranks speak, `initiating_ranks` is `[]` and
 `initiator_among` lists the ranks that did not report waiting. They are cited
-in the table at the end of this file, and tests/test_diagnose.py counts them
+in the table at the end of this file, and tests/unit/test_diagnose.py counts them
 apart from the cases made here. Two optional keys: `log_format` names the
 torch release whose wording the log has (`torch 1.x` for the watchdog and
 error lines of torch 1.6-1.13: `[E ProcessGroupNCCL.cpp:NNN]` without a time

@@ -1,7 +1,7 @@
 """The log scanner's mechanics: inputs, ranks, tracebacks, chunk edges, the CLI.
 
 The verdicts themselves are checked on the corpus of real and source-written
-logs (tests/test_diagnose.py); these tests pin the parts a verdict stands on.
+logs (tests/unit/test_diagnose.py); these tests pin the parts a verdict stands on.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from ncclwatch.diagnose.lineprefix import rank_of_path, split_prefix
 from ncclwatch.diagnose.logscan import scan
 from ncclwatch.diagnose.logsigns import SIGNS
 from ncclwatch.diagnose.signtypes import Event
+from tests.harness import paths
 
 TIMEOUT = ("[rank{r}]:[E1203 10:10:0{r}.000000 12{r} ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog "
            "caught collective operation timeout: WorkNCCL(SeqNum=547, OpType=ALLREDUCE, "
@@ -172,7 +173,7 @@ def test_cli_json_and_missing_path(tmp_path):
     assert usage.returncode == 2
 
 
-FR_REAL = __import__("pathlib").Path(__file__).parent / "data" / "flightrec" / "real"
+FR_REAL = paths.DATA / "flightrec" / "real"
 
 
 @pytest.mark.parametrize("case,cls,initiating", [

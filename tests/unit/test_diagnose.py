@@ -24,8 +24,9 @@ from ncclwatch.diagnose.lineprefix import rank_of_path
 from ncclwatch.diagnose.logscan import scan
 from ncclwatch.diagnose.logsigns import SIGNS
 from ncclwatch.diagnose.verdict import CLASS_BY_ID
+from tests.harness import paths
 
-DATA = Path(__file__).parent / "data" / "diagnose"
+DATA = paths.DATA / "diagnose"
 CORPUS = DATA / "cases"
 PUBLIC = DATA / "public"
 
