@@ -5,7 +5,7 @@ ncclwatch metric and the alert (dashboards/prometheus/alerts.yaml) that would
 have caught the same failure live, before the watchdog killed the job, and the
 failures that leave the same traces and must be ruled out before acting on
 the verdict (a slow save vs a save entered on one rank, an OOM vs a slow
-gather, a network error vs a crashed peer). tests/test_diagnose_output.py
+gather, a network error vs a crashed peer). tests/unit/diagnose/test_render.py
 checks every alert named here exists in alerts.yaml.
 """
 

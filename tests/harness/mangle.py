@@ -3,10 +3,10 @@
 One table of transformations (``TABLE``), each a function of the log's text and a
 seeded ``random.Random``. tests/data/diagnose/make_twins.py writes the corpus's
 mangled twins with them (``TWINS``: which rows make each twin),
-tests/test_diagnose_mangled.py mixes them as a property, and
-tests/test_diagnose_paste.py damages the corpus with its rows (``PASTE_ROWS``). They live in tests, not in
-the product: ``ncclwatch.logstream.Normaliser`` undoes what they do, and the two
-are written apart so that one is a check on the other.
+tests/unit/test_logstream_mangled.py mixes them as a property, and
+tests/unit/diagnose/test_paste.py damages the corpus with its rows (``PASTE_ROWS``).
+They live in tests, not in the product: ``ncclwatch.logstream.Normaliser`` undoes
+what they do, and the two are written apart so that one is a check on the other.
 
 The shapes are the field's: tqdm redraws its bar with a carriage return and a
 line printed meanwhile by another rank lands right after the bar (tqdm's
@@ -325,7 +325,7 @@ TWINS: dict[str, tuple[str, ...]] = {
 EXCLUSIVE: tuple[frozenset[str], ...] = (
     frozenset({"wrap80", "wrap120", "wrap_any", "wrap_in_trigger"}),)
 #: The rows of the issue-tracker damage whose verdict must stay the same in any order
-#: (tests/test_diagnose_paste.py: the launcher's and the viewer's tags, quoting, a bar
+#: (tests/unit/diagnose/test_paste.py: the launcher's and the viewer's tags, quoting, a bar
 #: glued after a finished one, a wrap inside a trigger, Windows line ends, a fence).
 PASTE_ROWS = ("quote", "line_numbers", "mpi_tags", "time_host", "ansi_prefixed", "glued_bar",
               "wrap_in_trigger", "crlf", "fence")

@@ -31,9 +31,10 @@ from hypothesis import strategies as st
 from ncclwatch.diagnose import diagnose
 from ncclwatch.diagnose import paste
 from ncclwatch.logstream import Normaliser, resolve_redraws
+from tests.harness import paths
 from tests.harness.mangle import EXCLUSIVE, TABLE, TWINS, hard_wrap, mangle
 
-DATA = Path(__file__).parent / "data" / "diagnose"
+DATA = paths.DATA / "diagnose"
 PUBLIC = DATA / "public"
 TWINS_DIR = DATA / "twins"
 PUBLIC_CASES = sorted(p.parent for p in PUBLIC.glob("*/expected.json"))

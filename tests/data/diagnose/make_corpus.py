@@ -449,7 +449,7 @@ lost, HTML entities, `> ` quotes). They are written by `make_twins.py` from
 the one table of transformations in `tests/harness/mangle.py` (seeded by
 the case's and twin's names, so rerunning rewrites the same bytes), each with
 an expected.json holding its original's verdict and what made it;
-tests/test_diagnose_mangled.py checks every twin gets that verdict, ranks
+tests/unit/test_logstream_mangled.py checks every twin gets that verdict, ranks
 included. Regenerate them after changing a public case or the table:
 
     .venv/bin/python tests/data/diagnose/make_twins.py

@@ -8,7 +8,7 @@ quoted as Markdown with its indent lost and its HTML entities kept), writes
 twins/<twin>/<case>/ : the case's files through that twin's rows of the one
 table of transformations, with a seed of the case and twin's names, and an
 expected.json holding the original's verdict (the same class and ranks) and
-what made the twin. tests/test_diagnose_mangled.py checks that the files are
+what made the twin. tests/unit/test_logstream_mangled.py checks that the files are
 what this script writes and that ``diagnose`` gives each twin its original's
 verdict. Deterministic: rerunning it rewrites the same bytes.
 """

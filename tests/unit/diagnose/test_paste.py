@@ -22,9 +22,10 @@ from hypothesis import strategies as st
 from ncclwatch.diagnose import diagnose, paste
 from ncclwatch.diagnose.lineprefix import split_prefix
 from ncclwatch.diagnose.logscan import scan
+from tests.harness import paths
 from tests.harness.mangle import PASTE_ROWS, TABLE
 
-DATA = Path(__file__).parent / "data" / "diagnose"
+DATA = paths.DATA / "diagnose"
 CASES = sorted(p.parent for root in ("cases", "public")
                for p in (DATA / root).glob("*/expected.json"))
 TEXT_SUFFIXES = (".log", ".out", ".txt")
@@ -127,7 +128,7 @@ def test_a_piece_that_starts_with_a_record_tag_is_no_rest_of_the_line_before(tmp
 # -- damage, as a property ----------------------------------------------------------------
 
 #: The damage kinds: rows of the one table of transformations (tests/harness/mangle.py)
-#: that the corpus's mangled twins and tests/test_diagnose_mangled.py use too.
+#: that the corpus's mangled twins and tests/unit/test_logstream_mangled.py use too.
 DAMAGE = {k: TABLE[k] for k in PASTE_ROWS}
 
 

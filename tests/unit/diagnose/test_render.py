@@ -28,8 +28,8 @@ import yaml
 
 from ncclwatch.diagnose import advice, diagnose, render
 from ncclwatch.diagnose.verdict import CLASS_BY_ID
+from tests.harness.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "diagnose"
 CASES = sorted(p.parent for root in ("cases", "public") for p in (DATA / root).glob("*/expected.json"))
 WATCHDOG = ("[rank{r}]:[E1203 10:10:0{r}.000000 12{r} ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog "
