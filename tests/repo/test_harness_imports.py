@@ -24,7 +24,6 @@ OUTSIDE = ("harness", "data", "workloads")
 #: this list (the check fails on a stale entry too).
 PENDING: frozenset[str] = frozenset({
     "tests/test_bounds.py",
-    "tests/test_diagnose_bundle.py",
     "tests/test_fuzz.py",
     "tests/test_ingest_step.py",
     "tests/test_ingest_workers.py",

@@ -23,10 +23,10 @@ from ncclwatch.daemon.incidents import SETTLE
 from ncclwatch.diagnose import verdict
 from ncclwatch.model import CollectiveOp as Op
 from ncclwatch.model import RankState as S
-from tests.factories import SAVE, report, sample, stack_pb
-from tests.test_forecast import MB, _rank0
+from tests.harness.corpus import DIAGNOSE
+from tests.harness.reports import MB, SAVE, rank0_sample, report, sample, stack_pb
 
-PUBLIC = Path(__file__).parent / "data" / "diagnose" / "public"
+PUBLIC = DIAGNOSE / "public"
 #: Ranks 1-3 "Watchdog caught collective operation timeout" in BROADCAST (1800 s).
 WATCHDOG_LOG = PUBLIC / "gcd_6_v1_12_quoted_broadcast_r0_silent" / "console.log"
 #: Rank 0 SIGKILLed (torchrun's root cause): a crash, as specific as a checkpoint stall.
@@ -43,8 +43,8 @@ def _bundle(tmp_path: Path, *, timeout: float, rate: int, prev: int, seconds: in
 
     def feed(i: int, waiters: S | None) -> float:
         now = 1000.0 + i
-        r0 = (_rank0(S.SAVING, i, file_size=min((i + 1) * rate, prev), prev=prev, seconds=i,
-                     timeout=timeout) if waiters is not S.COMPUTE
+        r0 = (rank0_sample(S.SAVING, i, file_size=min((i + 1) * rate, prev), prev=prev,
+                           seconds=i, timeout=timeout) if waiters is not S.COMPUTE
               else sample("job-1", 0, 4, S.COMPUTE, seconds=0.5, timeout=timeout))
         r0.stack_id = stack_pb(SAVE).id if waiters is not S.COMPUTE else ""
         op = Op.BROADCAST if waiters is S.COLLECTIVE else Op.NONE
