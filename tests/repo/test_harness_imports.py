@@ -27,7 +27,6 @@ PENDING: frozenset[str] = frozenset({
     "tests/test_fuzz.py",
     "tests/test_ingest_step.py",
     "tests/test_ingest_workers.py",
-    "tests/test_shard_views.py",
     "tests/test_tls.py",
 })
 

@@ -16,11 +16,11 @@ from ncclwatch.cli import main
 from ncclwatch.daemon import api, page
 from ncclwatch.daemon.core import Daemon, DaemonConfig
 from ncclwatch.daemon.server import DaemonServer
-from ncclwatch.model import CollectiveOp, RankState
 from ncclwatch.daemon.shardmap import ShardMap
-from tests.conftest import free_port
-from tests.factories import report, sample
-from tests.test_route import _jobs_on
+from ncclwatch.model import CollectiveOp, RankState
+from tests.harness.procs import free_port
+from tests.harness.reports import report, sample
+from tests.harness.shards import jobs_on
 
 
 def _feed(d: Daemon, jobs: list[str], agent: str) -> None:
@@ -30,7 +30,7 @@ def _feed(d: Daemon, jobs: list[str], agent: str) -> None:
 
 
 def test_the_page_api_and_status_span_shards(capsys) -> None:
-    j0, j1 = _jobs_on(2)
+    j0, j1 = jobs_on(2)
     ports = [free_port(), free_port()]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
 
@@ -113,7 +113,7 @@ def test_a_daemon_checks_its_shard_settings(capsys) -> None:
         raise AssertionError("a shard without a URL scheme was accepted")
     m = ShardMap.parse("http://a:7471/,http://b:7471;http://c:7471", 1)
     assert m.view()["urls"] == [["http://a:7471", "http://b:7471"], ["http://c:7471"]]
-    j0, j1 = _jobs_on(2)
+    j0, j1 = jobs_on(2)
     assert m.job_view(j1)["owned"] is True and m.job_view(j0)["owned"] is False
     assert ShardMap.parse("http://a:7471;http://c:7471", None, "http://x:1").index is None
     assert api.API_VERSION  # the API keeps its version: "shards" is an added key
