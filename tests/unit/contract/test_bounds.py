@@ -24,8 +24,9 @@ from ncclwatch.model import RankState
 from ncclwatch.stacks import Frame, stack_id
 from ncclwatch.v1 import collector_pb2 as pb
 from ncclwatch.v1 import collector_pb2_grpc as pb_grpc
-from tests.conftest import Proc, free_port, need
-from tests.factories import report, sample
+from tests.harness.procs import Proc, free_port
+from tests.harness.reports import report, sample
+from tests.harness.tools import need
 
 MB = 1 << 20
 
