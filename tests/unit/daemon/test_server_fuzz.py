@@ -27,7 +27,7 @@ from ncclwatch.daemon.core import Daemon, DaemonConfig
 from ncclwatch.daemon.server import DaemonServer
 from ncclwatch.stacks import Frame, stack_id
 from ncclwatch.v1 import collector_pb2 as pb
-from tests.factories import checkpoint_job
+from tests.harness.reports import checkpoint_job
 
 EXAMPLES = int(os.environ.get("NCCLWATCH_FUZZ_EXAMPLES", "4000"))
 ALLOWED = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT,
