@@ -11,7 +11,8 @@ Each module is named for what it gives:
 - ``artifacts``: logs and measurements kept under artifacts/.
 - ``reports``: reports as an agent sends them, and daemons fed them second by second.
 - ``bundles``: a stalled daemon to pack an evidence bundle, and a bundle read back.
-- ``daemons``: a daemon in this process on loopback (gRPC ``Harness``, HTTP ``serving``).
+- ``daemons``: a daemon in this process on loopback (gRPC ``Harness``, HTTP ``serving``),
+  and ``until``: wait in the test's event loop for what it shows.
 - ``credentials``: certificates from ``ncclwatch certs``, the web config's password.
 - ``trackers``: a rank as the agent's tracker and stack policy see it, round by round.
 - ``alerting``: the shipped rules, Prometheus and Alertmanager, a webhook receiver.

@@ -1,11 +1,13 @@
 """A real daemon in this process, on loopback ports: its gRPC side driven by the test
-(``Harness``), or its HTTP side served from a thread (``serving``)."""
+(``Harness``), or its HTTP side served from a thread (``serving``); ``until`` waits in
+the test's event loop for what the daemon shows."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import threading
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -95,3 +97,12 @@ def serving(web=None, **config) -> Iterator[int]:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
         loop.close()
+
+
+async def until(pred, timeout: float = 10.0, what: str = "") -> None:
+    """Wait in the running event loop until ``pred()`` holds; fail after ``timeout`` s."""
+    end = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what or pred}")
+        await asyncio.sleep(0.05)

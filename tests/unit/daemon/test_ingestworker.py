@@ -31,9 +31,11 @@ from ncclwatch.model import CollectiveOp, RankState
 from ncclwatch.tls import server_tls
 from ncclwatch.v1 import collector_pb2 as pb
 from ncclwatch.v1 import collector_pb2_grpc as pb_grpc
-from tests.conftest import ROOT, free_port
-from tests.factories import BARRIER, checkpoint_job, report, sample, stack_pb
-from tests.test_tls import client, pki  # noqa: F401 (pki: the module's CA and node certs)
+from tests.harness.credentials import client
+from tests.harness.daemons import until
+from tests.harness.paths import ROOT
+from tests.harness.procs import free_port
+from tests.harness.reports import BARRIER, checkpoint_job, report, sample, stack_pb
 
 #: Each channel its own TCP connection, so SO_REUSEPORT spreads them over the workers.
 OWN_CONNECTION = (("grpc.use_local_subchannel_pool", 1),)
@@ -41,14 +43,6 @@ OWN_CONNECTION = (("grpc.use_local_subchannel_pool", 1),)
 
 def _run(coro):
     return asyncio.run(coro)
-
-
-async def until(pred, timeout: float = 10.0, what: str = "") -> None:
-    end = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what or pred}")
-        await asyncio.sleep(0.05)
 
 
 def gone(pid: int) -> bool:
@@ -226,7 +220,7 @@ def test_rejected_jobs_commands_and_dump_stacks_round_trip() -> None:
     _run(go())
 
 
-def test_mtls_reaches_the_workers_and_names_are_checked_in_the_core(pki) -> None:  # noqa: F811
+def test_mtls_reaches_the_workers_and_names_are_checked_in_the_core(pki) -> None:
     async def go():
         d = pki / "ca"
         tls = server_tls({"tls_cert": str(d / "daemon.pem"), "tls_key": str(d / "daemon-key.pem"),

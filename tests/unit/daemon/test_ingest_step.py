@@ -21,8 +21,8 @@ from ncclwatch.daemon.server import DaemonServer
 from ncclwatch.daemon.validate import ReportError
 from ncclwatch.model import RankState
 from ncclwatch.v1 import collector_pb2 as pb
-from tests.factories import BARRIER, SAVE, report, sample, stack_pb
-from tests.test_ingest_workers import until
+from tests.harness.daemons import until
+from tests.harness.reports import BARRIER, SAVE, report, sample, stack_pb
 
 DAEMON = Path(ingest.__file__).parent
 #: The modules that take reports in, and the shared step.
