@@ -16,14 +16,10 @@ from tests.harness.artifacts import keep, record
 from tests.harness.credentials import make_certs, make_pki
 from tests.harness.jobs import Job
 from tests.harness.monitor import Monitor, wait_healthy
+from tests.harness.paths import ARTIFACTS
 from tests.harness.procs import Proc, free_port
 from tests.harness.throttlefs import mounted
 from tests.harness.tools import need
-
-# Still imported from here (with Proc, free_port and need above) by the modules
-# tests/repo/test_harness_imports.py lists as pending: remove with the last of them.
-from tests.harness.paths import ARTIFACTS, ROOT  # noqa: E402,F401
-from tests.harness.tools import need_system  # noqa: E402,F401
 
 
 @pytest.fixture

@@ -7,6 +7,8 @@ alone. Every module under tests/ but the harness, tests/data and
 tests/workloads (job programs) is parsed here: an import of another ``tests.*``
 module, conftest included (its fixtures come by name), or a bare import of a
 module that lives under tests/ (through ``sys.path``), fails with the line.
+And no test module sits flat in tests/: each lives in the folder of its kind
+(docs/development.md "Where tests live").
 """
 
 from __future__ import annotations
@@ -19,11 +21,6 @@ from tests.harness.paths import ROOT
 TESTS = ROOT / "tests"
 #: Not test modules: the harness itself, recorded data, the jobs the tests run.
 OUTSIDE = ("harness", "data", "workloads")
-#: Modules that still import another tests module, each until it moves to the
-#: layout (docs/development.md "Where tests live"); a module that no longer does must leave
-#: this list (the check fails on a stale entry too).
-PENDING: frozenset[str] = frozenset({
-})
 
 
 def checked_modules() -> list[Path]:
@@ -75,17 +72,19 @@ def violations(path: Path, local: set[str]) -> list[str]:
 
 def test_test_modules_import_only_the_harness_the_product_and_bench() -> None:
     local = local_names()
-    found = [v for p in checked_modules() if p.relative_to(ROOT).as_posix() not in PENDING
-             for v in violations(p, local)]
+    found = [v for p in checked_modules() for v in violations(p, local)]
     assert not found, "\n".join(found)
 
 
-def test_every_pending_module_is_there_and_still_pending() -> None:
-    """The list only shrinks: a module moved or fixed leaves it."""
-    local = local_names()
-    stale = [p for p in sorted(PENDING)
-             if not (ROOT / p).exists() or not violations(ROOT / p, local)]
-    assert not stale, f"remove from PENDING (moved, or imports only the harness now): {stale}"
+#: Where test modules live: unit (mirrors the package), repo, e2e, the scenario matrix.
+KINDS = ("unit", "repo", "e2e", "scenarios")
+
+
+def test_every_test_module_lives_in_the_folder_of_its_kind() -> None:
+    flat = sorted(p.relative_to(ROOT).as_posix() for p in TESTS.rglob("test_*.py")
+                  if p.relative_to(TESTS).parts[0] not in (*KINDS, *OUTSIDE))
+    assert not flat, f"move each into tests/{{{','.join(KINDS)}}}/: {flat}"
+    assert sorted(p.name for p in TESTS.glob("*.py")) == ["__init__.py", "conftest.py"]
 
 
 def test_the_check_sees_each_kind_of_borrowed_import(tmp_path) -> None:
