@@ -8,7 +8,7 @@ in ``--wait-op`` (an async all_reduce's ``work.wait()``, its future, DDP's
 next backward), then take one native dump (py-spy pauses the rank for it:
 ``--native`` does not work with ``--nonblocking``) of rank 1 and store it as
 ``native-<name>__rank1.json``, with the pause in ``native-manifest.json``.
-tests/test_native_signatures.py classifies them.
+tests/unit/test_native_signatures.py classifies them.
 """
 
 from __future__ import annotations
