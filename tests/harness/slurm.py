@@ -12,6 +12,7 @@ CI machines and containers often have neither cgroup v2 delegation nor systemd.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import os
 import re
 import shutil
@@ -103,12 +104,33 @@ def remove_stale(base: Path, min_age: float = 120.0) -> list[Path]:
     removed = []
     for d in base.glob(PREFIX + "*"):
         pid = _read_pid(d / "slurmctld.pid")
-        if d.is_dir() and time.time() - d.stat().st_mtime > min_age and not (
+        if d.is_dir() and time.time() - d.stat().st_mtime > min_age and not _held(d) and not (
                 pid and _is_process(pid, "slurmctld")):
             kill_job_processes(d)
             shutil.rmtree(d, ignore_errors=True)
             removed.append(d)
     return removed
+
+
+#: Held (flock) by the test process whose cluster lives in the directory. Its
+#: pids may be in another pid namespace (a worker of ``make test``'s, nsinit.py),
+#: where no pid check can see them; a lock is seen from every namespace.
+HELD = "held.lock"
+
+
+def _held(cluster_dir: Path) -> bool:
+    """A live test process holds the cluster directory's lock."""
+    try:
+        fd = os.open(cluster_dir / HELD, os.O_RDONLY)
+    except OSError:
+        return False   # no lock file: an earlier run's layout (the pid check decides)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def kill_job_processes(cluster_dir: Path) -> list[int]:
@@ -175,6 +197,8 @@ class SlurmCluster:
         t0 = time.monotonic()
         for sub in ("state", "spool", "munge"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
+        self._lock = os.open(self.dir / HELD, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(self._lock, fcntl.LOCK_EX)   # released when this process ends
         # munged wants its socket directory (and every one above) searchable by all.
         os.chmod(self.dir, 0o755)
         os.chmod(self.dir / "munge", 0o755)

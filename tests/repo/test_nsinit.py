@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -78,3 +79,42 @@ def test_ns_workers_wraps_each_local_worker_and_nothing_else() -> None:
     for spec in config.option.tx[:2]:
         assert spec.startswith("popen//python=unshare --pid --fork --mount-proc ")
         assert spec.endswith(f"nsinit.py {sys.executable}"), spec
+
+
+def test_a_slurm_cluster_held_by_a_worker_in_another_namespace_is_not_stale(tmp_path) -> None:
+    """Each worker starts its own test Slurm cluster, and clears clusters left by
+    earlier runs; another worker's controller pid is invisible from here (its pid
+    namespace), so its directory is told by the lock its test process holds."""
+    import fcntl
+
+    from tests.harness.slurm import HELD, PREFIX, remove_stale
+    held, left = tmp_path / f"{PREFIX}held", tmp_path / f"{PREFIX}left"
+    for d in (held, left):
+        d.mkdir()
+        (d / HELD).touch()
+        os.utime(d, (0, 0))   # old enough to be an earlier run's
+    holder = subprocess.Popen([*INIT, sys.executable, "-c",
+                               "import fcntl, sys, time\n"
+                               f"f = open({str(held / HELD)!r})\n"
+                               "fcntl.flock(f, fcntl.LOCK_EX)\n"
+                               "print('up', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert holder.stdout.readline().strip() == "up"
+        assert remove_stale(tmp_path) == [left]
+        assert held.exists() and not left.exists()
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
+    fd, deadline = os.open(held / HELD, os.O_RDONLY), time.monotonic() + 30
+    try:
+        while True:   # released with its holder (the namespace dies after unshare)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                assert time.monotonic() < deadline, "the lock outlived its holder"
+                time.sleep(0.1)
+    finally:
+        os.close(fd)
+    assert remove_stale(tmp_path) == [held]
