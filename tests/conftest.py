@@ -10,6 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import hypothesis
 import pytest
 
 from tests.harness.artifacts import keep, record
@@ -20,6 +21,12 @@ from tests.harness.paths import ARTIFACTS
 from tests.harness.procs import Proc, free_port
 from tests.harness.throttlefs import mounted
 from tests.harness.tools import need
+
+# No wall-clock deadline per Hypothesis example: make test runs four workers
+# beside real jobs on two cores, where an example's wall time says nothing about
+# the code (speed lives in bench/; a test that bounds work bounds CPU time).
+hypothesis.settings.register_profile("ncclwatch", deadline=None)
+hypothesis.settings.load_profile("ncclwatch")
 
 
 @pytest.fixture

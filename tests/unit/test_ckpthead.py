@@ -197,7 +197,9 @@ def _real_header() -> bytes:
     return _REAL_HEADER
 
 
-@settings(max_examples=400, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+#: No wall-clock deadline (a loaded CI machine stretched one example to 2.8 s):
+#: each example's own CPU time is bounded instead, which load does not stretch.
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_fuzz_mutated_torch_headers(data) -> None:
     head = bytearray(_real_header())
@@ -215,19 +217,21 @@ def test_fuzz_mutated_torch_headers(data) -> None:
     assert time.process_time() - t0 < 0.5
 
 
-@settings(max_examples=300, deadline=2000)
+@settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=2048), st.booleans())
 def test_fuzz_random_bytes(raw: bytes, as_zip: bool) -> None:
     head = _zip_with_pickle(raw) if as_zip else raw
+    t0 = time.process_time()
     try:
         hs = expected_size(head)
     except HeaderError as e:
         assert str(e)
     else:
         assert hs.total_bytes >= 0
+    assert time.process_time() - t0 < 0.5
 
 
-@settings(max_examples=200, deadline=2000)
+@settings(max_examples=200, deadline=None)
 @given(st.recursive(st.none() | st.integers() | st.text(max_size=8),
                     lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c,
                                                                          max_size=4),
