@@ -322,6 +322,8 @@ class _FileScan:
             else:  # a trigger cut by a hard wrap: its pieces joined, and what follows
                 _raw, le = logical(chunk, first, last, back=False, wrapped=True)
                 raw = joined(chunk, first, le)
+                if le > last:  # (the pieces alone, as above: "]Kill" + "ed" + "Done, ...")
+                    alone = joined(chunk, first, last)
             matched, missed = self._line(raw, cur_line)
             if missed and alone is not None and self.m.signs_in(alone):
                 # Joining is a guess (a line that ends no sentence, a next one that starts

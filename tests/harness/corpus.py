@@ -47,3 +47,14 @@ def with_lines(tmp: Path, case: Path, lines: list[str], at: float) -> tuple[list
     i = round(at * len(old))
     dest.write_text("\n".join(old[:i] + lines + old[i:]) + "\n")
     return inputs(dst), dest, i + 1
+
+
+def right(d, want: dict) -> bool:
+    """A diagnosis ``d`` says what a case's expected.json ``want`` says: its class and
+    initiating ranks, and where stated the initiator's candidates and the collateral."""
+    ok = (d.cls, d.initiating) == (want["class"], sorted(want.get("initiating_ranks", [])))
+    if "initiator_among" in want:
+        ok = ok and d.candidates == sorted(want["initiator_among"])
+    if "collateral_ranks" in want:
+        ok = ok and d.collateral == sorted(want["collateral_ranks"])
+    return ok

@@ -25,6 +25,7 @@ from ncclwatch.diagnose.logscan import scan
 from ncclwatch.diagnose.logsigns import SIGNS
 from ncclwatch.diagnose.verdict import CLASS_BY_ID
 from tests.harness import paths
+from tests.harness.corpus import right
 
 DATA = paths.DATA / "diagnose"
 CORPUS = DATA / "cases"
@@ -143,24 +144,15 @@ def test_public_cases_cite_their_source():
         assert src["url"] in readme and case.name in readme, f"{case.name} not cited in README"
 
 
-def _right(d, want: dict) -> bool:
-    ok = (d.cls, d.initiating) == (want["class"], sorted(want.get("initiating_ranks", [])))
-    if "initiator_among" in want:
-        ok = ok and d.candidates == sorted(want["initiator_among"])
-    if "collateral_ranks" in want:
-        ok = ok and d.collateral == sorted(want["collateral_ranks"])
-    return ok
-
-
 @pytest.mark.parametrize("case", CASES, ids=[f"{c.parent.name}/{c.name}" for c in CASES])
 def test_case(case):
     d, want = _verdict(case)
     assert want["class"] in CLASS_BY_ID, f"{case.name}: unknown class {want['class']!r}"
     got = (d.cls, d.initiating, d.candidates)
-    if _pending(want) and not _right(d, want):
+    if _pending(want) and not right(d, want):
         pytest.xfail(f"{case.name}: needs {_pending(want)}: got {got}, expected "
                      f"{want['class']} {want.get('initiating_ranks')}")
-    assert _right(d, want), (
+    assert right(d, want), (
         f"{case.name}: got {got} collateral {d.collateral}, expected {want['class']} "
         f"{want.get('initiating_ranks')} among {want.get('initiator_among')} collateral "
         f"{want.get('collateral_ranks')}\nsummary: {d.summary}\nevidence: {d.evidence}")
@@ -179,7 +171,7 @@ def _table(cases: list[Path]) -> tuple[list[str], list[str], list[str]]:
     rows, wrong, pending = [], [], []
     for case in cases:
         d, want = _verdict(case)
-        ok = _right(d, want)
+        ok = right(d, want)
         if not ok:
             (pending if _pending(want) else wrong).append(case.name)
         exp = f"{want['class']} {want.get('initiating_ranks', [])}"

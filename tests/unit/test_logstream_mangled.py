@@ -32,6 +32,7 @@ from ncclwatch.diagnose import diagnose
 from ncclwatch.diagnose import paste
 from ncclwatch.logstream import Normaliser, resolve_redraws
 from tests.harness import paths
+from tests.harness.corpus import right
 from tests.harness.mangle import EXCLUSIVE, TABLE, TWINS, hard_wrap, mangle
 
 DATA = paths.DATA / "diagnose"
@@ -164,15 +165,6 @@ def _verdict(files: list[Path]) -> tuple:
     return d.cls, d.initiating, d.candidates, d.collateral
 
 
-def _right(d, want: dict) -> bool:
-    ok = (d.cls, d.initiating) == (want["class"], sorted(want.get("initiating_ranks", [])))
-    if "initiator_among" in want:
-        ok = ok and d.candidates == sorted(want["initiator_among"])
-    if "collateral_ranks" in want:
-        ok = ok and d.collateral == sorted(want["collateral_ranks"])
-    return ok
-
-
 @pytest.mark.parametrize("twin", sorted(TWINS))
 def test_every_twin_gets_its_originals_verdict(twin):
     """Class, initiating ranks, candidates and collateral: the original's, and right by
@@ -185,7 +177,7 @@ def test_every_twin_gets_its_originals_verdict(twin):
         d = diagnose(_inputs(dst))
         got = (d.cls, d.initiating, d.candidates, d.collateral)
         want = json.loads((dst / "expected.json").read_text())
-        if got != _ORIGINAL[case] or not _right(d, want):
+        if got != _ORIGINAL[case] or not right(d, want):
             wrong.append((case.name, got, _ORIGINAL[case]))
     assert not wrong, wrong
 
@@ -233,6 +225,10 @@ _CASE = {c.name: c for c in FAILING}
 # ("...5.04it/s]Killed" + "Done, resuming training ..."): the line alone is read too.
 @example(case=_CASE["fast_stable_diffusion_1113_killed_converting_ckpt"],
          rows=frozenset({"ansi_prefixed", "redrawn_bar"}), seed=0)
+# The same with "Killed" itself cut by a hard wrap ("...]Kill" + "ed" + "Done, ..."):
+# the trigger's pieces joined are read alone too.
+@example(case=_CASE["fast_stable_diffusion_1113_killed_converting_ckpt"],
+         rows=frozenset({"redrawn_bar", "wrap_in_trigger"}), seed=0)
 @given(case=st.sampled_from(FAILING),
        rows=st.sets(st.sampled_from(sorted(TABLE)), min_size=1, max_size=6).map(_mix),
        seed=st.integers(0, 2**32 - 1))
