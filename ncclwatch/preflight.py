@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import re
+import secrets
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -158,7 +159,9 @@ def measure(directory: Path, max_bytes: int, max_seconds: float,
     phase of its own; the file is removed (by the syncing child, when the
     bound ran out first)."""
     data = os.urandom(block)  # incompressible: no storage gets it for free
-    path = directory / f".ncclwatch-preflight-{os.getpid()}.tmp"
+    # Unique per probe, not per process: an earlier probe's fsync, cut at its bound,
+    # may still hold its file (its child removes it when the storage catches up).
+    path = directory / f".ncclwatch-preflight-{os.getpid()}-{secrets.token_hex(4)}.tmp"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     synced = False
     try:

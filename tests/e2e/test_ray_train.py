@@ -198,8 +198,8 @@ def test_ray_train_workers_are_found_and_the_saver_named(ncclwatch_run, tmp_path
         assert any(f.endswith("_save") or f == "save" for f in frames), frames
         # The others wait under their numbers, learned from what Ray holds.
         others = [r for r in range(WORKERS) if r != saver]
-        waiting = _waiting_ranks(mon, pids, stall, others, until=time.time() + 30)
-        assert waiting == others, (waiting, stall["waiting"])
+        waiting = _waiting_ranks(mon, pids, stall, others, until=time.time() + 60)
+        assert waiting == others, (waiting, stall["waiting"], mon.output()[-6000:])
         # How their waiting was established: a c10d frame on the Python stack
         # (barrier), or a native dump read on the TrainingThread (async-wait).
         seen = _evidence_seen(mon, pids, stall, until=time.time() + 20)

@@ -194,9 +194,12 @@ def _predicted_and_real(mount, nbytes: int, *args: str, capsys) -> tuple[dict, f
 
 
 def _verdict(mount, nbytes: int, *args: str, capsys) -> dict:
+    capsys.readouterr()   # (what the test printed so far is not the verdict)
     code = preflight.main(_args("--dir", str(mount), "--size", str(nbytes), *args, "--json"),
                           env={})
-    v = json.loads(capsys.readouterr().out)
+    out = capsys.readouterr()
+    assert out.out, (code, out.err)
+    v = json.loads(out.out)
     assert code == 1 and not v["fits"], v
     return v
 
