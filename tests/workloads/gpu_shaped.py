@@ -174,11 +174,14 @@ class Batches:
 
 
 def metrics_writer(path: str, state: dict) -> None:
-    """Rank 0's metrics file, rewritten twice a second (a logger's thread)."""
+    """Rank 0's metrics file, rewritten twice a second (a logger's thread), as
+    loggers do it: a new file renamed over the old, so that the process ending
+    between the open and the write (the thread is a daemon) leaves a whole file."""
     def run() -> None:
         while True:
-            with open(path, "w") as f:
+            with open(path + ".tmp", "w") as f:
                 f.write(f'{{"step": {state["step"]}, "t": {time.time():.3f}}}\n')
+            os.replace(path + ".tmp", path)
             time.sleep(0.5)
 
     threading.Thread(target=run, name="metrics", daemon=True).start()

@@ -257,11 +257,16 @@ def test_the_real_uplink_times_its_acks_and_the_daemon_uses_them() -> None:
                 now = time.monotonic()
                 r = _report(seq, now, 5.0, 5.0).report
                 up.submit(r)
-                for _ in range(200):
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:
                     agent = d.table.agents.get("agent-a")
                     if agent is not None and agent.last_seq == seq:
                         break
                     await asyncio.sleep(0.01)
+            # The daemon has the last report; its ack reaches the uplink a moment later.
+            deadline = time.monotonic() + 30
+            while (up._timed is None or up._timed[0] < 5) and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
             assert up._timed is not None and up._timed[0] == 5
             agent = d.table.agents["agent-a"]
             assert agent._lows, "no timed acknowledgement reached the daemon"
