@@ -227,13 +227,11 @@ class Discovery:
                 # are not final, and a young child that still runs its parent's
                 # command line is no rank yet (an mp.spawn worker under srun was
                 # read as the srun task, rank 0 of 1, for life; CI). A fork that
-                # never execs is read once it is no longer young.
-                # An exec during the look (the command line read first was the
-                # parent's, the check after it sees the new one) voids it too,
-                # and every young verdict is read again until it is no longer
-                # young (CI: an mp.spawn worker under srun kept rank 0 of 1).
-                if seen.rank is not None and (_unexeced(pid, seen.ppid)
-                                              or _argv(pid) != seen.argv):
+                # never execs is read once it is no longer young. An exec during
+                # the look (the command line read first was the parent's, the
+                # checks after it saw the new one) voids it too, and every young
+                # verdict is read again until it is no longer young.
+                if seen.rank is not None and _exec_pending(pid, seen.ppid, seen.argv):
                     seen.rank = None
                 # (A spawn index read from torch's own frame is final: that
                 # frame runs only after the exec.)
@@ -674,19 +672,17 @@ def _int(value: str | None) -> int | None:
         return None
 
 
-def _unexeced(pid: int, ppid: int) -> bool:
-    """``pid`` runs its parent's command line: a fork that has not exec'd (yet)."""
+def _exec_pending(pid: int, ppid: int, argv: tuple[str, ...]) -> bool:
+    """``pid`` runs its parent's command line (a fork that has not exec'd yet), or
+    no longer the one a look read (it exec'd during the look); one read of each."""
     try:
-        return ppid > 1 and psutil.Process(pid).cmdline() == psutil.Process(ppid).cmdline()
+        now = tuple(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return True   # gone or unreadable: no verdict from this look
+    try:
+        return now != argv or (ppid > 1 and now == tuple(psutil.Process(ppid).cmdline()))
     except psutil.Error:
         return False
-
-
-def _argv(pid: int) -> tuple[str, ...] | None:
-    try:
-        return tuple(psutil.Process(pid).cmdline())
-    except psutil.Error:
-        return None
 
 
 def _one_per_rank(candidates: list[RankProcess]) -> list[RankProcess]:
