@@ -122,7 +122,7 @@ KINDS = {
                                "set the image in kustomization.yaml, then kubectl apply -k <dest> "
                                "(or `ncclwatch render kubernetes-sharded --out DIR` with your "
                                "site's values)",
-                               "the same, for two shards of daemon pairs (docs/deployment.md)"),
+                               "the same, for two shards of daemon pairs (docs/scaling.md)"),
     "slurm": Kind("ncclwatch/slurm", ("deploy/slurm/task-prolog.sh",), "/etc/slurm", True,
                   "set TaskProlog=/etc/slurm/ncclwatch-task-prolog.sh in slurm.conf on every "
                   "node (its --dest if you gave one), then scontrol reconfigure",
