@@ -413,6 +413,15 @@ def _port(option: str) -> int:
     return int(str(default).rpartition(":")[2])
 
 
+def _example_daemon_host() -> str:
+    """The one host both listeners of the example daemon.toml (what `install
+    config` writes, the unit reads) bind."""
+    text = (ROOT / "systemd" / "examples" / "daemon.toml").read_text()
+    hosts = {re.search(rf'^{key} = "([^"]*):\d+"', text, re.M)[1] for key in ("grpc", "http")}
+    assert len(hosts) == 1, hosts
+    return hosts.pop()
+
+
 def _container_user() -> int:
     [user] = re.findall(r"^USER (\d+)", (ROOT / "Containerfile").read_text(), re.M)
     return int(user)
@@ -471,6 +480,11 @@ CLAIMS = (
     Claim("where `install slurm` puts the TaskProlog",
           re.compile(r"(/etc/slurm/[\w.-]*ncclwatch[\w.-]*)"),
           lambda: f"{install.KINDS['slurm'].dest}/{install.KINDS['slurm'].name('task-prolog.sh')}"),
+    Claim("what the example daemon.toml listens on (its grpc and http)",
+          re.compile(r"example `daemon\.toml` listens on ([\d.]+\d|[\w-]+)"),
+          _example_daemon_host, lambda s: "127.0.0.1" if s == "loopback" else s),
+    Claim("where the example configs are on a node (`install config`'s destination)",
+          re.compile(r"\bExamples?: `([^`]+?)/?`"), lambda: install.KINDS["config"].dest),
     Claim("the lock the wheel installs with (requirements/*.lock)",
           re.compile(r"`((?:requirements/)?runtime\.lock)`"),
           lambda: "requirements/runtime.lock",
