@@ -143,6 +143,30 @@ def test_the_dump_watcher_never_opens_a_fifo_a_symlink_or_a_device(tmp_path) -> 
     assert got is not None and got.path == str(dump)
 
 
+# The swapper is a process of its own, not a thread: a thread shares the GIL
+# with the opener and, on a loaded machine, may barely run while it opens
+# (a CI run saw 24,442 opens and never the FIFO in 1.5 s).
+SWAPPER = """
+import os, sys
+d = sys.argv[1]
+name, regular, fifo = os.path.join(d, "swap"), os.path.join(d, "r"), os.path.join(d, "f")
+i = 0
+while True:
+    tmp = os.path.join(d, "l%d" % (i % 3))
+    try:
+        if i % 3 == 0:
+            os.link(regular, tmp)
+        elif i % 3 == 1:
+            os.link(fifo, tmp)
+        else:
+            os.symlink(regular, tmp)
+        os.replace(tmp, name)
+    except FileExistsError:
+        pass
+    i += 1
+"""
+
+
 def test_open_regular_checks_the_opened_file_even_when_the_name_is_swapped(tmp_path) -> None:
     """Swap a regular file, a FIFO and a symlink under one name as fast as
     possible while opening it: every open returns that regular file or
@@ -152,33 +176,18 @@ def test_open_regular_checks_the_opened_file_even_when_the_name_is_swapped(tmp_p
     regular.write_bytes(b"x" * 10)
     os.mkfifo(fifo)
     ino = regular.stat().st_ino
-    stop = threading.Event()
-
-    def swapper():
-        i = 0
-        while not stop.is_set():
-            tmp = tmp_path / f"l{i % 3}"
-            try:
-                if i % 3 == 0:
-                    os.link(regular, tmp)
-                elif i % 3 == 1:
-                    os.link(fifo, tmp)
-                else:
-                    os.symlink(regular, tmp)
-                os.replace(tmp, name)
-            except FileExistsError:
-                pass
-            i += 1
-    t = threading.Thread(target=swapper, daemon=True)
-    t.start()
+    swapper = subprocess.Popen([sys.executable, "-c", SWAPPER, str(tmp_path)])
     opened, refused = 0, 0
     try:
-        deadline = time.monotonic() + 1.5
-        while time.monotonic() < deadline:
+        # at least 1.5 s of swaps, and on until both outcomes were seen (30 s at most)
+        start = time.monotonic()
+        while time.monotonic() - start < 30:
+            if time.monotonic() - start > 1.5 and opened and refused:
+                break
             try:
                 got = rankfs.open_regular(str(name))
             except OSError:
-                continue                         # a symlink (ELOOP) or mid-swap
+                continue                         # a symlink (ELOOP), mid-swap, not made yet
             if got is None:
                 refused += 1                     # the FIFO: named, checked, never opened
                 continue
@@ -187,8 +196,8 @@ def test_open_regular_checks_the_opened_file_even_when_the_name_is_swapped(tmp_p
             assert st.st_ino == ino
             opened += 1
     finally:
-        stop.set()
-        t.join()
+        swapper.kill()
+        swapper.wait()
     print(f"opened the regular file {opened} times, refused the FIFO {refused} times")
     assert opened > 0 and refused > 0
 
