@@ -98,7 +98,9 @@ def test_a_stopped_rank_makes_its_step_late_and_mmap_batches_read_nothing(tmp_pa
     out = job.proc.output()[-1500:]
     secs = [s for _, s, _ in _steps(job)]
     assert len(secs) == 7, out
-    # the fixed work waited for the stopped rank: one step 3 s longer than the others
-    assert max(secs) - statistics.median(secs) >= 2.5, (secs, out)
+    # the fixed work waited for the stopped rank: one step up to 3 s longer than
+    # the others. Less when the stop fell while rank 1 already waited at the sync
+    # for a slower rank 0 (that slack is not lost): a loaded CI run saw 2.1 s.
+    assert max(secs) - statistics.median(secs) >= 1.5, (secs, out)
     r1 = _end(job, 1)
     assert r1["reads"] <= 6 and r1["writes"] <= 2, (r1, out)
