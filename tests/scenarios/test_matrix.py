@@ -108,4 +108,11 @@ def test_scenario_matrix(ncclwatch_run) -> None:
                                for o in outcomes})
     print("\n" + text, file=sys.__stdout__, flush=True)
     failed = {o.scenario.name: o.problems() for o in outcomes if o.problems()}
-    assert not failed, f"{len(failed)} scenario(s) wrong:\n{text}\n{mon.output()[-3000:]}"
+    log = mon.output()
+    if failed:
+        (ARTIFACTS / "monitor.log").write_text(log)
+    # A pause is the one thing a healthy row must never show: every pause the
+    # agent logged, with its reason and job, whatever row it was (few lines).
+    pauses = "\n".join(line for line in log.splitlines() if "native dump of" in line)
+    assert not failed, (f"{len(failed)} scenario(s) wrong:\n{text}\nnative dumps:\n"
+                        f"{pauses[-4000:]}\n{log[-3000:]}")
