@@ -143,6 +143,28 @@ def evidence(f: Facts) -> str:
 _HOST_STOP = ("p=$(ps -o ppid= -p {pid} | tr -d ' '); "
               "[ \"${{p:-1}}\" -gt 1 ] && kill -TERM -- \"$p\"")
 
+#: The kinds of a pod's owner the Kubernetes stop deletes: the namespaced
+#: objects a training job runs as. The owner reference is the pod's own text
+#: (whoever creates a pod sets it: any kind, any name, spaces included), so
+#: the stop deletes the owner only when its kind is one of these and its name
+#: a plain object name, as one quoted word after ``--``: never a word-split
+#: list of options, never a Namespace, a Node or anything cluster-wide.
+OWNER_KINDS = ("Job", "JobSet", "PyTorchJob", "MPIJob", "TFJob", "TrainJob", "RayJob",
+               "RayCluster", "LeaderWorkerSet", "StatefulSet")
+
+
+def _kube_stop(f: Facts) -> str:
+    ns = q(f.namespace)
+    kinds = "|".join(f"{k}/*" for k in OWNER_KINDS)
+    return (f"o=$(kubectl -n {ns} get pod -o jsonpath="
+            "'{.metadata.ownerReferences[0].kind}/{.metadata.ownerReferences[0].name}' "
+            f"-- {q(f.pod)}) && case \"$o\" in {kinds}) ;; *) o= ;; esac && "
+            "case \"${o#*/}\" in ''|-*|.*|*[!a-z0-9.-]*) "
+            "echo 'not stopped: the pod is owned by no job by name' >&2; false ;; esac && "
+            f"kubectl -n {ns} delete --wait=false -- \"$o\"   "
+            "# the job that owns the pod: its pods get their grace period")
+
+
 EVIDENCE = Step((), evidence)
 NODE, PID, PIPE = ("node",), ("pid",), ("pipe",)
 
@@ -172,12 +194,7 @@ PLATFORMS: tuple[Platform, ...] = (
         "logs": Step(("namespace", "pod"), lambda f: (
             f"kubectl -n {q(f.namespace)} logs --all-containers --timestamps "
             f"--tail=2000 -- {q(f.pod)}")),
-        "stop": Step(("namespace", "pod"), lambda f: (
-            f"kubectl -n {q(f.namespace)} delete $(kubectl -n {q(f.namespace)} "
-            f"get pod -o jsonpath="
-            "'{.metadata.ownerReferences[0].kind}/"
-            f"{{.metadata.ownerReferences[0].name}}' -- {q(f.pod)}) --wait=false   "
-            "# the job that owns the pod: its pods get their grace period")),
+        "stop": Step(("namespace", "pod"), _kube_stop),
     }),
     Platform("host", lambda f: True, {
         "evidence": EVIDENCE,

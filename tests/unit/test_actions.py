@@ -147,3 +147,58 @@ def test_the_host_stop_never_signals_pid_1(tmp_path) -> None:
     subprocess.run(["bash", "-c", "enable -n kill; " + remote], check=False,
                    env={"PATH": f"{fake}:/usr/bin:/bin"})
     assert log.read_text().split() == ["-TERM", "--", "777"]
+
+
+#: What a pod's owner reference may read as (`kind/name`, the pod's own text:
+#: whoever creates a pod sets it) -> the word `kubectl delete` gets, or None:
+#: nothing deleted. Before, the owner was spliced in unquoted: its spaces
+#: became options of `kubectl delete` and its `*` a glob of the operator's folder.
+OWNERS: dict[str, str | None] = {
+    "Job/train-1": "Job/train-1",
+    "PyTorchJob/bert.large-2": "PyTorchJob/bert.large-2",
+    "pods --all-namespaces --all x/y": None,
+    "Job --all-namespaces --all/y": None,
+    "Namespace/kube-system": None,
+    "Node/gpu-1": None,
+    "ClusterRoleBinding/admin": None,
+    "Job/-x": None,
+    "Job/a b": None,
+    "Job/*": None,
+    "Job/a/b": None,
+    "Job/x,Namespace/kube-system": None,
+    "Job/$(touch pwned)": None,
+    "Job/Train": None,
+    "Job/..": None,
+    "Job/": None,
+    "/": None,
+    "": None,
+}
+
+
+@pytest.mark.parametrize("shell", ["sh", "bash"])
+def test_the_kubernetes_stop_deletes_only_a_job_named_by_its_owner(tmp_path, shell) -> None:
+    """The stop command, run by a real shell against a kubectl that answers
+    each owner reference above: only a job kind with a plain name is deleted,
+    as one word after `--`, in the pod's namespace."""
+    import subprocess
+
+    stop = {c["step"]: c["command"] for c in commands(
+        Facts("j", 0, "gpu-1", 4242, namespace="ns", pod="job-w-0"))}["stop"]
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    log = tmp_path / "deleted"
+    (fake / "kubectl").write_text(
+        "#!/bin/sh\n"
+        'case "$3" in get) printf "%s" "$OWNER" ;;\n'
+        f'  *) for a in "$@"; do printf "%s\\n" "$a"; done >> {log} ;; esac\n')
+    (fake / "kubectl").chmod(0o755)
+    (tmp_path / "Job").mkdir()               # something for an unquoted glob to find
+    (tmp_path / "Job" / "victim").write_text("")
+    for owner, deleted in OWNERS.items():
+        log.unlink(missing_ok=True)
+        subprocess.run([shell, "-c", stop], cwd=tmp_path, check=False, capture_output=True,
+                       env={"PATH": f"{fake}:/usr/bin:/bin", "OWNER": owner})
+        got = log.read_text().splitlines() if log.exists() else None
+        want = None if deleted is None else ["-n", "ns", "delete", "--wait=false", "--", deleted]
+        assert got == want, (owner, got)
+    assert not (tmp_path / "pwned").exists()
