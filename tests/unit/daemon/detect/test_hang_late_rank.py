@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import pytest
 
+from ncclwatch.agent.gpu import GpuDevice, RecordedGpuReader
+from ncclwatch.agent.report import _activity_pb
 from ncclwatch.daemon import api
 from ncclwatch.daemon.detect import hang
 from ncclwatch.model import CollectiveOp, RankState, StallKind
 from ncclwatch.signatures import classify
 from ncclwatch.stacks import Frame
 from ncclwatch.v1 import collector_pb2 as pb
+from tests.harness.paths import DATA
 from tests.harness.reports import FEED_JOB as JOB, FEED_WORLD as WORLD, Feed, report, sample
 
 S, Op = RankState, CollectiveOp
@@ -22,10 +25,12 @@ S, Op = RankState, CollectiveOp
 
 def _round(f: Feed, spec, cpu: dict[int, float] | None = None,
            blocked: dict[int, str] | None = None,
-           fr: dict[int, pb.FlightRecorderSummary] | None = None) -> None:
+           fr: dict[int, pb.FlightRecorderSummary] | None = None,
+           gpu: dict[int, GpuDevice] | None = None) -> None:
     """spec: [(rank, state, op, state_seconds, still_seconds)]; ``cpu``: share of a
     core; ``blocked``: what the agent read the rank's thread is blocked in;
-    ``fr``: a Flight Recorder summary the rank's agent read this round."""
+    ``fr``: a Flight Recorder summary the rank's agent read this round;
+    ``gpu``: the rank's device as its agent's NVML reader read it."""
     f.seq += 1
     samples = []
     for r, state, op, secs, still in spec:
@@ -37,6 +42,11 @@ def _round(f: Feed, spec, cpu: dict[int, float] | None = None,
         s.blocked_in = (blocked or {}).get(r, "")
         if fr and r in fr:
             s.flight_recorder.CopyFrom(fr[r])
+        if gpu and r in gpu:
+            d = gpu[r]
+            _activity_pb(s.gpu.add(device_index=d.index, used_bytes=d.used_bytes,
+                                   device_total_bytes=d.total_bytes,
+                                   device_used_bytes=d.used_bytes), d)
         samples.append(s)
     f.d.ingest(report(samples, seq=f.seq), now=f.t)
     f.d.tick(now=f.t)
@@ -125,6 +135,37 @@ def test_every_rank_stuck_in_one_collective_is_a_hang_with_no_culprit() -> None:
     assert "no culprit rank (a peer outside the job, the network, or a device)" in fd.summary
     inc = f.d.incidents.active[(JOB, StallKind.COLLECTIVE_HANG)]
     assert inc.diagnosis.root_cause.id == "all_ranks_in_collective"
+
+
+def test_every_rank_stuck_says_its_gpus_utilisation_and_power() -> None:
+    """Where NVML answers (a recorded reader stands in for it: an H100 node in a
+    step, then with every rank stuck in one all_reduce), the no-culprit hang
+    says the GPUs spin at full utilisation and low power: NCCL polling, not work."""
+    nvml = RecordedGpuReader.from_file(DATA / "nvml" / "h100_allreduce_hang.json")
+    stepping = {r: d for r, d in enumerate(nvml.read().devices[:WORLD])}
+    stuck = {r: d for r, d in enumerate(nvml.read().devices[:WORLD])}
+    f = Feed()
+    for _ in range(25):
+        _round(f, [(r, S.COLLECTIVE, Op.ALL_REDUCE, 0.2, 0.0) for r in range(WORLD)],
+               gpu=stepping)
+    assert not _findings(f)
+    for k in range(1, 40):
+        _round(f, [(r, S.COLLECTIVE, Op.ALL_REDUCE, k, k) for r in range(WORLD)], gpu=stuck)
+        if _findings(f):
+            break
+    (fd,) = _findings(f)
+    assert fd.kind is StallKind.COLLECTIVE_HANG and fd.culprits == ()
+    assert ("GPUs: 3 at 100% utilisation, 22-25% of their power limit: spinning in NCCL "
+            "kernels, not computing") in fd.summary, fd.summary
+    # Without readings (no NVML), the finding says nothing of GPUs.
+    f = Feed()
+    _steps(f, 25)
+    for k in range(1, 40):
+        _round(f, [(r, S.COLLECTIVE, Op.ALL_REDUCE, k, k) for r in range(WORLD)])
+        if _findings(f):
+            break
+    (fd,) = _findings(f)
+    assert fd.culprits == () and "GPUs" not in fd.summary
 
 
 def test_every_rank_briefly_in_one_barrier_is_normal() -> None:
