@@ -87,6 +87,46 @@ def test_endpoint_ids() -> None:
     assert rdzv.Endpoint("file", path="/tmp/r").job_id("n1") == "file:n1/tmp/r"
 
 
+def _conn(local: str, remote: str, inode: int, state: str = "01") -> rdzv.Conn:
+    lh, lp = local.rsplit(":", 1)
+    rh, rp = remote.rsplit(":", 1)
+    return rdzv.Conn((lh, int(lp)), (rh, int(rp)), state, str(inode))
+
+
+def test_one_job_across_nodes_gets_one_id_on_each() -> None:
+    """Rank 0 on node a (10.0.0.1) serves the store on 29500; ranks 1 and 2 on
+    node b reach it and rank 0's gloo listener (45000). Each node's agent sees
+    only its own processes, and names the same job: the store's IP and port,
+    not the node, whatever name the command line dialled."""
+    a = {10: [_conn("0.0.0.0:29500", "0.0.0.0:0", 1, "0A"),
+              _conn("10.0.0.1:40000", "10.0.0.1:29500", 2),     # its own client
+              _conn("10.0.0.1:29500", "10.0.0.1:40000", 3),     # ...accepted
+              _conn("10.0.0.1:29500", "10.0.0.2:50001", 4),     # rank 1's
+              _conn("10.0.0.1:29500", "10.0.0.2:50002", 5)]}    # rank 2's
+    b = {21: [_conn("10.0.0.2:50001", "10.0.0.1:29500", 11),
+              _conn("10.0.0.2:50011", "10.0.0.1:45000", 12)],
+         22: [_conn("10.0.0.2:50002", "10.0.0.1:29500", 13),
+              _conn("10.0.0.2:50012", "10.0.0.1:45000", 14)]}
+    on_a = rdzv.find(a, {}, a)
+    on_b = rdzv.find(b, {}, b)
+    assert on_a[10].server and not on_b[21].server
+    ids = {on_a[10].job_id("a"), on_b[21].job_id("b"), on_b[22].job_id("b")}
+    assert ids == {"store:10.0.0.1:29500"}
+    # The URL by host name picks the store's connection: the same id.
+    url = rdzv.parse_url("tcp://node-a.cluster:29500")
+    assert rdzv.find({21: b[21]}, {21: url}, [21])[21].job_id("b") == "store:10.0.0.1:29500"
+
+
+def test_a_file_url_groups_by_its_path_alone() -> None:
+    """FileStore holds no fd: the URL on the command line is the whole rule, no
+    socket needed; the path is normalised as the URL parser left it."""
+    url = rdzv.command_line_url(["python", "t.py", "--init-method", "file:///shared/j/./rdzv"])
+    found = rdzv.find({7: []}, {7: url}, [7])
+    assert found == {7: rdzv.Endpoint("file", path="/shared/j/rdzv")}
+    assert found[7].job_id("n1", shared_path=True) == "file:/shared/j/rdzv"
+    assert found[7].job_id("n1") == "file:n1/shared/j/rdzv"
+
+
 @pytest.mark.parametrize("argv,url", [
     (["python", "t.py", "--init-method=tcp://10.0.0.1:29500"], rdzv.Url("tcp", "10.0.0.1", 29500)),
     (["python", "t.py", "--dist-url", "tcp://h:1"], rdzv.Url("tcp", "h", 1)),
