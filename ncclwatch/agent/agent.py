@@ -144,7 +144,7 @@ class Agent:
                     # native: the job's shape says a stall is under way (still
                     # ranks whose stacks say nothing may be paused,
                     # policy.abnormal); no Python dumps forced with it.
-                    t.asked(cmd.dump_stacks.native, now)
+                    t.asked(cmd.dump_stacks.native, now, cmd.dump_stacks.reason)
                     hit += 1
             if hit:
                 log.debug("daemon asked for stacks of %s (%s)", for_log(job),

@@ -39,6 +39,7 @@ from ncclwatch.agent.tracker import NATIVE_CANDIDATES, RankTracker
 from ncclwatch import syscalls
 from ncclwatch.config import non_negative_float, option, positive_float
 from ncclwatch.model import CHECKPOINT_STATES, RankState
+from ncclwatch.sanitize import for_log
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,8 @@ class StackPolicy:
                 "shows no wait" if t.stack_at is not None else "")
         if t.native_asked is not None and t.still_since is not None \
                 and t.native_asked >= t.still_since:
-            return f"still {still:.1f}s while the daemon sees a stall's shape{seen}"
+            shape = f" ({for_log(t.native_reason)})" if t.native_reason else ""
+            return f"still {still:.1f}s while the daemon sees a stall's shape{shape}{seen}"
         h = t.history
         limit = self.pause.threshold(h, now, self.native_after)
         return (f"still {still:.1f}s, past its normal (threshold {limit or 0:.1f}s: longest "

@@ -44,7 +44,8 @@ class RankTracker:
         "progress_tid", "packages", "maps_at",
         "_cpu_before", "quiet_from", "still_from",
         "evidence", "native", "native_for", "native_stack", "native_dump_id", "forgiven", "pause_base",
-        "own_cpu_util", "side_base", "history", "budget", "native_asked", "locals_timeout",
+        "own_cpu_util", "side_base", "history", "budget", "native_asked", "native_reason",
+        "locals_timeout",
     )
 
     def __init__(self, proc: RankProcess, now: float) -> None:
@@ -122,6 +123,8 @@ class RankTracker:
         #: When the daemon last saw a stall's shape around this rank (its ask
         #: for native dumps, on the agent's clock); None: never.
         self.native_asked: float | None = None
+        #: The shape the daemon saw, in its words ("every rank still", ...).
+        self.native_reason = ""
 
     @property
     def pid(self) -> int:
@@ -212,12 +215,14 @@ class RankTracker:
         if base is not None and events is not None:
             self.forgive(events - base)
 
-    def asked(self, native: bool, now: float) -> None:
+    def asked(self, native: bool, now: float, reason: str = "") -> None:
         """The daemon asked for the job's stacks: Python dumps at once, or
-        (``native``: the job's shape says a stall is under way) leave to pause
-        this rank if it sits still with a stack that says nothing."""
+        (``native``: the job's shape says a stall is under way, ``reason``
+        says which) leave to pause this rank if it sits still with a stack
+        that says nothing."""
         if native:
             self.native_asked = now
+            self.native_reason = reason
         else:
             self.forced = True
 

@@ -200,6 +200,11 @@ def test_the_log_says_why_a_rank_is_paused() -> None:
     assert why.startswith("still 5.0s while the daemon sees a stall's shape; its Python "
                           "stack (compute, read "), why
     assert why.endswith("ago) shows no wait"), why
+    # the shape in the daemon's words, escaped as anything a log line carries
+    asked.t.asked(True, asked.now, "every rank still\x1b[2J")
+    why = POLICY.why(asked.t, asked.now)
+    assert why.startswith("still 5.0s while the daemon sees a stall's shape (every rank "
+                          "still\\x1b[2J); its Python stack"), why
 
 
 def test_a_rank_that_moved_on_since_its_sample_is_not_paused() -> None:
