@@ -323,11 +323,16 @@ SCENARIOS: tuple[Scenario, ...] = (
     # "the device works" the main thread spins (no read/write syscalls, no voluntary
     # switches); ranks meet at a barrier in shared memory, not in a gloo collective; a
     # helper thread spins in every rank; rank 0 alone logs each step, writes a metrics
-    # file twice a second and (8s-reads) evaluates every 3 steps. Healthy: no alarm and
-    # no rank ever paused (no native dump). Ranks at nice 10: their spinning must not
-    # starve the row beside them on this 2-core CI machine.
+    # file four times a second and (8s-reads) evaluates every 3 steps. Healthy: no alarm
+    # and no rank ever paused (no native dump). Ranks at nice 10: their spinning must
+    # not starve the row beside them on this 2-core CI machine. Four times, not twice:
+    # twice a second is the agent's still bound, and a job whose every rank reads as
+    # still (ranks 1-2 make no syscall at all with shm/mmap batches) is the halted
+    # shape, where the daemon lets each rank be paused once (daemon/detect/shape.py);
+    # a CI run under load paused rank 2 of the load-12s row so. These rows are about
+    # healthy ranks beside a rank visibly at work.
     *(Scenario(name, ("--step-seconds", step, "--batch", batch, "--seconds", secs,
-                      "--nice", "10", *extra),
+                      "--nice", "10", "--metrics-hz", "4", *extra),
                script="gpu_shaped.py", world=3, no_pause=True, limit=limit)
       for name, step, batch, secs, extra, limit in (
           ("gpu-shaped-healthy-8s-reads", "8", "read", "70",

@@ -18,9 +18,11 @@ What a rank of a big GPU job shows /proc, rebuilt on CPU:
 - ``--load-seconds S``: before training every rank reads "its weights" for S
   seconds (1 MiB preads of torch's own library, a real file on disk): progress
   every round, then none at all with ``--batch shm``/``mmap``/``none``.
-- Rank 0 alone prints a line per step, writes a metrics file twice a second
-  (a thread, as loggers do) and every ``--eval-every`` steps evaluates (more
-  device work and a batch) while the others wait at the barrier.
+- Rank 0 alone prints a line per step, writes a metrics file ``--metrics-hz``
+  times a second (2: a thread, as loggers do) and every ``--eval-every`` steps
+  evaluates (more device work and a batch) while the others wait at the barrier.
+  Twice a second sits at the agent's still bound (2 progress events a second):
+  rank 0 then flips between still and moving, as in the benchmarks' shapes.
 - ``--save-after N``: after step N rank 0 torch.saves ``--model-mb`` to
   ``--ckpt-dir`` (a throttled mount makes it slow) while the others wait
   NCCL-shaped: ``all_reduce(async_op=True)`` then ``work.wait()`` (C++).
@@ -72,7 +74,7 @@ a = args(__doc__.split("\n")[0],
          step_seconds=(float, 8.0), step_work=(int, 0), seconds=(float, 60.0),
          steps=(int, 0), batch=(str, "read"), eval_every=(int, 0), eval_seconds=(float, 4.0),
          helper_spin=(float, 0.3), save_after=(int, 0), nice=(int, 0),
-         load_seconds=(float, 0.0))
+         load_seconds=(float, 0.0), metrics_hz=(float, 2.0))
 assert a.batch in ("read", "shm", "mmap", "none"), a.batch
 if a.nice:
     os.nice(a.nice)
@@ -173,16 +175,17 @@ class Batches:
         return 0
 
 
-def metrics_writer(path: str, state: dict) -> None:
-    """Rank 0's metrics file, rewritten twice a second (a logger's thread), as
-    loggers do it: a new file renamed over the old, so that the process ending
-    between the open and the write (the thread is a daemon) leaves a whole file."""
+def metrics_writer(path: str, state: dict, hz: float) -> None:
+    """Rank 0's metrics file, rewritten ``hz`` times a second (a logger's
+    thread), as loggers do it: a new file renamed over the old, so that the
+    process ending between the open and the write (the thread is a daemon)
+    leaves a whole file."""
     def run() -> None:
         while True:
             with open(path + ".tmp", "w") as f:
                 f.write(f'{{"step": {state["step"]}, "t": {time.time():.3f}}}\n')
             os.replace(path + ".tmp", path)
-            time.sleep(0.5)
+            time.sleep(1.0 / hz)
 
     threading.Thread(target=run, name="metrics", daemon=True).start()
 
@@ -277,7 +280,7 @@ def main() -> None:
     eval_units = max(1, round(units * a.eval_seconds / max(a.step_seconds, 1e-3)))
     state = {"step": 0}
     if RANK == 0:
-        metrics_writer(os.path.join(a.ckpt_dir, "metrics.json"), state)
+        metrics_writer(os.path.join(a.ckpt_dir, "metrics.json"), state, a.metrics_hz)
     marker("train_start", units=units, batch=a.batch)
     before, t_start = progress(), time.time()
     end = time.time() + a.seconds
