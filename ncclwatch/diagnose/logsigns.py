@@ -426,16 +426,16 @@ SIGNS: tuple[LogSign, ...] = (
             "total capacity; 60.12 GiB already allocated)"),
     # -- torchrun (torch/distributed/elastic) ---------------------------------------------
     LogSign("torchrun_failed", Event.EXIT, ("failed (exitcode:",),
-            r"failed \(exitcode: (?P<exitcode>" + _N + r")\)(?: local_rank: (?P<local_rank>\d+)"
-            r"(?: \(pid: (?P<pid>\d+)\))?)?",
+            r"failed \(exitcode: ?(?P<exitcode>" + _N + r")\)(?: ?local_rank: ?(?P<local_rank>\d+)"
+            r"(?: ?\(pid: ?(?P<pid>\d+)\))?)?",
             example="E1203 12:36:12.482000 21547 torch/distributed/elastic/multiprocessing/api.py:"
             "1002] failed (exitcode: -6) local_rank: 3 (pid: 21555) of binary: /venv/bin/python"),
     # torch 1.9's warning when a worker failed without an error file: "CHILD PROCESS FAILED
     # WITH NO ERROR_FILE" over "Child process 17057 (local_rank 0) FAILED (exitcode 1)", as
     # in https://github.com/facebookresearch/MetaICL/issues/8.
-    LogSign("torchrun_child_failed", Event.EXIT, (") FAILED (exitcode ",),
-            r"Child process (?P<pid>\d+) \(local_rank (?P<local_rank>\d+)\) FAILED \(exitcode "
-            r"(?P<exitcode>" + _N + r")\)",
+    LogSign("torchrun_child_failed", Event.EXIT, (") FAILED (exitcode",),
+            r"Child process ?(?P<pid>\d+) ?\(local_rank ?(?P<local_rank>\d+)\) FAILED \(exitcode "
+            r"?(?P<exitcode>" + _N + r")\)",
             example="Child process 17057 (local_rank 0) FAILED (exitcode 1)"),
     # Slurm's own line for a task that ended: "srun: error: nid008637: task 3: Exited with
     # exit code 1", then "srun: error: nid008637: tasks 0-2: Terminated" for the tasks the
@@ -492,10 +492,10 @@ SIGNS: tuple[LogSign, ...] = (
             r"(?:^|\s)host\s+: (?P<host>\S+)", example="  host      : localhost",
             failure=False),
     LogSign("summary_rank", Event.SUMMARY, ("(local_rank: ",),
-            r"(?:^|\s)rank\s*: (?P<rank>\d+) \(local_rank: (?P<local_rank>\d+)\)",
+            r"(?:^|\s)rank\s*: ?(?P<rank>\d+) ?\(local_rank: ?(?P<local_rank>\d+)\)",
             example="  rank      : 0 (local_rank: 0)", failure=False),
     LogSign("summary_exitcode", Event.SUMMARY, ("exitcode  : ", "exitcode: "),
-            r"(?:^|\s)exitcode\s*: (?P<exitcode>" + _N + r") \(pid: (?P<pid>\d+)\)",
+            r"(?:^|\s)exitcode\s*: ?(?P<exitcode>" + _N + r") ?\(pid: ?(?P<pid>\d+)\)",
             example="  exitcode  : -9 (pid: 21552)", failure=False),
     LogSign("summary_signal", Event.SUMMARY, ("received by PID",),
             r"Signal (?P<signal>\d+) \((?P<signame>SIG\w+)\) received by PID (?P<pid>\d+)",

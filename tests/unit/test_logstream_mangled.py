@@ -321,10 +321,9 @@ def test_a_launchers_summary_names_its_failing_rank(tmp_path_factory, era, r, co
                                                     seed):
     """In any torch era, however wrapped, coloured or quoted: the launcher's failure is
     the first in the log (the rank's own error above it names no rank), and its rank is
-    the initiator. (A wrapped paste whose pieces also lost their leading blank to
-    Markdown is left out: the blank a piece started with is gone from the words.)"""
-    if width is not None:
-        rows = rows - {"unindent"}
+    the initiator. A wrapped paste whose pieces also lost their leading blank to
+    Markdown included: "failed (exitcode:" + "-9) local_rank:" + "5 (pid: ..." reads
+    with no blank at either cut."""
     text = _job_log(era, r, code)
     rng = random.Random(seed)
     for name in ("colour", "redrawn_bar"):
@@ -342,13 +341,19 @@ def test_a_launchers_summary_names_its_failing_rank(tmp_path_factory, era, r, co
                                                           d.summary, text[-1500:])
 
 
-def test_every_era_at_every_width(tmp_path):
-    """The property's sweep: each era's summary wrapped at every width from 40 to 200."""
+@pytest.mark.parametrize("unindented", [False, True], ids=["as_wrapped", "indent_lost"])
+def test_every_era_at_every_width(tmp_path, unindented):
+    """The property's sweep: each era's summary wrapped at every width from 40 to 200,
+    and the same pasted as Markdown outside a code block (each piece's leading blank
+    gone: a cut at a blank leaves none, "(exitcode" + "1)", "-9)" + "local_rank:")."""
     wrong = []
     for era in SUMMARIES:
         for width in range(40, 201):
+            text = hard_wrap(_job_log(era, 3, 1), width)
+            if unindented:
+                text = TABLE["unindent"](text, random.Random(0))
             log = tmp_path / "console.log"
-            log.write_text(hard_wrap(_job_log(era, 3, 1), width))
+            log.write_text(text)
             d = diagnose([log])
             if (d.cls, d.initiating) != ("rank_crash", [3]):
                 wrong.append((era, width, d.cls, d.initiating))
