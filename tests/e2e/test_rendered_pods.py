@@ -1,4 +1,6 @@
-"""A site's rendered layout run as a kubelet would (``tests/harness/kubelet.py``), with the
+"""The layout the wheel renders for the tests' site (``tests/harness/k8s.py``: ``SITE``,
+``render_from_wheel``: no checkout, the files ``tests/e2e/test_render_from_wheel.py``
+checks) run as a kubelet would (``tests/harness/kubelet.py``), with the
 Secrets cert-manager writes for its Certificates and nothing made by hand on the
 node: the daemon pod from the rendered Deployment and ConfigMap, the agent pod of
 this node's own DaemonSet with its node's Secret mounted (``tls.crt``,
@@ -9,6 +11,7 @@ this node's own DaemonSet with its node's Secret mounted (``tls.crt``,
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from pathlib import Path
@@ -18,16 +21,15 @@ import yaml
 
 from ncclwatch import kubecerts
 from ncclwatch.certs import Issued, web_auth
-from ncclwatch.kuberender import Site, render
-from tests.harness.k8s import issue_as_cert_manager, one
+from tests.harness.k8s import SITE, issue_as_cert_manager, one, render_from_wheel
 from tests.harness.kubelet import Kubelet, Netns, config_map, host_image
 from tests.harness.paths import ARTIFACTS, ROOT
 from tests.harness.tools import need_system
 
 pytestmark = pytest.mark.e2e
 
-NODE, OTHER = "gpu-node-0", "gpu-node-1"
-EXTERNAL = "https://ncclwatch.example.com"
+NODE, OTHER = SITE.nodes
+EXTERNAL = SITE.external_url
 
 
 def _checkout_visible(pod: dict) -> dict:
@@ -59,9 +61,7 @@ def _pod_of(files: dict[str, str], node: str) -> dict:
 
 def test_the_rendered_layout_runs_with_cert_managers_secrets(tmp_path: Path) -> None:
     need_system("ip", "iproute2")
-    site = Site(node_certs="cert-manager", nodes=(NODE, OTHER), external_url=EXTERNAL,
-                ingress_namespace="ingress-nginx")
-    files = render(site, "kubernetes")
+    files = render_from_wheel(SITE, "kubernetes", tmp_path / "layout")
     # The Secrets, as cert-manager's CA issuer writes them for the rendered Certificates.
     ca = tmp_path / "ca"
     secrets = {"ncclwatch-daemon-tls": issue_as_cert_manager(
@@ -91,14 +91,15 @@ def test_the_rendered_layout_runs_with_cert_managers_secrets(tmp_path: Path) -> 
             host_paths={"/var/log/pods": str(pod_logs)},
             config_maps={"ncclwatch-daemon": config_map(daemon_docs, "ncclwatch-daemon")},
             secrets=secrets)
+        start = functools.partial(kubelet.start, namespace=SITE.namespace)
         try:
-            daemon = kubelet.start(_checkout_visible(daemon_pod), "ncclwatch-daemon-a-0")
+            daemon = start(_checkout_visible(daemon_pod), "ncclwatch-daemon-a-0")
             pods.append(daemon)
             deadline = time.time() + 90
             while not daemon.probe("readinessProbe", net):
                 assert daemon.proc.alive() and time.time() < deadline, daemon.proc.output()
                 time.sleep(0.5)
-            agent = kubelet.start(_checkout_visible(_pod_of(files, NODE)),
+            agent = start(_checkout_visible(_pod_of(files, NODE)),
                                   f"ncclwatch-agent-{uuid.uuid4().hex[:5]}")
             pods.append(agent)
             # Auth on: nobody reads the API or /metrics without the Secret's password.
@@ -119,7 +120,7 @@ def test_the_rendered_layout_runs_with_cert_managers_secrets(tmp_path: Path) -> 
                 in metrics
             assert agent.probe("livenessProbe", net)
             # Another node's DaemonSet (its Secret) on this node: the agent will not start.
-            stray = kubelet.start(_checkout_visible(_pod_of(files, OTHER)), "ncclwatch-agent-stray")
+            stray = start(_checkout_visible(_pod_of(files, OTHER)), "ncclwatch-agent-stray")
             pods.append(stray)
             deadline = time.time() + 60
             while stray.proc.alive() and time.time() < deadline:

@@ -12,8 +12,15 @@ daemon and an agent started from a layout's config run with real mTLS and auth.
 
 from __future__ import annotations
 
+import atexit
 import base64
+import functools
+import shutil
 import ssl
+import subprocess
+import sys
+import sysconfig
+import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -45,6 +52,12 @@ WEB_SECRET = "kubernetes/ncclwatch-daemon-web"
 WEB_MOUNT = "/etc/ncclwatch-web/web.yml"
 #: The node ``layout_pki`` makes a certificate for.
 PKI_NODE = "gpu-node-7"
+#: The site the e2e tests deploy: rendered by the wheel's ``ncclwatch render`` (outside
+#: the checkout) and those very files started in the tests' kubelet. Every value a site
+#: sets, none the default, so a value the wheel's render dropped shows.
+SITE = Site(namespace="gpu-mon", image="registry.example/ncclwatch:7", release_label="kps",
+            external_url="https://ncclwatch.example.com", ingress_namespace="ingress-nginx",
+            node_certs="cert-manager", nodes=("gpu-node-0", "gpu-node-1"))
 
 
 # kubernetes-validate has no CRD schemas: these are the fields of the Prometheus
@@ -261,6 +274,59 @@ def issue_as_cert_manager(cert: dict, out: Path, ca_dir: Path) -> dict[str, byte
                          spec["dnsNames"], "server auth" in usages, ca, ca_key)
     return {"tls.crt": issued.cert.read_bytes(), "tls.key": issued.key.read_bytes(),
             "ca.crt": (ca_dir / "ca.pem").read_bytes()}
+
+
+# -- the layout as the wheel renders it, no checkout ----------------------------------
+
+def _run(argv: list[str], **kw) -> subprocess.CompletedProcess:
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=600, **kw)
+    assert out.returncode == 0, f"{argv}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    return out
+
+
+@functools.cache
+def wheel_prefix() -> tuple[Path, Path]:
+    """This checkout's wheel, built as a release is (``python -m build --wheel
+    --no-isolation``, from a copy: setuptools leaves build/ and *.egg-info behind) and
+    installed without dependencies into a prefix of its own; once a session (about
+    10 s). Returns (the prefix, its site-packages)."""
+    tmp = Path(tempfile.mkdtemp(prefix="ncclwatch-wheel-"))
+    atexit.register(shutil.rmtree, tmp, True)
+    src = tmp / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".venv", ".git", "artifacts", "build", "*.egg-info", "__pycache__", ".pytest_cache",
+        ".hypothesis", "certs"))
+    _run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir",
+          str(tmp / "dist"), str(src)])
+    [wheel] = list((tmp / "dist").glob("ncclwatch-*.whl"))
+    prefix = tmp / "prefix"
+    # --ignore-installed: never touch this venv's own (editable) install of ncclwatch,
+    # which pip would otherwise uninstall before installing the wheel in the prefix.
+    _run([sys.executable, "-m", "pip", "install", "-q", "--ignore-installed", "--no-deps",
+          "--no-index", "--prefix", str(prefix), str(wheel)])
+    site_packages = sysconfig.get_path("purelib", vars={"base": str(prefix),
+                                                        "platbase": str(prefix)})
+    return prefix, Path(site_packages)
+
+
+def render_from_wheel(site: Site, kind: str, out: Path) -> dict[str, str]:
+    """``ncclwatch render KIND --out OUT`` with ``site``'s flags, run from the wheel's
+    prefix with ``python -S`` in an empty folder outside the checkout (no site: the
+    venv's editable install of the checkout is not on the path, only its dependencies'
+    folder): the files it wrote, name -> text. Fails unless ncclwatch came from the prefix."""
+    prefix, site_packages = wheel_prefix()
+    deps = sysconfig.get_path("purelib")          # this venv's: yaml and the rest
+    work = Path(tempfile.mkdtemp(prefix="ncclwatch-elsewhere-"))
+    try:
+        code = ("import sys; sys.path[:0] = sys.argv[1:3]; import ncclwatch; "
+                "print(ncclwatch.__file__, file=sys.stderr); from ncclwatch.cli import main; "
+                "sys.exit(main(sys.argv[3:]))")
+        run = _run([sys.executable, "-S", "-c", code, str(site_packages), deps, "render", kind,
+                    "--out", str(out), *site.flags()], cwd=work, env={"PATH": "/usr/bin:/bin"})
+    finally:
+        work.rmdir()
+    assert run.stderr.splitlines()[0].startswith(str(prefix)), run.stderr   # not the checkout
+    return {p.name: p.read_text() for p in sorted(out.iterdir())}
 
 
 # -- a daemon of the layout over HTTPS ----------------------------------------------
