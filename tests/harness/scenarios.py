@@ -176,11 +176,12 @@ SCENARIOS: tuple[Scenario, ...] = (
              at_risk=True, then=("rank_lost",), start="gather_start", launcher="launch",
              world=2),
     # -- healthy: no alarm --------------------------------------------------------
-    Scenario("healthy-training", job_args("train", seconds=25), world=3),
+    Scenario("healthy-training", job_args("train", seconds=25), world=3, no_pause=True),
     Scenario("healthy-save-in-budget", job_args("slow-save", "--model-mb", "16", seconds=15),
              kind="checkpoint_gather", culprits=(0,), root_cause="save_within_budget",
              at_risk=False, start="save_start", world=3),
-    Scenario("healthy-dataloader-pause", job_args("dataloader", seconds=20), world=2),
+    Scenario("healthy-dataloader-pause", job_args("dataloader", seconds=20), world=2,
+             no_pause=True),
     # -- checkpoint size (issue 13) ----------------------------------------------------
     # First checkpoints: no earlier file beside them, so the size comes from the
     # torch.save header the agent reads as the file is written. 64 MiB at
@@ -374,5 +375,5 @@ SCENARIOS: tuple[Scenario, ...] = (
       )),
     # torch.distributed.launch --use-env: a healthy run to its end, no alarm.
     Scenario("launcher-torch-launch-use-env", job_args("train", seconds=20), world=2,
-             launcher="torch-launch-use-env"),
+             launcher="torch-launch-use-env", no_pause=True),
 )
