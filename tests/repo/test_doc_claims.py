@@ -325,6 +325,45 @@ def test_every_node_path_the_docs_name_is_one_the_code_writes_or_names() -> None
     assert not wrong, "\n".join(wrong)
 
 
+#: What the README says `ncclwatch install` puts where: kind -> the files it names of it.
+README_INSTALLS = {"rules": ("alerts.yaml", "rules.yaml", "alertmanager"),
+                   "dashboards": ("Grafana dashboards",)}
+
+
+def test_the_readme_says_where_the_install_puts_what_prometheus_and_grafana_load() -> None:
+    """A wheel install has no checkout: the README names each kind's command and
+    destination (install.KINDS), the files it names are the kind's, and it names no
+    checkout path of an installed file in backquotes (`dashboards/grafana/*.json`)."""
+    text = (ROOT / "README.md").read_text()
+    flat = " ".join(text.split())
+    wrong = []
+    for kind, names in README_INSTALLS.items():
+        k = install.KINDS[kind]
+        at = re.search(rf"`ncclwatch install [a-z ]*\b{kind}\b[a-z ]*`", flat)
+        if not at:
+            wrong.append(f"README.md gives no `ncclwatch install ... {kind}`")
+            continue
+        # The destination follows the command, before the next paragraph's end.
+        said = flat[at.end():at.end() + 400]
+        if not re.search(rf"`{re.escape(k.dest)}/?`", said):
+            wrong.append(f"README.md: `install {kind}` writes to {k.dest}: not said after "
+                         f"{at.group(0)}")
+        shipped = " ".join([k.name(src.name) for src in install.sources(kind)] + [k.help])
+        for name in names:
+            if name not in said:
+                wrong.append(f"README.md: {name!r} not said of `install {kind}`")
+            elif name.lower() not in shipped.lower():
+                wrong.append(f"README.md: {name!r} is no file or part of `install {kind}` "
+                             f"({shipped})")
+    for m in re.finditer(r"`([\w./*-]+)`", text):
+        for kind, k in install.KINDS.items():
+            if any(fnmatch(m[1], g) or m[1].rstrip("/") == g.rsplit("/", 1)[0]
+                   for g in k.sources):
+                wrong.append(f"README.md:{_line_of(text, m.start())}: {m[1]} is a checkout "
+                             f"path; on a node `install {kind}` puts it in {k.dest}")
+    assert not wrong, "\n".join(wrong)
+
+
 # --- paths in the repository -------------------------------------------------------
 
 REPO_PATH = re.compile(r"(?<![\w.:/<-])(?:ncclwatch|deploy|systemd|dashboards|requirements|bench"
@@ -568,4 +607,57 @@ def test_every_section_a_file_names_by_its_title_exists() -> None:
                     wrong.append(f"{rel(f)}:{_line_of(text, m.start())}: docs/{m[1]} has no "
                                  f"section {m[2]!r}")
     assert seen >= 20, f"found only {seen} sections named by title"
+    assert not wrong, "\n".join(wrong)
+
+
+#: Files that `ncclwatch install` puts on a node, whose comments are what a user
+#: there reads: each docs page they name exists, and each section they name (by
+#: anchor, docs/scaling.md#high-availability, or by title) is one that says it,
+#: not a heading left behind with only a link to where it moved.
+ON_A_NODE = ("systemd/examples/*.toml",)
+DOC_REF = re.compile(r'docs/([\w-]+\.md)(?:#([\w-]+)|,?\s+\(?"([A-Z][^"\n]*)")?')
+#: A link in Markdown, for a section's words without them.
+LINK = re.compile(r"\[[^\]]*\]\([^)]*\)")
+
+
+def section_words(page: Path, anchor: str | None, title: str | None) -> str | None:
+    """The words of a page's section (the heading with that anchor, or a heading or
+    bold lead-in starting with that title) up to the next heading, links left out;
+    None when the page has no such section."""
+    lines = page.read_text().splitlines()
+    for i, line in enumerate(lines):
+        h = re.match(r"^#{1,6} (.+)$", line)
+        lead = re.match(r"^\s*(?:- )?\*\*([^*]+)\*\*(.*)$", line)
+        hit = ((anchor and h and slug(h[1]) == anchor)
+               or (title and ((h and h[1].startswith(title)) or (lead and lead[1].startswith(title)))))
+        if hit:
+            body = [lead[2]] if lead and not h else []
+            for nxt in lines[i + 1:]:
+                if nxt.startswith("#"):
+                    break
+                body.append(nxt)
+            return " ".join(LINK.sub(" ", " ".join(body)).split())
+    return None
+
+
+def test_every_docs_section_an_installed_file_names_says_it() -> None:
+    wrong, seen = [], 0
+    for pattern in ON_A_NODE:
+        for f in sorted(ROOT.glob(pattern)):
+            text = f.read_text()
+            for m in DOC_REF.finditer(text):
+                page, at = DOCS / m[1], f"{rel(f)}:{_line_of(text, m.start())}: {m[0]}"
+                seen += 1
+                if not page.exists():
+                    wrong.append(f"{at}: no such page")
+                    continue
+                if not (m[2] or m[3]):
+                    continue
+                words = section_words(page, m[2], m[3])
+                if words is None:
+                    wrong.append(f"{at}: no such section")
+                elif len(re.findall(r"[A-Za-z]{2,}", words)) < 5:
+                    wrong.append(f"{at}: the section only points on ({words!r}): name the "
+                                 "page it links to")
+    assert seen >= 8, f"found only {seen} docs references in {ON_A_NODE}"
     assert not wrong, "\n".join(wrong)
