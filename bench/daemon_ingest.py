@@ -689,20 +689,36 @@ def table_memory(world: int, rounds: int) -> dict:
     """The job table's own memory per rank with every curve full (in-process, no gRPC).
 
     Counted with tracemalloc (the Python allocations the daemon holds on
-    to), not RSS, which moves by allocator arenas at this size.
+    to), not RSS, which moves by allocator arenas at this size. A throwaway
+    daemon ingests a small job first, so that what the first report imports
+    (modules, protobuf descriptors: about 1 MiB, once a process) is not
+    counted per rank; what the simulated agents themselves keep
+    (bench/loadgen.py) is left out too.
     """
     import tracemalloc
 
     from ncclwatch.daemon.core import Daemon
 
-    job = fleet(1, world)[0]
     pool = Pool.build()
-    agents = [SimAgent(job, n, pool, random.Random(n), STACK_CHANGE, 0.0)
-              for n in range(job.nodes)]
+
+    def agents_of(job: JobSpec) -> list[SimAgent]:
+        return [SimAgent(job, n, pool, random.Random(n), STACK_CHANGE, 0.0)
+                for n in range(job.nodes)]
+
+    warm, t = Daemon(), 1000.0
+    for _ in range(3):
+        for a in agents_of(fleet(1, 2 * RANKS_PER_NODE)[0]):
+            warm.ingest(pb.ReportRequest.FromString(a.report(t)), now=t)
+        t += INTERVAL
+        warm.tick(now=t)
+    del warm
+    agents = agents_of(fleet(1, world)[0])
     d = Daemon()
     gc.collect()
     tracemalloc.start()
-    before = tracemalloc.get_traced_memory()[0]
+    ours = (tracemalloc.Filter(False, tracemalloc.__file__),
+            tracemalloc.Filter(False, "*/bench/loadgen.py"))
+    before = tracemalloc.take_snapshot().filter_traces(ours)
     t = 1000.0
     for _ in range(rounds):
         for a in agents:
@@ -710,10 +726,15 @@ def table_memory(world: int, rounds: int) -> dict:
         t += INTERVAL
         d.tick(now=t)
     gc.collect()
-    held = tracemalloc.get_traced_memory()[0] - before
+    after = tracemalloc.take_snapshot().filter_traces(ours)
     tracemalloc.stop()
+    diff = after.compare_to(before, "filename")
+    held = sum(x.size_diff for x in diff)
+    by_module = {os.path.relpath(x.traceback[0].filename): round(x.size_diff / world, 1)
+                 for x in sorted(diff, key=lambda x: -x.size_diff)[:12]}
     ranks = [r for j in d.table.jobs.values() for r in j.ranks.values()]
     return {"ranks": world, "rounds": rounds, "bytes_per_rank": held / world,
+            "by_module": by_module,
             "curve_points": min(len(r.curve) for r in ranks)}
 
 
@@ -1048,6 +1069,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=int, default=0, metavar="PAIRS",
                     help="instead of the whole run: the daemon's saturated rate per CPU-second "
                          "and the transport floor's, alternately, PAIRS times")
+    ap.add_argument("--memory", type=int, default=0, metavar="RANKS",
+                    help="instead of the whole run: the job table's own memory per rank "
+                         "(tracemalloc, in process, every curve full) for one job of RANKS "
+                         "ranks, by module")
     ap.add_argument("--shards", action="store_true",
                     help="instead of the whole run: the many-jobs fleet on one daemon and "
                          "on two shards (saturated rates, placement)")
@@ -1070,6 +1095,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"daemon {x['daemon'] / 1000:.1f}k, transport floor {x['floor'] / 1000:.1f}k "
                   f"samples per CPU-second: {x['ratio']:.2f} of the floor")
         print(f"median {r['ratio_median']:.2f} of the floor ({r['ranks']} ranks)")
+        return 0
+    if a.memory:
+        r = table_memory(a.memory, CURVE_POINTS + 5)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(r, f, indent=1)
+        print(f"the job table's own memory: {r['bytes_per_rank']:.0f} B per rank at "
+              f"{r['ranks']} ranks, {r['rounds']} rounds (curves {r['curve_points']} points)")
+        for mod, b in r["by_module"].items():
+            print(f"  {b:8.1f} B  {mod}")
         return 0
     if a.shards:
         r = compare_shards(FULL if a.full else QUICK)
