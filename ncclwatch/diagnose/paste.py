@@ -69,7 +69,7 @@ LINE_STARTS: tuple[str, ...] = (
     r"[IWEF]\d{4} ", r"[\w.-]+:\d+:\d+ ", r"\s*File \"", r"\s*Traceback ",
     r"During handling", r"The above exception", r"[\w.]*(?:Error|Exception|Warning|Interrupt)\b:",
     r"(?:INFO|WARNING|WARN|ERROR|DEBUG|CRITICAL|FATAL)\b", r"frame #\d", r"Exception raised from",
-    r"terminate called", r"\s+what\(\)", r"\s{4}", r"\w[\w ]{0,40}\|", r"\s*\d+%",
+    r"terminate called", r"\s*what\(\)", r"\s{4}", r"\w[\w ]{0,40}\|", r"\s*\d+%",
     # A progress bar with its description ("Map (num_proc=32):  91%|███", tqdm's form).
     r"[^|\n]{0,80}?\d{1,3}%\|",
     # How a process's death is printed (issue 28): the shell, libc, faulthandler, Slurm.

@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 
 from ncclwatch.diagnose import diagnose
 from ncclwatch.diagnose import paste
+from ncclwatch.diagnose.logscan import scan
 from ncclwatch.logstream import Normaliser, resolve_redraws
 from tests.harness import paths
 from tests.harness.corpus import right
@@ -120,7 +121,6 @@ def test_findings_cite_the_users_own_line_numbers(tmp_path):
     log = tmp_path / "pasted.log"
     log.write_text(hard_wrap("\n".join(lines) + "\n", 80))
     raw = log.read_text().split("\n")
-    from ncclwatch.diagnose.logscan import scan
     r = scan([log])
     wd = next(e for e in r.evidence if e.sign.startswith("nccl_watchdog") or "Watchdog" in e.text)
     assert raw[wd.line - 1].startswith("[rank1]:[E1203"), (wd.line, raw)
@@ -181,6 +181,26 @@ def test_every_twin_gets_its_originals_verdict(twin):
             wrong.append((case.name, got, _ORIGINAL[case]))
     assert not wrong, wrong
 
+
+
+def _cited(files: list[Path]) -> set[tuple[str, str, int]]:
+    return {(Path(e.file).name, e.sign, e.line) for e in scan(files).evidence}
+
+
+@pytest.mark.parametrize("twin", ["colour", "markdown"])
+def test_twins_of_the_same_lines_cite_their_originals_lines(twin):
+    """A twin that keeps every line where it was (coloured; quoted as Markdown, its
+    indent lost, its entities kept) cites no sign on a line its original's findings do
+    not: the normaliser and the scanner undo the damage without moving a finding. (An
+    unindented "what():" under "terminate called ..." is its own line, not the rest of
+    the one above it.) It may cite fewer: a traceback's code line quoting a sign's
+    words, "raise ChildFailedError(", reads as the rest of its frame once unindented."""
+    wrong = []
+    for case in PUBLIC_CASES:
+        extra = _cited(_inputs(TWINS_DIR / twin / case.name)) - _cited(_inputs(case))
+        if extra:
+            wrong.append((case.name, sorted(extra)))
+    assert not wrong, wrong
 
 # -- any mix, as a property ------------------------------------------------------------
 
