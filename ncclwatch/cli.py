@@ -129,7 +129,48 @@ def _names(v: str) -> list[str]:
     return [h.strip() for h in v.split(",") if h.strip()]
 
 
+#: The exit status of a command whose reader closed its stdout, as a shell reports
+#: one killed by SIGPIPE (128 + 13).
+EXIT_PIPE = 128 + signal.SIGPIPE
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe or socket whose reader has gone (poll says POLLERR
+    or POLLHUP): a BrokenPipeError of one of the command's own sockets is not this."""
+    import select
+
+    try:
+        p = select.poll()
+        p.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in p.poll(0))
+    except (AttributeError, OSError, ValueError):   # no real file (a test's capture)
+        return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Every verb: a reader that stops early (`ncclwatch install all | head -1`)
+    ends the command quietly, as SIGPIPE ends a Unix tool: no traceback, exit 141.
+    SIGPIPE itself stays ignored (Python's default): the daemon's and agent's
+    sockets see EPIPE as an error of that connection, never as their death."""
+    try:
+        try:
+            code = _main(argv)
+        except SystemExit:      # argparse's help and usage: their text is flushed here too
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()      # what is still buffered fails here, not at exit
+        return code
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise
+        # Python flushes stdout again at exit: let that write go nowhere, quietly.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_PIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "status":
