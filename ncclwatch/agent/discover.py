@@ -100,6 +100,12 @@ class RankProcess:
     #: and where it was read (``args:--ddp_timeout``).
     timeout: float = 0.0
     timeout_source: str = ""
+    #: Its start as /proc/PID/stat field 22 shows it (clock ticks after boot,
+    #: 0: not read) and its real uid (-1: not read): what the commands shown
+    #: for it check at paste time, so that they never act on a reused pid
+    #: (ncclwatch/actions.py).
+    start_ticks: int = 0
+    uid: int = -1
 
     @classmethod
     def of(cls, pid: int, create_time: float, identity: RankIdentity,
@@ -109,11 +115,30 @@ class RankProcess:
         seconds, source = stated_timeout(
             shown, cmdline, lambda path, limit: read_config(pid, path, limit, proc))
         return cls(pid, create_time, identity, shown, local_env(env), container,
-                   seconds, source)
+                   seconds, source, *proc_id(pid, proc))
 
     @property
     def key(self) -> tuple[str, int]:
         return (self.identity.job_id, self.identity.rank)
+
+
+def proc_id(pid: int, proc: str = "/proc") -> tuple[int, int]:
+    """(start ticks, real uid) of ``pid``: /proc/PID/stat field 22 (counted
+    after the last ``)``: the command name may hold spaces and parentheses)
+    and the first number of status's ``Uid:`` line; (0, -1) where unread."""
+    ticks, uid = 0, -1
+    try:
+        with open(f"{proc}/{pid}/stat", "rb") as f:
+            raw = f.read()
+        ticks = int(raw[raw.rindex(b")") + 2:].split()[19])
+        with open(f"{proc}/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Uid:"):
+                    uid = int(line.split()[1])
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    return ticks, uid
 
 
 def read_config(pid: int, path: str, limit: int, proc: str = "/proc") -> bytes | None:

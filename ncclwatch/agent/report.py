@@ -112,7 +112,9 @@ def identity_pb(proc: RankProcess) -> pb.RankIdentity:
                           rank_source=gate("RankIdentity.rank_source", i.rank_source),
                           rank_conflict=gate("RankIdentity.rank_conflict", i.rank_conflict),
                           process_age_seconds=max(0.0, time.time() - proc.create_time)
-                          if proc.create_time else 0.0)
+                          if proc.create_time else 0.0, start_ticks=proc.start_ticks)
+    if proc.uid >= 0:
+        out.uid = proc.uid
     c = proc.container
     if c:
         out.container.CopyFrom(pb.ContainerInfo(

@@ -33,6 +33,7 @@ class RankRecord:
         "still_since", "still_at", "still_op", "since_agent", "progress_known",
         "history",
         "file_first", "evidence", "native_frame", "native_no_wait", "native_stack_id", "blocked_in", "start",
+        "proc_id",
         "payer", "cost", "seen_in_state", "gone_waiting",
     )
 
@@ -126,6 +127,10 @@ class RankRecord:
         # When its process started (daemon clock, from the agent's process age);
         # None: not known. Evidence when two nodes claim the rank (ownership.py).
         self.start: float | None = None
+        # (start ticks, real uid) of its process as its agent read them
+        # (0 / -1: not known): what the commands shown for it check before
+        # they act on its pid (actions.py).
+        self.proc_id: tuple[int, int] = (0, -1)
 
 
 @dataclass(slots=True)

@@ -218,6 +218,9 @@ class JobTable:
             rec.pid = pid
             age = ident.process_age_seconds
             rec.start = recv - age if age > 0 else None
+            ticks = ident.start_ticks
+            if ticks != rec.proc_id[0]:      # a new process (its uid with it)
+                rec.proc_id = (ticks, ident.uid if ident.HasField("uid") else -1)
             if s.HasField("still_seconds"):
                 rec.progress_known = True
                 take_progress(job, rec, s.still_seconds, changed, recv, agent.interval)

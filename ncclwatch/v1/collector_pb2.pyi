@@ -180,7 +180,7 @@ class RankBriefs(_message.Message):
     def __init__(self, slot: _Optional[_Iterable[int]] = ..., still_seconds: _Optional[_Iterable[float]] = ..., cpu_utilization: _Optional[_Iterable[float]] = ..., cpu_seconds: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class RankIdentity(_message.Message):
-    __slots__ = ("job_id", "rank", "local_rank", "world_size", "pid", "rank_source", "rank_conflict", "container", "process_age_seconds")
+    __slots__ = ("job_id", "rank", "local_rank", "world_size", "pid", "rank_source", "rank_conflict", "container", "process_age_seconds", "start_ticks", "uid")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
@@ -190,6 +190,8 @@ class RankIdentity(_message.Message):
     RANK_CONFLICT_FIELD_NUMBER: _ClassVar[int]
     CONTAINER_FIELD_NUMBER: _ClassVar[int]
     PROCESS_AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    START_TICKS_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rank: int
     local_rank: int
@@ -199,7 +201,9 @@ class RankIdentity(_message.Message):
     rank_conflict: str
     container: ContainerInfo
     process_age_seconds: float
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., world_size: _Optional[int] = ..., pid: _Optional[int] = ..., rank_source: _Optional[str] = ..., rank_conflict: _Optional[str] = ..., container: _Optional[_Union[ContainerInfo, _Mapping]] = ..., process_age_seconds: _Optional[float] = ...) -> None: ...
+    start_ticks: int
+    uid: int
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., world_size: _Optional[int] = ..., pid: _Optional[int] = ..., rank_source: _Optional[str] = ..., rank_conflict: _Optional[str] = ..., container: _Optional[_Union[ContainerInfo, _Mapping]] = ..., process_age_seconds: _Optional[float] = ..., start_ticks: _Optional[int] = ..., uid: _Optional[int] = ...) -> None: ...
 
 class ContainerInfo(_message.Message):
     __slots__ = ("container_pid", "hostname", "container_id", "runtime", "pod_uid", "namespace", "pod", "declared_namespace", "declared_pod")
