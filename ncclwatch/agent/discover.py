@@ -101,7 +101,7 @@ class RankProcess:
     timeout: float = 0.0
     timeout_source: str = ""
     #: Its start as /proc/PID/stat field 22 shows it (clock ticks after boot,
-    #: 0: not read) and its real uid (-1: not read): what the commands shown
+    #: 0: not read) and its owner's uid (-1: not read): what the commands shown
     #: for it check at paste time, so that they never act on a reused pid
     #: (ncclwatch/actions.py).
     start_ticks: int = 0
@@ -123,19 +123,16 @@ class RankProcess:
 
 
 def proc_id(pid: int, proc: str = "/proc") -> tuple[int, int]:
-    """(start ticks, real uid) of ``pid``: /proc/PID/stat field 22 (counted
+    """(start ticks, owner uid) of ``pid``: /proc/PID/stat field 22 (counted
     after the last ``)``: the command name may hold spaces and parentheses)
-    and the first number of status's ``Uid:`` line; (0, -1) where unread."""
+    and the owner of /proc/PID, as a shown command's guard reads them again
+    (``ls -n``: the effective uid); (0, -1) where unread."""
     ticks, uid = 0, -1
     try:
         with open(f"{proc}/{pid}/stat", "rb") as f:
             raw = f.read()
         ticks = int(raw[raw.rindex(b")") + 2:].split()[19])
-        with open(f"{proc}/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"Uid:"):
-                    uid = int(line.split()[1])
-                    break
+        uid = os.stat(f"{proc}/{pid}").st_uid
     except (OSError, ValueError, IndexError):
         pass
     return ticks, uid

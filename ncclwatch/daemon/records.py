@@ -127,7 +127,7 @@ class RankRecord:
         # When its process started (daemon clock, from the agent's process age);
         # None: not known. Evidence when two nodes claim the rank (ownership.py).
         self.start: float | None = None
-        # (start ticks, real uid) of its process as its agent read them
+        # (start ticks, owner uid) of its process as its agent read them
         # (0 / -1: not known): what the commands shown for it check before
         # they act on its pid (actions.py).
         self.proc_id: tuple[int, int] = (0, -1)
