@@ -8,7 +8,12 @@ Every value filled in comes from what the agent observed (a rank's pod name
 is its own text, its SLURM_JOB_ID its own choice), so each must first match
 the grammar of what it stands for (``GRAMMARS``: a Slurm job id is digits, a
 pod name a DNS name, a pid a number above 1): a value that does not leaves
-its step with no command, saying which value is not usable. Quoting keeps a
+its step with no command, saying which value is not usable. A pid is more
+than a number: the page may be read long after the rank's process exited and
+its pid was given to another, so each command that names a pid runs under
+``_same``, a POSIX sh guard that acts only while the pid still names the
+process the agent saw (its start time, and its uid where known), and a pid
+whose start time is not known gets no command at all. Quoting keeps a
 value one word; the grammar keeps it from being an option (``--state=RUNNING``
 as a job id would make ``scancel`` signal every running job), and options
 are ended with ``--`` where the tool reads it. No value is ever put in a
@@ -50,6 +55,12 @@ class Facts:
     pipe_stem: str = ""
     #: The rank's pid inside its container (the pod's view), 0: on the host.
     container_pid: int = 0
+    #: Its process's start as /proc/PID/stat field 22 shows it (clock ticks
+    #: after boot; 0: not known) and the uid owning /proc/PID (-1: not
+    #: known), as the agent read them: the process the commands' pid must
+    #: still name.
+    start_ticks: int = 0
+    uid: int = -1
 
     @property
     def pipe(self) -> str:
@@ -63,6 +74,13 @@ _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _DNS_LABEL = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"
 #: Linux's largest pid (pid_max's ceiling, 2^22).
 PID_MAX = 4_194_304
+#: Numeric fields -> (least, most): a value in grammar must also lie in range.
+#: pid 1 is never a rank's; a start of 0 is "not known" (``commands``); a uid
+#: of -1 is "not known" (no uid check, ``unusable`` skips it).
+RANGES: dict[str, tuple[int, int]] = {
+    "pid": (2, PID_MAX), "container_pid": (0, PID_MAX),
+    "start_ticks": (0, 2**64 - 1), "uid": (0, 2**32 - 2),
+}
 
 #: Field -> (what it stands for, its grammar): a value placed in a command must
 #: match all of it. Names as their tools define them: Slurm job ids (an array
@@ -78,6 +96,8 @@ GRAMMARS: dict[str, tuple[str, re.Pattern[str]]] = {
     "pid": ("a process id", re.compile(r"[1-9][0-9]{0,6}")),
     "container_pid": ("a process id in the container", re.compile(r"[0-9]{1,7}")),
     "pipe": ("an absolute path", re.compile(r"(?!.*(?:^|/)\.\.(?:/|$))/[A-Za-z0-9._/+-]{1,4095}")),
+    "start_ticks": ("a process start time", re.compile(r"[0-9]{1,20}")),
+    "uid": ("a user id", re.compile(r"[0-9]{1,10}")),
 }
 
 
@@ -86,10 +106,13 @@ def unusable(f: Facts, fields: tuple[str, ...]) -> str:
     "<field> is not <what it stands for>"; "" when every one fits."""
     for name in fields:
         what, grammar = GRAMMARS[name]
-        value = str(getattr(f, name))
+        raw = getattr(f, name)
+        if name == "uid" and raw == -1 and type(raw) is int:
+            continue                      # not known: the guard checks no uid
+        value = str(raw)
         ok = grammar.fullmatch(value) is not None
-        if ok and name in ("pid", "container_pid"):
-            ok = int(value) <= PID_MAX and (name == "container_pid" or int(value) > 1)
+        if ok and name in RANGES:
+            ok = RANGES[name][0] <= int(value) <= RANGES[name][1]
         if not ok:
             return f"{name} is not {what}"
     return ""
@@ -139,9 +162,35 @@ def evidence(f: Facts) -> str:
 
 
 #: The host's stop: TERM to the rank's parent (its launcher), never to pid 1 or
-#: to the shell the parent is not.
-_HOST_STOP = ("p=$(ps -o ppid= -p {pid} | tr -d ' '); "
-              "[ \"${{p:-1}}\" -gt 1 ] && kill -TERM -- \"$p\"")
+#: to the shell the parent is not. Run under ``_same``, whose ``pp`` is the
+#: parent in the same read of /proc that showed the pid still the rank's: a
+#: number above 1 (``-gt`` refuses anything else), so no option; no ``--``
+#: either, which dash's builtin kill takes for a pid.
+_HOST_STOP = "[ \"${pp:-1}\" -gt 1 ] && kill -s TERM \"$pp\""
+
+
+def _same(f: Facts, pid: int, then: str, uid: bool = True) -> str:
+    """A POSIX sh script (for ``sh -c``) that runs ``then`` only while ``pid``
+    names the process the agent saw as the rank: its start, /proc/PID/stat
+    field 22 (fields counted after the last ``") "``: the command name before
+    it is the rank's own text, spaces and parentheses included, and globbing
+    is off), and with ``uid`` its owner (/proc/PID's, as ``ls -n`` shows it).
+    ``then`` finds the parent's pid (field 4 of the same read) in ``pp``.
+    Else, a dead pid included, one line on stderr and exit 1, nothing run.
+    Every value is a number by its grammar, quoted all the same."""
+    p, ticks = q(str(pid)), q(str(f.start_ticks))
+    own = uid and f.uid != -1          # in grammar (unusable) where it is checked
+    return ("set -f; "
+            + (f"set -- $(ls -nd /proc/{p} 2>/dev/null); u=$3; " if own else "")
+            + f"s=$(cat /proc/{p}/stat 2>/dev/null); set -- ${{s##*\") \"}}; "
+            f"pp=$2; if [ \"$#\" -ge 20 ] && shift 19 && [ \"$1\" = {ticks} ]"
+            + (f" && [ \"$u\" = {q(str(f.uid))} ]" if own else "")
+            + f"; then {then}; else echo \"not run: pid {p} no longer names the "
+            f"process of rank {int(f.rank)}\" >&2; exit 1; fi")
+
+
+def _sh(script: str) -> str:
+    return f"sh -c {q(script)}"
 
 #: The kinds of a pod's owner the Kubernetes stop deletes: the namespaced
 #: objects a training job runs as. The owner reference is the pod's own text
@@ -166,7 +215,10 @@ def _kube_stop(f: Facts) -> str:
 
 
 EVIDENCE = Step((), evidence)
-NODE, PID, PIPE = ("node",), ("pid",), ("pipe",)
+#: A pid with the process it must still name (``_same``); in a pod, no uid:
+#: a user namespace maps it to another number there.
+NODE, PID, PIPE = ("node",), ("pid", "start_ticks", "uid"), ("pipe",)
+POD_PID = ("pid", "start_ticks", "container_pid")
 
 #: First match wins; the last applies to every job.
 PLATFORMS: tuple[Platform, ...] = (
@@ -174,8 +226,8 @@ PLATFORMS: tuple[Platform, ...] = (
         "evidence": EVIDENCE,
         "flight_recorder": Step(("slurm_job", *NODE, *PIPE),
                                 lambda f: _srun(f, f"sh -c {q(_poke(f.pipe))}")),
-        "stacks": Step(("slurm_job", *NODE, *PID),
-                       lambda f: _srun(f, f"py-spy dump --native --pid {f.pid}")),
+        "stacks": Step(("slurm_job", *NODE, *PID), lambda f: _srun(f, _sh(_same(
+            f, f.pid, f"exec py-spy dump --native --pid {q(str(f.pid))}")))),
         "logs": Step(("slurm_job",),
                      lambda f: f"scontrol show job {q(f.slurm_job)} | grep -E 'StdOut|StdErr'"),
         "stop": Step(("slurm_job",),
@@ -186,9 +238,11 @@ PLATFORMS: tuple[Platform, ...] = (
         "evidence": EVIDENCE,
         "flight_recorder": Step(("namespace", "pod", *PIPE), lambda f: (
             f"kubectl -n {q(f.namespace)} exec {q(f.pod)} -- sh -c {q(_poke(f.pipe))}")),
-        "stacks": Step(("namespace", "pod", *PID, "container_pid"), lambda f: (
-            f"kubectl -n {q(f.namespace)} exec {q(f.pod)} -- "
-            f"py-spy dump --native --pid {f.container_pid or f.pid}   "
+        "stacks": Step(("namespace", "pod", *POD_PID), lambda f: (
+            f"kubectl -n {q(f.namespace)} exec {q(f.pod)} -- " + _sh(_same(
+                f, f.container_pid or f.pid,
+                f"exec py-spy dump --native --pid {q(str(f.container_pid or f.pid))}",
+                uid=False)) + "   "
             f"# py-spy in the image, and SYS_PTRACE; else ncclwatch's "
             f"stacks on the daemon page")),
         "logs": Step(("namespace", "pod"), lambda f: (
@@ -199,12 +253,13 @@ PLATFORMS: tuple[Platform, ...] = (
     Platform("host", lambda f: True, {
         "evidence": EVIDENCE,
         "flight_recorder": Step((*NODE, *PIPE), lambda f: _on(f, _poke(f.pipe))),
-        "stacks": Step((*NODE, *PID),
-                       lambda f: _on(f, f"py-spy dump --native --pid {f.pid}")),
-        "logs": Step((*NODE, *PID), lambda f: _on(
-            f, f"ls -l /proc/{f.pid}/fd/1 /proc/{f.pid}/fd/2") + (
-            "   # where the rank writes its output")),
-        "stop": Step((*NODE, *PID), lambda f: _on(f, _HOST_STOP.format(pid=f.pid)) + (
+        "stacks": Step((*NODE, *PID), lambda f: _on(f, _sh(_same(
+            f, f.pid, f"exec py-spy dump --native --pid {q(str(f.pid))}")))),
+        "logs": Step((*NODE, *PID), lambda f: _on(f, _sh(_same(
+            f, f.pid, "exec ls -l /proc/{0}/fd/1 /proc/{0}/fd/2".format(q(str(f.pid))))))
+            + "   # where the rank writes its output"),
+        "stop": Step((*NODE, *PID), lambda f: _on(f, _sh(_same(
+            f, f.pid, _HOST_STOP))) + (
             "   # the rank's launcher (torchrun) stops every rank it started")),
     }),
 )
@@ -229,6 +284,9 @@ def commands(f: Facts) -> list[dict[str, str]]:
                    "(set it, with TORCH_NCCL_TRACE_BUFFER_SIZE, for the next run)")
         elif bad := unusable(f, p.commands[step].fields):
             cmd = f"# no command: the observed {bad}"
+        elif "start_ticks" in p.commands[step].fields and not f.start_ticks:
+            cmd = ("# no command: the pid cannot be checked (its process's start time "
+                   "is not known, so it may name another process now)")
         else:
             cmd = p.commands[step].build(f)
         out.append({"step": step, "what": what, "platform": p.name, "command": cmd})
@@ -238,7 +296,7 @@ def commands(f: Facts) -> list[dict[str, str]]:
 #: Placeholders for the runbooks' table (shell-safe words: quoting leaves them).
 EXAMPLE = Facts(job_id="JOB", rank=0, node="NODE", pid=12345, slurm_job="SLURM_JOB_ID",
                 namespace="NAMESPACE", pod="POD", pipe_stem="/tmp/nccl_pipe_",
-                container_pid=1)
+                container_pid=1, start_ticks=4567890, uid=1000)
 
 
 def reference() -> list[tuple[str, str, str]]:

@@ -441,8 +441,13 @@ def _commands(job, f) -> list[dict[str, str]]:
     c = f.culprits[0]
     ctr = _rec_container(job, c.rank) or (0, "", "", "", "", "", "", "", "")
     sched = (job.scheduler_job or {}) if job else {}
+    rec = job.ranks.get(c.rank) if job else None
+    # The process the culprit's pid named when its agent saw it: only while the
+    # record is of that same pid (else unknown: no command names the pid).
+    start_ticks, uid = rec.proc_id if rec is not None and rec.pid == c.pid else (0, -1)
     return actions.commands(actions.Facts(
         job_id=f.job_id, rank=c.rank, node=c.node, pid=c.pid,
+        start_ticks=start_ticks, uid=uid,
         slurm_job=sched.get("job_id", "") if sched.get("scheduler") == "slurm" else "",
         namespace=ctr[5], pod=ctr[6], container_pid=ctr[0],
         pipe_stem=(job.env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", "") if job else "")))
