@@ -1,6 +1,7 @@
 #!/bin/sh
 # ncclwatch's Slurm TaskProlog: the Flight Recorder and its live-dump pipe for
-# every task of every job (docs/deployment.md "Running under Slurm").
+# every task of every job
+# (docs/deploy-slurm.md#2-the-flight-recorder-for-every-job-taskprolog).
 #
 # Install on every node (`ncclwatch install slurm` copies it there from the
 # wheel):  TaskProlog=/etc/slurm/ncclwatch-task-prolog.sh  in slurm.conf (or,

@@ -53,8 +53,8 @@ def ha_pair(tmp_path):
                   f"127.0.0.1:{a_grpc},127.0.0.1:{b_grpc}"], name="ncclwatch-agent-ha")
     procs.append(agent)
     # The shipped routing, its waits short. As the shipped PodMonitor's targets are
-    # scraped (docs/deployment.md "Kubernetes"): the Operator's job name and target
-    # labels, the pods' ncclwatch.io/replica label, and the PodMonitor's own relabelings.
+    # scraped (docs/deploy-kubernetes.md#7-prometheus-alertmanager-grafana): the
+    # Operator's job name and target labels, the pods' ncclwatch.io/replica label, and the PodMonitor's own relabelings.
     prom, _ = start_alerting(tmp_path, hook, [{
         "job_name": "podMonitor/ncclwatch/ncclwatch-daemon/0",
         "static_configs": [_pod_target(a_http, "a"), _pod_target(b_http, "b")],

@@ -67,7 +67,7 @@ def sharded(tmp_path):
                          for s in range(SHARDS))
     procs.append(Proc([need("ncclwatch"), "agent", "--collector", collector],
                       name="ncclwatch-agent-sharded"))
-    # docs/deployment.md "Sharding jobs across daemons": a `shard` and a `replica` label.
+    # docs/scaling.md#sharding-jobs-across-daemons: a `shard` and a `replica` label.
     prom, _ = start_alerting(tmp_path, hook, [{"job_name": "ncclwatch", "static_configs": [
         {"targets": [f"127.0.0.1:{ports[s, r][1]}"], "labels": {"shard": str(s), "replica": r}}
         for s in range(SHARDS) for r in REPLICAS]}],
