@@ -583,13 +583,18 @@ def test_every_link_to_a_section_of_the_docs_finds_it() -> None:
     assert not wrong, "\n".join(wrong)
 
 
-#: Files outside docs/ that name a page's section by its title:
-#: docs/deployment.md "Running under systemd".
-NAMED_SECTION = re.compile(r'docs/([\w-]+\.md),?\s+\(?"([A-Z][^"\n]*)"')
+#: A page named as text: docs/PAGE.md, or as a unit's Documentation= names it
+#: (share/doc/ncclwatch/PAGE.md), with an anchor or a quoted title, a title also
+#: on the comment's next line.
+DOC_REF = re.compile(r'(?:docs|share/doc/ncclwatch)/([\w-]+\.md)'
+                     r'(?:#([\w-]+)|,?\s+(?:#\s*)?\(?"([A-Z][^"\n]*)")?')
+MORE_TITLES = re.compile(r',\s+(?:#\s*)?"([A-Z][^"\n]*)"')
+#: Where files name a docs section as text, by anchor (docs/scaling.md#high-availability)
+#: or by title (docs/security.md "Ranks whose root is a chroot"): each one exists.
 SOURCES = ("systemd", "deploy", "dashboards", "ncclwatch", "docs", "tests")
 
 
-def test_every_section_a_file_names_by_its_title_exists() -> None:
+def test_every_section_a_file_names_exists() -> None:
     wrong, seen = [], 0
     for top in SOURCES:
         for f in sorted((ROOT / top).rglob("*")):
@@ -600,39 +605,54 @@ def test_every_section_a_file_names_by_its_title_exists() -> None:
                 text = f.read_text()
             except UnicodeDecodeError:
                 continue
-            for m in NAMED_SECTION.finditer(text):
-                page = DOCS / m[1]
+            for m in DOC_REF.finditer(text):
+                page, anchor, title = DOCS / m[1], m[2], m[3]
+                if not (anchor or title) or not m[0].startswith("docs/"):
+                    continue
                 seen += 1
-                if not page.exists() or not any(h.startswith(m[2]) for h in headings(page)):
+                if not page.exists() or (
+                        anchor not in anchors(page) if anchor
+                        else not any(h.startswith(title) for h in headings(page))):
                     wrong.append(f"{rel(f)}:{_line_of(text, m.start())}: docs/{m[1]} has no "
-                                 f"section {m[2]!r}")
-    assert seen >= 20, f"found only {seen} sections named by title"
+                                 f"section {anchor or title!r}")
+    assert seen >= 30, f"found only {seen} sections named by anchor or title"
     assert not wrong, "\n".join(wrong)
 
 
-#: Files that `ncclwatch install` puts on a node, whose comments are what a user
-#: there reads: each docs page they name exists, and each section they name (by
-#: anchor, docs/scaling.md#high-availability, or by title) is one that says it,
-#: not a heading left behind with only a link to where it moved.
-ON_A_NODE = ("systemd/examples/*.toml",)
-DOC_REF = re.compile(r'docs/([\w-]+\.md)(?:#([\w-]+)|,?\s+\(?"([A-Z][^"\n]*)")?')
+#: What ships (the units, example configs, Slurm prolog, Kubernetes layouts, rules,
+#: dashboards, runbooks and the docs themselves, which the wheel installs under
+#: share/doc/ncclwatch): each docs page they name exists, and each section they name
+#: (by anchor, docs/scaling.md#high-availability, by title, or by a Markdown link
+#: between pages) is one that says it, not a heading left behind with only a link
+#: to where it moved.
+SHIPPED = ("README.md", "systemd/*.service", "systemd/examples/*.toml", "deploy/slurm/*",
+           "deploy/kubernetes/**/*.yaml", "dashboards/prometheus/*", "dashboards/grafana/*.json",
+           "ncclwatch/runbook_pages/*.md", "docs/**/*.md")
+#: A Markdown link to a section of another page (the docs' own links).
+MD_SECTION = re.compile(r"\]\(([\w./-]*\.md)#([\w-]+)\)")
 #: A link in Markdown, for a section's words without them.
 LINK = re.compile(r"\[[^\]]*\]\([^)]*\)")
+FENCE = re.compile(r"^```.*?^```", re.M | re.S)
 
 
 def section_words(page: Path, anchor: str | None, title: str | None) -> str | None:
     """The words of a page's section (the heading with that anchor, or a heading or
-    bold lead-in starting with that title) up to the next heading, links left out;
-    None when the page has no such section."""
-    lines = page.read_text().splitlines()
+    bold lead-in starting with that title) up to the next heading (a `#` line of a
+    fenced block is code, not a heading), links left out; None when the page has
+    no such section."""
+    text = page.read_text()
+    # Blank each fenced block's `#` lines, keeping the line count.
+    lines = FENCE.sub(lambda m: re.sub(r"(?m)^#", " ", m[0]), text).splitlines()
     for i, line in enumerate(lines):
         h = re.match(r"^#{1,6} (.+)$", line)
         lead = re.match(r"^\s*(?:- )?\*\*([^*]+)\*\*(.*)$", line)
+        # An explicit anchor names the heading on the line after it.
+        named = anchor and line.strip() == f'<a id="{anchor}"></a>'
         hit = ((anchor and h and slug(h[1]) == anchor)
                or (title and ((h and h[1].startswith(title)) or (lead and lead[1].startswith(title)))))
-        if hit:
+        if hit or named:
             body = [lead[2]] if lead and not h else []
-            for nxt in lines[i + 1:]:
+            for nxt in lines[i + (2 if named else 1):]:
                 if nxt.startswith("#"):
                     break
                 body.append(nxt)
@@ -640,24 +660,48 @@ def section_words(page: Path, anchor: str | None, title: str | None) -> str | No
     return None
 
 
-def test_every_docs_section_an_installed_file_names_says_it() -> None:
-    wrong, seen = [], 0
-    for pattern in ON_A_NODE:
+def shipped_doc_refs() -> Iterator[tuple[str, Path, str | None, str | None]]:
+    """(where, page, anchor, title) of every docs page or section a shipped file names."""
+    for pattern in SHIPPED:
         for f in sorted(ROOT.glob(pattern)):
+            if not f.is_file():
+                continue
             text = f.read_text()
+            refs = []
             for m in DOC_REF.finditer(text):
-                page, at = DOCS / m[1], f"{rel(f)}:{_line_of(text, m.start())}: {m[0]}"
-                seen += 1
-                if not page.exists():
-                    wrong.append(f"{at}: no such page")
-                    continue
-                if not (m[2] or m[3]):
-                    continue
-                words = section_words(page, m[2], m[3])
-                if words is None:
-                    wrong.append(f"{at}: no such section")
-                elif len(re.findall(r"[A-Za-z]{2,}", words)) < 5:
-                    wrong.append(f"{at}: the section only points on ({words!r}): name the "
-                                 "page it links to")
-    assert seen >= 8, f"found only {seen} docs references in {ON_A_NODE}"
+                if f.suffix == ".md" and text[m.start() - 2:m.start()] == "](":
+                    continue   # a link's target in Markdown: MD_SECTION's, from the page's folder
+                page = (ROOT / "README.md" if m[1] == "README.md" and m[0].startswith("share")
+                        else DOCS / m[1])
+                refs.append((m.start(), m[0], page, m[2], m[3]))
+                # more titles of the same page, each after a comma
+                pos = m.end()
+                while m[3] and (more := MORE_TITLES.match(text, pos)):
+                    refs.append((more.start(1), f'docs/{m[1]} "{more[1]}"', page, None, more[1]))
+                    pos = more.end()
+            if f.suffix == ".md":
+                refs += [(m.start(), m[0], (f.parent / m[1]).resolve(), m[2], None)
+                         for m in MD_SECTION.finditer(text)]
+            for pos, said, page, anchor, title in refs:
+                yield f"{rel(f)}:{_line_of(text, pos)}: {said}", page, anchor, title
+
+
+def test_every_docs_section_a_shipped_file_names_says_it() -> None:
+    wrong, seen, sections = [], 0, 0
+    for at, page, anchor, title in shipped_doc_refs():
+        seen += 1
+        if not page.exists():
+            wrong.append(f"{at}: no such page")
+            continue
+        if not (anchor or title):
+            continue
+        sections += 1
+        words = section_words(page, anchor, title)
+        if words is None:
+            wrong.append(f"{at}: no such section")
+        elif len(re.findall(r"[A-Za-z]{2,}", words)) < 5:
+            wrong.append(f"{at}: the section only points on ({words!r}): name the "
+                         "page and section it links to")
+    assert seen >= 80 and sections >= 60, (
+        f"found only {seen} docs references ({sections} to a section) in {SHIPPED}")
     assert not wrong, "\n".join(wrong)
