@@ -35,87 +35,108 @@ class Point:
 CURVE_DETAIL = 15.0
 
 
-class Curve:
+class Curve(array):
     """A rank's evidence curve, kept as machine numbers rather than objects.
 
     Every rank has one (any rank can turn culprit, and its forecast then
     needs the minute before), so at 16k ranks the curves are a large part of
     the daemon's memory. A curve of ``Point`` objects with their tuples cost
-    ~80 KiB per rank; here it is two containers:
+    ~80 KiB per rank; here it is one array and one flat tuple:
 
-    - time and RSS of the last ``CURVE_POINTS`` points, interleaved in one
-      fixed-width ``array`` (``gathered_bytes`` looks for the RSS before the
-      rank's state began);
+    - the curve is itself the ``array`` of the time and RSS of the last
+      ``CURVE_POINTS`` points, interleaved (``gathered_bytes`` looks for the
+      RSS before the rank's state began);
     - for the points within ``CURVE_DETAIL`` seconds of the newest, the bytes
-      written, the file being written and the memory bounds: references to
-      the record's own tuples of that sample (immutable), not copies.
+      written, the file being written and the memory bounds, three items a
+      point, flat (no tuple per point): a tuple while it is one point's (a
+      steady rank's), a list while more: references to the record's own
+      tuples of that sample (immutable), not copies.
 
     ``recent()`` rebuilds those points as ``Point`` objects on demand:
     forecasts run for culprits only. A steady rank (protocol 2 sends it in
-    full once a snapshot) holds two or three points.
+    full once a snapshot) holds two or three points and one point's detail.
     """
 
-    __slots__ = ("_tr", "_detail")
+    __slots__ = ("_n", "_detail")
+
+    def __new__(cls) -> "Curve":
+        return super().__new__(cls, "d")   # t0, rss0, t1, rss1, ...: oldest first
 
     def __init__(self) -> None:
-        self._tr = array("d")     # t0, rss0, t1, rss1, ...: oldest first
-        #: (written, the file's (path, size, ...) or None, limits) of the newest points
-        self._detail: list[tuple[int, tuple | None, tuple[tuple[str, int, int], ...]]] = []
+        self._n = 0           # points (the array holds two numbers a point)
+        #: written, the file's (path, size, ...) or None, limits: of each of
+        #: the newest points, oldest first, flat (a tuple for one point)
+        self._detail: tuple | list = ()
 
     def __len__(self) -> int:
-        return len(self._tr) >> 1
+        return self._n
+
+    def __bool__(self) -> bool:
+        return self._n > 0
 
     @property
     def t(self) -> array:
-        """The points' times, oldest first (a copy)."""
-        return self._tr[0::2]
+        """The points' times, oldest first (a copy: a plain array)."""
+        return self[0::2]
 
     @property
     def rss(self) -> list[int]:
         """The points' RSS, oldest first (a copy)."""
-        return [int(x) for x in self._tr[1::2]]
+        return [int(x) for x in self[1::2]]
 
     def add(self, t: float, rss: int, written: int,
             files: tuple[tuple[str, int, str, int, int, str], ...],
             limits: tuple[tuple[str, int, int], ...]) -> None:
         """Append a point unless the newest is less than ``CURVE_STEP`` old."""
-        tr = self._tr
-        if tr and t - tr[-2] < CURVE_STEP:
+        n = self._n
+        if n and t - self[-2] < CURVE_STEP:
             return
-        tr.append(t)
-        tr.append(rss)
-        n, old = len(tr) >> 1, 0
-        while n - old > CURVE_POINTS or tr[2 * old] < t - CURVE_SPAN:
+        self.append(t)
+        self.append(rss)
+        n, old = n + 1, 0
+        while n - old > CURVE_POINTS or self[2 * old] < t - CURVE_SPAN:
             old += 1  # never the newest: t - CURVE_SPAN < t
         if old:
-            del tr[:2 * old]
+            del self[:2 * old]
             n -= old
+        self._n = n
         detail = self._detail
-        detail.append((written, files[0] if files else None, limits))
+        if not detail:
+            self._detail = (written, files[0] if files else None, limits)
+            return
+        if type(detail) is tuple:      # one point's, the point before this one
+            if n < 2 or t - self[2 * n - 4] > CURVE_DETAIL:   # dropped: a steady rank
+                self._detail = (written, files[0] if files else None, limits)
+                return
+            detail = self._detail = list(detail)      # a list while there are more
+        detail += (written, files[0] if files else None, limits)
         # Drop detail older than CURVE_DETAIL (and any the time ring has dropped).
-        first, drop = n - len(detail), 0
-        while len(detail) - drop > 1 and (first < 0 or t - tr[2 * first] > CURVE_DETAIL):
+        kept = len(detail) // 3
+        first, drop = n - kept, 0
+        while kept - drop > 1 and (first < 0 or t - self[2 * first] > CURVE_DETAIL):
             drop += 1
             first += 1
         if drop:
-            del detail[:drop]
+            del detail[:3 * drop]
+            if kept - drop == 1:
+                self._detail = tuple(detail)
 
     def recent(self) -> list[Point]:
         """The points within ``CURVE_DETAIL`` of the newest, oldest first."""
-        tr = self._tr
-        first = (len(tr) >> 1) - len(self._detail)
+        detail = self._detail
+        k = 2 * (self._n - len(detail) // 3)
         out = []
-        for i, (written, f, limits) in enumerate(self._detail):
-            k = 2 * (first + i)
-            out.append(Point(tr[k], int(tr[k + 1]), written, f[0] if f else "",
+        for i in range(0, len(detail), 3):
+            written, f, limits = detail[i:i + 3]
+            out.append(Point(self[k], int(self[k + 1]), written, f[0] if f else "",
                              f[1] if f else 0, limits))
+            k += 2
         return out
 
     def rss_points(self) -> zip:
         """(time, RSS) of every point, oldest first."""
-        tr = self._tr
-        return zip(tr[0::2], map(int, tr[1::2]))
+        return zip(self[0::2], map(int, self[1::2]))
 
     def first_rss(self) -> int:
         """The RSS of the oldest point (the curve holds one)."""
-        return int(self._tr[1])
+        return int(self[1])

@@ -1,5 +1,5 @@
-"""A rank's evidence curve in two containers: the time/RSS ring and the detail
-of the newest points, which refers to the record's own tuples."""
+"""A rank's evidence curve: the time/RSS ring (the curve is the array) and the
+flat detail of the newest points, which refers to the record's own tuples."""
 
 from __future__ import annotations
 
@@ -32,6 +32,29 @@ def test_a_single_point_keeps_its_detail_however_old() -> None:
     c = Curve()
     c.add(10.0, 1, 2, (), ())
     assert [p.t for p in c.recent()] == [10.0] and len(c) == 1
+
+
+def test_a_steady_rank_holds_one_points_detail_in_one_tuple_and_nothing_else() -> None:
+    c = Curve()
+    assert not c and len(c) == 0
+    limits = (("host", 5, 10),)
+    for i in range(10):                       # a full sample every 30 s: steady
+        c.add(1000.0 + 30 * i, 100 + i, i, (), limits)
+    assert len(c) == int(CURVE_SPAN // 30) + 1 and c
+    assert type(c._detail) is tuple and len(c._detail) == 3
+    assert [(p.t, p.rss, p.written) for p in c.recent()] == [(1270.0, 109, 9)]
+    # Busy (a point a second): a list of the last CURVE_DETAIL seconds' points ...
+    for i in range(1, 31):
+        c.add(1270.0 + i, 200 + i, 100 + i, (), limits)
+    assert type(c._detail) is list
+    assert [p.t for p in c.recent()] == [1300.0 - k for k in range(int(CURVE_DETAIL), -1, -1)]
+    # ... and one tuple again once the rank is steady, the ring unchanged by it.
+    c.add(1360.0, 7, 8, (("/ckpt/b.pt", 9, "", 0, 0, ""),), limits)
+    assert type(c._detail) is tuple
+    assert [(p.t, p.rss, p.written, p.file, p.file_size) for p in c.recent()] == [
+        (1360.0, 7, 8, "/ckpt/b.pt", 9)]
+    assert list(c.rss_points())[-2:] == [(1300.0, 230), (1360.0, 7)]
+    assert list(c.t) == [t for t, _ in c.rss_points()] and c.rss[-1] == 7
 
 
 def test_the_heap_policy_gives_free_pages_back_after_a_freeze(monkeypatch) -> None:
