@@ -1,10 +1,12 @@
 """A rank's evidence curve: the time/RSS ring (the curve is the array) and the
-flat detail of the newest points, which refers to the record's own tuples."""
+flat detail of the newest points, which refers to the record's own tuples; and
+the bench's figure for what the job table holds per rank, curves included."""
 
 from __future__ import annotations
 
 import gc
 
+from bench.daemon_ingest import table_memory
 from ncclwatch.daemon import heap
 from ncclwatch.daemon.curve import CURVE_DETAIL, CURVE_POINTS, CURVE_SPAN, CURVE_STEP, Curve
 
@@ -71,3 +73,14 @@ def test_the_heap_policy_gives_free_pages_back_after_a_freeze(monkeypatch) -> No
     finally:
         gc.unfreeze()
     assert heap.trim() in (True, False)   # glibc's malloc_trim, where there is one
+
+
+def test_the_bench_table_figure_leaves_out_imports_and_the_simulated_agents() -> None:
+    """What the first report imports (once a process) and what loadgen's agents
+    keep are not the table's (bench/daemon_ingest.py table_memory)."""
+    r = table_memory(16, 10)
+    assert r["ranks"] == 16 and r["curve_points"] >= 1
+    # One import of the first report is about 1 MiB: 64 KiB a rank at 16 ranks.
+    assert 0 < r["bytes_per_rank"] < 16 * 1024
+    assert not any("importlib" in m or m.endswith("loadgen.py") for m in r["by_module"])
+    assert any(m.endswith("ncclwatch/daemon/curve.py") for m in r["by_module"])
