@@ -41,7 +41,7 @@ class Curve(array):
     Every rank has one (any rank can turn culprit, and its forecast then
     needs the minute before), so at 16k ranks the curves are a large part of
     the daemon's memory. A curve of ``Point`` objects with their tuples cost
-    ~80 KiB per rank; here it is one array and one flat tuple:
+    ~80 KiB per rank; here it is one array and its flat detail:
 
     - the curve is itself the ``array`` of the time and RSS of the last
       ``CURVE_POINTS`` points, interleaved (``gathered_bytes`` looks for the
