@@ -273,6 +273,11 @@ def test_a_slow_fsync_is_its_own_bounded_phase_and_the_rate_is_torch_saves(throt
         if i:
             v = _verdict(m.mount, nbytes, "--timeout", "2", "--probe-seconds", "2",
                          capsys=capsys)
+        # The probe's fsync, cut at its bound, goes on in its child until the
+        # mount's backlog is down (~6 s more). A save the prediction is for comes
+        # later than that; one run inside it, on a loaded machine, took 40% longer
+        # than predicted, three pairs in a row (CI). Measure the save after it.
+        time.sleep(min(12.0, max(0.0, v["probe_bytes"] / (RATE / 4) - v["fsync_seconds"])))
         real = _real_save(m.mount, nbytes)
         pairs.append((v["save_seconds"], round(real, 2)))
         print(f"predicted {v['save_seconds']:.2f}s, torch.save {real:.2f}s")
