@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -25,9 +24,8 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 import ncclwatch
-from tests.harness.paths import ROOT
 from tests.harness.procs import Proc, free_port
-from tests.harness.release import LOCK, PYTHONS, pins_for
+from tests.harness.release import LOCK, PYTHONS, build_wheel, pins_for
 
 pytestmark = pytest.mark.e2e
 
@@ -44,14 +42,7 @@ def _run(argv: list[str], **kw) -> subprocess.CompletedProcess:
 def release_venv(tmp_path_factory):
     """(venv, environment without the checkout) with the wheel and the lock installed."""
     tmp = tmp_path_factory.mktemp("release")
-    src = tmp / "src"   # a copy: setuptools leaves build/ and *.egg-info behind
-    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
-        ".venv", ".git", "artifacts", "build", "*.egg-info", "__pycache__", ".pytest_cache",
-        ".hypothesis", "certs"))
-    # --no-isolation: setuptools from the test venv, no download of a build env.
-    _run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir",
-          str(tmp / "dist"), str(src)])
-    [wheel] = list((tmp / "dist").glob("ncclwatch-*.whl"))
+    wheel = build_wheel(tmp)
     assert wheel.name.startswith(f"ncclwatch-{ncclwatch.__version__}-"), wheel.name
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     venv = tmp / "venv"

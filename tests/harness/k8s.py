@@ -31,6 +31,7 @@ import yaml
 from ncclwatch import certs
 from ncclwatch.kuberender import Site
 from tests.harness.paths import ROOT
+from tests.harness.release import build_wheel
 
 #: The shipped layout (the single pair; its ``sharded/`` copy beneath).
 K8S = ROOT / "deploy" / "kubernetes"
@@ -292,13 +293,7 @@ def wheel_prefix() -> tuple[Path, Path]:
     10 s). Returns (the prefix, its site-packages)."""
     tmp = Path(tempfile.mkdtemp(prefix="ncclwatch-wheel-"))
     atexit.register(shutil.rmtree, tmp, True)
-    src = tmp / "src"
-    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
-        ".venv", ".git", "artifacts", "build", "*.egg-info", "__pycache__", ".pytest_cache",
-        ".hypothesis", "certs"))
-    _run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir",
-          str(tmp / "dist"), str(src)])
-    [wheel] = list((tmp / "dist").glob("ncclwatch-*.whl"))
+    wheel = build_wheel(tmp)
     prefix = tmp / "prefix"
     # --ignore-installed: never touch this venv's own (editable) install of ncclwatch,
     # which pip would otherwise uninstall before installing the wheel in the prefix.

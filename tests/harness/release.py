@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +16,22 @@ from packaging.version import Version
 from tests.harness.paths import ROOT
 
 LOCK = ROOT / "requirements" / "runtime.lock"
+
+
+def build_wheel(tmp: Path) -> Path:
+    """This checkout's wheel in ``tmp/dist``, built as a release is (``python -m
+    build --wheel --no-isolation``: setuptools from this venv, no download) from a
+    copy in ``tmp/src`` (setuptools leaves build/ and *.egg-info behind)."""
+    src = tmp / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".venv", ".git", "artifacts", "build", "*.egg-info", "__pycache__", ".pytest_cache",
+        ".hypothesis", "certs"))
+    out = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation",
+                          "--outdir", str(tmp / "dist"), str(src)],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, f"wheel build:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    [wheel] = list((tmp / "dist").glob("ncclwatch-*.whl"))
+    return wheel
 
 
 #: The Pythons a node may run ncclwatch on: the one lock installs on each (its
