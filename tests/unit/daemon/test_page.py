@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from ncclwatch.daemon import api, page
 from ncclwatch.daemon.core import Daemon, DaemonConfig
 from ncclwatch.model import RankState as S
@@ -52,6 +54,7 @@ def test_page_puts_advice_before_the_fix_and_stacks_once_folded() -> None:
     assert "href='/runbooks/checkpoint_gather.md#what-to-do-now'" in html
 
 
+@pytest.mark.budget(300)   # a 16k-rank job driven in process: 75-97 s in fresh-clone runs
 def test_page_at_16k_ranks_stays_small() -> None:
     import time
 
