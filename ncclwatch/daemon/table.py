@@ -155,7 +155,7 @@ class JobTable:
             agent.anchored_offset = offset
         if samples:
             self._apply_samples(agent, samples, slots, reported, recv, anchor, agent_clock,
-                                missing, node)
+                                missing, node, report.slots_reset)
         if changes:
             self._apply_changes(agent, changes, slots, reported, recv, anchor,
                                 agent_clock, missing)
@@ -178,8 +178,14 @@ class JobTable:
 
     def _apply_samples(self, agent: AgentRecord, samples, slots: dict[int, Any],
                        reported: set[tuple[str, int]], recv: float, anchor: float,
-                       agent_clock: float, missing: list[str], node: str) -> None:
-        """Full RankSamples: identity, state, process readings, job facts."""
+                       agent_clock: float, missing: list[str], node: str,
+                       stream_reset: bool = True) -> None:
+        """Full RankSamples: identity, state, process readings, job facts.
+
+        A job this daemon does not hold, first seen mid-stream in a snapshot
+        that carries no job facts (the daemon forgot it under the live
+        stream), asks the agent to resync: its facts come with the first
+        report of a stream, never again unless asked."""
         jobs, all_counts = self.jobs, self.counts
         held, payer = self.held, agent.identity
         agent_id = agent.agent_id
@@ -194,6 +200,8 @@ class JobTable:
                     job = jobs[job_id] = Job(job_id, ident.world_size, recv)
                     self.counts[job_id] = StateCounts(job)
                     self.past_timeouts.carry(job, recv)   # a restart: its last run's
+                    if s.slot and not stream_reset and not s.HasField("job"):
+                        agent.resync = True
                 self.dirty.add(job.job_id)
                 agent.jobs.add(job.job_id)
                 counts = all_counts[job.job_id]

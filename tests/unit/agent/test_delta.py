@@ -450,6 +450,24 @@ def test_a_resync_resends_job_info_to_the_daemon_that_lost_it() -> None:
     asyncio.run(go())
 
 
+def test_a_forgotten_job_back_in_a_snapshot_still_asks_for_its_facts() -> None:
+    """The report after the daemon forgot a job may be the stream's periodic
+    snapshot: every rank in full, nothing unresolved, but no job facts (they
+    come with a stream's first report). The daemon asks for a resync anyway,
+    and the stream's next report carries them."""
+    d, deltas = Daemon(DaemonConfig()), StreamDeltas(snapshot_every=4, phase=1)
+    for seq in range(1, 4):
+        assert not d.ingest(_v2(deltas, _steady(seq, 100.0 + seq)), now=100.0 + seq).resync
+    d.table.jobs.clear()
+    snap = _v2(deltas, _steady(4, 104.0))
+    assert len(snap.report.samples) == 4 and not snap.report.slots_reset
+    assert d.ingest(snap, now=104.0).resync and d.table.resyncs_total == 1
+    deltas.resync()
+    again = _v2(deltas, _steady(5, 105.0))
+    assert again.report.slots_reset
+    assert not d.ingest(again, now=105.0).resync  # a stream's first report: no loop
+
+
 def test_a_queued_report_first_after_a_restart_does_not_date_the_waits_late() -> None:
     """A restarted daemon's first report from an agent may have waited in the
     agent's queue (reconnect backoff): its transit is in the clock offset,
