@@ -51,7 +51,7 @@ from dataclasses import dataclass, field, replace
 import psutil
 
 from ncclwatch.agent import (
-    caps, container as containers, launchers, rankenv, rankfs, raytrain, rendezvous,
+    caps, container as containers, launchers, procstat, rankenv, rankfs, raytrain, rendezvous,
 )
 from ncclwatch.agent.container import NONE as NO_CONTAINER, ContainerInfo
 from ncclwatch.agent.pyspy import find_pyspy
@@ -123,15 +123,12 @@ class RankProcess:
 
 
 def proc_id(pid: int, proc: str = "/proc") -> tuple[int, int]:
-    """(start ticks, owner uid) of ``pid``: /proc/PID/stat field 22 (counted
-    after the last ``)``: the command name may hold spaces and parentheses)
-    and the owner of /proc/PID, as a shown command's guard reads them again
+    """(start ticks, owner uid) of ``pid``: /proc/PID/stat field 22
+    (procstat.py) and the owner of /proc/PID, as a shown command's guard reads them again
     (``ls -n``: the effective uid); (0, -1) where unread."""
     ticks, uid = 0, -1
     try:
-        with open(f"{proc}/{pid}/stat", "rb") as f:
-            raw = f.read()
-        ticks = int(raw[raw.rindex(b")") + 2:].split()[19])
+        ticks = procstat.start_ticks(pid, proc)
         uid = os.stat(f"{proc}/{pid}").st_uid
     except (OSError, ValueError, IndexError):
         pass

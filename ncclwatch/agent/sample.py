@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import psutil
 
 from ncclwatch import syscalls
-from ncclwatch.agent import caps, rankfs
+from ncclwatch.agent import caps, procstat, rankfs
 from ncclwatch.agent.ckptsize import SizeReader
 from ncclwatch.model import STILL_EVENTS_PER_S
 
@@ -362,12 +362,9 @@ def thread_cpu(pid: int, tid: int, proc: str = "/proc") -> tuple[float | None, s
     (/proc/PID/task/TID/stat, one read); (None, "") if the thread is gone or
     unreadable."""
     try:
-        with open(f"{proc}/{pid}/task/{tid}/stat", "rb") as f:
-            data = f.read()
-        # comm (field 2) may hold spaces and parentheses: split after its last ')'.
-        fields = data[data.rindex(b")") + 2:].split()
-        # state: field 3; utime, stime: 14, 15
-        return (int(fields[11]) + int(fields[12])) / _TICKS, fields[0].decode("ascii", "replace")
+        fs = procstat.fields(pid, tid, proc)
+        cpu = int(procstat.field(fs, procstat.UTIME)) + int(procstat.field(fs, procstat.STIME))
+        return cpu / _TICKS, procstat.field(fs, procstat.STATE).decode("ascii", "replace")
     except (OSError, ValueError, IndexError):
         return None, ""
 

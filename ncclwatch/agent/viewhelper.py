@@ -38,7 +38,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ncclwatch.agent import caps, pyspy, rootview
+from ncclwatch.agent import caps, procstat, pyspy, rootview
 
 log = logging.getLogger(__name__)
 
@@ -88,9 +88,7 @@ def peer_uid(sock: socket.socket) -> int:
 def start_time(pid: int) -> int:
     """The process's start (clock ticks after boot, /proc/<pid>/stat field 22)."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
-        return int(raw[raw.rindex(b")") + 2:].split()[19])
+        return procstat.start_ticks(pid)
     except (OSError, ValueError, IndexError):
         raise ViewHelperError(f"pid {pid}: no such process") from None
 
