@@ -183,6 +183,13 @@ SIZE_SOURCES = {
 STILL_EVENTS_PER_S = 2.0
 
 
+def progressed(events: float, seconds: float) -> bool:
+    """``events`` progress events over ``seconds`` are progress: at least
+    STILL_EVENTS_PER_S a second. The one test of it, for every window the
+    agent judges (a round, the time since a stack, since a sample)."""
+    return events >= STILL_EVENTS_PER_S * seconds
+
+
 def describe_container(view: Mapping[str, object] | None) -> str:
     """The API's ``container`` object in words, for the page and ``ncclwatch status``:
     ``pid 32 in container trainer-0 (containerd 4c15c0c881a4), pod ml/trainer-0``."""

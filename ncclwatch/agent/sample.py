@@ -29,7 +29,7 @@ import psutil
 from ncclwatch import syscalls
 from ncclwatch.agent import caps, procstat, rankfs
 from ncclwatch.agent.ckptsize import SizeReader
-from ncclwatch.model import STILL_EVENTS_PER_S
+from ncclwatch.model import progressed
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +225,7 @@ class ProcessSampler:
         last = self._blocked.get(pid)
         if last is not None:
             before, at, value, read_at = last
-            if (events - before >= STILL_EVENTS_PER_S * (now - at)
+            if (progressed(events - before, now - at)
                     and now - read_at < caps.BLOCKED_IN_EVERY):
                 self._blocked[pid] = (events, now, value, read_at)
                 return value

@@ -18,7 +18,7 @@ import math
 from ncclwatch.agent.discover import RankProcess
 from ncclwatch.agent.pausing import PauseBudget
 from ncclwatch.agent.sample import ProcessSample
-from ncclwatch.model import (CHECKPOINT_STATES, QUIET_CPU, STILL_EVENTS_PER_S, CollectiveOp,
+from ncclwatch.model import (CHECKPOINT_STATES, QUIET_CPU, CollectiveOp, progressed,
                              RankState, WaitEvidence)
 from ncclwatch.native_signatures import NativeWait
 from ncclwatch.signatures import Classification
@@ -158,8 +158,8 @@ class RankTracker:
         """Progress events since the last stack beyond what a still rank shows."""
         if self.sample is None or self.events_at_dump is None or self.stack_at is None:
             return False
-        allowed = STILL_EVENTS_PER_S * max(0.0, (self._cpu_at or 0.0) - self.stack_at)
-        return self.sample.progress_events - self.events_at_dump > allowed
+        return progressed(self.sample.progress_events - self.events_at_dump,
+                          max(0.0, (self._cpu_at or 0.0) - self.stack_at))
 
     def moved_since_sample(self, events: int | None, now: float) -> bool:
         """Progress beyond a still rank's since the round's sample (``events``
@@ -169,8 +169,8 @@ class RankTracker:
         (a peer's long evaluation over, CI) must not be paused for it."""
         if self.sample is None or events is None or self._cpu_at is None:
             return False
-        allowed = STILL_EVENTS_PER_S * max(1.0, now - self._cpu_at)
-        return events - self.sample.progress_events - self.forgiven > allowed
+        return progressed(events - self.sample.progress_events - self.forgiven,
+                          max(1.0, now - self._cpu_at))
 
     def files_changed(self) -> bool:
         """A file opened for writing since the last stack: a save may have begun."""
@@ -302,7 +302,7 @@ class RankTracker:
             self.quiet_since = self.quiet_from = None
         events = sample.progress_events - prev.progress_events - self.forgiven
         self.forgiven = 0
-        if events < STILL_EVENTS_PER_S * (now - prev_at):
+        if not progressed(events, now - prev_at):
             if self.still_since is None:
                 self.still_since = prev_at  # still over the whole last interval
                 self.still_from = began
