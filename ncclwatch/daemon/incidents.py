@@ -127,7 +127,13 @@ class Incidents:
                 inc.root_causes.append(dx.root_cause.id)
             if dx.at_risk and inc.at_risk_since is None:
                 inc.at_risk_since = now
-            inc.started_at = min(inc.started_at, f.started_at)
+            if f.started_at < inc.started_at:
+                # The waits dated earlier (a better clock offset: a restarted
+                # daemon's first reports had waited in the agent's queue): the
+                # start's wall time moves with it, or every wall time read off
+                # the pair (clock.view, at_risk_since) is that much late.
+                inc.started_wall -= inc.started_at - f.started_at
+                inc.started_at = f.started_at
             inc.min_remaining = min(inc.min_remaining, budget.remaining)
             lead = job.ranks.get(f.culprits[0].rank) if f.culprits else None
             ev = dx.evidence
