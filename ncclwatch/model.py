@@ -186,8 +186,9 @@ STILL_EVENTS_PER_S = 2.0
 def progressed(events: float, seconds: float) -> bool:
     """``events`` progress events over ``seconds`` are progress: at least
     STILL_EVENTS_PER_S a second. The one test of it, for every window the
-    agent judges (a round, the time since a stack, since a sample)."""
-    return events >= STILL_EVENTS_PER_S * seconds
+    agent judges (a round, the time since a stack, since a sample). No event
+    is never progress, over however short a window."""
+    return events > 0 and events >= STILL_EVENTS_PER_S * seconds
 
 
 def describe_container(view: Mapping[str, object] | None) -> str:
