@@ -133,11 +133,19 @@ def blocked(job: Job, table: JobTable, now: float, threshold: float,
         ops.add(CollectiveOp.WAIT)
     started = min(now, min([rec.since for rec in hit]))
     # An agent that does not say how (evidence NONE) found the wait in Python frames.
+    # A pair per rank is the one allocation per rank of a tick (100k of them
+    # once a stall opens, every tick it stays open): the pairs of the last tick
+    # serve while the same ranks show the same evidence, read without one.
     none, python = WaitEvidence.NONE, WaitEvidence.PYTHON_FRAME
-    evidence = tuple([(rec.rank, python if rec.evidence is none else rec.evidence)
-                      for rec in hit])
-    out = Blocked(tuple([rec.rank for rec in hit]),
-                  tuple(sorted(ops, key=lambda o: o.value)), started, evidence)
+    ranks = tuple([rec.rank for rec in hit])
+    shown = [rec.evidence for rec in hit]
+    kept = job.evidence_memo
+    if kept is not None and kept[1] == shown and kept[0] == ranks:
+        evidence = kept[2]
+    else:
+        evidence = tuple([(r, python if ev is none else ev) for r, ev in zip(ranks, shown)])
+        job.evidence_memo = (ranks, shown, evidence)
+    out = Blocked(ranks, tuple(sorted(ops, key=lambda o: o.value)), started, evidence)
     job.blocked_memo = (waiting, hit, out)
     return out
 
