@@ -63,6 +63,9 @@ ROOT = Path(__file__).resolve().parent.parent
 RANKS_PER_NODE = 8
 METHOD = "/ncclwatch.v1.CollectorService/Report"
 SITE = "/opt/venv/lib/python3.11/site-packages"
+#: The round trip a report built ahead of a daemon is taken to have been
+#: acknowledged after (SimAgent.ack_rtt): a loopback stream's.
+ACK_RTT = 0.002
 #: A ReportResponse with nothing but ack_seq (tag + up to 10 varint bytes).
 ACK_ONLY_MAX = 11
 #: Wire protocol the simulated agents speak (2: briefs, as the real agent; 1: full).
@@ -209,8 +212,17 @@ class SimAgent:
     """One node's agent: 8 ranks of one job, reports assembled from byte parts."""
 
     def __init__(self, job: JobSpec, node_index: int, pool: Pool, rng: random.Random,
-                 stack_change: float, started: float, protocol: int = PROTOCOL) -> None:
+                 stack_change: float, started: float, protocol: int = PROTOCOL,
+                 ack_rtt: float | None = ACK_RTT) -> None:
         self.job, self.pool, self.rng = job, pool, rng
+        #: As the real agent (uplink._time_ack): the last acknowledged report's
+        #: seq and round trip, sent with every report after it (timed_seq).
+        #: ``ack_rtt``: reports built ahead of a daemon (no stream to ack them)
+        #: are taken as acknowledged that long after they were built, before
+        #: the next; None: only ``acked`` times them (a live stream).
+        self.ack_rtt = ack_rtt
+        self.timed: tuple[int, float] | None = None
+        self.built: dict[int, float] = {}  # seq -> agent clock it was built at, unacked
         self.protocol = protocol
         self.stream_reports = 0  # reports on the current stream (protocol 2: snapshots)
         self.since_full = 0      # reports since one with every rank in full
@@ -268,6 +280,17 @@ class SimAgent:
         self.sent.clear()
         self.stream_reports = 0
         self.last_full = [None] * RANKS_PER_NODE
+        self.timed = None   # a new stream: untimed until its first ack
+        self.built.clear()
+
+    def acked(self, seq: int, now: float) -> None:
+        """Report ``seq`` was acknowledged at ``now`` (agent clock): the next
+        reports carry its round trip (uplink._time_ack's bounds)."""
+        t = self.built.pop(seq, None)
+        for old in [s for s in self.built if s < seq]:
+            del self.built[old]
+        if t is not None and t > 0 and 0 <= now - t < 60.0:
+            self.timed = (seq, now - t)
 
     def _stall_at(self, t: float) -> Stall | None:
         for s in self.stalls:
@@ -277,7 +300,11 @@ class SimAgent:
 
     def report(self, t: float) -> bytes:
         """The next ReportRequest, serialised, as of monotonic time ``t``."""
+        if self.ack_rtt is not None and self.seq in self.built \
+                and self.built[self.seq] + self.ack_rtt <= t:
+            self.acked(self.seq, self.built[self.seq] + self.ack_rtt)
         self.seq += 1
+        self.built[self.seq] = t
         stall = self._stall_at(t) if self.stalls else None
         if self.in_stall and stall is None:  # out of the barrier/save: training again
             self.since = [t] * len(self.ranks)
@@ -285,6 +312,8 @@ class SimAgent:
         self.in_stall = stall is not None
         parts = [self.header, field_varint(3, self.seq), field_double(4, t),
                  field_double(5, t + 1.7e9), field_double(11, self.interval)]
+        if self.timed is not None:
+            parts += [field_varint(95, self.timed[0]), field_double(96, self.timed[1])]
         # Job info on the first report, then every JOB_INFO_EVERY rounds at the
         # agent's own phase (agents start at different times).
         with_job = self.seq == 1 or (self.seq + self.job_phase) % JOB_INFO_EVERY == 1
@@ -410,6 +439,12 @@ def check_assembly() -> None:
         assert not d.ingest(pb.ReportRequest(protocol_version=2, report=r), now=t).resync
     steady = pb.ReportRequest.FromString(b.report(110.0)).report
     assert not steady.samples and len(steady.briefs.slot) == 8
+    # Each report says the round trip of the one before, acknowledged (the real
+    # agent's timed_seq): the daemon keeps no offsets for reports never timed.
+    assert not first.report.timed_seq
+    assert steady.timed_seq == steady.seq - 1
+    assert abs(steady.timed_round_trip_seconds - ACK_RTT) < 1e-9
+    assert list(d.table.agents[b.agent_id]._by_seq) == [after.seq]
 
 
 # -- the daemon process ---------------------------------------------------------------
@@ -678,6 +713,7 @@ class Client:
 
         call = ch.stream_stream(METHOD, request_serializer=None, response_deserializer=None)()
         a.reconnected()
+        a.ack_rtt = None   # the stream's own acknowledgements time its reports
         samples = len(a.ranks)
         acked = False
         try:
@@ -690,6 +726,7 @@ class Client:
                 if resp is grpc.aio.EOF:
                     raise RuntimeError("stream ended by the daemon")
                 self.acked_reports += 1
+                a.acked(a.seq, time.monotonic())
                 self.acked_samples += samples
                 self.acked_by_target[daemon] += samples
                 if len(resp) > ACK_ONLY_MAX:  # missing stacks or commands
