@@ -10,7 +10,9 @@ directory that merely has a framework's name (``/home/alice/megatron/train.py``)
 is not an import. Where a framework is one part of an imported package (the
 transformers Trainer, torch's FSDP and DCP), a frame in that part picks it.
 Rows are tried in order, most specific first: NeMo runs on Lightning and
-Megatron, a Trainer on accelerate, everything on torch.
+Megatron, a Trainer on accelerate, everything on torch; a row whose frames
+the stacks show before a row only imported (packages import their
+neighbours).
 """
 
 from __future__ import annotations
@@ -85,16 +87,23 @@ def imported(files: Iterable[str] = (), modules: Iterable[str] = ()) -> set[str]
 
 
 def detect(files: Iterable[str] = (), modules: Iterable[str] = ()) -> Framework:
-    """The most specific framework whose package is imported (and, for a part
-    of a package, whose part a frame runs in)."""
+    """The most specific framework whose package is imported and whose frames
+    the stacks show; else the most specific one imported (a part of a package
+    needs its frame either way).
+
+    A frame outranks a bare import: packages import their neighbours when
+    installed (the transformers Trainer imports DeepSpeed, which then shows in
+    the rank's evidence), and a Trainer job's stacks in ``trainer.py`` with no
+    DeepSpeed frame is a Trainer user's, not a DeepSpeed engine's."""
     # Rooted, so that short paths ("lightning/pytorch/...", as the API shows
     # frames below site-packages) match the same patterns as full ones.
     files = ["/" + f.replace("\\", "/").lstrip("/") for f in files if f]
     tops = imported(files, modules)
-    for fw in FRAMEWORKS:
-        if not tops.intersection(fw.modules):
-            continue
-        if fw.part and not any(fnmatchcase(f, p) for f in files for p in fw.paths):
-            continue
-        return fw
+    candidates = [fw for fw in FRAMEWORKS if tops.intersection(fw.modules)]
+    for fw in candidates:
+        if fw.paths and any(fnmatchcase(f, p) for f in files for p in fw.paths):
+            return fw
+    for fw in candidates:
+        if not fw.part:
+            return fw
     return DEFAULT

@@ -112,6 +112,19 @@ def test_framework_from_loaded_modules() -> None:
     assert frameworks.detect(["/job/trainer.py"], ["transformers", "torch"]).id == "torch"
 
 
+def test_a_frame_outranks_a_package_imported_beside_it() -> None:
+    """The transformers Trainer imports DeepSpeed when it is installed (a
+    matrix row's ranks printed DeepSpeed's accelerator warning and the agent
+    saw the package): a Trainer job's stacks in trainer.py, with no DeepSpeed
+    frame, get the Trainer's fix; a DeepSpeed engine frame still picks DeepSpeed."""
+    trainer = [DS + "transformers/trainer.py", DS + "torch/serialization.py"]
+    imported = ["deepspeed", "transformers", "accelerate", "torch"]
+    assert frameworks.detect(trainer, imported).id == "transformers"
+    assert frameworks.detect(trainer + [DS + "deepspeed/runtime/engine.py"], imported).id \
+        == "deepspeed"
+    assert frameworks.detect([DS + "torch/serialization.py"], imported).id == "deepspeed"
+
+
 def _script(path, body: str = "") -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(body or "import time\nprint('ready', flush=True)\ntime.sleep(60)\n")
