@@ -167,8 +167,9 @@ class Job:
     #: (fresh_waiting's list, the ranks picked, their Blocked): detect.blocked's
     #: last answer, reused by another detector of the same tick that picks the same.
     blocked_memo: Any = field(default=None, repr=False, compare=False)
-    #: (ranks, their evidence as read, the evidence pairs): detect.blocked's
-    #: pairs kept across ticks while the same ranks show the same evidence.
+    #: [(records picked, in rank order, ranks, their evidence as read, the
+    #: evidence pairs)], the last two: detect.blocked's order and pairs kept
+    #: across ticks while the same ranks show the same evidence.
     evidence_memo: Any = field(default=None, repr=False, compare=False)
     #: rank -> (daemon time the dump was written, its FlightRecorderSummary): the
     #: job's own record of its collectives, asked for during a stall.

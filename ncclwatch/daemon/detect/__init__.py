@@ -119,7 +119,12 @@ def blocked(job: Job, table: JobTable, now: float, threshold: float,
         return None
     # In rank order: sorted by the int key (the waiting set yields ranks nearly in
     # order), not as (rank, evidence) tuples, which cost most of a 100k-rank tick.
-    hit = sorted(hit, key=_RANK)
+    # The same records picked in the same order as a recent tick (a stall's
+    # waiters, tick after tick) are that tick's sorted list, found by identity.
+    kept = job.evidence_memo
+    entry = next((e for e in kept if e[0] == hit), None) if kept else None
+    picked = hit
+    hit = entry[1] if entry is not None else sorted(hit, key=_RANK)
     # The detectors of one tick often pick the same ranks (a checkpoint stall's
     # waiters are the hang detector's too): the same records, read at the same
     # moment (no report applied between: the same fresh-agents set), give the same.
@@ -137,14 +142,14 @@ def blocked(job: Job, table: JobTable, now: float, threshold: float,
     # once a stall opens, every tick it stays open): the pairs of the last tick
     # serve while the same ranks show the same evidence, read without one.
     none, python = WaitEvidence.NONE, WaitEvidence.PYTHON_FRAME
-    ranks = tuple([rec.rank for rec in hit])
     shown = [rec.evidence for rec in hit]
-    kept = job.evidence_memo
-    if kept is not None and kept[1] == shown and kept[0] == ranks:
-        evidence = kept[2]
+    if entry is not None and entry[3] == shown:
+        ranks, evidence = entry[2], entry[4]
     else:
+        ranks = tuple([rec.rank for rec in hit])
         evidence = tuple([(r, python if ev is none else ev) for r, ev in zip(ranks, shown)])
-        job.evidence_memo = (ranks, shown, evidence)
+        # Two kept: the checkpoint and hang detectors may pick different ranks.
+        job.evidence_memo = [(picked, hit, ranks, shown, evidence), *(kept or ())[:1]]
     out = Blocked(ranks, tuple(sorted(ops, key=lambda o: o.value)), started, evidence)
     job.blocked_memo = (waiting, hit, out)
     return out
