@@ -350,6 +350,8 @@ class Uplink:
             out.health.queue_length = len(self._queue)
             if self._timed is not None:
                 out.timed_seq, out.timed_round_trip_seconds = self._timed
+            if report.agent_monotonic_seconds > 0:
+                out.queued_seconds = max(0.0, time.monotonic() - report.agent_monotonic_seconds)
             out.health.reports_dropped_total = self.dropped_total
             out.health.reports_refused_total = self.refused_total
             self._attach_stacks(out, full, sent)

@@ -71,7 +71,8 @@ class AgentRecord:
         return now - self.last_recv > max(staleness, 3 * self.interval)
 
     def clock_offset(self, recv: float, agent_clock: float, seq: int = 0,
-                     timed_seq: int = 0, round_trip: float = 0.0) -> float:
+                     timed_seq: int = 0, round_trip: float = 0.0,
+                     queued: float = 0.0) -> float:
         """Daemon time minus agent time, no larger than it truly is when the
         agent times its acknowledgements, and with as little transit in it
         as the reports allow when it does not.
@@ -89,9 +90,13 @@ class AgentRecord:
         back from no later than the truth, whatever the transit. An agent
         clock that went back (a new agent process), or fell behind by more
         than CLOCK_JUMP (a suspended host: its waits would be dated that much
-        early), starts afresh.
+        early), starts afresh. ``queued``: the seconds the agent says the
+        report sat in its queue before it was sent (a restarted daemon's first
+        reports waited out the reconnect backoff), taken out of the transit:
+        ``recv - clock - queued`` still bounds the offset from above.
         """
-        off = recv - agent_clock
+        raw = recv - agent_clock
+        off = raw - queued if queued > 0 else raw
         q, lows = self._offsets, self._lows
         if agent_clock <= 0 or agent_clock < self._last_clock \
                 or (q and off - q[0][1] > CLOCK_JUMP):
@@ -108,7 +113,8 @@ class AgentRecord:
             q.popleft()
         timed = self._by_seq.pop(timed_seq, None) if timed_seq else None
         if seq:
-            self._by_seq[seq] = off
+            # The acknowledgement's round trip counts from the report's building.
+            self._by_seq[seq] = raw
             if len(self._by_seq) > 128:
                 del self._by_seq[next(iter(self._by_seq))]
         # A bound far below the upper one (a round trip of more than

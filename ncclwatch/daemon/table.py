@@ -147,7 +147,7 @@ class JobTable:
         agent_id = agent.agent_id
         agent_clock = report.agent_monotonic_seconds
         offset = agent.clock_offset(recv, agent_clock, report.seq, report.timed_seq,
-                                    report.timed_round_trip_seconds)
+                                    report.timed_round_trip_seconds, report.queued_seconds)
         anchor = offset + agent_clock  # <= recv
         if agent_clock > 0:
             if offset < agent.anchored_offset - REANCHOR_STEP and agent.ranks:

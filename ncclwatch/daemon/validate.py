@@ -113,7 +113,7 @@ def check_node(req: pb.ReportRequest, bounds: Bounds = DEFAULT_BOUNDS) -> Shape:
     # said by the checks one by one.
     if not (0 <= r.agent_monotonic_seconds <= MAX_CLOCK and 0 <= r.agent_wall_seconds < _INF
             and 0 <= r.interval_seconds <= bounds.max_interval_seconds < _INF
-            and 0 <= r.timed_round_trip_seconds < _INF):
+            and 0 <= r.timed_round_trip_seconds < _INF and 0 <= r.queued_seconds < _INF):
         _check_clocks(r, bounds)
     samples, changes, stacks = r.samples, r.changes, r.stacks
     n = len(samples)
@@ -132,7 +132,7 @@ def check_node(req: pb.ReportRequest, bounds: Bounds = DEFAULT_BOUNDS) -> Shape:
 
 def _check_clocks(r: pb.NodeReport, bounds: Bounds) -> None:
     for name in ("agent_monotonic_seconds", "agent_wall_seconds", "interval_seconds",
-                 "timed_round_trip_seconds"):
+                 "timed_round_trip_seconds", "queued_seconds"):
         v = getattr(r, name)
         if not math.isfinite(v) or v < 0:
             raise _bad(f"report.{name} must be finite and >= 0, got {v}", "bad_clock")

@@ -102,7 +102,7 @@ class ReportRequest(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., report: _Optional[_Union[NodeReport, _Mapping]] = ...) -> None: ...
 
 class NodeReport(_message.Message):
-    __slots__ = ("node", "agent_id", "seq", "agent_monotonic_seconds", "agent_wall_seconds", "full_round", "stacks", "samples", "exited", "health", "interval_seconds", "briefs", "slots_reset", "changes", "timed_seq", "timed_round_trip_seconds")
+    __slots__ = ("node", "agent_id", "seq", "agent_monotonic_seconds", "agent_wall_seconds", "full_round", "stacks", "samples", "exited", "health", "interval_seconds", "briefs", "slots_reset", "changes", "timed_seq", "timed_round_trip_seconds", "queued_seconds")
     NODE_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -119,6 +119,7 @@ class NodeReport(_message.Message):
     CHANGES_FIELD_NUMBER: _ClassVar[int]
     TIMED_SEQ_FIELD_NUMBER: _ClassVar[int]
     TIMED_ROUND_TRIP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_SECONDS_FIELD_NUMBER: _ClassVar[int]
     node: str
     agent_id: str
     seq: int
@@ -135,7 +136,8 @@ class NodeReport(_message.Message):
     changes: _containers.RepeatedCompositeFieldContainer[RankChange]
     timed_seq: int
     timed_round_trip_seconds: float
-    def __init__(self, node: _Optional[str] = ..., agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., agent_monotonic_seconds: _Optional[float] = ..., agent_wall_seconds: _Optional[float] = ..., full_round: _Optional[bool] = ..., stacks: _Optional[_Iterable[_Union[Stack, _Mapping]]] = ..., samples: _Optional[_Iterable[_Union[RankSample, _Mapping]]] = ..., exited: _Optional[_Iterable[_Union[RankIdentity, _Mapping]]] = ..., health: _Optional[_Union[AgentHealth, _Mapping]] = ..., interval_seconds: _Optional[float] = ..., briefs: _Optional[_Union[RankBriefs, _Mapping]] = ..., slots_reset: _Optional[bool] = ..., changes: _Optional[_Iterable[_Union[RankChange, _Mapping]]] = ..., timed_seq: _Optional[int] = ..., timed_round_trip_seconds: _Optional[float] = ...) -> None: ...
+    queued_seconds: float
+    def __init__(self, node: _Optional[str] = ..., agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., agent_monotonic_seconds: _Optional[float] = ..., agent_wall_seconds: _Optional[float] = ..., full_round: _Optional[bool] = ..., stacks: _Optional[_Iterable[_Union[Stack, _Mapping]]] = ..., samples: _Optional[_Iterable[_Union[RankSample, _Mapping]]] = ..., exited: _Optional[_Iterable[_Union[RankIdentity, _Mapping]]] = ..., health: _Optional[_Union[AgentHealth, _Mapping]] = ..., interval_seconds: _Optional[float] = ..., briefs: _Optional[_Union[RankBriefs, _Mapping]] = ..., slots_reset: _Optional[bool] = ..., changes: _Optional[_Iterable[_Union[RankChange, _Mapping]]] = ..., timed_seq: _Optional[int] = ..., timed_round_trip_seconds: _Optional[float] = ..., queued_seconds: _Optional[float] = ...) -> None: ...
 
 class RankChange(_message.Message):
     __slots__ = ("slot", "state", "op", "state_seconds", "stack_age_seconds", "stack_id", "still_seconds", "cpu_utilization", "cpu_seconds", "evidence", "native_frame", "native_no_wait", "native_stack_id")

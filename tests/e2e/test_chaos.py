@@ -109,17 +109,21 @@ def test_daemon_killed_mid_stall_reports_it_again_and_no_false_stall(procs, torc
                                         "stall_duration_kept_s": duration})
     assert t_again - t_back <= 2 * INTERVAL + 1.0, (t_back - t_restart, t_again - t_restart)
     assert culprits == [0]
-    # The wait is measured on the agents' clocks: the restart did not reset it. A
-    # reset wait began after the restart (the new daemon knew nothing before it),
-    # so it is no longer than the time since; this one began before, by a margin.
-    # (Not asserted: that it went on exactly from what the first daemon showed.
-    # A fresh-clone run saw it dated 5 s later after the restart: 7.1 s shown
-    # before the kill, 12.2 s shown 10.2 s after it.)
+    # The wait is measured on the agents' clocks: the restart did not reset it
+    # (a reset wait began after the restart, so it is no longer than the time
+    # since) nor shortened it: the restarted daemon goes on from what the first
+    # one showed, from the first sight on. (Its first reports waited out the
+    # agent's reconnect backoff; before they said so, queued_seconds, a CI run
+    # under load saw 7.1 s before the kill and 12.2 s 10.2 s after it.) The
+    # slack: the first read was up to a poll before the kill, and two report
+    # intervals of jitter in what each daemon saw.
     record("daemon_restart_wait_kept", {"shown_before_kill_s": waited,
                                         "shown_after_s": duration,
                                         "since_kill_s": round(t_again - t_kill, 1)})
     assert duration >= (t_again - t_restart) + 1.0, (
         duration, waited, t_again - t_kill, t_again - t_restart, t_again - t_save)
+    assert duration >= waited + (t_again - t_kill) - 2 * INTERVAL, (
+        duration, waited, t_again - t_kill, t_again - t_save)
     # Healthy job keeps quiet a while longer after the stall is back.
     end = time.time() + 5
     while time.time() < end:

@@ -93,10 +93,6 @@ def test_the_start_wall_time_moves_with_the_start_when_the_waits_date_earlier() 
     assert view["clock"]["now"] == pytest.approx(now + WALL, abs=0.01)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "needs NodeReport.queued_seconds (agent: seconds a report sat in its queue; "
-    "daemon: AgentRecord.clock_offset takes it out of recv - agent clock): the diff "
-    "of the daemon-restart dating fix, not applied yet (agents.py is being edited)"))
 def test_a_restarted_daemon_dates_the_wait_right_from_the_first_queued_report() -> None:
     """What the restarted daemon shows while the queue is still arriving: the
     wait of the first daemon plus the time since, never the queue's age less.
