@@ -266,13 +266,16 @@ def by_shape(job: Job, table: JobTable, now: float, cfg: DetectConfig) -> list[F
     Ranks count once still for the ceiling (``hang_threshold``): their state
     is a guess until then. Checkpoint work is the checkpoint detector's.
     """
+    counts = table.state_counts(job)
+    if counts is not None and counts.checkpoint:
+        # Checkpoint work is the checkpoint detector's (the job's counts say):
+        # asked first, as it needs no walk (a checkpoint stall's still ranks
+        # are all its waiters, 100k of them every tick it stays open).
+        return []
     still = {r for r in still_since(job, now - cfg.hang_threshold)
              if not job.ranks[r].native_no_wait}
     if not still:  # the common case, without a walk over the job's ranks
         return []
-    counts = table.state_counts(job)
-    if counts is not None and counts.checkpoint:
-        return []  # checkpoint work is the checkpoint detector's (the job's counts say)
     live = live_ranks(job, table, now)
     if live is None or any(rec.state in CHECKPOINT_STATES for rec in live.values()):
         return []
