@@ -17,7 +17,6 @@ read (``Budget.at``), not shown as it stood at the last tick.
 
 from __future__ import annotations
 
-import math
 import operator
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
@@ -26,7 +25,6 @@ from ncclwatch import timeoutsource
 from ncclwatch.daemon import jobfacts
 from ncclwatch.daemon.records import Job
 from ncclwatch.daemon.settings import NCCL_DEFAULT_TIMEOUT
-from ncclwatch.daemon.statecounts import wait_stamp
 from ncclwatch.daemon.table import JobTable
 
 
@@ -89,40 +87,14 @@ _SINCE = operator.attrgetter("since")
 
 def budget(job: Job, table: JobTable, now: float, cfg: BudgetConfig) -> Budget:
     worst, worst_for = None, 0.0
-    first, near = _earliest(job, table, now)
-    if first is not None:
-        # The longest-blocked: the earliest start, then the first rank in the
-        # waiting set's order that waited that long (of those within rounding
-        # of the earliest start, in that order).
-        longest = now - first
-        if longest > 0:
-            worst_for = longest
-            worst = next(rec.rank for rec in near if now - rec.since == longest)
-    timeout, source = timeout_for(job, cfg, worst, now - worst_for)
-    return Budget(timeout, source, worst, worst_for, timeout - worst_for, now)
-
-
-def _earliest(job: Job, table: JobTable, now: float) -> tuple[float | None, list]:
-    """(the earliest since of the job's live waiting ranks, or None without
-    one; those whose since is within rounding of it, in the waiting set's
-    order). A walk over the waiters (100k in a stall, every tick), kept while
-    none of their records changed (statecounts.wait_stamp) and ``now`` is
-    read to the rounding allowed."""
-    stamp = wait_stamp(table, job)
-    kept = job.budget_memo
-    if stamp is not None and kept is not None and kept[0] == stamp and \
-            (kept[1] is None or math.ulp(abs(now) + abs(kept[1])) * 4 <= kept[3]):
-        return kept[1], kept[2]
     ranks = job.ranks
     live = [rec for r in job.waiting if (rec := ranks[r]).gone_at is None]
-    if not live:
-        first, near, margin = None, [], 0.0
-    else:
-        first = min(live, key=_SINCE).since
-        # Starts this close to the earliest may read as long a wait once
-        # subtracted from ``now``; further ones never do (see the check above).
-        margin = max(1e-6 * max(1.0, abs(first)), math.ulp(abs(now) + abs(first)) * 4)
-        bound = first + margin
-        near = [rec for rec in live if rec.since <= bound]
-    job.budget_memo = (stamp, first, near, margin) if stamp is not None else None
-    return first, near
+    if live:
+        # The longest-blocked: the earliest start (a C loop over 100k waiters),
+        # then the first rank in the waiting set's order that waited that long.
+        longest = now - min(live, key=_SINCE).since
+        if longest > 0:
+            worst_for = longest
+            worst = next(rec.rank for rec in live if now - rec.since == longest)
+    timeout, source = timeout_for(job, cfg, worst, now - worst_for)
+    return Budget(timeout, source, worst, worst_for, timeout - worst_for, now)

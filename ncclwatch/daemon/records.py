@@ -164,17 +164,8 @@ class Job:
     #: (fresh-agents set it was made with, records): detect.fresh_waiting's
     #: list for the current tick, shared by the detectors.
     fresh_waiting: Any = field(default=None, repr=False, compare=False)
-    #: (statecounts.wait_stamp, fresh-agents set, fresh_waiting's list, what
-    #: was read of it by name): the list kept across ticks while the stamp
-    #: and the fresh agents stand (detect.fresh_waiting, detect.derived).
-    wait_memo: Any = field(default=None, repr=False, compare=False)
-    #: (statecounts.wait_stamp, earliest since of the live waiting ranks,
-    #: those within rounding of it in the waiting set's order, the rounding
-    #: allowed): budget.budget's walk, kept while the stamp stands.
-    budget_memo: Any = field(default=None, repr=False, compare=False)
-    #: (fresh_waiting's list, the ranks picked, their Blocked, the earliest
-    #: since of them): detect.blocked's last answer, reused by another detector
-    #: of the tick that picks the same, and by later ticks while the list is kept.
+    #: (fresh_waiting's list, the ranks picked, their Blocked): detect.blocked's
+    #: last answer, reused by another detector of the same tick that picks the same.
     blocked_memo: Any = field(default=None, repr=False, compare=False)
     #: [(records picked, in rank order, ranks, their evidence as read, the
     #: evidence pairs)], the last two: detect.blocked's order and pairs kept

@@ -24,7 +24,6 @@ from ncclwatch.model import CHECKPOINT_STATES, CollectiveOp, RankState
 #: still_since set, Job.still), still in its wait (still_at set), with
 #: progress readings.
 LIVE, WAITING, STILL, STILL_WAIT, READ = 1, 2, 4, 8, 16
-_LIVE_WAITING = LIVE | WAITING
 
 _NONE, _DEVICE_WAIT = CollectiveOp.NONE, RankState.DEVICE_WAIT
 #: A key is an int, ``state index << 5 | flags``: a tuple per rank would be one
@@ -61,7 +60,7 @@ class StateCounts:
     - ``moving``: live ranks neither waiting nor still.
     """
 
-    __slots__ = ("job", "keys", "signs", "wait_version", "live", "by_state", "checkpoint", "waiting", "still",
+    __slots__ = ("job", "keys", "live", "by_state", "checkpoint", "waiting", "still",
                  "still_live", "still_waiting", "unread_waiting", "moving")
 
     def __init__(self, job: Job) -> None:
@@ -70,19 +69,6 @@ class StateCounts:
         self.job = job
         #: Rank key -> what it was counted as.
         self.keys: dict[int, int] = {}
-        #: Rank -> the hash of what the walks over the waiters read of it
-        #: (state, flags, op, since, agent, evidence, still wait), for ranks
-        #: counted live and waiting since they last changed.
-        self.signs: dict[int, int] = {}
-        #: Bumped by an ``update`` of a rank live and waiting (before or after)
-        #: that changed what they read, and by a ``drop`` of one. The table
-        #: calls them after each change to a record but a brief's new
-        #: still_since (a rank sitting on), so while it stands (and no agent's
-        #: clock re-dated its ranks, ``wait_stamp``) the job's live waiting
-        #: ranks are the same records, read the same: a stall's walks over
-        #: them are reused from tick to tick (detect.fresh_waiting,
-        #: budget.budget), though its culprit's record changes every round.
-        self.wait_version = 0
         self.live = self.checkpoint = self.waiting = self.still = 0
         self.still_live = self.still_waiting = self.unread_waiting = self.moving = 0
         self.by_state: dict[RankState, int] = dict.fromkeys(RankState, 0)
@@ -100,16 +86,6 @@ class StateCounts:
         key = key_of(rec)
         keys = self.keys
         old = keys.get(rec.rank)
-        if key & _LIVE_WAITING == _LIVE_WAITING or (
-                old is not None and old & _LIVE_WAITING == _LIVE_WAITING):
-            # What the walks over the waiters read (``wait_version``), as one
-            # int per rank (no object for the collector); a report repeating
-            # it (an agent's periodic full snapshot) changes nothing.
-            sig = hash((key, rec.since, rec.agent_id, id(rec.op), id(rec.evidence),
-                        rec.still_at, id(rec.still_op)))
-            if self.signs.get(rec.rank) != sig:
-                self.signs[rec.rank] = sig
-                self.wait_version += 1
         if old == key:
             return
         if old is not None:
@@ -120,8 +96,6 @@ class StateCounts:
     def drop(self, rank: int) -> None:
         """The job no longer holds the rank (its record left the table)."""
         old = self.keys.pop(rank, None)
-        if self.signs.pop(rank, None) is not None:
-            self.wait_version += 1
         if old is not None:
             self._count(old, -1)
 
@@ -160,12 +134,3 @@ class StateCounts:
                 "still_waiting": self.still_waiting, "unread_waiting": self.unread_waiting,
                 "moving": self.moving,
                 "by_state": {s: n for s, n in self.by_state.items() if n}}
-
-
-def wait_stamp(table, job: Job) -> tuple[int, int] | None:
-    """What a walk over ``job``'s live waiting ranks may be kept by: its counts'
-    ``wait_version`` and the table's re-datings of agents' ranks
-    (``JobTable._reanchor`` moves their since alone). None for a job whose
-    counts the table does not keep (a detector's caller built it): walk it."""
-    counts = table.state_counts(job)
-    return None if counts is None else (counts.wait_version, table.reanchored_total)

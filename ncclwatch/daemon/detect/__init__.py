@@ -9,13 +9,12 @@ apart from the metrics computed from it.
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass, replace
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Callable
 
 from ncclwatch.daemon import clock
 from ncclwatch.daemon.records import Job, RankRecord
 from ncclwatch.daemon.settings import DaemonConfig
-from ncclwatch.daemon.statecounts import wait_stamp
 from ncclwatch.daemon.table import JobTable
 from ncclwatch.daemon.waits import WaitPolicy
 from ncclwatch.model import CollectiveOp, RankState, StallKind, WaitEvidence
@@ -99,38 +98,11 @@ def fresh_waiting(job: Job, table: JobTable, now: float) -> list[RankRecord]:
     cached = job.fresh_waiting
     if cached is not None and cached[0] is agents:
         return cached[1]
-    # Kept across ticks while no live waiting rank's record changed (the job's
-    # wait stamp, statecounts.py) and the same agents are fresh: a stall's
-    # 100k waiters send briefs, and its culprit's changes are not theirs.
-    stamp = wait_stamp(table, job)
-    kept = job.wait_memo
-    if stamp is not None and kept is not None and kept[0] == stamp and kept[1] == agents:
-        out = kept[2]
-    else:
-        ranks = job.ranks
-        out = [rec for r in job.waiting
-               if (rec := ranks[r]).gone_at is None and rec.agent_id in agents]
-        job.wait_memo = (stamp, agents, out, {}) if stamp is not None else None
+    ranks = job.ranks
+    out = [rec for r in job.waiting
+           if (rec := ranks[r]).gone_at is None and rec.agent_id in agents]
     job.fresh_waiting = (agents, out)
     return out
-
-
-def derived(job: Job, waiting: list[RankRecord], name: str,
-            make: Callable[[list[RankRecord]], Any]) -> Any:
-    """``make(waiting)``, kept with ``waiting`` while fresh_waiting keeps it
-    (so read once while its records stand); made anew for any other list."""
-    kept = job.wait_memo
-    if kept is None or kept[2] is not waiting:
-        return make(waiting)
-    out = kept[3].get(name, kept)
-    if out is kept:
-        out = kept[3][name] = make(waiting)
-    return out
-
-
-def _since_range(waiting: list[RankRecord]) -> tuple[float, float]:
-    sinces = [rec.since for rec in waiting]
-    return min(sinces), max(sinces)
 
 
 def blocked(job: Job, table: JobTable, now: float, threshold: float,
@@ -140,11 +112,7 @@ def blocked(job: Job, table: JobTable, now: float, threshold: float,
     waiting = fresh_waiting(job, table, now)
     if select is None:
         since_at = now - threshold
-        # All past the threshold (a stall's waiters, tick after tick) or none:
-        # known from the list's range of starts, read once while it is kept.
-        first, last = derived(job, waiting, "since", _since_range) if waiting else (0, 0)
-        hit = (waiting if last <= since_at else [] if first > since_at
-               else [rec for rec in waiting if rec.since <= since_at])
+        hit = [rec for rec in waiting if rec.since <= since_at]
     else:
         hit = select(waiting)
     if not hit:
@@ -162,17 +130,13 @@ def blocked(job: Job, table: JobTable, now: float, threshold: float,
     # moment (no report applied between: the same fresh-agents set), give the same.
     memo = job.blocked_memo
     if memo is not None and memo[0] is waiting and memo[1] == hit:
-        # The same records, unchanged (the same list): the same answer, but
-        # for its start, bounded by ``now``.
-        out, started = memo[2], min(now, memo[3])
-        return out if started == out.started_at else replace(out, started_at=started)
+        return memo[2]
     # Comprehensions, not a loop of appends: at 100k waiting ranks this is a tick's bulk.
     ops = {rec.op for rec in hit}
     if CollectiveOp.NONE in ops:  # a device_wait rank's op is unknown (no c10d frame)
         ops.discard(CollectiveOp.NONE)
         ops.add(CollectiveOp.WAIT)
-    first = min([rec.since for rec in hit])
-    started = min(now, first)
+    started = min(now, min([rec.since for rec in hit]))
     # An agent that does not say how (evidence NONE) found the wait in Python frames.
     # A pair per rank is the one allocation per rank of a tick (100k of them
     # once a stall opens, every tick it stays open): the pairs of the last tick
@@ -187,7 +151,7 @@ def blocked(job: Job, table: JobTable, now: float, threshold: float,
         # Two kept: the checkpoint and hang detectors may pick different ranks.
         job.evidence_memo = [(picked, hit, ranks, shown, evidence), *(kept or ())[:1]]
     out = Blocked(ranks, tuple(sorted(ops, key=lambda o: o.value)), started, evidence)
-    job.blocked_memo = (waiting, hit, out, first)
+    job.blocked_memo = (waiting, hit, out)
     return out
 
 

@@ -37,14 +37,7 @@ from dataclasses import replace
 
 from ncclwatch import gpuactivity, syscalls
 from ncclwatch.daemon import progress
-from ncclwatch.daemon.detect import (
-    Blocked,
-    DetectConfig,
-    Finding,
-    blocked,
-    culprit_of,
-    derived,
-)
+from ncclwatch.daemon.detect import Blocked, DetectConfig, Finding, blocked, culprit_of
 from ncclwatch.daemon.detect.shape import (
     elsewhere,
     fr_note,
@@ -99,17 +92,10 @@ def hung(job: Job, now: float, cfg: DetectConfig):
     gather_at = now - cfg.stall_threshold
 
     def select(waiting: list[RankRecord]) -> list[RankRecord]:
-        stills, ops, first, last = derived(job, waiting, "still", still_waits)
+        stills = [rec for rec in waiting if rec.still_at is not None]
+        ops = {rec.still_op for rec in stills}
         warm = waiters_warm(stills)
         still_at = {op: now - job.waits.threshold(op, policy, now, warm) for op in ops}
-        if first is not None and len(ops) == 1:
-            # Every waiter still in one op, with readings, none in a gather (a
-            # stall's, tick after tick): all past the threshold, or none.
-            at = still_at[next(iter(ops))]
-            if last <= at:
-                return waiting
-            if first > at:
-                return []
         return [rec for rec in waiting
                 if ((rec.still_at is not None
                      and rec.still_at <= (max(still_at[rec.still_op], gather_at)
@@ -117,20 +103,6 @@ def hung(job: Job, now: float, cfg: DetectConfig):
                     if rec.progress_known else
                     rec.since <= (gather_at if rec.state is IN_GATHER else ceiling_at))]
     return select
-
-
-def still_waits(waiting: list[RankRecord]):
-    """(the waiters still in their wait, their ops, and when every waiter is
-    such, has progress readings and is not in a gather: the earliest and the
-    latest still_at; else None, None): what ``hung`` reads of the records,
-    kept while they stand (detect.derived)."""
-    stills = [rec for rec in waiting if rec.still_at is not None]
-    ops = {rec.still_op for rec in stills}
-    if len(stills) < len(waiting) or not stills or not all(
-            rec.progress_known and rec.state is not IN_GATHER for rec in stills):
-        return stills, ops, None, None
-    ats = [rec.still_at for rec in stills]
-    return stills, ops, min(ats), max(ats)
 
 
 def waiters_warm(recs: list[RankRecord]):
