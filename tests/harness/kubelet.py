@@ -76,6 +76,11 @@ def _bytes(size: str) -> int:
     return int(m.group(1)) * {None: 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}[m.group(2)]
 
 
+#: The programs a container's first process runs through before its command
+#: (``chroot`` then ``setpriv`` then ``env -i``: one pid, exec'd in turn).
+LAUNCH_STEPS = frozenset({"chroot", "setpriv", "env"})
+
+
 @dataclass
 class Netns:
     """One network namespace for the pods (loopback up), their "cluster network"."""
@@ -121,13 +126,18 @@ class Pod:
     container: dict = field(default_factory=dict)
 
     def main_pid(self, timeout: float = 20) -> int:
-        """The container's first process as the host sees it (the chroot'd one)."""
+        """The container's first process as the host sees it (the chroot'd one),
+        once it runs the container's command: until then it is still ``chroot``,
+        ``setpriv`` or ``env`` on their way to it, with the runner's credentials
+        (a loaded run read the agent's capabilities off ``setpriv`` before it
+        dropped them)."""
         deadline = time.time() + timeout
         while True:
             try:
                 top = psutil.Process(self.proc.popen.pid)
                 for p in [top, *top.children(recursive=True)]:
-                    if os.readlink(f"/proc/{p.pid}/root") != "/":
+                    if os.readlink(f"/proc/{p.pid}/root") != "/" \
+                            and p.name() not in LAUNCH_STEPS:
                         return p.pid
             except (OSError, psutil.Error):
                 pass
