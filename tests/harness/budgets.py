@@ -9,7 +9,7 @@ tests beside the scenario matrix), so a CPU hog beside the run stays inside them
 and a real regression does not.
 
 At the end of the session the tests past their budget are printed with their
-time and the session fails. ``NCCLWATCH_BUDGETS=0`` turns the failure off
+time, last before the final count, and the session fails. ``NCCLWATCH_BUDGETS=0`` turns the failure off
 (the list is still printed), for a run on a machine much slower than CI's.
 
 Every session also writes what it measured to ``artifacts/test-times-<name>.json``
@@ -80,7 +80,11 @@ def over_budget() -> list[tuple[str, float, float]]:
     return sorted(over, key=lambda x: -x[1])
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """Printed after ``--durations``' list, just above the final count: a CI log
+    keeps only its tail, and the list above pushed this out of it once (a run
+    with every test passed and ``make test`` failed, nothing in its tail saying why)."""
     over = over_budget()
     if not over:
         return

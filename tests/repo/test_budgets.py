@@ -67,12 +67,14 @@ def _stacks(pid: int) -> str:
 
 
 def test_a_test_past_its_budget_fails_the_session_with_its_name_and_time(tmp_path) -> None:
-    proc = _run(tmp_path)
+    proc = _run(tmp_path, "--durations=5")
     assert proc.returncode == 1, proc.stdout
     assert "2 passed" in proc.stdout
     past = proc.stdout.split("tests past their time budget")[1]
     assert "test_suite.py::test_slow" in past and "test_within" not in past, proc.stdout
     assert "> " in past and "0s" in past
+    # below the durations' list, where a log's tail still shows it
+    assert proc.stdout.index("slowest 5 durations") < proc.stdout.index("tests past their time budget")
 
 
 def test_turned_off_the_list_is_still_printed(tmp_path) -> None:
@@ -81,6 +83,7 @@ def test_turned_off_the_list_is_still_printed(tmp_path) -> None:
     assert "tests past their time budget" in proc.stdout
 
 
+@pytest.mark.budget(330)  # past _run's own 300 s bound, so that bound is what fails
 def test_under_xdist_the_controller_sees_every_budget(tmp_path) -> None:
     proc = _run(tmp_path, "-n", "2")
     assert proc.returncode == 1, proc.stdout + proc.stderr

@@ -221,6 +221,7 @@ def test_a_dump_expanding_one_memoised_entry_is_refused_quickly(tmp_path):
     assert took < 30  # it took 69 s and 3.5 GiB before the bound (issue 20)
 
 
+@pytest.mark.budget(360)  # 81 s in an idle fresh-clone run: 1.5x of the default 120 s was too close
 def test_memory_stays_flat_on_a_1gib_single_line(tmp_path):
     """One 1 GiB line with no newline (a 1 MiB .gz), a failure line after it."""
     gz = tmp_path / "one_line.log.gz"
