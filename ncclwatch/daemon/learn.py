@@ -25,14 +25,19 @@ def smooth_cpu(avg: float, value: float, dt: float) -> float:
     return avg + a * (value - avg)
 
 
-def take_progress(job: Job, rec: RankRecord, still: float, changed: bool, recv: float,
+def take_progress(job: Job, rec: RankRecord, still: float, changed: bool, at: float,
               interval: float) -> None:
-    """Apply a progress reading (still_seconds) to the rank and its job's learner."""
+    """Apply a progress reading (still_seconds) to the rank and its job's learner.
+
+    ``at``: when the report was built, on the daemon's clock (the table's
+    anchor), not when it arrived: a still reading counts back from the moment
+    it was read, as the states' ages do, or a report that sat in the agent's
+    queue (a daemon restart's backlog) dates the wait that much late."""
     if still > 0 and not changed:
         # The round of every rank in a long wait (100k of them in a big job's
         # stall): still, its state as before. follow_wait is called only where it
         # has something to do: end a wait whose op moved, or start following one.
-        rec.still_since = recv - still
+        rec.still_since = at - still
         job.still.add(rec.rank)
         op = rec.op
         wop = op if op is not CollectiveOp.NONE else (
@@ -40,26 +45,26 @@ def take_progress(job: Job, rec: RankRecord, still: float, changed: bool, recv: 
         if rec.still_at is not None:
             if wop is rec.still_op:
                 return
-        elif wop is CollectiveOp.NONE or rec.stack_at is None or rec.stack_at < recv - still:
+        elif wop is CollectiveOp.NONE or rec.stack_at is None or rec.stack_at < at - still:
             return
-        follow_wait(job, rec, rec.state, op, still, False, recv, interval)
+        follow_wait(job, rec, rec.state, op, still, False, at, interval)
         return
     if still <= 0:
-        ended = None if rec.still_since is None else recv - rec.still_since
+        ended = None if rec.still_since is None else at - rec.still_since
         if ended is not None:
             job.waits.still_ended(ended)
-        rec.history.moved(recv, ended, stepping=rec.state not in CHECKPOINT_STATES)
+        rec.history.moved(at, ended, stepping=rec.state not in CHECKPOINT_STATES)
     if still > 0:
-        rec.still_since = recv - still
+        rec.still_since = at - still
         job.still.add(rec.rank)
     else:
         rec.still_since = None
         job.still.discard(rec.rank)
-    follow_wait(job, rec, rec.state, rec.op, still, changed, recv, interval)
+    follow_wait(job, rec, rec.state, rec.op, still, changed, at, interval)
 
 
 def follow_wait(job: Job, rec: RankRecord, state: RankState, op: CollectiveOp,
-                 still: float, changed: bool, recv: float, interval: float) -> None:
+                 still: float, changed: bool, at: float, interval: float) -> None:
     """Track the rank's still wait and teach the job's learner when one ends.
 
     A wait is the run of rounds a rank sits still in one op. It ends when the
@@ -71,18 +76,18 @@ def follow_wait(job: Job, rec: RankRecord, state: RankState, op: CollectiveOp,
     else:
         wop = op if op is not CollectiveOp.NONE else CollectiveOp.WAIT
     if rec.still_at is not None and (changed or still <= 0 or wop is not rec.still_op):
-        job.waits.ended(rec.still_op, recv - rec.still_at, recv)
+        job.waits.ended(rec.still_op, at - rec.still_at, at)
         rec.still_at = None
     if still <= 0:
-        job.waits.stepped(recv)
+        job.waits.stepped(at)
     if wop is CollectiveOp.NONE:
         return
     if still <= 0:
         # Progress after the stack that placed the rank in the op: it got out.
         # (Progress in the round the stack was taken may be how it got in.)
-        if rec.stack_at is not None and recv - rec.stack_at >= interval:
-            job.waits.progressed(wop, recv)
-    elif rec.still_at is None and rec.stack_at is not None and rec.stack_at >= recv - still:
+        if rec.stack_at is not None and at - rec.stack_at >= interval:
+            job.waits.progressed(wop, at)
+    elif rec.still_at is None and rec.stack_at is not None and rec.stack_at >= at - still:
         # Only a stack taken while the rank sat still says where it sits.
-        rec.still_at = max(rec.since, recv - still)
+        rec.still_at = max(rec.since, at - still)
         rec.still_op = wop

@@ -160,7 +160,7 @@ class JobTable:
             self._apply_changes(agent, changes, slots, reported, recv, anchor,
                                 agent_clock, missing)
         if briefs.slot:
-            self._apply_briefs(agent, briefs, slots, reported, recv)
+            self._apply_briefs(agent, briefs, slots, reported, recv, anchor)
         agent.slots = slots
 
         if shape.exited:
@@ -225,13 +225,13 @@ class JobTable:
             rec.agent_id = agent_id
             rec.pid = pid
             age = ident.process_age_seconds
-            rec.start = recv - age if age > 0 else None
+            rec.start = anchor - age if age > 0 else None
             ticks = ident.start_ticks
             if ticks != rec.proc_id[0]:      # a new process (its uid with it)
                 rec.proc_id = (ticks, ident.uid if ident.HasField("uid") else -1)
             if s.HasField("still_seconds"):
                 rec.progress_known = True
-                take_progress(job, rec, s.still_seconds, changed, recv, agent.interval)
+                take_progress(job, rec, s.still_seconds, changed, anchor, agent.interval)
             elif rec.progress_known:
                 rec.progress_known = False
                 rec.still_since = rec.still_at = None
@@ -370,7 +370,7 @@ class JobTable:
             rec.seen = recv
             rec.cpu_util = cpu
             rec.cpu_seconds = c.cpu_seconds
-            take_progress(job, rec, c.still_seconds, changed, recv, agent.interval)
+            take_progress(job, rec, c.still_seconds, changed, anchor, agent.interval)
             self.counts[key[0]].update(rec)
             self.dirty.add(key[0])
             job.last_update = recv
@@ -379,7 +379,7 @@ class JobTable:
         self._counted(agent, "change", len(changes), unresolved)
 
     def _apply_briefs(self, agent: AgentRecord, b: Briefs, slots: dict[int, Any],
-                      reported: set[tuple[str, int]], recv: float) -> None:
+                      reported: set[tuple[str, int]], recv: float, anchor: float) -> None:
         """Steady ranks: a proof of life, CPU and progress; nothing else moved.
 
         The hot path of protocol 2 (bench/daemon_ingest.py): a few attribute
@@ -407,7 +407,7 @@ class JobTable:
                     unresolved += 1
                     continue
                 if stepped:
-                    job.waits.stepped(recv, stepped)
+                    job.waits.stepped(anchor, stepped)
                     stepped = 0
                 job = j
             if rec.gone_at is not None or rec.agent_id != agent_id:
@@ -424,10 +424,10 @@ class JobTable:
             rec.cpu_seconds = cpu_s
             if still > 0 or rec.still_since is not None or rec.still_at is not None:
                 if stepped:
-                    job.waits.stepped(recv, stepped)
+                    job.waits.stepped(anchor, stepped)
                     stepped = 0
                 moved, unheld = rec.still_since is None, rec.still_at is None
-                take_progress(job, rec, still, False, recv, interval)
+                take_progress(job, rec, still, False, anchor, interval)
                 if (rec.still_since is None) is not moved or (rec.still_at is None) is not unheld:
                     all_counts[key[0]].update(rec)  # it sat down or got up (statecounts.py)
                 if still > 0:
@@ -439,12 +439,12 @@ class JobTable:
                 stepped += 1
                 op = rec.op
                 if (op is not none or rec.state is device_wait) and rec.stack_at is not None \
-                        and recv - rec.stack_at >= interval:
-                    job.waits.progressed(op if op is not none else wait, recv)
+                        and anchor - rec.stack_at >= interval:
+                    job.waits.progressed(op if op is not none else wait, anchor)
             job.last_update = recv
             reported.add(key)
         if stepped:
-            job.waits.stepped(recv, stepped)
+            job.waits.stepped(anchor, stepped)
         agent.briefs_total += len(b.slot)
         self._counted(agent, "brief", len(b.slot), unresolved)
 

@@ -111,3 +111,24 @@ def test_a_restarted_daemon_dates_the_wait_right_from_the_first_queued_report() 
     for recv, duration in seen:
         assert duration >= shown + (recv - killed_at) - 0.2, (recv - OFF, duration, seen)
         assert duration == pytest.approx(recv - TRUE_START, abs=0.2), seen
+
+
+def test_a_queued_reports_still_ranks_are_dated_from_when_it_was_built() -> None:
+    """A still reading counts back from the report's build time on the daemon's
+    clock, as the states' ages do, not from its receipt: the first queued
+    report of a restart arrives ~10 s after it was built, and a wait dated
+    from its receipt would start 10 s late (and its learned length be short)."""
+    d, deltas = Daemon(DaemonConfig()), StreamDeltas(phase=0)
+    recv = FLUSH + OFF
+    _send(d, deltas, 1, float(KILL), recv, queued=recv - OFF - KILL)
+    job = d.table.jobs["job-1"]
+    for r in (1, 2):
+        assert job.ranks[r].still_since == pytest.approx(TRUE_START, abs=0.2), \
+            (r, job.ranks[r].still_since - TRUE_START)
+    # the next (briefs) reports of the queue keep it there
+    for i, clock in enumerate(range(KILL + 1, KILL + 4)):
+        recv = FLUSH + OFF + 0.01 * (i + 1)
+        _send(d, deltas, i + 2, float(clock), recv, queued=recv - OFF - clock)
+        for r in (1, 2):
+            assert job.ranks[r].still_since == pytest.approx(TRUE_START, abs=0.2), \
+                (clock, r, job.ranks[r].still_since - TRUE_START)
