@@ -130,11 +130,13 @@ def _over_grpc(workers: int) -> tuple[list, dict]:
                     except grpc.aio.AioRpcError as e:
                         return e.code().name, e.details()
                 answers = await _play(report_stream, dump)
+            # Wide bounds (polled, so they cost nothing when met): the ends
+            # cross a worker process and its link, slow beside a loaded run.
             await until(lambda: not any(a.connected for a in d.table.agents.values()),
-                        what="the streams' ends to reach the core")
+                        timeout=60, what="the streams' ends to reach the core")
             if workers:  # every call's stream, DumpStacks' included, is forgotten
                 pool = server._pool
-                await until(lambda: not any(p.streams for p in pool.current), timeout=5,
+                await until(lambda: not any(p.streams for p in pool.current), timeout=60,
                             what="the pool to forget every call")
             return answers, _state(d)
         finally:
