@@ -11,6 +11,10 @@ one core, in real time:
 - every simulated agent (``bench.loadgen.SimAgent``, protocol 2 as the real
   agent sends it) reports once a second at its own phase of the round, the
   bytes made before the clock starts, so the replay pays only the core's work;
+- as a worker forwards them: each report the workers' table-free checks call
+  clean (daemon/precheck.py, run while the bytes are made) is applied
+  ``prechecked``, the rest in full (``--in-process``: every one in full, as
+  the daemon without workers applies them);
 - a report is applied at its send time, or as soon as the core is free if it
   is behind (queueing counts: a late core shows as latency);
 - the tick runs every ``TICK`` seconds between reports, as the daemon's loop
@@ -46,6 +50,8 @@ import time
 
 from bench.daemon_ingest import HOLD, INTERVAL, STACK_CHANGE, STALL_THRESHOLD, _pct, latencies
 from bench.loadgen import Pool, SimAgent, Stall, fleet, phase
+from ncclwatch.contract.limits import DEFAULT_BOUNDS
+from ncclwatch.daemon import precheck
 from ncclwatch.daemon.server import URGENT_GAP
 from ncclwatch.model import StallKind
 from ncclwatch.v1 import collector_pb2 as pb
@@ -65,13 +71,20 @@ def plan(trials: int, base: float) -> list[tuple[float, float]]:
     return windows
 
 
-def _warm(d, warm: list[bytes], now: float) -> None:
+def _warm(d, warm: list[tuple[bytes, bool]], now: float) -> None:
     parse = pb.ReportRequest.FromString
-    for data in warm:
-        d.ingest(parse(data), now=now)
+    for data, checked in warm:
+        d.ingest(parse(data), now=now, prechecked=checked)
 
 
-def demand(warm: list[bytes], events: list[tuple[float, bytes]], seconds: float) -> dict:
+def forwarded(data: bytes, workers: bool = True) -> tuple[bytes, bool]:
+    """A report as the core gets it: its bytes, and whether a worker found it
+    clean (precheck.py); without workers, never."""
+    return data, workers and precheck.clean(pb.ReportRequest.FromString(data), DEFAULT_BOUNDS)
+
+
+def demand(warm: list[tuple[bytes, bool]], events: list[tuple[float, bytes, bool]],
+           seconds: float) -> dict:
     """The core's CPU demand: the replay's events and ticks applied as fast as
     possible on a simulated clock; CPU-seconds per second of the replay."""
     from ncclwatch.daemon.core import Daemon, DaemonConfig
@@ -88,7 +101,7 @@ def demand(warm: list[bytes], events: list[tuple[float, bytes]], seconds: float)
     next_tick, last_end = start, start
     tick_cpu, ticks = 0.0, 0
     cpu0 = time.process_time()
-    for rel, data in events:
+    for rel, data, checked in events:
         now = start + rel
         while next_tick <= now:
             c = time.process_time()
@@ -97,7 +110,7 @@ def demand(warm: list[bytes], events: list[tuple[float, bytes]], seconds: float)
             ticks += 1
             last_end = next_tick
             next_tick += TICK
-        d.ingest(parse(data), now=now)
+        d.ingest(parse(data), now=now, prechecked=checked)
         if woken:
             woken.clear()
             next_tick = min(next_tick, max(now, last_end + URGENT_GAP))
@@ -107,7 +120,7 @@ def demand(warm: list[bytes], events: list[tuple[float, bytes]], seconds: float)
             "demand_tick_cpu_s": tick_cpu, "demand_ticks": ticks}
 
 
-def run(world: int, trials: int, realtime: bool = True) -> dict:
+def run(world: int, trials: int, realtime: bool = True, workers: bool = True) -> dict:
     import logging
 
     from ncclwatch.daemon.core import Daemon, DaemonConfig
@@ -125,18 +138,19 @@ def run(world: int, trials: int, realtime: bool = True) -> dict:
         a.stalls = [Stall(s + 2.0, e + 2.0) for s, e in windows]
     seconds = windows[-1][1] + INTERVAL + 1.0
     t_gen = time.monotonic()
-    warm = [a.report(float(k)) for k in range(2) for a in agents]
+    warm = [forwarded(a.report(float(k)), workers) for k in range(2) for a in agents]
     events = []
     for k in range(int(seconds / INTERVAL) + 1):
         for i, a in enumerate(agents):
             rel = k * INTERVAL + phase(i, INTERVAL)
             if rel <= seconds:
-                events.append((rel, a.report(rel + 2.0)))
+                events.append((rel, *forwarded(a.report(rel + 2.0), workers)))
     events.sort(key=lambda e: e[0])
     gen_s = time.monotonic() - t_gen
     culprit_sends_rel = sorted(t - 2.0 for t in agents[0].culprit_sends)
     need = demand(warm, events, seconds)
     need.update({"ranks": world, "agents": n, "trials": trials, "reports": len(events),
+                 "prechecked": sum(e[2] for e in events) / len(events), "workers": workers,
                  "replay_seconds": seconds})
     if not realtime:
         return need
@@ -146,8 +160,8 @@ def run(world: int, trials: int, realtime: bool = True) -> dict:
     d = Daemon(DaemonConfig(stall_threshold=STALL_THRESHOLD, tick=TICK))
     parse = pb.ReportRequest.FromString
     t0 = time.process_time()
-    for data in warm:
-        d.ingest(parse(data), now=time.monotonic())
+    for data, checked in warm:
+        d.ingest(parse(data), now=time.monotonic(), prechecked=checked)
     warm_cpu = time.process_time() - t0
     del warm
 
@@ -179,7 +193,7 @@ def run(world: int, trials: int, realtime: bool = True) -> dict:
             next_tick = te + TICK  # the loop sleeps a tick after each one
             last_end = te
 
-    for rel, data in events:
+    for rel, data, checked in events:
         due = start + rel
         tick_until(due)
         now = time.monotonic()
@@ -187,7 +201,7 @@ def run(world: int, trials: int, realtime: bool = True) -> dict:
             time.sleep(due - now)
             now = time.monotonic()
         late.append(now - due)
-        d.ingest(parse(data), now=now)
+        d.ingest(parse(data), now=now, prechecked=checked)
         if woken:
             woken.clear()
             next_tick = min(next_tick, max(now, last_end + URGENT_GAP))
@@ -204,7 +218,9 @@ def run(world: int, trials: int, realtime: bool = True) -> dict:
 
 
 def render_demand(r: dict) -> str:
-    return (f"| the core's CPU demand: the replay's {r['reports']} reports and "
+    how = (f"as the ingest workers forward them ({r['prechecked']:.0%} prechecked)"
+           if r.get("workers", True) else "each with all its checks (no workers)")
+    return (f"| the core's CPU demand: the replay's {r['reports']} reports, {how}, and "
             f"{r['demand_ticks']} ticks applied as fast as possible, per second of the "
             f"replay ({r['replay_seconds']:.0f} s; ticks {r['demand_tick_cpu_s']:.1f} of "
             f"{r['demand_cpu_s']:.1f} CPU-s) | {r['demand_cores']:.2f} of a core | < 1 | "
@@ -247,10 +263,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--world", type=int, default=100_000)
     ap.add_argument("--trials", type=int, default=6)
     ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--in-process", action="store_true",
+                    help="apply every report with all its checks, as a daemon without "
+                         "ingest workers does (default: as the workers forward them)")
     ap.add_argument("--demand-only", action="store_true",
                     help="measure the core's CPU demand alone, not the real-time replay")
     a = ap.parse_args(argv)
-    r = run(a.world, a.trials, realtime=not a.demand_only)
+    r = run(a.world, a.trials, realtime=not a.demand_only, workers=not a.in_process)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(r, f, indent=1)

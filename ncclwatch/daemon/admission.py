@@ -32,7 +32,7 @@ from ncclwatch.contract.bounds import Bounds
 from ncclwatch.contract.checks import Fault
 from ncclwatch.contract.limits import DEFAULT_BOUNDS, MAX_ID, MAX_JOB_ID
 from ncclwatch.daemon.nodebudget import rank_cost
-from ncclwatch.daemon.validate import ReportError, Shape, check_node, read_briefs
+from ncclwatch.daemon.validate import ReportError, Shape, check_node, read_briefs, read_shape
 from ncclwatch.v1 import collector_pb2 as pb
 
 
@@ -88,7 +88,8 @@ def admit(req: pb.ReportRequest,
           bounds: Bounds = DEFAULT_BOUNDS,
           holder_of: Callable[[str, int], int | None] = lambda job, rank: None,
           held: Held | None = None,
-          check_job: Callable[[Any, Bounds], Fault | None] | None = None) -> Admission:
+          check_job: Callable[[Any, Bounds], Fault | None] | None = None,
+          prechecked: bool = False) -> Admission:
     """Check ``req``; raise ReportError for the node's own fault, else take
     each faulty part out of it and return what was left out and why.
 
@@ -99,15 +100,20 @@ def admit(req: pb.ReportRequest,
     ``held``: the stacks the daemon holds (``Held``); one sent again byte for
     byte is taken out of the request, counted in the report's stack text.
     ``check_job``: how a sample's JobInfo is checked (checks.check_sample's
-    hook; jobinfo.JobInfos.check remembers the verdict for a job's one)."""
-    shape = check_node(req, bounds)
+    hook; jobinfo.JobInfos.check remembers the verdict for a job's one).
+    ``prechecked``: an ingest worker found nothing at fault that the table
+    need not know (precheck.clean): only the table's judgments are left, the
+    stacks (which it holds) and each job's world size."""
+    shape = read_shape(req) if prechecked else check_node(req, bounds)
     r = req.report
     out = Admission(shape=shape)
     # Each part only where the report has some: a steady report is briefs alone.
     if shape.stacks:
         _stacks(r, bounds, out, held or {})
     if shape.samples:
-        _samples(r, world_size_of, bounds, out, holder_of, check_job)
+        _samples(r, world_size_of, bounds, out, holder_of, check_job, prechecked)
+    if prechecked:
+        return out
     if shape.exited:
         _exited(r, out)
     if shape.changes:
@@ -165,11 +171,12 @@ def _stacks(r: pb.NodeReport, bounds: Bounds, out: Admission, held: Held) -> Non
 def _samples(r: pb.NodeReport, world_size_of: Callable[[str], int | None], bounds: Bounds,
              out: Admission,
              holder_of: Callable[[str, int], int | None] = lambda job, rank: None,
-             check_job: Callable[[Any, Bounds], Fault | None] | None = None) -> None:
+             check_job: Callable[[Any, Bounds], Fault | None] | None = None,
+             prechecked: bool = False) -> None:
     samples = r.samples
     drop: dict[int, Fault] = {}
     seen: dict[tuple[str, int], int] = {}
-    for i, s in enumerate(samples):
+    for i, s in enumerate(() if prechecked else samples):
         f = checks.check_sample(s, bounds, check_job)
         if f is not None:
             drop[i] = f

@@ -124,11 +124,14 @@ class Daemon:
     # -- ingest --------------------------------------------------------------
 
     def ingest(self, req: pb.ReportRequest, now: float | None = None, *,
-               cert_names: frozenset[str] | None = None) -> pb.ReportResponse:
+               cert_names: frozenset[str] | None = None,
+               prechecked: bool = False) -> pb.ReportResponse:
         """Validate and apply one report; raise ReportError to reject it whole.
 
         ``cert_names``: the names the sender's client certificate proves (mTLS),
-        or None on a connection without TLS.
+        or None on a connection without TLS. ``prechecked``: an ingest worker
+        ran every check that needs no table, escaping included, and found
+        nothing (precheck.clean): they are not run again.
         """
         now = time.monotonic() if now is None else now
         report = req.report
@@ -138,7 +141,7 @@ class Daemon:
                 self._check_identity(report, cert_names)
             self._check_agent(report.agent_id, who)
             adm = admit(req, self.table.world_size, self.config.bounds, self._holder,
-                        self.table.stacks.held, self.table.infos.check)
+                        self.table.stacks.held, self.table.infos.check, prechecked)
         except ReportError as e:
             self.rejected_total[e.code.name] += 1
             if e.bound:
@@ -156,7 +159,8 @@ class Daemon:
         # report's own making. Checked above as sent (its stack ids are the
         # hashes of the frames as sent).
         shape = adm.shape
-        if (shape.parts or not self._known_header(report)) and sanitize.neutralise(report):
+        if not prechecked and (shape.parts or not self._known_header(report)) \
+                and sanitize.neutralise(report):
             self.texts_escaped_total += 1
             rejected = {sanitize.stored("RankIdentity.job_id", k): e for k, e in rejected.items()}
         dropped: list[int] = list(adm.slots)

@@ -75,9 +75,10 @@ class Stream:
         self.log_rejection, self.where = log_rejection, where
         self.agent_id = ""
 
-    def report(self, raw: bytes) -> bytes:
+    def report(self, raw: bytes, prechecked: bool = False) -> bytes:
         """Apply one raw ReportRequest: the serialized ReportResponse, or
-        ReportError (counted and logged) to end the stream with."""
+        ReportError (counted and logged) to end the stream with.
+        ``prechecked``: its worker found it clean (precheck.py)."""
         d = self.daemon
         try:
             try:
@@ -85,7 +86,7 @@ class Stream:
             except ReportError as e:
                 d.rejected_total[e.code.name] += 1
                 raise
-            resp = d.ingest(req, cert_names=self.names)  # counts its rejections
+            resp = d.ingest(req, cert_names=self.names, prechecked=prechecked)  # counts rejections
         except ReportError as e:
             self.log_rejection(self.peer, e.code.name, e.message)
             raise

@@ -29,6 +29,7 @@ CLOSE = 4    # the stream ended (any way)
 REJECT = 5   # the worker rejected a report itself (not protobuf); body: status code name
 DUMP = 6     # a DumpStacks call; body: the raw DumpStacksRequest
 STATS = 7    # body: JSON {"cpu": CPU seconds of the worker process so far}
+CHECKED = 8  # a REPORT the worker found clean (precheck.py); body: the raw ReportRequest
 # core -> worker
 CONFIG = 10  # the first frame; body: JSON (see ingestpool.worker_config)
 OK = 11      # the answer to REPORT or DUMP: serialized response

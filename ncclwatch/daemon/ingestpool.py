@@ -10,7 +10,8 @@ connection's certificate proves), the same counters; the answer (the
 serialized ReportResponse, or the status to abort with) goes back in the
 same batch as the others of that read. A stream's end marks its agent
 disconnected. The transport's CPU (HTTP/2, TLS, protobuf framing and a
-first parse) moves to the workers; the core pays one parse and the apply.
+first parse, and every check that needs no job table: precheck.py) moves to
+the workers; the core pays one parse, the table's checks and the apply.
 
 A worker that exits is started again (with a backoff if it keeps dying at
 once), and so is one silent for ``WEDGED_AFTER`` (killed first); its agents
@@ -23,6 +24,7 @@ EOF, so none outlives a core killed with SIGKILL.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -65,6 +67,7 @@ class WorkerStats:
     pid: int = 0
     listening: bool = False
     forwarded_total: int = 0   # reports the core received from it
+    prechecked_total: int = 0  # of them, found clean by the worker (precheck.py)
     restarts_total: int = 0
     cpu_done: float = 0.0      # CPU seconds of its earlier processes
     cpu_now: float = 0.0       # of the current one, as it last said (every second)
@@ -177,6 +180,7 @@ class IngestPool:
             tls = {"cert": self.tls.cert.decode(), "key": self.tls.key.decode(),
                    "client_ca": self.tls.client_ca.decode()}
         return {"index": i, "addr": self._listen_addr(), "tls": tls, "grace": self.grace,
+                "bounds": dataclasses.asdict(self.daemon.config.bounds),
                 "log_level": logging.getLogger().getEffectiveLevel()}
 
     async def _wait_ready(self, p: _Process) -> int:
@@ -284,7 +288,10 @@ class IngestPool:
     def _on_frames(self, p: _Process, frames: list[tuple[int, int, bytes]]) -> None:
         p.heard = time.monotonic()
         for kind, sid, body in frames:
-            if kind == L.REPORT:
+            if kind == L.CHECKED:
+                p.stats.prechecked_total += 1
+                self._report(p, sid, body, prechecked=True)
+            elif kind == L.REPORT:
                 self._report(p, sid, body)
             elif kind == L.OPEN:
                 o = json.loads(body)
@@ -305,15 +312,16 @@ class IngestPool:
                 if p.ready is not None and not p.ready.done():
                     p.ready.set_result(json.loads(body)["port"])
 
-    def _report(self, p: _Process, sid: int, raw: bytes) -> None:
-        """One forwarded report, applied by the step service.py applies in process."""
+    def _report(self, p: _Process, sid: int, raw: bytes, prechecked: bool = False) -> None:
+        """One forwarded report, applied by the step service.py applies in process
+        (``prechecked``: the worker ran the checks that need no table: precheck.py)."""
         p.stats.forwarded_total += 1
         st = p.streams.get(sid)
         if st is None:  # cannot happen: OPEN comes first on the same link
             p.link.send(L.ERR, sid, L.encode_error("INTERNAL", "unknown stream"))
             return
         try:
-            body = st.report(raw)  # counts and logs its rejections
+            body = st.report(raw, prechecked)  # counts and logs its rejections
         except ReportError as e:
             p.link.send(L.ERR, sid, L.encode_error(e.code.name, e.message))
             return

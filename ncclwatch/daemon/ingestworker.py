@@ -7,7 +7,8 @@ The core (the daemon process: job table, ticks, HTTP) starts N of these with
 port with SO_REUSEPORT, so the kernel spreads the agents' connections over
 them. A worker holds no daemon state. Per stream it reads one report,
 checks that it is protobuf (else INVALID_ARGUMENT, as the in-process
-service), forwards the raw bytes with the stream's id (and, first, the
+service) and runs the checks that need no job table (precheck.py: a clean
+report is forwarded as CHECKED, and the core skips them), forwards the raw bytes with the stream's id (and, first, the
 agent's peer and the names its client certificate proves) and waits for the
 core's answer: the serialized ReportResponse to write, or the status to
 abort the stream with. One report per stream in flight keeps each stream's
@@ -34,8 +35,11 @@ import sys
 
 import grpc
 
-from ncclwatch.daemon import ingest
+from ncclwatch.contract.bounds import Bounds
+from ncclwatch.contract.limits import DEFAULT_BOUNDS
+from ncclwatch.daemon import ingest, precheck
 from ncclwatch.daemon import ingestlink as L
+from ncclwatch.daemon.jobinfo import JobInfos
 from ncclwatch.daemon.service import SERVER_OPTIONS, rpc_handler
 from ncclwatch.daemon.validate import ReportError
 from ncclwatch.tls import ServerTLS, peer_names
@@ -63,6 +67,9 @@ class Worker:
         self.log_rejection = ingest.RejectionLog()
         self.config: asyncio.Future = asyncio.get_running_loop().create_future()
         self.lost = asyncio.Event()
+        #: The core's bounds (in the first frame), and JobInfo verdicts by value.
+        self.bounds = DEFAULT_BOUNDS
+        self.infos = JobInfos()
 
     # -- the link to the core ------------------------------------------------------
 
@@ -100,15 +107,20 @@ class Worker:
         """One agent's stream: each report checked here, applied by the core."""
         sid = next(self.ids)
         peer = self._open(sid, context)
+        known: precheck.Header | None = None   # the header of its last clean report
 
         async def forward(raw: bytes) -> bytes:
+            nonlocal known
             try:
-                ingest.parse(pb.ReportRequest, raw)
+                req = ingest.parse(pb.ReportRequest, raw)
             except ReportError as e:
                 self.link.send(L.REJECT, sid, e.code.name.encode())  # the core counts it
                 self.log_rejection(peer, e.code.name, e.message)
                 raise
-            return await self._answer(L.REPORT, sid, raw)
+            clean = precheck.clean(req, self.bounds, self.infos.check, known)
+            if clean:
+                known = precheck.header(req)
+            return await self._answer(L.CHECKED if clean else L.REPORT, sid, raw)
         try:
             await ingest.serve(context, forward)
         finally:
@@ -154,6 +166,7 @@ class Worker:
         except ConnectionError:
             return 1
         logging.getLogger().setLevel(cfg["log_level"])  # the pool sends all (ingestpool)
+        self.bounds = Bounds(**cfg["bounds"])
         server = grpc.aio.server(options=WORKER_OPTIONS)
         server.add_generic_rpc_handlers((self.handler(),))
         port = 0

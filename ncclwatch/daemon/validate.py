@@ -130,6 +130,16 @@ def check_node(req: pb.ReportRequest, bounds: Bounds = DEFAULT_BOUNDS) -> Shape:
     return Shape(briefs, samples, changes, stacks, r.exited)
 
 
+def read_shape(req: pb.ReportRequest) -> Shape:
+    """``check_node``'s answer for a report that passed it already (precheck.py,
+    in an ingest worker): its parts, nothing checked again."""
+    r = req.report
+    changes = r.changes
+    briefs = read_briefs(r.briefs) if r.HasField("briefs") or r.slots_reset or changes \
+        else NO_BRIEFS
+    return Shape(briefs, r.samples, changes, r.stacks, r.exited)
+
+
 def _check_clocks(r: pb.NodeReport, bounds: Bounds) -> None:
     for name in ("agent_monotonic_seconds", "agent_wall_seconds", "interval_seconds",
                  "timed_round_trip_seconds", "queued_seconds"):

@@ -120,6 +120,8 @@ def test_every_report_of_many_agents_is_acked_and_applied_in_order() -> None:
             assert w.daemon.table.reports_total == 40
             stats = w.daemon.ingest_workers
             assert sum(s.forwarded_total for s in stats) == 40
+            # Clean reports: the workers ran the table-free checks (precheck.py).
+            assert sum(s.prechecked_total for s in stats) == 40
             await until(lambda: not any(a.connected for a in w.daemon.table.agents.values()),
                         what="streams' ends to reach the core")
             m = await asyncio.to_thread(w.metrics)
@@ -159,6 +161,8 @@ def test_bad_reports_are_rejected_as_in_process() -> None:
                                            sample("job-y", 0, 1, RankState.COMPUTE)],
                                           agent="agent-y"))
             assert [(p.what, p.job_id) for p in resp.dropped_parts] == [("rank_sample", "job-x")]
+            # Neither came as clean: the core ran every check of both itself.
+            assert sum(s.prechecked_total for s in w.daemon.ingest_workers) == 0
             assert "job-x" not in w.daemon.table.jobs and "job-y" in w.daemon.table.jobs
             # An answer the stream got before the bad report stands; nothing after it.
             good, bad = checkpoint_job(seq=1), report([sample("j", 0, 4, RankState.COMPUTE)],
