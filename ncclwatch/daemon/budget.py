@@ -87,8 +87,7 @@ _SINCE = operator.attrgetter("since")
 
 def budget(job: Job, table: JobTable, now: float, cfg: BudgetConfig) -> Budget:
     worst, worst_for = None, 0.0
-    ranks = job.ranks
-    live = [rec for r in job.waiting if (rec := ranks[r]).gone_at is None]
+    live = job.live_waiting()
     if live:
         # The longest-blocked: the earliest start (a C loop over 100k waiters),
         # then the first rank in the waiting set's order that waited that long.

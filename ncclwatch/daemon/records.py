@@ -18,6 +18,8 @@ from ncclwatch.envlint import EnvWarning
 from ncclwatch.model import CollectiveOp, RankState, WaitEvidence
 from ncclwatch.stillness import StillHistory
 
+_NO_OP, _DEVICE_WAIT = CollectiveOp.NONE, RankState.DEVICE_WAIT
+
 #: Packages kept per job (Job.packages).
 MAX_PACKAGES = 128
 #: Timeout changes kept per job (Job.timeout_changes).
@@ -161,11 +163,19 @@ class Job:
     last_update: float = 0.0
     #: Settings in the job's environment that defeat the watchdog or evidence.
     warnings: tuple[EnvWarning, ...] = ()
-    #: (fresh-agents set it was made with, records): detect.fresh_waiting's
-    #: list for the current tick, shared by the detectors.
+    #: Bumped whenever the waiting ranks' records may change as a list: a rank
+    #: in or out of the waiting set, gone or back, moved to another agent, a
+    #: record dropped. The waiting views below are kept while it stands, so a
+    #: stall's ticks do not walk its 100k waiters to rebuild them.
+    waiting_version: int = field(default=0, repr=False, compare=False)
+    #: ((waiting_version, agents_version, stale agents), records):
+    #: detect.fresh_waiting's list, shared by the detectors and kept across ticks.
     fresh_waiting: Any = field(default=None, repr=False, compare=False)
-    #: (fresh_waiting's list, the ranks picked, their Blocked): detect.blocked's
-    #: last answer, reused by another detector of the same tick that picks the same.
+    #: (waiting_version, records): ``live_waiting``'s list.
+    live_waiting_memo: Any = field(default=None, repr=False, compare=False)
+    #: (fresh_waiting's list, the tick's stamp, the ranks picked, their Blocked):
+    #: detect.blocked's last answer, reused by another detector of the same tick
+    #: that picks the same.
     blocked_memo: Any = field(default=None, repr=False, compare=False)
     #: [(records picked, in rank order, ranks, their evidence as read, the
     #: evidence pairs)], the last two: detect.blocked's order and pairs kept
@@ -224,6 +234,11 @@ class Job:
     waits: WaitLearner = field(default_factory=WaitLearner)
 
     def set_state(self, rec: RankRecord, state: RankState, op: CollectiveOp) -> None:
+        if (rec.op is _NO_OP) is not (op is _NO_OP) or \
+                (rec.state is _DEVICE_WAIT) is not (state is _DEVICE_WAIT):
+            # In or out of either set ``waiting`` is made of: its members, or
+            # their order, may differ.
+            self.waiting_version += 1
         self.by_state[rec.state].discard(rec.rank)
         self.by_state[state].add(rec.rank)
         if op is CollectiveOp.NONE:
@@ -233,6 +248,7 @@ class Job:
         rec.state, rec.op = state, op
 
     def remove_from_indexes(self, rec: RankRecord) -> None:
+        self.waiting_version += 1
         self.by_state[rec.state].discard(rec.rank)
         self.in_collective.discard(rec.rank)
         self.still.discard(rec.rank)
@@ -242,6 +258,17 @@ class Job:
         """Ranks blocked on others: in a collective, or (NCCL) at a device sync."""
         dw = self.by_state[RankState.DEVICE_WAIT]
         return self.in_collective | dw if dw else self.in_collective
+
+    def live_waiting(self) -> list[RankRecord]:
+        """The records of the waiting ranks not gone, in the waiting set's order;
+        kept while ``waiting_version`` stands."""
+        memo = self.live_waiting_memo
+        if memo is not None and memo[0] == self.waiting_version:
+            return memo[1]
+        ranks = self.ranks
+        out = [rec for r in self.waiting if (rec := ranks[r]).gone_at is None]
+        self.live_waiting_memo = (self.waiting_version, out)
+        return out
 
     @property
     def nodes(self) -> set[str]:

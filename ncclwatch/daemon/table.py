@@ -69,7 +69,9 @@ class JobTable:
         self.duplicates_total = 0
         #: Times an agent's better clock offset re-dated its ranks (_reanchor).
         self.reanchored_total = 0
-        self._fresh_agents: tuple[float, set[str]] | None = None
+        self._fresh_agents: tuple[float, set[str], frozenset[str]] | None = None
+        #: Bumped when an agent is added or forgotten (detect.fresh_waiting's key).
+        self.agents_version = 0
         #: Rank samples applied by the form they came in (protocol 2), and the
         #: resyncs asked for (briefs or changes naming slots not held).
         self.forms_total = {"full": 0, "change": 0, "brief": 0}
@@ -99,6 +101,7 @@ class JobTable:
         agent = self.agents.get(report.agent_id)
         if agent is None:
             agent = self.agents[report.agent_id] = AgentRecord(report.agent_id, report.node)
+            self.agents_version += 1
             agent.identity = identity or report.node
             self.node_agents.setdefault(agent.identity, set()).add(agent.agent_id)
         elif report.seq <= agent.last_seq:
@@ -215,6 +218,7 @@ class JobTable:
                 rec = job.ranks[rank] = RankRecord(rank)
             elif rec.gone_at is not None:
                 rec.gone_at = None
+                job.waiting_version += 1
             changed = self._take_state(job, rec, s, anchor, agent_clock, missing, rec.pid != pid)
             take_process(rec, s, recv)
             rec.local_rank = ident.local_rank
@@ -222,7 +226,9 @@ class JobTable:
             rec.rank_conflict = ident.rank_conflict
             rec.container = container_of(ident)
             rec.node = node
-            rec.agent_id = agent_id
+            if rec.agent_id is not agent_id and rec.agent_id != agent_id:
+                rec.agent_id = agent_id
+                job.waiting_version += 1   # its freshness is another agent's now
             rec.pid = pid
             age = ident.process_age_seconds
             rec.start = anchor - age if age > 0 else None
@@ -466,6 +472,7 @@ class JobTable:
                 or (agent_id is not None and rec.agent_id != agent_id):
             return
         rec.gone_at = now
+        job.waiting_version += 1
         rec.gone_waiting = rec.rank in job.waiting
         rec.still_at = None  # a wait cut short by exit is no normal wait
         job.set_state(rec, RankState.UNKNOWN, CollectiveOp.NONE)
@@ -503,13 +510,23 @@ class JobTable:
         One pass over the agents per tick instead of an agent lookup per rank
         (100k ranks are 12.5k agents); forgotten by the next report applied.
         """
+        return self._freshness(now)[1]
+
+    def stale_agents(self, now: float) -> frozenset[str]:
+        """The agents ``fresh_agents`` leaves out (most ticks: none); with
+        ``agents_version``, what a view of fresh ranks is kept by."""
+        return self._freshness(now)[2]
+
+    def _freshness(self, now: float) -> tuple[float, set[str], frozenset[str]]:
         cached = self._fresh_agents
         if cached is not None and cached[0] == now:
-            return cached[1]
+            return cached
         staleness = self.staleness
-        out = {aid for aid, a in self.agents.items() if not a.stale(now, staleness)}
-        self._fresh_agents = (now, out)
-        return out
+        agents = self.agents
+        stale = frozenset([aid for aid, a in agents.items() if a.stale(now, staleness)])
+        out = agents.keys() - stale
+        self._fresh_agents = cached = (now, out, stale)
+        return cached
 
     def fresh(self, rec: RankRecord, now: float) -> bool:
         """Whether a rank's latest sample can be trusted for a verdict now."""
@@ -542,6 +559,7 @@ class JobTable:
         for agent_id in [a for a, rec in self.agents.items()
                          if not rec.connected and now - rec.last_recv > self.job_ttl]:
             gone = self.agents.pop(agent_id)
+            self.agents_version += 1
             ids = self.node_agents.get(gone.identity)
             if ids is not None:
                 ids.discard(agent_id)

@@ -91,17 +91,20 @@ def fresh_waiting(job: Job, table: JobTable, now: float) -> list[RankRecord]:
     """The job's waiting ranks whose reports can be trusted, once per tick.
 
     Every detector starts from this list; at 100k ranks in a collective the
-    walk is most of a tick, so it is made once and shared (kept on the job
-    for this ``now`` only).
+    walk was most of a tick, so it is made once and kept on the job while the
+    same records wait and the same agents are stale (records.Job.waiting_version,
+    table.stale_agents): a stall's ticks reuse it, a report that moves no rank
+    in or out of the waiting set does not void it.
     """
-    agents = table.fresh_agents(now)  # a new set after any report is applied
+    key = (job.waiting_version, table.agents_version, table.stale_agents(now))
     cached = job.fresh_waiting
-    if cached is not None and cached[0] is agents:
+    if cached is not None and cached[0] == key:
         return cached[1]
-    ranks = job.ranks
-    out = [rec for r in job.waiting
-           if (rec := ranks[r]).gone_at is None and rec.agent_id in agents]
-    job.fresh_waiting = (agents, out)
+    stale = key[2]
+    agents = table.agents
+    out = [rec for rec in job.live_waiting()
+           if rec.agent_id in agents and rec.agent_id not in stale]
+    job.fresh_waiting = (key, out)
     return out
 
 
@@ -129,8 +132,9 @@ def blocked(job: Job, table: JobTable, now: float, threshold: float,
     # waiters are the hang detector's too): the same records, read at the same
     # moment (no report applied between: the same fresh-agents set), give the same.
     memo = job.blocked_memo
-    if memo is not None and memo[0] is waiting and memo[1] == hit:
-        return memo[2]
+    stamp = (now, table.reports_total)   # no report applied since, at this moment
+    if memo is not None and memo[0] is waiting and memo[1] == stamp and memo[2] == hit:
+        return memo[3]
     # Comprehensions, not a loop of appends: at 100k waiting ranks this is a tick's bulk.
     ops = {rec.op for rec in hit}
     if CollectiveOp.NONE in ops:  # a device_wait rank's op is unknown (no c10d frame)
@@ -151,7 +155,7 @@ def blocked(job: Job, table: JobTable, now: float, threshold: float,
         # Two kept: the checkpoint and hang detectors may pick different ranks.
         job.evidence_memo = [(picked, hit, ranks, shown, evidence), *(kept or ())[:1]]
     out = Blocked(ranks, tuple(sorted(ops, key=lambda o: o.value)), started, evidence)
-    job.blocked_memo = (waiting, hit, out)
+    job.blocked_memo = (waiting, stamp, hit, out)
     return out
 
 

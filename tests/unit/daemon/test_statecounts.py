@@ -5,7 +5,8 @@ wrong count is a missed stall: they are held to a recount of the job after
 every kind of change (state, stillness, exit, a full round without a rank,
 a resize, the job leaving the table and coming back), and after random
 ingest sequences; and a daemon that uses them decides exactly as one that
-walks every rank.
+walks every rank. The waiting views kept across ticks (records.Job.
+waiting_version) are held to a walk the same way.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ncclwatch.daemon.core import Daemon, DaemonConfig
+from ncclwatch.daemon.detect import fresh_waiting
 from ncclwatch.daemon.statecounts import StateCounts
 from ncclwatch.model import CollectiveOp, RankState
 from ncclwatch.v1 import collector_pb2 as pb
@@ -78,6 +80,18 @@ def recounted(d: Daemon) -> None:
         assert kept.job is job
         assert kept.keys.keys() == job.ranks.keys()
         assert kept.snapshot() == StateCounts.recount(job).snapshot()
+
+
+def views_kept(d: Daemon, now: float) -> None:
+    """Every job's kept waiting views (records.Job.waiting_version) are those
+    of a walk: the live waiting records, and the fresh ones the detectors
+    start from, in the waiting set's order."""
+    table = d.table
+    fresh = table.fresh_agents(now)
+    for job in table.jobs.values():
+        live = [rec for r in job.waiting if (rec := job.ranks[r]).gone_at is None]
+        assert job.live_waiting() == live
+        assert fresh_waiting(job, table, now) == [rec for rec in live if rec.agent_id in fresh]
 
 
 def started() -> Driver:
@@ -239,9 +253,12 @@ def test_kept_counts_equal_a_recount_after_any_ingest_sequence(seq) -> None:
     for move, dt in seq:
         play(dr, move)
         recounted(dr.d)
+        views_kept(dr.d, dr.t)
         dr.t += dt
+        views_kept(dr.d, dr.t)   # the same records, agents gone stale since
         dr.d.tick(now=dr.t)
         recounted(dr.d)
+        views_kept(dr.d, dr.t)
 
 
 def decisions(d: Daemon) -> dict:
