@@ -377,9 +377,8 @@ class Daemon:
         job = self.table.jobs.get(job_id)
         if job is None:
             raise KeyError(job_id)
-        agent_ids = {r.agent_id for r in job.ranks.values() if r.gone_at is None}
         n = 0
-        for aid in agent_ids:
+        for aid in job.live_agents():
             agent = self.table.agents.get(aid)
             if agent is not None:
                 agent.commands.append(cmd)

@@ -163,16 +163,18 @@ class Job:
     last_update: float = 0.0
     #: Settings in the job's environment that defeat the watchdog or evidence.
     warnings: tuple[EnvWarning, ...] = ()
-    #: Bumped whenever the waiting ranks' records may change as a list: a rank
-    #: in or out of the waiting set, gone or back, moved to another agent, a
-    #: record dropped. The waiting views below are kept while it stands, so a
-    #: stall's ticks do not walk its 100k waiters to rebuild them.
-    waiting_version: int = field(default=0, repr=False, compare=False)
-    #: ((waiting_version, agents_version, stale agents), records):
+    #: Bumped whenever the job's records may change as lists: a record added
+    #: or dropped, gone or back, moved to another agent, a rank in or out of
+    #: the waiting set. The views below are kept while it stands, so a stall's
+    #: ticks do not walk its 100k ranks to rebuild them.
+    ranks_version: int = field(default=0, repr=False, compare=False)
+    #: ((ranks_version, agents_version, stale agents), records):
     #: detect.fresh_waiting's list, shared by the detectors and kept across ticks.
     fresh_waiting: Any = field(default=None, repr=False, compare=False)
-    #: (waiting_version, records): ``live_waiting``'s list.
+    #: (ranks_version, view) of ``live_waiting``, ``live_records`` and ``live_agents``.
     live_waiting_memo: Any = field(default=None, repr=False, compare=False)
+    live_records_memo: Any = field(default=None, repr=False, compare=False)
+    live_agents_memo: Any = field(default=None, repr=False, compare=False)
     #: (fresh_waiting's list, the tick's stamp, the ranks picked, their Blocked):
     #: detect.blocked's last answer, reused by another detector of the same tick
     #: that picks the same.
@@ -238,7 +240,7 @@ class Job:
                 (rec.state is _DEVICE_WAIT) is not (state is _DEVICE_WAIT):
             # In or out of either set ``waiting`` is made of: its members, or
             # their order, may differ.
-            self.waiting_version += 1
+            self.ranks_version += 1
         self.by_state[rec.state].discard(rec.rank)
         self.by_state[state].add(rec.rank)
         if op is CollectiveOp.NONE:
@@ -248,7 +250,7 @@ class Job:
         rec.state, rec.op = state, op
 
     def remove_from_indexes(self, rec: RankRecord) -> None:
-        self.waiting_version += 1
+        self.ranks_version += 1
         self.by_state[rec.state].discard(rec.rank)
         self.in_collective.discard(rec.rank)
         self.still.discard(rec.rank)
@@ -261,13 +263,33 @@ class Job:
 
     def live_waiting(self) -> list[RankRecord]:
         """The records of the waiting ranks not gone, in the waiting set's order;
-        kept while ``waiting_version`` stands."""
+        kept while ``ranks_version`` stands."""
         memo = self.live_waiting_memo
-        if memo is not None and memo[0] == self.waiting_version:
+        if memo is not None and memo[0] == self.ranks_version:
             return memo[1]
         ranks = self.ranks
         out = [rec for r in self.waiting if (rec := ranks[r]).gone_at is None]
-        self.live_waiting_memo = (self.waiting_version, out)
+        self.live_waiting_memo = (self.ranks_version, out)
+        return out
+
+    def live_records(self) -> dict[int, RankRecord]:
+        """Rank -> record of the ranks not gone (read-only: kept while
+        ``ranks_version`` stands)."""
+        memo = self.live_records_memo
+        if memo is not None and memo[0] == self.ranks_version:
+            return memo[1]
+        out = {r: rec for r, rec in self.ranks.items() if rec.gone_at is None}
+        self.live_records_memo = (self.ranks_version, out)
+        return out
+
+    def live_agents(self) -> set[str]:
+        """The agents of the ranks not gone (read-only: kept while
+        ``ranks_version`` stands)."""
+        memo = self.live_agents_memo
+        if memo is not None and memo[0] == self.ranks_version:
+            return memo[1]
+        out = {rec.agent_id for rec in self.ranks.values() if rec.gone_at is None}
+        self.live_agents_memo = (self.ranks_version, out)
         return out
 
     @property

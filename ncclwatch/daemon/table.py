@@ -216,9 +216,10 @@ class JobTable:
             rec = job.ranks.get(rank)
             if rec is None:
                 rec = job.ranks[rank] = RankRecord(rank)
+                job.ranks_version += 1
             elif rec.gone_at is not None:
                 rec.gone_at = None
-                job.waiting_version += 1
+                job.ranks_version += 1
             changed = self._take_state(job, rec, s, anchor, agent_clock, missing, rec.pid != pid)
             take_process(rec, s, recv)
             rec.local_rank = ident.local_rank
@@ -228,7 +229,7 @@ class JobTable:
             rec.node = node
             if rec.agent_id is not agent_id and rec.agent_id != agent_id:
                 rec.agent_id = agent_id
-                job.waiting_version += 1   # its freshness is another agent's now
+                job.ranks_version += 1   # its freshness is another agent's now
             rec.pid = pid
             age = ident.process_age_seconds
             rec.start = anchor - age if age > 0 else None
@@ -472,7 +473,7 @@ class JobTable:
                 or (agent_id is not None and rec.agent_id != agent_id):
             return
         rec.gone_at = now
-        job.waiting_version += 1
+        job.ranks_version += 1
         rec.gone_waiting = rec.rank in job.waiting
         rec.still_at = None  # a wait cut short by exit is no normal wait
         job.set_state(rec, RankState.UNKNOWN, CollectiveOp.NONE)

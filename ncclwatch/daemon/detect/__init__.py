@@ -92,11 +92,11 @@ def fresh_waiting(job: Job, table: JobTable, now: float) -> list[RankRecord]:
 
     Every detector starts from this list; at 100k ranks in a collective the
     walk was most of a tick, so it is made once and kept on the job while the
-    same records wait and the same agents are stale (records.Job.waiting_version,
+    same records wait and the same agents are stale (records.Job.ranks_version,
     table.stale_agents): a stall's ticks reuse it, a report that moves no rank
     in or out of the waiting set does not void it.
     """
-    key = (job.waiting_version, table.agents_version, table.stale_agents(now))
+    key = (job.ranks_version, table.agents_version, table.stale_agents(now))
     cached = job.fresh_waiting
     if cached is not None and cached[0] == key:
         return cached[1]

@@ -37,10 +37,11 @@ def live_ranks(job: Job, table: JobTable, now: float) -> dict | None:
     counts = table.state_counts(job)
     if counts is not None and counts.live < max(job.world_size, 2):
         return None
-    agents = table.fresh_agents(now)
-    live = {r: rec for r, rec in job.ranks.items() if rec.gone_at is None}
-    if len(live) < max(job.world_size, 2) or any(rec.agent_id not in agents
-                                                 for rec in live.values()):
+    live = job.live_records()   # kept across ticks (records.Job.ranks_version)
+    if len(live) < max(job.world_size, 2):
+        return None
+    stale, agents = table.stale_agents(now), job.live_agents()
+    if not stale.isdisjoint(agents) or not agents <= table.agents.keys():
         return None
     return live
 

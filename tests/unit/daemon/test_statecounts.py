@@ -6,7 +6,7 @@ every kind of change (state, stillness, exit, a full round without a rank,
 a resize, the job leaving the table and coming back), and after random
 ingest sequences; and a daemon that uses them decides exactly as one that
 walks every rank. The waiting views kept across ticks (records.Job.
-waiting_version) are held to a walk the same way.
+ranks_version) are held to a walk the same way.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from ncclwatch.daemon.core import Daemon, DaemonConfig
 from ncclwatch.daemon.detect import fresh_waiting
+from ncclwatch.daemon.detect.shape import live_ranks
 from ncclwatch.daemon.statecounts import StateCounts
 from ncclwatch.model import CollectiveOp, RankState
 from ncclwatch.v1 import collector_pb2 as pb
@@ -73,7 +74,9 @@ class Driver:
 
 
 def recounted(d: Daemon) -> None:
-    """Every job's kept counts are those of a walk over its ranks."""
+    """Every job's kept counts are those of a walk over its ranks (and its kept
+    views, ``views_kept``, as of the latest report)."""
+    views_kept(d, max((a.last_recv for a in d.table.agents.values()), default=0.0))
     assert set(d.table.counts) == set(d.table.jobs)
     for job_id, job in d.table.jobs.items():
         kept = d.table.counts[job_id]
@@ -83,15 +86,22 @@ def recounted(d: Daemon) -> None:
 
 
 def views_kept(d: Daemon, now: float) -> None:
-    """Every job's kept waiting views (records.Job.waiting_version) are those
-    of a walk: the live waiting records, and the fresh ones the detectors
-    start from, in the waiting set's order."""
+    """Every job's kept views (records.Job.ranks_version) are those of a walk:
+    the live waiting records and the fresh ones the detectors start from (in
+    the waiting set's order), the live records and their agents, and the
+    shape detectors' live ranks (None unless all are fresh)."""
     table = d.table
     fresh = table.fresh_agents(now)
     for job in table.jobs.values():
         live = [rec for r in job.waiting if (rec := job.ranks[r]).gone_at is None]
         assert job.live_waiting() == live
         assert fresh_waiting(job, table, now) == [rec for rec in live if rec.agent_id in fresh]
+        alive = {r: rec for r, rec in job.ranks.items() if rec.gone_at is None}
+        assert job.live_records() == alive
+        assert job.live_agents() == {rec.agent_id for rec in alive.values()}
+        walked = alive if len(alive) >= max(job.world_size, 2) and all(
+            rec.agent_id in fresh for rec in alive.values()) else None
+        assert live_ranks(job, table, now) == walked
 
 
 def started() -> Driver:
