@@ -227,9 +227,9 @@ class JobTable:
             rec.rank_conflict = ident.rank_conflict
             rec.container = container_of(ident)
             rec.node = node
-            if rec.agent_id is not agent_id and rec.agent_id != agent_id:
-                rec.agent_id = agent_id
+            if rec.agent_id != agent_id:
                 job.ranks_version += 1   # its freshness is another agent's now
+            rec.agent_id = agent_id
             rec.pid = pid
             age = ident.process_age_seconds
             rec.start = anchor - age if age > 0 else None

@@ -130,7 +130,7 @@ def blocked(job: Job, table: JobTable, now: float, threshold: float,
     hit = entry[1] if entry is not None else sorted(hit, key=_RANK)
     # The detectors of one tick often pick the same ranks (a checkpoint stall's
     # waiters are the hang detector's too): the same records, read at the same
-    # moment (no report applied between: the same fresh-agents set), give the same.
+    # moment with no report applied between (the stamp), give the same.
     memo = job.blocked_memo
     stamp = (now, table.reports_total)   # no report applied since, at this moment
     if memo is not None and memo[0] is waiting and memo[1] == stamp and memo[2] == hit:
