@@ -111,9 +111,10 @@ scenarios: $(STAMP)
 	$(PY) -m pytest tests/scenarios -s
 
 # The gRPC fuzz test at 100k examples (make test runs 4k; about 20 minutes) and the
-# one-process-one-part property at 10k (make test runs 300).
+# one-process-one-part property and the ingest workers' prechecks against it at 10k
+# (make test runs 300).
 fuzz: $(STAMP)
-	NCCLWATCH_FUZZ_EXAMPLES=100000 $(PY) -m pytest tests/unit/daemon/test_server_fuzz.py tests/unit/daemon/test_admission_property.py -q
+	NCCLWATCH_FUZZ_EXAMPLES=100000 $(PY) -m pytest tests/unit/daemon/test_server_fuzz.py tests/unit/daemon/test_admission_property.py tests/unit/daemon/test_precheck.py -q
 
 # Benchmarks: writes BENCHMARKS.md (tens of minutes; BENCH_ARGS=--quick for a short run).
 bench: $(STAMP)

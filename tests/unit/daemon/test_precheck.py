@@ -6,7 +6,7 @@ core's answer and table are exactly what its full path gives; and the check
 is only worth its CPU if it calls the reports of a real fleet clean. Both
 are asserted here: on a 64-rank job of protocol-2 agents (samples, changes,
 briefs, stacks, a checkpoint stall) and on the fuzzed reports of the
-one-process-one-part property (test_admission_property.py), where each
+one-process-one-part property (tests/harness/spoil.py), where each
 report not called clean must be one the full path found at fault.
 """
 
@@ -27,7 +27,7 @@ from ncclwatch.model import RankState, StallKind
 from ncclwatch.v1 import collector_pb2 as pb
 from bench.loadgen import Pool, SimAgent, Stall, fleet
 from tests.harness.reports import report, sample
-from tests.unit.daemon.test_admission_property import EXAMPLES, MUTATIONS, _report
+from tests.harness.spoil import EXAMPLES, MUTATIONS, report as spoilable
 
 _SCALARS = (int, float, str, bool, type(None), enum.Enum, tuple, frozenset)
 
@@ -125,7 +125,7 @@ def test_clean_means_the_core_finds_nothing_more(victim: int, mutations) -> None
     called clean gets the same answer and table from the core without the
     checks as with them; one not called clean was at fault (refused, a part
     other than a stack dropped, a job left out or a text escaped)."""
-    req = _report(2)
+    req = spoilable(2)
     s = req.report.samples[victim]
     for m in mutations:
         m(s, req.report)
@@ -134,7 +134,7 @@ def test_clean_means_the_core_finds_nothing_more(victim: int, mutations) -> None
     event("clean" if clean else "not clean")
     full, fast = Daemon(DaemonConfig()), Daemon(DaemonConfig())
     for d in (full, fast):
-        d.ingest(_report(1), now=100.0)
+        d.ingest(spoilable(1), now=100.0)
     try:
         resp = full.ingest(pb.ReportRequest.FromString(raw), now=101.0)
     except ReportError:
