@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ncclwatch.daemon.curve import Curve
 from ncclwatch.daemon.waits import WaitLearner
@@ -171,10 +171,9 @@ class Job:
     #: ((ranks_version, agents_version, stale agents), records):
     #: detect.fresh_waiting's list, shared by the detectors and kept across ticks.
     fresh_waiting: Any = field(default=None, repr=False, compare=False)
-    #: (ranks_version, view) of ``live_waiting``, ``live_records`` and ``live_agents``.
-    live_waiting_memo: Any = field(default=None, repr=False, compare=False)
-    live_records_memo: Any = field(default=None, repr=False, compare=False)
-    live_agents_memo: Any = field(default=None, repr=False, compare=False)
+    #: View name -> (ranks_version, view): ``live_waiting``, ``live_records``,
+    #: ``live_agents`` (``_kept``).
+    views: dict[str, tuple[int, Any]] = field(default_factory=dict, repr=False, compare=False)
     #: (fresh_waiting's list, the tick's stamp, the ranks picked, their Blocked):
     #: detect.blocked's last answer, reused by another detector of the same tick
     #: that picks the same.
@@ -261,36 +260,31 @@ class Job:
         dw = self.by_state[RankState.DEVICE_WAIT]
         return self.in_collective | dw if dw else self.in_collective
 
-    def live_waiting(self) -> list[RankRecord]:
-        """The records of the waiting ranks not gone, in the waiting set's order;
-        kept while ``ranks_version`` stands."""
-        memo = self.live_waiting_memo
-        if memo is not None and memo[0] == self.ranks_version:
-            return memo[1]
-        ranks = self.ranks
-        out = [rec for r in self.waiting if (rec := ranks[r]).gone_at is None]
-        self.live_waiting_memo = (self.ranks_version, out)
+    def _kept(self, name: str, build: Callable[[], Any]) -> Any:
+        """The view ``name``, built again only when ``ranks_version`` moved
+        (read-only: callers share it)."""
+        kept = self.views.get(name)
+        if kept is not None and kept[0] == self.ranks_version:
+            return kept[1]
+        out = build()
+        self.views[name] = (self.ranks_version, out)
         return out
+
+    def live_waiting(self) -> list[RankRecord]:
+        """The records of the waiting ranks not gone, in the waiting set's order."""
+        ranks = self.ranks
+        return self._kept("live_waiting", lambda: [
+            rec for r in self.waiting if (rec := ranks[r]).gone_at is None])
 
     def live_records(self) -> dict[int, RankRecord]:
-        """Rank -> record of the ranks not gone (read-only: kept while
-        ``ranks_version`` stands)."""
-        memo = self.live_records_memo
-        if memo is not None and memo[0] == self.ranks_version:
-            return memo[1]
-        out = {r: rec for r, rec in self.ranks.items() if rec.gone_at is None}
-        self.live_records_memo = (self.ranks_version, out)
-        return out
+        """Rank -> record of the ranks not gone."""
+        return self._kept("live_records", lambda: {
+            r: rec for r, rec in self.ranks.items() if rec.gone_at is None})
 
     def live_agents(self) -> set[str]:
-        """The agents of the ranks not gone (read-only: kept while
-        ``ranks_version`` stands)."""
-        memo = self.live_agents_memo
-        if memo is not None and memo[0] == self.ranks_version:
-            return memo[1]
-        out = {rec.agent_id for rec in self.ranks.values() if rec.gone_at is None}
-        self.live_agents_memo = (self.ranks_version, out)
-        return out
+        """The agents of the ranks not gone."""
+        return self._kept("live_agents", lambda: {
+            rec.agent_id for rec in self.ranks.values() if rec.gone_at is None})
 
     @property
     def nodes(self) -> set[str]:
